@@ -1,0 +1,195 @@
+//! A typed client for the emulated driver's extra C symbols: fault injection and queries for
+//! live allocations, stream-order hazards and the call log.
+//!
+//! The symbols are resolved from the same library as the driver, so the client sees the state
+//! of the driver the process is actually using. On a real driver [`Emulator::get`] is `None`.
+//!
+//! The C interface (all exported by `cuda-emu`):
+//! - `int custodyEmuVersion(void)`: the query interface version, [`INTERFACE_VERSION`].
+//! - `CUresult custodyEmuInjectFault(const char *function, unsigned nth, CUresult error)`:
+//!   the `nth` next call (1 = the very next) of `function` returns `error` without effect, once.
+//! - `void custodyEmuClearFaults(void)`.
+//! - `size_t custodyEmuQuery(const char *what, char *buf, size_t len)`: writes the JSON for
+//!   `what` (`allocations`, `hazards`, `calls`) NUL-terminated into `buf` when it fits and
+//!   returns its length in bytes without the NUL; an unknown `what` returns 0.
+//! - `void custodyEmuClear(const char *what)`: forgets the recorded `hazards` or `calls`.
+//! - `unsigned long long custodyEmuThreadId(void)`: the calling thread's id in the call log.
+
+use std::ffi::{c_char, c_int, c_uint, CString};
+
+use serde::Deserialize;
+
+use crate::{CUresult, CudaErrorCode, Driver};
+
+/// The version of the query interface this client speaks.
+pub const INTERFACE_VERSION: i32 = 1;
+
+/// One live allocation the emulated driver holds.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Allocation {
+    /// Device (or host) address.
+    pub ptr: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// `device` (`cuMemAlloc`), `host` (`cuMemAllocHost`), `managed`, `pool`
+    /// (stream-ordered, from a memory pool) or `ipc` (an imported pool allocation).
+    pub kind: String,
+    /// The device it lives on, -1 for host memory.
+    pub device: i32,
+    /// The memory pool, for stream-ordered allocations.
+    pub pool: Option<u64>,
+}
+
+/// One stream-order or lifetime violation the hazard checker saw.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Hazard {
+    /// `unordered_free`, `use_after_free`, `double_free` or `free_on_destroyed_stream`.
+    pub kind: String,
+    /// The address involved.
+    pub ptr: u64,
+    /// The driver function that performed the offending operation.
+    pub function: String,
+    /// The stream it was issued on (0 for synchronous operations).
+    pub stream: u64,
+    /// A sentence saying what was not ordered after what.
+    pub detail: String,
+}
+
+/// One driver call, as the emulator logged it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Call {
+    /// Order of the call in the process, from 0.
+    pub seq: u64,
+    /// The driver function called.
+    pub function: String,
+    /// The calling thread ([`Emulator::thread_id`] on that thread).
+    pub thread: u64,
+    /// The context current on the calling thread when the call was made (0 for none).
+    pub context: u64,
+    /// The stream argument as passed (a handle or a token), if the function takes one.
+    pub stream: Option<u64>,
+    /// The stream the call resolved to (a token resolved against the thread's context).
+    pub resolved_stream: Option<u64>,
+    /// The device pointer argument, if the function takes one.
+    pub ptr: Option<u64>,
+    /// The returned status.
+    pub result: CUresult,
+}
+
+type InjectFault = unsafe extern "C" fn(*const c_char, c_uint, CUresult) -> CUresult;
+type ClearFaults = unsafe extern "C" fn();
+type Query = unsafe extern "C" fn(*const c_char, *mut c_char, usize) -> usize;
+type Clear = unsafe extern "C" fn(*const c_char);
+type ThreadId = unsafe extern "C" fn() -> u64;
+type Version = unsafe extern "C" fn() -> c_int;
+
+/// The emulated driver's test interface. Only exists when the loaded driver is `cuda-emu`.
+#[derive(Clone, Copy)]
+pub struct Emulator {
+    inject_fault: InjectFault,
+    clear_faults: ClearFaults,
+    query: Query,
+    clear: Clear,
+    thread_id: ThreadId,
+}
+
+impl std::fmt::Debug for Emulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Emulator")
+    }
+}
+
+impl Emulator {
+    /// The emulator's interface when the process's driver is the emulator; `None` for a real
+    /// driver or when no driver loads.
+    pub fn get() -> Option<Emulator> {
+        Emulator::from_driver(crate::driver().ok()?)
+    }
+
+    pub(crate) fn from_driver(driver: &Driver) -> Option<Emulator> {
+        // SAFETY: each type is the C signature documented in this module's header, which
+        // cuda-emu exports.
+        unsafe {
+            let version: Version = driver.extra("custodyEmuVersion")?;
+            if version() != INTERFACE_VERSION {
+                return None;
+            }
+            Some(Emulator {
+                inject_fault: driver.extra("custodyEmuInjectFault")?,
+                clear_faults: driver.extra("custodyEmuClearFaults")?,
+                query: driver.extra("custodyEmuQuery")?,
+                clear: driver.extra("custodyEmuClear")?,
+                thread_id: driver.extra("custodyEmuThreadId")?,
+            })
+        }
+    }
+
+    /// Makes the `nth` next call (1 = the very next, on any thread) of `function` fail with
+    /// `error` and have no effect. Returns `false` if `function` is not an emulated entry point.
+    pub fn inject_fault(&self, function: &str, nth: u32, error: CudaErrorCode) -> bool {
+        let Ok(name) = CString::new(function) else {
+            return false;
+        };
+        // SAFETY: `name` is NUL-terminated and outlives the call.
+        unsafe { (self.inject_fault)(name.as_ptr(), nth, error.0) == 0 }
+    }
+
+    /// Removes every pending injected fault.
+    pub fn clear_faults(&self) {
+        // SAFETY: takes no arguments.
+        unsafe { (self.clear_faults)() }
+    }
+
+    fn query_json(&self, what: &str) -> String {
+        let what = CString::new(what).expect("static query names have no NUL");
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: `buf` is writable for `buf.len()` bytes; `what` is NUL-terminated.
+            let needed = unsafe { (self.query)(what.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            if needed < buf.len() {
+                buf.truncate(needed);
+                return String::from_utf8_lossy(&buf).into_owned();
+            }
+            buf.resize(needed + 1, 0);
+        }
+    }
+
+    fn query<T: for<'de> Deserialize<'de>>(&self, what: &str) -> Vec<T> {
+        let json = self.query_json(what);
+        serde_json::from_str(&json)
+            .unwrap_or_else(|error| panic!("cuda-emu returned malformed {what} JSON: {error}"))
+    }
+
+    /// Every allocation the emulated driver still holds.
+    pub fn live_allocations(&self) -> Vec<Allocation> {
+        self.query("allocations")
+    }
+
+    /// Every hazard seen since start or the last [`Emulator::clear_hazards`].
+    pub fn hazards(&self) -> Vec<Hazard> {
+        self.query("hazards")
+    }
+
+    /// Every driver call logged since start or the last [`Emulator::clear_calls`].
+    pub fn calls(&self) -> Vec<Call> {
+        self.query("calls")
+    }
+
+    /// Forgets recorded hazards.
+    pub fn clear_hazards(&self) {
+        // SAFETY: the literal is NUL-terminated.
+        unsafe { (self.clear)(c"hazards".as_ptr()) }
+    }
+
+    /// Forgets the call log.
+    pub fn clear_calls(&self) {
+        // SAFETY: the literal is NUL-terminated.
+        unsafe { (self.clear)(c"calls".as_ptr()) }
+    }
+
+    /// The calling thread's id as it appears in [`Call::thread`].
+    pub fn thread_id(&self) -> u64 {
+        // SAFETY: takes no arguments.
+        unsafe { (self.thread_id)() }
+    }
+}

@@ -1,0 +1,221 @@
+//! The driver loader: finds the driver library, resolves every symbol custody uses, checks the
+//! driver version, and never panics.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use libloading::Library;
+
+use crate::error::CudaErrorCode;
+
+/// The environment variable that names the driver library to load before the standard names
+/// (`libcuda.so.1`, `libcuda.so`). Point it at the emulated driver (`libcuda_emu.so`) to run
+/// any custody program without a GPU.
+pub const DRIVER_ENV: &str = "CUSTODY_CUDA_DRIVER";
+
+/// The oldest driver custody accepts, as `cuDriverGetVersion` reports it (12.0).
+pub const MIN_DRIVER_VERSION: i32 = 12000;
+
+const STANDARD_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
+
+/// Why the driver could not be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// No candidate library could be opened; each attempt is listed as `path: reason`.
+    #[error("no CUDA driver library could be loaded (tried {})", .attempts.join("; "))]
+    LibraryNotFound {
+        /// Every candidate tried, with the loader's reason.
+        attempts: Vec<String>,
+    },
+    /// The library opened but lacks an entry point custody needs.
+    #[error("the CUDA driver library {library} has no symbol {symbol}")]
+    MissingSymbol {
+        /// The library that was opened.
+        library: String,
+        /// The missing entry point.
+        symbol: &'static str,
+    },
+    /// The driver is older than [`MIN_DRIVER_VERSION`].
+    #[error(
+        "the CUDA driver {library} reports version {found}; custody needs {required} or newer"
+    )]
+    DriverTooOld {
+        /// The library that was opened.
+        library: String,
+        /// What `cuDriverGetVersion` reported.
+        found: i32,
+        /// [`MIN_DRIVER_VERSION`].
+        required: i32,
+    },
+    /// `cuDriverGetVersion` itself failed.
+    #[error("cuDriverGetVersion failed on {library}: {code}")]
+    VersionQueryFailed {
+        /// The library that was opened.
+        library: String,
+        /// The status it returned.
+        code: CudaErrorCode,
+    },
+}
+
+macro_rules! define_driver {
+    ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
+        /// The C signature of each driver entry point, named after the symbol.
+        #[allow(non_camel_case_types, missing_docs)]
+        pub mod fn_types {
+            #[allow(unused_imports)]
+            use crate::types::*;
+            #[allow(unused_imports)]
+            use crate::CUresult;
+            $(pub type $name = unsafe extern "C" fn($($ty),*) -> CUresult;)*
+        }
+
+        /// Every driver symbol custody resolves, in declaration order.
+        pub const SYMBOLS: &[&str] = &[$(stringify!($name)),*];
+
+        /// The resolved driver entry points, one field per symbol, named as the driver names it
+        /// (`_v2` suffixes included). Call as `(driver.cuMemFreeAsync)(ptr, stream)`.
+        #[allow(missing_docs)]
+        pub struct Driver {
+            $(pub $name: fn_types::$name,)*
+            library: Library,
+            path: String,
+            version: i32,
+        }
+
+        impl Driver {
+            fn resolve(library: Library, path: String) -> Result<Driver, LoadError> {
+                $(
+                    // SAFETY: the symbol's type is the C signature from cudarc's bindgen output
+                    // for CUDA 12.0, with CUresult widened to u32; the pointer stays valid while
+                    // `library` is loaded, and `library` is stored in the same struct.
+                    let $name: fn_types::$name = unsafe {
+                        match library.get::<fn_types::$name>(concat!(stringify!($name), "\0").as_bytes()) {
+                            Ok(symbol) => *symbol,
+                            Err(_) => {
+                                return Err(LoadError::MissingSymbol {
+                                    library: path,
+                                    symbol: stringify!($name),
+                                })
+                            }
+                        }
+                    };
+                )*
+                Ok(Driver { $($name,)* library, path, version: 0 })
+            }
+        }
+    };
+}
+
+crate::with_driver_functions!(define_driver);
+
+impl Driver {
+    /// The path or name the library was opened by.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The driver version reported by `cuDriverGetVersion` (13000 for CUDA 13.0).
+    pub fn version(&self) -> i32 {
+        self.version
+    }
+
+    /// Whether the loaded library is custody's emulated driver.
+    pub fn is_emulated(&self) -> bool {
+        crate::emu::Emulator::from_driver(self).is_some()
+    }
+
+    /// Resolves an extra symbol from the same library (the emulator's query API).
+    ///
+    /// # Safety
+    /// `T` must be the symbol's true type.
+    pub(crate) unsafe fn extra<T: Copy>(&self, name: &str) -> Option<T> {
+        let mut bytes = name.as_bytes().to_vec();
+        bytes.push(0);
+        // SAFETY: the caller guarantees `T` matches the symbol; the library outlives `self`.
+        unsafe { self.library.get::<T>(&bytes).ok().map(|symbol| *symbol) }
+    }
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+fn candidates() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(path) = std::env::var_os(DRIVER_ENV).filter(|p| !p.is_empty()) {
+        // An explicit path is the only candidate: silently falling back to a real driver
+        // when the emulator was asked for (or the reverse) would hide a misconfiguration.
+        out.push(PathBuf::from(path));
+        return out;
+    }
+    out.extend(STANDARD_NAMES.iter().map(PathBuf::from));
+    out
+}
+
+fn load() -> Result<Driver, LoadError> {
+    let mut attempts = Vec::new();
+    for candidate in candidates() {
+        let display = candidate.display().to_string();
+        // SAFETY: opening a library runs its initialisers; the CUDA driver (or the emulator)
+        // is designed to be opened this way by any process.
+        match unsafe { Library::new(&candidate) } {
+            Ok(library) => {
+                let mut driver = Driver::resolve(library, display.clone())?;
+                let mut version = 0;
+                // SAFETY: `version` is a valid out-pointer; read only after success.
+                let status = unsafe { (driver.cuDriverGetVersion)(&mut version) };
+                if status != 0 {
+                    return Err(LoadError::VersionQueryFailed {
+                        library: display,
+                        code: CudaErrorCode(status),
+                    });
+                }
+                if version < MIN_DRIVER_VERSION {
+                    return Err(LoadError::DriverTooOld {
+                        library: display,
+                        found: version,
+                        required: MIN_DRIVER_VERSION,
+                    });
+                }
+                driver.version = version;
+                return Ok(driver);
+            }
+            Err(error) => attempts.push(format!("{display}: {error}")),
+        }
+    }
+    Err(LoadError::LibraryNotFound { attempts })
+}
+
+static DRIVER: OnceLock<Result<Driver, LoadError>> = OnceLock::new();
+
+/// The process's driver, loaded on first use from [`DRIVER_ENV`] or the standard names.
+///
+/// The outcome, success or failure, is decided once per process.
+///
+/// # Errors
+/// [`LoadError`] when no library loads, a symbol is missing, or the driver is older than 12.0.
+///
+/// Driver calls: `cuDriverGetVersion`.
+pub fn driver() -> Result<&'static Driver, LoadError> {
+    DRIVER.get_or_init(load).as_ref().map_err(Clone::clone)
+}
+
+/// The driver's description of `code`, if a driver is loaded and knows it.
+pub(crate) fn describe(code: CudaErrorCode) -> Option<String> {
+    let driver = DRIVER.get()?.as_ref().ok()?;
+    let mut text: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: `text` is a valid out-pointer, read only after success.
+    let status = unsafe { (driver.cuGetErrorString)(code.0, &mut text) };
+    if status != 0 || text.is_null() {
+        return None;
+    }
+    // SAFETY: on success the driver returns a NUL-terminated static string.
+    let text = unsafe { std::ffi::CStr::from_ptr(text) };
+    Some(text.to_string_lossy().into_owned())
+}
