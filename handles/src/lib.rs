@@ -1,1 +1,49 @@
-//! handles
+//! Reference-counted CUDA handles whose release is correct wherever the last reference drops.
+//!
+//! This is the only crate that calls the driver. Every resource is an `Arc` box that embeds
+//! what it depends on (a stream its context, a pool allocation its pool, a recipe its stream);
+//! the release rule is fixed when the handle is made and a handle never re-points. The one
+//! mutable field anywhere is a [`DevicePtrHandle`]'s [`DeallocationRecipe`].
+//!
+//! - [`ContextHandle`], [`ContextScope`]: contexts, and running code in one without disturbing
+//!   the caller's binding (BRIEF.md D2).
+//! - [`StreamHandle`], [`EventHandle`], [`MemoryPoolHandle`]: the things a free is ordered on
+//!   and allocated from.
+//! - [`DevicePtrHandle`], [`DeallocationRecipe`], [`Deallocator`]: memory and how it is freed
+//!   (D1, D4, D5, D9).
+//! - [`set_cleanup_error_hook`] and friends: where failures that no caller can receive go (D3).
+//! - [`drain_deferred_cleanup`], [`UserObjectOwnership`], [`GraphHandle`], [`GraphExecHandle`]:
+//!   cleanup deferred by CUDA graphs (D7).
+//!
+//! See `handles/DESIGN.md` for the model, the lock order and which code runs on which thread.
+
+mod context;
+mod deferred;
+mod deviceptr;
+mod error;
+mod event;
+mod graph;
+mod pool;
+mod recipe;
+mod report;
+mod stream;
+mod sys;
+
+pub use context::{ContextHandle, ContextKind, ContextScope};
+pub use deferred::{deferred_cleanup_pending, drain_deferred_cleanup, exiting};
+pub use deviceptr::{Deallocator, DevicePtrHandle, ReleaseKind};
+pub use error::HandleError;
+pub use event::{EventHandle, EVENT_DISABLE_TIMING};
+pub use graph::{GraphExecHandle, GraphHandle, UserObjectOwnership};
+pub use pool::MemoryPoolHandle;
+pub use recipe::{DeallocationRecipe, ThreadToken};
+pub use report::{
+    cleanup_error_count, cleanup_warning_count, reset_cleanup_error_hook,
+    reset_cleanup_warning_hook, set_cleanup_error_hook, set_cleanup_warning_hook, CleanupError,
+    CleanupWarning, CleanupWarningKind,
+};
+pub use stream::{DefaultStream, StreamHandle};
+
+/// Re-exported so that callers name driver types and errors without a direct `cuda-sys`
+/// dependency.
+pub use cuda_sys::{types as sys_types, CudaError, CudaErrorCode, LoadError};

@@ -1,0 +1,491 @@
+//! [`ContextHandle`] (primary, created, borrowed contexts) and [`ContextScope`], the guard that
+//! makes a context current only when it differs and restores the caller's binding.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use cuda_sys::types::{CUcontext, CUdevice};
+
+use crate::report::{report, CleanupError};
+use crate::sys::{as_ctx, check, current_context, driver, init};
+use crate::HandleError;
+
+/// How a context was obtained, which fixes how it is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ContextKind {
+    /// A device's primary context, retained (`cuDevicePrimaryCtxRetain`) for as long as the
+    /// handle lives and released (`cuDevicePrimaryCtxRelease`) after the last clone drops.
+    Primary,
+    /// A context this crate created (`cuCtxCreate`) and destroys (`cuCtxDestroy`) after the
+    /// last clone drops.
+    Created,
+    /// A context made by someone else; nothing is released and its owner must keep it alive
+    /// for as long as the handle (and every recipe that holds it) lives.
+    Borrowed,
+}
+
+struct ContextBox {
+    raw: usize,
+    device: CUdevice,
+    kind: ContextKind,
+}
+
+/// A CUDA context: primary (retained), created (owned) or borrowed.
+///
+/// Cloning is one atomic increment. Two handles are equal when they name the same `CUcontext`.
+/// A recipe holds a `ContextHandle`, so a primary context stays retained and a created context
+/// stays alive until every free recorded against it has run.
+#[derive(Clone)]
+pub struct ContextHandle(Arc<ContextBox>);
+
+fn created_registry() -> &'static Mutex<HashMap<usize, Weak<ContextBox>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<usize, Weak<ContextBox>>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+enum CacheEntry {
+    /// A primary context; the thread keeps it retained while cached.
+    Strong(ContextHandle),
+    /// A context this crate created; cached without keeping it alive.
+    Weak(usize, Weak<ContextBox>),
+}
+
+thread_local! {
+    /// The last context recorded on this thread, so recording a default-stream token costs one
+    /// `cuCtxGetCurrent` and no lookup.
+    static LAST_CONTEXT: RefCell<Option<CacheEntry>> = const { RefCell::new(None) };
+}
+
+impl ContextHandle {
+    /// Retains device `ordinal`'s primary context (initialising the driver on first use).
+    ///
+    /// The calling thread's current context is not changed.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when initialisation, the device lookup or the retain fails
+    /// (`CUDA_ERROR_INVALID_DEVICE` for an ordinal out of range); [`HandleError::Load`] when no
+    /// driver loads.
+    ///
+    /// Driver calls: `cuInit` (once), `cuDeviceGet`, `cuDevicePrimaryCtxRetain`;
+    /// `cuDevicePrimaryCtxRelease` when the last clone drops.
+    pub fn primary(ordinal: i32) -> Result<ContextHandle, HandleError> {
+        let d = init()?;
+        let device = device_of_ordinal(d, ordinal)?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer; read only after success.
+        let status = unsafe { (d.cuDevicePrimaryCtxRetain)(&mut ctx, device) };
+        check("cuDevicePrimaryCtxRetain", status)?;
+        Ok(ContextHandle(Arc::new(ContextBox {
+            raw: ctx as usize,
+            device,
+            kind: ContextKind::Primary,
+        })))
+    }
+
+    /// Creates a new context on device `ordinal` with `flags` (`CU_CTX_*`), owned by the handle.
+    ///
+    /// The driver pushes a created context onto the calling thread's stack; this pops it again,
+    /// so the caller's binding is unchanged. Use [`ContextHandle::make_current`] to bind it.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when initialisation, the device lookup, the creation or the pop
+    /// fails; a context whose pop failed is destroyed before returning.
+    ///
+    /// Driver calls: `cuInit` (once), `cuDeviceGet`, `cuCtxCreate_v2`, `cuCtxPopCurrent_v2`;
+    /// `cuCtxDestroy_v2` when the last clone drops.
+    pub fn create(ordinal: i32, flags: u32) -> Result<ContextHandle, HandleError> {
+        let d = init()?;
+        let device = device_of_ordinal(d, ordinal)?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer; read only after success.
+        let status = unsafe { (d.cuCtxCreate_v2)(&mut ctx, flags, device) };
+        check("cuCtxCreate_v2", status)?;
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: the context just created is on top of this thread's stack; `popped` is a
+        // valid out-pointer.
+        let status = unsafe { (d.cuCtxPopCurrent_v2)(&mut popped) };
+        if let Err(error) = check("cuCtxPopCurrent_v2", status) {
+            // SAFETY: `ctx` was created above and is owned by nobody else.
+            let _ = unsafe { (d.cuCtxDestroy_v2)(ctx) };
+            return Err(error);
+        }
+        let handle = ContextHandle(Arc::new(ContextBox {
+            raw: ctx as usize,
+            device,
+            kind: ContextKind::Created,
+        }));
+        let mut registry = created_registry().lock().unwrap_or_else(|e| e.into_inner());
+        registry.retain(|_, weak| weak.strong_count() > 0);
+        registry.insert(ctx as usize, Arc::downgrade(&handle.0));
+        drop(registry);
+        Ok(handle)
+    }
+
+    /// Wraps a context made by other code, without taking ownership.
+    ///
+    /// If `raw` is a context this crate created and still owns, or a device's primary context,
+    /// the returned handle keeps it alive (created: shares ownership; primary: retains it).
+    /// Otherwise the caller vouches that the context outlives the handle and every recipe
+    /// recorded with it. The device is read by making `raw` current briefly (restored after).
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] for a null context; [`HandleError::Driver`] when the
+    /// driver rejects `raw`.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (twice, when `raw` is not already
+    /// current), `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`, `cuDevicePrimaryCtxRetain`.
+    pub fn from_raw_borrowed(raw: CUcontext) -> Result<ContextHandle, HandleError> {
+        if raw.is_null() {
+            return Err(HandleError::invalid(
+                "context",
+                "a null context cannot be wrapped",
+            ));
+        }
+        let d = init()?;
+        let raw = raw as usize;
+        if let Some(handle) = lookup_created(raw) {
+            return Ok(handle);
+        }
+        let scope = ContextScope::enter_raw(raw)?;
+        let device = current_device(d);
+        scope.exit()?;
+        identify(raw, device?)
+    }
+
+    /// The context current on the calling thread, if any.
+    ///
+    /// A primary context comes back retained and a context created by this crate comes back
+    /// sharing its ownership; any other context is borrowed.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when a query fails.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`; on the first sight of a context on this thread also
+    /// `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`, `cuDevicePrimaryCtxRetain`.
+    pub fn current() -> Result<Option<ContextHandle>, HandleError> {
+        let d = driver()?;
+        match current_context(d)? {
+            0 => Ok(None),
+            raw => Ok(Some(context_for_current(raw)?)),
+        }
+    }
+
+    /// Binds this context to the calling thread (replacing the top of its context stack).
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the driver refuses.
+    ///
+    /// Driver calls: `cuCtxSetCurrent`.
+    pub fn make_current(&self) -> Result<(), HandleError> {
+        let d = driver()?;
+        // SAFETY: the handle keeps the context alive (or its owner vouched for it).
+        let status = unsafe { (d.cuCtxSetCurrent)(self.raw()) };
+        check("cuCtxSetCurrent", status)
+    }
+
+    /// Unbinds whatever context is current on the calling thread (`cuCtxSetCurrent(NULL)`).
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the driver refuses.
+    ///
+    /// Driver calls: `cuCtxSetCurrent`.
+    pub fn clear_current() -> Result<(), HandleError> {
+        let d = driver()?;
+        // SAFETY: NULL is always an acceptable argument: it pops the top of the stack.
+        let status = unsafe { (d.cuCtxSetCurrent)(std::ptr::null_mut()) };
+        check("cuCtxSetCurrent", status)
+    }
+
+    /// The raw `CUcontext`, valid while this handle lives.
+    #[inline]
+    pub fn raw(&self) -> CUcontext {
+        as_ctx(self.0.raw)
+    }
+
+    /// The device ordinal the context belongs to.
+    #[inline]
+    pub fn device(&self) -> i32 {
+        self.0.device
+    }
+
+    /// How the context was obtained and how it will be released.
+    pub fn kind(&self) -> ContextKind {
+        self.0.kind
+    }
+
+    /// Whether both handles share one box (not merely the same raw context).
+    pub fn ptr_eq(&self, other: &ContextHandle) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    #[inline]
+    pub(crate) fn raw_usize(&self) -> usize {
+        self.0.raw
+    }
+}
+
+impl PartialEq for ContextHandle {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.raw == other.0.raw
+    }
+}
+
+impl Eq for ContextHandle {}
+
+impl fmt::Debug for ContextHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ContextHandle(0x{:x}, device {}, {:?})",
+            self.0.raw, self.0.device, self.0.kind
+        )
+    }
+}
+
+impl Drop for ContextBox {
+    fn drop(&mut self) {
+        if crate::deferred::exiting() {
+            return;
+        }
+        let Ok(d) = driver() else { return };
+        let result = match self.kind {
+            ContextKind::Borrowed => return,
+            ContextKind::Primary => {
+                // SAFETY: this box retained the primary context once; this releases it once.
+                let status = unsafe { (d.cuDevicePrimaryCtxRelease_v2)(self.device) };
+                ("cuDevicePrimaryCtxRelease_v2", status)
+            }
+            ContextKind::Created => {
+                {
+                    let mut registry = created_registry().lock().unwrap_or_else(|e| e.into_inner());
+                    if registry
+                        .get(&self.raw)
+                        .is_some_and(|w| w.strong_count() == 0)
+                    {
+                        registry.remove(&self.raw);
+                    }
+                }
+                // SAFETY: this box created the context and is its last owner.
+                let status = unsafe { (d.cuCtxDestroy_v2)(as_ctx(self.raw)) };
+                ("cuCtxDestroy_v2", status)
+            }
+        };
+        if let Err(error) = check(result.0, result.1) {
+            report(CleanupError {
+                operation: result.0,
+                ptr: self.raw as u64,
+                stream: 0,
+                context: self.raw as u64,
+                error,
+            });
+        }
+    }
+}
+
+fn device_of_ordinal(d: &cuda_sys::Driver, ordinal: i32) -> Result<CUdevice, HandleError> {
+    let mut device: CUdevice = 0;
+    // SAFETY: `device` is a valid out-pointer; read only after success.
+    let status = unsafe { (d.cuDeviceGet)(&mut device, ordinal) };
+    check("cuDeviceGet", status)?;
+    Ok(device)
+}
+
+/// The device of the context current on the calling thread.
+fn current_device(d: &cuda_sys::Driver) -> Result<CUdevice, HandleError> {
+    let mut device: CUdevice = 0;
+    // SAFETY: `device` is a valid out-pointer; read only after success.
+    let status = unsafe { (d.cuCtxGetDevice)(&mut device) };
+    check("cuCtxGetDevice", status)?;
+    Ok(device)
+}
+
+fn lookup_created(raw: usize) -> Option<ContextHandle> {
+    let registry = created_registry().lock().unwrap_or_else(|e| e.into_inner());
+    registry
+        .get(&raw)
+        .and_then(Weak::upgrade)
+        .map(ContextHandle)
+}
+
+/// A handle for `raw` on `device`: the retained primary context if that is what `raw` is,
+/// otherwise a borrowed handle.
+fn identify(raw: usize, device: CUdevice) -> Result<ContextHandle, HandleError> {
+    let d = driver()?;
+    let mut flags = 0u32;
+    let mut active = 0i32;
+    // SAFETY: both out-pointers are valid; read only after success.
+    let status = unsafe { (d.cuDevicePrimaryCtxGetState)(device, &mut flags, &mut active) };
+    check("cuDevicePrimaryCtxGetState", status)?;
+    if active != 0 {
+        let primary = ContextHandle::primary(device)?;
+        if primary.0.raw == raw {
+            return Ok(primary);
+        }
+    }
+    Ok(ContextHandle(Arc::new(ContextBox {
+        raw,
+        device,
+        kind: ContextKind::Borrowed,
+    })))
+}
+
+/// A handle for `raw`, which is current on the calling thread. Cached per thread: the common
+/// case (the same context as last time) costs no driver call and no allocation.
+pub(crate) fn context_for_current(raw: usize) -> Result<ContextHandle, HandleError> {
+    let hit = LAST_CONTEXT
+        .try_with(|cell| match &*cell.borrow() {
+            Some(CacheEntry::Strong(handle)) if handle.0.raw == raw => Some(handle.clone()),
+            Some(CacheEntry::Weak(cached, weak)) if *cached == raw => {
+                weak.upgrade().map(ContextHandle)
+            }
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if let Some(handle) = hit {
+        return Ok(handle);
+    }
+    let handle = match lookup_created(raw) {
+        Some(handle) => handle,
+        None => identify(raw, current_device(driver()?)?)?,
+    };
+    let entry = match handle.0.kind {
+        ContextKind::Primary => Some(CacheEntry::Strong(handle.clone())),
+        ContextKind::Created => Some(CacheEntry::Weak(raw, Arc::downgrade(&handle.0))),
+        // A borrowed context's raw value can be reused after its owner destroys it: not cached.
+        ContextKind::Borrowed => None,
+    };
+    if let Some(entry) = entry {
+        let old = LAST_CONTEXT
+            .try_with(|cell| cell.borrow_mut().replace(entry))
+            .ok()
+            .flatten();
+        drop(old);
+    }
+    Ok(handle)
+}
+
+/// Makes a context current for a while and puts the caller's binding back (BRIEF.md D2).
+///
+/// [`ContextScope::enter`] reads the current context and, only if it differs from the target,
+/// makes the target current; [`ContextScope::exit`] (or dropping the scope) restores the
+/// previous binding with `cuCtxSetCurrent(previous)`, where a previous NULL returns the thread
+/// to "no context". Restoring replaces the top of the context stack, so deeper entries of the
+/// caller's stack are untouched. The scope never panics: a restore that fails inside `Drop` is
+/// reported through the cleanup-error hook. The scope is bound to its thread (`!Send`).
+#[must_use = "the previous context is restored when the scope ends"]
+pub struct ContextScope {
+    previous: usize,
+    target: usize,
+    switched: bool,
+    done: bool,
+    _thread_bound: PhantomData<*const ()>,
+}
+
+impl ContextScope {
+    /// Makes `target` current on the calling thread if it is not already.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when reading or setting the current context fails; nothing is
+    /// changed then.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only when the target differs).
+    #[inline]
+    pub fn enter(target: &ContextHandle) -> Result<ContextScope, HandleError> {
+        ContextScope::enter_raw(target.0.raw)
+    }
+
+    #[inline]
+    pub(crate) fn enter_raw(target: usize) -> Result<ContextScope, HandleError> {
+        let d = driver()?;
+        let previous = current_context(d)?;
+        ContextScope::enter_known(target, previous)
+    }
+
+    /// Like [`ContextScope::enter`] when the caller has just read the current context.
+    #[inline]
+    pub(crate) fn enter_known(target: usize, previous: usize) -> Result<ContextScope, HandleError> {
+        let mut scope = ContextScope {
+            previous,
+            target,
+            switched: false,
+            done: false,
+            _thread_bound: PhantomData,
+        };
+        if previous != target {
+            let d = driver()?;
+            // SAFETY: the target is kept alive by the handle the caller holds for the scope.
+            let status = unsafe { (d.cuCtxSetCurrent)(as_ctx(target)) };
+            if let Err(error) = check("cuCtxSetCurrent", status) {
+                scope.done = true;
+                return Err(error);
+            }
+            scope.switched = true;
+        }
+        Ok(scope)
+    }
+
+    /// The context that was current when the scope was entered (NULL for none).
+    pub fn previous(&self) -> CUcontext {
+        as_ctx(self.previous)
+    }
+
+    /// Whether entering changed the current context (and so leaving will restore it).
+    pub fn switched(&self) -> bool {
+        self.switched
+    }
+
+    /// Restores the previous binding now and returns the outcome instead of reporting it.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] naming `cuCtxSetCurrent` when the restore fails; the target
+    /// context is then still current.
+    ///
+    /// Driver calls: `cuCtxSetCurrent` (only when entering switched).
+    pub fn exit(mut self) -> Result<(), HandleError> {
+        self.done = true;
+        self.restore()
+    }
+
+    fn restore(&self) -> Result<(), HandleError> {
+        if !self.switched {
+            return Ok(());
+        }
+        let d = driver()?;
+        // SAFETY: `previous` was current when the scope began (or NULL, which unbinds).
+        let status = unsafe { (d.cuCtxSetCurrent)(as_ctx(self.previous)) };
+        check("cuCtxSetCurrent", status)
+    }
+}
+
+impl Drop for ContextScope {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if let Err(error) = self.restore() {
+            report(CleanupError {
+                operation: "ContextScope::restore",
+                ptr: self.previous as u64,
+                stream: 0,
+                context: self.target as u64,
+                error,
+            });
+        }
+    }
+}
+
+impl fmt::Debug for ContextScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ContextScope(previous 0x{:x}, target 0x{:x}, switched {})",
+            self.previous, self.target, self.switched
+        )
+    }
+}

@@ -1,0 +1,189 @@
+//! The deferred-cleanup queue (BRIEF.md D7, D9): a lock-free queue that user-object destructors
+//! and non-blocking drops push onto, a worker thread that drains it, [`drain_deferred_cleanup`]
+//! for a synchronous drain, and the exit rule (what is still queued at exit is leaked).
+
+use std::any::Any;
+use std::cell::Cell;
+use std::ffi::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::thread::Thread;
+
+use crossbeam_queue::SegQueue;
+
+use crate::deviceptr::{run_sync_free, SyncFree};
+
+/// Something the cleanup worker drops or runs.
+pub(crate) enum Deferred {
+    /// A payload whose user object's last reference went (a graph attachment): dropped.
+    Payload(Box<dyn Any + Send>),
+    /// A synchronous free waiting for its event.
+    SyncFree(SyncFree),
+}
+
+/// Lock-free: pushing takes no lock, so it is safe inside a user-object destructor that runs
+/// on a driver thread or synchronously inside our own `cuGraphExecDestroy` call.
+static QUEUE: SegQueue<Deferred> = SegQueue::new();
+
+/// Held by whoever is consuming the queue (the worker or a [`drain_deferred_cleanup`] caller)
+/// while it pops and processes items, so that a drain returns only when everything queued
+/// before it has been processed. Never taken by a push.
+static CONSUMER: Mutex<()> = Mutex::new(());
+
+static EXITING: AtomicBool = AtomicBool::new(false);
+static WORKER: OnceLock<Option<Thread>> = OnceLock::new();
+static AT_EXIT: OnceLock<()> = OnceLock::new();
+
+thread_local! {
+    /// Whether this thread holds [`CONSUMER`] (a nested drain must not take it again).
+    static CONSUMING: Cell<bool> = const { Cell::new(false) };
+}
+
+extern "C" {
+    fn atexit(callback: extern "C" fn()) -> c_int;
+}
+
+extern "C" fn on_exit() {
+    EXITING.store(true, Ordering::SeqCst);
+}
+
+/// Registers the exit hook once. Called when the driver is first initialised and when the
+/// worker starts.
+pub(crate) fn register_exit_hook() {
+    AT_EXIT.get_or_init(|| {
+        // SAFETY: `on_exit` is a plain `extern "C"` function with no arguments that only
+        // stores an atomic; registering it has no other effect.
+        let _ = unsafe { atexit(on_exit) };
+    });
+}
+
+/// Whether the process is exiting (`main` returned or `exit` was called). From then on no
+/// handle calls the driver: frees and destructions are leaked, never run against a driver that
+/// may be tearing down.
+#[inline]
+pub fn exiting() -> bool {
+    EXITING.load(Ordering::Relaxed)
+}
+
+/// Starts the worker thread once; `None` if the thread could not be spawned (then only
+/// [`drain_deferred_cleanup`] empties the queue).
+pub(crate) fn ensure_worker() -> Option<&'static Thread> {
+    WORKER
+        .get_or_init(|| {
+            register_exit_hook();
+            match std::thread::Builder::new()
+                .name("custody-cleanup".into())
+                .spawn(worker_main)
+            {
+                Ok(handle) => Some(handle.thread().clone()),
+                Err(error) => {
+                    eprintln!("custody: could not start the cleanup worker ({error}); deferred cleanup runs only in drain_deferred_cleanup()");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Queues an item from ordinary Rust code (starting the worker if needed) and wakes the worker.
+pub(crate) fn push(item: Deferred) {
+    ensure_worker();
+    push_from_callback(item);
+}
+
+/// Queues an item and wakes the worker, without starting anything: safe in a user-object
+/// destructor (no lock that user code may hold, no driver call).
+#[inline]
+fn push_from_callback(item: Deferred) {
+    QUEUE.push(item);
+    if let Some(Some(worker)) = WORKER.get() {
+        worker.unpark();
+    }
+}
+
+/// The destructor installed on every user object made by
+/// [`UserObjectOwnership`](crate::UserObjectOwnership): it takes the payload back and queues it.
+///
+/// Runs on a driver thread or synchronously inside a driver call made by any thread
+/// (driver_facts.md G2, G3); it makes no driver call and takes no lock.
+pub(crate) extern "C" fn user_object_destructor(data: *mut std::ffi::c_void) {
+    if data.is_null() {
+        return;
+    }
+    // SAFETY: `data` is the `Box<Box<dyn Any + Send>>` leaked by `UserObjectOwnership::new`,
+    // and the driver calls a user object's destructor exactly once.
+    let payload = unsafe { Box::from_raw(data.cast::<Box<dyn Any + Send>>()) };
+    push_from_callback(Deferred::Payload(*payload));
+}
+
+fn worker_main() {
+    loop {
+        if exiting() {
+            return;
+        }
+        if !QUEUE.is_empty() {
+            consume();
+        }
+        std::thread::park();
+    }
+}
+
+/// Pops and processes until the queue is empty, holding [`CONSUMER`] unless this thread already
+/// does (a drain nested in a payload's drop).
+fn consume() -> usize {
+    let nested = CONSUMING.with(Cell::get);
+    let guard = if nested {
+        None
+    } else {
+        Some(CONSUMER.lock().unwrap_or_else(|e| e.into_inner()))
+    };
+    CONSUMING.with(|c| c.set(true));
+    let mut processed = 0;
+    while !exiting() {
+        let Some(item) = QUEUE.pop() else { break };
+        process(item);
+        processed += 1;
+    }
+    if !nested {
+        CONSUMING.with(|c| c.set(false));
+    }
+    drop(guard);
+    processed
+}
+
+fn process(item: Deferred) {
+    let outcome = catch_unwind(AssertUnwindSafe(move || match item {
+        Deferred::Payload(payload) => drop(payload),
+        Deferred::SyncFree(job) => run_sync_free(job),
+    }));
+    if outcome.is_err() {
+        eprintln!("custody: a deferred-cleanup payload panicked while being dropped; continuing");
+    }
+}
+
+/// Runs every queued deferred cleanup on the calling thread and returns how many items ran.
+///
+/// Returns when everything queued before the call, and everything those items queued in turn
+/// (a graph executable destroyed by a payload whose user object's destructor runs
+/// synchronously), has been processed, including an item the worker was processing when the
+/// call began. Frees run with their recipes, under [`ContextScope`](crate::ContextScope), so
+/// the caller's context binding is unchanged afterwards.
+///
+/// Do not call this while holding a lock that a payload's drop may need (in Python, the GIL:
+/// the bindings release it first). Calling it from inside a payload's drop is allowed. After
+/// the process began exiting it does nothing.
+///
+/// Driver calls: those of the queued frees (`cuMemFreeAsync`, `cuEventSynchronize`,
+/// `cuMemFree_v2`, `cuMemFreeHost`, ...), each inside its recipe's context.
+pub fn drain_deferred_cleanup() -> usize {
+    if exiting() {
+        return 0;
+    }
+    consume()
+}
+
+/// How many deferred cleanups are queued and not yet started.
+pub fn deferred_cleanup_pending() -> usize {
+    QUEUE.len()
+}

@@ -1,0 +1,935 @@
+//! [`DevicePtrHandle`]: an allocation (or an adopted or borrowed pointer) with its
+//! [`DeallocationRecipe`] and a release rule fixed at creation, and the teardown that runs the
+//! recipe (BRIEF.md D1, D2, D3, D9).
+
+use std::any::Any;
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+
+use cuda_sys::types::{c_void, CUdeviceptr, CUmemPoolPtrExportData, CUstream};
+use cuda_sys::Driver;
+
+use crate::context::ContextScope;
+use crate::deferred::{self, Deferred};
+use crate::event::{create_raw, destroy_raw, EVENT_DISABLE_TIMING};
+use crate::pool::MemoryPoolHandle;
+use crate::recipe::DeallocationRecipe;
+use crate::report::{report, warn, CleanupError, CleanupWarning, CleanupWarningKind};
+use crate::stream::StreamHandle;
+use crate::sys::{check, driver};
+use crate::HandleError;
+
+/// Frees memory that custody adopted from elsewhere (a user's memory resource).
+///
+/// Called once, by whoever drops the last handle, with the recipe's context current (see
+/// [`ContextScope`]) and the recipe's stream; on a thread chosen by the drop, which may be the
+/// cleanup worker. It must not block on a lock that the dropping thread may hold.
+pub trait Deallocator: Send + Sync {
+    /// Frees `size` bytes at `ptr`, ordered on `stream`.
+    ///
+    /// # Errors
+    /// Whatever the deallocator reports: returned by an explicit
+    /// [`DevicePtrHandle::release`], reported through the cleanup-error hook on a drop.
+    fn deallocate(
+        &self,
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(), HandleError>;
+}
+
+/// Which family a pointer belongs to, fixing how it is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReleaseKind {
+    /// `cuMemAllocFromPoolAsync`; freed with `cuMemFreeAsync` on the recipe stream; holds its
+    /// pool.
+    Pool,
+    /// `cuMemAllocAsync` (the device's current pool, or a graph allocation under capture);
+    /// freed with `cuMemFreeAsync`.
+    Async,
+    /// `cuMemAlloc`; freed with `cuMemFree` after the recipe stream's work (never blocking a
+    /// drop: see [`DevicePtrHandle`]).
+    Synchronous,
+    /// `cuMemAllocHost` (pinned host memory); freed with `cuMemFreeHost`, like
+    /// [`ReleaseKind::Synchronous`].
+    PinnedHost,
+    /// `cuMemAllocManaged`; freed with `cuMemFree`, like [`ReleaseKind::Synchronous`].
+    Managed,
+    /// `cuMemPoolImportPointer` (IPC import); freed with `cuMemFreeAsync`; holds its pool.
+    IpcImport,
+    /// Adopted with a [`Deallocator`], which frees it.
+    Deallocator,
+    /// Kept alive by an owner object, dropped with the last handle; nothing is freed.
+    Owner,
+    /// Not owned: nothing happens at release.
+    NonOwning,
+}
+
+enum Release {
+    Pool(MemoryPoolHandle),
+    Async,
+    Synchronous,
+    PinnedHost,
+    Managed,
+    IpcImport(MemoryPoolHandle),
+    Deallocator(Arc<dyn Deallocator>),
+    Owner(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
+    NonOwning,
+}
+
+impl Release {
+    fn kind(&self) -> ReleaseKind {
+        match self {
+            Release::Pool(_) => ReleaseKind::Pool,
+            Release::Async => ReleaseKind::Async,
+            Release::Synchronous => ReleaseKind::Synchronous,
+            Release::PinnedHost => ReleaseKind::PinnedHost,
+            Release::Managed => ReleaseKind::Managed,
+            Release::IpcImport(_) => ReleaseKind::IpcImport,
+            Release::Deallocator(_) => ReleaseKind::Deallocator,
+            Release::Owner(_) => ReleaseKind::Owner,
+            Release::NonOwning => ReleaseKind::NonOwning,
+        }
+    }
+}
+
+/// The synchronous frees that go through the cleanup worker (BRIEF.md D9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SyncKind {
+    Device,
+    Host,
+}
+
+impl SyncKind {
+    fn operation(self) -> &'static str {
+        match self {
+            SyncKind::Device => "cuMemFree_v2",
+            SyncKind::Host => "cuMemFreeHost",
+        }
+    }
+
+    fn free(self, d: &Driver, ptr: u64) -> Result<(), HandleError> {
+        match self {
+            SyncKind::Device => {
+                // SAFETY: the allocation is owned by the caller's released box and is freed
+                // once; the recipe's context is current.
+                let status = unsafe { (d.cuMemFree_v2)(ptr) };
+                check("cuMemFree_v2", status)
+            }
+            SyncKind::Host => {
+                // SAFETY: as above, for a `cuMemAllocHost` allocation.
+                let status = unsafe { (d.cuMemFreeHost)(ptr as *mut c_void) };
+                check("cuMemFreeHost", status)
+            }
+        }
+    }
+}
+
+/// A synchronous free waiting for its event on the cleanup worker.
+pub(crate) struct SyncFree {
+    ptr: u64,
+    kind: SyncKind,
+    recipe: DeallocationRecipe,
+    /// The event recorded on the recipe stream at drop time; 0 when recording failed, in which
+    /// case the worker synchronises the whole context instead.
+    event: usize,
+}
+
+/// Serialises IPC imports with the frees of imported pointers, so that a concurrent import
+/// cannot re-import a mapping that a pending free is about to unmap. A leaf lock: nothing else
+/// is taken, and nothing is reported, while it is held.
+static IPC_LOCK: Mutex<()> = Mutex::new(());
+
+struct PtrBox {
+    ptr: u64,
+    size: usize,
+    /// The device the memory lives on when known; recipes must be in a context of it.
+    device: Option<i32>,
+    /// The only mutable field: replaced wholesale, read once at teardown. `None` for the rules
+    /// that free nothing, and after release.
+    recipe: Mutex<Option<DeallocationRecipe>>,
+    release: Release,
+    released: bool,
+}
+
+/// A device (or pinned host) pointer with its deallocation recipe and release rule.
+///
+/// Cloning is one atomic increment and every clone shares the recipe: a
+/// [`DevicePtrHandle::set_deallocation_stream`] on one is seen by all (a graph attachment
+/// included). The last clone to go frees the memory with the recipe current at that moment:
+///
+/// - stream-ordered families (pool, async, IPC import): `cuMemFreeAsync` on the recipe stream,
+///   in the recipe context (see [`ContextScope`]);
+/// - synchronous families (`cuMemAlloc`, pinned host, managed): a drop records an event on the
+///   recipe stream and hands (event, pointer, recipe) to the cleanup worker, which waits for
+///   the event and frees; it never blocks the dropping thread (BRIEF.md D9). An explicit
+///   [`DevicePtrHandle::release`] synchronises the recipe stream and frees before returning;
+/// - adopted pointers: the [`Deallocator`], in the recipe context;
+/// - owner-kept and borrowed pointers: nothing is freed.
+///
+/// A drop whose free fails reports through the cleanup-error hook; an explicit release returns
+/// the error.
+#[derive(Clone)]
+pub struct DevicePtrHandle(Arc<PtrBox>);
+
+/// What an operation run in a recipe's context came to.
+struct Outcome {
+    op: Result<(), HandleError>,
+    restore: Result<(), HandleError>,
+    warning: Option<CleanupWarning>,
+}
+
+impl Outcome {
+    /// Reports everything (drop paths). Call after the context was restored, holding no lock.
+    fn report(self, operation: &'static str, ptr: u64, recipe: &DeallocationRecipe) {
+        if let Some(warning) = self.warning {
+            warn(warning);
+        }
+        for error in [self.op.err(), self.restore.err()].into_iter().flatten() {
+            report(attribute(operation, ptr, recipe, error));
+        }
+    }
+
+    /// Returns the operation's error, or else the restore's (explicit paths); a restore error
+    /// that cannot be returned alongside an operation error is reported.
+    fn into_result(
+        self,
+        operation: &'static str,
+        ptr: u64,
+        recipe: &DeallocationRecipe,
+    ) -> Result<(), HandleError> {
+        if let Some(warning) = self.warning {
+            warn(warning);
+        }
+        match (self.op, self.restore) {
+            (Err(op), Err(restore)) => {
+                report(attribute(operation, ptr, recipe, restore));
+                Err(op)
+            }
+            (Err(error), Ok(())) | (Ok(()), Err(error)) => Err(error),
+            (Ok(()), Ok(())) => Ok(()),
+        }
+    }
+}
+
+fn attribute(
+    operation: &'static str,
+    ptr: u64,
+    recipe: &DeallocationRecipe,
+    error: HandleError,
+) -> CleanupError {
+    CleanupError {
+        operation,
+        ptr,
+        stream: recipe.stream().raw_usize() as u64,
+        context: recipe.context().raw_usize() as u64,
+        error,
+    }
+}
+
+/// Runs `op` with the recipe's context current and restores the caller's binding (D2). The
+/// per-thread-default-stream warning, if owed, is returned for emission after the restore.
+#[inline]
+fn run_in_recipe(
+    recipe: &DeallocationRecipe,
+    operation: &'static str,
+    ptr: u64,
+    check_thread: bool,
+    op: impl FnOnce(&'static Driver) -> Result<(), HandleError>,
+) -> Outcome {
+    let warning = if check_thread {
+        recipe.cross_thread_warning(operation, ptr)
+    } else {
+        None
+    };
+    let d = match driver() {
+        Ok(d) => d,
+        Err(error) => {
+            return Outcome {
+                op: Err(error),
+                restore: Ok(()),
+                warning,
+            }
+        }
+    };
+    let scope = match ContextScope::enter(recipe.context()) {
+        Ok(scope) => scope,
+        Err(error) => {
+            // Activation failed: the operation is skipped and the resource leaked (reported).
+            return Outcome {
+                op: Err(error),
+                restore: Ok(()),
+                warning,
+            };
+        }
+    };
+    let op = op(d);
+    let restore = scope.exit();
+    Outcome {
+        op,
+        restore,
+        warning,
+    }
+}
+
+fn free_async(d: &Driver, ptr: u64, stream: CUstream) -> Result<(), HandleError> {
+    // SAFETY: the pointer is owned by the box being released and freed once; the recipe keeps
+    // `stream` alive and its context is current.
+    let status = unsafe { (d.cuMemFreeAsync)(ptr, stream) };
+    check("cuMemFreeAsync", status)
+}
+
+/// Where an allocation lives, which decides the device its recipes must be on.
+#[derive(Clone, Copy)]
+enum Placement {
+    /// On the pool's device (`None`: a host pool, any device's context will do).
+    Pool(Option<i32>),
+    /// On the device of the recipe's context.
+    Context,
+    /// Host memory, usable from any device's context.
+    Host,
+}
+
+/// Whether the driver refused a zero-byte request for this family.
+fn reject_zero(size: usize) -> Result<(), HandleError> {
+    if size == 0 {
+        return Err(HandleError::invalid(
+            "size",
+            "a zero-byte allocation is rejected by the driver",
+        ));
+    }
+    Ok(())
+}
+
+fn check_device(device: Option<i32>, recipe: &DeallocationRecipe) -> Result<(), HandleError> {
+    match device {
+        Some(device) if recipe.context().device() != device => Err(HandleError::invalid(
+            "stream",
+            format!(
+                "the stream's context 0x{:x} is on device {}, but the memory is on device {}",
+                recipe.context().raw_usize(),
+                recipe.context().device(),
+                device
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl DevicePtrHandle {
+    /// Allocates `size` bytes from `pool`, ordered on `stream`, which also becomes the recipe.
+    ///
+    /// The allocation runs in the recipe's context (made current only if it is not), and the
+    /// caller's binding is restored. The handle holds `pool`, so an owned pool outlives it.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] for `size == 0` or a stream whose context is on another
+    /// device than the pool; [`HandleError::NoCurrentContext`] for an unbound token on a thread
+    /// with no context; [`HandleError::Driver`] when the allocation fails. Nothing is allocated
+    /// or leaked on error.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only when the recipe's context is
+    /// not current), `cuMemAllocFromPoolAsync`; `cuMemFreeAsync` at release.
+    pub fn alloc_from_pool(
+        size: usize,
+        pool: &MemoryPoolHandle,
+        stream: &StreamHandle,
+    ) -> Result<DevicePtrHandle, HandleError> {
+        reject_zero(size)?;
+        let pool_raw = pool.raw();
+        Self::allocate(
+            size,
+            stream,
+            Placement::Pool(pool.device()),
+            Release::Pool(pool.clone()),
+            |d, stream| {
+                let mut ptr: CUdeviceptr = 0;
+                // SAFETY: `ptr` is a valid out-pointer; the pool and stream handles are alive and
+                // the recipe's context is current.
+                let status =
+                    unsafe { (d.cuMemAllocFromPoolAsync)(&mut ptr, size, pool_raw, stream) };
+                check("cuMemAllocFromPoolAsync", status).map(|()| ptr)
+            },
+            |d, ptr, stream| {
+                let _ = free_async(d, ptr, stream);
+            },
+        )
+    }
+
+    /// Allocates `size` bytes from the current pool of the recipe context's device (or, while
+    /// `stream` is capturing, as a graph allocation), ordered on `stream`.
+    ///
+    /// # Errors
+    /// As [`DevicePtrHandle::alloc_from_pool`].
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocAsync`;
+    /// `cuMemFreeAsync` at release.
+    pub fn alloc_async(size: usize, stream: &StreamHandle) -> Result<DevicePtrHandle, HandleError> {
+        reject_zero(size)?;
+        Self::allocate(
+            size,
+            stream,
+            Placement::Context,
+            Release::Async,
+            |d, stream| {
+                let mut ptr: CUdeviceptr = 0;
+                // SAFETY: `ptr` is a valid out-pointer; the stream is alive; context current.
+                let status = unsafe { (d.cuMemAllocAsync)(&mut ptr, size, stream) };
+                check("cuMemAllocAsync", status).map(|()| ptr)
+            },
+            |d, ptr, stream| {
+                let _ = free_async(d, ptr, stream);
+            },
+        )
+    }
+
+    /// Allocates `size` bytes with the synchronous `cuMemAlloc` in the recipe's context;
+    /// `stream` orders the eventual free. See [`DevicePtrHandle`] for how the free avoids
+    /// blocking a drop.
+    ///
+    /// # Errors
+    /// As [`DevicePtrHandle::alloc_from_pool`].
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAlloc_v2`; at
+    /// release `cuEventCreate`, `cuEventRecord`, then on the cleanup worker
+    /// `cuEventSynchronize`, `cuMemFree_v2`, `cuEventDestroy_v2`.
+    pub fn alloc(size: usize, stream: &StreamHandle) -> Result<DevicePtrHandle, HandleError> {
+        reject_zero(size)?;
+        Self::allocate(
+            size,
+            stream,
+            Placement::Context,
+            Release::Synchronous,
+            |d, _| {
+                let mut ptr: CUdeviceptr = 0;
+                // SAFETY: `ptr` is a valid out-pointer; the recipe's context is current.
+                let status = unsafe { (d.cuMemAlloc_v2)(&mut ptr, size) };
+                check("cuMemAlloc_v2", status).map(|()| ptr)
+            },
+            |d, ptr, _| {
+                let _ = SyncKind::Device.free(d, ptr);
+            },
+        )
+    }
+
+    /// Allocates `size` bytes of pinned host memory (`cuMemAllocHost`) in the recipe's
+    /// context; the pointer is the host address. Released like [`DevicePtrHandle::alloc`].
+    ///
+    /// # Errors
+    /// As [`DevicePtrHandle::alloc_from_pool`].
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocHost_v2`; at
+    /// release as [`DevicePtrHandle::alloc`] with `cuMemFreeHost`.
+    pub fn alloc_host(size: usize, stream: &StreamHandle) -> Result<DevicePtrHandle, HandleError> {
+        reject_zero(size)?;
+        Self::allocate(
+            size,
+            stream,
+            Placement::Host,
+            Release::PinnedHost,
+            |d, _| {
+                let mut host: *mut c_void = std::ptr::null_mut();
+                // SAFETY: `host` is a valid out-pointer; the recipe's context is current.
+                let status = unsafe { (d.cuMemAllocHost_v2)(&mut host, size) };
+                check("cuMemAllocHost_v2", status).map(|()| host as u64)
+            },
+            |d, ptr, _| {
+                let _ = SyncKind::Host.free(d, ptr);
+            },
+        )
+    }
+
+    /// Allocates `size` bytes of managed memory (`cuMemAllocManaged` with `flags`,
+    /// `CU_MEM_ATTACH_*`) in the recipe's context. Released like [`DevicePtrHandle::alloc`].
+    ///
+    /// # Errors
+    /// As [`DevicePtrHandle::alloc_from_pool`].
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocManaged`; at
+    /// release as [`DevicePtrHandle::alloc`].
+    pub fn alloc_managed(
+        size: usize,
+        flags: u32,
+        stream: &StreamHandle,
+    ) -> Result<DevicePtrHandle, HandleError> {
+        reject_zero(size)?;
+        Self::allocate(
+            size,
+            stream,
+            Placement::Context,
+            Release::Managed,
+            |d, _| {
+                let mut ptr: CUdeviceptr = 0;
+                // SAFETY: `ptr` is a valid out-pointer; the recipe's context is current.
+                let status = unsafe { (d.cuMemAllocManaged)(&mut ptr, size, flags) };
+                check("cuMemAllocManaged", status).map(|()| ptr)
+            },
+            |d, ptr, _| {
+                let _ = SyncKind::Device.free(d, ptr);
+            },
+        )
+    }
+
+    /// Imports a pointer another process exported from an IPC-shared pool that this process
+    /// imported as `pool`; `size` is the exported allocation's size in bytes and `stream`
+    /// orders the eventual free.
+    ///
+    /// Imports and the frees of imported pointers are serialised process-wide.
+    ///
+    /// # Errors
+    /// As [`DevicePtrHandle::alloc_from_pool`], with the import's driver error.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
+    /// `cuMemPoolImportPointer`; `cuMemFreeAsync` at release.
+    pub fn import_from_pool(
+        pool: &MemoryPoolHandle,
+        export_data: &CUmemPoolPtrExportData,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<DevicePtrHandle, HandleError> {
+        reject_zero(size)?;
+        let pool_raw = pool.raw();
+        let mut data = *export_data;
+        Self::allocate(
+            size,
+            stream,
+            Placement::Pool(pool.device()),
+            Release::IpcImport(pool.clone()),
+            |d, _| {
+                let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+                let mut ptr: CUdeviceptr = 0;
+                // SAFETY: `ptr` is a valid out-pointer; `data` is a copy the driver may read;
+                // the pool handle is alive and the recipe's context is current.
+                let status = unsafe { (d.cuMemPoolImportPointer)(&mut ptr, pool_raw, &mut data) };
+                check("cuMemPoolImportPointer", status).map(|()| ptr)
+            },
+            |d, ptr, stream| {
+                let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = free_async(d, ptr, stream);
+            },
+        )
+    }
+
+    /// Takes ownership of `size` bytes at `ptr`, to be freed by `deallocator` with the recipe
+    /// recorded now for `stream` (BRIEF.md D5).
+    ///
+    /// The recipe is recorded and validated before ownership is taken: on error the pointer
+    /// stays with the caller and `deallocator` is not called.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] for a null `ptr`; [`HandleError::NoCurrentContext`] for
+    /// an unbound token on a thread with no context.
+    ///
+    /// Driver calls: `cuCtxGetCurrent` (unbound tokens only); at release `cuCtxGetCurrent`,
+    /// `cuCtxSetCurrent` (if needed) around `deallocator`.
+    pub fn adopt(
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: &StreamHandle,
+        deallocator: Arc<dyn Deallocator>,
+    ) -> Result<DevicePtrHandle, HandleError> {
+        if ptr == 0 {
+            return Err(HandleError::invalid(
+                "ptr",
+                "a null pointer cannot be owned by a deallocator",
+            ));
+        }
+        let recipe = DeallocationRecipe::record(stream)?;
+        Ok(Self::from_parts(
+            ptr,
+            size,
+            None,
+            Some(recipe),
+            Release::Deallocator(deallocator),
+        ))
+    }
+
+    /// Wraps `size` bytes at `ptr` that `owner` keeps alive: the owner is dropped with the last
+    /// handle and nothing is freed. No driver call.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] for a null `ptr`.
+    pub fn with_owner(
+        ptr: CUdeviceptr,
+        size: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<DevicePtrHandle, HandleError> {
+        if ptr == 0 {
+            return Err(HandleError::invalid(
+                "ptr",
+                "a null pointer cannot be kept alive by an owner",
+            ));
+        }
+        Ok(Self::from_parts(
+            ptr,
+            size,
+            None,
+            None,
+            Release::Owner(owner),
+        ))
+    }
+
+    /// Wraps `size` bytes at `ptr` without owning them: nothing happens at release, and the
+    /// caller keeps the memory alive for as long as the handle is used. No driver call.
+    pub fn borrowed(ptr: CUdeviceptr, size: usize) -> DevicePtrHandle {
+        Self::from_parts(ptr, size, None, None, Release::NonOwning)
+    }
+
+    fn from_parts(
+        ptr: u64,
+        size: usize,
+        device: Option<i32>,
+        recipe: Option<DeallocationRecipe>,
+        release: Release,
+    ) -> DevicePtrHandle {
+        DevicePtrHandle(Arc::new(PtrBox {
+            ptr,
+            size,
+            device,
+            recipe: Mutex::new(recipe),
+            release,
+            released: false,
+        }))
+    }
+
+    /// The allocation protocol shared by every allocating family: record, validate, allocate in
+    /// the recipe context, restore; undo (still in the context) if the restore fails.
+    #[inline]
+    fn allocate(
+        size: usize,
+        stream: &StreamHandle,
+        placement: Placement,
+        release: Release,
+        alloc: impl FnOnce(&'static Driver, CUstream) -> Result<u64, HandleError>,
+        undo: impl FnOnce(&'static Driver, u64, CUstream),
+    ) -> Result<DevicePtrHandle, HandleError> {
+        let d = driver()?;
+        let (recipe, current) = DeallocationRecipe::record_reading_current(stream)?;
+        let device = match placement {
+            Placement::Pool(device) => device,
+            Placement::Context => Some(recipe.context().device()),
+            Placement::Host => None,
+        };
+        check_device(device, &recipe)?;
+        let context = recipe.context().raw_usize();
+        let scope = match current {
+            Some(current) => ContextScope::enter_known(context, current)?,
+            None => ContextScope::enter_raw(context)?,
+        };
+        let raw_stream = stream.raw();
+        let ptr = match alloc(d, raw_stream) {
+            Ok(ptr) => ptr,
+            Err(error) => {
+                scope.exit()?;
+                return Err(error);
+            }
+        };
+        if let Err(error) = scope.exit() {
+            // The recipe's context is still current: give the memory back before failing.
+            undo(d, ptr, raw_stream);
+            return Err(error);
+        }
+        Ok(Self::from_parts(ptr, size, device, Some(recipe), release))
+    }
+
+    /// The address (device pointer, or host address for pinned host memory).
+    #[inline]
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.0.ptr
+    }
+
+    /// The size in bytes, as allocated or adopted.
+    #[inline]
+    pub fn size(&self) -> usize {
+        self.0.size
+    }
+
+    /// The release family, fixed at creation.
+    pub fn kind(&self) -> ReleaseKind {
+        self.0.release.kind()
+    }
+
+    /// The device the memory lives on, when known (`None` for pinned host memory and adopted
+    /// or borrowed pointers).
+    pub fn device(&self) -> Option<i32> {
+        self.0.device
+    }
+
+    /// The pool the memory came from (pool allocations and IPC imports).
+    pub fn pool(&self) -> Option<&MemoryPoolHandle> {
+        match &self.0.release {
+            Release::Pool(pool) | Release::IpcImport(pool) => Some(pool),
+            _ => None,
+        }
+    }
+
+    /// A copy of the current recipe (two atomic increments); `None` for owner-kept and
+    /// borrowed pointers, which free nothing.
+    pub fn recipe(&self) -> Option<DeallocationRecipe> {
+        self.0
+            .recipe
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The stream the free is currently recorded on.
+    pub fn deallocation_stream(&self) -> Option<StreamHandle> {
+        self.recipe().map(|recipe| recipe.stream().clone())
+    }
+
+    /// How many handles share this allocation.
+    pub fn handle_count(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+
+    /// Whether both handles share one box.
+    pub fn ptr_eq(&self, other: &DevicePtrHandle) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Replaces the recipe with one recorded now for `stream` (BRIEF.md D4), as one atomic
+    /// swap seen by every clone. Nothing is freed or synchronised: work already queued on the
+    /// old stream must be ordered before the new one by the caller. On error the old recipe
+    /// stays. For owner-kept and borrowed pointers, which free nothing, this does nothing.
+    ///
+    /// # Errors
+    /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
+    /// [`HandleError::InvalidArgument`] for a stream whose context is on another device than
+    /// the memory.
+    ///
+    /// Driver calls: `cuCtxGetCurrent` (unbound tokens only).
+    pub fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), HandleError> {
+        if matches!(self.0.release, Release::Owner(_) | Release::NonOwning) {
+            return Ok(());
+        }
+        let recipe = DeallocationRecipe::record(stream)?;
+        check_device(self.0.device, &recipe)?;
+        let old = self
+            .0
+            .recipe
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(recipe);
+        // The old recipe may hold the last handle of a stream: released outside the lock.
+        drop(old);
+        Ok(())
+    }
+
+    /// Releases this handle now. When it is the last one, frees the memory as its rule says
+    /// and returns the outcome instead of reporting it; the handle is gone either way. When
+    /// other clones remain, nothing is freed and `Ok(())` is returned.
+    ///
+    /// Unlike a drop, this may block: a synchronous family waits for the recipe stream and
+    /// frees before returning.
+    ///
+    /// # Errors
+    /// The free's error ([`HandleError::Driver`], or the [`Deallocator`]'s); a failure to
+    /// activate or restore the context ([`HandleError::Driver`] naming `cuCtxSetCurrent`).
+    ///
+    /// Driver calls: those of the rule (see [`ReleaseKind`]) inside the recipe's context; for
+    /// the synchronous families `cuStreamSynchronize` first.
+    pub fn release(self) -> Result<(), HandleError> {
+        match Arc::try_unwrap(self.0) {
+            Ok(mut inner) => inner.release_now(true),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// `set_deallocation_stream(stream)` then `release()` (BRIEF.md D4). When recording the new
+    /// recipe fails, the handle is returned unchanged with the error.
+    ///
+    /// # Errors
+    /// As [`DevicePtrHandle::set_deallocation_stream`] (with the handle given back) and
+    /// [`DevicePtrHandle::release`].
+    pub fn release_on(
+        self,
+        stream: &StreamHandle,
+    ) -> Result<(), (HandleError, Option<DevicePtrHandle>)> {
+        if let Err(error) = self.set_deallocation_stream(stream) {
+            return Err((error, Some(self)));
+        }
+        self.release().map_err(|error| (error, None))
+    }
+
+    /// Emits the graph-attach warning when this pointer's free is recorded on the per-thread
+    /// default stream (BRIEF.md D6); for the graph layer, when it retains the pointer.
+    pub fn warn_if_per_thread_stream(&self, operation: &'static str) {
+        let Some(recipe) = self.recipe() else { return };
+        if let Some(thread) = recipe.ptds_thread() {
+            warn(CleanupWarning {
+                operation,
+                ptr: self.0.ptr,
+                stream: recipe.stream().raw_usize() as u64,
+                context: recipe.context().raw_usize() as u64,
+                kind: CleanupWarningKind::PerThreadStreamRetainedByGraph {
+                    recorded_thread: thread.value(),
+                },
+            });
+        }
+    }
+}
+
+impl PtrBox {
+    /// Frees per the release rule. `explicit`: return errors (and block for synchronous
+    /// families); otherwise report them and never block.
+    fn release_now(&mut self, explicit: bool) -> Result<(), HandleError> {
+        self.released = true;
+        let ptr = self.ptr;
+        let recipe = self
+            .recipe
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let Some(recipe) = recipe else {
+            return Ok(()); // owner-kept or borrowed: the owner drops with the box
+        };
+        let (operation, outcome) = match &self.release {
+            Release::Pool(_) | Release::Async => {
+                let stream = recipe.stream().raw();
+                let outcome = run_in_recipe(&recipe, "cuMemFreeAsync", ptr, true, |d| {
+                    free_async(d, ptr, stream)
+                });
+                ("cuMemFreeAsync", outcome)
+            }
+            Release::IpcImport(_) => {
+                let stream = recipe.stream().raw();
+                let outcome = run_in_recipe(&recipe, "cuMemFreeAsync", ptr, true, |d| {
+                    let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+                    free_async(d, ptr, stream)
+                });
+                ("cuMemFreeAsync", outcome)
+            }
+            Release::Synchronous | Release::Managed => {
+                return self.release_sync(SyncKind::Device, recipe, explicit);
+            }
+            Release::PinnedHost => return self.release_sync(SyncKind::Host, recipe, explicit),
+            Release::Deallocator(deallocator) => {
+                let size = self.size;
+                let operation = "Deallocator::deallocate";
+                let outcome = run_in_recipe(&recipe, operation, ptr, true, |_| {
+                    catch_unwind(AssertUnwindSafe(|| {
+                        deallocator.deallocate(ptr, size, recipe.stream())
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(HandleError::Deallocator {
+                            message: "the deallocator panicked".into(),
+                        })
+                    })
+                });
+                (operation, outcome)
+            }
+            Release::Owner(_) | Release::NonOwning => return Ok(()),
+        };
+        if explicit {
+            outcome.into_result(operation, ptr, &recipe)
+        } else {
+            outcome.report(operation, ptr, &recipe);
+            Ok(())
+        }
+    }
+
+    fn release_sync(
+        &mut self,
+        kind: SyncKind,
+        recipe: DeallocationRecipe,
+        explicit: bool,
+    ) -> Result<(), HandleError> {
+        let ptr = self.ptr;
+        let operation = kind.operation();
+        let stream = recipe.stream().raw();
+        if explicit {
+            let outcome = run_in_recipe(&recipe, operation, ptr, true, |d| {
+                // SAFETY: the recipe keeps the stream alive and its context is current.
+                let status = unsafe { (d.cuStreamSynchronize)(stream) };
+                check("cuStreamSynchronize", status)?;
+                kind.free(d, ptr)
+            });
+            return outcome.into_result(operation, ptr, &recipe);
+        }
+        if deferred::exiting() {
+            return Ok(()); // at exit: leaked, never freed unsafely
+        }
+        // D9: order with an event on the caller, free on the cleanup worker.
+        let mut event = 0usize;
+        let outcome = run_in_recipe(&recipe, "cuEventRecord", ptr, true, |d| {
+            let raw = create_raw(EVENT_DISABLE_TIMING)?;
+            // SAFETY: the event was just created in the current (recipe) context; the recipe
+            // keeps the stream alive.
+            let status = unsafe { (d.cuEventRecord)(raw as cuda_sys::types::CUevent, stream) };
+            if let Err(error) = check("cuEventRecord", status) {
+                destroy_raw(raw);
+                return Err(error);
+            }
+            event = raw;
+            Ok(())
+        });
+        let report_recipe = recipe.clone();
+        deferred::push(Deferred::SyncFree(SyncFree {
+            ptr,
+            kind,
+            recipe,
+            event,
+        }));
+        // Reported after the push: an event failure only means the worker synchronises the
+        // whole context instead, but no driver error is treated as success (D3).
+        outcome.report("cuEventRecord", ptr, &report_recipe);
+        Ok(())
+    }
+}
+
+/// Runs a deferred synchronous free on the cleanup worker (or a draining thread): wait for the
+/// event (or, without one, the whole context), free, destroy the event; report failures.
+pub(crate) fn run_sync_free(job: SyncFree) {
+    let SyncFree {
+        ptr,
+        kind,
+        recipe,
+        event,
+    } = job;
+    let operation = kind.operation();
+    let outcome = run_in_recipe(&recipe, operation, ptr, false, |d| {
+        let waited = if event != 0 {
+            // SAFETY: the event was created and recorded at drop time and is owned by this job.
+            let status = unsafe { (d.cuEventSynchronize)(event as cuda_sys::types::CUevent) };
+            let waited = check("cuEventSynchronize", status);
+            let _ = check("cuEventDestroy_v2", destroy_raw(event));
+            waited
+        } else {
+            // SAFETY: no arguments; the recipe's context is current.
+            let status = unsafe { (d.cuCtxSynchronize)() };
+            check("cuCtxSynchronize", status)
+        };
+        // A failed wait means the free cannot be proven ordered: leak rather than free early.
+        waited?;
+        kind.free(d, ptr)
+    });
+    outcome.report(operation, ptr, &recipe);
+}
+
+impl Drop for PtrBox {
+    fn drop(&mut self) {
+        if self.released || deferred::exiting() {
+            return;
+        }
+        let _ = self.release_now(false);
+    }
+}
+
+impl fmt::Debug for DevicePtrHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DevicePtrHandle(0x{:x}, {} bytes, {:?}",
+            self.0.ptr,
+            self.0.size,
+            self.0.release.kind()
+        )?;
+        if let Some(recipe) = self.recipe() {
+            write!(f, ", {recipe:?}")?;
+        }
+        f.write_str(")")
+    }
+}

@@ -1,0 +1,297 @@
+//! Minimal graph ownership: [`GraphHandle`], [`GraphExecHandle`] and [`UserObjectOwnership`],
+//! the primitive that lets a graph keep Rust values (buffers) alive and hand them to the
+//! deferred-cleanup queue when the driver lets go (BRIEF.md D7).
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use cuda_sys::types::{CUgraph, CUgraphExec, CUuserObject};
+
+use crate::context::{ContextHandle, ContextScope};
+use crate::deferred::{ensure_worker, exiting, user_object_destructor};
+use crate::report::{report, CleanupError};
+use crate::stream::StreamHandle;
+use crate::sys::{check, driver};
+use crate::HandleError;
+
+/// `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`.
+const USER_OBJECT_NO_DESTRUCTOR_SYNC: u32 = 1;
+/// `CU_GRAPH_USER_OBJECT_MOVE`.
+const GRAPH_USER_OBJECT_MOVE: u32 = 1;
+
+/// Runs `f` in `context` and returns its result, or the restore's error.
+fn in_context<R>(
+    context: &ContextHandle,
+    f: impl FnOnce(&'static cuda_sys::Driver) -> Result<R, HandleError>,
+) -> Result<R, HandleError> {
+    let d = driver()?;
+    let scope = ContextScope::enter(context)?;
+    let result = f(d);
+    let restored = scope.exit();
+    let value = result?;
+    restored?;
+    Ok(value)
+}
+
+/// Destroys with `destroy` in `context`, reporting a failure (drop paths).
+fn destroy_in_context(
+    operation: &'static str,
+    raw: usize,
+    context: &ContextHandle,
+    destroy: impl FnOnce(&'static cuda_sys::Driver) -> u32,
+) {
+    if exiting() {
+        return;
+    }
+    if let Err(error) = in_context(context, |d| check(operation, destroy(d))) {
+        report(CleanupError {
+            operation,
+            ptr: raw as u64,
+            stream: 0,
+            context: context.raw_usize() as u64,
+            error,
+        });
+    }
+}
+
+struct GraphBox {
+    raw: usize,
+    context: ContextHandle,
+}
+
+/// A graph definition, owned; destroyed in its context when the last clone drops.
+#[derive(Clone)]
+pub struct GraphHandle(Arc<GraphBox>);
+
+impl GraphHandle {
+    /// Creates an empty graph, with `context` current.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the context switch or the creation fails.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphCreate`;
+    /// `cuGraphDestroy` when the last clone drops.
+    pub fn create(context: &ContextHandle) -> Result<GraphHandle, HandleError> {
+        let raw = in_context(context, |d| {
+            let mut raw: CUgraph = std::ptr::null_mut();
+            // SAFETY: `raw` is a valid out-pointer; flags must be 0.
+            let status = unsafe { (d.cuGraphCreate)(&mut raw, 0) };
+            check("cuGraphCreate", status).map(|()| raw as usize)
+        })?;
+        Ok(GraphHandle(Arc::new(GraphBox {
+            raw,
+            context: context.clone(),
+        })))
+    }
+
+    /// The raw `CUgraph`, valid while this handle lives.
+    pub fn raw(&self) -> CUgraph {
+        self.0.raw as CUgraph
+    }
+
+    /// The context the graph was created in.
+    pub fn context(&self) -> &ContextHandle {
+        &self.0.context
+    }
+}
+
+impl Drop for GraphBox {
+    fn drop(&mut self) {
+        let raw = self.raw;
+        destroy_in_context("cuGraphDestroy", raw, &self.context, |d| {
+            // SAFETY: this box created the graph and is its last owner.
+            unsafe { (d.cuGraphDestroy)(raw as CUgraph) }
+        });
+    }
+}
+
+impl fmt::Debug for GraphHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GraphHandle(0x{:x})", self.0.raw)
+    }
+}
+
+struct GraphExecBox {
+    raw: usize,
+    context: ContextHandle,
+}
+
+/// An executable graph, owned; destroyed in its context when the last clone drops.
+///
+/// The executable holds its own references to the user objects of the graph it was
+/// instantiated from, so payloads outlive the graph definition (driver_facts.md G1); a payload
+/// whose last reference goes inside `cuGraphExecDestroy` is queued there and then (G2).
+#[derive(Clone)]
+pub struct GraphExecHandle(Arc<GraphExecBox>);
+
+impl GraphExecHandle {
+    /// Instantiates `graph` with `flags` (`CUDA_GRAPH_INSTANTIATE_FLAG_*`).
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when instantiation fails.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
+    /// `cuGraphInstantiateWithFlags`; `cuGraphExecDestroy` when the last clone drops.
+    pub fn instantiate(graph: &GraphHandle, flags: u64) -> Result<GraphExecHandle, HandleError> {
+        let context = graph.context();
+        let raw = in_context(context, |d| {
+            let mut raw: CUgraphExec = std::ptr::null_mut();
+            // SAFETY: `raw` is a valid out-pointer; the graph handle is alive.
+            let status = unsafe { (d.cuGraphInstantiateWithFlags)(&mut raw, graph.raw(), flags) };
+            check("cuGraphInstantiateWithFlags", status).map(|()| raw as usize)
+        })?;
+        Ok(GraphExecHandle(Arc::new(GraphExecBox {
+            raw,
+            context: context.clone(),
+        })))
+    }
+
+    /// Launches the executable on `stream`. Does not block.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the launch fails.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphLaunch`.
+    pub fn launch(&self, stream: &StreamHandle) -> Result<(), HandleError> {
+        in_context(&self.0.context, |d| {
+            // SAFETY: both handles keep their resources alive.
+            let status = unsafe { (d.cuGraphLaunch)(self.raw(), stream.raw()) };
+            check("cuGraphLaunch", status)
+        })
+    }
+
+    /// The raw `CUgraphExec`, valid while this handle lives.
+    pub fn raw(&self) -> CUgraphExec {
+        self.0.raw as CUgraphExec
+    }
+}
+
+impl Drop for GraphExecBox {
+    fn drop(&mut self) {
+        let raw = self.raw;
+        destroy_in_context("cuGraphExecDestroy", raw, &self.context, |d| {
+            // SAFETY: this box instantiated the executable and is its last owner.
+            unsafe { (d.cuGraphExecDestroy)(raw as CUgraphExec) }
+        });
+    }
+}
+
+impl fmt::Debug for GraphExecHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GraphExecHandle(0x{:x})", self.0.raw)
+    }
+}
+
+/// One reference to a CUDA user object whose payload is a Rust value.
+///
+/// Made with `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`; its destructor only queues the payload for
+/// the cleanup worker (no lock, no driver call), so the payload (a buffer, a stream, anything
+/// `Send`) is dropped on the worker or in [`crate::drain_deferred_cleanup`], where its frees
+/// run with their recipes. Move the reference into a graph with
+/// [`UserObjectOwnership::move_into_graph`]; dropping it instead releases it.
+pub struct UserObjectOwnership {
+    raw: usize,
+    context: ContextHandle,
+    held: bool,
+}
+
+impl UserObjectOwnership {
+    /// Wraps `payload` in a new user object (one reference, held by the returned value), with
+    /// `context` current. Starts the cleanup worker if it is not running.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the creation fails; the payload is then dropped on the
+    /// calling thread.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`;
+    /// `cuUserObjectRelease` when dropped unmoved.
+    pub fn new(
+        context: &ContextHandle,
+        payload: Box<dyn Any + Send>,
+    ) -> Result<UserObjectOwnership, HandleError> {
+        ensure_worker();
+        let data = Box::into_raw(Box::new(payload));
+        let created = in_context(context, |d| {
+            let mut raw: CUuserObject = std::ptr::null_mut();
+            // SAFETY: `raw` is a valid out-pointer; `data` stays valid until the destructor
+            // takes it back, exactly once.
+            let status = unsafe {
+                (d.cuUserObjectCreate)(
+                    &mut raw,
+                    data.cast(),
+                    Some(user_object_destructor),
+                    1,
+                    USER_OBJECT_NO_DESTRUCTOR_SYNC,
+                )
+            };
+            check("cuUserObjectCreate", status).map(|()| raw as usize)
+        });
+        match created {
+            Ok(raw) => Ok(UserObjectOwnership {
+                raw,
+                context: context.clone(),
+                held: true,
+            }),
+            Err(error) => {
+                // SAFETY: the driver did not take `data` (creation failed): it is still ours.
+                drop(unsafe { Box::from_raw(data) });
+                Err(error)
+            }
+        }
+    }
+
+    /// The raw `CUuserObject`.
+    pub fn raw(&self) -> CUuserObject {
+        self.raw as CUuserObject
+    }
+
+    /// Moves this reference into `graph` (`CU_GRAPH_USER_OBJECT_MOVE`): the graph, its clones
+    /// and executables now keep the payload alive.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the driver refuses; the reference is then released, which
+    /// queues the payload for deferred cleanup.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphRetainUserObject`.
+    pub fn move_into_graph(mut self, graph: &GraphHandle) -> Result<(), HandleError> {
+        let raw = self.raw;
+        in_context(&self.context, |d| {
+            // SAFETY: we hold one reference to the user object and the graph is alive.
+            let status = unsafe {
+                (d.cuGraphRetainUserObject)(
+                    graph.raw(),
+                    raw as CUuserObject,
+                    1,
+                    GRAPH_USER_OBJECT_MOVE,
+                )
+            };
+            check("cuGraphRetainUserObject", status)
+        })?;
+        self.held = false;
+        Ok(())
+    }
+}
+
+impl Drop for UserObjectOwnership {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        let raw = self.raw;
+        destroy_in_context("cuUserObjectRelease", raw, &self.context, |d| {
+            // SAFETY: we hold exactly one reference and give it up.
+            unsafe { (d.cuUserObjectRelease)(raw as CUuserObject, 1) }
+        });
+    }
+}
+
+impl fmt::Debug for UserObjectOwnership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "UserObjectOwnership(0x{:x}, held {})",
+            self.raw, self.held
+        )
+    }
+}

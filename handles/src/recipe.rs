@@ -1,0 +1,227 @@
+//! [`DeallocationRecipe`]: the stream, context and (for the per-thread default stream) thread
+//! that a free needs, recorded when memory is allocated or adopted (BRIEF.md D1).
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::context::{context_for_current, ContextHandle};
+use crate::report::{CleanupWarning, CleanupWarningKind};
+use crate::stream::{DefaultStream, StreamHandle};
+use crate::sys::{current_context, driver};
+use crate::HandleError;
+
+/// A process-unique identity for a host thread.
+///
+/// Unlike `std::thread::ThreadId` values as other runtimes hand them out, a token is never
+/// reused in the life of the process, so a recipe cannot mistake a new thread for the one that
+/// recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ThreadToken(u64);
+
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THIS_THREAD: Cell<u64> = const { Cell::new(0) };
+}
+
+impl ThreadToken {
+    /// The calling thread's token (assigned on first use).
+    #[inline]
+    pub fn current() -> ThreadToken {
+        let value = THIS_THREAD
+            .try_with(|cell| {
+                let value = cell.get();
+                if value != 0 {
+                    return value;
+                }
+                let value = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+                cell.set(value);
+                value
+            })
+            // During thread-local destruction: a fresh value, equal to no recorded thread.
+            .unwrap_or_else(|_| NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
+        ThreadToken(value)
+    }
+
+    /// The token as an integer (never 0).
+    pub fn value(self) -> u64 {
+        self.0
+    }
+}
+
+/// The stream and context that will order and legalise a free.
+///
+/// Recorded when memory is allocated or adopted, replaced wholesale by
+/// [`DevicePtrHandle::set_deallocation_stream`](crate::DevicePtrHandle::set_deallocation_stream),
+/// and used once, by whoever drops the last handle. A created stream brings its own context; a
+/// foreign stream the context the driver reported when it was wrapped; a default-stream token
+/// is bound to the context current when the recipe is recorded, and a per-thread-default-stream
+/// recipe also remembers the recording thread. The recipe holds the stream and the context, so
+/// neither can be destroyed before the free runs.
+///
+/// # Errors
+/// Recording fails with [`HandleError::NoCurrentContext`] when the stream is an unbound
+/// default-stream token and no context is current on the calling thread.
+///
+/// Driver calls: `cuCtxGetCurrent` (recording a token), `cuCtxSetCurrent` and the free
+/// (teardown).
+#[derive(Clone)]
+pub struct DeallocationRecipe {
+    stream: StreamHandle,
+    context: ContextHandle,
+    ptds_thread: Option<ThreadToken>,
+}
+
+impl DeallocationRecipe {
+    /// Records a recipe for `stream` on the calling thread.
+    ///
+    /// # Errors
+    /// [`HandleError::NoCurrentContext`] for an unbound token with no current context;
+    /// [`HandleError::Driver`] when reading the current context fails.
+    ///
+    /// Driver calls: `cuCtxGetCurrent` (unbound tokens only; the first time a context is seen
+    /// on a thread also `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`,
+    /// `cuDevicePrimaryCtxRetain`).
+    pub fn record(stream: &StreamHandle) -> Result<DeallocationRecipe, HandleError> {
+        DeallocationRecipe::record_reading_current(stream).map(|(recipe, _)| recipe)
+    }
+
+    /// Records a recipe and returns the context current on the calling thread when that had to
+    /// be read anyway (unbound tokens), so the caller's [`crate::ContextScope`] needs no second
+    /// `cuCtxGetCurrent`.
+    #[inline]
+    pub(crate) fn record_reading_current(
+        stream: &StreamHandle,
+    ) -> Result<(DeallocationRecipe, Option<usize>), HandleError> {
+        let ptds_thread =
+            (stream.default_kind() == Some(DefaultStream::PerThread)).then(ThreadToken::current);
+        if let Some(context) = stream.context() {
+            return Ok((
+                DeallocationRecipe {
+                    stream: stream.clone(),
+                    context: context.clone(),
+                    ptds_thread,
+                },
+                None,
+            ));
+        }
+        let current = current_context(driver()?)?;
+        if current == 0 {
+            return Err(HandleError::NoCurrentContext);
+        }
+        let context = context_for_current(current)?;
+        Ok((
+            DeallocationRecipe {
+                stream: stream.clone(),
+                context,
+                ptds_thread,
+            },
+            Some(current),
+        ))
+    }
+
+    /// A recipe from parts the caller already holds, with no driver call: `stream` in
+    /// `context`. A per-thread-default-stream token records the calling thread.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] when `stream` carries a different context than
+    /// `context`.
+    pub fn with_context(
+        stream: &StreamHandle,
+        context: &ContextHandle,
+    ) -> Result<DeallocationRecipe, HandleError> {
+        if let Some(own) = stream.context() {
+            if own != context {
+                return Err(HandleError::invalid(
+                    "stream",
+                    format!(
+                        "the stream belongs to context 0x{:x}, not 0x{:x}",
+                        own.raw_usize(),
+                        context.raw_usize()
+                    ),
+                ));
+            }
+        }
+        Ok(DeallocationRecipe {
+            stream: stream.clone(),
+            context: context.clone(),
+            ptds_thread: (stream.default_kind() == Some(DefaultStream::PerThread))
+                .then(ThreadToken::current),
+        })
+    }
+
+    /// The stream the free is ordered on (for a token, resolved in [`Self::context`]).
+    #[inline]
+    pub fn stream(&self) -> &StreamHandle {
+        &self.stream
+    }
+
+    /// The context the free runs in.
+    #[inline]
+    pub fn context(&self) -> &ContextHandle {
+        &self.context
+    }
+
+    /// The thread that recorded a per-thread-default-stream recipe; `None` otherwise.
+    #[inline]
+    pub fn ptds_thread(&self) -> Option<ThreadToken> {
+        self.ptds_thread
+    }
+
+    /// The warning owed when this recipe is used on the calling thread: a per-thread-default-
+    /// stream recipe used on a thread other than the recorder (BRIEF.md D6).
+    #[inline]
+    pub(crate) fn cross_thread_warning(
+        &self,
+        operation: &'static str,
+        ptr: u64,
+    ) -> Option<CleanupWarning> {
+        let recorded = self.ptds_thread?;
+        let here = ThreadToken::current();
+        (recorded != here).then(|| CleanupWarning {
+            operation,
+            ptr,
+            stream: self.stream.raw_usize() as u64,
+            context: self.context.raw_usize() as u64,
+            kind: CleanupWarningKind::PerThreadStreamOtherThread {
+                recorded_thread: recorded.0,
+                freeing_thread: here.0,
+            },
+        })
+    }
+}
+
+impl fmt::Debug for DeallocationRecipe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DeallocationRecipe(stream 0x{:x}, context 0x{:x}",
+            self.stream.raw_usize(),
+            self.context.raw_usize()
+        )?;
+        if let Some(thread) = self.ptds_thread {
+            write!(f, ", ptds thread {}", thread.0)?;
+        }
+        f.write_str(")")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_tokens_are_unique_and_stable() {
+        let here = ThreadToken::current();
+        assert_eq!(here, ThreadToken::current());
+        let other = std::thread::spawn(ThreadToken::current).join().unwrap();
+        let third = std::thread::spawn(ThreadToken::current).join().unwrap();
+        assert_ne!(here, other);
+        assert_ne!(
+            other, third,
+            "a token is never reused after its thread exits"
+        );
+        assert_ne!(here.value(), 0);
+    }
+}

@@ -1,0 +1,394 @@
+//! [`StreamHandle`]: created streams (which embed their context), wrapped foreign streams, and
+//! the three default-stream tokens, unbound or bound to a context.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use cuda_sys::types::{CUcontext, CUstream};
+
+use crate::context::{context_for_current, ContextHandle, ContextScope};
+use crate::event::EventHandle;
+use crate::report::{report, CleanupError};
+use crate::sys::{check, check_token, driver, init};
+use crate::HandleError;
+
+/// One of the three default-stream tokens. They are not streams: the driver resolves them
+/// against the context current on the calling thread (and, for the per-thread default stream,
+/// against the thread itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DefaultStream {
+    /// `NULL` (0): the legacy default stream, since custody loads the non-`_ptsz` entry points.
+    Null,
+    /// `CU_STREAM_LEGACY` (0x1).
+    Legacy,
+    /// `CU_STREAM_PER_THREAD` (0x2).
+    PerThread,
+}
+
+impl DefaultStream {
+    /// The token's raw value.
+    pub fn raw(self) -> CUstream {
+        self.value() as CUstream
+    }
+
+    /// The token for a raw value, if it is one (0, 0x1 or 0x2).
+    pub fn from_raw(raw: CUstream) -> Option<DefaultStream> {
+        match raw as usize {
+            0 => Some(DefaultStream::Null),
+            1 => Some(DefaultStream::Legacy),
+            2 => Some(DefaultStream::PerThread),
+            _ => None,
+        }
+    }
+
+    fn value(self) -> usize {
+        match self {
+            DefaultStream::Null => 0,
+            DefaultStream::Legacy => 1,
+            DefaultStream::PerThread => 2,
+        }
+    }
+}
+
+/// How a stream is released when its last handle drops.
+enum StreamRelease {
+    /// Created by this crate: destroyed (`cuStreamDestroy`) in its context.
+    Owned,
+    /// Made by someone else; an optional owner object is dropped, nothing is destroyed.
+    Foreign(#[allow(dead_code)] Option<Box<dyn Any + Send + Sync>>),
+    /// A default-stream token: nothing to release.
+    Token(DefaultStream),
+}
+
+struct StreamBox {
+    raw: usize,
+    context: Option<ContextHandle>,
+    release: StreamRelease,
+}
+
+/// A stream: created (owned, embedding its [`ContextHandle`]), foreign (wrapped, with the
+/// context the driver reports for it), or a default-stream token, unbound or bound to a context.
+///
+/// Cloning is one atomic increment; a handle never re-points. A deallocation recipe holds a
+/// `StreamHandle`, so a created stream outlives every free ordered on it even after the user's
+/// last handle is gone (driver_facts.md F11).
+#[derive(Clone)]
+pub struct StreamHandle(Arc<StreamBox>);
+
+fn owned_registry() -> &'static Mutex<HashMap<usize, Weak<StreamBox>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<usize, Weak<StreamBox>>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn unbound_token(kind: DefaultStream) -> &'static StreamHandle {
+    static TOKENS: OnceLock<[StreamHandle; 3]> = OnceLock::new();
+    let tokens = TOKENS.get_or_init(|| {
+        [
+            DefaultStream::Null,
+            DefaultStream::Legacy,
+            DefaultStream::PerThread,
+        ]
+        .map(|kind| {
+            StreamHandle(Arc::new(StreamBox {
+                raw: kind.value(),
+                context: None,
+                release: StreamRelease::Token(kind),
+            }))
+        })
+    });
+    &tokens[kind.value()]
+}
+
+impl StreamHandle {
+    /// Creates a stream in `context` with `flags` (`CU_STREAM_*`) and `priority` (0 is the
+    /// default; lower numbers are higher priorities). The stream embeds the context, so the
+    /// context lives at least as long as the stream.
+    ///
+    /// The calling thread's binding is unchanged afterwards.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when switching to the context, creating the stream or restoring
+    /// the caller's context fails; a stream created before a failed restore is destroyed.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (when `context` is not current),
+    /// `cuStreamCreateWithPriority`; `cuStreamDestroy_v2` when the last clone drops.
+    pub fn create(
+        context: &ContextHandle,
+        flags: u32,
+        priority: i32,
+    ) -> Result<StreamHandle, HandleError> {
+        let d = driver()?;
+        let scope = ContextScope::enter(context)?;
+        let mut raw: CUstream = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; the scope makes `context` current.
+        let status = unsafe { (d.cuStreamCreateWithPriority)(&mut raw, flags, priority) };
+        let created = check("cuStreamCreateWithPriority", status);
+        if created.is_ok() {
+            if let Err(error) = scope.exit() {
+                // SAFETY: the stream was created above and is owned by nobody else; its context
+                // is still current because the restore failed.
+                let _ = unsafe { (d.cuStreamDestroy_v2)(raw) };
+                return Err(error);
+            }
+        } else {
+            // Restoring after a failed creation: the creation error is what the caller needs.
+            let _ = scope.exit();
+        }
+        created?;
+        let handle = StreamHandle(Arc::new(StreamBox {
+            raw: raw as usize,
+            context: Some(context.clone()),
+            release: StreamRelease::Owned,
+        }));
+        let mut registry = owned_registry().lock().unwrap_or_else(|e| e.into_inner());
+        registry.insert(raw as usize, Arc::downgrade(&handle.0));
+        drop(registry);
+        Ok(handle)
+    }
+
+    /// The process-wide unbound handle for a default-stream token. It carries no context: a
+    /// recipe recorded with it binds the context current at that moment.
+    pub fn default_stream(kind: DefaultStream) -> StreamHandle {
+        unbound_token(kind).clone()
+    }
+
+    /// The unbound legacy default stream (`CU_STREAM_LEGACY`).
+    pub fn legacy() -> StreamHandle {
+        StreamHandle::default_stream(DefaultStream::Legacy)
+    }
+
+    /// The unbound per-thread default stream (`CU_STREAM_PER_THREAD`).
+    pub fn per_thread() -> StreamHandle {
+        StreamHandle::default_stream(DefaultStream::PerThread)
+    }
+
+    /// A default-stream token bound to `context`: it means that context's legacy (or, for the
+    /// calling thread, per-thread) stream wherever it is used, and keeps the context alive.
+    pub fn bound_default_stream(kind: DefaultStream, context: &ContextHandle) -> StreamHandle {
+        StreamHandle(Arc::new(StreamBox {
+            raw: kind.value(),
+            context: Some(context.clone()),
+            release: StreamRelease::Token(kind),
+        }))
+    }
+
+    /// Wraps a stream made by other code (given as the integer value of its `CUstream`),
+    /// without destroying it later.
+    ///
+    /// A token value (0, 0x1, 0x2) gives the unbound token: the value decides, not the caller's
+    /// intent. A stream this crate created and still owns gives that owned handle back, so a
+    /// recipe recorded through the wrapper keeps the stream alive. Any other stream gets its
+    /// context from `cuStreamGetCtx` now, and `owner` (if any) is kept until the last clone
+    /// drops; the caller vouches that the stream lives as long as the handle.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when `cuStreamGetCtx` rejects the stream.
+    ///
+    /// Driver calls: `cuStreamGetCtx` and those of [`ContextHandle::from_raw_borrowed`] (not for
+    /// tokens or streams this crate owns).
+    pub fn from_raw(
+        raw: usize,
+        owner: Option<Box<dyn Any + Send + Sync>>,
+    ) -> Result<StreamHandle, HandleError> {
+        if let Some(kind) = DefaultStream::from_raw(raw as CUstream) {
+            return Ok(StreamHandle::default_stream(kind));
+        }
+        let owned = {
+            let registry = owned_registry().lock().unwrap_or_else(|e| e.into_inner());
+            registry.get(&raw).and_then(Weak::upgrade)
+        };
+        if let Some(owned) = owned {
+            return Ok(StreamHandle(owned));
+        }
+        let d = init()?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: the caller vouches for `raw`; `ctx` is a valid out-pointer read after success.
+        let status = unsafe { (d.cuStreamGetCtx)(raw as CUstream, &mut ctx) };
+        check("cuStreamGetCtx", status)?;
+        let current = crate::sys::current_context(d)?;
+        let context = if current == ctx as usize {
+            context_for_current(current)?
+        } else {
+            ContextHandle::from_raw_borrowed(ctx)?
+        };
+        Ok(StreamHandle(Arc::new(StreamBox {
+            raw,
+            context: Some(context),
+            release: StreamRelease::Foreign(owner),
+        })))
+    }
+
+    /// The raw `CUstream` (or token value), valid while this handle lives.
+    #[inline]
+    pub fn raw(&self) -> CUstream {
+        self.0.raw as CUstream
+    }
+
+    /// The context the stream belongs to: a created stream's own, a foreign stream's as the
+    /// driver reported it, a bound token's; `None` for an unbound token.
+    #[inline]
+    pub fn context(&self) -> Option<&ContextHandle> {
+        self.0.context.as_ref()
+    }
+
+    /// Which default-stream token this is, if it is one.
+    #[inline]
+    pub fn default_kind(&self) -> Option<DefaultStream> {
+        match self.0.release {
+            StreamRelease::Token(kind) => Some(kind),
+            _ => None,
+        }
+    }
+
+    /// Whether this handle created the stream and will destroy it.
+    pub fn is_owned(&self) -> bool {
+        matches!(self.0.release, StreamRelease::Owned)
+    }
+
+    /// Whether both handles share one box.
+    pub fn ptr_eq(&self, other: &StreamHandle) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    #[inline]
+    pub(crate) fn raw_usize(&self) -> usize {
+        self.0.raw
+    }
+
+    #[inline]
+    pub(crate) fn is_unbound_token(&self) -> bool {
+        self.0.context.is_none()
+    }
+
+    /// Runs `f` with the stream's context current (or, for an unbound token, the caller's).
+    fn in_context<R>(
+        &self,
+        f: impl FnOnce(&'static cuda_sys::Driver) -> Result<R, HandleError>,
+    ) -> Result<R, HandleError> {
+        let d = driver()?;
+        match &self.0.context {
+            None => f(d),
+            Some(context) => {
+                let scope = ContextScope::enter(context)?;
+                let result = f(d);
+                let restored = scope.exit();
+                let value = result?;
+                restored?;
+                Ok(value)
+            }
+        }
+    }
+
+    /// Blocks the calling thread until all work queued on the stream has finished.
+    ///
+    /// # Errors
+    /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
+    /// [`HandleError::Driver`] otherwise.
+    ///
+    /// Driver calls: `cuStreamSynchronize` (inside the stream's context, see
+    /// [`ContextScope`]).
+    pub fn synchronize(&self) -> Result<(), HandleError> {
+        let token = self.is_unbound_token();
+        self.in_context(|d| {
+            // SAFETY: the handle keeps the stream alive; its context is current (or the token
+            // resolves against the caller's).
+            let status = unsafe { (d.cuStreamSynchronize)(self.raw()) };
+            check_token("cuStreamSynchronize", status, token)
+        })
+    }
+
+    /// Makes all future work on this stream wait for `event`'s last recorded work. Does not
+    /// block the host.
+    ///
+    /// # Errors
+    /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
+    /// [`HandleError::Driver`] otherwise.
+    ///
+    /// Driver calls: `cuStreamWaitEvent`.
+    pub fn wait_event(&self, event: &EventHandle) -> Result<(), HandleError> {
+        let token = self.is_unbound_token();
+        self.in_context(|d| {
+            // SAFETY: both handles keep their resources alive.
+            let status = unsafe { (d.cuStreamWaitEvent)(self.raw(), event.raw(), 0) };
+            check_token("cuStreamWaitEvent", status, token)
+        })
+    }
+
+    /// Releases this handle now; when it is the last one of a created stream, destroys the
+    /// stream and returns the outcome instead of reporting it.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when `cuStreamDestroy` fails (the handle is gone either way).
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamDestroy_v2`.
+    pub fn close(self) -> Result<(), HandleError> {
+        match Arc::try_unwrap(self.0) {
+            Ok(mut stream) => {
+                let result = stream.destroy();
+                stream.release = StreamRelease::Foreign(None);
+                result
+            }
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+impl StreamBox {
+    fn destroy(&mut self) -> Result<(), HandleError> {
+        if !matches!(self.release, StreamRelease::Owned) {
+            return Ok(());
+        }
+        {
+            let mut registry = owned_registry().lock().unwrap_or_else(|e| e.into_inner());
+            if registry
+                .get(&self.raw)
+                .is_some_and(|w| w.strong_count() == 0)
+            {
+                registry.remove(&self.raw);
+            }
+        }
+        let d = driver()?;
+        let context = self.context.as_ref().map_or(0, ContextHandle::raw_usize);
+        let scope = ContextScope::enter_raw(context)?;
+        // SAFETY: this box created the stream and is its last owner.
+        let status = unsafe { (d.cuStreamDestroy_v2)(self.raw as CUstream) };
+        let restored = scope.exit();
+        check("cuStreamDestroy_v2", status)?;
+        restored
+    }
+}
+
+impl Drop for StreamBox {
+    fn drop(&mut self) {
+        if !matches!(self.release, StreamRelease::Owned) || crate::deferred::exiting() {
+            return;
+        }
+        if let Err(error) = self.destroy() {
+            report(CleanupError {
+                operation: "cuStreamDestroy_v2",
+                ptr: self.raw as u64,
+                stream: self.raw as u64,
+                context: self.context.as_ref().map_or(0, |c| c.raw_usize() as u64),
+                error,
+            });
+        }
+    }
+}
+
+impl fmt::Debug for StreamHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.0.release {
+            StreamRelease::Owned => "owned",
+            StreamRelease::Foreign(_) => "foreign",
+            StreamRelease::Token(_) if self.0.context.is_some() => "bound token",
+            StreamRelease::Token(_) => "token",
+        };
+        write!(f, "StreamHandle(0x{:x}, {kind}", self.0.raw)?;
+        if let Some(context) = &self.0.context {
+            write!(f, ", context 0x{:x}", context.raw_usize())?;
+        }
+        f.write_str(")")
+    }
+}
