@@ -292,7 +292,8 @@ enum Placement {
     Host,
 }
 
-/// Whether the driver refused a zero-byte request for this family.
+/// `cuMemAlloc` and `cuMemAllocManaged` reject zero bytes (`CUDA_ERROR_INVALID_VALUE`);
+/// the stream-ordered and pinned-host allocators accept them (docs/driver-probe).
 fn reject_zero(size: usize) -> Result<(), HandleError> {
     if size == 0 {
         return Err(HandleError::invalid(
@@ -325,8 +326,8 @@ impl DevicePtrHandle {
     /// caller's binding is restored. The handle holds `pool`, so an owned pool outlives it.
     ///
     /// # Errors
-    /// [`HandleError::InvalidArgument`] for `size == 0` or a stream whose context is on another
-    /// device than the pool; [`HandleError::NoCurrentContext`] for an unbound token on a thread
+    /// [`HandleError::InvalidArgument`] for a stream whose context is on another device than
+    /// the pool; [`HandleError::NoCurrentContext`] for an unbound token on a thread
     /// with no context; [`HandleError::Driver`] when the allocation fails. Nothing is allocated
     /// or leaked on error.
     ///
@@ -337,7 +338,6 @@ impl DevicePtrHandle {
         pool: &MemoryPoolHandle,
         stream: &StreamHandle,
     ) -> Result<DevicePtrHandle, HandleError> {
-        reject_zero(size)?;
         let pool_raw = pool.raw();
         Self::allocate(
             size,
@@ -367,7 +367,6 @@ impl DevicePtrHandle {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocAsync`;
     /// `cuMemFreeAsync` at release.
     pub fn alloc_async(size: usize, stream: &StreamHandle) -> Result<DevicePtrHandle, HandleError> {
-        reject_zero(size)?;
         Self::allocate(
             size,
             stream,
@@ -390,7 +389,8 @@ impl DevicePtrHandle {
     /// blocking a drop.
     ///
     /// # Errors
-    /// As [`DevicePtrHandle::alloc_from_pool`].
+    /// As [`DevicePtrHandle::alloc_from_pool`], and [`HandleError::InvalidArgument`] for
+    /// `size == 0`, which the driver rejects.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAlloc_v2`; at
     /// release `cuEventCreate`, `cuEventRecord`, then on the cleanup worker
@@ -423,7 +423,6 @@ impl DevicePtrHandle {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocHost_v2`; at
     /// release as [`DevicePtrHandle::alloc`] with `cuMemFreeHost`.
     pub fn alloc_host(size: usize, stream: &StreamHandle) -> Result<DevicePtrHandle, HandleError> {
-        reject_zero(size)?;
         Self::allocate(
             size,
             stream,
@@ -445,7 +444,7 @@ impl DevicePtrHandle {
     /// `CU_MEM_ATTACH_*`) in the recipe's context. Released like [`DevicePtrHandle::alloc`].
     ///
     /// # Errors
-    /// As [`DevicePtrHandle::alloc_from_pool`].
+    /// As [`DevicePtrHandle::alloc`].
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocManaged`; at
     /// release as [`DevicePtrHandle::alloc`].
@@ -489,7 +488,6 @@ impl DevicePtrHandle {
         size: usize,
         stream: &StreamHandle,
     ) -> Result<DevicePtrHandle, HandleError> {
-        reject_zero(size)?;
         let pool_raw = pool.raw();
         let mut data = *export_data;
         Self::allocate(
