@@ -1,0 +1,70 @@
+//! The driver conformance suite: raw CUDA driver call sequences with asserted results.
+//!
+//! The same binary runs against two drivers and must pass on both:
+//! - the emulated driver (`cuda-emu`), in CI and in `cargo xtask test`, which point
+//!   `CUSTODY_CUDA_DRIVER` at `target/debug/libcuda_emu.so`;
+//! - a real `libcuda` on a GPU host, through `cargo xtask gpu-bundle` (its `run.py` runs every
+//!   case in its own process against the real driver and again against the bundled emulator, and
+//!   tabulates both) or `cargo xtask gpu-test`.
+//!
+//! So the emulator's fidelity is measured, not assumed: a case that passes on the real driver and
+//! fails on the emulator is an emulator bug; a case that fails on the real driver is a wrong
+//! belief about the driver, to be corrected here and in `shared/reference/driver_facts.md`.
+//!
+//! # What it encodes
+//! Every row of `driver_facts.md` except F11 (`cuMemFreeAsync` on a destroyed stream kills the
+//! process, so it has no safe case here; the emulator's hazard checker covers it):
+//! - F1-F3 (`facts_free::f01..f03`): with no current context, `cuMemFreeAsync` on a
+//!   default-stream token (NULL, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`) fails with
+//!   `CUDA_ERROR_INVALID_CONTEXT` and frees nothing;
+//! - F4-F6: a created stream identifies its context, so freeing on it, `cuMemFree_v2`,
+//!   `cuStreamGetCtx` and `cuStreamSynchronize` all work with no current context;
+//! - F7-F8: with another context current, a free on the NULL token silently succeeds (ordered on
+//!   the wrong context's legacy stream), as do frees on the owner's created stream and `cuMemFree_v2`;
+//! - F9-F10: after the owning created context is destroyed, `cuMemFree_v2` of its memory fails with
+//!   `CUDA_ERROR_INVALID_VALUE`, while a pool allocation can still be freed from another context;
+//! - F12: a per-thread-default-stream allocation freed on another thread with 0x2 succeeds;
+//! - F13: destroying a stream with a live stream-ordered allocation leaves the allocation valid;
+//! - G1-G3 (`facts_graph`): a user object moved into a graph outlives `cuGraphDestroy` while an
+//!   executable exists; its destructor runs inside `cuGraphExecDestroy` on the calling thread when
+//!   no launch is pending, and later, on a driver thread, when one is;
+//! - G4: driver calls made from a host function or a user-object destructor. The table only says
+//!   "may fail"; the cases assert what an H200 with driver 580.159.04 returned: `cuCtxGetCurrent`
+//!   and `cuMemAlloc_v2` are refused with `CUDA_ERROR_NOT_PERMITTED`, while `cuStreamSynchronize`
+//!   of an idle created stream succeeds.
+//!
+//! plus the basics custody relies on (`basics_*`): the context stack (push, pop, set, set NULL,
+//! pop on an empty stack), primary-context retain/release and state, created contexts, streams
+//! (flags, priority, context), host functions, events, stream waits, memory pools and their
+//! attributes, stream-ordered allocation, memset/memcpy read back, pointer attributes, and error
+//! codes for invalid input that is safe to pass to a real driver.
+//!
+//! # Rules every case follows
+//! - It calls `cuInit(0)` first, and does its work on fresh threads (a fresh thread has an empty
+//!   context stack), so cases pass both one per process (nextest, the GPU runner) and all in one
+//!   process (`cargo test -- --test-threads=1`): every retain is released, every pool is its own.
+//! - It asserts results and the order of events, never durations. Where it must wait for a
+//!   driver thread it waits at most `support::LIVENESS_BOUND`, which only turns a hang into a
+//!   failure.
+//! - It passes the real driver no destroyed or garbage stream or event handle.
+//!
+//! Emulator-only cases (the hazard checker, fault injection, call-log queries) are not here: they
+//! live in `cuda-sys/tests/emulator_only.rs`, which the GPU runner skips on a real driver.
+
+#[path = "conformance/driver.rs"]
+mod driver;
+#[path = "conformance/support.rs"]
+mod support;
+
+#[path = "conformance/basics_context.rs"]
+mod basics_context;
+#[path = "conformance/basics_errors.rs"]
+mod basics_errors;
+#[path = "conformance/basics_memory.rs"]
+mod basics_memory;
+#[path = "conformance/basics_streams.rs"]
+mod basics_streams;
+#[path = "conformance/facts_free.rs"]
+mod facts_free;
+#[path = "conformance/facts_graph.rs"]
+mod facts_graph;
