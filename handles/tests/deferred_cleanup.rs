@@ -1,0 +1,134 @@
+//! Deferred cleanup through CUDA user objects (BRIEF.md D7; driver_facts.md G1, G2): the
+//! destructor only queues, the worker or a drain frees with the recipe, and a destructor that
+//! runs synchronously inside a drain does not deadlock.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use handles::{
+    drain_deferred_cleanup, ContextHandle, GraphExecHandle, GraphHandle, StreamHandle,
+    UserObjectOwnership,
+};
+
+/// A graph whose user object owns `payload`, and its executable.
+fn graph_owning(
+    context: &ContextHandle,
+    payload: Box<dyn std::any::Any + Send>,
+) -> (GraphHandle, GraphExecHandle) {
+    let graph = GraphHandle::create(context).unwrap();
+    UserObjectOwnership::new(context, payload)
+        .unwrap()
+        .move_into_graph(&graph)
+        .unwrap();
+    let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
+    (graph, exec)
+}
+
+#[test]
+fn graph_retained_buffer_is_freed_with_its_recipe_after_the_executable_goes() {
+    start();
+    let a = primary(0);
+    let b = primary(1);
+    a.make_current().unwrap();
+    let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
+    ContextHandle::clear_current().unwrap();
+    let ptr = buffer.ptr();
+    let marker = Arc::new(());
+    let (graph, exec) = graph_owning(&a, Box::new((buffer, marker.clone())));
+    let from = mark();
+    drop(graph);
+    drain_deferred_cleanup();
+    assert_eq!(
+        Arc::strong_count(&marker),
+        2,
+        "G1: the executable still holds the payload"
+    );
+    assert!(calls_for(ptr, from).is_empty());
+
+    b.make_current().unwrap();
+    drop(exec);
+    drain_deferred_cleanup();
+    assert_eq!(Arc::strong_count(&marker), 1, "payload dropped");
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!(
+        (free.context, free.stream, free.result),
+        (a.raw() as u64, Some(0x1), 0)
+    );
+    assert_eq!(
+        current_raw(),
+        b.raw() as u64,
+        "the caller's context is restored"
+    );
+    ContextHandle::clear_current().unwrap();
+    assert_no_hazards();
+}
+
+#[test]
+fn destructor_inside_exec_destroy_while_draining_does_not_deadlock() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&stream).unwrap();
+    let ptr = buffer.ptr();
+    // Inner: a graph executable whose user object owns the buffer.
+    let (inner_graph, inner_exec) = graph_owning(&a, Box::new(buffer));
+    drop(inner_graph);
+    // Outer: a user object whose payload is the inner executable. Releasing it queues the
+    // inner executable; dropping that inside the drain runs cuGraphExecDestroy, whose
+    // destructor runs synchronously (G2) on the draining thread while it holds the consumer
+    // side of the queue.
+    let outer = UserObjectOwnership::new(&a, Box::new(inner_exec)).unwrap();
+    let from = mark();
+    drop(outer);
+    let processed = drain_deferred_cleanup();
+    assert!(processed <= 2, "{processed}");
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!(
+        (free.context, free.stream, free.result),
+        (a.raw() as u64, Some(stream.raw() as u64), 0)
+    );
+    let exec_destroys: Vec<_> = emu()
+        .calls()
+        .into_iter()
+        .filter(|c| c.seq >= from && c.function == "cuGraphExecDestroy")
+        .collect();
+    assert_eq!(exec_destroys.len(), 1);
+    assert!(exec_destroys[0].seq < free.seq);
+    assert_eq!(current_raw(), 0);
+    assert_no_hazards();
+}
+
+#[test]
+fn per_thread_buffer_retained_by_a_graph_warns_when_freed_by_the_drain() {
+    start();
+    let a = primary(0);
+    let a2 = a.clone();
+    let (graph, exec, ptr) = on_fresh_thread(move || {
+        a2.make_current().unwrap();
+        let buffer = pool_buffer(&StreamHandle::per_thread()).unwrap();
+        StreamHandle::per_thread().synchronize().unwrap();
+        let ptr = buffer.ptr();
+        let (graph, exec) = graph_owning(&a2, Box::new(buffer));
+        ContextHandle::clear_current().unwrap();
+        (graph, exec, ptr)
+    });
+    assert!(warnings_for(ptr).is_empty(), "no warning when retained");
+    drop((graph, exec));
+    drain_deferred_cleanup();
+    assert_eq!(warnings_for(ptr).len(), 1);
+    assert_no_hazards();
+}
+
+#[test]
+fn unmoved_user_object_releases_its_payload_through_the_queue() {
+    start();
+    let a = primary(0);
+    let marker = Arc::new(());
+    let owned = UserObjectOwnership::new(&a, Box::new(marker.clone())).unwrap();
+    drop(owned);
+    drain_deferred_cleanup();
+    assert_eq!(Arc::strong_count(&marker), 1);
+    assert_eq!(current_raw(), 0);
+}

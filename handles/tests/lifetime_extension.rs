@@ -1,0 +1,179 @@
+//! Lifetime extension (cuda_core_behavior.md section 5, "Lifetime extension", and BRIEF.md D8):
+//! a recipe keeps its stream and context alive, an allocation keeps its pool alive, so nothing a
+//! pending free needs can be released first (driver_facts.md F11 cannot happen).
+
+mod common;
+
+use common::*;
+use handles::{ContextHandle, DevicePtrHandle, MemoryPoolHandle, StreamHandle};
+
+fn seq_of(function: &str, from: u64) -> Vec<u64> {
+    emu()
+        .calls()
+        .into_iter()
+        .filter(|c| c.seq >= from && c.function == function)
+        .map(|c| c.seq)
+        .collect()
+}
+
+#[test]
+fn stream_whose_last_user_handle_dropped_still_orders_the_pending_free() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let raw = stream.raw() as u64;
+    let buffer = pool_buffer(&stream).unwrap();
+    let ptr = buffer.ptr();
+    let from = mark();
+    drop(stream);
+    assert!(
+        seq_of("cuStreamDestroy_v2", from).is_empty(),
+        "the recipe keeps the stream alive"
+    );
+    on_fresh_thread(move || drop(buffer));
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!((free.stream, free.result), (Some(raw), 0));
+    let destroys = seq_of("cuStreamDestroy_v2", from);
+    assert_eq!(destroys.len(), 1);
+    assert!(
+        destroys[0] > free.seq,
+        "destroyed after the free was issued"
+    );
+    assert!(
+        emu()
+            .hazards()
+            .iter()
+            .all(|h| h.kind != "free_on_destroyed_stream"),
+        "{:?}",
+        emu().hazards()
+    );
+    assert_no_hazards();
+}
+
+#[test]
+fn explicit_stream_close_defers_to_the_recipe() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&stream).unwrap();
+    let from = mark();
+    stream.close().unwrap();
+    assert!(seq_of("cuStreamDestroy_v2", from).is_empty());
+    buffer.release().unwrap();
+    assert_eq!(seq_of("cuStreamDestroy_v2", from).len(), 1);
+    assert_no_hazards();
+}
+
+#[test]
+fn replaced_recipe_releases_the_old_stream() {
+    start();
+    let a = primary(0);
+    let s1 = StreamHandle::create(&a, 0, 0).unwrap();
+    let s2 = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&s1).unwrap();
+    s1.synchronize().unwrap();
+    let from = mark();
+    drop(s1);
+    buffer.set_deallocation_stream(&s2).unwrap();
+    assert_eq!(
+        seq_of("cuStreamDestroy_v2", from).len(),
+        1,
+        "s1 went with the old recipe"
+    );
+    buffer.release().unwrap();
+    assert_no_hazards();
+}
+
+#[test]
+fn owned_pool_lives_until_its_last_allocation_is_freed() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    // SAFETY-free construction of the properties: a device-0 pinned pool.
+    let mut props: cuda_sys::types::CUmemPoolProps = unsafe_zeroed_props();
+    props.allocType = cuda_sys::types::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type_ = cuda_sys::types::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    let pool = MemoryPoolHandle::create(&props).unwrap();
+    assert!(pool.is_owned());
+    let raw_pool = pool.raw() as u64;
+    let first = DevicePtrHandle::alloc_from_pool(1000, &pool, &stream).unwrap();
+    let second = first.clone();
+    assert_eq!(first.pool(), Some(&pool));
+    let from = mark();
+    pool.close().unwrap();
+    drop(first);
+    assert!(
+        seq_of("cuMemPoolDestroy", from).is_empty(),
+        "an allocation holds the pool"
+    );
+    let ptr = second.ptr();
+    second.release().unwrap();
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    let destroys = seq_of("cuMemPoolDestroy", from);
+    assert_eq!(destroys.len(), 1);
+    assert!(destroys[0] > free.seq);
+    let _ = raw_pool;
+    assert_no_hazards();
+}
+
+fn unsafe_zeroed_props() -> cuda_sys::types::CUmemPoolProps {
+    // SAFETY: CUmemPoolProps is a plain C struct of integers, enums whose zero value is valid
+    // (`*_INVALID` / `*_NONE`), a pointer and reserved bytes: all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+#[test]
+fn device_pool_is_borrowed_and_never_destroyed() {
+    start();
+    let a = primary(0);
+    let pool = MemoryPoolHandle::device_current(0).unwrap();
+    assert!(!pool.is_owned());
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = DevicePtrHandle::alloc_from_pool(64, &pool, &stream).unwrap();
+    let from = mark();
+    drop(pool);
+    buffer.release().unwrap();
+    assert!(seq_of("cuMemPoolDestroy", from).is_empty());
+}
+
+#[test]
+fn created_context_outlives_its_handles_while_a_recipe_needs_it() {
+    start();
+    let c = ContextHandle::create(0, 0).unwrap();
+    c.make_current().unwrap();
+    let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
+    ContextHandle::clear_current().unwrap();
+    assert_eq!(buffer.recipe().unwrap().context(), &c);
+    let from = mark();
+    drop(c);
+    assert!(seq_of("cuCtxDestroy_v2", from).is_empty());
+    let ptr = buffer.ptr();
+    on_fresh_thread(move || drop(buffer));
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    let destroys = seq_of("cuCtxDestroy_v2", from);
+    assert_eq!(destroys.len(), 1);
+    assert!(destroys[0] > free.seq);
+    assert_no_hazards();
+}
+
+#[test]
+fn clones_share_one_box_and_the_last_one_frees() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&stream).unwrap();
+    let clone = buffer.clone();
+    assert!(clone.ptr_eq(&buffer));
+    assert_eq!(buffer.handle_count(), 2);
+    let ptr = buffer.ptr();
+    let from = mark();
+    buffer.release().unwrap();
+    assert!(
+        calls_for(ptr, from).is_empty(),
+        "not the last handle: nothing freed"
+    );
+    drop(clone);
+    assert_eq!(only_call("cuMemFreeAsync", ptr, from).result, 0);
+    assert_no_hazards();
+}

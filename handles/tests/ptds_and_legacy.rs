@@ -1,0 +1,180 @@
+//! PTDS and legacy default streams (cuda_core_behavior.md section 5, "PTDS and legacy default
+//! streams", as decided by BRIEF.md D6): per-thread-default-stream frees on the recording thread
+//! are plain; on another thread they run there, in the bound context, with one warning.
+
+mod common;
+
+use common::*;
+use handles::{
+    cleanup_warning_count, CleanupWarningKind, ContextHandle, DefaultStream, StreamHandle,
+    ThreadToken,
+};
+
+#[test]
+fn per_thread_buffer_dropped_on_its_recording_thread_warns_nothing() {
+    start();
+    let a = primary(0);
+    a.make_current().unwrap();
+    let me = tid();
+    let from = mark();
+    let buffer = pool_buffer(&StreamHandle::per_thread()).unwrap();
+    let ptds_of_me = one_call_on(me, "cuMemAllocFromPoolAsync", from)
+        .resolved_stream
+        .unwrap();
+    let ptr = buffer.ptr();
+    let from = mark();
+    ContextHandle::clear_current().unwrap();
+    drop(buffer);
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!(
+        (
+            free.thread,
+            free.context,
+            free.stream,
+            free.resolved_stream,
+            free.result
+        ),
+        (me, a.raw() as u64, Some(0x2), Some(ptds_of_me), 0)
+    );
+    assert!(warnings_for(ptr).is_empty());
+    assert_no_hazards();
+}
+
+#[test]
+fn per_thread_buffer_dropped_on_another_thread_warns_once_and_frees_there() {
+    start();
+    let a = primary(0);
+    let a2 = a.clone();
+    let (buffer, recorder) = on_fresh_thread(move || {
+        a2.make_current().unwrap();
+        let buffer = pool_buffer(&StreamHandle::per_thread()).unwrap();
+        // Order the allocation before anything else: the cross-thread free below is the
+        // application's to order (D6), and this test orders it.
+        StreamHandle::per_thread().synchronize().unwrap();
+        ContextHandle::clear_current().unwrap();
+        (buffer, ThreadToken::current())
+    });
+    let ptr = buffer.ptr();
+    let before = cleanup_warning_count();
+    let from = mark();
+    let (dropper, after) = on_fresh_thread(move || {
+        drop(buffer);
+        (ThreadToken::current(), current_raw())
+    });
+    assert_eq!(after, 0);
+    assert_eq!(cleanup_warning_count() - before, 1);
+    let warnings = warnings_for(ptr);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(
+        warnings[0].kind,
+        CleanupWarningKind::PerThreadStreamOtherThread {
+            recorded_thread: recorder.value(),
+            freeing_thread: dropper.value(),
+        }
+    );
+    assert!(
+        warnings[0].to_string().contains("application"),
+        "{}",
+        warnings[0]
+    );
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!(
+        (free.context, free.stream, free.result),
+        (a.raw() as u64, Some(0x2), 0)
+    );
+    assert_no_hazards();
+}
+
+#[test]
+fn unbound_legacy_token_caches_no_context_but_a_recipe_keeps_its_own() {
+    start();
+    let a = primary(0);
+    let b = primary(1);
+    a.make_current().unwrap();
+    let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
+    b.make_current().unwrap();
+    assert!(
+        StreamHandle::legacy().context().is_none(),
+        "the token itself binds nothing"
+    );
+    let b_buffer = DevicePtrHandle_on_b();
+    assert_eq!(b_buffer.recipe().unwrap().context(), &b);
+    let ptr = buffer.ptr();
+    let from = mark();
+    drop(buffer);
+    assert_eq!(
+        only_call("cuMemFreeAsync", ptr, from).context,
+        a.raw() as u64
+    );
+    assert_eq!(current_raw(), b.raw() as u64);
+    drop(b_buffer);
+    ContextHandle::clear_current().unwrap();
+    assert_no_hazards();
+}
+
+#[allow(non_snake_case)]
+fn DevicePtrHandle_on_b() -> handles::DevicePtrHandle {
+    let pool = handles::MemoryPoolHandle::device_default(1).unwrap();
+    handles::DevicePtrHandle::alloc_from_pool(64, &pool, &StreamHandle::legacy()).unwrap()
+}
+
+#[test]
+fn legacy_buffer_freed_on_its_token_in_the_recorded_context_from_a_bare_thread() {
+    start();
+    let a = primary(0);
+    a.make_current().unwrap();
+    let buffer = pool_buffer(&StreamHandle::default_stream(DefaultStream::Legacy)).unwrap();
+    ContextHandle::clear_current().unwrap();
+    let ptr = buffer.ptr();
+    let from = mark();
+    let after = on_fresh_thread(move || {
+        drop(buffer);
+        current_raw()
+    });
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!(
+        (free.context, free.stream, free.result),
+        (a.raw() as u64, Some(0x1), 0)
+    );
+    assert_eq!(after, 0);
+    assert!(warnings_for(ptr).is_empty(), "legacy frees never warn");
+    assert_no_hazards();
+}
+
+#[test]
+fn null_token_is_legacy_style_and_records_no_thread() {
+    start();
+    let a = primary(0);
+    a.make_current().unwrap();
+    let buffer = pool_buffer(&StreamHandle::default_stream(DefaultStream::Null)).unwrap();
+    let recipe = buffer.recipe().unwrap();
+    assert_eq!(recipe.ptds_thread(), None);
+    assert_eq!(recipe.context(), &a);
+    ContextHandle::clear_current().unwrap();
+    let ptr = buffer.ptr();
+    let from = mark();
+    on_fresh_thread(move || drop(buffer));
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!(
+        (free.context, free.stream, free.result),
+        (a.raw() as u64, Some(0), 0)
+    );
+    assert!(warnings_for(ptr).is_empty());
+    assert_no_hazards();
+}
+
+#[test]
+fn bound_token_needs_no_current_context() {
+    start();
+    let a = primary(0);
+    let bound = StreamHandle::bound_default_stream(DefaultStream::Legacy, &a);
+    let ptr = on_fresh_thread(move || {
+        let buffer = pool_buffer(&bound).unwrap();
+        assert_eq!(current_raw(), 0);
+        let ptr = buffer.ptr();
+        buffer.release().unwrap();
+        ptr
+    });
+    assert!(!is_live(ptr) || emu().live_allocations().iter().all(|x| x.ptr != ptr));
+    assert_no_hazards();
+}

@@ -1,0 +1,446 @@
+//! Recipe capture and binding (cuda_core_behavior.md section 5, "Recipe capture and binding",
+//! as decided by BRIEF.md D1 and D5), plus the bad-input cases of issue #3.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use handles::{
+    ContextHandle, ContextKind, DeallocationRecipe, Deallocator, DefaultStream, DevicePtrHandle,
+    HandleError, ReleaseKind, StreamHandle, ThreadToken,
+};
+
+/// Records every `deallocate` call: (ptr, size, stream, context current during the call).
+#[derive(Default)]
+struct RecordingDeallocator {
+    calls: Mutex<Vec<(u64, usize, u64, u64)>>,
+}
+
+impl Deallocator for RecordingDeallocator {
+    fn deallocate(&self, ptr: u64, size: usize, stream: &StreamHandle) -> Result<(), HandleError> {
+        let current = ContextHandle::current()?.map_or(0, |c| c.raw() as u64);
+        self.calls
+            .lock()
+            .unwrap()
+            .push((ptr, size, stream.raw() as u64, current));
+        Ok(())
+    }
+}
+
+#[test]
+fn legacy_token_binds_the_current_context_and_no_thread() {
+    start();
+    let a = primary(0);
+    a.make_current().unwrap();
+    let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
+    let recipe = buffer.recipe().unwrap();
+    assert_eq!(recipe.stream().default_kind(), Some(DefaultStream::Legacy));
+    assert_eq!(recipe.stream().raw() as usize, 0x1);
+    assert_eq!(recipe.context(), &a);
+    assert_eq!(
+        recipe.context().kind(),
+        ContextKind::Primary,
+        "bound primary context is retained"
+    );
+    assert_eq!(recipe.ptds_thread(), None);
+    let ptr = buffer.ptr();
+    let from = mark();
+    buffer.release().unwrap();
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!(
+        (free.context, free.stream, free.result),
+        (a.raw() as u64, Some(1), 0)
+    );
+    assert_no_hazards();
+    ContextHandle::clear_current().unwrap();
+}
+
+#[test]
+fn per_thread_token_binds_the_context_and_the_recording_thread() {
+    start();
+    let a = primary(0);
+    let (recipe, recorder) = on_fresh_thread(move || {
+        a.make_current().unwrap();
+        let recipe = DeallocationRecipe::record(&StreamHandle::per_thread()).unwrap();
+        ContextHandle::clear_current().unwrap();
+        (recipe, ThreadToken::current())
+    });
+    assert_eq!(
+        recipe.stream().default_kind(),
+        Some(DefaultStream::PerThread)
+    );
+    assert_eq!(recipe.context(), &primary(0));
+    assert_eq!(recipe.ptds_thread(), Some(recorder));
+    assert_ne!(recipe.ptds_thread(), Some(ThreadToken::current()));
+}
+
+#[test]
+fn created_stream_brings_its_context_without_a_lookup() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let me = tid();
+    let from = mark();
+    let recipe = DeallocationRecipe::record(&stream).unwrap();
+    assert!(
+        names_on(me, from).is_empty(),
+        "recording a created stream calls nothing"
+    );
+    assert!(recipe.stream().ptr_eq(&stream));
+    assert_eq!(recipe.context(), &a);
+    assert_eq!(recipe.ptds_thread(), None);
+
+    // A whole allocation then costs one cuCtxGetCurrent besides the allocation itself (and the
+    // switch in and out, since this thread has no context).
+    let from = mark();
+    let buffer = pool_buffer(&stream).unwrap();
+    let names = names_on(me, from);
+    assert_eq!(
+        names,
+        [
+            "cuCtxGetCurrent",
+            "cuCtxSetCurrent",
+            "cuMemAllocFromPoolAsync",
+            "cuCtxSetCurrent"
+        ],
+    );
+    drop(buffer);
+    assert_eq!(current_raw(), 0);
+    assert_no_hazards();
+}
+
+#[test]
+fn token_with_no_current_context_fails_with_one_error_and_allocates_nothing() {
+    start();
+    let _a = primary(0);
+    let pool = default_pool();
+    on_fresh_thread(move || {
+        let me = tid();
+        let from = mark();
+        for stream in [
+            StreamHandle::legacy(),
+            StreamHandle::per_thread(),
+            StreamHandle::default_stream(DefaultStream::Null),
+        ] {
+            let error = DevicePtrHandle::alloc_from_pool(64, &pool, &stream).unwrap_err();
+            assert_eq!(error, HandleError::NoCurrentContext);
+            assert_eq!(error.to_string(), "no CUDA context is current");
+            assert_eq!(
+                DeallocationRecipe::record(&stream).unwrap_err(),
+                HandleError::NoCurrentContext
+            );
+        }
+        let names = names_on(me, from);
+        assert!(
+            names.iter().all(|n| n == "cuCtxGetCurrent"),
+            "only context queries, no allocation: {names:?}"
+        );
+        // A driver-side "no context" on an unbound token reads the same.
+        assert_eq!(
+            StreamHandle::legacy().synchronize().unwrap_err(),
+            HandleError::NoCurrentContext
+        );
+    });
+}
+
+#[test]
+fn adopt_binds_first_and_leaves_the_pointer_with_the_caller_on_failure() {
+    start();
+    let _a = primary(0);
+    let deallocator = Arc::new(RecordingDeallocator::default());
+    let dyn_deallocator: Arc<dyn Deallocator> = deallocator.clone();
+    let error = on_fresh_thread(move || {
+        DevicePtrHandle::adopt(0x5000, 64, &StreamHandle::legacy(), dyn_deallocator).unwrap_err()
+    });
+    assert_eq!(error, HandleError::NoCurrentContext);
+    assert!(
+        deallocator.calls.lock().unwrap().is_empty(),
+        "deallocate must not run"
+    );
+}
+
+#[test]
+fn adopt_with_a_stream_deallocates_with_that_stream_in_its_context() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let deallocator = Arc::new(RecordingDeallocator::default());
+    let buffer = DevicePtrHandle::adopt(0x7000, 96, &stream, deallocator.clone()).unwrap();
+    assert_eq!(buffer.kind(), ReleaseKind::Deallocator);
+    on_fresh_thread(move || {
+        drop(buffer);
+        assert_eq!(
+            current_raw(),
+            0,
+            "the dropping thread is left with no context"
+        );
+    });
+    let calls = deallocator.calls.lock().unwrap().clone();
+    assert_eq!(calls, [(0x7000, 96, stream.raw() as u64, a.raw() as u64)]);
+}
+
+#[test]
+fn default_token_recipe_runs_the_deallocator_in_the_bound_context() {
+    start();
+    let a = primary(0);
+    a.make_current().unwrap();
+    let deallocator = Arc::new(RecordingDeallocator::default());
+    let buffer =
+        DevicePtrHandle::adopt(0x9000, 8, &StreamHandle::legacy(), deallocator.clone()).unwrap();
+    ContextHandle::clear_current().unwrap();
+    on_fresh_thread(move || drop(buffer));
+    assert_eq!(
+        deallocator.calls.lock().unwrap().clone(),
+        [(0x9000, 8, 0x1, a.raw() as u64)]
+    );
+}
+
+#[test]
+fn raw_token_value_wraps_as_the_token() {
+    start();
+    let a = primary(0);
+    a.make_current().unwrap();
+    let wrapped = StreamHandle::from_raw(0x2, None).unwrap();
+    assert_eq!(wrapped.default_kind(), Some(DefaultStream::PerThread));
+    assert!(
+        wrapped.context().is_none(),
+        "the value decides: an unbound token"
+    );
+    let recipe = DeallocationRecipe::record(&wrapped).unwrap();
+    assert_eq!(recipe.context(), &a);
+    assert_eq!(recipe.ptds_thread(), Some(ThreadToken::current()));
+    ContextHandle::clear_current().unwrap();
+}
+
+#[test]
+fn wrapping_an_owned_stream_returns_the_owning_handle() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let wrapped = StreamHandle::from_raw(stream.raw() as usize, None).unwrap();
+    assert!(wrapped.ptr_eq(&stream));
+    assert!(wrapped.is_owned());
+}
+
+#[test]
+fn foreign_stream_gets_its_context_from_the_driver_when_wrapped() {
+    start();
+    let a = primary(0);
+    let d = cuda_sys::driver().unwrap();
+    a.make_current().unwrap();
+    let mut raw: cuda_sys::types::CUstream = std::ptr::null_mut();
+    // SAFETY: `raw` is a valid out-pointer; a context is current.
+    let status = unsafe { (d.cuStreamCreate)(&mut raw, 0) };
+    assert_eq!(status, 0);
+    ContextHandle::clear_current().unwrap();
+
+    let me = tid();
+    let from = mark();
+    let wrapped = StreamHandle::from_raw(raw as usize, None).unwrap();
+    assert!(names_on(me, from).contains(&"cuStreamGetCtx".to_string()));
+    assert_eq!(wrapped.context(), Some(&a));
+    assert!(!wrapped.is_owned());
+    let buffer = pool_buffer(&wrapped).unwrap();
+    let ptr = buffer.ptr();
+    let from = mark();
+    drop(buffer);
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!(
+        (free.context, free.stream),
+        (a.raw() as u64, Some(raw as u64))
+    );
+    drop(wrapped);
+    a.make_current().unwrap();
+    // SAFETY: the stream was created above and nothing uses it any more.
+    assert_eq!(unsafe { (d.cuStreamDestroy_v2)(raw) }, 0);
+    ContextHandle::clear_current().unwrap();
+    assert_no_hazards();
+}
+
+#[test]
+fn set_deallocation_stream_moves_the_free_and_every_clone_sees_it() {
+    start();
+    let a = primary(0);
+    let s1 = StreamHandle::create(&a, 0, 0).unwrap();
+    let s2 = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&s1).unwrap();
+    let attachment = buffer.clone();
+    buffer.set_deallocation_stream(&s2).unwrap();
+    assert!(attachment.deallocation_stream().unwrap().ptr_eq(&s2));
+    // Work on s1 must be ordered before the free on s2: the caller's job (D4).
+    let event = handles::EventHandle::create(&a, handles::EVENT_DISABLE_TIMING).unwrap();
+    event.record(&s1).unwrap();
+    s2.wait_event(&event).unwrap();
+    let ptr = buffer.ptr();
+    drop(buffer);
+    let from = mark();
+    drop(attachment);
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!(free.stream, Some(s2.raw() as u64));
+    assert_no_hazards();
+}
+
+#[test]
+fn failed_set_deallocation_stream_keeps_the_old_recipe() {
+    start();
+    let a = primary(0);
+    let s1 = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&s1).unwrap();
+    let buffer2 = buffer.clone();
+    let error = on_fresh_thread(move || {
+        buffer2
+            .set_deallocation_stream(&StreamHandle::legacy())
+            .unwrap_err()
+    });
+    assert_eq!(error, HandleError::NoCurrentContext);
+    assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s1));
+    let ptr = buffer.ptr();
+    let from = mark();
+    buffer.release().unwrap();
+    assert_eq!(
+        only_call("cuMemFreeAsync", ptr, from).stream,
+        Some(s1.raw() as u64)
+    );
+}
+
+#[test]
+fn release_on_is_set_then_release() {
+    start();
+    let a = primary(0);
+    let s1 = StreamHandle::create(&a, 0, 0).unwrap();
+    let s2 = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&s1).unwrap();
+    s1.synchronize().unwrap();
+    let ptr = buffer.ptr();
+    let from = mark();
+    buffer.release_on(&s2).unwrap();
+    assert_eq!(
+        only_call("cuMemFreeAsync", ptr, from).stream,
+        Some(s2.raw() as u64)
+    );
+    assert_no_hazards();
+}
+
+#[test]
+fn bad_input_null_pointer_with_an_owning_rule() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let deallocator = Arc::new(RecordingDeallocator::default());
+    let error = DevicePtrHandle::adopt(0, 64, &stream, deallocator.clone()).unwrap_err();
+    assert!(
+        matches!(error, HandleError::InvalidArgument { what: "ptr", .. }),
+        "{error:?}"
+    );
+    assert!(deallocator.calls.lock().unwrap().is_empty());
+    let owner = Arc::new(());
+    let error = DevicePtrHandle::with_owner(0, 64, Box::new(owner.clone())).unwrap_err();
+    assert!(matches!(
+        error,
+        HandleError::InvalidArgument { what: "ptr", .. }
+    ));
+    assert_eq!(
+        Arc::strong_count(&owner),
+        1,
+        "the owner was dropped, not leaked"
+    );
+    // A borrowed null pointer owns nothing and is allowed.
+    assert_eq!(
+        DevicePtrHandle::borrowed(0, 0).kind(),
+        ReleaseKind::NonOwning
+    );
+}
+
+#[test]
+fn bad_input_zero_bytes_where_the_driver_rejects_them() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let me = tid();
+    let from = mark();
+    let error = DevicePtrHandle::alloc(0, &stream).unwrap_err();
+    assert!(
+        matches!(error, HandleError::InvalidArgument { what: "size", .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().starts_with("invalid size: "));
+    let error = DevicePtrHandle::alloc_managed(0, 1, &stream).unwrap_err();
+    assert!(matches!(
+        error,
+        HandleError::InvalidArgument { what: "size", .. }
+    ));
+    assert!(
+        names_on(me, from).is_empty(),
+        "rejected before any driver call"
+    );
+}
+
+#[test]
+fn bad_input_stream_of_another_device() {
+    start();
+    let a = primary(0);
+    let b = primary(1);
+    let other_device_stream = StreamHandle::create(&b, 0, 0).unwrap();
+    let live_before = emu().live_allocations().len();
+    let error = pool_buffer(&other_device_stream).unwrap_err();
+    assert!(
+        matches!(error, HandleError::InvalidArgument { what: "stream", .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("device 1"), "{error}");
+    assert_eq!(
+        emu().live_allocations().len(),
+        live_before,
+        "nothing allocated"
+    );
+
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&stream).unwrap();
+    let error = buffer
+        .set_deallocation_stream(&other_device_stream)
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        HandleError::InvalidArgument { what: "stream", .. }
+    ));
+    assert!(
+        buffer.deallocation_stream().unwrap().ptr_eq(&stream),
+        "old recipe kept"
+    );
+    buffer.release().unwrap();
+    assert_no_hazards();
+}
+
+#[test]
+fn owner_and_borrowed_pointers_free_nothing() {
+    start();
+    let owner = Arc::new(AtomicUsize::new(0));
+    let buffer = DevicePtrHandle::with_owner(0xdead0, 16, Box::new(owner.clone())).unwrap();
+    assert_eq!(buffer.kind(), ReleaseKind::Owner);
+    assert!(buffer.recipe().is_none());
+    // Inert: it frees nothing, so it needs no context and records nothing.
+    on_fresh_thread({
+        let buffer = buffer.clone();
+        move || {
+            buffer
+                .set_deallocation_stream(&StreamHandle::legacy())
+                .unwrap()
+        }
+    });
+    assert_eq!(Arc::strong_count(&owner), 2);
+    let from = mark();
+    buffer.release().unwrap();
+    assert_eq!(
+        Arc::strong_count(&owner),
+        1,
+        "the owner is dropped with the last handle"
+    );
+    assert!(calls_for(0xdead0, from).is_empty());
+    owner.fetch_add(1, Ordering::Relaxed);
+
+    let from = mark();
+    drop(DevicePtrHandle::borrowed(0xbeef0, 16));
+    assert!(calls_for(0xbeef0, from).is_empty());
+}

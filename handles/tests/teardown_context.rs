@@ -1,0 +1,477 @@
+//! Teardown context handling (cuda_core_behavior.md section 5, "Teardown context handling", as
+//! decided by BRIEF.md D2, D3 and D9): frees run in the recipe's context, the caller's binding
+//! is restored, failures are reported on drops and returned by explicit releases.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use cuda_sys::CudaErrorCode;
+use handles::{
+    cleanup_error_count, drain_deferred_cleanup, ContextHandle, ContextScope, Deallocator,
+    DevicePtrHandle, HandleError, ReleaseKind, StreamHandle,
+};
+
+#[test]
+fn legacy_buffer_dropped_on_a_thread_with_no_context() {
+    start();
+    let a = primary(0);
+    a.make_current().unwrap();
+    let me = tid();
+    let from = mark();
+    let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
+    let legacy_of_a = one_call_on(me, "cuMemAllocFromPoolAsync", from)
+        .resolved_stream
+        .expect("resolved stream logged");
+    ContextHandle::clear_current().unwrap();
+    let ptr = buffer.ptr();
+
+    let (worker, calls, after) = on_fresh_thread(move || {
+        let me = tid();
+        let from = mark();
+        drop(buffer);
+        let after = current_raw();
+        (me, calls_on(me, from), after)
+    });
+    let names: Vec<&str> = calls.iter().map(|c| c.function.as_str()).collect();
+    assert_eq!(
+        names[..4],
+        [
+            "cuCtxGetCurrent",
+            "cuCtxSetCurrent",
+            "cuMemFreeAsync",
+            "cuCtxSetCurrent"
+        ],
+        "switch in, free, switch back: {calls:?}"
+    );
+    let free = &calls[2];
+    assert_eq!(free.ptr, Some(ptr));
+    assert_eq!(
+        free.context,
+        a.raw() as u64,
+        "freed in the recorded context"
+    );
+    assert_eq!(free.stream, Some(0x1), "on the recorded token");
+    assert_eq!(
+        free.resolved_stream,
+        Some(legacy_of_a),
+        "which is A's legacy stream"
+    );
+    assert_eq!(free.result, 0);
+    assert_eq!(calls[3].context, a.raw() as u64, "the restore ran from A");
+    assert_eq!(after, 0, "thread {worker} has no context afterwards");
+    assert!(errors_for(ptr).is_empty());
+    assert!(!is_live(ptr) || emu().live_allocations().iter().all(|x| x.ptr != ptr));
+    assert_no_hazards();
+}
+
+#[test]
+fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
+    start();
+    let a = primary(0);
+    let x = primary(1);
+    let b = ContextHandle::create(1, 0).unwrap();
+    a.make_current().unwrap();
+    let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
+    let ptr = buffer.ptr();
+    let d = cuda_sys::driver().unwrap();
+
+    // This thread's stack: [X, B], B current.
+    x.make_current().unwrap();
+    // SAFETY: `b` is alive for the whole test.
+    assert_eq!(unsafe { (d.cuCtxPushCurrent_v2)(b.raw()) }, 0);
+    let me = tid();
+    let from = mark();
+    drop(buffer);
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!(
+        (free.thread, free.context, free.result),
+        (me, a.raw() as u64, 0)
+    );
+    assert_eq!(current_raw(), b.raw() as u64, "B is current again");
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: `popped` is a valid out-pointer.
+    assert_eq!(unsafe { (d.cuCtxPopCurrent_v2)(&mut popped) }, 0);
+    assert_eq!(popped, b.raw());
+    assert_eq!(
+        current_raw(),
+        x.raw() as u64,
+        "the stack below the top is untouched"
+    );
+    ContextHandle::clear_current().unwrap();
+    assert_no_hazards();
+}
+
+#[test]
+fn drop_with_the_recorded_context_current_switches_nothing() {
+    start();
+    let a = primary(0);
+    a.make_current().unwrap();
+    let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
+    let me = tid();
+    // A restore fault armed now must not fire: no restore happens.
+    emu().inject_fault("cuCtxSetCurrent", 1, CudaErrorCode::INVALID_VALUE);
+    let from = mark();
+    drop(buffer);
+    assert_eq!(names_on(me, from), ["cuCtxGetCurrent", "cuMemFreeAsync"]);
+    emu().clear_faults();
+    assert_eq!(current_raw(), a.raw() as u64);
+    ContextHandle::clear_current().unwrap();
+    assert_no_hazards();
+}
+
+#[test]
+fn created_stream_buffer_dropped_with_no_context_runs_in_the_stream_context() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&stream).unwrap();
+    let ptr = buffer.ptr();
+    let raw_stream = stream.raw() as u64;
+    drop(stream);
+    let after = on_fresh_thread(move || {
+        let from = mark();
+        drop(buffer);
+        let free = only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(
+            (free.context, free.stream, free.result),
+            (a.raw() as u64, Some(raw_stream), 0)
+        );
+        current_raw()
+    });
+    assert_eq!(after, 0);
+    assert_no_hazards();
+}
+
+#[test]
+fn created_context_recipe_is_kept_alive_and_used() {
+    start();
+    let c = ContextHandle::create(0, 0).unwrap();
+    assert_eq!(
+        current_raw(),
+        0,
+        "creating a context leaves the caller's binding alone"
+    );
+    let stream = StreamHandle::create(&c, 0, 0).unwrap();
+    let buffer = DevicePtrHandle::alloc_async(128, &stream).unwrap();
+    let ptr = buffer.ptr();
+    let raw_context = c.raw() as u64;
+    drop((c, stream));
+    let from = mark();
+    on_fresh_thread(move || drop(buffer));
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!((free.context, free.result), (raw_context, 0));
+    let later: Vec<String> = emu()
+        .calls()
+        .into_iter()
+        .filter(|call| call.seq > free.seq)
+        .map(|call| call.function)
+        .collect();
+    assert!(
+        later.contains(&"cuStreamDestroy_v2".to_string()),
+        "{later:?}"
+    );
+    assert!(later.contains(&"cuCtxDestroy_v2".to_string()), "{later:?}");
+    assert_no_hazards();
+}
+
+#[test]
+fn injected_free_failure_on_drop_reaches_the_hook_once_with_attribution() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&stream).unwrap();
+    let ptr = buffer.ptr();
+    let before = cleanup_error_count();
+    let (seen_context, count_after) = on_fresh_thread(move || {
+        emu().inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE);
+        drop(buffer);
+        (current_raw(), cleanup_error_count())
+    });
+    assert_eq!(seen_context, 0);
+    assert_eq!(count_after - before, 1);
+    let errors = errors_for(ptr);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let error = &errors[0];
+    assert_eq!(error.operation, "cuMemFreeAsync");
+    assert_eq!(error.stream, stream.raw() as u64);
+    assert_eq!(error.context, a.raw() as u64);
+    assert_eq!(error.error_name(), "CUDA_ERROR_INVALID_VALUE");
+    let text = error.to_string();
+    assert!(
+        text.contains(&format!("cuMemFreeAsync(0x{ptr:x})")),
+        "{text}"
+    );
+    assert!(text.contains("CUDA_ERROR_INVALID_VALUE"), "{text}");
+}
+
+#[test]
+fn explicit_release_returns_the_free_failure() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&stream).unwrap();
+    let ptr = buffer.ptr();
+    let before = cleanup_error_count();
+    emu().inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE);
+    let error = buffer.release().unwrap_err();
+    assert_eq!(error.code(), Some(CudaErrorCode::INVALID_VALUE));
+    assert!(
+        error.to_string().starts_with("cuMemFreeAsync failed"),
+        "{error}"
+    );
+    assert_eq!(cleanup_error_count(), before, "returned, not reported");
+    assert!(errors_for(ptr).is_empty());
+    assert_eq!(current_raw(), 0);
+}
+
+#[test]
+fn deinitialized_is_not_reported() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&stream).unwrap();
+    let ptr = buffer.ptr();
+    let before = cleanup_error_count();
+    emu().inject_fault("cuMemFreeAsync", 1, CudaErrorCode::DEINITIALIZED);
+    drop(buffer);
+    assert_eq!(cleanup_error_count(), before);
+    assert!(errors_for(ptr).is_empty());
+}
+
+#[test]
+fn restore_failure_is_reported_after_a_successful_free() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&stream).unwrap();
+    let ptr = buffer.ptr();
+    on_fresh_thread(move || {
+        // 1st cuCtxSetCurrent activates A, the 2nd (the restore) fails.
+        emu().inject_fault("cuCtxSetCurrent", 2, CudaErrorCode::INVALID_VALUE);
+        let from = mark();
+        drop(buffer);
+        assert_eq!(only_call("cuMemFreeAsync", ptr, from).result, 0);
+        ContextHandle::clear_current().unwrap();
+    });
+    let errors = errors_for(ptr);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].operation, "cuMemFreeAsync");
+    assert!(
+        matches!(&errors[0].error, HandleError::Driver(e) if e.call == "cuCtxSetCurrent"),
+        "{:?}",
+        errors[0]
+    );
+}
+
+#[test]
+fn activation_failure_skips_the_free_and_reports() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&stream).unwrap();
+    let ptr = buffer.ptr();
+    let from = mark();
+    on_fresh_thread(move || {
+        emu().inject_fault("cuCtxSetCurrent", 1, CudaErrorCode::INVALID_VALUE);
+        drop(buffer);
+        assert_eq!(current_raw(), 0);
+    });
+    assert!(
+        calls_for(ptr, from)
+            .iter()
+            .all(|c| c.function != "cuMemFreeAsync"),
+        "never freed in the wrong context"
+    );
+    assert_eq!(errors_for(ptr).len(), 1);
+}
+
+#[test]
+fn hook_runs_after_the_context_was_restored() {
+    start();
+    let a = primary(0);
+    let b = primary(1);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = pool_buffer(&stream).unwrap();
+    let ptr = buffer.ptr();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    // A local hook for this test only; the shared capture hook is put back afterwards.
+    handles::set_cleanup_error_hook(Box::new(move |e| {
+        if e.ptr == ptr {
+            seen2.lock().unwrap().push(current_raw());
+        }
+    }));
+    b.make_current().unwrap();
+    emu().inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE);
+    drop(buffer);
+    handles::reset_cleanup_error_hook();
+    reinstall_capture_hook();
+    assert_eq!(seen.lock().unwrap().clone(), [b.raw() as u64]);
+    ContextHandle::clear_current().unwrap();
+}
+
+fn reinstall_capture_hook() {
+    handles::set_cleanup_error_hook(Box::new(|e| {
+        captured().errors.lock().unwrap().push(e.clone());
+    }));
+}
+
+#[test]
+fn context_scope_switches_only_when_needed_and_restores_none() {
+    start();
+    let a = primary(0);
+    let me = tid();
+    let from = mark();
+    {
+        let scope = ContextScope::enter(&a).unwrap();
+        assert!(scope.switched());
+        assert!(scope.previous().is_null());
+        assert_eq!(current_raw(), a.raw() as u64);
+        let inner = ContextScope::enter(&a).unwrap();
+        assert!(!inner.switched());
+        inner.exit().unwrap();
+        assert_eq!(current_raw(), a.raw() as u64);
+    }
+    assert_eq!(current_raw(), 0);
+    assert_eq!(
+        names_on(me, from)
+            .iter()
+            .filter(|n| *n == "cuCtxSetCurrent")
+            .count(),
+        2
+    );
+}
+
+#[test]
+fn synchronous_free_on_drop_never_blocks_and_is_ordered_by_an_event() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = DevicePtrHandle::alloc(512, &stream).unwrap();
+    assert_eq!(buffer.kind(), ReleaseKind::Synchronous);
+    let ptr = buffer.ptr();
+    let me = tid();
+    let from = mark();
+    drop(buffer);
+    let names = names_on(me, from);
+    assert!(names.contains(&"cuEventRecord".to_string()), "{names:?}");
+    for blocking in ["cuMemFree_v2", "cuEventSynchronize", "cuStreamSynchronize"] {
+        assert!(
+            !names.iter().any(|n| n == blocking),
+            "drop called {blocking}: {names:?}"
+        );
+    }
+    drain_deferred_cleanup();
+    let free = only_call("cuMemFree_v2", ptr, from);
+    assert_eq!((free.context, free.result), (a.raw() as u64, 0));
+    assert!(!is_live(ptr));
+    assert_eq!(current_raw(), 0, "the drain restored this thread's binding");
+    assert_no_hazards();
+}
+
+#[test]
+fn synchronous_free_is_done_by_the_worker_without_a_drain() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
+    let ptr = buffer.ptr();
+    let from = mark();
+    drop(buffer);
+    // Wait (bounded, not timed) for the worker: it frees in A on its own thread.
+    let mut free = None;
+    for _ in 0..10_000 {
+        free = calls_for(ptr, from)
+            .into_iter()
+            .find(|c| c.function == "cuMemFree_v2");
+        if free.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let free = free.expect("the worker freed the buffer");
+    assert_ne!(free.thread, tid(), "freed on the cleanup worker");
+    assert_eq!((free.context, free.result), (a.raw() as u64, 0));
+    assert_no_hazards();
+}
+
+#[test]
+fn synchronous_explicit_release_blocks_and_returns() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
+    let ptr = buffer.ptr();
+    let me = tid();
+    let from = mark();
+    buffer.release().unwrap();
+    let free = only_call("cuMemFree_v2", ptr, from);
+    assert_eq!(
+        (free.thread, free.context, free.result),
+        (me, a.raw() as u64, 0)
+    );
+    assert!(names_on(me, from).contains(&"cuStreamSynchronize".to_string()));
+
+    let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
+    emu().inject_fault("cuMemFree_v2", 1, CudaErrorCode::INVALID_VALUE);
+    let error = buffer.release().unwrap_err();
+    assert_eq!(error.code(), Some(CudaErrorCode::INVALID_VALUE));
+    assert_eq!(current_raw(), 0);
+    assert_no_hazards();
+}
+
+#[test]
+fn pinned_host_and_managed_frees_go_through_the_worker() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let host = DevicePtrHandle::alloc_host(256, &stream).unwrap();
+    assert_eq!(
+        (host.kind(), host.device()),
+        (ReleaseKind::PinnedHost, None)
+    );
+    let managed = DevicePtrHandle::alloc_managed(256, 1, &stream).unwrap();
+    assert_eq!(managed.kind(), ReleaseKind::Managed);
+    let (host_ptr, managed_ptr) = (host.ptr(), managed.ptr());
+    let from = mark();
+    on_fresh_thread(move || drop((host, managed)));
+    drain_deferred_cleanup();
+    assert_eq!(only_call("cuMemFreeHost", host_ptr, from).result, 0);
+    let managed_free = only_call("cuMemFree_v2", managed_ptr, from);
+    assert_eq!(
+        (managed_free.context, managed_free.result),
+        (a.raw() as u64, 0)
+    );
+    assert_no_hazards();
+}
+
+struct FailingDeallocator;
+
+impl Deallocator for FailingDeallocator {
+    fn deallocate(&self, _: u64, _: usize, _: &StreamHandle) -> Result<(), HandleError> {
+        Err(HandleError::Deallocator {
+            message: "pool exhausted".into(),
+        })
+    }
+}
+
+#[test]
+fn deallocator_failure_is_reported_on_drop_and_returned_on_release() {
+    start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let dropped = DevicePtrHandle::adopt(0x3000, 8, &stream, Arc::new(FailingDeallocator)).unwrap();
+    drop(dropped);
+    let errors = errors_for(0x3000);
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].operation, "Deallocator::deallocate");
+    assert_eq!(errors[0].context, a.raw() as u64);
+
+    let released =
+        DevicePtrHandle::adopt(0x3100, 8, &stream, Arc::new(FailingDeallocator)).unwrap();
+    let error = released.release().unwrap_err();
+    assert_eq!(error.to_string(), "deallocator failed: pool exhausted");
+    assert!(errors_for(0x3100).is_empty());
+}
