@@ -69,3 +69,47 @@ impl HandleError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_lower_case_without_a_trailing_period() {
+        let errors = [
+            HandleError::NoCurrentContext,
+            HandleError::invalid("size", "a zero-byte allocation is rejected by the driver"),
+            HandleError::Closed,
+            HandleError::Deallocator {
+                message: "out of memory".into(),
+            },
+            HandleError::Driver(CudaError {
+                call: "cuMemFreeAsync",
+                code: CudaErrorCode::INVALID_VALUE,
+                description: "invalid argument".into(),
+            }),
+        ];
+        for error in errors {
+            let text = error.to_string();
+            assert!(!text.ends_with('.'), "{text}");
+            assert!(!text.starts_with(char::is_uppercase), "{text}");
+        }
+        assert_eq!(
+            HandleError::NoCurrentContext.to_string(),
+            "no CUDA context is current"
+        );
+    }
+
+    #[test]
+    fn code_and_name_come_from_the_driver_status() {
+        let error = HandleError::Driver(CudaError {
+            call: "cuMemFree_v2",
+            code: CudaErrorCode::INVALID_VALUE,
+            description: String::new(),
+        });
+        assert_eq!(error.code(), Some(CudaErrorCode::INVALID_VALUE));
+        assert_eq!(error.name(), "CUDA_ERROR_INVALID_VALUE");
+        assert_eq!(HandleError::NoCurrentContext.code(), None);
+        assert_eq!(HandleError::NoCurrentContext.name(), "NoCurrentContext");
+    }
+}

@@ -392,3 +392,45 @@ impl fmt::Debug for StreamHandle {
         f.write_str(")")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_values_round_trip() {
+        for kind in [
+            DefaultStream::Null,
+            DefaultStream::Legacy,
+            DefaultStream::PerThread,
+        ] {
+            assert_eq!(DefaultStream::from_raw(kind.raw()), Some(kind));
+        }
+        assert_eq!(DefaultStream::Legacy.raw() as usize, 0x1);
+        assert_eq!(DefaultStream::PerThread.raw() as usize, 0x2);
+        assert_eq!(DefaultStream::from_raw(0x1000 as CUstream), None);
+    }
+
+    #[test]
+    fn unbound_tokens_are_process_wide_and_carry_no_context() {
+        let legacy = StreamHandle::legacy();
+        assert!(legacy.ptr_eq(&StreamHandle::legacy()), "one shared box");
+        assert!(legacy.context().is_none());
+        assert_eq!(legacy.default_kind(), Some(DefaultStream::Legacy));
+        assert!(!legacy.is_owned());
+        assert_eq!(format!("{legacy:?}"), "StreamHandle(0x1, token)");
+    }
+
+    #[test]
+    fn handles_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<StreamHandle>();
+        check::<ContextHandle>();
+        check::<crate::DevicePtrHandle>();
+        check::<crate::MemoryPoolHandle>();
+        check::<crate::EventHandle>();
+        check::<crate::DeallocationRecipe>();
+        check::<crate::UserObjectOwnership>();
+        check::<crate::GraphExecHandle>();
+    }
+}
