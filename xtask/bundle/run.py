@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""custody GPU runner: runs the bundled tests against a real CUDA driver and the emulator.
+
+Built by `cargo xtask gpu-bundle` into gpu-bundle/ (this file, manifest.json, bin/, the emulated
+driver libcuda_emu.so and, once pybind exists, python/). Needs only Python 3.9+ and its standard
+library, so it runs on a GPU host with no Rust toolchain and no network.
+
+What it does:
+  1. prints the host, the GPU (nvidia-smi) and the driver it is about to test;
+  2. lists the tests of each bundled binary and runs EACH test in its own process against the
+     real driver (`<bin> --exact <name> --test-threads=1`, with a timeout), skipping binaries
+     marked emulator-only;
+  3. runs the conformance binary a second time against the bundled emulator, so that one run
+     compares both drivers case by case;
+  4. runs the bundled pytest suite against the real driver, if the bundle has one;
+  5. writes summary.json, summary.md (a table: test, real driver, emulator) and the output of
+     every test that did not pass to --out (default ./results).
+
+Exit status: 0 when everything ran and passed; 1 when a test failed; 2 when no real driver
+could be loaded (the emulator column is still filled in, to check the runner itself).
+
+  python3 gpu-bundle/run.py [--out DIR] [--driver PATH] [--timeout SECONDS] [--filter TEXT]
+
+--driver PATH uses the library at PATH as "the real driver" (CUSTODY_CUDA_DRIVER=PATH), for
+example the bundled emulator, to exercise this runner on a machine without a GPU.
+"""
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DRIVER_ENV = "CUSTODY_CUDA_DRIVER"
+PASS, FAIL, TIMEOUT, CRASH, SKIP, NOT_RUN = "pass", "FAIL", "TIMEOUT", "CRASH", "skip", "-"
+
+
+def probe_driver(path):
+    """Loads a driver library with ctypes and asks it who it is.
+
+    `path` None means the system's libcuda.so.1 (what the tests load without DRIVER_ENV).
+    Returns a dict with loaded, path, version, devices and error.
+    """
+    name = str(path) if path else "libcuda.so.1"
+    info = {"loaded": False, "path": name, "version": None, "devices": [], "error": None}
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError as error:
+        info["error"] = str(error)
+        return info
+    info["loaded"] = True
+    try:
+        version = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            info["version"] = version.value
+        status = lib.cuInit(0)
+        if status != 0:
+            info["error"] = "cuInit returned %d" % status
+            return info
+        count = ctypes.c_int(0)
+        if lib.cuDeviceGetCount(ctypes.byref(count)) == 0:
+            for ordinal in range(count.value):
+                device = ctypes.c_int(0)
+                buf = ctypes.create_string_buffer(256)
+                if lib.cuDeviceGet(ctypes.byref(device), ordinal) == 0 and \
+                        lib.cuDeviceGetName(buf, 256, device) == 0:
+                    info["devices"].append(buf.value.decode(errors="replace"))
+    except AttributeError as error:  # a library that is not a CUDA driver
+        info["error"] = "not a CUDA driver: %s" % error
+    return info
+
+
+def version_text(version):
+    if version is None:
+        return "unknown version"
+    return "CUDA %d.%d (%d)" % (version // 1000, version % 1000 // 10, version)
+
+
+def nvidia_smi():
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return "nvidia-smi failed: %s" % error
+    return out.stdout.strip() or out.stderr.strip()
+
+
+def list_tests(binary):
+    out = subprocess.run([str(binary), "--list", "--format", "terse"],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError("%s --list failed: %s" % (binary.name, out.stderr.strip()))
+    return [line[:-len(": test")] for line in out.stdout.splitlines() if line.endswith(": test")]
+
+
+def run_test(binary, name, env, timeout):
+    """Runs one test in its own process; returns {status, rc, seconds, output}."""
+    started = time.monotonic()
+    try:
+        out = subprocess.run([str(binary), "--exact", name, "--test-threads=1"],
+                             capture_output=True, text=True, env=env, timeout=timeout,
+                             errors="replace")
+    except subprocess.TimeoutExpired as expired:
+        output = (expired.stdout or "") + (expired.stderr or "")
+        if isinstance(output, bytes):
+            output = output.decode(errors="replace")
+        return {"status": TIMEOUT, "rc": None, "seconds": timeout,
+                "output": output + "\n[killed after %d s]" % timeout}
+    seconds = round(time.monotonic() - started, 3)
+    output = out.stdout + out.stderr
+    if out.returncode == 0:
+        # libtest exits 0 when the filter matched nothing: make sure the test really ran.
+        status = PASS if "test result: ok. 1 passed" in out.stdout else FAIL
+    elif out.returncode < 0:
+        status = CRASH
+        output += "\n[killed by signal %d]" % -out.returncode
+    else:
+        status = FAIL
+    return {"status": status, "rc": out.returncode, "seconds": seconds, "output": output}
+
+
+def driver_env(library):
+    """The environment for a test run: DRIVER_ENV=library, or unset for the system driver."""
+    env = dict(os.environ)
+    env.pop(DRIVER_ENV, None)
+    if library:
+        env[DRIVER_ENV] = str(library)
+    env.setdefault("RUST_BACKTRACE", "1")
+    return env
+
+
+def run_pytest(manifest, env, out_dir):
+    """Installs the bundled wheel into a temporary folder and runs pytest on the bundled tests."""
+    python = manifest["python"]
+    site = Path(tempfile.mkdtemp(prefix="custody-site-"))
+    try:
+        for wheel in python.get("wheels", []):
+            with zipfile.ZipFile(HERE / wheel) as archive:
+                archive.extractall(site)
+        env = dict(env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+        log = out_dir / "logs" / "pytest.real.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", str(HERE / python["tests"])],
+                             capture_output=True, text=True, env=env, errors="replace")
+        log.write_text(out.stdout + out.stderr)
+        last = (out.stdout.strip().splitlines() or [""])[-1]
+        if out.returncode == 0:
+            return {"status": PASS, "detail": last}
+        if out.returncode == 5:
+            return {"status": FAIL, "detail": "pytest collected no tests"}
+        return {"status": FAIL, "detail": "%s (see %s)" % (last, log)}
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="results", help="where to write the results (default ./results)")
+    parser.add_argument("--driver", help="library to use as the real driver (default: the system libcuda.so.1)")
+    parser.add_argument("--timeout", type=int, default=120, help="seconds per test (default 120)")
+    parser.add_argument("--filter", default="", help="run only tests whose name contains this text")
+    args = parser.parse_args()
+
+    manifest = json.loads((HERE / "manifest.json").read_text())
+    out_dir = Path(args.out).resolve()
+    if (out_dir / "logs").exists():
+        shutil.rmtree(out_dir / "logs")
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    driver_path = Path(args.driver).resolve() if args.driver else None
+    emulator_path = HERE / manifest["emulator"]
+    real = probe_driver(driver_path)
+    emulator = probe_driver(emulator_path)
+    smi = nvidia_smi()
+
+    print("custody GPU run, %s" % datetime.datetime.now().isoformat(timespec="seconds"))
+    print("  host:      %s, Python %s" % (platform.platform(), platform.python_version()))
+    print("  bundle:    commit %s, built on %s" % (manifest.get("commit"), manifest.get("built_on")))
+    print("  GPU:       %s" % (smi if smi else "nvidia-smi not found"))
+    if real["loaded"] and not real["error"]:
+        print("  driver:    %s, %s, devices %s" % (real["path"], version_text(real["version"]), real["devices"]))
+    else:
+        print("  driver:    NO REAL DRIVER: %s could not be used: %s" % (real["path"], real["error"]))
+        print("             the real-driver column will read '-' (not run); pass --driver PATH to choose a library")
+    print("  emulator:  %s, %s" % (emulator_path, version_text(emulator["version"])
+                                   if emulator["loaded"] else "NOT LOADABLE: %s" % emulator["error"]))
+    print()
+
+    real_ok = real["loaded"] and not real["error"]
+    rows = []
+    for entry in manifest["binaries"]:
+        binary = HERE / entry["file"]
+        try:
+            tests = [t for t in list_tests(binary) if args.filter in t]
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
+            print("%s: cannot list tests: %s" % (entry["file"], error))
+            rows.append({"binary": binary.name, "test": "(listing)", "role": entry["role"],
+                         "real": {"status": FAIL, "output": str(error)}, "emulator": {"status": NOT_RUN}})
+            continue
+        for name in tests:
+            row = {"binary": binary.name, "test": name, "role": entry["role"]}
+            if not real_ok:
+                row["real"] = {"status": NOT_RUN}
+            elif entry["role"] == "emulator-only":
+                row["real"] = {"status": SKIP, "output": "emulator-only binary"}
+            else:
+                row["real"] = run_test(binary, name, driver_env(driver_path), args.timeout)
+            if entry["role"] == "conformance" and emulator["loaded"]:
+                row["emulator"] = run_test(binary, name, driver_env(emulator_path), args.timeout)
+            else:
+                row["emulator"] = {"status": NOT_RUN}
+            print("  %-8s %-8s %s :: %s" % (row["real"]["status"], row["emulator"]["status"], binary.name, name),
+                  flush=True)
+            rows.append(row)
+
+    if not manifest.get("python"):
+        pytest = {"status": SKIP, "detail": "the bundle has no Python package (pybind does not exist yet)"}
+    elif not real_ok:
+        pytest = {"status": NOT_RUN, "detail": "no real driver"}
+    else:
+        pytest = run_pytest(manifest, driver_env(driver_path), out_dir)
+    print("\n  pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")))
+
+    for row in rows:
+        for column in ("real", "emulator"):
+            result = row[column]
+            if result["status"] not in (PASS, SKIP, NOT_RUN) and result.get("output"):
+                log = out_dir / "logs" / row["binary"] / ("%s.%s.log" % (row["test"].replace("::", "."), column))
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text(result["output"])
+                result["log"] = str(log.relative_to(out_dir))
+
+    def count(column, status):
+        return sum(1 for row in rows if row[column]["status"] == status)
+
+    failed_statuses = (FAIL, TIMEOUT, CRASH)
+    totals = {column: {"passed": count(column, PASS),
+                       "failed": sum(count(column, s) for s in failed_statuses),
+                       "skipped": count(column, SKIP),
+                       "not_run": count(column, NOT_RUN)} for column in ("real", "emulator")}
+    disagreements = [row for row in rows if row["role"] == "conformance" and
+                     row["real"]["status"] == PASS and row["emulator"]["status"] in failed_statuses]
+
+    summary = {
+        "when": datetime.datetime.now().isoformat(timespec="seconds"),
+        "host": platform.platform(),
+        "nvidia_smi": smi,
+        "real_driver": real,
+        "emulator": emulator,
+        "bundle_commit": manifest.get("commit"),
+        "totals": totals,
+        "pytest": pytest,
+        "tests": [{k: ({kk: vv for kk, vv in v.items() if kk != "output"} if isinstance(v, dict) else v)
+                   for k, v in row.items()} for row in rows],
+        "emulator_disagreements": [row["test"] for row in disagreements],
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    lines = ["# custody GPU run", "",
+             "- GPU: %s" % (smi or "nvidia-smi not found"),
+             "- real driver: %s" % ("%s, %s, %s" % (real["path"], version_text(real["version"]), real["devices"])
+                                     if real_ok else "NOT LOADED (%s)" % real["error"]),
+             "- emulator: %s" % emulator_path.name,
+             "- bundle commit: %s" % manifest.get("commit"),
+             "- pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")),
+             "",
+             "| binary | test | real driver | emulator |",
+             "|---|---|---|---|"]
+    for row in rows:
+        lines.append("| %s | %s | %s | %s |" % (row["binary"], row["test"],
+                                               row["real"]["status"], row["emulator"]["status"]))
+    lines += ["", "real driver: %(passed)d passed, %(failed)d failed, %(skipped)d skipped" % totals["real"],
+              "emulator: %(passed)d passed, %(failed)d failed" % totals["emulator"]]
+    if disagreements:
+        lines += ["", "Emulator disagreements (pass on the real driver, fail on the emulator):"]
+        lines += ["- %s" % row["test"] for row in disagreements]
+    (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+
+    print()
+    print("results in %s (summary.md, summary.json, logs/)" % out_dir)
+    if disagreements:
+        print("emulator disagreements: %d" % len(disagreements))
+        for row in disagreements:
+            print("  %s" % row["test"])
+    if not real_ok:
+        print("real driver: NOT RUN (no real driver could be loaded: %s)" % real["error"])
+    else:
+        print("real driver: %(passed)d passed, %(failed)d failed, %(skipped)d skipped" % totals["real"])
+    print("emulator: %(passed)d passed, %(failed)d failed" % totals["emulator"])
+
+    if not real_ok:
+        return 2
+    failed = totals["real"]["failed"] + totals["emulator"]["failed"] + (pytest["status"] == FAIL)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+//! `cargo xtask gpu-bundle` and `cargo xtask gpu-test`.
+//!
+//! The GPU host has Python 3.12 and a driver but no Rust toolchain, so the bundle carries
+//! everything prebuilt: the workspace's test binaries (release, no debug info, `gpu` features on),
+//! the emulated driver, `manifest.json` describing them, and `run.py` (stdlib only), which runs
+//! each test in its own process against the real driver, runs the conformance suite again against
+//! the bundled emulator, and tabulates both.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::cmd::{self, EMULATOR_FILE};
+
+/// The bundle's folder under the workspace root (gitignored).
+pub const BUNDLE_DIR: &str = "gpu-bundle";
+
+/// The most the bundle may weigh: it travels to the GPU host by hand.
+const MAX_BUNDLE_BYTES: u64 = 50 * 1024 * 1024;
+
+/// Packages whose tests do not belong on a GPU host: xtask's need cargo; cuda-emu's test the
+/// emulator itself, which the conformance suite's emulator column already covers.
+const EXCLUDED_PACKAGES: &[&str] = &["xtask", "cuda-emu"];
+
+/// One test binary in the bundle.
+struct TestBinary {
+    package: String,
+    target: String,
+    kind: String,
+    source: PathBuf,
+}
+
+impl TestBinary {
+    /// The file name in the bundle: `<package>--<target>`.
+    fn file_name(&self) -> String {
+        format!("{}--{}", self.package, self.target)
+    }
+
+    /// How run.py treats it: `conformance` (real driver and emulator), `emulator-only` (skipped
+    /// on a real driver) or `driver` (real driver).
+    fn role(&self) -> &'static str {
+        match self.target.as_str() {
+            "conformance" => "conformance",
+            "emulator_only" => "emulator-only",
+            _ => "driver",
+        }
+    }
+}
+
+/// Builds `gpu-bundle/` and returns its path.
+pub fn build() -> Result<PathBuf> {
+    let root = cmd::workspace_root();
+    let metadata = cmd::metadata()?;
+    let target_dir = cmd::target_dir(&metadata)?;
+    let bundle = root.join(BUNDLE_DIR);
+
+    cmd::run(cmd::cargo().args(["build", "--release", "-p", "cuda-emu"]))
+        .context("building the emulated driver")?;
+    let emulator = target_dir.join("release").join(EMULATOR_FILE);
+    if !emulator.is_file() {
+        bail!("{} was not built", emulator.display());
+    }
+    let binaries = build_test_binaries(&metadata)?;
+
+    if bundle.exists() {
+        fs::remove_dir_all(&bundle)
+            .with_context(|| format!("removing the old {}", bundle.display()))?;
+    }
+    fs::create_dir_all(bundle.join("bin"))?;
+    let mut entries = Vec::new();
+    for binary in &binaries {
+        let file = format!("bin/{}", binary.file_name());
+        copy(&binary.source, &bundle.join(&file))?;
+        entries.push(json!({
+            "file": file,
+            "package": binary.package,
+            "target": binary.target,
+            "kind": binary.kind,
+            "role": binary.role(),
+        }));
+    }
+    copy(&emulator, &bundle.join(EMULATOR_FILE))?;
+    copy(&root.join("xtask/bundle/run.py"), &bundle.join("run.py"))?;
+    let python = bundle_python(&root, &bundle)?;
+
+    let manifest = json!({
+        "format": 1,
+        "commit": git_commit(&root),
+        "built_on": host_description(),
+        "emulator": EMULATOR_FILE,
+        "binaries": entries,
+        "python": python,
+    });
+    fs::write(
+        bundle.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest)? + "\n",
+    )?;
+
+    let size = folder_size(&bundle)?;
+    println!(
+        "gpu-bundle: {} test binaries, the emulated driver, run.py{}; {:.1} MiB in {}",
+        binaries.len(),
+        if python.is_null() {
+            " (no Python package: pybind does not exist yet)"
+        } else {
+            ", the Python wheel and tests"
+        },
+        size as f64 / (1024.0 * 1024.0),
+        bundle.display()
+    );
+    if size > MAX_BUNDLE_BYTES {
+        bail!(
+            "the bundle is {size} bytes, over the {MAX_BUNDLE_BYTES}-byte limit: strip or drop something"
+        );
+    }
+    println!("gpu-bundle: on the GPU host run `python3 {BUNDLE_DIR}/run.py --out results`");
+    Ok(bundle)
+}
+
+/// `cargo xtask gpu-test [run.py arguments]`: the bundle, built and run here.
+pub fn run_in_place(run_args: &[String]) -> Result<()> {
+    let bundle = build()?;
+    let mut command = Command::new("python3");
+    command
+        .arg(bundle.join("run.py"))
+        .args(run_args)
+        .current_dir(cmd::workspace_root());
+    cmd::run(&mut command).context("the GPU run failed (see the table above and --out)")
+}
+
+/// The workspace members (except [`EXCLUDED_PACKAGES`]) and the `--features` that turn on each
+/// one's `gpu` feature.
+fn selection(metadata: &Value) -> Result<(Vec<String>, Vec<String>)> {
+    let members: Vec<&str> = metadata["workspace_members"]
+        .as_array()
+        .context("cargo metadata has no workspace_members")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let mut packages = Vec::new();
+    let mut features = Vec::new();
+    for package in metadata["packages"].as_array().into_iter().flatten() {
+        let (Some(id), Some(name)) = (package["id"].as_str(), package["name"].as_str()) else {
+            continue;
+        };
+        if !members.contains(&id) || EXCLUDED_PACKAGES.contains(&name) {
+            continue;
+        }
+        if package["features"].get("gpu").is_some() {
+            features.push(format!("{name}/gpu"));
+        }
+        packages.push(name.to_owned());
+    }
+    Ok((packages, features))
+}
+
+/// `cargo test --no-run --release` of the selected packages with their `gpu` features, reading
+/// the test executables from cargo's JSON messages.
+fn build_test_binaries(metadata: &Value) -> Result<Vec<TestBinary>> {
+    let (packages, features) = selection(metadata)?;
+    let names: HashMap<String, String> = metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| Some((p["id"].as_str()?.to_owned(), p["name"].as_str()?.to_owned())))
+        .collect();
+
+    let mut command = cmd::cargo();
+    command.args([
+        "test",
+        "--no-run",
+        "--release",
+        "--message-format=json-render-diagnostics",
+    ]);
+    for package in &packages {
+        command.args(["-p", package]);
+    }
+    if !features.is_empty() {
+        command.args(["--features", &features.join(",")]);
+    }
+    // Release has no debug info by default; say so explicitly so that a profile change in
+    // Cargo.toml cannot bloat the bundle.
+    command
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo")
+        .stdout(Stdio::piped());
+    eprintln!("$ {}", cmd::display(&command));
+    let mut child = command
+        .spawn()
+        .context("could not start cargo test --no-run")?;
+    let stdout = child.stdout.take().context("cargo's stdout")?;
+    let mut binaries = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line?;
+        let Ok(message) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if message["reason"] != "compiler-artifact" || message["profile"]["test"] != true {
+            continue;
+        }
+        let Some(executable) = message["executable"].as_str() else {
+            continue;
+        };
+        let package_id = message["package_id"].as_str().unwrap_or_default();
+        let package = names
+            .get(package_id)
+            .cloned()
+            .with_context(|| format!("unknown package {package_id} in cargo's output"))?;
+        let kind = message["target"]["kind"][0]
+            .as_str()
+            .unwrap_or("unknown")
+            .to_owned();
+        let target = if kind == "test" {
+            message["target"]["name"]
+                .as_str()
+                .unwrap_or("unknown")
+                .to_owned()
+        } else {
+            // Unit tests of the library (or binary) target.
+            kind.clone()
+        };
+        binaries.push(TestBinary {
+            package,
+            target,
+            kind,
+            source: PathBuf::from(executable),
+        });
+    }
+    let exit = child.wait()?;
+    if !exit.success() {
+        bail!("cargo test --no-run failed ({exit})");
+    }
+    if binaries.is_empty() {
+        bail!("cargo built no test binaries");
+    }
+    binaries.sort_by_key(TestBinary::file_name);
+    Ok(binaries)
+}
+
+/// When `pybind/` exists: a release wheel built with maturin and the pytest files, under
+/// `python/`. Returns the manifest's `python` entry (`null` without pybind).
+fn bundle_python(root: &Path, bundle: &Path) -> Result<Value> {
+    if !root.join("pybind/pyproject.toml").is_file() {
+        return Ok(Value::Null);
+    }
+    crate::test::venv_python(root)?;
+    let wheels = bundle.join("python/wheels");
+    fs::create_dir_all(&wheels)?;
+    cmd::run(
+        crate::test::in_venv(root, root.join(".venv/bin/maturin"))
+            .args([
+                "build",
+                "--release",
+                "--manifest-path",
+                "pybind/Cargo.toml",
+                "--out",
+            ])
+            .arg(&wheels),
+    )
+    .context("building the pybind wheel")?;
+    let tests = root.join("pybind/tests");
+    if tests.is_dir() {
+        copy_tree(&tests, &bundle.join("python/tests"))?;
+    }
+    let wheel_files: Vec<String> = fs::read_dir(&wheels)?
+        .filter_map(|e| e.ok())
+        .map(|e| format!("python/wheels/{}", e.file_name().to_string_lossy()))
+        .filter(|name| name.ends_with(".whl"))
+        .collect();
+    Ok(json!({ "wheels": wheel_files, "tests": "python/tests" }))
+}
+
+fn copy(from: &Path, to: &Path) -> Result<()> {
+    fs::copy(from, to)
+        .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    Ok(())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to)?;
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name == "__pycache__" {
+            continue;
+        }
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            copy_tree(&path, &to.join(&name))?;
+        } else {
+            copy(&path, &to.join(&name))?;
+        }
+    }
+    Ok(())
+}
+
+fn folder_size(path: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in fs::read_dir(path)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            folder_size(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
+/// `git rev-parse HEAD`, with `-dirty` when the tree has changes; `unknown` outside git.
+fn git_commit(root: &Path) -> String {
+    let read = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    match read(&["rev-parse", "HEAD"]) {
+        Some(head) => {
+            let dirty = read(&["status", "--porcelain"]).is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("{head}-dirty")
+            } else {
+                head
+            }
+        }
+        None => "unknown".to_owned(),
+    }
+}
+
+fn host_description() -> String {
+    let rustc = Command::new("rustc")
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    format!(
+        "{} {}; {rustc}",
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}

@@ -1,0 +1,102 @@
+//! Running cargo and other programs: echoing each command, checking its exit status, and
+//! reading `cargo metadata`.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+/// The environment variable the driver loader reads (cuda-sys's `DRIVER_ENV`; xtask does not
+/// depend on cuda-sys, so the name is repeated here).
+pub const DRIVER_ENV: &str = "CUSTODY_CUDA_DRIVER";
+
+/// The workspace root (the folder above `xtask/`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// A `cargo` command run from the workspace root, using the same cargo that runs xtask.
+pub fn cargo() -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.current_dir(workspace_root());
+    command
+}
+
+/// The command line as one printable string.
+pub fn display(command: &Command) -> String {
+    let mut parts = vec![command.get_program().to_string_lossy().into_owned()];
+    parts.extend(command.get_args().map(|a| a.to_string_lossy().into_owned()));
+    let envs: Vec<String> = command
+        .get_envs()
+        .filter_map(|(k, v)| Some(format!("{}={}", k.to_string_lossy(), v?.to_string_lossy())))
+        .collect();
+    if envs.is_empty() {
+        parts.join(" ")
+    } else {
+        format!("{} {}", envs.join(" "), parts.join(" "))
+    }
+}
+
+/// Runs `command` with inherited stdio and returns its exit status (echoing it first).
+pub fn status(command: &mut Command) -> Result<ExitStatus> {
+    eprintln!("$ {}", display(command));
+    command
+        .status()
+        .with_context(|| format!("could not start `{}`", display(command)))
+}
+
+/// Runs `command` and fails unless it exits 0.
+pub fn run(command: &mut Command) -> Result<()> {
+    let exit = status(command)?;
+    if !exit.success() {
+        bail!("`{}` failed ({exit})", display(command));
+    }
+    Ok(())
+}
+
+/// Whether `program args...` runs and exits 0 (output discarded).
+pub fn succeeds<I, S>(program: impl AsRef<OsStr>, args: I) -> bool
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    Command::new(program)
+        .args(args)
+        .current_dir(workspace_root())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `cargo metadata --no-deps --format-version 1` (no resolution, no download).
+pub fn metadata() -> Result<Value> {
+    let output = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .output()
+        .context("could not run cargo metadata")?;
+    if !output.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    serde_json::from_slice(&output.stdout).context("cargo metadata printed malformed JSON")
+}
+
+/// The target directory cargo builds into (honours `CARGO_TARGET_DIR`).
+pub fn target_dir(metadata: &Value) -> Result<PathBuf> {
+    metadata["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .context("cargo metadata has no target_directory")
+}
+
+/// The emulated driver's file name in a target profile folder.
+pub const EMULATOR_FILE: &str = "libcuda_emu.so";
