@@ -1,1 +1,124 @@
-//! The emulated CUDA driver.
+//! The emulated CUDA driver: a `libcuda` replacement for machines without a GPU, with a
+//! stream-order hazard checker, fault injection and a call log.
+//!
+//! Point the loader at it (`CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so`) and any
+//! custody program runs its real driver code path on the CPU. The crate is a `cdylib` exporting
+//! every symbol of [`cuda_sys::with_driver_functions!`] under the driver's exact names (`_v2`
+//! suffixes included), plus `cuGetProcAddress` and `cuGetProcAddress_v2`, and the extra
+//! `custodyEmu*` symbols that [`cuda_sys::emu`] calls.
+//!
+//! # The model
+//! - **Devices**: `CUSTODY_EMU_DEVICE_COUNT` of them (default 2), named
+//!   `custody emulated device N`, compute capability 9.0, 80 GiB each, unified addressing,
+//!   memory pools, managed memory; peers can access each other. `cuDriverGetVersion` says 13000.
+//!   `cuInit` must come first (`CUDA_ERROR_NOT_INITIALIZED`), except for `cuDriverGetVersion`,
+//!   `cuGetErrorName`/`String` and `cuGetProcAddress*`.
+//! - **Contexts**: one context stack per host thread; primary contexts are retained and
+//!   released per device (same handle every time; memory of `cuMemAlloc` goes with the
+//!   context when the last reference is released); `cuCtxCreate` pushes, `cuCtxDestroy` waits
+//!   for the context's work, frees its `cuMemAlloc`/host/managed memory (F9), destroys its
+//!   streams and pops it from the calling thread if current. `cuCtxSetCurrent(NULL)` leaves the
+//!   thread with no current context.
+//! - **Streams**: created streams belong to the current context (F4, F6); the tokens NULL and
+//!   `CU_STREAM_LEGACY` mean the legacy stream of the calling thread's current context, and
+//!   `CU_STREAM_PER_THREAD` that thread's per-thread stream in it (F1-F3, F7, F12). Priorities
+//!   clamp to [-5, 0]. The legacy stream synchronises with every blocking stream of its context
+//!   in both directions (non-blocking streams are exempt; per-thread streams are blocking).
+//! - **Execution** ([`exec`] module): each stream runs its operations in order, asynchronously
+//!   to the host. Cheap operations on an idle stream run inline; anything that must wait, and
+//!   every host function and graph launch, runs on a worker thread the stream starts on demand.
+//!   Events record stream positions; `cuStreamWaitEvent` makes a stream wait for one; the
+//!   synchronize calls block; the query calls return `CUDA_ERROR_NOT_READY` while work is pending.
+//! - **Memory**: real bytes. Device pointers live in a reserved, inaccessible 1 TiB address
+//!   range (so a device pointer is never a host address and is never reused); host, managed
+//!   and host-pool memory is backed at its own address. `cuMemcpy` treats a pointer the driver
+//!   does not know, outside the device range, as pageable host memory; copies involving pageable
+//!   memory return only when done. Accesses past an allocation's end fail with
+//!   `CUDA_ERROR_INVALID_VALUE`. Memory pools: a default pool per device, created pools on a
+//!   device or on the host, `maxSize`, release threshold, used/reserved counters (reserved grows
+//!   in 2 MiB steps and shrinks at synchronisation above the threshold or on `cuMemPoolTrimTo`),
+//!   access descriptors, stream-ordered allocation and free (memory goes back to the pool when
+//!   the free runs on its stream).
+//! - **Pool IPC**: a pool created with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` is carved from
+//!   a `memfd` (1 GiB sparse, or `maxSize`); exporting it gives a new descriptor; another process
+//!   imports it by descriptor and maps it; exported pointers carry the arena's id and offset in
+//!   the 64 bytes of `CUmemPoolPtrExportData`.
+//! - **Graphs**: empty, host, memset (1/2/4-byte elements, 2-D), memcpy (host/device/unified,
+//!   up to 3-D, no arrays), memory allocation and free nodes; clone; instantiate (flag
+//!   `AUTO_FREE_ON_LAUNCH` honoured); a launch is one stream operation running the nodes in
+//!   dependency order. Stream capture in the three modes, with fork and join through events,
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` for synchronous or synchronising calls that the
+//!   capture mode forbids, `..._IMPLICIT` for the legacy stream, invalidation, `..._UNJOINED`.
+//! - **User objects**: counted references held by the program, graphs, clones and execs; the
+//!   destructor runs when the last goes, on the calling thread inside the call (G2) or, when an
+//!   exec is destroyed with a launch pending, on the stream's worker thread after that launch
+//!   (G3). Any driver call from a destructor or host function returns
+//!   `CUDA_ERROR_NOT_PERMITTED` (G4).
+//! - **Bad input** never crashes: null out-pointers, unknown or destroyed handles (handle values
+//!   are never reused), unknown pointers and double frees return error codes. Every code chosen
+//!   without a measurement is listed in the `codes` module, in one place.
+//!
+//! # What it checks (test-only powers)
+//! - **Hazards** ([`clock`] module): every stream has a vector clock. An operation ticks its
+//!   stream and inherits what the host has seen complete; an event record snapshots the clock;
+//!   a stream wait merges it; the legacy stream's implicit synchronisation merges clocks like it
+//!   orders execution; host synchronisation (stream, event or context synchronize, a successful
+//!   query, synchronous copies, fills and frees) adds the waited-for clock to the host clock. Host
+//!   threads share that clock: the emulator sees one global order of calls, so work that one
+//!   thread has waited for is complete for every later call. Every use of an allocation (fill,
+//!   copy, graph node, the stream-ordered allocation itself) records its (stream, time). A free not
+//!   ordered after every recorded use is `unordered_free`; a use after the free was issued is
+//!   `use_after_free`; freeing a freed or unknown pointer is `double_free`; a free on a destroyed
+//!   stream is `free_on_destroyed_stream` (where the real driver crashes, F11). Synchronous frees
+//!   are ordered after everything. Detection is at enqueue time, on logical clocks, so it is
+//!   deterministic.
+//! - **Fault injection**: `custodyEmuInjectFault(function, nth, error)` makes the nth next call
+//!   of a function (any thread) return `error` without effect, once.
+//! - **Queries**: `custodyEmuQuery("allocations" | "hazards" | "calls")` as JSON; the call log
+//!   records function, thread, current context, stream as passed and resolved, device pointer and
+//!   result for every exported driver call.
+//!
+//! # Environment
+//! - `CUSTODY_EMU_DEVICE_COUNT`: number of devices (default 2).
+//! - `CUSTODY_EMU_CALL_LOG_LIMIT`: most recent calls kept in the log (default 1,048,576; 0 turns
+//!   the log off).
+//! - `CUSTODY_EMU_HAZARD_STDERR`: when set, every hazard is also printed on stderr.
+//!
+//! # Not emulated
+//! Kernels, modules, textures and arrays; peer copies between contexts (all memory is one host
+//! memory); `_ptds` entry points (the `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM` flag is
+//! ignored); event timing; memory advice and prefetch; virtual memory management; child graph
+//! nodes and graph launches into a capture; graph exec update; the real driver's allocation
+//! reuse and its timing; the real driver's crash on a destroyed stream (F11: an error and a
+//! hazard instead). Concurrent copies into the same bytes race exactly as on a GPU.
+
+mod api;
+mod clock;
+mod codes;
+mod exec;
+mod graph;
+mod ipc;
+mod log;
+mod memory;
+mod os;
+pub mod query;
+mod state;
+
+#[cfg(test)]
+mod tests {
+    /// Every export coerces to the loader's function type: names and signatures cannot drift
+    /// from `cuda_sys::with_driver_functions!`.
+    #[test]
+    fn exports_match_the_driver_function_list() {
+        macro_rules! check {
+            ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
+                $(let _: cuda_sys::fn_types::$name = crate::api::$name;)*
+                let names: &[&str] = &[$(stringify!($name)),*];
+                for name in names {
+                    assert!(crate::api::export_named(name).is_some(), "{name}");
+                }
+            };
+        }
+        cuda_sys::with_driver_functions!(check);
+    }
+}

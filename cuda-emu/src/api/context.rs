@@ -1,0 +1,218 @@
+//! Primary contexts, created contexts and the per-thread context stack.
+
+use std::collections::BTreeSet;
+
+use cuda_sys::types::*;
+use cuda_sys::CUresult;
+
+use super::{need, put, put_opt, wait_and_observe};
+use crate::codes::{self, Res};
+use crate::log::{current_context, entry, with_context_stack};
+use crate::state::{initialized, state, Context};
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    entry("cuDevicePrimaryCtxRetain", None, None, |_| {
+        need(pctx)?;
+        let mut st = initialized()?;
+        let primary = st.device(dev)?.primary;
+        if st.device(dev)?.primary_refs == 0 {
+            st.activate_context(primary);
+        }
+        st.device_mut(dev)?.primary_refs += 1;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(pctx, primary as CUcontext) }
+    })
+}
+
+/// Ends a primary context's life when its last reference goes: waits for its streams, then
+/// retires it (its `cuMemAlloc` memory goes with it).
+fn release_primary(dev: CUdevice) -> Res {
+    let (primary, targets) = {
+        let mut st = initialized()?;
+        let d = st.device_mut(dev)?;
+        if d.primary_refs == 0 {
+            return Err(codes::RELEASE_UNRETAINED_PRIMARY);
+        }
+        d.primary_refs -= 1;
+        if d.primary_refs > 0 {
+            return Ok(());
+        }
+        let primary = d.primary;
+        (primary, st.context_targets(primary))
+    };
+    wait_and_observe(&targets.0, &targets.1);
+    let mut st = state();
+    if st.device(dev)?.primary_refs == 0 {
+        st.retire_context(primary);
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    entry("cuDevicePrimaryCtxRelease_v2", None, None, |_| {
+        release_primary(dev)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
+    entry("cuDevicePrimaryCtxGetState", None, None, |_| {
+        need(flags)?;
+        need(active)?;
+        let st = initialized()?;
+        let d = st.device(dev)?;
+        // SAFETY: both checked non-null (driver contract).
+        unsafe {
+            put(flags, d.primary_flags)?;
+            put(active, c_int::from(d.primary_refs > 0))
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    entry("cuCtxCreate_v2", None, None, |_| {
+        need(pctx)?;
+        let mut st = initialized()?;
+        st.device(dev)?;
+        let handle = st.new_handle();
+        st.contexts.insert(
+            handle,
+            Context {
+                device: dev,
+                primary: false,
+                alive: false,
+                legacy: 0,
+                streams: BTreeSet::new(),
+            },
+        );
+        st.activate_context(handle);
+        with_context_stack(|s| s.push(handle));
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(pctx, handle as CUcontext) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    let ctx = ctx as u64;
+    entry("cuCtxDestroy_v2", None, None, |_| {
+        let targets = {
+            let st = initialized()?;
+            let c = st.contexts.get(&ctx).ok_or(codes::BAD_CONTEXT)?;
+            if c.primary {
+                return Err(codes::DESTROY_PRIMARY);
+            }
+            if !c.alive {
+                return Err(codes::BAD_CONTEXT);
+            }
+            st.context_targets(ctx)
+        };
+        // The driver lets the context's pending work finish before it goes.
+        wait_and_observe(&targets.0, &targets.1);
+        let mut st = state();
+        if !st.context_alive(ctx) {
+            return Err(codes::BAD_CONTEXT);
+        }
+        st.retire_context(ctx);
+        with_context_stack(|s| {
+            if s.last() == Some(&ctx) {
+                s.pop();
+            }
+        });
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    let ctx = ctx as u64;
+    entry("cuCtxPushCurrent_v2", None, None, |_| {
+        let st = initialized()?;
+        if !st.context_alive(ctx) {
+            return Err(codes::BAD_CONTEXT);
+        }
+        with_context_stack(|s| s.push(ctx));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
+    entry("cuCtxPopCurrent_v2", None, None, |_| {
+        drop(initialized()?);
+        let top = with_context_stack(|s| s.pop()).ok_or(codes::POP_EMPTY)?;
+        // SAFETY: optional out-pointer (driver contract).
+        unsafe { put_opt(pctx, top as CUcontext) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    let ctx = ctx as u64;
+    entry("cuCtxSetCurrent", None, None, |_| {
+        let st = initialized()?;
+        if ctx == 0 {
+            // NULL unbinds: the thread has no current context afterwards. (The documentation
+            // describes this as popping the top; with a deeper stack that would expose the next
+            // entry. We empty the stack so that "NULL means none" holds; a conformance run
+            // settles it.)
+            with_context_stack(Vec::clear);
+            return Ok(());
+        }
+        if !st.context_alive(ctx) {
+            return Err(codes::BAD_CONTEXT);
+        }
+        with_context_stack(|s| match s.last_mut() {
+            Some(top) => *top = ctx,
+            None => s.push(ctx),
+        });
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+    entry("cuCtxGetCurrent", None, None, |_| {
+        need(pctx)?;
+        drop(initialized()?);
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(pctx, current_context() as CUcontext) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    entry("cuCtxGetDevice", None, None, |_| {
+        need(device)?;
+        let st = initialized()?;
+        let ctx = st.current_ctx()?;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(device, st.contexts[&ctx].device) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
+    entry("cuCtxSynchronize", None, None, |_| {
+        let targets = {
+            let mut st = initialized()?;
+            let ctx = st.current_ctx()?;
+            st.check_unsafe_call()?;
+            st.context_targets(ctx)
+        };
+        wait_and_observe(&targets.0, &targets.1);
+        Ok(())
+    })
+}

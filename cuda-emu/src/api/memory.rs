@@ -1,0 +1,610 @@
+//! Allocation, freeing, copies, fills and pointer attributes.
+
+use cuda_sys::types::*;
+use cuda_sys::CUresult;
+
+use super::{need, put};
+use crate::clock::VectorClock;
+use crate::codes::{self, Res};
+use crate::exec::{wait_all, Dep};
+use crate::graph::{Copy3D, Memset, NodeKind, Operand, MEMTYPE_UNIFIED};
+use crate::log::{self, entry, CallInfo, Hazard};
+use crate::memory::{copy_bytes, fill, Alloc, AllocKind, Backing, Mem, DEVICE_MEMORY};
+use crate::state::{initialized, state, State};
+
+/// A synchronous allocation in the current context.
+fn alloc_sync(kind: AllocKind, size: usize) -> Res<u64> {
+    let mut st = initialized()?;
+    let ctx = st.current_ctx()?;
+    st.check_unsafe_call()?;
+    if size == 0 {
+        return Err(codes::ZERO_SIZE);
+    }
+    let size = size as u64;
+    let device = st.contexts[&ctx].device;
+    let host = kind != AllocKind::Device;
+    if kind == AllocKind::Device && st.device_used(device) + size > DEVICE_MEMORY {
+        return Err(codes::OUT_OF_MEMORY);
+    }
+    let backing =
+        Backing::heap(size as usize, if host { 4096 } else { 256 }).ok_or(codes::OUT_OF_MEMORY)?;
+    let addr = if host {
+        backing.ptr() as u64
+    } else {
+        st.device_va(size)?
+    };
+    st.insert_alloc(Alloc {
+        addr,
+        size,
+        kind,
+        device: if kind == AllocKind::Host { -1 } else { device },
+        ctx,
+        pool: None,
+        pool_core: None,
+        host,
+        backing,
+        uses: VectorClock::default(),
+        ipc_offset: None,
+    });
+    Ok(addr)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    entry("cuMemAlloc_v2", None, None, |_| {
+        need(dptr)?;
+        let p = alloc_sync(AllocKind::Device, size)?;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(dptr, p) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
+    entry("cuMemAllocHost_v2", None, None, |_| {
+        need(pp)?;
+        let p = alloc_sync(AllocKind::Host, size)?;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(pp, p as *mut c_void) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
+    entry("cuMemAllocManaged", None, None, |_| {
+        need(dptr)?;
+        if flags != 1 && flags != 2 {
+            return Err(codes::INVALID_VALUE);
+        }
+        let p = alloc_sync(AllocKind::Managed, size)?;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(dptr, p) }
+    })
+}
+
+/// A synchronous free: the driver synchronises the device first, so the free is ordered after
+/// every use.
+fn free_sync(addr: u64, function: &'static str, host: bool) -> Res {
+    let targets = {
+        let mut st = initialized()?;
+        st.check_unsafe_call()?;
+        let Some(a) = st.allocs.get(&addr) else {
+            if st.find_live(addr).is_none() {
+                st.report_bad_free(addr, function, 0);
+            }
+            return Err(codes::BAD_POINTER);
+        };
+        let ok = if host {
+            a.kind == AllocKind::Host
+        } else {
+            a.kind != AllocKind::Host
+        };
+        if !ok {
+            return Err(codes::BAD_POINTER);
+        }
+        let device = (!host).then_some(a.device);
+        st.device_targets(device)
+    };
+    wait_all(&targets.0);
+    let mut st = state();
+    st.host_observed(&targets.1);
+    let Some(a) = st.take_alloc(addr, function, "synchronous free") else {
+        st.report_bad_free(addr, function, 0);
+        return Err(codes::BAD_POINTER);
+    };
+    drop(st);
+    if let Some(core) = &a.pool_core {
+        core.give_back(a.size);
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    entry("cuMemFree_v2", None, Some(dptr), |_| {
+        free_sync(dptr, "cuMemFree_v2", false)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    entry("cuMemFreeHost", None, Some(p as u64), |_| {
+        free_sync(p as u64, "cuMemFreeHost", true)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    entry("cuMemGetInfo_v2", None, None, |_| {
+        need(free)?;
+        need(total)?;
+        let st = initialized()?;
+        let ctx = st.current_ctx()?;
+        let used = st.device_used(st.contexts[&ctx].device);
+        // SAFETY: both checked non-null (driver contract).
+        unsafe {
+            put(free, DEVICE_MEMORY.saturating_sub(used) as usize)?;
+            put(total, DEVICE_MEMORY as usize)
+        }
+    })
+}
+
+/// A stream-ordered allocation from `pool` (None: the stream's device's current pool).
+fn alloc_async(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: Option<u64>,
+    s: u64,
+    info: &mut CallInfo,
+) -> Res {
+    need(dptr)?;
+    let mut st = initialized()?;
+    let r = st.resolve_stream(s)?;
+    info.resolved_stream = Some(r);
+    let pool = match pool {
+        Some(p) => p,
+        None => st.device(st.streams[&r].device)?.current_pool,
+    };
+    if !st.pools.contains_key(&pool) {
+        return Err(codes::BAD_HANDLE);
+    }
+    if size == 0 {
+        return Err(codes::ZERO_SIZE);
+    }
+    let size = size as u64;
+    let addr = if st.enqueue_check(r)? {
+        // Captured: a graph allocation node whose address is fixed now.
+        let device = st.pools[&pool].device;
+        let addr = st.device_va(size)?;
+        st.graph_reserved.insert(addr, size);
+        st.capture_node(r, NodeKind::MemAlloc { addr, size, device })?;
+        addr
+    } else {
+        let addr = st.pool_alloc(pool, size)?;
+        let (deps, time) = st.prepare(r);
+        st.record_use(Some(addr), r, time);
+        st.submit(r, deps, None, false);
+        addr
+    };
+    // SAFETY: checked non-null (driver contract).
+    unsafe { put(dptr, addr) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuMemAllocAsync", Some(s), None, |info| {
+        alloc_async(dptr, size, None, s, info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: CUmemoryPool,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuMemAllocFromPoolAsync", Some(s), None, |info| {
+        alloc_async(dptr, size, Some(pool as u64), s, info)
+    })
+}
+
+/// A stream-ordered free.
+fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
+    const F: &str = "cuMemFreeAsync";
+    let mut st = initialized()?;
+    if st.destroyed_streams.contains(&s) {
+        // The real driver crashes here (F11).
+        log::hazard(Hazard {
+            kind: "free_on_destroyed_stream",
+            ptr: addr,
+            function: F,
+            stream: s,
+            detail: format!("{F} of {addr:#x} on stream {s:#x}, which was destroyed"),
+        });
+        return Err(codes::BAD_HANDLE);
+    }
+    let r = st.resolve_stream(s)?;
+    info.resolved_stream = Some(r);
+    let Some(kind) = st.allocs.get(&addr).map(|a| a.kind) else {
+        if st.find_live(addr).is_none() {
+            st.report_bad_free(addr, F, r);
+            return Err(codes::FREED_POINTER);
+        }
+        return Err(codes::BAD_POINTER);
+    };
+    if matches!(kind, AllocKind::Host | AllocKind::Managed) {
+        return Err(codes::NOT_STREAM_ORDERED);
+    }
+    if st.enqueue_check(r)? {
+        st.capture_node(r, NodeKind::MemFree { addr })?;
+        return Ok(());
+    }
+    let (deps, _) = st.prepare(r);
+    st.check_free_order(addr, r, F);
+    let a = st
+        .take_alloc(addr, F, "stream-ordered free")
+        .expect("checked live");
+    let (backing, core, size) = (a.backing, a.pool_core, a.size);
+    let run = move || {
+        drop(backing);
+        if let Some(core) = core {
+            core.give_back(size);
+        }
+    };
+    st.submit(r, deps, Some(Box::new(run)), false);
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, s: CUstream) -> CUresult {
+    let s = s as u64;
+    entry("cuMemFreeAsync", Some(s), Some(dptr), |info| {
+        free_async(dptr, s, info)
+    })
+}
+
+/// What the caller must wait for after releasing the lock: the operation, and the clock to
+/// observe when the host learns of its completion.
+type Pending = Option<(Dep, Option<VectorClock>)>;
+
+fn finish(pending: Pending) {
+    if let Some((dep, clock)) = pending {
+        wait_all(std::slice::from_ref(&dep));
+        if let Some(clock) = clock {
+            state().host_observed(&clock);
+        }
+    }
+}
+
+/// Resolves the stream of a copy or fill: the legacy stream of the current context for
+/// synchronous calls (which must also pass the capture rules), the argument otherwise.
+fn op_stream(st: &mut State, s: Option<u64>, info: &mut CallInfo) -> Res<u64> {
+    let r = match s {
+        Some(s) => st.resolve_stream(s)?,
+        None => {
+            st.current_ctx()?;
+            st.check_unsafe_call()?;
+            st.resolve_stream(0)?
+        }
+    };
+    info.resolved_stream = Some(r);
+    Ok(r)
+}
+
+/// A copy of `n` bytes; `s` is None for a synchronous copy.
+#[allow(clippy::too_many_arguments)]
+fn copy(
+    dst: u64,
+    src: u64,
+    n: usize,
+    s: Option<u64>,
+    dst_host: bool,
+    src_host: bool,
+    function: &'static str,
+    info: &mut CallInfo,
+) -> Res {
+    let pending = {
+        let mut st = initialized()?;
+        let r = op_stream(&mut st, s, info)?;
+        let n64 = n as u64;
+        let d = st.resolve(dst, n64.max(1), dst_host, function, r)?;
+        let sr = st.resolve(src, n64.max(1), src_host, function, r)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let pageable = d.mem.is_pageable() || sr.mem.is_pageable();
+        if st.enqueue_check(r)? {
+            if pageable {
+                let id = st.streams[&r].capture.expect("capturing");
+                st.invalidate_capture(id);
+                return Err(codes::CAPTURE_UNSUPPORTED);
+            }
+            let op = |ptr| Operand {
+                memtype: MEMTYPE_UNIFIED,
+                ptr,
+                x: 0,
+                y: 0,
+                z: 0,
+                pitch: 0,
+                height: 0,
+            };
+            let c = Copy3D {
+                src: op(src),
+                dst: op(dst),
+                width: n64,
+                height: 1,
+                depth: 1,
+            };
+            st.capture_node(r, NodeKind::Memcpy(c))?;
+            return Ok(());
+        }
+        let (deps, time) = st.prepare(r);
+        st.record_use(d.alloc, r, time);
+        st.record_use(sr.alloc, r, time);
+        let (dm, sm) = (d.mem.clone(), sr.mem.clone());
+        let seq = st.submit(
+            r,
+            deps,
+            Some(Box::new(move || copy_bytes(&dm, &sm, n))),
+            false,
+        );
+        let core = st.streams[&r].core.clone();
+        let observe = (s.is_none() || d.mem.is_pageable()).then(|| st.streams[&r].clock.clone());
+        // Pageable memory: the call returns once the bytes have been read or written.
+        (s.is_none() || pageable).then_some((Dep { core, seq }, observe))
+    };
+    finish(pending);
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    entry("cuMemcpy", None, Some(dst), |info| {
+        copy(dst, src, n, None, true, true, "cuMemcpy", info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAsync(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuMemcpyAsync", Some(s), Some(dst), |info| {
+        copy(dst, src, n, Some(s), true, true, "cuMemcpyAsync", info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+) -> CUresult {
+    entry("cuMemcpyHtoD_v2", None, Some(dst), |info| {
+        need(src)?;
+        copy(
+            dst,
+            src as u64,
+            n,
+            None,
+            false,
+            true,
+            "cuMemcpyHtoD_v2",
+            info,
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    entry("cuMemcpyDtoH_v2", None, Some(src), |info| {
+        need(dst)?;
+        copy(
+            dst as u64,
+            src,
+            n,
+            None,
+            true,
+            false,
+            "cuMemcpyDtoH_v2",
+            info,
+        )
+    })
+}
+
+/// A fill of `n` elements of `elem` bytes; `s` is None for a synchronous fill.
+fn memset(
+    dst: u64,
+    value: u32,
+    elem: u32,
+    n: usize,
+    s: Option<u64>,
+    function: &'static str,
+    info: &mut CallInfo,
+) -> Res {
+    let pending = {
+        let mut st = initialized()?;
+        let r = op_stream(&mut st, s, info)?;
+        let len = (n as u64)
+            .checked_mul(u64::from(elem))
+            .ok_or(codes::OUT_OF_RANGE)?;
+        if dst % u64::from(elem) != 0 {
+            return Err(codes::INVALID_VALUE);
+        }
+        let d = st.resolve(dst, len.max(1), false, function, r)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if st.enqueue_check(r)? {
+            let m = Memset {
+                dst,
+                value,
+                elem,
+                width: n as u64,
+                height: 1,
+                pitch: 0,
+            };
+            st.capture_node(r, NodeKind::Memset(m))?;
+            return Ok(());
+        }
+        let (deps, time) = st.prepare(r);
+        st.record_use(d.alloc, r, time);
+        let mem: Mem = d.mem;
+        let seq = st.submit(
+            r,
+            deps,
+            Some(Box::new(move || fill(&mem, value, elem as usize, n, 1, 0))),
+            false,
+        );
+        let core = st.streams[&r].core.clone();
+        let clock = st.streams[&r].clock.clone();
+        s.is_none().then_some((Dep { core, seq }, Some(clock)))
+    };
+    finish(pending);
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult {
+    entry("cuMemsetD8_v2", None, Some(dst), |info| {
+        memset(dst, u32::from(v), 1, n, None, "cuMemsetD8_v2", info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, v: c_ushort, n: usize) -> CUresult {
+    entry("cuMemsetD16_v2", None, Some(dst), |info| {
+        memset(dst, u32::from(v), 2, n, None, "cuMemsetD16_v2", info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult {
+    entry("cuMemsetD32_v2", None, Some(dst), |info| {
+        memset(dst, v, 4, n, None, "cuMemsetD32_v2", info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD8Async(
+    dst: CUdeviceptr,
+    v: c_uchar,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuMemsetD8Async", Some(s), Some(dst), |info| {
+        memset(dst, u32::from(v), 1, n, Some(s), "cuMemsetD8Async", info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD16Async(
+    dst: CUdeviceptr,
+    v: c_ushort,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuMemsetD16Async", Some(s), Some(dst), |info| {
+        memset(dst, u32::from(v), 2, n, Some(s), "cuMemsetD16Async", info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD32Async(
+    dst: CUdeviceptr,
+    v: c_uint,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuMemsetD32Async", Some(s), Some(dst), |info| {
+        memset(dst, v, 4, n, Some(s), "cuMemsetD32Async", info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: CUpointer_attribute,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    use cuda_sys::types::CUpointer_attribute as P;
+    let attr = attribute as u32;
+    entry("cuPointerGetAttribute", None, Some(ptr), |_| {
+        need(data)?;
+        let st = initialized()?;
+        let start = st.find_live(ptr).ok_or(codes::BAD_POINTER)?;
+        let a = &st.allocs[&start];
+        let host_accessible = a.kind.host_accessible(a.host);
+        let memtype = if a.host && a.kind != AllocKind::Managed {
+            CUmemorytype::CU_MEMORYTYPE_HOST as u32
+        } else {
+            CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
+        };
+        let ordinal = match a.kind {
+            AllocKind::Host => st.contexts.get(&a.ctx).map_or(-1, |c| c.device),
+            _ => a.device,
+        };
+        // SAFETY: (all arms) `data` is non-null and points to storage of the attribute's
+        // documented type (driver contract).
+        unsafe {
+            match attr {
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_CONTEXT as u32 => {
+                    put(data.cast::<u64>(), a.ctx)
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE as u32 => {
+                    put(data.cast::<u32>(), memtype)
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_DEVICE_POINTER as u32 => {
+                    put(data.cast::<u64>(), ptr)
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_HOST_POINTER as u32 => {
+                    if host_accessible {
+                        put(data.cast::<u64>(), ptr)
+                    } else {
+                        Err(codes::INVALID_VALUE)
+                    }
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS as u32 => {
+                    put(data.cast::<u32>(), 1)
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_BUFFER_ID as u32 => {
+                    put(data.cast::<u64>(), start)
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_IS_MANAGED as u32 => {
+                    put(data.cast::<u32>(), u32::from(a.kind == AllocKind::Managed))
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL as u32 => {
+                    put(data.cast::<i32>(), ordinal)
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR as u32 => {
+                    put(data.cast::<u64>(), start)
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_RANGE_SIZE as u32 => {
+                    put(data.cast::<usize>(), a.size as usize)
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_MAPPED as u32 => put(data.cast::<u32>(), 1),
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE as u32 => {
+                    put(data.cast::<u64>(), a.pool.unwrap_or(0))
+                }
+                _ => Err(codes::BAD_ATTRIBUTE),
+            }
+        }
+    })
+}

@@ -1,0 +1,85 @@
+//! The exported driver entry points, one module per area. Every function runs through
+//! [`crate::log::entry`] (call log, fault injection, the callback rule, panic containment).
+//!
+//! Safety contract of every export (the driver's own): pointer arguments are null or valid for
+//! the reads and writes the CUDA driver API documents for them; handles are plain values and
+//! are never dereferenced.
+
+mod context;
+mod device;
+mod graph;
+mod memory;
+mod pool;
+mod stream;
+
+pub(crate) use context::*;
+pub(crate) use device::*;
+pub(crate) use graph::*;
+pub(crate) use memory::*;
+pub(crate) use pool::*;
+pub(crate) use stream::*;
+
+use crate::codes::{self, Res};
+
+/// Fails with `CUDA_ERROR_INVALID_VALUE` for a null out-pointer (checked before any effect).
+pub(crate) fn need<T>(p: *const T) -> Res {
+    if p.is_null() {
+        Err(codes::INVALID_VALUE)
+    } else {
+        Ok(())
+    }
+}
+
+/// Writes `v` through an out-pointer, refusing null.
+///
+/// # Safety
+/// `p` is null or valid for a write of `T` (the driver API's contract for out-pointers).
+pub(crate) unsafe fn put<T>(p: *mut T, v: T) -> Res {
+    need(p)?;
+    // SAFETY: non-null, and valid for a write per this function's contract; unaligned writes
+    // tolerate a caller's packed buffer.
+    unsafe { p.write_unaligned(v) };
+    Ok(())
+}
+
+/// Writes `v` through an optional out-pointer (null: ignored).
+///
+/// # Safety
+/// As [`put`].
+pub(crate) unsafe fn put_opt<T>(p: *mut T, v: T) {
+    if !p.is_null() {
+        // SAFETY: non-null, valid per the contract.
+        unsafe { p.write_unaligned(v) };
+    }
+}
+
+/// Reads `*p`, refusing null.
+///
+/// # Safety
+/// `p` is null or valid for a read of `T`.
+pub(crate) unsafe fn get<T>(p: *const T) -> Res<T> {
+    need(p)?;
+    // SAFETY: non-null, valid per the contract.
+    Ok(unsafe { p.read_unaligned() })
+}
+
+/// Reads an array of `n` items (null with `n == 0` is an empty array).
+///
+/// # Safety
+/// `p` is valid for `n` reads of `T` when `n > 0`.
+pub(crate) unsafe fn get_slice<T: Copy>(p: *const T, n: usize) -> Res<Vec<T>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    need(p)?;
+    // SAFETY: valid for n reads per the contract.
+    Ok((0..n)
+        .map(|i| unsafe { p.add(i).read_unaligned() })
+        .collect())
+}
+
+/// Waits (holding no lock) for `deps`, then records that the host has seen `clock` complete.
+pub(crate) fn wait_and_observe(deps: &[crate::exec::Dep], clock: &crate::clock::VectorClock) {
+    crate::exec::wait_all(deps);
+    crate::state::state().host_observed(clock);
+}

@@ -1,0 +1,502 @@
+//! Streams, events, host functions and stream capture.
+
+use std::collections::HashMap;
+
+use cuda_sys::types::*;
+use cuda_sys::CUresult;
+
+use super::{get_slice, need, put, put_opt, wait_and_observe};
+use crate::clock::VectorClock;
+use crate::codes::{self, Res};
+use crate::exec::StreamCore;
+use crate::graph::{Callback, Capture, Graph, NodeKind, MODE_RELAXED};
+use crate::log::{entry, thread_id};
+use crate::state::{
+    initialized, Event, Stream, StreamKind, GREATEST_PRIORITY, LEAST_PRIORITY, STREAM_NON_BLOCKING,
+};
+
+fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Res {
+    need(ph)?;
+    if flags & !STREAM_NON_BLOCKING != 0 {
+        return Err(codes::INVALID_VALUE);
+    }
+    let mut st = initialized()?;
+    let ctx = st.current_ctx()?;
+    let handle = st.new_handle();
+    let device = st.contexts[&ctx].device;
+    st.streams.insert(
+        handle,
+        Stream {
+            ctx,
+            device,
+            kind: StreamKind::Created,
+            flags,
+            priority: priority.clamp(GREATEST_PRIORITY, LEAST_PRIORITY),
+            core: StreamCore::new(handle),
+            clock: VectorClock::default(),
+            capture: None,
+        },
+    );
+    st.contexts
+        .get_mut(&ctx)
+        .expect("current context is live")
+        .streams
+        .insert(handle);
+    // SAFETY: checked non-null (driver contract).
+    unsafe { put(ph, handle as CUstream) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUresult {
+    entry("cuStreamCreate", None, None, |_| {
+        create_stream(ph, flags, LEAST_PRIORITY)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ph: *mut CUstream,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    entry("cuStreamCreateWithPriority", None, None, |_| {
+        create_stream(ph, flags, priority)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamDestroy_v2", Some(s), None, |info| {
+        let mut st = initialized()?;
+        match st.streams.get(&s) {
+            Some(stream) if stream.kind == StreamKind::Created => {}
+            _ => return Err(codes::BAD_HANDLE),
+        }
+        info.resolved_stream = Some(s);
+        // Queued work still runs; async allocations stay valid (F13).
+        st.destroy_stream_entry(s);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx(s: CUstream, pctx: *mut CUcontext) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamGetCtx", Some(s), None, |info| {
+        need(pctx)?;
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(pctx, st.streams[&r].ctx as CUcontext) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetFlags(s: CUstream, flags: *mut c_uint) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamGetFlags", Some(s), None, |info| {
+        need(flags)?;
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(flags, st.streams[&r].flags) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetPriority(s: CUstream, priority: *mut c_int) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamGetPriority", Some(s), None, |info| {
+        need(priority)?;
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(priority, st.streams[&r].priority) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamSynchronize", Some(s), None, |info| {
+        let (dep, clock) = {
+            let mut st = initialized()?;
+            let r = st.resolve_stream(s)?;
+            info.resolved_stream = Some(r);
+            if let Some(id) = st.streams[&r].capture {
+                st.invalidate_capture(id);
+                return Err(codes::CAPTURE_UNSUPPORTED);
+            }
+            st.stream_target(r)
+        };
+        wait_and_observe(&[dep], &clock);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamQuery", Some(s), None, |info| {
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        if let Some(id) = st.streams[&r].capture {
+            st.invalidate_capture(id);
+            return Err(codes::CAPTURE_UNSUPPORTED);
+        }
+        let (dep, clock) = st.stream_target(r);
+        if !dep.done() {
+            return Err(codes::NOT_READY);
+        }
+        st.host_observed(&clock);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> CUresult {
+    let (s, e) = (s as u64, e as u64);
+    entry("cuStreamWaitEvent", Some(s), None, |info| {
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        if flags > 1 {
+            return Err(codes::INVALID_VALUE);
+        }
+        let (record, captured) = {
+            let ev = st.events.get(&e).ok_or(codes::BAD_HANDLE)?;
+            (ev.record.clone(), ev.captured.clone())
+        };
+        if let Some((id, nodes)) = captured {
+            // A capture fork or join.
+            if !st.captures.contains_key(&id) {
+                return Err(codes::CAPTURE_INVALIDATED);
+            }
+            match st.streams[&r].capture {
+                Some(other) if other != id => {
+                    return Err(cuda_sys::CudaErrorCode::STREAM_CAPTURE_ISOLATION.0)
+                }
+                Some(_) => {
+                    let c = st.captures.get_mut(&id).expect("checked");
+                    let ends = c.ends.entry(r).or_default();
+                    for n in nodes {
+                        if !ends.contains(&n) {
+                            ends.push(n);
+                        }
+                    }
+                }
+                None => {
+                    st.captures
+                        .get_mut(&id)
+                        .expect("checked")
+                        .ends
+                        .insert(r, nodes);
+                    st.streams.get_mut(&r).expect("resolved").capture = Some(id);
+                }
+            }
+            return Ok(());
+        }
+        if st.enqueue_check(r)? {
+            // Waiting during capture on an event recorded outside it adds nothing (guess).
+            return Ok(());
+        }
+        let Some((dep, clock)) = record else {
+            return Ok(()); // never recorded: nothing to wait for
+        };
+        let (mut deps, _) = st.prepare(r);
+        st.streams
+            .get_mut(&r)
+            .expect("resolved")
+            .clock
+            .merge(&clock);
+        deps.push(dep);
+        st.submit(r, deps, None, false);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchHostFunc(s: CUstream, f: CUhostFn, data: *mut c_void) -> CUresult {
+    let s = s as u64;
+    entry("cuLaunchHostFunc", Some(s), None, |info| {
+        let func = f.ok_or(codes::INVALID_VALUE)?;
+        let cb = Callback {
+            func,
+            data: data as usize,
+        };
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        if st.enqueue_check(r)? {
+            st.capture_node(r, NodeKind::Host(cb))?;
+            return Ok(());
+        }
+        let (deps, _) = st.prepare(r);
+        st.submit(r, deps, Some(Box::new(move || cb.run())), true);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
+    entry("cuEventCreate", None, None, |_| {
+        need(ph)?;
+        if flags & !0x7 != 0 {
+            return Err(codes::INVALID_VALUE);
+        }
+        let mut st = initialized()?;
+        let ctx = st.current_ctx()?;
+        let handle = st.new_handle();
+        st.events.insert(
+            handle,
+            Event {
+                ctx,
+                record: None,
+                captured: None,
+            },
+        );
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(ph, handle as CUevent) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventDestroy_v2(e: CUevent) -> CUresult {
+    let e = e as u64;
+    entry("cuEventDestroy_v2", None, None, |_| {
+        let mut st = initialized()?;
+        st.events.remove(&e).map(|_| ()).ok_or(codes::BAD_HANDLE)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
+    let (e, s) = (e as u64, s as u64);
+    entry("cuEventRecord", Some(s), None, |info| {
+        let mut st = initialized()?;
+        let ev_ctx = st.events.get(&e).ok_or(codes::BAD_HANDLE)?.ctx;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        if st.streams[&r].ctx != ev_ctx {
+            return Err(codes::EVENT_CONTEXT_MISMATCH);
+        }
+        if st.enqueue_check(r)? {
+            let id = st.streams[&r].capture.expect("capturing");
+            let ends = st.captures[&id].ends.get(&r).cloned().unwrap_or_default();
+            let ev = st.events.get_mut(&e).expect("checked");
+            ev.captured = Some((id, ends));
+            ev.record = None;
+            return Ok(());
+        }
+        let (deps, _) = st.prepare(r);
+        let seq = st.submit(r, deps, None, false);
+        let core = st.streams[&r].core.clone();
+        let clock = st.streams[&r].clock.clone();
+        let ev = st.events.get_mut(&e).expect("checked");
+        ev.record = Some((crate::exec::Dep { core, seq }, clock));
+        ev.captured = None;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
+    let e = e as u64;
+    entry("cuEventSynchronize", None, None, |_| {
+        let record = {
+            let st = initialized()?;
+            let ev = st.events.get(&e).ok_or(codes::BAD_HANDLE)?;
+            if ev.captured.is_some() {
+                return Err(codes::CAPTURED_EVENT);
+            }
+            ev.record.clone()
+        };
+        if let Some((dep, clock)) = record {
+            wait_and_observe(&[dep], &clock);
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
+    let e = e as u64;
+    entry("cuEventQuery", None, None, |_| {
+        let mut st = initialized()?;
+        let ev = st.events.get(&e).ok_or(codes::BAD_HANDLE)?;
+        if ev.captured.is_some() {
+            return Err(codes::CAPTURED_EVENT);
+        }
+        if let Some((dep, clock)) = ev.record.clone() {
+            if !dep.done() {
+                return Err(codes::NOT_READY);
+            }
+            st.host_observed(&clock);
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2(
+    s: CUstream,
+    mode: CUstreamCaptureMode,
+) -> CUresult {
+    let s = s as u64;
+    let mode = mode as u32;
+    entry("cuStreamBeginCapture_v2", Some(s), None, |info| {
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        if mode > MODE_RELAXED {
+            return Err(codes::INVALID_VALUE);
+        }
+        if st.streams[&r].kind == StreamKind::Legacy {
+            return Err(codes::CAPTURE_UNSUPPORTED);
+        }
+        if st.streams[&r].capture.is_some() {
+            return Err(codes::CAPTURE_STATE);
+        }
+        let graph = st.new_handle();
+        st.graphs.insert(graph, Graph::default());
+        let id = st.next_capture_id;
+        st.next_capture_id += 1;
+        st.captures.insert(
+            id,
+            Capture {
+                origin: r,
+                mode,
+                thread: thread_id(),
+                graph,
+                invalidated: false,
+                ends: HashMap::from([(r, Vec::new())]),
+                info_buffers: HashMap::new(),
+            },
+        );
+        st.streams.get_mut(&r).expect("resolved").capture = Some(id);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, ph: *mut CUgraph) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamEndCapture", Some(s), None, |info| {
+        need(ph)?;
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        let result = st.end_capture(r);
+        let g = *result.as_ref().unwrap_or(&0);
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(ph, g as CUgraph)? };
+        result.map(|_| ())
+    })
+}
+
+fn capture_status(st: &crate::state::State, r: u64) -> u32 {
+    match st.streams[&r].capture.and_then(|id| st.captures.get(&id)) {
+        None => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as u32,
+        Some(c) if c.invalidated => {
+            CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED as u32
+        }
+        Some(_) => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE as u32,
+    }
+}
+
+/// The legacy stream may not even be asked about capture while a blocking stream of its
+/// context captures.
+fn check_legacy_query(st: &crate::state::State, r: u64) -> Res {
+    let stream = &st.streams[&r];
+    if stream.kind != StreamKind::Legacy {
+        return Ok(());
+    }
+    let capturing = st.contexts[&stream.ctx]
+        .streams
+        .iter()
+        .filter_map(|o| st.streams.get(o))
+        .any(|o| o.blocking() && o.capture.is_some());
+    if capturing {
+        Err(codes::CAPTURE_IMPLICIT)
+    } else {
+        Ok(())
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing(
+    s: CUstream,
+    status: *mut CUstreamCaptureStatus,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamIsCapturing", Some(s), None, |info| {
+        need(status)?;
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        check_legacy_query(&st, r)?;
+        // SAFETY: checked non-null; the value is a valid enumerator (driver contract).
+        unsafe { put(status.cast::<u32>(), capture_status(&st, r)) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    s: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    id_out: *mut cuuint64_t,
+    graph_out: *mut CUgraph,
+    deps_out: *mut *const CUgraphNode,
+    n_out: *mut usize,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamGetCaptureInfo_v2", Some(s), None, |info| {
+        need(status)?;
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        check_legacy_query(&st, r)?;
+        let code = capture_status(&st, r);
+        // SAFETY: checked non-null; the value is a valid enumerator (driver contract).
+        unsafe { put(status.cast::<u32>(), code)? };
+        let Some(id) = st.streams[&r].capture else {
+            return Ok(());
+        };
+        let graph = st.captures[&id].graph;
+        let ends = st.captures[&id].ends.get(&r).cloned().unwrap_or_default();
+        let handles: Vec<u64> = ends
+            .iter()
+            .map(|&i| st.graphs[&graph].nodes[i].handle)
+            .collect();
+        let c = st.captures.get_mut(&id).expect("capturing");
+        let buffer = c.info_buffers.entry(r).or_default();
+        *buffer = handles;
+        let (ptr, n) = (buffer.as_ptr().cast::<CUgraphNode>(), buffer.len());
+        // SAFETY: optional out-pointers (driver contract); the node array lives in the capture
+        // until the next call for this stream or the end of the capture.
+        unsafe {
+            put_opt(id_out, id);
+            put_opt(graph_out, graph as CUgraph);
+            put_opt(deps_out, ptr);
+            put_opt(n_out, n);
+        }
+        Ok(())
+    })
+}
+
+/// Reads a dependency array of node handles.
+///
+/// # Safety
+/// `deps` is valid for `n` reads when `n > 0`.
+pub(crate) unsafe fn node_handles(deps: *const CUgraphNode, n: usize) -> Res<Vec<u64>> {
+    // SAFETY: per this function's contract.
+    Ok(unsafe { get_slice(deps, n)? }
+        .into_iter()
+        .map(|h| h as u64)
+        .collect())
+}

@@ -1,0 +1,637 @@
+//! Graphs, graph execs, stream capture and user objects.
+//!
+//! A graph is a list of nodes in creation order, which is a topological order because a node's
+//! dependencies must exist when it is added. A launch is one stream operation that runs the
+//! nodes in that order on the stream's worker thread. Hazard bookkeeping for the nodes' memory
+//! happens when the launch is enqueued, like any other operation.
+//!
+//! User objects are counted references with a destructor. Graphs, graph clones and graph execs
+//! hold references. When the last reference goes the destructor runs: on the calling thread,
+//! inside the driver call that dropped it, when no launch is pending (G2), or on the stream's
+//! worker thread after the last pending launch of a destroyed exec completes (G3).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use crate::codes::{self, Res};
+use crate::log::{self, lock, thread_id};
+use crate::memory::{copy_bytes, fill, AllocKind, Backing, Mem, PoolCore};
+use crate::state::{State, StreamKind};
+
+/// `CU_STREAM_CAPTURE_MODE_*`.
+pub(crate) const MODE_GLOBAL: u32 = 0;
+pub(crate) const MODE_RELAXED: u32 = 2;
+/// `CU_MEMORYTYPE_*`.
+pub(crate) const MEMTYPE_HOST: u32 = 1;
+pub(crate) const MEMTYPE_DEVICE: u32 = 2;
+pub(crate) const MEMTYPE_UNIFIED: u32 = 4;
+
+/// A destructor-carrying callback: a C function and its argument.
+#[derive(Clone, Copy)]
+pub(crate) struct Callback {
+    pub(crate) func: unsafe extern "C" fn(*mut c_void),
+    pub(crate) data: usize,
+}
+
+impl Callback {
+    /// Runs the callback with driver calls forbidden on this thread.
+    pub(crate) fn run(self) {
+        log::run_callback(|| {
+            // SAFETY: the program registered this function and argument with the driver, which
+            // promises to call it exactly like this.
+            unsafe { (self.func)(self.data as *mut c_void) }
+        });
+    }
+}
+
+/// Runs destructors; the caller holds no emulator lock.
+pub(crate) fn run_destructors(destructors: Vec<Callback>) {
+    for d in destructors {
+        d.run();
+    }
+}
+
+pub(crate) struct UserObject {
+    pub(crate) destructor: Callback,
+    pub(crate) refs: u64,
+}
+
+/// One side of a copy node (`CUDA_MEMCPY3D`'s src* or dst* fields).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Operand {
+    pub(crate) memtype: u32,
+    pub(crate) ptr: u64,
+    pub(crate) x: u64,
+    pub(crate) y: u64,
+    pub(crate) z: u64,
+    pub(crate) pitch: u64,
+    pub(crate) height: u64,
+}
+
+impl Operand {
+    /// Byte offset of row `y`, slice `z` of the copy.
+    fn row(&self, y: u64, z: u64) -> u64 {
+        self.x + (self.y + y) * self.pitch + (self.z + z) * self.pitch * self.height
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Copy3D {
+    pub(crate) src: Operand,
+    pub(crate) dst: Operand,
+    pub(crate) width: u64,
+    pub(crate) height: u64,
+    pub(crate) depth: u64,
+}
+
+impl Copy3D {
+    /// Checks the shape; returns (first byte offset, extent) of an operand.
+    pub(crate) fn extent(&self, o: &Operand) -> Res<(u64, u64)> {
+        let (h, d) = (self.height.max(1), self.depth.max(1));
+        if (h > 1 || d > 1) && o.pitch < self.width {
+            return Err(codes::INVALID_VALUE);
+        }
+        if d > 1 && o.height < h {
+            return Err(codes::INVALID_VALUE);
+        }
+        let first = o.row(0, 0);
+        let last = o.row(h - 1, d - 1) + self.width;
+        Ok((first, last - first))
+    }
+
+    fn host_ok(o: &Operand) -> bool {
+        o.memtype == MEMTYPE_HOST || o.memtype == MEMTYPE_UNIFIED
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Memset {
+    pub(crate) dst: u64,
+    pub(crate) value: u32,
+    pub(crate) elem: u32,
+    pub(crate) width: u64,
+    pub(crate) height: u64,
+    pub(crate) pitch: u64,
+}
+
+impl Memset {
+    pub(crate) fn extent(&self) -> Res<u64> {
+        if !matches!(self.elem, 1 | 2 | 4) || self.width == 0 || self.height == 0 {
+            return Err(codes::INVALID_VALUE);
+        }
+        let row = self.width * u64::from(self.elem);
+        if self.height > 1 && self.pitch < row {
+            return Err(codes::INVALID_VALUE);
+        }
+        Ok((self.height - 1) * self.pitch + row)
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum NodeKind {
+    Empty,
+    Host(Callback),
+    Memset(Memset),
+    Memcpy(Copy3D),
+    MemAlloc { addr: u64, size: u64, device: i32 },
+    MemFree { addr: u64 },
+}
+
+#[derive(Clone)]
+pub(crate) struct Node {
+    pub(crate) handle: u64,
+    pub(crate) kind: NodeKind,
+    pub(crate) deps: Vec<usize>,
+}
+
+#[derive(Default)]
+pub(crate) struct Graph {
+    pub(crate) nodes: Vec<Node>,
+    /// User object -> references this graph holds.
+    pub(crate) user_objects: BTreeMap<u64, u64>,
+}
+
+pub(crate) struct ExecLife {
+    pending: usize,
+    destroyed: bool,
+    refs: Vec<(u64, u64)>,
+}
+
+pub(crate) struct GraphExec {
+    pub(crate) nodes: Vec<NodeKind>,
+    pub(crate) auto_free: bool,
+    pub(crate) life: Arc<Mutex<ExecLife>>,
+}
+
+/// One stream capture.
+pub(crate) struct Capture {
+    pub(crate) origin: u64,
+    pub(crate) mode: u32,
+    pub(crate) thread: u64,
+    pub(crate) graph: u64,
+    pub(crate) invalidated: bool,
+    /// Stream -> the nodes its next captured operation depends on.
+    pub(crate) ends: HashMap<u64, Vec<usize>>,
+    /// Stream -> the node handles last returned by `cuStreamGetCaptureInfo`.
+    pub(crate) info_buffers: HashMap<u64, Vec<u64>>,
+}
+
+/// What a launch does on the stream, resolved when it is enqueued.
+enum Step {
+    Host(Callback),
+    Fill {
+        dst: Mem,
+        m: Memset,
+    },
+    Copy {
+        dst: Mem,
+        src: Mem,
+        c: Copy3D,
+        dst_first: u64,
+        src_first: u64,
+    },
+    Release {
+        backing: Arc<Backing>,
+        core: Option<Arc<PoolCore>>,
+        size: u64,
+    },
+}
+
+impl Step {
+    fn run(self) {
+        match self {
+            Step::Host(cb) => cb.run(),
+            Step::Fill { dst, m } => fill(
+                &dst,
+                m.value,
+                m.elem as usize,
+                m.width as usize,
+                m.height as usize,
+                m.pitch as usize,
+            ),
+            Step::Copy {
+                dst,
+                src,
+                c,
+                dst_first,
+                src_first,
+            } => {
+                for z in 0..c.depth.max(1) {
+                    for y in 0..c.height.max(1) {
+                        let d = dst.offset((c.dst.row(y, z) - dst_first) as usize);
+                        let s = src.offset((c.src.row(y, z) - src_first) as usize);
+                        copy_bytes(&d, &s, c.width as usize);
+                    }
+                }
+            }
+            Step::Release {
+                backing,
+                core,
+                size,
+            } => {
+                drop(backing);
+                if let Some(core) = core {
+                    core.give_back(size);
+                }
+            }
+        }
+    }
+}
+
+impl State {
+    pub(crate) fn graph(&mut self, g: u64) -> Res<&mut Graph> {
+        self.graphs.get_mut(&g).ok_or(codes::BAD_HANDLE)
+    }
+
+    /// Node handles -> indices in graph `g`.
+    pub(crate) fn node_indices(&self, g: u64, handles: &[u64]) -> Res<Vec<usize>> {
+        handles
+            .iter()
+            .map(|h| match self.nodes.get(h) {
+                Some(&(graph, i)) if graph == g => Ok(i),
+                _ => Err(codes::INVALID_VALUE),
+            })
+            .collect()
+    }
+
+    /// Adds a node to graph `g`; returns its handle.
+    pub(crate) fn add_node(
+        &mut self,
+        g: u64,
+        kind: NodeKind,
+        deps: Vec<usize>,
+    ) -> Res<(u64, usize)> {
+        let handle = self.new_handle();
+        let graph = self.graph(g)?;
+        let index = graph.nodes.len();
+        graph.nodes.push(Node { handle, kind, deps });
+        self.nodes.insert(handle, (g, index));
+        Ok((handle, index))
+    }
+
+    /// Validates a node's memory at creation: live memory, or memory a graph allocates.
+    pub(crate) fn check_node_memory(
+        &mut self,
+        addr: u64,
+        len: u64,
+        host_ok: bool,
+        function: &'static str,
+    ) -> Res {
+        if let Some((&start, &size)) = self.graph_reserved.range(..=addr).next_back() {
+            if addr < start + size {
+                return if addr + len <= start + size {
+                    Ok(())
+                } else {
+                    Err(codes::OUT_OF_RANGE)
+                };
+            }
+        }
+        self.resolve(addr, len, host_ok, function, 0).map(|_| ())
+    }
+
+    /// Takes `count` more references on user object `uo`.
+    pub(crate) fn retain_user_object(&mut self, uo: u64, count: u64) -> Res {
+        let o = self.user_objects.get_mut(&uo).ok_or(codes::BAD_HANDLE)?;
+        o.refs += count;
+        Ok(())
+    }
+
+    /// Drops `count` references on `uo`; returns its destructor when that was the last.
+    pub(crate) fn release_user_object(&mut self, uo: u64, count: u64) -> Res<Option<Callback>> {
+        let o = self.user_objects.get_mut(&uo).ok_or(codes::BAD_HANDLE)?;
+        if count > o.refs {
+            return Err(codes::OVER_RELEASE);
+        }
+        o.refs -= count;
+        if o.refs == 0 {
+            let d = o.destructor;
+            self.user_objects.remove(&uo);
+            return Ok(Some(d));
+        }
+        Ok(None)
+    }
+
+    /// Drops a set of references; returns the destructors that are now due.
+    pub(crate) fn release_refs(&mut self, refs: &[(u64, u64)]) -> Vec<Callback> {
+        refs.iter()
+            .filter_map(|&(uo, n)| self.release_user_object(uo, n).ok().flatten())
+            .collect()
+    }
+
+    /// Destroys graph `g`; returns the destructors now due.
+    pub(crate) fn destroy_graph(&mut self, g: u64) -> Res<Vec<Callback>> {
+        let graph = self.graphs.remove(&g).ok_or(codes::BAD_HANDLE)?;
+        for n in &graph.nodes {
+            self.nodes.remove(&n.handle);
+        }
+        let refs: Vec<(u64, u64)> = graph.user_objects.into_iter().collect();
+        Ok(self.release_refs(&refs))
+    }
+
+    /// Copies graph `g` (new node handles, new references on its user objects).
+    pub(crate) fn clone_graph(&mut self, g: u64) -> Res<u64> {
+        let (nodes, uos) = {
+            let graph = self.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
+            (graph.nodes.clone(), graph.user_objects.clone())
+        };
+        let clone = self.new_handle();
+        self.graphs.insert(clone, Graph::default());
+        for n in nodes {
+            self.add_node(clone, n.kind, n.deps)?;
+        }
+        for (&uo, &n) in &uos {
+            self.retain_user_object(uo, n)?;
+        }
+        self.graph(clone)?.user_objects = uos;
+        Ok(clone)
+    }
+
+    /// Instantiates graph `g`.
+    pub(crate) fn instantiate(&mut self, g: u64, flags: u64) -> Res<u64> {
+        let (nodes, refs) = {
+            let graph = self.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
+            let refs: Vec<(u64, u64)> = graph.user_objects.iter().map(|(&u, &n)| (u, n)).collect();
+            (graph.nodes.iter().map(|n| n.kind).collect::<Vec<_>>(), refs)
+        };
+        for &(uo, n) in &refs {
+            self.retain_user_object(uo, n)?;
+        }
+        let handle = self.new_handle();
+        self.execs.insert(
+            handle,
+            GraphExec {
+                nodes,
+                auto_free: flags & 1 != 0,
+                life: Arc::new(Mutex::new(ExecLife {
+                    pending: 0,
+                    destroyed: false,
+                    refs,
+                })),
+            },
+        );
+        Ok(handle)
+    }
+
+    /// Destroys a graph exec; returns the destructors due now (none if a launch is pending: the
+    /// last pending launch releases them on its worker thread).
+    pub(crate) fn destroy_exec(&mut self, e: u64) -> Res<Vec<Callback>> {
+        let exec = self.execs.remove(&e).ok_or(codes::BAD_HANDLE)?;
+        let refs = {
+            let mut life = lock(&exec.life);
+            life.destroyed = true;
+            if life.pending == 0 {
+                std::mem::take(&mut life.refs)
+            } else {
+                Vec::new()
+            }
+        };
+        Ok(self.release_refs(&refs))
+    }
+
+    /// Enqueues a launch of exec `e` on stream `s`.
+    pub(crate) fn launch(&mut self, e: u64, s: u64) -> Res {
+        const F: &str = "cuGraphLaunch";
+        let (nodes, auto_free, life) = {
+            let exec = self.execs.get(&e).ok_or(codes::BAD_HANDLE)?;
+            (exec.nodes.clone(), exec.auto_free, exec.life.clone())
+        };
+        if self.enqueue_check(s)? {
+            // Launching a graph into a capture (a child graph node) is not emulated.
+            return Err(codes::CAPTURE_UNSUPPORTED);
+        }
+        // A graph cannot run while memory it allocates is still live.
+        for n in &nodes {
+            if let NodeKind::MemAlloc { addr, .. } = *n {
+                if self.allocs.contains_key(&addr) && !auto_free {
+                    return Err(codes::GRAPH_ALLOCATION_LIVE);
+                }
+            }
+        }
+        let (deps, time) = self.prepare(s);
+        let mut steps = Vec::new();
+        for n in &nodes {
+            if let NodeKind::MemAlloc { addr, .. } = *n {
+                if let Some(a) =
+                    self.take_alloc(addr, F, "was freed on relaunch (auto free on launch)")
+                {
+                    steps.push(Step::Release {
+                        backing: a.backing,
+                        core: a.pool_core,
+                        size: a.size,
+                    });
+                }
+            }
+        }
+        for n in nodes {
+            match n {
+                NodeKind::Empty => {}
+                NodeKind::Host(cb) => steps.push(Step::Host(cb)),
+                NodeKind::Memset(m) => {
+                    let Ok(len) = m.extent() else { continue };
+                    if let Ok(t) = self.resolve(m.dst, len, false, F, s) {
+                        self.record_use(t.alloc, s, time);
+                        steps.push(Step::Fill { dst: t.mem, m });
+                    }
+                }
+                NodeKind::Memcpy(c) => {
+                    let (Ok((sf, sl)), Ok((df, dl))) = (c.extent(&c.src), c.extent(&c.dst)) else {
+                        continue;
+                    };
+                    let src = self.resolve(c.src.ptr + sf, sl, Copy3D::host_ok(&c.src), F, s);
+                    let dst = self.resolve(c.dst.ptr + df, dl, Copy3D::host_ok(&c.dst), F, s);
+                    if let (Ok(src), Ok(dst)) = (src, dst) {
+                        self.record_use(src.alloc, s, time);
+                        self.record_use(dst.alloc, s, time);
+                        steps.push(Step::Copy {
+                            dst: dst.mem,
+                            src: src.mem,
+                            c,
+                            dst_first: df,
+                            src_first: sf,
+                        });
+                    }
+                }
+                NodeKind::MemAlloc { addr, size, device } => {
+                    let Some(backing) = Backing::heap(size as usize, 64) else {
+                        return Err(codes::OUT_OF_MEMORY);
+                    };
+                    self.insert_alloc(crate::memory::Alloc {
+                        addr,
+                        size,
+                        kind: AllocKind::Pool,
+                        device,
+                        ctx: 0,
+                        pool: None,
+                        pool_core: None,
+                        host: false,
+                        backing,
+                        uses: Default::default(),
+                        ipc_offset: None,
+                    });
+                    self.record_use(Some(addr), s, time);
+                }
+                NodeKind::MemFree { addr } => {
+                    if self.allocs.contains_key(&addr) {
+                        self.check_free_order(addr, s, F);
+                        if let Some(a) = self.take_alloc(addr, F, "was freed by a graph free node")
+                        {
+                            steps.push(Step::Release {
+                                backing: a.backing,
+                                core: a.pool_core,
+                                size: a.size,
+                            });
+                        }
+                    } else {
+                        self.report_bad_free(addr, F, s);
+                    }
+                }
+            }
+        }
+        lock(&life).pending += 1;
+        let run = move || {
+            for step in steps {
+                step.run();
+            }
+            let refs = {
+                let mut l = lock(&life);
+                l.pending -= 1;
+                if l.destroyed && l.pending == 0 {
+                    std::mem::take(&mut l.refs)
+                } else {
+                    Vec::new()
+                }
+            };
+            if !refs.is_empty() {
+                // The exec was destroyed while this launch was pending (G3): its user-object
+                // references go now, on this driver thread.
+                let due = crate::state::state().release_refs(&refs);
+                run_destructors(due);
+            }
+        };
+        self.submit(s, deps, Some(Box::new(run)), true);
+        Ok(())
+    }
+
+    /// Before enqueuing on stream `s`: `Ok(true)` when it captures (the operation becomes a
+    /// node), an error when its capture was invalidated, and the legacy stream's rule that it
+    /// may not be used while a blocking stream of its context captures.
+    pub(crate) fn enqueue_check(&mut self, s: u64) -> Res<bool> {
+        let (capture, kind, ctx) = {
+            let st = self.streams.get(&s).ok_or(codes::BAD_HANDLE)?;
+            (st.capture, st.kind, st.ctx)
+        };
+        if let Some(id) = capture {
+            let c = self.captures.get(&id).ok_or(codes::CAPTURE_INVALIDATED)?;
+            return if c.invalidated {
+                Err(codes::CAPTURE_INVALIDATED)
+            } else {
+                Ok(true)
+            };
+        }
+        if kind == StreamKind::Legacy {
+            let capturing: Vec<u64> = self.contexts[&ctx]
+                .streams
+                .iter()
+                .filter_map(|o| self.streams.get(o))
+                .filter(|o| o.blocking())
+                .filter_map(|o| o.capture)
+                .collect();
+            if !capturing.is_empty() {
+                for id in capturing {
+                    self.invalidate_capture(id);
+                }
+                return Err(codes::CAPTURE_IMPLICIT);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Adds a captured operation on stream `s` as a node.
+    pub(crate) fn capture_node(&mut self, s: u64, kind: NodeKind) -> Res<u64> {
+        let id = self.streams[&s].capture.ok_or(codes::CAPTURE_STATE)?;
+        let (graph, deps) = {
+            let c = self.captures.get(&id).ok_or(codes::CAPTURE_INVALIDATED)?;
+            (c.graph, c.ends.get(&s).cloned().unwrap_or_default())
+        };
+        let (handle, index) = self.add_node(graph, kind, deps)?;
+        if let Some(c) = self.captures.get_mut(&id) {
+            c.ends.insert(s, vec![index]);
+        }
+        Ok(handle)
+    }
+
+    pub(crate) fn invalidate_capture(&mut self, id: u64) {
+        if let Some(c) = self.captures.get_mut(&id) {
+            c.invalidated = true;
+        }
+    }
+
+    /// The rule for "potentially unsafe" calls (synchronous allocation, freeing, copying,
+    /// synchronising): not allowed while this thread has a non-relaxed capture or another
+    /// thread has a global one; the offending captures are invalidated.
+    pub(crate) fn check_unsafe_call(&mut self) -> Res {
+        let me = thread_id();
+        let offended: Vec<u64> = self
+            .captures
+            .iter()
+            .filter(|(_, c)| !c.invalidated)
+            .filter(|(_, c)| {
+                (c.thread == me && c.mode != MODE_RELAXED)
+                    || (c.thread != me && c.mode == MODE_GLOBAL)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        if offended.is_empty() {
+            return Ok(());
+        }
+        for id in offended {
+            self.invalidate_capture(id);
+        }
+        Err(codes::CAPTURE_UNSUPPORTED)
+    }
+
+    /// Ends the capture that stream `s` began; returns the graph.
+    pub(crate) fn end_capture(&mut self, s: u64) -> Res<u64> {
+        let id = self.streams[&s].capture.ok_or(codes::CAPTURE_STATE)?;
+        let (origin, mode, thread) = {
+            let c = &self.captures[&id];
+            (c.origin, c.mode, c.thread)
+        };
+        if origin != s {
+            return Err(codes::CAPTURE_STATE);
+        }
+        if mode != MODE_RELAXED && thread != thread_id() {
+            return Err(codes::CAPTURE_WRONG_THREAD);
+        }
+        let c = self.captures.remove(&id).expect("capture exists");
+        for stream in c.ends.keys() {
+            if let Some(st) = self.streams.get_mut(stream) {
+                st.capture = None;
+            }
+        }
+        if c.invalidated {
+            let _ = self.destroy_graph(c.graph);
+            return Err(codes::CAPTURE_INVALIDATED);
+        }
+        // Every forked stream must have joined back into the origin stream.
+        let graph = &self.graphs[&c.graph];
+        let mut joined: HashSet<usize> = HashSet::new();
+        let mut stack: Vec<usize> = c.ends.get(&s).cloned().unwrap_or_default();
+        while let Some(n) = stack.pop() {
+            if joined.insert(n) {
+                stack.extend(graph.nodes[n].deps.iter().copied());
+            }
+        }
+        let unjoined = c
+            .ends
+            .iter()
+            .filter(|(&stream, _)| stream != s)
+            .any(|(_, ends)| ends.iter().any(|n| !joined.contains(n)));
+        if unjoined {
+            let _ = self.destroy_graph(c.graph);
+            return Err(codes::CAPTURE_UNJOINED);
+        }
+        Ok(c.graph)
+    }
+}

@@ -1,0 +1,221 @@
+//! Per-thread driver state (thread ids, context stacks, the "inside a callback" flag) and the
+//! test-only records: the call log, injected faults and hazards, plus [`entry`], the wrapper
+//! every exported driver function runs through.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
+
+use cuda_sys::CUresult;
+use serde::Serialize;
+
+use crate::codes::{self, Res};
+
+static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD_ID: u64 = NEXT_THREAD_ID.fetch_add(1, Ordering::Relaxed);
+    static CONTEXT_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Locks `m`, ignoring poisoning: a panic inside the emulator is turned into
+/// `CUDA_ERROR_UNKNOWN` by [`entry`], and the state it guarded stays usable.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The calling thread's small, stable id (1, 2, ... in order of first use).
+pub(crate) fn thread_id() -> u64 {
+    THREAD_ID.with(|id| *id)
+}
+
+/// The context on top of the calling thread's stack, 0 for none.
+pub(crate) fn current_context() -> u64 {
+    CONTEXT_STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
+}
+
+/// Runs `f` on the calling thread's context stack (last = top).
+pub(crate) fn with_context_stack<R>(f: impl FnOnce(&mut Vec<u64>) -> R) -> R {
+    CONTEXT_STACK.with(|s| f(&mut s.borrow_mut()))
+}
+
+/// Runs user code (a host function or a user-object destructor) with driver calls forbidden on
+/// this thread (G4), catching a panic so that it cannot unwind into the emulator.
+pub(crate) fn run_callback(f: impl FnOnce()) {
+    let was = IN_CALLBACK.with(|c| c.replace(true));
+    let _ = catch_unwind(AssertUnwindSafe(f));
+    IN_CALLBACK.with(|c| c.set(was));
+}
+
+fn in_callback() -> bool {
+    IN_CALLBACK.with(Cell::get)
+}
+
+/// What a call body found out for the call log.
+#[derive(Default)]
+pub(crate) struct CallInfo {
+    /// The stream the call resolved to, if it takes one.
+    pub(crate) resolved_stream: Option<u64>,
+}
+
+/// One logged call, serialised as `cuda_sys::emu::Call`.
+#[derive(Clone, Serialize)]
+pub(crate) struct CallRecord {
+    seq: u64,
+    function: &'static str,
+    thread: u64,
+    context: u64,
+    stream: Option<u64>,
+    resolved_stream: Option<u64>,
+    ptr: Option<u64>,
+    result: CUresult,
+}
+
+/// One hazard, serialised as `cuda_sys::emu::Hazard`.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Hazard {
+    pub(crate) kind: &'static str,
+    pub(crate) ptr: u64,
+    pub(crate) function: &'static str,
+    pub(crate) stream: u64,
+    pub(crate) detail: String,
+}
+
+struct CallLog {
+    next_seq: u64,
+    records: VecDeque<CallRecord>,
+    limit: usize,
+}
+
+static CALLS: LazyLock<Mutex<CallLog>> = LazyLock::new(|| {
+    let limit = std::env::var("CUSTODY_EMU_CALL_LOG_LIMIT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 20);
+    Mutex::new(CallLog {
+        next_seq: 0,
+        records: VecDeque::new(),
+        limit,
+    })
+});
+
+static HAZARDS: Mutex<Vec<Hazard>> = Mutex::new(Vec::new());
+
+struct Fault {
+    function: String,
+    remaining: u32,
+    error: CUresult,
+}
+
+static FAULTS: Mutex<Vec<Fault>> = Mutex::new(Vec::new());
+static FAULT_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Records a hazard.
+pub(crate) fn hazard(h: Hazard) {
+    if std::env::var_os("CUSTODY_EMU_HAZARD_STDERR").is_some() {
+        eprintln!(
+            "cuda-emu hazard: {} at {:#x} in {}: {}",
+            h.kind, h.ptr, h.function, h.detail
+        );
+    }
+    lock(&HAZARDS).push(h);
+}
+
+pub(crate) fn hazards_snapshot() -> Vec<Hazard> {
+    lock(&HAZARDS).clone()
+}
+
+pub(crate) fn calls_snapshot() -> Vec<CallRecord> {
+    lock(&CALLS).records.iter().cloned().collect()
+}
+
+pub(crate) fn clear_hazards() {
+    lock(&HAZARDS).clear();
+}
+
+pub(crate) fn clear_calls() {
+    lock(&CALLS).records.clear();
+}
+
+/// Arms a fault: the `nth` next call of `function` returns `error`, once.
+pub(crate) fn inject_fault(function: &str, nth: u32, error: CUresult) {
+    lock(&FAULTS).push(Fault {
+        function: function.to_owned(),
+        remaining: nth,
+        error,
+    });
+    FAULT_COUNT.fetch_add(1, Ordering::SeqCst);
+}
+
+pub(crate) fn clear_faults() {
+    let mut faults = lock(&FAULTS);
+    FAULT_COUNT.fetch_sub(faults.len(), Ordering::SeqCst);
+    faults.clear();
+}
+
+fn take_fault(function: &str) -> Option<CUresult> {
+    if FAULT_COUNT.load(Ordering::SeqCst) == 0 {
+        return None;
+    }
+    let mut faults = lock(&FAULTS);
+    let mut fired = None;
+    for (i, f) in faults.iter_mut().enumerate() {
+        if f.function == function {
+            f.remaining -= 1;
+            if f.remaining == 0 && fired.is_none() {
+                fired = Some(i);
+            }
+        }
+    }
+    let i = fired?;
+    let error = faults.remove(i).error;
+    FAULT_COUNT.fetch_sub(1, Ordering::SeqCst);
+    Some(error)
+}
+
+/// Runs one exported driver call: refuses it inside a callback (G4), applies an injected fault,
+/// runs `body` (a panic becomes `CUDA_ERROR_UNKNOWN`), and logs it.
+///
+/// `stream` and `ptr` are the stream and device-pointer arguments as passed, for the log.
+pub(crate) fn entry(
+    function: &'static str,
+    stream: Option<u64>,
+    ptr: Option<u64>,
+    body: impl FnOnce(&mut CallInfo) -> Res,
+) -> CUresult {
+    let context = current_context();
+    let mut info = CallInfo::default();
+    let result = if in_callback() {
+        codes::NOT_PERMITTED
+    } else if let Some(error) = take_fault(function) {
+        error
+    } else {
+        match catch_unwind(AssertUnwindSafe(|| body(&mut info))) {
+            Ok(Ok(())) => codes::SUCCESS,
+            Ok(Err(code)) => code,
+            Err(_) => codes::INTERNAL,
+        }
+    };
+    let mut log = lock(&CALLS);
+    if log.limit > 0 {
+        let seq = log.next_seq;
+        log.next_seq += 1;
+        if log.records.len() >= log.limit {
+            log.records.pop_front();
+        }
+        log.records.push_back(CallRecord {
+            seq,
+            function,
+            thread: thread_id(),
+            context,
+            stream,
+            resolved_stream: info.resolved_stream,
+            ptr,
+            result,
+        });
+    }
+    result
+}

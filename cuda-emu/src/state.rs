@@ -1,0 +1,441 @@
+//! The emulated driver's state: devices, contexts, streams, events and the tables of every
+//! other object, behind one process-wide lock, plus the enqueue path that feeds the executor
+//! and the hazard checker.
+//!
+//! Architecture invariant: a handle is validated against its live table before use and never
+//! dereferenced; handle values are never reused within a process, so a stale handle is always
+//! recognised.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+
+use crate::clock::VectorClock;
+use crate::codes::{self, Res};
+use crate::exec::{Dep, Op, StreamCore};
+use crate::graph::{Capture, Graph, GraphExec, UserObject};
+use crate::log::{self, current_context, thread_id};
+use crate::memory::{Alloc, Freed, Pool};
+
+/// Handle values start here and step by 0x100, so no handle is ever a token (0, 1, 2), a small
+/// integer, or reused.
+const HANDLE_BASE: u64 = 0x5c00_0000_0000;
+
+/// `CU_STREAM_NON_BLOCKING`.
+pub(crate) const STREAM_NON_BLOCKING: u32 = 1;
+/// Stream priorities on an H200: greatest (numerically lowest) and least.
+pub(crate) const GREATEST_PRIORITY: i32 = -5;
+pub(crate) const LEAST_PRIORITY: i32 = 0;
+
+static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::new()));
+
+/// Locks the driver state.
+pub(crate) fn state() -> MutexGuard<'static, State> {
+    log::lock(&STATE)
+}
+
+/// Locks the driver state and checks that `cuInit` has run.
+pub(crate) fn initialized() -> Res<MutexGuard<'static, State>> {
+    let st = state();
+    if st.initialized {
+        Ok(st)
+    } else {
+        Err(codes::NOT_INITIALIZED)
+    }
+}
+
+pub(crate) struct Device {
+    pub(crate) primary: u64,
+    pub(crate) primary_refs: u32,
+    pub(crate) primary_flags: u32,
+    pub(crate) default_pool: u64,
+    pub(crate) current_pool: u64,
+}
+
+pub(crate) struct Context {
+    pub(crate) device: i32,
+    pub(crate) primary: bool,
+    pub(crate) alive: bool,
+    pub(crate) legacy: u64,
+    /// Created and per-thread streams (not the legacy stream).
+    pub(crate) streams: BTreeSet<u64>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum StreamKind {
+    Created,
+    Legacy,
+    PerThread,
+}
+
+pub(crate) struct Stream {
+    pub(crate) ctx: u64,
+    pub(crate) device: i32,
+    pub(crate) kind: StreamKind,
+    pub(crate) flags: u32,
+    pub(crate) priority: i32,
+    pub(crate) core: Arc<StreamCore>,
+    pub(crate) clock: VectorClock,
+    /// The capture this stream takes part in, if any.
+    pub(crate) capture: Option<u64>,
+}
+
+impl Stream {
+    /// Whether the legacy stream synchronises with this stream.
+    pub(crate) fn blocking(&self) -> bool {
+        self.kind != StreamKind::Legacy && self.flags & STREAM_NON_BLOCKING == 0
+    }
+}
+
+pub(crate) struct Event {
+    pub(crate) ctx: u64,
+    /// The last record: the stream position it waits for and the clock it carries.
+    pub(crate) record: Option<(Dep, VectorClock)>,
+    /// Set when last recorded in a capture: (capture id, captured nodes).
+    pub(crate) captured: Option<(u64, Vec<usize>)>,
+}
+
+pub(crate) struct State {
+    pub(crate) initialized: bool,
+    pub(crate) devices: Vec<Device>,
+    pub(crate) contexts: HashMap<u64, Context>,
+    pub(crate) streams: HashMap<u64, Stream>,
+    pub(crate) destroyed_streams: HashSet<u64>,
+    pub(crate) per_thread: HashMap<(u64, u64), u64>,
+    pub(crate) events: HashMap<u64, Event>,
+    pub(crate) pools: HashMap<u64, Pool>,
+    pub(crate) allocs: BTreeMap<u64, Alloc>,
+    pub(crate) freed: BTreeMap<u64, Freed>,
+    pub(crate) freed_order: VecDeque<u64>,
+    /// Address ranges that graph allocation nodes hand out when their graph runs.
+    pub(crate) graph_reserved: BTreeMap<u64, u64>,
+    pub(crate) graphs: HashMap<u64, Graph>,
+    /// Node handle -> (graph, index in the graph).
+    pub(crate) nodes: HashMap<u64, (u64, usize)>,
+    pub(crate) execs: HashMap<u64, GraphExec>,
+    pub(crate) user_objects: HashMap<u64, UserObject>,
+    pub(crate) captures: HashMap<u64, Capture>,
+    /// What the host has seen complete (stream, event and context synchronisation, synchronous
+    /// calls). Shared by all host threads: the emulator sees one global order of driver calls,
+    /// so work one thread has waited for is complete for every call issued afterwards.
+    pub(crate) host_clock: VectorClock,
+    next_handle: u64,
+    pub(crate) va_base: u64,
+    pub(crate) va_next: u64,
+    pub(crate) next_capture_id: u64,
+}
+
+impl State {
+    fn new() -> State {
+        let va_base = crate::os::reserve_device_va();
+        State {
+            initialized: false,
+            devices: Vec::new(),
+            contexts: HashMap::new(),
+            streams: HashMap::new(),
+            destroyed_streams: HashSet::new(),
+            per_thread: HashMap::new(),
+            events: HashMap::new(),
+            pools: HashMap::new(),
+            allocs: BTreeMap::new(),
+            freed: BTreeMap::new(),
+            freed_order: VecDeque::new(),
+            graph_reserved: BTreeMap::new(),
+            graphs: HashMap::new(),
+            nodes: HashMap::new(),
+            execs: HashMap::new(),
+            user_objects: HashMap::new(),
+            captures: HashMap::new(),
+            host_clock: VectorClock::default(),
+            next_handle: 0,
+            va_base,
+            va_next: va_base + 0x1000_0000,
+            next_capture_id: 1,
+        }
+    }
+
+    /// A fresh handle value, never handed out before in this process.
+    pub(crate) fn new_handle(&mut self) -> u64 {
+        self.next_handle += 1;
+        HANDLE_BASE + self.next_handle * 0x100
+    }
+
+    /// `cuInit`: creates the devices (count from `CUSTODY_EMU_DEVICE_COUNT`, default 2), their
+    /// (inactive) primary contexts and default memory pools.
+    pub(crate) fn init(&mut self) {
+        if self.initialized {
+            return;
+        }
+        let count = std::env::var("CUSTODY_EMU_DEVICE_COUNT")
+            .ok()
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .unwrap_or(2)
+            .clamp(0, 64);
+        for ordinal in 0..count {
+            let primary = self.new_handle();
+            self.contexts.insert(
+                primary,
+                Context {
+                    device: ordinal,
+                    primary: true,
+                    alive: false,
+                    legacy: 0,
+                    streams: BTreeSet::new(),
+                },
+            );
+            let pool = self.create_default_pool(ordinal);
+            self.devices.push(Device {
+                primary,
+                primary_refs: 0,
+                primary_flags: 0,
+                default_pool: pool,
+                current_pool: pool,
+            });
+        }
+        self.initialized = true;
+    }
+
+    pub(crate) fn device(&self, ordinal: i32) -> Res<&Device> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or(codes::BAD_DEVICE)
+    }
+
+    pub(crate) fn device_mut(&mut self, ordinal: i32) -> Res<&mut Device> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.devices.get_mut(i))
+            .ok_or(codes::BAD_DEVICE)
+    }
+
+    /// Whether `ctx` is a live context (an active primary or a created one not destroyed).
+    pub(crate) fn context_alive(&self, ctx: u64) -> bool {
+        self.contexts.get(&ctx).is_some_and(|c| c.alive)
+    }
+
+    /// The context current on the calling thread.
+    ///
+    /// # Errors
+    /// `NO_CONTEXT` with none current, `BAD_CONTEXT` when it was destroyed.
+    pub(crate) fn current_ctx(&self) -> Res<u64> {
+        match current_context() {
+            0 => Err(codes::NO_CONTEXT),
+            c if self.context_alive(c) => Ok(c),
+            _ => Err(codes::BAD_CONTEXT),
+        }
+    }
+
+    /// Makes a context live: gives it a fresh legacy stream.
+    pub(crate) fn activate_context(&mut self, ctx: u64) {
+        let legacy = self.new_handle();
+        let Some(c) = self.contexts.get_mut(&ctx) else {
+            return;
+        };
+        c.alive = true;
+        c.legacy = legacy;
+        let device = c.device;
+        self.streams.insert(
+            legacy,
+            Stream {
+                ctx,
+                device,
+                kind: StreamKind::Legacy,
+                flags: 0,
+                priority: LEAST_PRIORITY,
+                core: StreamCore::new(legacy),
+                clock: VectorClock::default(),
+                capture: None,
+            },
+        );
+    }
+
+    /// Every stream of `ctx`, the legacy stream included.
+    pub(crate) fn context_streams(&self, ctx: u64) -> Vec<u64> {
+        let Some(c) = self.contexts.get(&ctx) else {
+            return Vec::new();
+        };
+        let mut out: Vec<u64> = c.streams.iter().copied().collect();
+        if c.alive {
+            out.push(c.legacy);
+        }
+        out
+    }
+
+    /// Ends a context's life: its streams are destroyed (their queued work still runs) and its
+    /// `cuMemAlloc`/`cuMemAllocHost`/`cuMemAllocManaged` memory goes with it (F9). Pool memory
+    /// stays (F10).
+    pub(crate) fn retire_context(&mut self, ctx: u64) {
+        for s in self.context_streams(ctx) {
+            self.destroy_stream_entry(s);
+        }
+        self.per_thread.retain(|_, s| self.streams.contains_key(s));
+        let owned: Vec<u64> = self
+            .allocs
+            .iter()
+            .filter(|(_, a)| a.ctx == ctx && a.pool.is_none())
+            .map(|(&p, _)| p)
+            .collect();
+        for p in owned {
+            if let Some(a) = self.allocs.remove(&p) {
+                self.remember_freed(&a, "cuCtxDestroy", "went with its context");
+            }
+        }
+        if let Some(c) = self.contexts.get_mut(&ctx) {
+            c.alive = false;
+            c.streams.clear();
+            c.legacy = 0;
+        }
+    }
+
+    /// Removes a stream from the live table; remembers its handle as destroyed.
+    pub(crate) fn destroy_stream_entry(&mut self, s: u64) {
+        if let Some(stream) = self.streams.remove(&s) {
+            if let Some(c) = self.contexts.get_mut(&stream.ctx) {
+                c.streams.remove(&s);
+            }
+            if let Some(id) = stream.capture {
+                self.invalidate_capture(id);
+            }
+            self.destroyed_streams.insert(s);
+        }
+    }
+
+    /// The calling thread's per-thread default stream in `ctx`, created on first use.
+    pub(crate) fn per_thread_stream(&mut self, ctx: u64) -> u64 {
+        let key = (thread_id(), ctx);
+        if let Some(&s) = self.per_thread.get(&key) {
+            if self.streams.contains_key(&s) {
+                return s;
+            }
+        }
+        let handle = self.new_handle();
+        let device = self.contexts.get(&ctx).map_or(0, |c| c.device);
+        self.streams.insert(
+            handle,
+            Stream {
+                ctx,
+                device,
+                kind: StreamKind::PerThread,
+                flags: 0,
+                priority: LEAST_PRIORITY,
+                core: StreamCore::new(handle),
+                clock: VectorClock::default(),
+                capture: None,
+            },
+        );
+        if let Some(c) = self.contexts.get_mut(&ctx) {
+            c.streams.insert(handle);
+        }
+        self.per_thread.insert(key, handle);
+        handle
+    }
+
+    /// Resolves a stream argument: the tokens NULL and `CU_STREAM_LEGACY` to the legacy stream
+    /// of the calling thread's context, `CU_STREAM_PER_THREAD` to the calling thread's
+    /// per-thread stream in it, and a handle to itself.
+    ///
+    /// # Errors
+    /// `NO_CONTEXT`/`BAD_CONTEXT` for a token without a usable current context, `BAD_HANDLE`
+    /// for an unknown or destroyed stream.
+    pub(crate) fn resolve_stream(&mut self, s: u64) -> Res<u64> {
+        match s {
+            0 | 1 => {
+                let ctx = self.current_ctx()?;
+                Ok(self.contexts[&ctx].legacy)
+            }
+            2 => {
+                let ctx = self.current_ctx()?;
+                Ok(self.per_thread_stream(ctx))
+            }
+            h if self.streams.contains_key(&h) => Ok(h),
+            _ => Err(codes::BAD_HANDLE),
+        }
+    }
+
+    /// Orders the next operation on stream `s`: computes the streams it must wait for (the
+    /// legacy stream's implicit synchronisation) and advances the stream's clock, which
+    /// inherits what the host has seen complete. Returns the dependencies and the operation's
+    /// time on the stream's component.
+    pub(crate) fn prepare(&mut self, s: u64) -> (Vec<Dep>, u64) {
+        let mut deps = Vec::new();
+        let mut merged = self.host_clock.clone();
+        let (ctx, kind, blocking) = {
+            let st = &self.streams[&s];
+            (st.ctx, st.kind, st.blocking())
+        };
+        if let Some(c) = self.contexts.get(&ctx) {
+            if kind == StreamKind::Legacy {
+                for other in &c.streams {
+                    if let Some(o) = self.streams.get(other) {
+                        if o.blocking() {
+                            deps.extend(o.core.tail());
+                            merged.merge(&o.clock);
+                        }
+                    }
+                }
+            } else if blocking {
+                if let Some(l) = self.streams.get(&c.legacy) {
+                    deps.extend(l.core.tail());
+                    merged.merge(&l.clock);
+                }
+            }
+        }
+        let stream = self.streams.get_mut(&s).expect("prepared stream is live");
+        stream.clock.merge(&merged);
+        let time = stream.clock.tick(s);
+        (deps, time)
+    }
+
+    /// Enqueues `run` on stream `s` after `deps`.
+    pub(crate) fn submit(
+        &mut self,
+        s: u64,
+        deps: Vec<Dep>,
+        run: Option<Box<dyn FnOnce() + Send>>,
+        defer: bool,
+    ) -> u64 {
+        let core = self.streams[&s].core.clone();
+        core.submit(Op { deps, run, defer })
+    }
+
+    /// What waiting for stream `s` means: its current tail and clock.
+    pub(crate) fn stream_target(&self, s: u64) -> (Dep, VectorClock) {
+        let st = &self.streams[&s];
+        (st.core.tail_always(), st.clock.clone())
+    }
+
+    /// Records that the host has seen work complete: merges `clock` into the host clock and
+    /// lets pools release memory above their release threshold.
+    pub(crate) fn host_observed(&mut self, clock: &VectorClock) {
+        self.host_clock.merge(clock);
+        for pool in self.pools.values() {
+            pool.core.release_after_sync();
+        }
+    }
+
+    /// The targets of a whole-context synchronisation.
+    pub(crate) fn context_targets(&self, ctx: u64) -> (Vec<Dep>, VectorClock) {
+        let mut deps = Vec::new();
+        let mut clock = VectorClock::default();
+        for s in self.context_streams(ctx) {
+            let (d, c) = self.stream_target(s);
+            deps.push(d);
+            clock.merge(&c);
+        }
+        (deps, clock)
+    }
+
+    /// The targets of a device-wide synchronisation (all contexts of `device`, or all devices
+    /// for `None`).
+    pub(crate) fn device_targets(&self, device: Option<i32>) -> (Vec<Dep>, VectorClock) {
+        let mut deps = Vec::new();
+        let mut clock = VectorClock::default();
+        for st in self.streams.values() {
+            if device.map_or(true, |d| d == st.device) {
+                deps.push(st.core.tail_always());
+                clock.merge(&st.clock);
+            }
+        }
+        (deps, clock)
+    }
+}
