@@ -22,7 +22,8 @@ could be loaded (the emulator column is still filled in, to check the runner its
   python3 gpu-bundle/run.py [--out DIR] [--driver PATH] [--timeout SECONDS] [--filter TEXT]
 
 --driver PATH uses the library at PATH as "the real driver" (CUSTODY_CUDA_DRIVER=PATH), for
-example the bundled emulator, to exercise this runner on a machine without a GPU.
+example the bundled emulator, to exercise this runner on a machine without a GPU (the GPU-only
+test then fails, as it should: it checks that the driver is real).
 """
 
 import argparse
