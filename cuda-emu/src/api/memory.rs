@@ -236,6 +236,13 @@ fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
     }
     let r = st.resolve_stream(s)?;
     info.resolved_stream = Some(r);
+    if st.graph_reserved.contains_key(&addr) && !st.allocs.contains_key(&addr) {
+        // Memory a graph allocates: only a captured free can refer to it.
+        if st.enqueue_check(r)? {
+            st.capture_node(r, NodeKind::MemFree { addr })?;
+            return Ok(());
+        }
+    }
     let Some(kind) = st.allocs.get(&addr).map(|a| a.kind) else {
         if st.find_live(addr).is_none() {
             st.report_bad_free(addr, F, r);
@@ -318,17 +325,25 @@ fn copy(
         let mut st = initialized()?;
         let r = op_stream(&mut st, s, info)?;
         let n64 = n as u64;
-        let d = st.resolve(dst, n64.max(1), dst_host, function, r)?;
-        let sr = st.resolve(src, n64.max(1), src_host, function, r)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let pageable = d.mem.is_pageable() || sr.mem.is_pageable();
         if st.enqueue_check(r)? {
-            if pageable {
-                let id = st.streams[&r].capture.expect("capturing");
-                st.invalidate_capture(id);
-                return Err(codes::CAPTURE_UNSUPPORTED);
+            st.check_node_memory(dst, n64.max(1), false, function)?;
+            st.check_node_memory(src, n64.max(1), false, function)
+                .inspect_err(|_| {
+                    // Pageable host memory cannot be captured (guess: UNSUPPORTED, invalidating).
+                    if dst_host || src_host {
+                        let id = st.streams[&r].capture.expect("capturing");
+                        st.invalidate_capture(id);
+                    }
+                })
+                .map_err(|e| {
+                    if dst_host || src_host {
+                        codes::CAPTURE_UNSUPPORTED
+                    } else {
+                        e
+                    }
+                })?;
+            if n == 0 {
+                return Ok(());
             }
             let op = |ptr| Operand {
                 memtype: MEMTYPE_UNIFIED,
@@ -349,6 +364,12 @@ fn copy(
             st.capture_node(r, NodeKind::Memcpy(c))?;
             return Ok(());
         }
+        let d = st.resolve(dst, n64.max(1), dst_host, function, r)?;
+        let sr = st.resolve(src, n64.max(1), src_host, function, r)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let pageable = d.mem.is_pageable() || sr.mem.is_pageable();
         let (deps, time) = st.prepare(r);
         st.record_use(d.alloc, r, time);
         st.record_use(sr.alloc, r, time);
@@ -445,11 +466,11 @@ fn memset(
         if dst % u64::from(elem) != 0 {
             return Err(codes::INVALID_VALUE);
         }
-        let d = st.resolve(dst, len.max(1), false, function, r)?;
-        if n == 0 {
-            return Ok(());
-        }
         if st.enqueue_check(r)? {
+            st.check_node_memory(dst, len.max(1), false, function)?;
+            if n == 0 {
+                return Ok(());
+            }
             let m = Memset {
                 dst,
                 value,
@@ -459,6 +480,10 @@ fn memset(
                 pitch: 0,
             };
             st.capture_node(r, NodeKind::Memset(m))?;
+            return Ok(());
+        }
+        let d = st.resolve(dst, len.max(1), false, function, r)?;
+        if n == 0 {
             return Ok(());
         }
         let (deps, time) = st.prepare(r);

@@ -1,0 +1,948 @@
+//! Tests only the emulated driver can pass: the hazard checker, fault injection, the call log,
+//! bad input that a real driver may crash on, the live-allocation query, graphs and user
+//! objects in detail, and a two-process pool IPC round trip.
+//!
+//! Run with `cargo build -p cuda-emu && CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so
+//! cargo nextest run -p cuda-sys --test emulator_only`. Every test is correct both in its own
+//! process (nextest) and with the others in one process (`cargo test -- --test-threads=1`): it
+//! clears hazards and the call log first and only looks at its own pointers and handles.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use cuda_sys::emu::{Emulator, Hazard};
+use cuda_sys::types::*;
+use cuda_sys::{CUresult, CudaErrorCode, Driver};
+
+/// Calls a driver entry point.
+macro_rules! cu {
+    ($d:expr, $f:ident($($a:expr),* $(,)?)) => {{
+        // SAFETY: every pointer argument points to live storage of the type the driver API
+        // documents for it; handles are plain values the emulator validates.
+        unsafe { ($d.$f)($($a),*) }
+    }};
+}
+
+/// Calls a driver entry point that must succeed.
+macro_rules! ok {
+    ($d:expr, $f:ident($($a:expr),* $(,)?)) => {{
+        let status: CUresult = cu!($d, $f($($a),*));
+        assert_eq!(CudaErrorCode(status), CudaErrorCode::SUCCESS, "{}", stringify!($f));
+    }};
+}
+
+fn code(status: CUresult) -> CudaErrorCode {
+    CudaErrorCode(status)
+}
+
+/// The driver and the emulator's interface, initialised, with hazards and calls cleared and the
+/// primary context of device 0 current on the calling thread. Returns that context.
+fn setup() -> (&'static Driver, Emulator, CUcontext) {
+    let d = cuda_sys::driver().expect("the driver loads");
+    let emu = Emulator::get().expect("needs the emulated driver");
+    emu.clear_faults();
+    emu.clear_hazards();
+    emu.clear_calls();
+    ok!(d, cuInit(0));
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    ok!(d, cuDevicePrimaryCtxRetain(&mut ctx, 0));
+    ok!(d, cuCtxSetCurrent(ctx));
+    (d, emu, ctx)
+}
+
+fn stream(d: &Driver) -> CUstream {
+    let mut s: CUstream = std::ptr::null_mut();
+    ok!(d, cuStreamCreate(&mut s, 0));
+    s
+}
+
+fn event(d: &Driver) -> CUevent {
+    let mut e: CUevent = std::ptr::null_mut();
+    ok!(d, cuEventCreate(&mut e, 0));
+    e
+}
+
+fn alloc_async(d: &Driver, size: usize, s: CUstream) -> CUdeviceptr {
+    let mut p: CUdeviceptr = 0;
+    ok!(d, cuMemAllocAsync(&mut p, size, s));
+    p
+}
+
+fn hazards_for(emu: &Emulator, ptr: CUdeviceptr) -> Vec<Hazard> {
+    emu.hazards().into_iter().filter(|h| h.ptr == ptr).collect()
+}
+
+fn kinds(hazards: &[Hazard]) -> Vec<&str> {
+    hazards.iter().map(|h| h.kind.as_str()).collect()
+}
+
+#[test]
+fn unordered_free_is_reported() {
+    let (d, emu, _) = setup();
+    let (a, b) = (stream(d), stream(d));
+    let p = alloc_async(d, 256, a);
+    ok!(d, cuMemsetD8Async(p, 7, 256, a));
+    ok!(d, cuMemFreeAsync(p, b));
+    let hazards = hazards_for(&emu, p);
+    assert_eq!(kinds(&hazards), ["unordered_free"], "{hazards:?}");
+    assert_eq!(hazards[0].function, "cuMemFreeAsync");
+    assert_eq!(hazards[0].stream, b as u64);
+}
+
+#[test]
+fn correctly_ordered_two_stream_program_reports_no_hazard() {
+    let (d, emu, _) = setup();
+    let (a, b) = (stream(d), stream(d));
+    let e = event(d);
+    let p = alloc_async(d, 256, a);
+    ok!(d, cuMemsetD8Async(p, 7, 256, a));
+    ok!(d, cuEventRecord(e, a));
+    ok!(d, cuStreamWaitEvent(b, e, 0));
+    ok!(d, cuMemFreeAsync(p, b));
+    ok!(d, cuStreamSynchronize(b));
+    assert!(hazards_for(&emu, p).is_empty(), "{:?}", emu.hazards());
+}
+
+#[test]
+fn host_synchronisation_orders_a_free_on_another_thread() {
+    let (d, emu, ctx) = setup();
+    let a = stream(d);
+    let p = alloc_async(d, 64, a);
+    ok!(d, cuMemsetD8Async(p, 1, 64, a));
+    ok!(d, cuStreamSynchronize(a));
+    let ctx = ctx as u64;
+    std::thread::spawn(move || {
+        let d = cuda_sys::driver().unwrap();
+        ok!(d, cuCtxSetCurrent(ctx as CUcontext));
+        let b = stream(d);
+        ok!(d, cuMemFreeAsync(p, b));
+    })
+    .join()
+    .unwrap();
+    assert!(hazards_for(&emu, p).is_empty(), "{:?}", emu.hazards());
+}
+
+#[test]
+fn legacy_stream_implicit_synchronisation_orders_frees() {
+    let (d, emu, _) = setup();
+    let a = stream(d);
+    let p = alloc_async(d, 64, a);
+    ok!(d, cuMemsetD8Async(p, 1, 64, a));
+    // The legacy stream waits for prior work on every blocking stream of its context.
+    ok!(d, cuMemFreeAsync(p, CU_STREAM_LEGACY));
+    assert!(hazards_for(&emu, p).is_empty(), "{:?}", emu.hazards());
+
+    // A non-blocking stream is exempt.
+    let mut nb: CUstream = std::ptr::null_mut();
+    ok!(d, cuStreamCreate(&mut nb, 1));
+    let q = alloc_async(d, 64, nb);
+    ok!(d, cuMemFreeAsync(q, CU_STREAM_LEGACY));
+    assert_eq!(kinds(&hazards_for(&emu, q)), ["unordered_free"]);
+}
+
+#[test]
+fn use_after_free_is_reported() {
+    let (d, emu, _) = setup();
+    let a = stream(d);
+    let p = alloc_async(d, 128, a);
+    ok!(d, cuMemFreeAsync(p, a));
+    assert_eq!(
+        code(cu!(d, cuMemsetD8Async(p, 0, 128, a))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    let hazards = hazards_for(&emu, p);
+    assert_eq!(kinds(&hazards), ["use_after_free"], "{hazards:?}");
+    assert_eq!(hazards[0].function, "cuMemsetD8Async");
+}
+
+#[test]
+fn double_free_is_reported() {
+    let (d, emu, _) = setup();
+    let a = stream(d);
+    let p = alloc_async(d, 128, a);
+    ok!(d, cuMemFreeAsync(p, a));
+    assert_eq!(
+        code(cu!(d, cuMemFreeAsync(p, a))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    assert_eq!(kinds(&hazards_for(&emu, p)), ["double_free"]);
+
+    let mut q: CUdeviceptr = 0;
+    ok!(d, cuMemAlloc_v2(&mut q, 64));
+    ok!(d, cuMemFree_v2(q));
+    assert_eq!(code(cu!(d, cuMemFree_v2(q))), CudaErrorCode::INVALID_VALUE);
+    assert_eq!(kinds(&hazards_for(&emu, q)), ["double_free"]);
+}
+
+#[test]
+fn free_on_destroyed_stream_is_reported_not_a_crash() {
+    let (d, emu, _) = setup();
+    let a = stream(d);
+    let p = alloc_async(d, 128, a);
+    ok!(d, cuStreamSynchronize(a));
+    ok!(d, cuStreamDestroy_v2(a));
+    assert_eq!(
+        code(cu!(d, cuMemFreeAsync(p, a))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+    let hazards = hazards_for(&emu, p);
+    assert_eq!(kinds(&hazards), ["free_on_destroyed_stream"], "{hazards:?}");
+    // Nothing was freed: the allocation is still live and frees properly (F13).
+    assert!(emu.live_allocations().iter().any(|x| x.ptr == p));
+    ok!(d, cuMemFreeAsync(p, CU_STREAM_LEGACY));
+    assert!(!emu.live_allocations().iter().any(|x| x.ptr == p));
+}
+
+#[test]
+fn fault_injection_fails_the_chosen_call_once() {
+    let (d, emu, _) = setup();
+    assert!(emu.inject_fault("cuMemAlloc_v2", 2, CudaErrorCode::OUT_OF_MEMORY));
+    assert!(!emu.inject_fault("cuNoSuchFunction", 1, CudaErrorCode::UNKNOWN));
+    let mut p: CUdeviceptr = 0;
+    ok!(d, cuMemAlloc_v2(&mut p, 64));
+    let mut q: CUdeviceptr = 0xdead;
+    assert_eq!(
+        code(cu!(d, cuMemAlloc_v2(&mut q, 64))),
+        CudaErrorCode::OUT_OF_MEMORY
+    );
+    assert_eq!(q, 0xdead, "a failed call has no effect");
+    ok!(d, cuMemAlloc_v2(&mut q, 64));
+    assert_ne!(q, p);
+    ok!(d, cuMemFree_v2(p));
+    ok!(d, cuMemFree_v2(q));
+    let failed: Vec<_> = emu
+        .calls()
+        .into_iter()
+        .filter(|c| c.function == "cuMemAlloc_v2" && c.thread == emu.thread_id())
+        .map(|c| c.result)
+        .collect();
+    assert_eq!(failed, [0, 2, 0]);
+}
+
+#[test]
+fn call_log_records_thread_context_and_stream() {
+    let (d, emu, ctx) = setup();
+    let p = alloc_async(d, 64, CU_STREAM_LEGACY);
+    ok!(d, cuMemFreeAsync(p, CU_STREAM_LEGACY));
+    let me = emu.thread_id();
+    let other = std::thread::spawn(move || {
+        let d = cuda_sys::driver().unwrap();
+        let emu = Emulator::get().unwrap();
+        // F1: no context current on this thread.
+        assert_eq!(
+            code(cu!(d, cuMemFreeAsync(p, CU_STREAM_PER_THREAD))),
+            CudaErrorCode::INVALID_CONTEXT
+        );
+        emu.thread_id()
+    })
+    .join()
+    .unwrap();
+    assert_ne!(me, other);
+    let frees: Vec<_> = emu
+        .calls()
+        .into_iter()
+        .filter(|c| c.function == "cuMemFreeAsync" && c.ptr == Some(p))
+        .collect();
+    assert_eq!(frees.len(), 2, "{frees:?}");
+    assert_eq!(frees[0].thread, me);
+    assert_eq!(frees[0].context, ctx as u64);
+    assert_eq!(frees[0].stream, Some(1));
+    let legacy = frees[0].resolved_stream.expect("resolved");
+    assert!(
+        legacy > 2,
+        "the token resolves to the context's legacy stream"
+    );
+    assert_eq!(frees[0].result, 0);
+    assert_eq!(frees[1].thread, other);
+    assert_eq!(frees[1].context, 0);
+    assert_eq!(frees[1].stream, Some(2));
+    assert_eq!(frees[1].resolved_stream, None);
+    assert_eq!(frees[1].result, 201);
+    assert!(frees[0].seq < frees[1].seq);
+}
+
+#[test]
+fn bad_input_returns_codes_and_does_not_crash() {
+    let (d, emu, _) = setup();
+    // Null out-pointers.
+    assert_eq!(
+        code(cu!(d, cuStreamCreate(std::ptr::null_mut(), 0))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    assert_eq!(
+        code(cu!(d, cuEventCreate(std::ptr::null_mut(), 0))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    assert_eq!(
+        code(cu!(d, cuCtxGetCurrent(std::ptr::null_mut()))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    assert_eq!(
+        code(cu!(d, cuMemAlloc_v2(std::ptr::null_mut(), 16))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    assert_eq!(
+        code(cu!(d, cuDeviceGetCount(std::ptr::null_mut()))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    assert_eq!(
+        code(cu!(d, cuGraphCreate(std::ptr::null_mut(), 0))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    assert_eq!(
+        code(cu!(
+            d,
+            cuStreamGetCtx(CU_STREAM_LEGACY, std::ptr::null_mut())
+        )),
+        CudaErrorCode::INVALID_VALUE
+    );
+    // Unknown handles.
+    let bogus = 0x1234_5678_9a00usize;
+    assert_eq!(
+        code(cu!(d, cuStreamSynchronize(bogus as CUstream))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+    assert_eq!(
+        code(cu!(d, cuEventQuery(bogus as CUevent))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+    assert_eq!(
+        code(cu!(d, cuGraphDestroy(bogus as CUgraph))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+    assert_eq!(
+        code(cu!(d, cuGraphExecDestroy(bogus as CUgraphExec))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+    assert_eq!(
+        code(cu!(d, cuMemPoolTrimTo(bogus as CUmemoryPool, 0))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+    assert_eq!(
+        code(cu!(d, cuUserObjectRelease(bogus as CUuserObject, 1))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+    assert_eq!(
+        code(cu!(d, cuCtxPushCurrent_v2(bogus as CUcontext))),
+        CudaErrorCode::INVALID_CONTEXT
+    );
+    assert_eq!(
+        code(cu!(d, cuCtxDestroy_v2(bogus as CUcontext))),
+        CudaErrorCode::INVALID_CONTEXT
+    );
+    assert_eq!(
+        code(cu!(d, cuDeviceGet(null_dev(), 99))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    let mut dev: CUdevice = 0;
+    assert_eq!(
+        code(cu!(d, cuDeviceGet(&mut dev, 99))),
+        CudaErrorCode::INVALID_DEVICE
+    );
+    // Destroyed handles.
+    let s = stream(d);
+    ok!(d, cuStreamDestroy_v2(s));
+    assert_eq!(
+        code(cu!(d, cuStreamSynchronize(s))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+    assert_eq!(
+        code(cu!(d, cuStreamDestroy_v2(s))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+    let e = event(d);
+    ok!(d, cuEventDestroy_v2(e));
+    assert_eq!(
+        code(cu!(d, cuEventRecord(e, CU_STREAM_LEGACY))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+    let mut g: CUgraph = std::ptr::null_mut();
+    ok!(d, cuGraphCreate(&mut g, 0));
+    ok!(d, cuGraphDestroy(g));
+    assert_eq!(
+        code(cu!(d, cuGraphDestroy(g))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    ok!(d, cuCtxCreate_v2(&mut ctx, 0, 0));
+    ok!(d, cuCtxDestroy_v2(ctx));
+    assert_eq!(
+        code(cu!(d, cuCtxSetCurrent(ctx))),
+        CudaErrorCode::INVALID_CONTEXT
+    );
+    // Pointers.
+    assert_eq!(
+        code(cu!(d, cuMemFree_v2(0x42))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    let mut p: CUdeviceptr = 0;
+    assert_eq!(
+        code(cu!(d, cuMemAlloc_v2(&mut p, 0))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    ok!(d, cuMemAlloc_v2(&mut p, 16));
+    assert_eq!(
+        code(cu!(d, cuMemsetD32_v2(p, 0, 5))),
+        CudaErrorCode::INVALID_VALUE,
+        "5 elements of 4 bytes overrun 16 bytes"
+    );
+    ok!(d, cuMemsetD32_v2(p, 0, 4));
+    ok!(d, cuMemFree_v2(p));
+    // Nothing above was a hazard except the frees of unknown pointers.
+    assert!(
+        emu.hazards().iter().all(|h| h.kind == "double_free"),
+        "{:?}",
+        emu.hazards()
+    );
+}
+
+fn null_dev() -> *mut CUdevice {
+    std::ptr::null_mut()
+}
+
+#[test]
+fn no_context_tokens_fail_and_created_streams_work() {
+    let (d, _, ctx) = setup();
+    let s = stream(d);
+    let p = alloc_async(d, 64, s);
+    ok!(d, cuStreamSynchronize(s));
+    let (s_raw, ctx_raw) = (s as u64, ctx as u64);
+    std::thread::spawn(move || {
+        let d = cuda_sys::driver().unwrap();
+        for token in [CU_STREAM_NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD] {
+            assert_eq!(
+                code(cu!(d, cuMemFreeAsync(p, token))),
+                CudaErrorCode::INVALID_CONTEXT
+            );
+        }
+        let mut got: CUcontext = std::ptr::null_mut();
+        ok!(d, cuStreamGetCtx(s_raw as CUstream, &mut got));
+        assert_eq!(got as u64, ctx_raw);
+        ok!(d, cuMemFreeAsync(p, s_raw as CUstream));
+        ok!(d, cuStreamSynchronize(s_raw as CUstream));
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn live_allocation_query_lists_each_kind() {
+    let (d, emu, _) = setup();
+    let mut dev: CUdeviceptr = 0;
+    ok!(d, cuMemAlloc_v2(&mut dev, 100));
+    let mut host: *mut c_void = std::ptr::null_mut();
+    ok!(d, cuMemAllocHost_v2(&mut host, 200));
+    let mut managed: CUdeviceptr = 0;
+    ok!(d, cuMemAllocManaged(&mut managed, 300, 1));
+    let pooled = alloc_async(d, 400, CU_STREAM_LEGACY);
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    ok!(d, cuDeviceGetMemPool(&mut pool, 0));
+
+    let live = emu.live_allocations();
+    let find = |p: u64| live.iter().find(|a| a.ptr == p).cloned().expect("listed");
+    let a = find(dev);
+    assert_eq!(
+        (a.size, a.kind.as_str(), a.device, a.pool),
+        (100, "device", 0, None)
+    );
+    let a = find(host as u64);
+    assert_eq!((a.size, a.kind.as_str(), a.device), (200, "host", -1));
+    let a = find(managed);
+    assert_eq!((a.size, a.kind.as_str(), a.device), (300, "managed", 0));
+    let a = find(pooled);
+    assert_eq!(
+        (a.size, a.kind.as_str(), a.device, a.pool),
+        (400, "pool", 0, Some(pool as u64))
+    );
+
+    // Host and managed memory are host-accessible bytes.
+    // SAFETY: both are live allocations of at least 200 bytes.
+    unsafe {
+        std::ptr::write_bytes(host.cast::<u8>(), 9, 200);
+        std::ptr::write_bytes(managed as *mut u8, 3, 300);
+    }
+    ok!(d, cuMemcpy(dev, host as u64, 100));
+    let mut back = [0u8; 100];
+    ok!(d, cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), dev, 100));
+    assert_eq!(back, [9u8; 100]);
+
+    ok!(d, cuMemFree_v2(dev));
+    ok!(d, cuMemFreeHost(host));
+    ok!(d, cuMemFree_v2(managed));
+    ok!(d, cuMemFreeAsync(pooled, CU_STREAM_LEGACY));
+    let live = emu.live_allocations();
+    for p in [dev, host as u64, managed, pooled] {
+        assert!(!live.iter().any(|a| a.ptr == p), "{p:#x} still listed");
+    }
+}
+
+#[test]
+fn memory_bytes_round_trip_through_fills_and_copies() {
+    let (d, _, _) = setup();
+    let s = stream(d);
+    let p = alloc_async(d, 64, s);
+    let q = alloc_async(d, 64, s);
+    ok!(d, cuMemsetD16Async(p, 0xabcd, 32, s));
+    ok!(d, cuMemcpyAsync(q, p, 64, s));
+    ok!(d, cuMemsetD32Async(q, 0x0102_0304, 2, s));
+    let mut out = [0u16; 32];
+    ok!(d, cuStreamSynchronize(s));
+    ok!(d, cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), q, 64));
+    assert_eq!(out[..4], [0x0304, 0x0102, 0x0304, 0x0102]);
+    assert!(out[4..].iter().all(|&x| x == 0xabcd));
+    let input: Vec<u8> = (0..64).collect();
+    ok!(d, cuMemcpyHtoD_v2(p, input.as_ptr().cast(), 64));
+    let mut back = vec![0u8; 64];
+    ok!(d, cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), p, 64));
+    assert_eq!(back, input);
+    ok!(d, cuMemFreeAsync(p, s));
+    ok!(d, cuMemFreeAsync(q, s));
+    ok!(d, cuStreamSynchronize(s));
+}
+
+struct Gate {
+    open: AtomicBool,
+    status_inside: AtomicU64,
+}
+
+static GATE: Gate = Gate {
+    open: AtomicBool::new(false),
+    status_inside: AtomicU64::new(u64::MAX),
+};
+
+/// A host function that blocks until the gate opens and tries a driver call.
+unsafe extern "C" fn wait_for_gate(_: *mut c_void) {
+    while !GATE.open.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    let d = cuda_sys::driver().unwrap();
+    let mut n: c_int = 0;
+    let status = cu!(d, cuDeviceGetCount(&mut n));
+    GATE.status_inside
+        .store(u64::from(status), Ordering::SeqCst);
+}
+
+static DESTROYED: AtomicU64 = AtomicU64::new(0);
+static DESTROYED_ON: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
+
+unsafe extern "C" fn destructor(_: *mut c_void) {
+    *DESTROYED_ON.lock().unwrap() = Some(std::thread::current().id());
+    DESTROYED.fetch_add(1, Ordering::SeqCst);
+}
+
+unsafe extern "C" fn count_host_node(data: *mut c_void) {
+    // SAFETY: the test passes a pointer to a live AtomicU64.
+    unsafe { &*data.cast::<AtomicU64>() }.fetch_add(1, Ordering::SeqCst);
+}
+
+/// One test for everything that uses the gate and the destructor counter, so that tests
+/// sharing a process never share them.
+#[test]
+fn host_functions_graphs_and_user_object_destructor_timing() {
+    let (d, _, _) = setup();
+    let s = stream(d);
+
+    // A blocked host function keeps the stream pending; driver calls inside it are refused.
+    GATE.open.store(false, Ordering::SeqCst);
+    ok!(
+        d,
+        cuLaunchHostFunc(s, Some(wait_for_gate), std::ptr::null_mut())
+    );
+    assert_eq!(code(cu!(d, cuStreamQuery(s))), CudaErrorCode::NOT_READY);
+
+    // G3: a graph holding a user object, launched behind the blocked host function, its exec
+    // destroyed at once: the destructor waits for the launch.
+    let mut g: CUgraph = std::ptr::null_mut();
+    ok!(d, cuGraphCreate(&mut g, 0));
+    let mut uo: CUuserObject = std::ptr::null_mut();
+    DESTROYED.store(0, Ordering::SeqCst);
+    ok!(
+        d,
+        cuUserObjectCreate(&mut uo, std::ptr::null_mut(), Some(destructor), 1, 1)
+    );
+    ok!(d, cuGraphRetainUserObject(g, uo, 1, 1));
+    let counter = AtomicU64::new(0);
+    let params = CUDA_HOST_NODE_PARAMS {
+        fn_: Some(count_host_node),
+        userData: (&counter as *const AtomicU64).cast_mut().cast(),
+    };
+    let mut node: CUgraphNode = std::ptr::null_mut();
+    ok!(
+        d,
+        cuGraphAddHostNode(&mut node, g, std::ptr::null(), 0, &params)
+    );
+    let mut exec: CUgraphExec = std::ptr::null_mut();
+    ok!(d, cuGraphInstantiateWithFlags(&mut exec, g, 0));
+    ok!(d, cuGraphDestroy(g));
+    assert_eq!(
+        DESTROYED.load(Ordering::SeqCst),
+        0,
+        "G1: the exec holds a reference"
+    );
+    ok!(d, cuGraphLaunch(exec, s));
+    ok!(d, cuGraphExecDestroy(exec));
+    assert_eq!(
+        DESTROYED.load(Ordering::SeqCst),
+        0,
+        "G3: a launch is pending"
+    );
+    GATE.open.store(true, Ordering::SeqCst);
+    ok!(d, cuStreamSynchronize(s));
+    assert_eq!(counter.load(Ordering::SeqCst), 1);
+    assert_eq!(DESTROYED.load(Ordering::SeqCst), 1);
+    assert_ne!(
+        *DESTROYED_ON.lock().unwrap(),
+        Some(std::thread::current().id()),
+        "ran on a driver thread"
+    );
+    assert_eq!(
+        GATE.status_inside.load(Ordering::SeqCst),
+        u64::from(CudaErrorCode::NOT_PERMITTED.0)
+    );
+
+    // G2: no launch pending: the destructor runs inside cuGraphExecDestroy, on this thread.
+    ok!(d, cuGraphCreate(&mut g, 0));
+    ok!(
+        d,
+        cuUserObjectCreate(&mut uo, std::ptr::null_mut(), Some(destructor), 1, 1)
+    );
+    ok!(d, cuGraphRetainUserObject(g, uo, 1, 1));
+    ok!(d, cuGraphInstantiateWithFlags(&mut exec, g, 0));
+    ok!(d, cuGraphDestroy(g));
+    ok!(d, cuGraphLaunch(exec, s));
+    ok!(d, cuStreamSynchronize(s));
+    assert_eq!(DESTROYED.load(Ordering::SeqCst), 1);
+    ok!(d, cuGraphExecDestroy(exec));
+    assert_eq!(DESTROYED.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        *DESTROYED_ON.lock().unwrap(),
+        Some(std::thread::current().id())
+    );
+    assert_eq!(
+        code(cu!(d, cuUserObjectRelease(uo, 1))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+}
+
+#[test]
+fn graph_nodes_and_stream_capture_run_real_bytes() {
+    let (d, emu, _) = setup();
+    let s = stream(d);
+    let mut src: CUdeviceptr = 0;
+    let mut dst: CUdeviceptr = 0;
+    ok!(d, cuMemAlloc_v2(&mut src, 32));
+    ok!(d, cuMemAlloc_v2(&mut dst, 32));
+
+    // A built graph: memset then a 1-D copy.
+    let mut g: CUgraph = std::ptr::null_mut();
+    ok!(d, cuGraphCreate(&mut g, 0));
+    let set = CUDA_MEMSET_NODE_PARAMS {
+        dst: src,
+        pitch: 0,
+        value: 0x5a,
+        elementSize: 1,
+        width: 32,
+        height: 1,
+    };
+    let mut n1: CUgraphNode = std::ptr::null_mut();
+    ok!(
+        d,
+        cuGraphAddMemsetNode(&mut n1, g, std::ptr::null(), 0, &set, std::ptr::null_mut())
+    );
+    let null: *mut c_void = std::ptr::null_mut();
+    let copy = CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: null.cast(),
+        reserved0: null,
+        srcPitch: 0,
+        srcHeight: 0,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: null,
+        dstDevice: dst,
+        dstArray: null.cast(),
+        reserved1: null,
+        dstPitch: 0,
+        dstHeight: 0,
+        WidthInBytes: 32,
+        Height: 1,
+        Depth: 1,
+    };
+    let mut n2: CUgraphNode = std::ptr::null_mut();
+    ok!(
+        d,
+        cuGraphAddMemcpyNode(&mut n2, g, &n1, 1, &copy, std::ptr::null_mut())
+    );
+    let mut clone: CUgraph = std::ptr::null_mut();
+    ok!(d, cuGraphClone(&mut clone, g));
+    let mut exec: CUgraphExec = std::ptr::null_mut();
+    ok!(d, cuGraphInstantiateWithFlags(&mut exec, clone, 0));
+    ok!(d, cuGraphLaunch(exec, s));
+    ok!(d, cuStreamSynchronize(s));
+    let mut out = [0u8; 32];
+    ok!(d, cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), dst, 32));
+    assert_eq!(out, [0x5a; 32]);
+    ok!(d, cuGraphExecDestroy(exec));
+    ok!(d, cuGraphDestroy(clone));
+    ok!(d, cuGraphDestroy(g));
+
+    // A captured graph: a stream-ordered allocation, a fill, a copy out, a free.
+    ok!(
+        d,
+        cuStreamBeginCapture_v2(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+    );
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    ok!(d, cuStreamIsCapturing(s, &mut status));
+    assert_eq!(
+        status,
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+    );
+    let p = alloc_async(d, 32, s);
+    ok!(d, cuMemsetD8Async(p, 0x33, 32, s));
+    ok!(d, cuMemcpyAsync(dst, p, 32, s));
+    ok!(d, cuMemFreeAsync(p, s));
+    // A synchronous allocation is not allowed during a global capture, and invalidates it.
+    let mut bad: CUdeviceptr = 0;
+    ok!(d, cuStreamEndCapture(s, &mut g));
+    assert!(!g.is_null());
+    assert!(
+        !emu.live_allocations().iter().any(|a| a.ptr == p),
+        "captured work did not run"
+    );
+    ok!(d, cuGraphInstantiateWithFlags(&mut exec, g, 0));
+    ok!(d, cuGraphLaunch(exec, s));
+    ok!(d, cuStreamSynchronize(s));
+    ok!(d, cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), dst, 32));
+    assert_eq!(out, [0x33; 32]);
+    assert!(
+        !emu.live_allocations().iter().any(|a| a.ptr == p),
+        "the graph freed its allocation"
+    );
+    ok!(d, cuGraphLaunch(exec, s)); // relaunch: same address, allocated and freed again
+    ok!(d, cuStreamSynchronize(s));
+    ok!(d, cuGraphExecDestroy(exec));
+    ok!(d, cuGraphDestroy(g));
+
+    ok!(
+        d,
+        cuStreamBeginCapture_v2(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+    );
+    assert_eq!(
+        code(cu!(d, cuMemAlloc_v2(&mut bad, 16))),
+        CudaErrorCode::STREAM_CAPTURE_UNSUPPORTED
+    );
+    assert_eq!(
+        code(cu!(d, cuMemsetD8Async(dst, 0, 32, s))),
+        CudaErrorCode::STREAM_CAPTURE_INVALIDATED
+    );
+    assert_eq!(
+        code(cu!(d, cuStreamEndCapture(s, &mut g))),
+        CudaErrorCode::STREAM_CAPTURE_INVALIDATED
+    );
+    assert!(g.is_null());
+    ok!(d, cuMemFree_v2(src));
+    ok!(d, cuMemFree_v2(dst));
+    assert!(emu.hazards().is_empty(), "{:?}", emu.hazards());
+}
+
+#[test]
+fn pools_account_used_and_reserved_memory() {
+    let (d, _, _) = setup();
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: CUmemPoolProps is plain data; all-zero is a valid starting point.
+    let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
+    props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 1;
+    ok!(d, cuMemPoolCreate(&mut pool, &props));
+    let attr = |a: MemPoolAttribute| {
+        let mut v: u64 = 0;
+        ok!(
+            d,
+            cuMemPoolGetAttribute(pool, a, (&mut v as *mut u64).cast())
+        );
+        v
+    };
+    let s = stream(d);
+    let mut p: CUdeviceptr = 0;
+    ok!(d, cuMemAllocFromPoolAsync(&mut p, 1000, pool, s));
+    assert_eq!(
+        attr(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+        1000
+    );
+    assert!(attr(MemPoolAttribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >= 1000);
+    let mut v: CUmemoryPool = std::ptr::null_mut();
+    ok!(
+        d,
+        cuPointerGetAttribute(
+            (&mut v as *mut CUmemoryPool).cast(),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+            p
+        )
+    );
+    assert_eq!(v, pool);
+    let mut ordinal: c_int = -7;
+    ok!(
+        d,
+        cuPointerGetAttribute(
+            (&mut ordinal as *mut c_int).cast(),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            p
+        )
+    );
+    assert_eq!(ordinal, 1);
+    ok!(d, cuMemFreeAsync(p, s));
+    ok!(d, cuStreamSynchronize(s));
+    assert_eq!(attr(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+    assert_eq!(attr(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH), 1000);
+    ok!(d, cuMemPoolTrimTo(pool, 0));
+    assert_eq!(
+        attr(MemPoolAttribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+        0
+    );
+    ok!(d, cuMemPoolDestroy(pool));
+    assert_eq!(
+        code(cu!(d, cuMemAllocFromPoolAsync(&mut p, 8, pool, s))),
+        CudaErrorCode::INVALID_HANDLE
+    );
+}
+
+const IPC_CHILD: &str = "CUSTODY_EMU_TEST_IPC_CHILD";
+
+#[test]
+fn pool_ipc_round_trip_between_two_processes() {
+    if let Ok(spec) = std::env::var(IPC_CHILD) {
+        return ipc_child(&spec);
+    }
+    let (d, _, _) = setup();
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: CUmemPoolProps is plain data; all-zero is a valid starting point.
+    let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
+    props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    props.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    ok!(d, cuMemPoolCreate(&mut pool, &props));
+    let mut fd: c_int = -1;
+    ok!(
+        d,
+        cuMemPoolExportToShareableHandle(
+            (&mut fd as *mut c_int).cast(),
+            pool,
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0
+        )
+    );
+    assert!(fd >= 0);
+    let mut p: CUdeviceptr = 0;
+    ok!(
+        d,
+        cuMemAllocFromPoolAsync(&mut p, 4096, pool, CU_STREAM_LEGACY)
+    );
+    let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    ok!(d, cuMemcpyHtoD_v2(p, bytes.as_ptr().cast(), bytes.len()));
+    // SAFETY: CUmemPoolPtrExportData is 64 plain bytes.
+    let mut share: CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
+    ok!(d, cuMemPoolExportPointer(&mut share, p));
+    let share_hex: String = share.reserved.iter().map(|b| format!("{b:02x}")).collect();
+    let spec = format!("/proc/{}/fd/{fd} {share_hex}", std::process::id());
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "pool_ipc_round_trip_between_two_processes",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(IPC_CHILD, spec)
+        .output()
+        .expect("the test binary runs as a child");
+    assert!(
+        out.status.success(),
+        "child failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("child read 4096 bytes"));
+    // The child wrote its answer into the shared allocation.
+    let mut first = [0u8; 4];
+    ok!(d, cuMemcpyDtoH_v2(first.as_mut_ptr().cast(), p, 4));
+    assert_eq!(first, *b"kid!");
+    ok!(d, cuMemFreeAsync(p, CU_STREAM_LEGACY));
+    ok!(d, cuStreamSynchronize(CU_STREAM_LEGACY));
+    ok!(d, cuMemPoolDestroy(pool));
+}
+
+fn ipc_child(spec: &str) {
+    use std::os::fd::AsRawFd;
+    let (d, emu, _) = setup();
+    let (path, hex) = spec.split_once(' ').expect("spec");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("the parent's pool fd");
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    ok!(
+        d,
+        cuMemPoolImportFromShareableHandle(
+            &mut pool,
+            file.as_raw_fd() as usize as *mut c_void,
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0
+        )
+    );
+    // SAFETY: CUmemPoolPtrExportData is 64 plain bytes.
+    let mut share: CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
+    for (i, b) in share.reserved.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+    }
+    let mut p: CUdeviceptr = 0;
+    ok!(d, cuMemPoolImportPointer(&mut p, pool, &mut share));
+    assert!(emu
+        .live_allocations()
+        .iter()
+        .any(|a| a.ptr == p && a.kind == "ipc"));
+    let mut got = vec![0u8; 4096];
+    ok!(d, cuMemcpyDtoH_v2(got.as_mut_ptr().cast(), p, 4096));
+    let want: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    assert_eq!(got, want);
+    ok!(d, cuMemcpyHtoD_v2(p, b"kid!".as_ptr().cast(), 4));
+    ok!(d, cuMemFreeAsync(p, CU_STREAM_LEGACY));
+    ok!(d, cuStreamSynchronize(CU_STREAM_LEGACY));
+    println!("child read {} bytes", got.len());
+}
+
+#[test]
+fn proc_address_returns_our_exports() {
+    let (d, _, _) = setup();
+    let mut f: *mut c_void = std::ptr::null_mut();
+    let mut status = CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    ok!(
+        d,
+        cuGetProcAddress_v2(c"cuMemFree".as_ptr(), &mut f, 12000, 0, &mut status)
+    );
+    assert_eq!(
+        status,
+        CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS
+    );
+    assert_eq!(f, d.cuMemFree_v2 as *mut c_void);
+    let r = cu!(
+        d,
+        cuGetProcAddress_v2(c"cuNoSuchThing".as_ptr(), &mut f, 12000, 0, &mut status)
+    );
+    assert_eq!(code(r), CudaErrorCode::NOT_FOUND);
+    assert_eq!(
+        status,
+        CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+    );
+    let _: c_uint = 0;
+}
