@@ -33,6 +33,8 @@ struct TestBinary {
     target: String,
     kind: String,
     source: PathBuf,
+    /// Declared emulator-only by its package (see [`emulator_only_targets`]).
+    declared_emulator_only: bool,
 }
 
 impl TestBinary {
@@ -41,12 +43,13 @@ impl TestBinary {
         format!("{}--{}", self.package, self.target)
     }
 
-    /// How run.py treats it: `conformance` (real driver and emulator), `emulator-only` (skipped
-    /// on a real driver) or `driver` (real driver).
+    /// How run.py treats it: `conformance` (real driver and emulator), `emulator-only` (the
+    /// bundled emulator only) or `driver` (real driver).
     fn role(&self) -> &'static str {
         match self.target.as_str() {
             "conformance" => "conformance",
             "emulator_only" => "emulator-only",
+            _ if self.declared_emulator_only => "emulator-only",
             _ => "driver",
         }
     }
@@ -159,10 +162,37 @@ fn selection(metadata: &Value) -> Result<(Vec<String>, Vec<String>)> {
     Ok((packages, features))
 }
 
+/// The test targets each package declares emulator-only in its Cargo.toml, for integration tests
+/// that need the emulator's query interface (hazards, call log, fault injection):
+///
+/// ```toml
+/// [package.metadata.custody]
+/// emulator-only-tests = ["deferred_cleanup", "teardown_context"]
+/// ```
+///
+/// A target named `emulator_only` is emulator-only without being declared.
+fn emulator_only_targets(metadata: &Value) -> HashMap<String, Vec<String>> {
+    metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            let name = p["name"].as_str()?.to_owned();
+            let targets = p["metadata"]["custody"]["emulator-only-tests"]
+                .as_array()?
+                .iter()
+                .filter_map(|t| Some(t.as_str()?.to_owned()))
+                .collect();
+            Some((name, targets))
+        })
+        .collect()
+}
+
 /// `cargo test --no-run --release` of the selected packages with their `gpu` features, reading
 /// the test executables from cargo's JSON messages.
 fn build_test_binaries(metadata: &Value) -> Result<Vec<TestBinary>> {
     let (packages, features) = selection(metadata)?;
+    let emulator_only = emulator_only_targets(metadata);
     let names: HashMap<String, String> = metadata["packages"]
         .as_array()
         .into_iter()
@@ -224,11 +254,16 @@ fn build_test_binaries(metadata: &Value) -> Result<Vec<TestBinary>> {
             // Unit tests of the library (or binary) target.
             kind.clone()
         };
+        let declared_emulator_only = kind == "test"
+            && emulator_only
+                .get(&package)
+                .is_some_and(|targets| targets.contains(&target));
         binaries.push(TestBinary {
             package,
             target,
             kind,
             source: PathBuf::from(executable),
+            declared_emulator_only,
         });
     }
     let exit = child.wait()?;
@@ -349,4 +384,64 @@ fn host_description() -> String {
         std::env::consts::OS,
         std::env::consts::ARCH
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binary(target: &str, declared: bool) -> TestBinary {
+        TestBinary {
+            package: "handles".to_owned(),
+            target: target.to_owned(),
+            kind: "test".to_owned(),
+            source: PathBuf::new(),
+            declared_emulator_only: declared,
+        }
+    }
+
+    #[test]
+    fn roles_follow_names_and_declarations() {
+        assert_eq!(binary("conformance", false).role(), "conformance");
+        assert_eq!(binary("emulator_only", false).role(), "emulator-only");
+        assert_eq!(binary("teardown_context", true).role(), "emulator-only");
+        assert_eq!(binary("teardown_context", false).role(), "driver");
+        assert_eq!(
+            binary("teardown_context", false).file_name(),
+            "handles--teardown_context"
+        );
+    }
+
+    #[test]
+    fn emulator_only_tests_are_read_from_package_metadata() {
+        let metadata = json!({
+            "packages": [
+                {"name": "handles", "metadata": {"custody": {"emulator-only-tests": ["a", "b"]}}},
+                {"name": "memory", "metadata": null},
+            ]
+        });
+        let declared = emulator_only_targets(&metadata);
+        assert_eq!(
+            declared.get("handles"),
+            Some(&vec!["a".to_owned(), "b".to_owned()])
+        );
+        assert_eq!(declared.get("memory"), None);
+    }
+
+    #[test]
+    fn gpu_features_are_selected_for_members_that_define_them() {
+        let metadata = json!({
+            "workspace_members": ["id-sys", "id-emu", "id-handles", "id-xtask"],
+            "packages": [
+                {"id": "id-sys", "name": "cuda-sys", "features": {"gpu": []}},
+                {"id": "id-emu", "name": "cuda-emu", "features": {"gpu": []}},
+                {"id": "id-handles", "name": "handles", "features": {}},
+                {"id": "id-xtask", "name": "xtask", "features": {}},
+                {"id": "id-dep", "name": "cudarc", "features": {"gpu": []}},
+            ]
+        });
+        let (packages, features) = selection(&metadata).unwrap();
+        assert_eq!(packages, ["cuda-sys", "handles"]);
+        assert_eq!(features, ["cuda-sys/gpu"]);
+    }
 }
