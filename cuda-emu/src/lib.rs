@@ -17,8 +17,8 @@
 //!   released per device (same handle every time; memory of `cuMemAlloc` goes with the
 //!   context when the last reference is released); `cuCtxCreate` pushes, `cuCtxDestroy` waits
 //!   for the context's work, frees its `cuMemAlloc`/host/managed memory (F9), destroys its
-//!   streams and pops it from the calling thread if current. `cuCtxSetCurrent(NULL)` leaves the
-//!   thread with no current context.
+//!   streams and pops it from the calling thread if current. `cuCtxSetCurrent(NULL)` pops the top
+//!   of the thread's stack (a no-op on an empty stack).
 //! - **Streams**: created streams belong to the current context (F4, F6); the tokens NULL and
 //!   `CU_STREAM_LEGACY` mean the legacy stream of the calling thread's current context, and
 //!   `CU_STREAM_PER_THREAD` that thread's per-thread stream in it (F1-F3, F7, F12). Priorities
@@ -52,8 +52,9 @@
 //! - **User objects**: counted references held by the program, graphs, clones and execs; the
 //!   destructor runs when the last goes, on the calling thread inside the call (G2) or, when an
 //!   exec is destroyed with a launch pending, on the stream's worker thread after that launch
-//!   (G3). Any driver call from a destructor or host function returns
-//!   `CUDA_ERROR_NOT_PERMITTED` (G4).
+//!   (G3). A driver call from a destructor or host function returns
+//!   `CUDA_ERROR_NOT_PERMITTED` (G4), except `cuStreamSynchronize` of an idle stream, which the
+//!   real driver was measured to allow.
 //! - **Bad input** never crashes: null out-pointers, unknown or destroyed handles (handle values
 //!   are never reused), unknown pointers and double frees return error codes. Every code chosen
 //!   without a measurement is listed in the `codes` module, in one place.

@@ -131,7 +131,13 @@ pub unsafe extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
                 st.invalidate_capture(id);
                 return Err(codes::CAPTURE_UNSUPPORTED);
             }
-            st.stream_target(r)
+            let (dep, clock) = st.stream_target(r);
+            if crate::log::in_callback_now() && !dep.done() {
+                // Waiting for pending work from a callback could deadlock (the callback may be
+                // that work); only an idle stream is measured to succeed there (guess).
+                return Err(codes::NOT_PERMITTED);
+            }
+            (dep, clock)
         };
         wait_and_observe(&[dep], &clock);
         Ok(())
