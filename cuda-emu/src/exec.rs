@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::log::lock;
@@ -55,23 +55,33 @@ pub(crate) struct Op {
     pub(crate) defer: bool,
 }
 
-static PROGRESS: Mutex<u64> = Mutex::new(0);
+static PROGRESS: Mutex<()> = Mutex::new(());
 static PROGRESS_CV: Condvar = Condvar::new();
+/// Threads inside [`wait_until`]; progress skips the lock and the wake-up when there are none.
+static WAITERS: AtomicUsize = AtomicUsize::new(0);
 
 fn notify_progress() {
-    let mut generation = lock(&PROGRESS);
-    *generation += 1;
-    PROGRESS_CV.notify_all();
+    // A waiter registers (SeqCst) before it checks its condition, and we publish progress
+    // (SeqCst) before reading WAITERS: either it sees our progress or we see it and wake it.
+    if WAITERS.load(Ordering::SeqCst) > 0 {
+        let _guard = lock(&PROGRESS);
+        PROGRESS_CV.notify_all();
+    }
 }
 
 /// Blocks until `cond()` holds; `cond` is re-evaluated whenever any stream makes progress.
 pub(crate) fn wait_until(cond: impl Fn() -> bool) {
+    if cond() {
+        return;
+    }
     let mut guard = lock(&PROGRESS);
+    WAITERS.fetch_add(1, Ordering::SeqCst);
     while !cond() {
         guard = PROGRESS_CV
             .wait(guard)
             .unwrap_or_else(std::sync::PoisonError::into_inner);
     }
+    WAITERS.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Blocks until every dependency in `deps` is met.

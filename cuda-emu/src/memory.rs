@@ -355,12 +355,7 @@ impl State {
 
     /// Bytes of device `device` in use (allocations plus pool reservations).
     pub(crate) fn device_used(&self, device: i32) -> u64 {
-        let direct: u64 = self
-            .allocs
-            .values()
-            .filter(|a| a.device == device && a.pool.is_none() && !a.host)
-            .map(|a| a.size)
-            .sum();
+        let direct = self.device_direct.get(&device).copied().unwrap_or(0);
         let pooled: u64 = self
             .pools
             .values()
@@ -385,7 +380,21 @@ impl State {
         for p in stale {
             self.freed.remove(&p);
         }
+        if a.kind == AllocKind::Device {
+            *self.device_direct.entry(a.device).or_insert(0) += a.size;
+        }
         self.allocs.insert(a.addr, a);
+    }
+
+    /// Removes a live allocation from the table (the caller remembers it as freed).
+    pub(crate) fn remove_alloc(&mut self, addr: u64) -> Option<Alloc> {
+        let a = self.allocs.remove(&addr)?;
+        if a.kind == AllocKind::Device {
+            if let Some(n) = self.device_direct.get_mut(&a.device) {
+                *n = n.saturating_sub(a.size);
+            }
+        }
+        Some(a)
     }
 
     /// The start of the live allocation containing `addr`.
@@ -531,7 +540,7 @@ impl State {
         by: &'static str,
         how: &'static str,
     ) -> Option<Alloc> {
-        let a = self.allocs.remove(&addr)?;
+        let a = self.remove_alloc(addr)?;
         self.remember_freed(&a, by, how);
         Some(a)
     }

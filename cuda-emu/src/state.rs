@@ -75,6 +75,8 @@ pub(crate) struct Stream {
     pub(crate) priority: i32,
     pub(crate) core: Arc<StreamCore>,
     pub(crate) clock: VectorClock,
+    /// The version of the host clock last merged into `clock`.
+    pub(crate) host_seen: u64,
     /// The capture this stream takes part in, if any.
     pub(crate) capture: Option<u64>,
 }
@@ -118,6 +120,10 @@ pub(crate) struct State {
     /// calls). Shared by all host threads: the emulator sees one global order of driver calls,
     /// so work one thread has waited for is complete for every call issued afterwards.
     pub(crate) host_clock: VectorClock,
+    /// Bumped whenever `host_clock` grows.
+    pub(crate) host_version: u64,
+    /// Bytes of `cuMemAlloc` memory per device.
+    pub(crate) device_direct: HashMap<i32, u64>,
     next_handle: u64,
     pub(crate) va_base: u64,
     pub(crate) va_next: u64,
@@ -146,6 +152,8 @@ impl State {
             user_objects: HashMap::new(),
             captures: HashMap::new(),
             host_clock: VectorClock::default(),
+            host_version: 1,
+            device_direct: HashMap::new(),
             next_handle: 0,
             va_base,
             va_next: va_base + 0x1000_0000,
@@ -244,6 +252,7 @@ impl State {
                 priority: LEAST_PRIORITY,
                 core: StreamCore::new(legacy),
                 clock: VectorClock::default(),
+                host_seen: 0,
                 capture: None,
             },
         );
@@ -276,7 +285,7 @@ impl State {
             .map(|(&p, _)| p)
             .collect();
         for p in owned {
-            if let Some(a) = self.allocs.remove(&p) {
+            if let Some(a) = self.remove_alloc(p) {
                 self.remember_freed(&a, "cuCtxDestroy", "went with its context");
             }
         }
@@ -320,6 +329,7 @@ impl State {
                 priority: LEAST_PRIORITY,
                 core: StreamCore::new(handle),
                 clock: VectorClock::default(),
+                host_seen: 0,
                 capture: None,
             },
         );
@@ -358,7 +368,7 @@ impl State {
     /// time on the stream's component.
     pub(crate) fn prepare(&mut self, s: u64) -> (Vec<Dep>, u64) {
         let mut deps = Vec::new();
-        let mut merged = self.host_clock.clone();
+        let mut merged = VectorClock::default();
         let (ctx, kind, blocking) = {
             let st = &self.streams[&s];
             (st.ctx, st.kind, st.blocking())
@@ -381,6 +391,10 @@ impl State {
             }
         }
         let stream = self.streams.get_mut(&s).expect("prepared stream is live");
+        if stream.host_seen != self.host_version {
+            stream.clock.merge(&self.host_clock);
+            stream.host_seen = self.host_version;
+        }
         stream.clock.merge(&merged);
         let time = stream.clock.tick(s);
         (deps, time)
@@ -407,7 +421,10 @@ impl State {
     /// Records that the host has seen work complete: merges `clock` into the host clock and
     /// lets pools release memory above their release threshold.
     pub(crate) fn host_observed(&mut self, clock: &VectorClock) {
-        self.host_clock.merge(clock);
+        if clock.iter().any(|(c, t)| self.host_clock.get(c) < t) {
+            self.host_clock.merge(clock);
+            self.host_version += 1;
+        }
         for pool in self.pools.values() {
             pool.core.release_after_sync();
         }

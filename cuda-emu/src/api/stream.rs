@@ -34,6 +34,7 @@ fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Res {
             priority: priority.clamp(GREATEST_PRIORITY, LEAST_PRIORITY),
             core: StreamCore::new(handle),
             clock: VectorClock::default(),
+            host_seen: 0,
             capture: None,
         },
     );
