@@ -24,7 +24,7 @@
 //!   `CU_STREAM_PER_THREAD` that thread's per-thread stream in it (F1-F3, F7, F12). Priorities
 //!   clamp to [-5, 0]. The legacy stream synchronises with every blocking stream of its context
 //!   in both directions (non-blocking streams are exempt; per-thread streams are blocking).
-//! - **Execution** ([`exec`] module): each stream runs its operations in order, asynchronously
+//! - **Execution** (the `exec` module): each stream runs its operations in order, asynchronously
 //!   to the host. Cheap operations on an idle stream run inline; anything that must wait, and
 //!   every host function and graph launch, runs on a worker thread the stream starts on demand.
 //!   Events record stream positions; `cuStreamWaitEvent` makes a stream wait for one; the
@@ -60,7 +60,7 @@
 //!   without a measurement is listed in the `codes` module, in one place.
 //!
 //! # What it checks (test-only powers)
-//! - **Hazards** ([`clock`] module): every stream has a vector clock. An operation ticks its
+//! - **Hazards** (the `clock` module): every stream has a vector clock. An operation ticks its
 //!   stream and inherits what the host has seen complete; an event record snapshots the clock;
 //!   a stream wait merges it; the legacy stream's implicit synchronisation merges clocks like it
 //!   orders execution; host synchronisation (stream, event or context synchronize, a successful

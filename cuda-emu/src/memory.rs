@@ -459,7 +459,7 @@ impl State {
             let f = &self.freed[&start];
             if !(f.host && host_ok) {
                 let detail = format!(
-                    "{function} touches {addr:#x}, inside {start:#x} ({} bytes) which {} ({})",
+                    "{function} touches {addr:#x}, inside {start:#x} ({} bytes), which was freed by {} ({})",
                     f.size, f.by, f.how
                 );
                 log::hazard(Hazard {
@@ -519,7 +519,7 @@ impl State {
         let detail = match self.find_freed(addr) {
             Some(start) => {
                 let f = &self.freed[&start];
-                format!("{function} of {addr:#x}, which {} ({})", f.by, f.how)
+                format!("{function} of {addr:#x}, which was freed by {} ({})", f.by, f.how)
             }
             None => format!("{function} of {addr:#x}, which is not a known allocation"),
         };

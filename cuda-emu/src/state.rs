@@ -273,7 +273,7 @@ impl State {
     /// Ends a context's life: its streams are destroyed (their queued work still runs) and its
     /// `cuMemAlloc`/`cuMemAllocHost`/`cuMemAllocManaged` memory goes with it (F9). Pool memory
     /// stays (F10).
-    pub(crate) fn retire_context(&mut self, ctx: u64) {
+    pub(crate) fn retire_context(&mut self, ctx: u64, by: &'static str) {
         for s in self.context_streams(ctx) {
             self.destroy_stream_entry(s);
         }
@@ -286,7 +286,7 @@ impl State {
             .collect();
         for p in owned {
             if let Some(a) = self.remove_alloc(p) {
-                self.remember_freed(&a, "cuCtxDestroy", "went with its context");
+                self.remember_freed(&a, by, "it went with its context");
             }
         }
         if let Some(c) = self.contexts.get_mut(&ctx) {

@@ -946,3 +946,100 @@ fn proc_address_returns_our_exports() {
     );
     let _: c_uint = 0;
 }
+
+#[test]
+fn capture_forks_and_joins_through_events() {
+    let (d, emu, _) = setup();
+    let (s, t) = (stream(d), stream(d));
+    let (fork, join) = (event(d), event(d));
+    let mut p: CUdeviceptr = 0;
+    ok!(d, cuMemAlloc_v2(&mut p, 64));
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+
+    // Forked work that never joins back: the capture cannot end.
+    ok!(d, cuStreamBeginCapture_v2(s, mode));
+    ok!(d, cuEventRecord(fork, s));
+    ok!(d, cuStreamWaitEvent(t, fork, 0));
+    ok!(d, cuMemsetD8Async(p, 1, 64, t));
+    // The legacy stream may not be used while a blocking stream of its context captures.
+    assert_eq!(
+        code(cu!(d, cuMemsetD8Async(p, 2, 64, CU_STREAM_LEGACY))),
+        CudaErrorCode::STREAM_CAPTURE_IMPLICIT
+    );
+    let mut g: CUgraph = std::ptr::null_mut();
+    assert_ne!(
+        code(cu!(d, cuStreamEndCapture(s, &mut g))),
+        CudaErrorCode::SUCCESS
+    );
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    ok!(d, cuStreamIsCapturing(t, &mut status));
+    assert_eq!(status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+
+    // Fork, work on both streams, join: one graph with both fills, in order.
+    ok!(d, cuStreamBeginCapture_v2(s, mode));
+    ok!(d, cuEventRecord(fork, s));
+    ok!(d, cuStreamWaitEvent(t, fork, 0));
+    ok!(d, cuMemsetD8Async(p, 3, 32, t));
+    ok!(d, cuMemsetD8Async(p + 32, 4, 32, s));
+    ok!(d, cuEventRecord(join, t));
+    ok!(d, cuStreamWaitEvent(s, join, 0));
+    let mut id: cuuint64_t = 0;
+    let mut deps: *const CUgraphNode = std::ptr::null();
+    let mut n: usize = 0;
+    ok!(
+        d,
+        cuStreamGetCaptureInfo_v2(s, &mut status, &mut id, &mut g, &mut deps, &mut n)
+    );
+    assert_eq!(
+        status,
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+    );
+    assert_eq!(n, 2, "the origin stream now depends on both fills");
+    assert_eq!(
+        code(cu!(d, cuEventQuery(join))),
+        CudaErrorCode::CAPTURED_EVENT
+    );
+    ok!(d, cuStreamEndCapture(s, &mut g));
+    let mut exec: CUgraphExec = std::ptr::null_mut();
+    ok!(d, cuGraphInstantiateWithFlags(&mut exec, g, 0));
+    ok!(d, cuGraphLaunch(exec, s));
+    let mut out = [0u8; 64];
+    ok!(d, cuStreamSynchronize(s));
+    ok!(d, cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), p, 64));
+    assert_eq!(out[..32], [3u8; 32]);
+    assert_eq!(out[32..], [4u8; 32]);
+    ok!(d, cuGraphExecDestroy(exec));
+    ok!(d, cuGraphDestroy(g));
+    ok!(d, cuMemFree_v2(p));
+    assert!(hazards_for(&emu, p).is_empty(), "{:?}", emu.hazards());
+}
+
+#[test]
+fn thread_local_capture_only_restricts_its_own_thread() {
+    let (d, _, ctx) = setup();
+    let s = stream(d);
+    ok!(
+        d,
+        cuStreamBeginCapture_v2(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    );
+    let ctx = ctx as u64;
+    std::thread::spawn(move || {
+        let d = cuda_sys::driver().unwrap();
+        ok!(d, cuCtxSetCurrent(ctx as CUcontext));
+        let mut p: CUdeviceptr = 0;
+        ok!(d, cuMemAlloc_v2(&mut p, 16));
+        ok!(d, cuMemFree_v2(p));
+    })
+    .join()
+    .unwrap();
+    let mut p: CUdeviceptr = 0;
+    assert_eq!(
+        code(cu!(d, cuMemAlloc_v2(&mut p, 16))),
+        CudaErrorCode::STREAM_CAPTURE_UNSUPPORTED
+    );
+    let mut g: CUgraph = std::ptr::null_mut();
+    assert_eq!(
+        code(cu!(d, cuStreamEndCapture(s, &mut g))),
+        CudaErrorCode::STREAM_CAPTURE_INVALIDATED
+    );
+}

@@ -44,7 +44,7 @@ fn release_primary(dev: CUdevice) -> Res {
     wait_and_observe(&targets.0, &targets.1);
     let mut st = state();
     if st.device(dev)?.primary_refs == 0 {
-        st.retire_context(primary);
+        st.retire_context(primary, "cuDevicePrimaryCtxRelease_v2");
     }
     Ok(())
 }
@@ -124,7 +124,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
         if !st.context_alive(ctx) {
             return Err(codes::BAD_CONTEXT);
         }
-        st.retire_context(ctx);
+        st.retire_context(ctx, "cuCtxDestroy_v2");
         with_context_stack(|s| {
             if s.last() == Some(&ctx) {
                 s.pop();

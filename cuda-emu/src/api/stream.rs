@@ -184,6 +184,9 @@ pub unsafe extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uin
             if !st.captures.contains_key(&id) {
                 return Err(codes::CAPTURE_INVALIDATED);
             }
+            if st.streams[&r].kind == StreamKind::Legacy {
+                return Err(codes::CAPTURE_IMPLICIT);
+            }
             match st.streams[&r].capture {
                 Some(other) if other != id => {
                     return Err(cuda_sys::CudaErrorCode::STREAM_CAPTURE_ISOLATION.0)
