@@ -94,8 +94,9 @@ fn created_stream_brings_its_context_without_a_lookup() {
 
     // A whole allocation then costs one cuCtxGetCurrent besides the allocation itself (and the
     // switch in and out, since this thread has no context).
+    let pool = default_pool();
     let from = mark();
-    let buffer = pool_buffer(&stream).unwrap();
+    let buffer = DevicePtrHandle::alloc_from_pool(256, &pool, &stream).unwrap();
     let names = names_on(me, from);
     assert_eq!(
         names,
