@@ -81,7 +81,7 @@
 //!
 //! # Environment
 //! - `CUSTODY_EMU_DEVICE_COUNT`: number of devices (default 2).
-//! - `CUSTODY_EMU_CALL_LOG_LIMIT`: most recent calls kept in the log (default 1,048,576; 0 turns
+//! - `CUSTODY_EMU_CALL_LOG_LIMIT`: most recent calls kept in the log (default 262,144; 0 turns
 //!   the log off).
 //! - `CUSTODY_EMU_HAZARD_STDERR`: when set, every hazard is also printed on stderr.
 //!

@@ -94,7 +94,7 @@ static CALLS: LazyLock<Mutex<CallLog>> = LazyLock::new(|| {
     let limit = std::env::var("CUSTODY_EMU_CALL_LOG_LIMIT")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1 << 20);
+        .unwrap_or(1 << 18);
     Mutex::new(CallLog {
         next_seq: 0,
         records: VecDeque::new(),

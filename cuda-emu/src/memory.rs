@@ -25,7 +25,7 @@ pub(crate) const POOL_GRANULARITY: u64 = 2 << 20;
 /// Memory each emulated device reports (80 GiB).
 pub(crate) const DEVICE_MEMORY: u64 = 80 << 30;
 /// How many freed ranges are remembered for use-after-free and double-free reports.
-const FREED_MEMORY: usize = 1 << 20;
+const FREED_MEMORY: usize = 1 << 18;
 
 /// Where an allocation's bytes are.
 pub(crate) struct Backing {
@@ -519,7 +519,10 @@ impl State {
         let detail = match self.find_freed(addr) {
             Some(start) => {
                 let f = &self.freed[&start];
-                format!("{function} of {addr:#x}, which was freed by {} ({})", f.by, f.how)
+                format!(
+                    "{function} of {addr:#x}, which was freed by {} ({})",
+                    f.by, f.how
+                )
             }
             None => format!("{function} of {addr:#x}, which is not a known allocation"),
         };

@@ -326,22 +326,18 @@ fn copy(
         let r = op_stream(&mut st, s, info)?;
         let n64 = n as u64;
         if st.enqueue_check(r)? {
-            st.check_node_memory(dst, n64.max(1), false, function)?;
-            st.check_node_memory(src, n64.max(1), false, function)
-                .inspect_err(|_| {
-                    // Pageable host memory cannot be captured (guess: UNSUPPORTED, invalidating).
-                    if dst_host || src_host {
+            for (ptr, host) in [(dst, dst_host), (src, src_host)] {
+                if let Err(e) = st.check_node_memory(ptr, n64.max(1), false, function) {
+                    if host && e == codes::BAD_POINTER && !st.is_device_va(ptr) {
+                        // Pageable host memory cannot be captured (guess: UNSUPPORTED, and
+                        // the capture is invalidated).
                         let id = st.streams[&r].capture.expect("capturing");
                         st.invalidate_capture(id);
+                        return Err(codes::CAPTURE_UNSUPPORTED);
                     }
-                })
-                .map_err(|e| {
-                    if dst_host || src_host {
-                        codes::CAPTURE_UNSUPPORTED
-                    } else {
-                        e
-                    }
-                })?;
+                    return Err(e);
+                }
+            }
             if n == 0 {
                 return Ok(());
             }
