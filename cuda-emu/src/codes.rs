@@ -77,6 +77,8 @@ pub(crate) const CAPTURE_UNJOINED: CUresult = C::STREAM_CAPTURE_UNJOINED.0;
 /// `cuStreamEndCapture` from another thread than the one that began a non-relaxed capture
 /// (documented).
 pub(crate) const CAPTURE_WRONG_THREAD: CUresult = C::STREAM_CAPTURE_WRONG_THREAD.0;
+/// `cuStreamWaitEvent` joining a stream of one capture to an event of another (documented).
+pub(crate) const CAPTURE_ISOLATION: CUresult = C::STREAM_CAPTURE_ISOLATION.0;
 /// `cuEventQuery`/`cuEventSynchronize` of an event recorded in a capture (documented).
 pub(crate) const CAPTURED_EVENT: CUresult = C::CAPTURED_EVENT.0;
 /// `cuStreamEndCapture` on a stream that is not capturing, or `cuStreamBeginCapture` on one

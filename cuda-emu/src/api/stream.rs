@@ -188,9 +188,7 @@ pub unsafe extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uin
                 return Err(codes::CAPTURE_IMPLICIT);
             }
             match st.streams[&r].capture {
-                Some(other) if other != id => {
-                    return Err(cuda_sys::CudaErrorCode::STREAM_CAPTURE_ISOLATION.0)
-                }
+                Some(other) if other != id => return Err(codes::CAPTURE_ISOLATION),
                 Some(_) => {
                     let c = st.captures.get_mut(&id).expect("checked");
                     let ends = c.ends.entry(r).or_default();
