@@ -16,9 +16,19 @@ fn seq_of(function: &str, from: u64) -> Vec<u64> {
         .collect()
 }
 
+/// The `cuStreamDestroy_v2` calls for `stream` since `from`.
+fn stream_destroys(stream: u64, from: u64) -> Vec<u64> {
+    emu()
+        .calls()
+        .into_iter()
+        .filter(|c| c.seq >= from && c.function == "cuStreamDestroy_v2" && c.stream == Some(stream))
+        .map(|c| c.seq)
+        .collect()
+}
+
 #[test]
 fn stream_whose_last_user_handle_dropped_still_orders_the_pending_free() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let raw = stream.raw() as u64;
@@ -27,13 +37,13 @@ fn stream_whose_last_user_handle_dropped_still_orders_the_pending_free() {
     let from = mark();
     drop(stream);
     assert!(
-        seq_of("cuStreamDestroy_v2", from).is_empty(),
+        stream_destroys(raw, from).is_empty(),
         "the recipe keeps the stream alive"
     );
     on_fresh_thread(move || drop(buffer));
     let free = only_call("cuMemFreeAsync", ptr, from);
     assert_eq!((free.stream, free.result), (Some(raw), 0));
-    let destroys = seq_of("cuStreamDestroy_v2", from);
+    let destroys = stream_destroys(raw, from);
     assert_eq!(destroys.len(), 1);
     assert!(
         destroys[0] > free.seq,
@@ -52,31 +62,33 @@ fn stream_whose_last_user_handle_dropped_still_orders_the_pending_free() {
 
 #[test]
 fn explicit_stream_close_defers_to_the_recipe() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
+    let raw = stream.raw() as u64;
     let from = mark();
     stream.close().unwrap();
-    assert!(seq_of("cuStreamDestroy_v2", from).is_empty());
+    assert!(stream_destroys(raw, from).is_empty());
     buffer.release().unwrap();
-    assert_eq!(seq_of("cuStreamDestroy_v2", from).len(), 1);
+    assert_eq!(stream_destroys(raw, from).len(), 1);
     assert_no_hazards();
 }
 
 #[test]
 fn replaced_recipe_releases_the_old_stream() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let s1 = StreamHandle::create(&a, 0, 0).unwrap();
     let s2 = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&s1).unwrap();
     s1.synchronize().unwrap();
+    let raw = s1.raw() as u64;
     let from = mark();
     drop(s1);
     buffer.set_deallocation_stream(&s2).unwrap();
     assert_eq!(
-        seq_of("cuStreamDestroy_v2", from).len(),
+        stream_destroys(raw, from).len(),
         1,
         "s1 went with the old recipe"
     );
@@ -86,7 +98,7 @@ fn replaced_recipe_releases_the_old_stream() {
 
 #[test]
 fn owned_pool_lives_until_its_last_allocation_is_freed() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     // SAFETY-free construction of the properties: a device-0 pinned pool.
@@ -125,7 +137,7 @@ fn unsafe_zeroed_props() -> cuda_sys::types::CUmemPoolProps {
 
 #[test]
 fn device_pool_is_borrowed_and_never_destroyed() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let pool = MemoryPoolHandle::device_current(0).unwrap();
     assert!(!pool.is_owned());
@@ -139,7 +151,7 @@ fn device_pool_is_borrowed_and_never_destroyed() {
 
 #[test]
 fn created_context_outlives_its_handles_while_a_recipe_needs_it() {
-    start();
+    let _serial = start();
     let c = ContextHandle::create(0, 0).unwrap();
     c.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
@@ -159,7 +171,7 @@ fn created_context_outlives_its_handles_while_a_recipe_needs_it() {
 
 #[test]
 fn clones_share_one_box_and_the_last_one_frees() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();

@@ -12,7 +12,7 @@ use handles::{
 
 #[test]
 fn per_thread_buffer_dropped_on_its_recording_thread_warns_nothing() {
-    start();
+    let _serial = start();
     let a = primary(0);
     a.make_current().unwrap();
     let me = tid();
@@ -42,7 +42,7 @@ fn per_thread_buffer_dropped_on_its_recording_thread_warns_nothing() {
 
 #[test]
 fn per_thread_buffer_dropped_on_another_thread_warns_once_and_frees_there() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let a2 = a.clone();
     let (buffer, recorder) = on_fresh_thread(move || {
@@ -87,7 +87,7 @@ fn per_thread_buffer_dropped_on_another_thread_warns_once_and_frees_there() {
 
 #[test]
 fn unbound_legacy_token_caches_no_context_but_a_recipe_keeps_its_own() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let b = primary(1);
     a.make_current().unwrap();
@@ -120,7 +120,7 @@ fn DevicePtrHandle_on_b() -> handles::DevicePtrHandle {
 
 #[test]
 fn legacy_buffer_freed_on_its_token_in_the_recorded_context_from_a_bare_thread() {
-    start();
+    let _serial = start();
     let a = primary(0);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::default_stream(DefaultStream::Legacy)).unwrap();
@@ -143,7 +143,7 @@ fn legacy_buffer_freed_on_its_token_in_the_recorded_context_from_a_bare_thread()
 
 #[test]
 fn null_token_is_legacy_style_and_records_no_thread() {
-    start();
+    let _serial = start();
     let a = primary(0);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::default_stream(DefaultStream::Null)).unwrap();
@@ -165,7 +165,7 @@ fn null_token_is_legacy_style_and_records_no_thread() {
 
 #[test]
 fn bound_token_needs_no_current_context() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let bound = StreamHandle::bound_default_stream(DefaultStream::Legacy, &a);
     let ptr = on_fresh_thread(move || {

@@ -31,7 +31,7 @@ impl Deallocator for RecordingDeallocator {
 
 #[test]
 fn legacy_token_binds_the_current_context_and_no_thread() {
-    start();
+    let _serial = start();
     let a = primary(0);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
@@ -59,7 +59,7 @@ fn legacy_token_binds_the_current_context_and_no_thread() {
 
 #[test]
 fn per_thread_token_binds_the_context_and_the_recording_thread() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let (recipe, recorder) = on_fresh_thread(move || {
         a.make_current().unwrap();
@@ -78,7 +78,7 @@ fn per_thread_token_binds_the_context_and_the_recording_thread() {
 
 #[test]
 fn created_stream_brings_its_context_without_a_lookup() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let me = tid();
@@ -114,7 +114,7 @@ fn created_stream_brings_its_context_without_a_lookup() {
 
 #[test]
 fn token_with_no_current_context_fails_with_one_error_and_allocates_nothing() {
-    start();
+    let _serial = start();
     let _a = primary(0);
     let pool = default_pool();
     on_fresh_thread(move || {
@@ -148,7 +148,7 @@ fn token_with_no_current_context_fails_with_one_error_and_allocates_nothing() {
 
 #[test]
 fn adopt_binds_first_and_leaves_the_pointer_with_the_caller_on_failure() {
-    start();
+    let _serial = start();
     let _a = primary(0);
     let deallocator = Arc::new(RecordingDeallocator::default());
     let dyn_deallocator: Arc<dyn Deallocator> = deallocator.clone();
@@ -164,7 +164,7 @@ fn adopt_binds_first_and_leaves_the_pointer_with_the_caller_on_failure() {
 
 #[test]
 fn adopt_with_a_stream_deallocates_with_that_stream_in_its_context() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let deallocator = Arc::new(RecordingDeallocator::default());
@@ -184,7 +184,7 @@ fn adopt_with_a_stream_deallocates_with_that_stream_in_its_context() {
 
 #[test]
 fn default_token_recipe_runs_the_deallocator_in_the_bound_context() {
-    start();
+    let _serial = start();
     let a = primary(0);
     a.make_current().unwrap();
     let deallocator = Arc::new(RecordingDeallocator::default());
@@ -200,7 +200,7 @@ fn default_token_recipe_runs_the_deallocator_in_the_bound_context() {
 
 #[test]
 fn raw_token_value_wraps_as_the_token() {
-    start();
+    let _serial = start();
     let a = primary(0);
     a.make_current().unwrap();
     let wrapped = StreamHandle::from_raw(0x2, None).unwrap();
@@ -217,7 +217,7 @@ fn raw_token_value_wraps_as_the_token() {
 
 #[test]
 fn wrapping_an_owned_stream_returns_the_owning_handle() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let wrapped = StreamHandle::from_raw(stream.raw() as usize, None).unwrap();
@@ -227,7 +227,7 @@ fn wrapping_an_owned_stream_returns_the_owning_handle() {
 
 #[test]
 fn foreign_stream_gets_its_context_from_the_driver_when_wrapped() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let d = cuda_sys::driver().unwrap();
     a.make_current().unwrap();
@@ -262,7 +262,7 @@ fn foreign_stream_gets_its_context_from_the_driver_when_wrapped() {
 
 #[test]
 fn set_deallocation_stream_moves_the_free_and_every_clone_sees_it() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let s1 = StreamHandle::create(&a, 0, 0).unwrap();
     let s2 = StreamHandle::create(&a, 0, 0).unwrap();
@@ -285,7 +285,7 @@ fn set_deallocation_stream_moves_the_free_and_every_clone_sees_it() {
 
 #[test]
 fn failed_set_deallocation_stream_keeps_the_old_recipe() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let s1 = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&s1).unwrap();
@@ -308,7 +308,7 @@ fn failed_set_deallocation_stream_keeps_the_old_recipe() {
 
 #[test]
 fn release_on_is_set_then_release() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let s1 = StreamHandle::create(&a, 0, 0).unwrap();
     let s2 = StreamHandle::create(&a, 0, 0).unwrap();
@@ -326,7 +326,7 @@ fn release_on_is_set_then_release() {
 
 #[test]
 fn bad_input_null_pointer_with_an_owning_rule() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let deallocator = Arc::new(RecordingDeallocator::default());
@@ -356,7 +356,7 @@ fn bad_input_null_pointer_with_an_owning_rule() {
 
 #[test]
 fn bad_input_zero_bytes_where_the_driver_rejects_them() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let me = tid();
@@ -380,7 +380,7 @@ fn bad_input_zero_bytes_where_the_driver_rejects_them() {
 
 #[test]
 fn bad_input_stream_of_another_device() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let b = primary(1);
     let other_device_stream = StreamHandle::create(&b, 0, 0).unwrap();
@@ -416,7 +416,7 @@ fn bad_input_stream_of_another_device() {
 
 #[test]
 fn owner_and_borrowed_pointers_free_nothing() {
-    start();
+    let _serial = start();
     let owner = Arc::new(AtomicUsize::new(0));
     let buffer = DevicePtrHandle::with_owner(0xdead0, 16, Box::new(owner.clone())).unwrap();
     assert_eq!(buffer.kind(), ReleaseKind::Owner);

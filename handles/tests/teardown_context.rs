@@ -15,7 +15,7 @@ use handles::{
 
 #[test]
 fn legacy_buffer_dropped_on_a_thread_with_no_context() {
-    start();
+    let _serial = start();
     let a = primary(0);
     a.make_current().unwrap();
     let me = tid();
@@ -68,7 +68,7 @@ fn legacy_buffer_dropped_on_a_thread_with_no_context() {
 
 #[test]
 fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let x = primary(1);
     let b = ContextHandle::create(1, 0).unwrap();
@@ -105,7 +105,7 @@ fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
 
 #[test]
 fn drop_with_the_recorded_context_current_switches_nothing() {
-    start();
+    let _serial = start();
     let a = primary(0);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
@@ -123,7 +123,7 @@ fn drop_with_the_recorded_context_current_switches_nothing() {
 
 #[test]
 fn created_stream_buffer_dropped_with_no_context_runs_in_the_stream_context() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
@@ -146,7 +146,7 @@ fn created_stream_buffer_dropped_with_no_context_runs_in_the_stream_context() {
 
 #[test]
 fn created_context_recipe_is_kept_alive_and_used() {
-    start();
+    let _serial = start();
     let c = ContextHandle::create(0, 0).unwrap();
     assert_eq!(
         current_raw(),
@@ -178,7 +178,7 @@ fn created_context_recipe_is_kept_alive_and_used() {
 
 #[test]
 fn injected_free_failure_on_drop_reaches_the_hook_once_with_attribution() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
@@ -208,7 +208,7 @@ fn injected_free_failure_on_drop_reaches_the_hook_once_with_attribution() {
 
 #[test]
 fn explicit_release_returns_the_free_failure() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
@@ -228,7 +228,7 @@ fn explicit_release_returns_the_free_failure() {
 
 #[test]
 fn deinitialized_is_not_reported() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
@@ -242,7 +242,7 @@ fn deinitialized_is_not_reported() {
 
 #[test]
 fn restore_failure_is_reported_after_a_successful_free() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
@@ -267,7 +267,7 @@ fn restore_failure_is_reported_after_a_successful_free() {
 
 #[test]
 fn activation_failure_skips_the_free_and_reports() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
@@ -289,7 +289,7 @@ fn activation_failure_skips_the_free_and_reports() {
 
 #[test]
 fn hook_runs_after_the_context_was_restored() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let b = primary(1);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
@@ -320,7 +320,7 @@ fn reinstall_capture_hook() {
 
 #[test]
 fn context_scope_switches_only_when_needed_and_restores_none() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let me = tid();
     let from = mark();
@@ -346,7 +346,7 @@ fn context_scope_switches_only_when_needed_and_restores_none() {
 
 #[test]
 fn synchronous_free_on_drop_never_blocks_and_is_ordered_by_an_event() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(512, &stream).unwrap();
@@ -373,7 +373,7 @@ fn synchronous_free_on_drop_never_blocks_and_is_ordered_by_an_event() {
 
 #[test]
 fn synchronous_free_is_done_by_the_worker_without_a_drain() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
@@ -399,7 +399,7 @@ fn synchronous_free_is_done_by_the_worker_without_a_drain() {
 
 #[test]
 fn synchronous_explicit_release_blocks_and_returns() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
@@ -424,7 +424,7 @@ fn synchronous_explicit_release_blocks_and_returns() {
 
 #[test]
 fn pinned_host_and_managed_frees_go_through_the_worker() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let host = DevicePtrHandle::alloc_host(256, &stream).unwrap();
@@ -459,7 +459,7 @@ impl Deallocator for FailingDeallocator {
 
 #[test]
 fn deallocator_failure_is_reported_on_drop_and_returned_on_release() {
-    start();
+    let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let dropped = DevicePtrHandle::adopt(0x3000, 8, &stream, Arc::new(FailingDeallocator)).unwrap();

@@ -146,8 +146,15 @@ pub fn warnings_for(ptr: u64) -> Vec<CleanupWarning> {
         .collect()
 }
 
-/// Starts a test: no context current on the calling thread, hooks installed, earlier deferred work finished, hazards and faults cleared.
-pub fn start() {
+/// Serialises the tests of one process: fault injection, the hazard list and the deferred
+/// queue are process-wide, so a test holds this guard from [`start`] to its end.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Starts a test: the returned guard serialises it with the other tests of this process; no
+/// context current on the calling thread, hooks installed, earlier deferred work finished, hazards and faults cleared.
+#[must_use = "hold the guard for the whole test"]
+pub fn start() -> std::sync::MutexGuard<'static, ()> {
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let _ = captured();
     // With one test thread, tests share the main thread: start each with no context.
     while current_raw() != 0 {
@@ -156,6 +163,7 @@ pub fn start() {
     handles::drain_deferred_cleanup();
     emu().clear_faults();
     emu().clear_hazards();
+    guard
 }
 
 /// Asserts the hazard checker saw nothing involving `ptrs` (and, in practice, nothing at all
