@@ -61,10 +61,8 @@ fn imported_pointer_is_freed_with_its_recipe_and_holds_its_pool() {
     // SAFETY: a plain C struct of bytes.
     let mut export: CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
     // SAFETY: `export` is a valid out-buffer; the pointer is a live pool allocation.
-    assert_eq!(
-        unsafe { (d.cuMemPoolExportPointer)(&mut export, original.ptr()) },
-        0
-    );
+    let status = unsafe { (d.cuMemPoolExportPointer)(&mut export, original.ptr()) };
+    assert_eq!(status, 0);
 
     let view = DevicePtrHandle::import_from_pool(&imported, &export, 4096, &stream).unwrap();
     assert_eq!(view.kind(), ReleaseKind::IpcImport);
