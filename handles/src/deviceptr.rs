@@ -931,3 +931,54 @@ impl fmt::Debug for DevicePtrHandle {
         f.write_str(")")
     }
 }
+
+// Added for the memory crate (issue #4): adoption with a built-in synchronous release rule, so
+// that memory a synchronous memory resource hands to `Buffer::from_handle` is released like
+// memory it allocated, never blocking a drop (BRIEF.md D5, D9).
+impl DevicePtrHandle {
+    /// Takes ownership of `size` bytes at `ptr` that were allocated with `cuMemAlloc`
+    /// ([`ReleaseKind::Synchronous`]), `cuMemAllocHost` ([`ReleaseKind::PinnedHost`]) or
+    /// `cuMemAllocManaged` ([`ReleaseKind::Managed`]), to be released by that rule with the
+    /// recipe recorded now for `stream`: a drop records an event and frees on the cleanup
+    /// worker, an explicit [`DevicePtrHandle::release`] synchronises and frees. `device` is the
+    /// device the memory lives on, if known; recipes are then checked against it.
+    ///
+    /// The recipe is recorded and validated before ownership is taken: on error the pointer
+    /// stays with the caller.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] for a null `ptr`, another `kind`, or a stream whose
+    /// context is on another device than `device`; [`HandleError::NoCurrentContext`] for an
+    /// unbound token on a thread with no context.
+    ///
+    /// Driver calls: `cuCtxGetCurrent` (unbound tokens only); at release as
+    /// [`DevicePtrHandle::alloc`].
+    pub fn adopt_synchronous(
+        ptr: CUdeviceptr,
+        size: usize,
+        kind: ReleaseKind,
+        device: Option<i32>,
+        stream: &StreamHandle,
+    ) -> Result<DevicePtrHandle, HandleError> {
+        if ptr == 0 {
+            return Err(HandleError::invalid(
+                "ptr",
+                "a null pointer cannot be adopted",
+            ));
+        }
+        let release = match kind {
+            ReleaseKind::Synchronous => Release::Synchronous,
+            ReleaseKind::PinnedHost => Release::PinnedHost,
+            ReleaseKind::Managed => Release::Managed,
+            other => {
+                return Err(HandleError::invalid(
+                    "kind",
+                    format!("{other:?} is not a synchronous release rule"),
+                ))
+            }
+        };
+        let recipe = DeallocationRecipe::record(stream)?;
+        check_device(device, &recipe)?;
+        Ok(Self::from_parts(ptr, size, device, Some(recipe), release))
+    }
+}

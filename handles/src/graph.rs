@@ -295,3 +295,14 @@ impl fmt::Debug for UserObjectOwnership {
         )
     }
 }
+
+// Added for the memory crate (issue #4): the graph a stream capture produced (`ops::end_capture`).
+impl GraphHandle {
+    /// Takes ownership of a graph made by `cuStreamEndCapture` in `context`.
+    pub(crate) fn from_captured(raw: CUgraph, context: &ContextHandle) -> GraphHandle {
+        GraphHandle(Arc::new(GraphBox {
+            raw: raw as usize,
+            context: context.clone(),
+        }))
+    }
+}

@@ -23,6 +23,8 @@ mod deviceptr;
 mod error;
 mod event;
 mod graph;
+/// Memory operations for the `memory` crate (issue #4): copies, fills, pool IPC, capture.
+pub mod ops;
 mod pool;
 mod recipe;
 mod report;

@@ -215,3 +215,12 @@ impl fmt::Debug for MemoryPoolHandle {
         )
     }
 }
+
+// Added for the memory crate (issue #4): ownership of a pool that `ops` created or imported.
+impl MemoryPoolHandle {
+    /// Takes ownership of a pool created (or imported) by `ops`: destroyed after the last handle
+    /// and the last allocation from it go.
+    pub(crate) fn from_raw_owned(raw: CUmemoryPool, device: Option<i32>) -> MemoryPoolHandle {
+        Self::wrap(raw, device, true)
+    }
+}
