@@ -1,1 +1,34 @@
-//! memory
+//! Buffers and memory resources on custody's handles: allocate, adopt, hand over, close.
+//!
+//! - [`Buffer`]: memory with its deallocation recipe (BRIEF.md D1). [`Buffer::close`] frees
+//!   now and returns the free's error; a drop frees without waiting on the GPU and reports a
+//!   failure (D3, D9); [`Buffer::set_deallocation_stream`] hands the free over to another
+//!   stream, atomically (D4); [`Buffer::from_handle`] adopts memory allocated elsewhere,
+//!   validating before it takes ownership (D5). Copies, fills, host transfers.
+//! - [`MemoryResource`]: the object-safe trait every resource implements (Python subclasses
+//!   too, through the bindings), and the built-in resources: [`DeviceMemoryResource`],
+//!   [`PinnedMemoryResource`], [`LegacyPinnedMemoryResource`], [`ManagedMemoryResource`],
+//!   [`SynchronousMemoryResource`], [`GraphMemoryResource`].
+//! - IPC: [`IpcBufferDescriptor`], [`PoolMemoryResource::export_pool`],
+//!   [`Buffer::from_ipc_descriptor`].
+//!
+//! This crate makes no driver call itself: every one goes through the `handles` crate
+//! (`handles::ops` for copies, fills, pointer attributes, pool IPC and capture queries).
+
+#![forbid(unsafe_code)]
+
+mod buffer;
+mod error;
+mod ipc;
+mod resource;
+mod resources;
+
+pub use buffer::{Buffer, FillValue, ManagedBuffer, Ownership};
+pub use error::MemoryError;
+pub use ipc::IpcBufferDescriptor;
+pub use resource::MemoryResource;
+pub use resources::{
+    DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
+    LegacyPinnedMemoryResource, ManagedMemoryResource, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
+};

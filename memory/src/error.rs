@@ -1,0 +1,164 @@
+//! [`MemoryError`]: the one error type of the memory crate.
+
+use handles::{CudaErrorCode, HandleError};
+
+/// Why a buffer or memory-resource operation failed.
+///
+/// Every variant but [`MemoryError::Handle`] is found before any driver call is made, so the
+/// buffer (or resource) it concerns is unchanged: nothing allocated, adopted, freed, or
+/// re-recorded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemoryError {
+    /// A handle operation failed: a driver error ([`HandleError::Driver`]), no current context
+    /// for a default-stream token ([`HandleError::NoCurrentContext`]), a memory resource's
+    /// `deallocate` failing ([`HandleError::Deallocator`]), ...
+    #[error(transparent)]
+    Handle(#[from] HandleError),
+    /// A size in bytes that no allocation can have: zero, or more than `isize::MAX`.
+    #[error("invalid size of {size} bytes: {reason}")]
+    InvalidSize {
+        /// The size asked for, in bytes.
+        size: usize,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A copy between buffers (or a host slice) of different sizes.
+    #[error("size mismatch: the source holds {src} bytes and the destination {dst}")]
+    SizeMismatch {
+        /// The source's size in bytes.
+        src: usize,
+        /// The destination's size in bytes.
+        dst: usize,
+    },
+    /// A fill pattern of a width other than 1, 2 or 4 bytes, or a buffer whose size or address
+    /// is not a multiple of the pattern's width.
+    #[error("invalid fill with a {width}-byte pattern: {reason}")]
+    InvalidFill {
+        /// The pattern's width in bytes.
+        width: usize,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// The buffer was closed.
+    #[error("the buffer is closed")]
+    Closed,
+    /// A stream (or descriptor) of another device than the memory's.
+    #[error("wrong device: the memory is on device {expected}, the stream or descriptor on device {found}")]
+    WrongDevice {
+        /// The device the memory (or memory resource) is on.
+        expected: i32,
+        /// The device of the stream (or IPC descriptor) given.
+        found: i32,
+    },
+    /// A graph allocation on a stream that is not capturing.
+    #[error(
+        "the stream is not capturing: a graph memory resource allocates only during stream capture"
+    )]
+    NotCapturing,
+    /// A pool allocation on a stream that is capturing.
+    #[error(
+        "the stream is capturing: allocate with a graph memory resource during stream capture"
+    )]
+    StreamCapturing,
+    /// An IPC export or import that cannot be done (a pool without IPC, a malformed
+    /// descriptor, a descriptor that does not match the imported pool).
+    #[error("ipc: {reason}")]
+    Ipc {
+        /// What was wrong.
+        reason: String,
+    },
+    /// [`crate::Buffer::from_handle`] was given a stream but no memory resource to free with:
+    /// a stream orders a free, and without a memory resource nothing is freed.
+    #[error("conflicting ownership: {reason}")]
+    OwnershipConflict {
+        /// What conflicted.
+        reason: &'static str,
+    },
+    /// The operation needs the buffer's memory resource and the buffer has none (an adopted
+    /// view).
+    #[error("the buffer has no memory resource to allocate from")]
+    NoMemoryResource,
+}
+
+impl MemoryError {
+    /// The driver status behind this error, when a driver call failed.
+    pub fn code(&self) -> Option<CudaErrorCode> {
+        match self {
+            MemoryError::Handle(error) => error.code(),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn ipc(reason: impl Into<String>) -> MemoryError {
+        MemoryError::Ipc {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The handles crate's view of a memory-resource failure (for its [`handles::Deallocator`]):
+/// a handle error passes through, anything else becomes [`HandleError::Deallocator`].
+impl From<MemoryError> for HandleError {
+    fn from(error: MemoryError) -> HandleError {
+        match error {
+            MemoryError::Handle(error) => error,
+            other => HandleError::Deallocator {
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_lower_case_without_a_trailing_period() {
+        let errors = [
+            MemoryError::InvalidSize {
+                size: 0,
+                reason: "zero bytes",
+            },
+            MemoryError::SizeMismatch { src: 1, dst: 2 },
+            MemoryError::InvalidFill {
+                width: 3,
+                reason: "a pattern is 1, 2 or 4 bytes wide",
+            },
+            MemoryError::Closed,
+            MemoryError::WrongDevice {
+                expected: 0,
+                found: 1,
+            },
+            MemoryError::NotCapturing,
+            MemoryError::StreamCapturing,
+            MemoryError::ipc("a malformed descriptor"),
+            MemoryError::OwnershipConflict {
+                reason: "a stream needs a memory resource",
+            },
+            MemoryError::NoMemoryResource,
+            MemoryError::Handle(HandleError::NoCurrentContext),
+        ];
+        for error in errors {
+            let text = error.to_string();
+            assert!(!text.ends_with('.'), "{text}");
+            assert!(!text.starts_with(char::is_uppercase), "{text}");
+        }
+    }
+
+    #[test]
+    fn converts_to_a_handle_error_for_the_deallocator() {
+        assert_eq!(
+            HandleError::from(MemoryError::Handle(HandleError::NoCurrentContext)),
+            HandleError::NoCurrentContext
+        );
+        assert_eq!(
+            HandleError::from(MemoryError::Closed),
+            HandleError::Deallocator {
+                message: "the buffer is closed".into()
+            }
+        );
+        assert_eq!(MemoryError::Closed.code(), None);
+    }
+}

@@ -1,0 +1,195 @@
+//! The [`MemoryResource`] trait, the adapter that lets a memory resource free adopted memory at
+//! teardown, and the checks every resource shares (sizes, devices).
+
+use std::sync::Arc;
+
+use handles::sys_types::CUdeviceptr;
+use handles::{ContextHandle, Deallocator, DevicePtrHandle, HandleError, StreamHandle};
+
+use crate::{Buffer, MemoryError};
+
+/// Something that hands out memory and takes it back: a device or pinned pool, pinned host
+/// memory, managed memory, `cuMemAlloc`, graph memory, or an implementation of the caller's
+/// (a Python subclass, through the bindings).
+///
+/// The trait is object-safe; buffers hold their resource as `Arc<dyn MemoryResource>`.
+/// Implementations must be `Send + Sync`: [`MemoryResource::deallocate`] of adopted memory runs
+/// wherever the buffer's last reference goes (any user thread, the cleanup worker), with the
+/// deallocation recipe's context current (BRIEF.md D2).
+///
+/// Allocating takes the resource by `Arc` because the buffer keeps it: call it as
+/// `Arc::clone(&mr).allocate(size, &stream)` (one atomic increment, the reference the buffer
+/// holds).
+pub trait MemoryResource: Send + Sync + 'static {
+    /// Allocates `size` bytes ordered on `stream`, which also becomes the buffer's
+    /// deallocation stream (the free will be ordered on it, in its context, unless
+    /// [`Buffer::set_deallocation_stream`] replaces it).
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidSize`] for zero bytes or more than `isize::MAX`;
+    /// [`MemoryError::WrongDevice`] for a stream of another device; others as each resource
+    /// documents. Nothing is allocated on error.
+    fn allocate(self: Arc<Self>, size: usize, stream: &StreamHandle)
+        -> Result<Buffer, MemoryError>;
+
+    /// Frees `size` bytes at `ptr`, which this resource allocated, ordered on `stream`.
+    ///
+    /// Called explicitly, or at teardown for memory adopted with
+    /// [`crate::Ownership::MemoryResource`] (unless the resource's [`MemoryResource::adopt`]
+    /// chose a built-in release rule). Buffers that a resource allocated itself are freed by
+    /// their handle's rule, not through this method.
+    ///
+    /// # Errors
+    /// The driver's (or the implementation's) failure: returned by an explicit call or
+    /// [`Buffer::close`], reported through the cleanup-error hook on a drop.
+    fn deallocate(
+        &self,
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(), MemoryError>;
+
+    /// Whether a device can read and write the memory.
+    fn is_device_accessible(&self) -> bool;
+
+    /// Whether the host can read and write the memory.
+    fn is_host_accessible(&self) -> bool;
+
+    /// The device the memory lives on or belongs to; `None` for memory bound to no device
+    /// (pinned host memory).
+    fn device_id(&self) -> Option<i32>;
+
+    /// Whether the memory is managed (`cuMemAllocManaged`). Default: `false`.
+    fn is_managed(&self) -> bool {
+        false
+    }
+
+    /// Takes ownership of `size` bytes at `ptr` for [`Buffer::from_handle`], to be freed with
+    /// the recipe recorded now for `stream`.
+    ///
+    /// The default frees through [`MemoryResource::deallocate`] at teardown. The built-in
+    /// synchronous resources (legacy pinned, managed, synchronous) override it to use the
+    /// matching built-in release rule instead, whose drop never blocks on the GPU (BRIEF.md
+    /// D9), where their `deallocate` must synchronise.
+    ///
+    /// # Errors
+    /// [`MemoryError::WrongDevice`] for a stream of another device than the resource's
+    /// (device-only memory); [`MemoryError::Handle`] when the recipe cannot be recorded
+    /// ([`HandleError::NoCurrentContext`] for an unbound token on a thread with no context) or
+    /// `ptr` is null. The recipe is recorded before ownership is taken: on error the pointer
+    /// is still the caller's and `deallocate` has not been called (BRIEF.md D5).
+    fn adopt(
+        self: Arc<Self>,
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<DevicePtrHandle, MemoryError> {
+        if self.is_device_accessible() && !self.is_host_accessible() && !self.is_managed() {
+            if let Some(device) = self.device_id() {
+                check_stream_device(stream, device)?;
+            }
+        }
+        let deallocator: Arc<dyn Deallocator> = Arc::new(MemoryResourceDeallocator(self));
+        Ok(DevicePtrHandle::adopt(ptr, size, stream, deallocator)?)
+    }
+}
+
+/// Frees adopted memory through its memory resource's `deallocate` (the handles crate's
+/// [`Deallocator`] for a [`MemoryResource`]).
+struct MemoryResourceDeallocator<R: ?Sized>(Arc<R>);
+
+impl<R: MemoryResource + ?Sized> Deallocator for MemoryResourceDeallocator<R> {
+    fn deallocate(
+        &self,
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(), HandleError> {
+        self.0
+            .deallocate(ptr, size, stream)
+            .map_err(HandleError::from)
+    }
+}
+
+/// Rejects sizes no allocation can have.
+#[inline]
+pub(crate) fn check_size(size: usize) -> Result<(), MemoryError> {
+    if size == 0 {
+        return Err(MemoryError::InvalidSize {
+            size,
+            reason: "an allocation needs at least one byte",
+        });
+    }
+    if size > isize::MAX as usize {
+        return Err(MemoryError::InvalidSize {
+            size,
+            reason: "no allocation can exceed isize::MAX bytes",
+        });
+    }
+    Ok(())
+}
+
+/// The device `stream` runs on: its context's, or for an unbound default-stream token the
+/// device of the context current on the calling thread.
+///
+/// Driver calls: `cuCtxGetCurrent` (unbound tokens only).
+pub(crate) fn stream_device(stream: &StreamHandle) -> Result<i32, MemoryError> {
+    match stream.context() {
+        Some(context) => Ok(context.device()),
+        None => Ok(ContextHandle::current()?
+            .ok_or(HandleError::NoCurrentContext)?
+            .device()),
+    }
+}
+
+/// Checks that `stream` runs on `device` when that needs no driver call (a stream that
+/// carries its context); an unbound token is left to the handles crate, whose error
+/// [`device_error`] turns into [`MemoryError::WrongDevice`].
+#[inline]
+pub(crate) fn check_bound_stream_device(
+    stream: &StreamHandle,
+    device: i32,
+) -> Result<(), MemoryError> {
+    match stream.context() {
+        Some(context) if context.device() != device => Err(MemoryError::WrongDevice {
+            expected: device,
+            found: context.device(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Checks that `stream` runs on `device`, resolving an unbound token against the current
+/// context.
+///
+/// Driver calls: `cuCtxGetCurrent` (unbound tokens only).
+pub(crate) fn check_stream_device(stream: &StreamHandle, device: i32) -> Result<(), MemoryError> {
+    let found = stream_device(stream)?;
+    if found != device {
+        return Err(MemoryError::WrongDevice {
+            expected: device,
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// Maps the handles crate's "stream of another device" rejection (found while recording a
+/// recipe for memory on `device`) to [`MemoryError::WrongDevice`]; any other error passes
+/// through. Only on the error path: the device lookup costs a driver call for a token.
+#[cold]
+pub(crate) fn device_error(
+    error: HandleError,
+    device: Option<i32>,
+    stream: &StreamHandle,
+) -> MemoryError {
+    if let (HandleError::InvalidArgument { what: "stream", .. }, Some(expected)) = (&error, device)
+    {
+        if let Ok(found) = stream_device(stream) {
+            if found != expected {
+                return MemoryError::WrongDevice { expected, found };
+            }
+        }
+    }
+    MemoryError::Handle(error)
+}

@@ -1,0 +1,88 @@
+//! [`GraphMemoryResource`]: memory allocated during stream capture, which becomes part of the
+//! captured graph.
+
+use std::sync::Arc;
+
+use handles::ops::{self, CaptureStatus};
+use handles::sys_types::CUdeviceptr;
+use handles::{DevicePtrHandle, StreamHandle};
+
+use crate::buffer::{Access, IpcRole};
+use crate::resource::{check_bound_stream_device, check_size, device_error};
+use crate::{Buffer, MemoryError, MemoryResource};
+
+/// Graph memory of device `device_id`: `cuMemAllocAsync` on a stream that is being captured,
+/// recorded as an allocation node of the graph.
+///
+/// The capturing stream is the buffer's deallocation stream: closing the buffer while the
+/// capture runs adds a free node to the graph; closing it after the capture ended (and the
+/// graph was launched) issues an ordinary `cuMemFreeAsync` on that stream.
+#[derive(Debug)]
+pub struct GraphMemoryResource {
+    device: i32,
+}
+
+impl GraphMemoryResource {
+    /// The resource for device `device_id` (no driver call; the device is checked against each
+    /// allocation's stream).
+    pub fn new(device_id: i32) -> Arc<GraphMemoryResource> {
+        Arc::new(GraphMemoryResource { device: device_id })
+    }
+}
+
+impl MemoryResource for GraphMemoryResource {
+    /// Allocates `size` bytes as a graph allocation on `stream`, which must be capturing.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidSize`]; [`MemoryError::WrongDevice`] for a stream of another
+    /// device; [`MemoryError::NotCapturing`] when `stream` is not capturing (or its capture was
+    /// invalidated); [`MemoryError::Handle`] for the driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamIsCapturing`,
+    /// `cuMemAllocAsync`.
+    fn allocate(
+        self: Arc<Self>,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        check_size(size)?;
+        check_bound_stream_device(stream, self.device)?;
+        if ops::capture_status(stream)? != CaptureStatus::Active {
+            return Err(MemoryError::NotCapturing);
+        }
+        let handle = DevicePtrHandle::alloc_async(size, stream)
+            .map_err(|error| device_error(error, Some(self.device), stream))?;
+        let access = Access {
+            device: true,
+            host: false,
+            device_id: Some(self.device),
+            managed: false,
+        };
+        Ok(Buffer::new(handle, Some(self), Some(access), IpcRole::None))
+    }
+
+    /// `cuMemFreeAsync(ptr, stream)` (a free node when `stream` is capturing). Does not block.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] for the driver's failure.
+    fn deallocate(
+        &self,
+        ptr: CUdeviceptr,
+        _size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(), MemoryError> {
+        Ok(ops::free_async(ptr, stream)?)
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        false
+    }
+
+    fn device_id(&self) -> Option<i32> {
+        Some(self.device)
+    }
+}

@@ -1,0 +1,22 @@
+//! The built-in memory resources: stream-ordered pools ([`DeviceMemoryResource`],
+//! [`PinnedMemoryResource`]), synchronous allocators ([`LegacyPinnedMemoryResource`],
+//! [`ManagedMemoryResource`], [`SynchronousMemoryResource`]) and graph memory
+//! ([`GraphMemoryResource`]).
+//!
+//! Memory a resource allocates is freed by its handle's release rule (`cuMemFreeAsync` for
+//! pools and graph memory; an event and the cleanup worker for the synchronous ones, so that a
+//! drop never waits, BRIEF.md D9). `deallocate` is for explicit calls and for memory adopted with
+//! [`crate::Ownership::MemoryResource`].
+
+mod graph;
+mod pool;
+mod synchronous;
+
+pub use graph::GraphMemoryResource;
+pub use pool::{
+    DeviceMemoryResource, DeviceMemoryResourceOptions, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, PoolMemoryResource,
+};
+pub use synchronous::{
+    LegacyPinnedMemoryResource, ManagedMemoryResource, SynchronousMemoryResource,
+};

@@ -1,0 +1,387 @@
+//! Stream-ordered pool resources: [`DeviceMemoryResource`] (device memory) and
+//! [`PinnedMemoryResource`] (pinned host memory), and [`PoolMemoryResource`], what both offer
+//! for IPC.
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use handles::ops::{self, CaptureStatus, PoolLocation, PoolSpec};
+use handles::sys_types::CUdeviceptr;
+use handles::{DevicePtrHandle, MemoryPoolHandle, StreamHandle};
+
+use crate::buffer::{Access, IpcRole};
+use crate::resource::{check_bound_stream_device, check_size, device_error};
+use crate::{Buffer, MemoryError, MemoryResource};
+
+/// What the two pool resources share.
+struct PoolCore {
+    pool: MemoryPoolHandle,
+    ipc_enabled: bool,
+    /// Imported from another process: pointers come in by IPC, nothing is allocated here.
+    mapped: bool,
+}
+
+impl PoolCore {
+    /// The allocation hot path: checks that cost no driver call, then
+    /// [`DevicePtrHandle::alloc_from_pool`] (`cuCtxGetCurrent` + `cuMemAllocFromPoolAsync`).
+    #[inline]
+    fn allocate(
+        &self,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(DevicePtrHandle, IpcRole), MemoryError> {
+        check_size(size)?;
+        if self.mapped {
+            return Err(MemoryError::ipc(
+                "a pool imported from another process cannot allocate",
+            ));
+        }
+        let device = self.pool.device();
+        if let Some(device) = device {
+            check_bound_stream_device(stream, device)?;
+        }
+        // One relaxed load unless a capture begun through custody is running.
+        if ops::capture_may_be_active() && ops::capture_status(stream)? != CaptureStatus::None {
+            return Err(MemoryError::StreamCapturing);
+        }
+        let handle = DevicePtrHandle::alloc_from_pool(size, &self.pool, stream)
+            .map_err(|error| device_error(error, device, stream))?;
+        let role = if self.ipc_enabled {
+            IpcRole::Exportable
+        } else {
+            IpcRole::None
+        };
+        Ok((handle, role))
+    }
+}
+
+/// What a pool resource offers for IPC ([`Buffer::ipc_descriptor`],
+/// [`Buffer::from_ipc_descriptor`]).
+pub trait PoolMemoryResource: MemoryResource {
+    /// The memory pool.
+    fn pool(&self) -> &MemoryPoolHandle;
+
+    /// Whether the pool was made shareable with other processes.
+    fn is_ipc_enabled(&self) -> bool;
+
+    /// Whether the pool was imported from another process (then it only imports pointers).
+    fn is_mapped(&self) -> bool;
+
+    /// Exports the pool as a new POSIX file descriptor, owned by the caller, for another
+    /// process to open with the resource's `import_pool`. Pass it over a unix socket with
+    /// `SCM_RIGHTS` (the `sendfd` or `nix` crates, Python's `socket.send_fds`), or to a child
+    /// process that inherits it.
+    ///
+    /// # Errors
+    /// [`MemoryError::Ipc`] when the pool was not made with `ipc_enabled`, or was itself
+    /// imported; [`MemoryError::Handle`] for the driver's failure.
+    ///
+    /// Driver calls: `cuMemPoolExportToShareableHandle`.
+    fn export_pool(&self) -> Result<OwnedFd, MemoryError> {
+        if !self.is_ipc_enabled() {
+            return Err(MemoryError::ipc(
+                "the memory pool was not made with ipc_enabled",
+            ));
+        }
+        if self.is_mapped() {
+            return Err(MemoryError::ipc(
+                "the memory pool was imported from another process",
+            ));
+        }
+        Ok(ops::export_pool(self.pool())?)
+    }
+}
+
+/// Options for [`DeviceMemoryResource::with_options`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceMemoryResourceOptions {
+    /// The most the pool may hold, in bytes; 0 for no limit.
+    pub max_size: usize,
+    /// Whether the pool can be shared with other processes (POSIX file descriptor).
+    pub ipc_enabled: bool,
+}
+
+/// Device memory from a stream-ordered memory pool: the device's current pool
+/// ([`DeviceMemoryResource::new`]) or a pool of its own ([`DeviceMemoryResource::with_options`]).
+///
+/// Allocation is `cuMemAllocFromPoolAsync` on the given stream, in the stream's context; the
+/// free is `cuMemFreeAsync` on the deallocation stream. An owned pool is destroyed once the
+/// resource and every buffer from it are gone. Allocating on a stream that is capturing is
+/// refused ([`MemoryError::StreamCapturing`]; use a [`crate::GraphMemoryResource`]) when the
+/// capture was begun through custody (`handles::ops::begin_capture`); a capture begun by other
+/// code is not detected and the allocation becomes a graph allocation.
+pub struct DeviceMemoryResource {
+    device: i32,
+    core: PoolCore,
+}
+
+impl DeviceMemoryResource {
+    /// A resource for device `device_id`'s current memory pool (borrowed, never destroyed).
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`]: an invalid device, a driver that does not load.
+    ///
+    /// Driver calls: `cuInit` (once), `cuDeviceGet`, `cuDeviceGetMemPool`.
+    pub fn new(device_id: i32) -> Result<Arc<DeviceMemoryResource>, MemoryError> {
+        let pool = MemoryPoolHandle::device_current(device_id)?;
+        Ok(Arc::new(DeviceMemoryResource {
+            device: device_id,
+            core: PoolCore {
+                pool,
+                ipc_enabled: false,
+                mapped: false,
+            },
+        }))
+    }
+
+    /// A resource with a new pool of its own on device `device_id`.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`]: the driver rejects the properties (an invalid device, IPC where
+    /// the platform has none).
+    ///
+    /// Driver calls: `cuInit` (once), `cuMemPoolCreate`; `cuMemPoolDestroy` when the resource
+    /// and its last buffer are gone.
+    pub fn with_options(
+        device_id: i32,
+        options: DeviceMemoryResourceOptions,
+    ) -> Result<Arc<DeviceMemoryResource>, MemoryError> {
+        let pool = ops::create_pool(&PoolSpec {
+            location: PoolLocation::Device(device_id),
+            max_size: options.max_size,
+            ipc: options.ipc_enabled,
+        })?;
+        Ok(Arc::new(DeviceMemoryResource {
+            device: device_id,
+            core: PoolCore {
+                pool,
+                ipc_enabled: options.ipc_enabled,
+                mapped: false,
+            },
+        }))
+    }
+
+    /// Opens a device pool another process exported with [`PoolMemoryResource::export_pool`]
+    /// (the descriptor stays the caller's). The resource only imports pointers
+    /// ([`Buffer::from_ipc_descriptor`]); it cannot allocate.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] when the driver rejects the descriptor.
+    ///
+    /// Driver calls: `cuInit` (once), `cuMemPoolImportFromShareableHandle`.
+    pub fn import_pool(
+        device_id: i32,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Arc<DeviceMemoryResource>, MemoryError> {
+        let pool = ops::import_pool(fd, Some(device_id))?;
+        Ok(Arc::new(DeviceMemoryResource {
+            device: device_id,
+            core: PoolCore {
+                pool,
+                ipc_enabled: true,
+                mapped: true,
+            },
+        }))
+    }
+
+    fn access(&self) -> Access {
+        Access {
+            device: true,
+            host: false,
+            device_id: Some(self.device),
+            managed: false,
+        }
+    }
+}
+
+impl MemoryResource for DeviceMemoryResource {
+    /// Allocates `size` bytes from the pool, ordered on `stream`.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidSize`]; [`MemoryError::WrongDevice`] for a stream of another
+    /// device; [`MemoryError::StreamCapturing`]; [`MemoryError::Ipc`] for an imported pool;
+    /// [`MemoryError::Handle`]: no current context for a default-stream token, the driver's
+    /// failure (out of memory, past `max_size`).
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only if the stream's context is not
+    /// current), `cuMemAllocFromPoolAsync`; `cuStreamIsCapturing` only while a custody capture
+    /// runs.
+    #[inline]
+    fn allocate(
+        self: Arc<Self>,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        let (handle, role) = self.core.allocate(size, stream)?;
+        let access = self.access();
+        Ok(Buffer::new(handle, Some(self), Some(access), role))
+    }
+
+    /// `cuMemFreeAsync(ptr, stream)`. Does not block.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] for the driver's failure (never treated as success, even
+    /// `CUDA_ERROR_INVALID_CONTEXT`).
+    fn deallocate(
+        &self,
+        ptr: CUdeviceptr,
+        _size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(), MemoryError> {
+        Ok(ops::free_async(ptr, stream)?)
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        false
+    }
+
+    fn device_id(&self) -> Option<i32> {
+        Some(self.device)
+    }
+}
+
+impl PoolMemoryResource for DeviceMemoryResource {
+    fn pool(&self) -> &MemoryPoolHandle {
+        &self.core.pool
+    }
+
+    fn is_ipc_enabled(&self) -> bool {
+        self.core.ipc_enabled
+    }
+
+    fn is_mapped(&self) -> bool {
+        self.core.mapped
+    }
+}
+
+/// Options for [`PinnedMemoryResource::new`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PinnedMemoryResourceOptions {
+    /// The most the pool may hold, in bytes; 0 for no limit.
+    pub max_size: usize,
+    /// Whether the pool can be shared with other processes (POSIX file descriptor).
+    pub ipc_enabled: bool,
+    /// The host NUMA node the memory lives on.
+    pub numa_id: i32,
+}
+
+/// Pinned host memory from a stream-ordered pool of its own (a host-located pool, CUDA 12.2
+/// drivers and later), accessible from the host and every device.
+///
+/// Allocation and free are stream-ordered, as for [`DeviceMemoryResource`]; the stream may be
+/// on any device.
+pub struct PinnedMemoryResource {
+    core: PoolCore,
+}
+
+impl PinnedMemoryResource {
+    /// A resource with a new host-located pool.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`]: the driver rejects the properties (a driver older than 12.2).
+    ///
+    /// Driver calls: `cuInit` (once), `cuMemPoolCreate`, `cuDeviceGetCount`,
+    /// `cuMemPoolSetAccess`; `cuMemPoolDestroy` when the resource and its last buffer are gone.
+    pub fn new(
+        options: PinnedMemoryResourceOptions,
+    ) -> Result<Arc<PinnedMemoryResource>, MemoryError> {
+        let pool = ops::create_pool(&PoolSpec {
+            location: PoolLocation::HostNuma(options.numa_id),
+            max_size: options.max_size,
+            ipc: options.ipc_enabled,
+        })?;
+        Ok(Arc::new(PinnedMemoryResource {
+            core: PoolCore {
+                pool,
+                ipc_enabled: options.ipc_enabled,
+                mapped: false,
+            },
+        }))
+    }
+
+    /// Opens a pinned pool another process exported (the descriptor stays the caller's); the
+    /// resource only imports pointers.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] when the driver rejects the descriptor.
+    ///
+    /// Driver calls: `cuInit` (once), `cuMemPoolImportFromShareableHandle`.
+    pub fn import_pool(fd: BorrowedFd<'_>) -> Result<Arc<PinnedMemoryResource>, MemoryError> {
+        let pool = ops::import_pool(fd, None)?;
+        Ok(Arc::new(PinnedMemoryResource {
+            core: PoolCore {
+                pool,
+                ipc_enabled: true,
+                mapped: true,
+            },
+        }))
+    }
+}
+
+const PINNED_ACCESS: Access = Access {
+    device: true,
+    host: true,
+    device_id: None,
+    managed: false,
+};
+
+impl MemoryResource for PinnedMemoryResource {
+    /// Allocates `size` bytes from the pool, ordered on `stream`.
+    ///
+    /// # Errors
+    /// As [`DeviceMemoryResource`]'s, without the device check.
+    ///
+    /// Driver calls: as [`DeviceMemoryResource`]'s.
+    #[inline]
+    fn allocate(
+        self: Arc<Self>,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        let (handle, role) = self.core.allocate(size, stream)?;
+        Ok(Buffer::new(handle, Some(self), Some(PINNED_ACCESS), role))
+    }
+
+    /// `cuMemFreeAsync(ptr, stream)`. Does not block.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] for the driver's failure.
+    fn deallocate(
+        &self,
+        ptr: CUdeviceptr,
+        _size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(), MemoryError> {
+        Ok(ops::free_async(ptr, stream)?)
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        true
+    }
+
+    fn device_id(&self) -> Option<i32> {
+        None
+    }
+}
+
+impl PoolMemoryResource for PinnedMemoryResource {
+    fn pool(&self) -> &MemoryPoolHandle {
+        &self.core.pool
+    }
+
+    fn is_ipc_enabled(&self) -> bool {
+        self.core.ipc_enabled
+    }
+
+    fn is_mapped(&self) -> bool {
+        self.core.mapped
+    }
+}

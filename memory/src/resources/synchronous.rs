@@ -1,0 +1,315 @@
+//! Resources whose free is synchronous in the driver: [`LegacyPinnedMemoryResource`]
+//! (`cuMemAllocHost`), [`ManagedMemoryResource`] (`cuMemAllocManaged`) and
+//! [`SynchronousMemoryResource`] (`cuMemAlloc`).
+//!
+//! A drop of their buffers records an event on the deallocation stream and frees on the
+//! cleanup worker once it has fired (never blocking the dropping thread, BRIEF.md D9); an
+//! explicit [`Buffer::close`] and `deallocate` synchronise the stream and free before
+//! returning. Memory adopted with one of them as owner gets the same rule
+//! ([`MemoryResource::adopt`]).
+
+use std::sync::Arc;
+
+use handles::ops;
+use handles::sys_types::CUdeviceptr;
+use handles::{ContextHandle, DefaultStream, DevicePtrHandle, ReleaseKind, StreamHandle};
+
+use crate::buffer::{adopt_synchronous, Access, IpcRole};
+use crate::resource::{check_bound_stream_device, check_size, device_error};
+use crate::{Buffer, ManagedBuffer, MemoryError, MemoryResource};
+
+const HOST_AND_DEVICE: Access = Access {
+    device: true,
+    host: true,
+    device_id: None,
+    managed: false,
+};
+
+/// Pinned host memory from `cuMemAllocHost`, allocated in the stream's context; accessible
+/// from the host and every device, bound to no device.
+#[derive(Debug, Default)]
+pub struct LegacyPinnedMemoryResource;
+
+impl LegacyPinnedMemoryResource {
+    /// The resource (no driver call).
+    pub fn new() -> Arc<LegacyPinnedMemoryResource> {
+        Arc::new(LegacyPinnedMemoryResource)
+    }
+}
+
+impl MemoryResource for LegacyPinnedMemoryResource {
+    /// Allocates `size` bytes of pinned host memory in the context of `stream`, which orders
+    /// the eventual free.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidSize`]; [`MemoryError::Handle`]: no current context for a
+    /// default-stream token, the driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocHost_v2`.
+    fn allocate(
+        self: Arc<Self>,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        check_size(size)?;
+        let handle = DevicePtrHandle::alloc_host(size, stream)?;
+        Ok(Buffer::new(
+            handle,
+            Some(self),
+            Some(HOST_AND_DEVICE),
+            IpcRole::None,
+        ))
+    }
+
+    /// **Blocks** until `stream` has drained, then `cuMemFreeHost(ptr)`.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] for the driver's failure (nothing is freed if the wait fails).
+    fn deallocate(
+        &self,
+        ptr: CUdeviceptr,
+        _size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(), MemoryError> {
+        Ok(ops::free_host_sync(ptr, stream)?)
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        true
+    }
+
+    fn device_id(&self) -> Option<i32> {
+        None
+    }
+
+    /// Adopts with the pinned-host release rule (no blocking in a drop).
+    fn adopt(
+        self: Arc<Self>,
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<DevicePtrHandle, MemoryError> {
+        adopt_synchronous(ptr, size, ReleaseKind::PinnedHost, None, stream)
+    }
+}
+
+/// `CU_MEM_ATTACH_GLOBAL`: managed memory any stream may access.
+const ATTACH_GLOBAL: u32 = 1;
+
+/// Managed memory from `cuMemAllocManaged` (attached globally), allocated in the stream's
+/// context; accessible from the host and every device.
+///
+/// Unlike cuda.core's pool-based managed resource, this uses `cuMemAllocManaged`, which every
+/// CUDA 12 driver has (managed memory pools need CUDA 13).
+#[derive(Debug, Default)]
+pub struct ManagedMemoryResource;
+
+impl ManagedMemoryResource {
+    /// The resource (no driver call).
+    pub fn new() -> Arc<ManagedMemoryResource> {
+        Arc::new(ManagedMemoryResource)
+    }
+
+    /// [`MemoryResource::allocate`], typed as a [`ManagedBuffer`].
+    ///
+    /// # Errors
+    /// As [`MemoryResource::allocate`] for this resource.
+    ///
+    /// Driver calls: as [`MemoryResource::allocate`] for this resource.
+    pub fn allocate_managed(
+        self: &Arc<Self>,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<ManagedBuffer, MemoryError> {
+        Arc::clone(self)
+            .allocate(size, stream)
+            .map(ManagedBuffer::new)
+    }
+}
+
+const MANAGED: Access = Access {
+    device: true,
+    host: true,
+    device_id: None,
+    managed: true,
+};
+
+impl MemoryResource for ManagedMemoryResource {
+    /// Allocates `size` bytes of managed memory in the context of `stream`, which orders the
+    /// eventual free.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidSize`]; [`MemoryError::Handle`]: no current context for a
+    /// default-stream token, the driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocManaged`.
+    fn allocate(
+        self: Arc<Self>,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        check_size(size)?;
+        let handle = DevicePtrHandle::alloc_managed(size, ATTACH_GLOBAL, stream)?;
+        Ok(Buffer::new(
+            handle,
+            Some(self),
+            Some(MANAGED),
+            IpcRole::None,
+        ))
+    }
+
+    /// **Blocks** until `stream` has drained, then `cuMemFree(ptr)`.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] for the driver's failure (nothing is freed if the wait fails).
+    fn deallocate(
+        &self,
+        ptr: CUdeviceptr,
+        _size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(), MemoryError> {
+        Ok(ops::free_device_sync(ptr, stream)?)
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        true
+    }
+
+    fn device_id(&self) -> Option<i32> {
+        None
+    }
+
+    fn is_managed(&self) -> bool {
+        true
+    }
+
+    /// Adopts with the managed release rule (no blocking in a drop).
+    fn adopt(
+        self: Arc<Self>,
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<DevicePtrHandle, MemoryError> {
+        adopt_synchronous(ptr, size, ReleaseKind::Managed, None, stream)
+    }
+}
+
+/// Device memory from the synchronous `cuMemAlloc`, allocated in the device's primary context
+/// (retained by the resource), so no context need be current.
+///
+/// A created stream given to `allocate` becomes the deallocation stream; a default-stream
+/// token (any of the three) is replaced by the legacy stream *bound to the resource's
+/// context*: the allocation is synchronous anyway, and the free then needs no current context
+/// and raises no per-thread-stream warning on another thread.
+pub struct SynchronousMemoryResource {
+    device: i32,
+    legacy: StreamHandle,
+}
+
+impl SynchronousMemoryResource {
+    /// A resource for device `device_id`; retains its primary context.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`]: an invalid device, a driver that does not load.
+    ///
+    /// Driver calls: `cuInit` (once), `cuDeviceGet`, `cuDevicePrimaryCtxRetain`;
+    /// `cuDevicePrimaryCtxRelease` when the resource and its buffers are gone.
+    pub fn new(device_id: i32) -> Result<Arc<SynchronousMemoryResource>, MemoryError> {
+        let context = ContextHandle::primary(device_id)?;
+        Ok(Arc::new(SynchronousMemoryResource {
+            device: device_id,
+            legacy: StreamHandle::bound_default_stream(DefaultStream::Legacy, &context),
+        }))
+    }
+
+    /// The stream to record: `stream` if it is a real stream (of this device), else the
+    /// legacy stream bound to the resource's context.
+    fn recipe_stream<'a>(
+        &'a self,
+        stream: &'a StreamHandle,
+    ) -> Result<&'a StreamHandle, MemoryError> {
+        if stream.default_kind().is_some() {
+            return Ok(&self.legacy);
+        }
+        check_bound_stream_device(stream, self.device)?;
+        Ok(stream)
+    }
+}
+
+impl MemoryResource for SynchronousMemoryResource {
+    /// Allocates `size` bytes with `cuMemAlloc` in the resource's context.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidSize`]; [`MemoryError::WrongDevice`] for a created stream of
+    /// another device; [`MemoryError::Handle`] for the driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAlloc_v2`.
+    fn allocate(
+        self: Arc<Self>,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        check_size(size)?;
+        let recorded = self.recipe_stream(stream)?;
+        let handle = DevicePtrHandle::alloc(size, recorded)
+            .map_err(|error| device_error(error, Some(self.device), recorded))?;
+        let access = Access {
+            device: true,
+            host: false,
+            device_id: Some(self.device),
+            managed: false,
+        };
+        Ok(Buffer::new(handle, Some(self), Some(access), IpcRole::None))
+    }
+
+    /// **Blocks** until `stream` has drained, then `cuMemFree(ptr)`.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] for the driver's failure (nothing is freed if the wait fails).
+    fn deallocate(
+        &self,
+        ptr: CUdeviceptr,
+        _size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(), MemoryError> {
+        Ok(ops::free_device_sync(ptr, stream)?)
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        false
+    }
+
+    fn device_id(&self) -> Option<i32> {
+        Some(self.device)
+    }
+
+    /// Adopts with the `cuMemAlloc` release rule (no blocking in a drop); a default-stream
+    /// token is replaced by the resource's bound legacy stream, as in `allocate`.
+    fn adopt(
+        self: Arc<Self>,
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<DevicePtrHandle, MemoryError> {
+        let recorded = self.recipe_stream(stream)?;
+        adopt_synchronous(
+            ptr,
+            size,
+            ReleaseKind::Synchronous,
+            Some(self.device),
+            recorded,
+        )
+    }
+}

@@ -1,0 +1,383 @@
+//! Deallocation recipes through the `Buffer` API: `set_deallocation_stream` and `close_on`
+//! (cuda_core_behavior.md section 5, "set_deallocation_stream / close(stream) equivalence";
+//! BRIEF.md D4), the stream hand-off checked by the hazard checker, and adoption with
+//! `from_handle` (section 5, "from_handle ownership modes and MR errors during destruction";
+//! BRIEF.md D5).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use handles::{EventHandle, HandleError, StreamHandle, EVENT_DISABLE_TIMING};
+use memory::{Buffer, DeviceMemoryResource, MemoryError, MemoryResource, Ownership};
+
+fn device_mr() -> Arc<DeviceMemoryResource> {
+    DeviceMemoryResource::new(0).expect("device 0's pool")
+}
+
+/// A 256-byte buffer allocated on `stream`, whose allocation `stream` has finished, so that a
+/// free on any other stream of the context is ordered after it.
+fn buffer_on(stream: &StreamHandle) -> Buffer {
+    let buffer = device_mr().allocate(256, stream).expect("allocate");
+    stream.synchronize().unwrap();
+    buffer
+}
+
+fn free_stream(ptr: u64, from: u64) -> u64 {
+    only_call("cuMemFreeAsync", ptr, from).stream.unwrap()
+}
+
+#[test]
+fn set_then_drop_frees_on_the_new_stream() {
+    let _serial = start();
+    let (s1, s2) = (stream_on(0), stream_on(0));
+    let buffer = buffer_on(&s1);
+    let ptr = buffer.ptr();
+    buffer.set_deallocation_stream(&s2).unwrap();
+    let from = mark();
+    drop(buffer);
+    assert_eq!(free_stream(ptr, from), s2.raw() as u64);
+    assert!(!is_live(ptr));
+    assert_no_hazards();
+}
+
+#[test]
+fn set_then_close_frees_on_the_new_stream() {
+    let _serial = start();
+    let (s1, s2) = (stream_on(0), stream_on(0));
+    let buffer = buffer_on(&s1);
+    let ptr = buffer.ptr();
+    buffer.set_deallocation_stream(&s2).unwrap();
+    let from = mark();
+    buffer.close().unwrap();
+    assert!(buffer.is_closed());
+    assert_eq!(free_stream(ptr, from), s2.raw() as u64);
+    assert_no_hazards();
+}
+
+#[test]
+fn close_on_is_set_then_close() {
+    let _serial = start();
+    let (s1, s2) = (stream_on(0), stream_on(0));
+    let buffer = buffer_on(&s1);
+    let ptr = buffer.ptr();
+    let from = mark();
+    buffer.close_on(&s2).unwrap();
+    assert!(buffer.is_closed());
+    assert_eq!(free_stream(ptr, from), s2.raw() as u64);
+    assert_no_hazards();
+}
+
+#[test]
+fn close_keeps_the_recorded_recipe() {
+    let _serial = start();
+    let s1 = stream_on(0);
+    let buffer = buffer_on(&s1);
+    let ptr = buffer.ptr();
+    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s1));
+    let from = mark();
+    buffer.close().unwrap();
+    assert_eq!(free_stream(ptr, from), s1.raw() as u64);
+}
+
+#[test]
+fn failed_close_on_leaves_the_buffer_open_with_its_old_recipe() {
+    let _serial = start();
+    let s1 = stream_on(0);
+    let other_device = stream_on(1);
+    let buffer = buffer_on(&s1);
+    let ptr = buffer.ptr();
+    let from = mark();
+    assert_eq!(
+        buffer.close_on(&other_device),
+        Err(MemoryError::WrongDevice {
+            expected: 0,
+            found: 1
+        })
+    );
+    assert!(!buffer.is_closed());
+    assert_eq!(buffer.ptr(), ptr);
+    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s1));
+    assert_eq!(count_calls("cuMemFreeAsync", ptr, from), 0);
+    buffer.close().unwrap();
+    assert_eq!(free_stream(ptr, from), s1.raw() as u64);
+}
+
+#[test]
+fn closed_buffer_rejects_set_and_close_on_and_close_is_a_no_op() {
+    let _serial = start();
+    let s1 = stream_on(0);
+    let buffer = buffer_on(&s1);
+    let ptr = buffer.ptr();
+    buffer.close().unwrap();
+    let from = mark();
+    assert_eq!(buffer.close(), Ok(()));
+    assert_eq!(
+        buffer.set_deallocation_stream(&s1),
+        Err(MemoryError::Closed)
+    );
+    assert_eq!(buffer.close_on(&s1), Err(MemoryError::Closed));
+    assert_eq!(
+        buffer.deallocation_stream().map(|_| ()),
+        Err(MemoryError::Closed)
+    );
+    assert_eq!((buffer.ptr(), buffer.size()), (0, 0));
+    assert!(buffer.memory_resource().is_none());
+    assert!(
+        calls_for(ptr, from).is_empty(),
+        "nothing touched the freed memory"
+    );
+}
+
+#[test]
+fn token_with_no_current_context_is_rejected_and_a_created_stream_needs_none() {
+    let _serial = start();
+    let (s1, s2) = (stream_on(0), stream_on(0));
+    let buffer = Arc::new(buffer_on(&s1));
+    let ptr = buffer.ptr();
+    let on_thread = Arc::clone(&buffer);
+    let (token, created) = on_fresh_thread(move || {
+        let token = on_thread.set_deallocation_stream(&StreamHandle::legacy());
+        let kept = on_thread
+            .deallocation_stream()
+            .unwrap()
+            .unwrap()
+            .ptr_eq(&s1);
+        (token.map(|()| kept), on_thread.set_deallocation_stream(&s2))
+    });
+    assert_eq!(
+        token,
+        Err(MemoryError::Handle(HandleError::NoCurrentContext))
+    );
+    assert_eq!(created, Ok(()));
+    let from = mark();
+    buffer.close().unwrap();
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_ne!(
+        free.stream,
+        Some(1),
+        "the failed token recipe was never installed"
+    );
+}
+
+#[test]
+fn every_holder_of_the_memory_sees_the_new_recipe() {
+    let _serial = start();
+    let (s1, s2) = (stream_on(0), stream_on(0));
+    let buffer = buffer_on(&s1);
+    let ptr = buffer.ptr();
+    let attachment = buffer.handle().unwrap(); // as a graph node would hold it
+    buffer.set_deallocation_stream(&s2).unwrap();
+    assert!(attachment.deallocation_stream().unwrap().ptr_eq(&s2));
+    let from = mark();
+    buffer.close().unwrap();
+    assert!(buffer.is_closed());
+    assert_eq!(count_calls("cuMemFreeAsync", ptr, from), 0, "still held");
+    drop(attachment);
+    assert_eq!(free_stream(ptr, from), s2.raw() as u64);
+}
+
+/// The hand-off: a producer fills, records an event; a consumer waits on it and copies the
+/// buffer out; `fill` and `copy` are on different streams.
+fn hand_off(set_consumer_as_deallocation_stream: bool) -> (u64, Vec<u8>) {
+    let a = primary(0);
+    let (producer, consumer) = (stream_on(0), stream_on(0));
+    let mr = device_mr();
+    let buffer = Arc::clone(&mr).allocate(4096, &producer).unwrap();
+    let out = Arc::clone(&mr).allocate(4096, &consumer).unwrap();
+    let ptr = buffer.ptr();
+    buffer.fill(0x5au8, &producer).unwrap();
+    let filled = EventHandle::create(&a, EVENT_DISABLE_TIMING).unwrap();
+    filled.record(&producer).unwrap();
+    consumer.wait_event(&filled).unwrap();
+    if set_consumer_as_deallocation_stream {
+        buffer.set_deallocation_stream(&consumer).unwrap();
+    }
+    buffer.copy_to(&out, &consumer).unwrap();
+    buffer.close().unwrap();
+    let bytes = read(&out, &consumer);
+    out.close().unwrap();
+    (ptr, bytes)
+}
+
+#[test]
+fn handing_the_free_to_the_consumer_orders_it_after_the_consumer_copy() {
+    let _serial = start();
+    let (ptr, bytes) = hand_off(true);
+    assert_eq!(
+        bytes,
+        vec![0x5a; 4096],
+        "the consumer read what the producer wrote"
+    );
+    assert_eq!(hazards_for(ptr), vec![]);
+    assert_no_hazards();
+}
+
+#[test]
+fn without_the_hand_off_the_checker_reports_the_unordered_free() {
+    let _serial = start();
+    let (ptr, _) = hand_off(false);
+    let hazards = hazards_for(ptr);
+    assert!(
+        hazards.iter().any(|h| h.kind == "unordered_free"),
+        "{hazards:#?}"
+    );
+    emu().clear_hazards();
+}
+
+#[test]
+fn view_frees_nothing_and_its_recipe_is_inert() {
+    let _serial = start();
+    let s = stream_on(0);
+    let ptr = foreign_allocation(0, 512, &s);
+    let view = Buffer::from_handle(ptr, 512, Ownership::Borrowed, None).unwrap();
+    assert!(view.memory_resource().is_none());
+    view.set_deallocation_stream(&s).unwrap();
+    assert!(
+        view.deallocation_stream().unwrap().is_none(),
+        "nothing to free, nothing recorded"
+    );
+    let from = mark();
+    view.close().unwrap();
+    assert_eq!(count_calls("cuMemFreeAsync", ptr, from), 0);
+    assert!(is_live(ptr));
+    handles::ops::free_async(ptr, &s).unwrap(); // the caller's memory, the caller's free
+    assert!(!is_live(ptr));
+}
+
+#[test]
+fn owner_is_kept_alive_until_close_and_nothing_is_freed() {
+    let _serial = start();
+    let s = stream_on(0);
+    let ptr = foreign_allocation(0, 512, &s);
+    let owner = Arc::new(());
+    let buffer = Buffer::from_handle(
+        ptr,
+        512,
+        Ownership::Owner(Box::new(Arc::clone(&owner))),
+        None,
+    )
+    .unwrap();
+    assert_eq!(Arc::strong_count(&owner), 2);
+    let from = mark();
+    buffer.close().unwrap();
+    assert_eq!(Arc::strong_count(&owner), 1, "released at close");
+    assert_eq!(count_calls("cuMemFreeAsync", ptr, from), 0);
+    assert!(is_live(ptr));
+    handles::ops::free_async(ptr, &s).unwrap();
+}
+
+#[test]
+fn adopted_memory_is_deallocated_by_its_resource_with_the_recorded_stream_in_its_context() {
+    let _serial = start();
+    let a = primary(0);
+    let s = stream_on(0);
+    let mr = RecordingResource::new(0);
+    let ptr = foreign_allocation(0, 1024, &s);
+    let dyn_mr: Arc<dyn MemoryResource> = mr.clone();
+    let buffer =
+        Buffer::from_handle(ptr, 1024, Ownership::MemoryResource(dyn_mr), Some(&s)).unwrap();
+    assert!(buffer.memory_resource().is_some());
+    assert!(mr.deallocations().is_empty());
+    on_fresh_thread(move || drop(buffer)); // a thread that never had a context
+    assert_eq!(
+        mr.deallocations(),
+        vec![Deallocation {
+            ptr,
+            size: 1024,
+            stream: s.raw() as usize,
+            // BRIEF.md D2: the recipe's context is current even for a created stream.
+            current_context: a.raw() as u64,
+        }]
+    );
+    assert!(!is_live(ptr));
+}
+
+#[test]
+fn default_token_binds_the_context_current_at_adoption_and_deallocate_runs_in_it() {
+    let _serial = start();
+    let a = primary(0);
+    let s = stream_on(0);
+    let mr = RecordingResource::new(0);
+    let ptr = foreign_allocation(0, 1024, &s);
+    s.synchronize().unwrap();
+    a.make_current().unwrap();
+    let buffer =
+        Buffer::from_handle(ptr, 1024, Ownership::MemoryResource(mr.clone()), None).unwrap();
+    handles::ContextHandle::clear_current().unwrap();
+    on_fresh_thread(move || drop(buffer));
+    let seen = mr.deallocations();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].stream, 0x1, "the legacy default stream");
+    assert_eq!(seen[0].current_context, a.raw() as u64);
+    assert!(!is_live(ptr));
+}
+
+#[test]
+fn adoption_failure_leaves_the_pointer_with_the_caller() {
+    let _serial = start();
+    let s = stream_on(0);
+    let mr = RecordingResource::new(0);
+    let ptr = foreign_allocation(0, 1024, &s);
+    s.synchronize().unwrap();
+    // No context on a fresh thread: the default token cannot be bound (BRIEF.md D5).
+    let on_thread = mr.clone();
+    let error = on_fresh_thread(move || {
+        Buffer::from_handle(ptr, 1024, Ownership::MemoryResource(on_thread), None).unwrap_err()
+    });
+    assert_eq!(error, MemoryError::Handle(HandleError::NoCurrentContext));
+    // A stream of another device: rejected the same way.
+    let error = Buffer::from_handle(
+        ptr,
+        1024,
+        Ownership::MemoryResource(mr.clone()),
+        Some(&stream_on(1)),
+    )
+    .unwrap_err();
+    assert_eq!(
+        error,
+        MemoryError::WrongDevice {
+            expected: 0,
+            found: 1
+        }
+    );
+    // Bad sizes and a null pointer: rejected before anything is taken.
+    for (p, n) in [(ptr, 0), (0, 1024)] {
+        assert!(
+            Buffer::from_handle(p, n, Ownership::MemoryResource(mr.clone()), Some(&s)).is_err()
+        );
+    }
+    assert!(mr.deallocations().is_empty(), "deallocate was never called");
+    assert!(is_live(ptr), "the pointer is still the caller's");
+    handles::ops::free_async(ptr, &s).unwrap();
+    assert!(!is_live(ptr));
+}
+
+#[test]
+fn failing_deallocate_is_returned_by_close_and_reported_by_a_drop() {
+    let _serial = start();
+    let s = stream_on(0);
+    let mr = RecordingResource::new(0);
+    *mr.fail_with.lock().unwrap() = Some("out of luck".into());
+    let closed = Arc::clone(&mr).allocate(256, &s).unwrap();
+    let dropped = Arc::clone(&mr).allocate(256, &s).unwrap();
+    let (p1, p2) = (closed.ptr(), dropped.ptr());
+    let expected = MemoryError::Handle(HandleError::Deallocator {
+        message: "out of luck".into(),
+    });
+    assert_eq!(closed.close(), Err(expected));
+    assert!(closed.is_closed(), "closed either way");
+    assert!(errors_for(p1).is_empty(), "returned, not reported");
+    drop(dropped);
+    let reports = errors_for(p2);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(reports[0].operation, "Deallocator::deallocate");
+    assert_eq!(reports[0].stream, s.raw() as u64);
+    assert_eq!(mr.deallocations().len(), 2);
+    // The failing resource freed nothing: give the memory back.
+    for ptr in [p1, p2] {
+        assert!(is_live(ptr));
+        handles::ops::free_async(ptr, &s).unwrap();
+    }
+}
