@@ -1,0 +1,354 @@
+//! The `Buffer` surface against the emulated driver: the allocate/close hot path, close
+//! semantics (returned errors, idempotence, one free under concurrent closes), copies, fills and
+//! host transfers that really move bytes, accessibility, and bad input that leaves the buffer
+//! unchanged.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+
+use common::*;
+use handles::{CudaErrorCode, HandleError, StreamHandle};
+use memory::{
+    Buffer, DeviceMemoryResource, FillValue, LegacyPinnedMemoryResource, MemoryError,
+    MemoryResource, Ownership,
+};
+
+fn device_mr() -> Arc<DeviceMemoryResource> {
+    DeviceMemoryResource::new(0).expect("device 0's pool")
+}
+
+fn names(calls: &[cuda_sys::emu::Call]) -> Vec<&str> {
+    calls.iter().map(|c| c.function.as_str()).collect()
+}
+
+#[test]
+fn allocate_and_close_cost_one_pool_allocation_and_one_free() {
+    let _serial = start();
+    let a = primary(0);
+    let s = stream_on(0);
+    let mr = device_mr();
+    a.make_current().unwrap();
+    let me = tid();
+    let from = mark();
+    let buffer = Arc::clone(&mr).allocate(256, &s).unwrap();
+    let allocated = mark();
+    buffer.close().unwrap();
+    let all = emu().calls();
+    let on_me = |lo: u64, hi: u64| -> Vec<cuda_sys::emu::Call> {
+        all.iter()
+            .filter(|c| c.thread == me && c.seq >= lo && c.seq < hi)
+            .cloned()
+            .collect()
+    };
+    // With the stream's context current: nothing but what the handles need.
+    assert_eq!(
+        names(&on_me(from, allocated)),
+        ["cuCtxGetCurrent", "cuMemAllocFromPoolAsync"]
+    );
+    assert_eq!(
+        names(&on_me(allocated, u64::MAX)),
+        ["cuCtxGetCurrent", "cuMemFreeAsync"]
+    );
+    handles::ContextHandle::clear_current().unwrap();
+    assert_no_hazards();
+}
+
+#[test]
+fn close_returns_the_free_error_and_closes_the_buffer() {
+    let _serial = start();
+    let s = stream_on(0);
+    let buffer = device_mr().allocate(256, &s).unwrap();
+    let ptr = buffer.ptr();
+    assert!(emu().inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE));
+    let error = buffer.close().unwrap_err();
+    assert_eq!(error.code(), Some(CudaErrorCode::INVALID_VALUE));
+    assert!(
+        matches!(error, MemoryError::Handle(HandleError::Driver(ref e)) if e.call == "cuMemFreeAsync")
+    );
+    assert!(buffer.is_closed());
+    assert!(errors_for(ptr).is_empty(), "returned, not reported");
+    assert_eq!(buffer.close(), Ok(()), "a second close is a no-op");
+    // The injected failure freed nothing.
+    handles::ops::free_async(ptr, &s).unwrap();
+}
+
+#[test]
+fn drop_reports_the_free_error_with_attribution() {
+    let _serial = start();
+    let s = stream_on(0);
+    let buffer = device_mr().allocate(256, &s).unwrap();
+    let ptr = buffer.ptr();
+    assert!(emu().inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE));
+    drop(buffer);
+    let reports = errors_for(ptr);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(reports[0].operation, "cuMemFreeAsync");
+    assert_eq!(reports[0].stream, s.raw() as u64);
+    assert_eq!(reports[0].error_name(), "CUDA_ERROR_INVALID_VALUE");
+    handles::ops::free_async(ptr, &s).unwrap();
+}
+
+#[test]
+fn concurrent_closes_free_exactly_once() {
+    let _serial = start();
+    let s = stream_on(0);
+    let buffer = Arc::new(device_mr().allocate(256, &s).unwrap());
+    let ptr = buffer.ptr();
+    let from = mark();
+    let barrier = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (buffer, barrier) = (Arc::clone(&buffer), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                barrier.wait();
+                buffer.close()
+            })
+        })
+        .collect();
+    for thread in threads {
+        assert_eq!(thread.join().unwrap(), Ok(()));
+    }
+    assert!(buffer.is_closed());
+    assert_eq!(count_calls("cuMemFreeAsync", ptr, from), 1);
+    assert!(!is_live(ptr));
+    assert_no_hazards();
+}
+
+#[test]
+fn fills_copies_and_host_transfers_move_the_bytes() {
+    let _serial = start();
+    let s = stream_on(0);
+    let mr = device_mr();
+    let a = Arc::clone(&mr).allocate(64, &s).unwrap();
+    let b = Arc::clone(&mr).allocate(64, &s).unwrap();
+
+    a.fill(0xabu8, &s).unwrap();
+    assert_eq!(read(&a, &s), vec![0xab; 64]);
+    a.fill(0x1234u16, &s).unwrap();
+    assert_eq!(read(&a, &s), 0x1234u16.to_ne_bytes().repeat(32));
+    a.fill(FillValue::from_bytes(&[1, 2, 3, 4]).unwrap(), &s)
+        .unwrap();
+    assert_eq!(read(&a, &s), [1, 2, 3, 4].repeat(16));
+
+    a.copy_to(&b, &s).unwrap();
+    assert_eq!(read(&b, &s), [1, 2, 3, 4].repeat(16));
+    let pattern: Vec<u8> = (0..64).collect();
+    a.copy_from_host(&pattern, &s).unwrap();
+    b.copy_from(&a, &s).unwrap();
+    assert_eq!(read(&b, &s), pattern);
+
+    let c = a.copy_to_new(&s).unwrap();
+    assert_eq!(c.size(), 64);
+    assert_eq!(read(&c, &s), pattern);
+    assert!(c.memory_resource().is_some());
+    for buffer in [a, b, c] {
+        buffer.close().unwrap();
+    }
+    assert_no_hazards();
+}
+
+#[test]
+fn copies_between_devices_run_on_either_device() {
+    let _serial = start();
+    let (s0, s1) = (stream_on(0), stream_on(1));
+    let on0 = device_mr().allocate(32, &s0).unwrap();
+    let on1 = DeviceMemoryResource::new(1)
+        .unwrap()
+        .allocate(32, &s1)
+        .unwrap();
+    on0.fill(7u8, &s0).unwrap();
+    s0.synchronize().unwrap();
+    on0.copy_to(&on1, &s1).unwrap();
+    assert_eq!(read(&on1, &s1), vec![7; 32]);
+    on0.close().unwrap();
+    on1.close().unwrap();
+}
+
+#[test]
+fn accessibility_comes_from_the_resource_or_the_driver() {
+    let _serial = start();
+    let s = stream_on(0);
+    let device = device_mr().allocate(64, &s).unwrap();
+    assert_eq!(device.is_device_accessible(), Ok(true));
+    assert_eq!(device.is_host_accessible(), Ok(false));
+    assert_eq!(device.device_id(), Ok(Some(0)));
+    assert_eq!(device.is_managed(), Ok(false));
+
+    let pinned = LegacyPinnedMemoryResource::new().allocate(64, &s).unwrap();
+    assert_eq!(pinned.is_device_accessible(), Ok(true));
+    assert_eq!(pinned.is_host_accessible(), Ok(true));
+    assert_eq!(pinned.device_id(), Ok(None));
+
+    // Views: asked of the driver once.
+    let view = Buffer::from_handle(device.ptr(), 64, Ownership::Borrowed, None).unwrap();
+    let from = mark();
+    assert_eq!(view.is_device_accessible(), Ok(true));
+    assert_eq!(view.is_host_accessible(), Ok(false));
+    assert_eq!(view.device_id(), Ok(Some(0)));
+    assert_eq!(
+        count_calls("cuPointerGetAttribute", device.ptr(), from),
+        4,
+        "one query of four attributes, then cached"
+    );
+    let pinned_view = Buffer::from_handle(pinned.ptr(), 64, Ownership::Borrowed, None).unwrap();
+    assert_eq!(pinned_view.is_host_accessible(), Ok(true));
+    assert_eq!(pinned_view.is_device_accessible(), Ok(true));
+    let host = vec![0u8; 64];
+    let host_view =
+        Buffer::from_handle(host.as_ptr() as u64, 64, Ownership::Borrowed, None).unwrap();
+    assert_eq!(host_view.is_device_accessible(), Ok(false));
+    assert_eq!(host_view.is_host_accessible(), Ok(true));
+    assert_eq!(host_view.device_id(), Ok(None));
+
+    view.close().unwrap();
+    assert_eq!(view.is_device_accessible(), Err(MemoryError::Closed));
+    assert_eq!(view.device_id(), Err(MemoryError::Closed));
+    device.close().unwrap();
+    pinned.close().unwrap();
+}
+
+#[test]
+fn bad_sizes_allocate_nothing() {
+    let _serial = start();
+    let s = stream_on(0);
+    let mr = device_mr();
+    let from = mark();
+    for size in [0, isize::MAX as usize + 1, usize::MAX] {
+        let error = Arc::clone(&mr).allocate(size, &s).unwrap_err();
+        assert!(
+            matches!(error, MemoryError::InvalidSize { size: got, .. } if got == size),
+            "{error}"
+        );
+    }
+    assert!(
+        emu()
+            .calls()
+            .iter()
+            .all(|c| c.seq < from || !c.function.starts_with("cuMemAlloc")),
+        "no allocation was attempted"
+    );
+}
+
+#[test]
+fn bad_copies_and_fills_leave_the_buffers_unchanged() {
+    let _serial = start();
+    let s = stream_on(0);
+    let other_device = stream_on(1);
+    let mr = device_mr();
+    let a = Arc::clone(&mr).allocate(6, &s).unwrap();
+    let b = Arc::clone(&mr).allocate(8, &s).unwrap();
+    a.fill(1u8, &s).unwrap();
+    b.fill(2u8, &s).unwrap();
+    s.synchronize().unwrap();
+    let from = mark();
+
+    assert_eq!(
+        a.copy_to(&b, &s),
+        Err(MemoryError::SizeMismatch { src: 6, dst: 8 })
+    );
+    assert_eq!(
+        b.copy_from(&a, &s),
+        Err(MemoryError::SizeMismatch { src: 6, dst: 8 })
+    );
+    assert_eq!(
+        a.fill(0u32, &s),
+        Err(MemoryError::InvalidFill {
+            width: 4,
+            reason: "the buffer's size is not a multiple of the pattern's width"
+        })
+    );
+    assert!(matches!(
+        FillValue::from_bytes(&[1, 2, 3]),
+        Err(MemoryError::InvalidFill { width: 3, .. })
+    ));
+    let misaligned = Buffer::from_handle(b.ptr() + 1, 4, Ownership::Borrowed, None).unwrap();
+    assert!(matches!(
+        misaligned.fill(0u16, &s),
+        Err(MemoryError::InvalidFill { width: 2, .. })
+    ));
+    assert_eq!(
+        a.fill(0u8, &other_device),
+        Err(MemoryError::WrongDevice {
+            expected: 0,
+            found: 1
+        })
+    );
+    let mut host = [0u8; 8];
+    assert_eq!(
+        b.copy_to_host(&mut host, &other_device),
+        Err(MemoryError::WrongDevice {
+            expected: 0,
+            found: 1
+        })
+    );
+    assert_eq!(
+        b.copy_to_host(&mut host[..4], &s),
+        Err(MemoryError::SizeMismatch { src: 8, dst: 4 })
+    );
+    assert_eq!(
+        a.copy_from_host(&host, &s),
+        Err(MemoryError::SizeMismatch { src: 8, dst: 6 })
+    );
+    assert_eq!(
+        Arc::clone(&mr).allocate(64, &other_device).unwrap_err(),
+        MemoryError::WrongDevice {
+            expected: 0,
+            found: 1
+        }
+    );
+    // None of it reached the driver.
+    for ptr in [a.ptr(), b.ptr()] {
+        assert!(
+            calls_for(ptr, from).is_empty(),
+            "{:#?}",
+            calls_for(ptr, from)
+        );
+    }
+    assert_eq!(read(&a, &s), vec![1; 6]);
+    assert_eq!(read(&b, &s), vec![2; 8]);
+    assert!(a.deallocation_stream().unwrap().unwrap().ptr_eq(&s));
+
+    // Closed buffers.
+    let closed = Arc::clone(&mr).allocate(6, &s).unwrap();
+    closed.close().unwrap();
+    assert_eq!(closed.copy_to(&a, &s), Err(MemoryError::Closed));
+    assert_eq!(a.copy_to(&closed, &s), Err(MemoryError::Closed));
+    assert_eq!(closed.fill(0u8, &s), Err(MemoryError::Closed));
+    assert_eq!(
+        closed.copy_to_host(&mut host[..6], &s),
+        Err(MemoryError::Closed)
+    );
+    assert_eq!(closed.handle().map(|_| ()), Err(MemoryError::Closed));
+    assert_eq!(closed.copy_to_new(&s).map(|_| ()), Err(MemoryError::Closed));
+    assert_eq!(read(&a, &s), vec![1; 6]);
+    let view = Buffer::from_handle(a.ptr(), 6, Ownership::Borrowed, None).unwrap();
+    assert_eq!(
+        view.copy_to_new(&s).map(|_| ()),
+        Err(MemoryError::NoMemoryResource)
+    );
+    a.close().unwrap();
+    b.close().unwrap();
+    assert_no_hazards();
+}
+
+#[test]
+fn unbound_token_resolves_against_the_current_context() {
+    let _serial = start();
+    let a = primary(0);
+    let s = stream_on(0);
+    let buffer = device_mr().allocate(16, &s).unwrap();
+    s.synchronize().unwrap();
+    let legacy = StreamHandle::legacy();
+    // No context: the token cannot be resolved.
+    assert_eq!(
+        buffer.fill(3u8, &legacy),
+        Err(MemoryError::Handle(HandleError::NoCurrentContext))
+    );
+    a.make_current().unwrap();
+    buffer.fill(3u8, &legacy).unwrap();
+    assert_eq!(read(&buffer, &legacy), vec![3; 16]);
+    handles::ContextHandle::clear_current().unwrap();
+    buffer.close_on(&s).unwrap();
+    assert_no_hazards();
+}
