@@ -1,0 +1,138 @@
+//! Graph memory and stream capture (cuda_core_behavior.md section 5, "Graph memory resource
+//! and capture", Rust side): a graph allocation needs a capturing stream, its recipe is the
+//! capturing stream, closing it during the capture adds a free to the graph and after the
+//! capture issues an ordinary `cuMemFreeAsync`; a pool resource refuses a capturing stream.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use handles::ops::{self, CaptureStatus};
+use handles::sys_types::CUstreamCaptureMode;
+use handles::GraphExecHandle;
+use memory::{DeviceMemoryResource, GraphMemoryResource, MemoryError, MemoryResource};
+
+const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+
+fn alloc_calls(from: u64) -> Vec<String> {
+    emu()
+        .calls()
+        .into_iter()
+        .filter(|c| c.seq >= from && c.function.starts_with("cuMemAlloc"))
+        .map(|c| c.function)
+        .collect()
+}
+
+#[test]
+fn graph_allocation_needs_a_capturing_stream() {
+    let _serial = start();
+    let s = stream_on(0);
+    let gmr = GraphMemoryResource::new(0);
+    let from = mark();
+    assert_eq!(
+        Arc::clone(&gmr).allocate(256, &s).unwrap_err(),
+        MemoryError::NotCapturing
+    );
+    assert_eq!(
+        gmr.allocate(256, &stream_on(1)).unwrap_err(),
+        MemoryError::WrongDevice {
+            expected: 0,
+            found: 1
+        }
+    );
+    assert!(alloc_calls(from).is_empty());
+}
+
+#[test]
+fn pool_resource_refuses_a_capturing_stream() {
+    let _serial = start();
+    let s = stream_on(0);
+    let mr = DeviceMemoryResource::new(0).unwrap();
+    ops::begin_capture(&s, RELAXED).unwrap();
+    assert!(ops::capture_may_be_active());
+    let from = mark();
+    let refused = Arc::clone(&mr).allocate(256, &s).unwrap_err();
+    let graph = ops::end_capture(&s).unwrap();
+    assert_eq!(refused, MemoryError::StreamCapturing);
+    assert!(alloc_calls(from).is_empty());
+    drop(graph);
+    // Capture over: allocation works again.
+    mr.allocate(256, &s).unwrap().close().unwrap();
+}
+
+#[test]
+fn closing_during_capture_adds_the_free_to_the_graph() {
+    let _serial = start();
+    let s = stream_on(0);
+    let gmr = GraphMemoryResource::new(0);
+    ops::begin_capture(&s, RELAXED).unwrap();
+    let buffer = gmr.allocate(1024, &s).unwrap();
+    let ptr = buffer.ptr();
+    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s));
+    buffer.fill(0x11u8, &s).unwrap();
+    let from = mark();
+    buffer.close().unwrap();
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!((free.stream, free.result), (Some(s.raw() as u64), 0));
+    assert_eq!(ops::capture_status(&s).unwrap(), CaptureStatus::Active);
+    let graph = ops::end_capture(&s).unwrap();
+    let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
+    exec.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    drop(exec);
+    drop(graph);
+    assert_no_hazards();
+}
+
+#[test]
+fn closing_after_capture_is_an_ordinary_free_on_the_capture_stream() {
+    let _serial = start();
+    let s = stream_on(0);
+    let gmr = GraphMemoryResource::new(0);
+    ops::begin_capture(&s, RELAXED).unwrap();
+    let buffer = gmr.allocate(1024, &s).unwrap();
+    let ptr = buffer.ptr();
+    buffer.fill(0x22u8, &s).unwrap();
+    let graph = ops::end_capture(&s).unwrap();
+    assert_eq!(ops::capture_status(&s).unwrap(), CaptureStatus::None);
+    let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
+    exec.launch(&s).unwrap();
+    assert_eq!(
+        read(&buffer, &s),
+        vec![0x22; 1024],
+        "the graph wrote the memory"
+    );
+    let from = mark();
+    buffer.close().unwrap();
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!((free.stream, free.result), (Some(s.raw() as u64), 0));
+    s.synchronize().unwrap();
+    drop(exec);
+    drop(graph);
+    assert_no_hazards();
+}
+
+#[test]
+fn a_capture_stream_can_become_the_deallocation_stream() {
+    let _serial = start();
+    let (s, capturing) = (stream_on(0), stream_on(0));
+    let mr = DeviceMemoryResource::new(0).unwrap();
+    let buffer = mr.allocate(256, &s).unwrap();
+    s.synchronize().unwrap();
+    let ptr = buffer.ptr();
+    ops::begin_capture(&capturing, RELAXED).unwrap();
+    buffer.set_deallocation_stream(&capturing).unwrap();
+    assert!(buffer
+        .deallocation_stream()
+        .unwrap()
+        .unwrap()
+        .ptr_eq(&capturing));
+    let graph = ops::end_capture(&capturing).unwrap();
+    drop(graph);
+    let from = mark();
+    buffer.close().unwrap();
+    let free = only_call("cuMemFreeAsync", ptr, from);
+    assert_eq!(free.stream, Some(capturing.raw() as u64));
+    assert_no_hazards();
+}
