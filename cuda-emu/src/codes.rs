@@ -1,8 +1,10 @@
 //! Every status the emulator returns, named by the situation that produces it, in one place.
 //!
-//! Codes marked *measured* come from ../../shared/reference/driver_facts.md or the driver API
-//! documentation; codes marked *guess* were chosen without a measurement. The conformance suite
-//! run on a real GPU will confirm or correct the guesses: change them here and nowhere else.
+//! Codes marked *measured* come from ../../shared/reference/driver_facts.md or from the driver
+//! probe (`docs/driver-probe/`, an H200 with driver 580.159.04; conformance module `measured`);
+//! *documented* ones from the driver API documentation; codes marked *guess* were chosen without
+//! a measurement. The conformance suite run on a real GPU will confirm or correct the guesses:
+//! change them here and nowhere else.
 
 use cuda_sys::{CUresult, CudaErrorCode as C};
 
@@ -22,42 +24,52 @@ pub(crate) const NO_CONTEXT: CUresult = C::INVALID_CONTEXT.0;
 /// argument or current on the calling thread (guess: the driver may say
 /// `CUDA_ERROR_CONTEXT_IS_DESTROYED` for a destroyed current context).
 pub(crate) const BAD_CONTEXT: CUresult = C::INVALID_CONTEXT.0;
-/// `cuCtxPopCurrent` with an empty context stack (guess).
+/// `cuCtxPopCurrent` with an empty context stack, with or without an out-pointer (measured).
 pub(crate) const POP_EMPTY: CUresult = C::INVALID_CONTEXT.0;
-/// `cuCtxDestroy` of a primary context (guess).
+/// `cuCtxPushCurrent(NULL)` (measured).
+pub(crate) const PUSH_NULL: CUresult = C::INVALID_VALUE.0;
+/// `cuCtxDestroy` of a primary context (measured).
 pub(crate) const DESTROY_PRIMARY: CUresult = C::INVALID_CONTEXT.0;
-/// `cuDevicePrimaryCtxRelease` of a primary context that is not retained (guess).
+/// `cuDevicePrimaryCtxRelease` of a primary context that is not retained (measured).
 pub(crate) const RELEASE_UNRETAINED_PRIMARY: CUresult = C::INVALID_CONTEXT.0;
 /// An unknown or destroyed stream, event, graph, graph node, graph exec, memory pool or user
-/// object handle (guess: the real driver may crash instead, F11).
+/// object handle (measured for `cuStreamDestroy` of the NULL and legacy tokens; otherwise a
+/// guess: the real driver crashes on a destroyed or garbage stream, F11 and the probe).
 pub(crate) const BAD_HANDLE: CUresult = C::INVALID_HANDLE.0;
 /// `cuEventRecord` on a stream of another context than the event's (documented).
 pub(crate) const EVENT_CONTEXT_MISMATCH: CUresult = C::INVALID_HANDLE.0;
 /// A device ordinal out of range (documented).
 pub(crate) const BAD_DEVICE: CUresult = C::INVALID_DEVICE.0;
 /// A pointer the driver does not know where it needs a device pointer; `cuMemFree` of an
-/// unknown pointer or of memory that went with its context (measured: F9).
+/// unknown or interior pointer or of memory that went with its context, `cuMemFreeHost` of
+/// memory it did not allocate, pointer attributes of a host address (measured: F9, the probe).
 pub(crate) const BAD_POINTER: CUresult = C::INVALID_VALUE.0;
-/// An access past the end of an allocation (guess).
+/// An access past the end of an allocation: fills, copies, memset nodes (measured).
 pub(crate) const OUT_OF_RANGE: CUresult = C::INVALID_VALUE.0;
-/// A use or free of memory whose free was already issued (guess; also a hazard).
+/// A use or free of memory whose free was already issued, or `cuMemFreeAsync` of an address
+/// never allocated (measured for the frees; also a hazard).
 pub(crate) const FREED_POINTER: CUresult = C::INVALID_VALUE.0;
-/// A zero-byte allocation (documented for `cuMemAlloc`).
+/// A zero-byte `cuMemAlloc` (measured) or `cuMemAllocManaged` (documented). Zero bytes from
+/// `cuMemAllocHost` and the stream-ordered allocators succeed (measured).
 pub(crate) const ZERO_SIZE: CUresult = C::INVALID_VALUE.0;
 /// `cuMemFreeAsync` of host memory from `cuMemAllocHost` (guess).
 pub(crate) const NOT_STREAM_ORDERED: CUresult = C::INVALID_VALUE.0;
-/// An allocation larger than the device, the pool's `maxSize`, or the host can give.
+/// An allocation larger than the device (measured: `cuMemAlloc` of 1 PiB), the pool's `maxSize`
+/// rounded up to 32 MiB (guess), or the host can give.
 pub(crate) const OUT_OF_MEMORY: CUresult = C::OUT_OF_MEMORY.0;
 /// Work still pending (documented for the query functions).
 pub(crate) const NOT_READY: CUresult = C::NOT_READY.0;
 /// A driver call from a host function or a user-object destructor (documented rule, G4; the
-/// exact code is a guess).
+/// code measured for every call tried there except `cuStreamSynchronize` of an idle stream and
+/// `cuDriverGetVersion`, which succeed).
 pub(crate) const NOT_PERMITTED: CUresult = C::NOT_PERMITTED.0;
-/// `cuGetProcAddress` of a symbol the emulator does not export (documented).
+/// `cuGetProcAddress` (the CUDA 11.3 entry point, which has no symbol status) of a symbol the
+/// emulator does not export (documented). `cuGetProcAddress_v2` succeeds and says
+/// `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND` in the status instead (measured).
 pub(crate) const NOT_FOUND: CUresult = C::NOT_FOUND.0;
 /// An unsupported or unknown attribute (guess).
 pub(crate) const BAD_ATTRIBUTE: CUresult = C::INVALID_VALUE.0;
-/// `cuMemPoolDestroy` of a device's default pool (guess).
+/// `cuMemPoolDestroy` of a device's default pool (measured).
 pub(crate) const DESTROY_DEFAULT_POOL: CUresult = C::INVALID_VALUE.0;
 /// `cuDeviceSetMemPool` with a pool of another device or a host pool (guess).
 pub(crate) const POOL_DEVICE_MISMATCH: CUresult = C::INVALID_VALUE.0;
@@ -65,12 +77,14 @@ pub(crate) const POOL_DEVICE_MISMATCH: CUresult = C::INVALID_VALUE.0;
 pub(crate) const GRAPH_ALLOCATION_LIVE: CUresult = C::INVALID_VALUE.0;
 /// Releasing more user-object references than are held (guess).
 pub(crate) const OVER_RELEASE: CUresult = C::INVALID_VALUE.0;
-/// A call that is not allowed while a stream capture is active, or capture of the legacy stream
-/// (documented).
+/// A call that is not allowed while a stream capture is active (`cuMemAlloc` in a global
+/// capture, `cuStreamSynchronize` of a capturing stream), or capture of the legacy stream
+/// (documented, and measured for those three).
 pub(crate) const CAPTURE_UNSUPPORTED: CUresult = C::STREAM_CAPTURE_UNSUPPORTED.0;
 /// Work on the legacy stream while a blocking stream of its context captures (documented).
 pub(crate) const CAPTURE_IMPLICIT: CUresult = C::STREAM_CAPTURE_IMPLICIT.0;
-/// Work on, or the end of, a capture that an illegal call invalidated (documented).
+/// Work on, or the end of, a capture that an illegal call invalidated (documented; measured for
+/// `cuMemAllocAsync`, `cuMemsetD8Async` and `cuStreamEndCapture`).
 pub(crate) const CAPTURE_INVALIDATED: CUresult = C::STREAM_CAPTURE_INVALIDATED.0;
 /// `cuStreamEndCapture` while a forked stream has not joined back (documented).
 pub(crate) const CAPTURE_UNJOINED: CUresult = C::STREAM_CAPTURE_UNJOINED.0;
@@ -81,8 +95,8 @@ pub(crate) const CAPTURE_WRONG_THREAD: CUresult = C::STREAM_CAPTURE_WRONG_THREAD
 pub(crate) const CAPTURE_ISOLATION: CUresult = C::STREAM_CAPTURE_ISOLATION.0;
 /// `cuEventQuery`/`cuEventSynchronize` of an event recorded in a capture (documented).
 pub(crate) const CAPTURED_EVENT: CUresult = C::CAPTURED_EVENT.0;
-/// `cuStreamEndCapture` on a stream that is not capturing, or `cuStreamBeginCapture` on one
-/// that already is (guess).
+/// `cuStreamEndCapture` on a stream that is not capturing (measured), or `cuStreamBeginCapture`
+/// on one that already is (guess).
 pub(crate) const CAPTURE_STATE: CUresult = C::ILLEGAL_STATE.0;
 /// An emulator bug caught as a panic: never expected.
 pub(crate) const INTERNAL: CUresult = C::UNKNOWN.0;

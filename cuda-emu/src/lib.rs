@@ -34,11 +34,16 @@
 //!   and host-pool memory is backed at its own address. `cuMemcpy` treats a pointer the driver
 //!   does not know, outside the device range, as pageable host memory; copies involving pageable
 //!   memory return only when done. Accesses past an allocation's end fail with
-//!   `CUDA_ERROR_INVALID_VALUE`. Memory pools: a default pool per device, created pools on a
-//!   device or on the host, `maxSize`, release threshold, used/reserved counters (reserved grows
-//!   in 2 MiB steps and shrinks at synchronisation above the threshold or on `cuMemPoolTrimTo`),
-//!   access descriptors, stream-ordered allocation and free (memory goes back to the pool when
-//!   the free runs on its stream).
+//!   `CUDA_ERROR_INVALID_VALUE`. Freeing NULL (`cuMemFree`, `cuMemFreeHost`, `cuMemFreeAsync`)
+//!   succeeds and does nothing; zero bytes from `cuMemAllocHost` and the stream-ordered
+//!   allocators succeed and give NULL, while `cuMemAlloc`/`cuMemAllocManaged` refuse them.
+//!   Memory pools: a default pool per device, created pools on a device or on the host,
+//!   `maxSize` (rounded up to 32 MiB, so a 2 MiB pool gives a 4 MiB allocation, as measured),
+//!   release threshold, used/reserved counters (a pool that grows reserves at least 32 MiB, as
+//!   an H200 did for a 1000-byte allocation, in 2 MiB steps beyond; reserved shrinks at
+//!   synchronisation down to what the used bytes need, or the threshold, or on
+//!   `cuMemPoolTrimTo`), access descriptors, stream-ordered allocation and free (memory goes
+//!   back to the pool when the free runs on its stream).
 //! - **Pool IPC**: a pool created with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` is carved from
 //!   a `memfd` (1 GiB sparse, or `maxSize`); exporting it gives a new descriptor; another process
 //!   imports it by descriptor and maps it; exported pointers carry the arena's id and offset in
@@ -53,8 +58,11 @@
 //!   destructor runs when the last goes, on the calling thread inside the call (G2) or, when an
 //!   exec is destroyed with a launch pending, on the stream's worker thread after that launch
 //!   (G3). A driver call from a destructor or host function returns
-//!   `CUDA_ERROR_NOT_PERMITTED` (G4), except `cuStreamSynchronize` of an idle stream, which the
-//!   real driver was measured to allow.
+//!   `CUDA_ERROR_NOT_PERMITTED` (G4), except `cuStreamSynchronize` of an idle stream and
+//!   `cuDriverGetVersion`, which the real driver was measured to allow.
+//! - **`cuGetProcAddress_v2`** succeeds for a name it does not know, with
+//!   `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND` in the status (measured); the older
+//!   `cuGetProcAddress` returns `CUDA_ERROR_NOT_FOUND`.
 //! - **Bad input** never crashes: null out-pointers, unknown or destroyed handles (handle values
 //!   are never reused), unknown pointers and double frees return error codes. Every code chosen
 //!   without a measurement is listed in the `codes` module, in one place.

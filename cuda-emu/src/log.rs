@@ -177,10 +177,11 @@ fn take_fault(function: &str) -> Option<CUresult> {
 }
 
 /// The driver calls a host function or user-object destructor may make. Measured on an H200
-/// (conformance `g4_*`): synchronising an idle created stream succeeds there, while
-/// `cuCtxGetCurrent` and `cuMemAlloc` are refused. Everything not listed is refused with
-/// `CUDA_ERROR_NOT_PERMITTED`.
-const ALLOWED_IN_CALLBACKS: &[&str] = &["cuStreamSynchronize"];
+/// (conformance `g4_*` and `measured::*_inside_*`): synchronising an idle created stream and
+/// `cuDriverGetVersion` succeed there, while `cuCtxGetCurrent`, `cuCtxSetCurrent`,
+/// `cuMemAlloc`, `cuMemFreeAsync`, `cuStreamQuery` and `cuEventCreate` are refused. Everything
+/// not listed is refused with `CUDA_ERROR_NOT_PERMITTED`.
+const ALLOWED_IN_CALLBACKS: &[&str] = &["cuStreamSynchronize", "cuDriverGetVersion"];
 
 /// Whether the calling thread is running a host function or a user-object destructor.
 pub(crate) fn in_callback_now() -> bool {

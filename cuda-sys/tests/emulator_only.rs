@@ -935,11 +935,13 @@ fn proc_address_returns_our_exports() {
         CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS
     );
     assert_eq!(f, d.cuMemFree_v2 as *mut c_void);
-    let r = cu!(
+    // An unknown name is not an error for cuGetProcAddress_v2: the status says so (measured on
+    // an H200; conformance measured_get_proc_address_of_unknown_symbol_*).
+    ok!(
         d,
         cuGetProcAddress_v2(c"cuNoSuchThing".as_ptr(), &mut f, 12000, 0, &mut status)
     );
-    assert_eq!(code(r), CudaErrorCode::NOT_FOUND);
+    assert!(f.is_null());
     assert_eq!(
         status,
         CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND

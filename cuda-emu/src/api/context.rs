@@ -139,6 +139,9 @@ pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
     let ctx = ctx as u64;
     entry("cuCtxPushCurrent_v2", None, None, |_| {
         let st = initialized()?;
+        if ctx == 0 {
+            return Err(codes::PUSH_NULL);
+        }
         if !st.context_alive(ctx) {
             return Err(codes::BAD_CONTEXT);
         }

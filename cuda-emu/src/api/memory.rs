@@ -18,7 +18,13 @@ fn alloc_sync(kind: AllocKind, size: usize) -> Res<u64> {
     let ctx = st.current_ctx()?;
     st.check_unsafe_call()?;
     if size == 0 {
-        return Err(codes::ZERO_SIZE);
+        // cuMemAllocHost(0) succeeds (measured on an H200); it hands out NULL (guess), which
+        // cuMemFreeHost accepts (measured).
+        return if kind == AllocKind::Host {
+            Ok(0)
+        } else {
+            Err(codes::ZERO_SIZE)
+        };
     }
     let size = size as u64;
     let device = st.contexts[&ctx].device;
@@ -91,6 +97,10 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 fn free_sync(addr: u64, function: &'static str, host: bool) -> Res {
     let targets = {
         let mut st = initialized()?;
+        if addr == 0 {
+            // cuMemFree(0) and cuMemFreeHost(NULL) do nothing and succeed (measured on an H200).
+            return Ok(());
+        }
         st.check_unsafe_call()?;
         let Some(a) = st.allocs.get(&addr) else {
             if st.find_live(addr).is_none() {
@@ -173,7 +183,10 @@ fn alloc_async(
         return Err(codes::BAD_HANDLE);
     }
     if size == 0 {
-        return Err(codes::ZERO_SIZE);
+        // Zero bytes succeed (measured on an H200, from the current pool and from a created
+        // one); what the driver hands out is a guess: NULL, which cuMemFreeAsync accepts.
+        // SAFETY: checked non-null (driver contract).
+        return unsafe { put(dptr, 0) };
     }
     let size = size as u64;
     let addr = if st.enqueue_check(r)? {
@@ -236,6 +249,10 @@ fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
     }
     let r = st.resolve_stream(s)?;
     info.resolved_stream = Some(r);
+    if addr == 0 {
+        // Freeing NULL does nothing and succeeds (measured on an H200).
+        return Ok(());
+    }
     if st.graph_reserved.contains_key(&addr) && !st.allocs.contains_key(&addr) {
         // Memory a graph allocates: only a captured free can refer to it.
         if st.enqueue_check(r)? {

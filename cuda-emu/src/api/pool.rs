@@ -10,7 +10,7 @@ use crate::clock::VectorClock;
 use crate::codes;
 use crate::ipc::{self, Arena};
 use crate::log::{entry, lock};
-use crate::memory::{Alloc, AllocKind, Backing, Pool, PoolCore};
+use crate::memory::{pool_limit, Alloc, AllocKind, Backing, Pool, PoolCore};
 use crate::state::initialized;
 
 /// `CUmemPoolProps` read field by field, so that any enumerator value (even one this build's
@@ -123,7 +123,13 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         }
         let max_size = p.max_size as u64;
         let arena = if p.handle_types & HANDLE_POSIX_FD != 0 {
-            Some(Arena::create(device, host, max_size).map_err(|_| codes::OUT_OF_MEMORY)?)
+            // The arena holds what the pool may: `maxSize` rounded up to whole chunks.
+            let capacity = if max_size == 0 {
+                0
+            } else {
+                pool_limit(max_size)
+            };
+            Some(Arena::create(device, host, capacity).map_err(|_| codes::OUT_OF_MEMORY)?)
         } else {
             None
         };
