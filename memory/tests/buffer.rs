@@ -194,7 +194,7 @@ fn accessibility_comes_from_the_resource_or_the_driver() {
     let pinned_view = Buffer::from_handle(pinned.ptr(), 64, Ownership::Borrowed, None).unwrap();
     assert_eq!(pinned_view.is_host_accessible(), Ok(true));
     assert_eq!(pinned_view.is_device_accessible(), Ok(true));
-    let host = vec![0u8; 64];
+    let host = [0u8; 64]; // pageable memory the driver does not know
     let host_view =
         Buffer::from_handle(host.as_ptr() as u64, 64, Ownership::Borrowed, None).unwrap();
     assert_eq!(host_view.is_device_accessible(), Ok(false));
