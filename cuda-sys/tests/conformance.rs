@@ -68,3 +68,5 @@ mod basics_streams;
 mod facts_free;
 #[path = "conformance/facts_graph.rs"]
 mod facts_graph;
+#[path = "conformance/measured.rs"]
+mod measured;

@@ -10,13 +10,14 @@
 //! process on the GPU host). Cases pass only handles they created and have not destroyed, except
 //! where a case says otherwise; out-pointers are always valid locals.
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::ptr;
 
 use cuda_sys::types::{
     CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphExec, CUgraphNode, CUhostFn,
     CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation, CUmemLocationType,
-    CUmemPoolProps, CUmemPool_attribute, CUmemoryPool, CUpointer_attribute, CUstream, CUuserObject,
+    CUmemPoolProps, CUmemPool_attribute, CUmemoryPool, CUpointer_attribute, CUstream,
+    CUstreamCaptureMode, CUuserObject, CUDA_MEMSET_NODE_PARAMS,
 };
 use cuda_sys::{CUresult, CudaErrorCode, Driver};
 
@@ -113,6 +114,17 @@ macro_rules! call {
 pub fn driver_get_version() -> Ret<c_int> {
     let mut version = 0;
     call!(cuDriverGetVersion(&mut version) => version)
+}
+
+/// `cuGetProcAddress_v2` with flags 0: (the function pointer, the symbol status as its integer
+/// value, so that no status a newer driver might return is ever held in a Rust enum).
+pub fn get_proc_address(symbol: &CStr, cuda_version: c_int) -> Ret<(*mut c_void, u32)> {
+    let mut pfn = ptr::null_mut();
+    let mut status: u32 = u32::MAX;
+    let status_out = (&mut status as *mut u32).cast();
+    let ret =
+        call!(cuGetProcAddress_v2(symbol.as_ptr(), &mut pfn, cuda_version, 0, status_out) => ());
+    Ret::new(ret.call, ret.code.0, (pfn, status))
 }
 
 /// `cuDeviceGet`.
@@ -373,6 +385,15 @@ pub fn mem_free_host(p: *mut c_void) -> Ret {
     call!(cuMemFreeHost(p) => ())
 }
 
+/// `CU_MEM_ATTACH_GLOBAL`.
+pub const MEM_ATTACH_GLOBAL: c_uint = 1;
+
+/// `cuMemAllocManaged`.
+pub fn mem_alloc_managed(bytes: usize, flags: c_uint) -> Ret<CUdeviceptr> {
+    let mut dptr = 0;
+    call!(cuMemAllocManaged(&mut dptr, bytes, flags) => dptr)
+}
+
 /// `cuMemAllocAsync` (from the device's current pool).
 pub fn mem_alloc_async(bytes: usize, stream: CUstream) -> Ret<CUdeviceptr> {
     let mut dptr = 0;
@@ -474,6 +495,13 @@ pub fn pointer_is_managed(dptr: CUdeviceptr) -> Ret<bool> {
     call!(cuPointerGetAttribute((&mut value as *mut c_uint).cast(), attr, dptr) => value != 0)
 }
 
+/// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_RANGE_SIZE)`.
+pub fn pointer_range_size(dptr: CUdeviceptr) -> Ret<usize> {
+    let mut value: usize = 0;
+    let attr = CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE;
+    call!(cuPointerGetAttribute((&mut value as *mut usize).cast(), attr, dptr) => value)
+}
+
 /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)`.
 pub fn pointer_mempool(dptr: CUdeviceptr) -> Ret<CUmemoryPool> {
     let mut pool: CUmemoryPool = ptr::null_mut();
@@ -503,6 +531,58 @@ pub fn mem_pool_create(device: CUdevice) -> Ret<CUmemoryPool> {
     let props = device_pool_props(device);
     let mut pool = ptr::null_mut();
     call!(cuMemPoolCreate(&mut pool, &props) => pool)
+}
+
+/// `CUmemPoolProps` with every enumerator a plain integer, so that values the CUDA 12.0 types
+/// do not know (`CU_MEM_LOCATION_TYPE_HOST`) are never held in a Rust enum. `max_size` is the
+/// field CUDA 12.2 put at the start of `reserved`.
+#[repr(C)]
+pub struct RawPoolProps {
+    /// `CUmemAllocationType`.
+    pub alloc_type: u32,
+    /// `CUmemAllocationHandleType` bits.
+    pub handle_types: u32,
+    /// `CUmemLocationType`.
+    pub location_type: u32,
+    /// The location's id (device ordinal, NUMA node).
+    pub location_id: c_int,
+    /// Unused on Linux.
+    pub win32_security_attributes: *mut c_void,
+    /// `maxSize` (CUDA 12.2): 0 for the driver's default.
+    pub max_size: usize,
+    /// Zero.
+    pub reserved: [u8; 56],
+}
+
+const _: () = assert!(std::mem::size_of::<RawPoolProps>() == std::mem::size_of::<CUmemPoolProps>());
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub const ALLOCATION_TYPE_PINNED: u32 = 1;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub const LOCATION_TYPE_DEVICE: u32 = 1;
+/// `CU_MEM_LOCATION_TYPE_HOST` (CUDA 12.2).
+pub const LOCATION_TYPE_HOST: u32 = 2;
+
+impl RawPoolProps {
+    /// Pinned memory at (`location_type`, `location_id`), no IPC handle type, no `maxSize`.
+    pub fn new(location_type: u32, location_id: c_int) -> RawPoolProps {
+        RawPoolProps {
+            alloc_type: ALLOCATION_TYPE_PINNED,
+            handle_types: 0,
+            location_type,
+            location_id,
+            win32_security_attributes: ptr::null_mut(),
+            max_size: 0,
+            reserved: [0; 56],
+        }
+    }
+}
+
+/// `cuMemPoolCreate` with raw properties.
+pub fn mem_pool_create_raw(props: &RawPoolProps) -> Ret<CUmemoryPool> {
+    let props = (props as *const RawPoolProps).cast::<CUmemPoolProps>();
+    let mut pool = ptr::null_mut();
+    call!(cuMemPoolCreate(&mut pool, props) => pool)
 }
 
 /// `cuMemPoolDestroy`.
@@ -546,6 +626,33 @@ pub fn graph_destroy(graph: CUgraph) -> Ret {
     call!(cuGraphDestroy(graph) => ())
 }
 
+/// `cuGraphClone`.
+pub fn graph_clone(graph: CUgraph) -> Ret<CUgraph> {
+    let mut clone = ptr::null_mut();
+    call!(cuGraphClone(&mut clone, graph) => clone)
+}
+
+/// `cuGraphAddMemsetNode` with no dependencies.
+pub fn graph_add_memset_node(
+    graph: CUgraph,
+    params: &CUDA_MEMSET_NODE_PARAMS,
+    ctx: CUcontext,
+) -> Ret<CUgraphNode> {
+    let mut node = ptr::null_mut();
+    call!(cuGraphAddMemsetNode(&mut node, graph, ptr::null(), 0, params, ctx) => node)
+}
+
+/// `cuStreamBeginCapture_v2`.
+pub fn stream_begin_capture(stream: CUstream, mode: CUstreamCaptureMode) -> Ret {
+    call!(cuStreamBeginCapture_v2(stream, mode) => ())
+}
+
+/// `cuStreamEndCapture`: the captured graph (NULL when the capture failed).
+pub fn stream_end_capture(stream: CUstream) -> Ret<CUgraph> {
+    let mut graph = ptr::null_mut();
+    call!(cuStreamEndCapture(stream, &mut graph) => graph)
+}
+
 /// `cuGraphAddEmptyNode` with no dependencies.
 pub fn graph_add_empty_node(graph: CUgraph) -> Ret<CUgraphNode> {
     let mut node = ptr::null_mut();
@@ -571,15 +678,18 @@ pub fn graph_exec_destroy(exec: CUgraphExec) -> Ret {
 /// `cuUserObjectCreate` with one reference and `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`, whose
 /// destructor runs `destructor` once.
 pub fn user_object_create(destructor: impl FnOnce() + Send + 'static) -> Ret<CUuserObject> {
+    user_object_create_with_flags(USER_OBJECT_NO_DESTRUCTOR_SYNC, destructor)
+}
+
+/// `cuUserObjectCreate` with one reference and `flags`, whose destructor runs `destructor`
+/// once (or never, when the driver refuses the object).
+pub fn user_object_create_with_flags(
+    flags: c_uint,
+    destructor: impl FnOnce() + Send + 'static,
+) -> Ret<CUuserObject> {
     let data = into_user_data(destructor);
     let mut object = ptr::null_mut();
-    let ret = call!(cuUserObjectCreate(
-        &mut object,
-        data,
-        RUN_CALLBACK,
-        1,
-        USER_OBJECT_NO_DESTRUCTOR_SYNC
-    ) => object);
+    let ret = call!(cuUserObjectCreate(&mut object, data, RUN_CALLBACK, 1, flags) => object);
     if !ret.code.is_success() {
         reclaim_user_data(data);
     }
@@ -590,4 +700,9 @@ pub fn user_object_create(destructor: impl FnOnce() + Send + 'static) -> Ret<CUu
 /// one reference into the graph.
 pub fn graph_retain_user_object_move(graph: CUgraph, object: CUuserObject) -> Ret {
     call!(cuGraphRetainUserObject(graph, object, 1, GRAPH_USER_OBJECT_MOVE) => ())
+}
+
+/// `cuUserObjectRelease`.
+pub fn user_object_release(object: CUuserObject, count: c_uint) -> Ret {
+    call!(cuUserObjectRelease(object, count) => ())
 }

@@ -199,7 +199,9 @@ fn mem_alloc_status() -> CudaErrorCode {
 // The expectations below were measured on an H200 with driver 580.159.04 (CUDA 13.0), and they
 // are not what one would guess: a thread-local read (cuCtxGetCurrent) and an allocation are
 // refused with NOT_PERMITTED, while synchronizing an idle created stream is allowed. The
-// emulator refuses every call there with NOT_PERMITTED. Re-measure on any other driver.
+// emulator does the same: it refuses every call there with NOT_PERMITTED except those measured
+// to succeed (cuStreamSynchronize of an idle stream, and cuDriverGetVersion: see
+// measured.rs). Re-measure on any other driver.
 // Synchronizing a busy stream, or the host function's own stream, is not tried: it could
 // deadlock on a driver that allows it.
 
