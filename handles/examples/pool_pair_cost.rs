@@ -14,17 +14,13 @@ use handles::{
     cleanup_error_count, ContextHandle, DevicePtrHandle, MemoryPoolHandle, StreamHandle,
 };
 
-const PAIRS: usize = 100_000;
-const REPEATS: usize = 5;
+const PAIRS: usize = 50_000;
+const ROUNDS: usize = 9;
 
-fn best_ns_per_pair(mut run: impl FnMut()) -> f64 {
-    (0..REPEATS)
-        .map(|_| {
-            let start = Instant::now();
-            run();
-            start.elapsed().as_nanos() as f64 / PAIRS as f64
-        })
-        .fold(f64::INFINITY, f64::min)
+fn ns_per_pair(run: &mut dyn FnMut()) -> f64 {
+    let start = Instant::now();
+    run();
+    start.elapsed().as_nanos() as f64 / PAIRS as f64
 }
 
 fn main() {
@@ -36,7 +32,7 @@ fn main() {
     let pool = MemoryPoolHandle::device_default(0).unwrap();
     let (raw_pool, raw_stream) = (pool.raw(), stream.raw());
 
-    let raw = best_ns_per_pair(|| {
+    let mut raw_run = || {
         for _ in 0..PAIRS {
             let mut ptr: CUdeviceptr = 0;
             // SAFETY: valid out-pointer; pool and stream are alive; a context is current.
@@ -47,22 +43,68 @@ fn main() {
             let status = unsafe { (d.cuMemFreeAsync)(ptr, raw_stream) };
             assert_eq!(status, 0);
         }
-    });
-    stream.synchronize().unwrap();
-    let created = best_ns_per_pair(|| {
+    };
+    let mut raw_checked_run = || {
+        for _ in 0..PAIRS {
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            let status = unsafe { (d.cuCtxGetCurrent)(&mut ctx) };
+            assert_eq!(status, 0);
+            let mut ptr: CUdeviceptr = 0;
+            // SAFETY: valid out-pointer; pool and stream are alive; a context is current.
+            let status =
+                unsafe { (d.cuMemAllocFromPoolAsync)(&mut ptr, 256, raw_pool, raw_stream) };
+            assert_eq!(status, 0);
+            // SAFETY: valid out-pointer.
+            let status = unsafe { (d.cuCtxGetCurrent)(&mut ctx) };
+            assert_eq!(status, 0);
+            // SAFETY: `ptr` was just allocated and is freed once.
+            let status = unsafe { (d.cuMemFreeAsync)(ptr, raw_stream) };
+            assert_eq!(status, 0);
+        }
+    };
+    let mut get_current_run = || {
+        for _ in 0..PAIRS {
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            let status = unsafe { (d.cuCtxGetCurrent)(&mut ctx) };
+            assert_eq!(status, 0);
+        }
+    };
+    let mut created_run = || {
         for _ in 0..PAIRS {
             drop(DevicePtrHandle::alloc_from_pool(256, &pool, &stream).unwrap());
         }
-    });
-    stream.synchronize().unwrap();
+    };
     let legacy_stream = StreamHandle::legacy();
-    let legacy = best_ns_per_pair(|| {
+    let mut legacy_run = || {
         for _ in 0..PAIRS {
             drop(DevicePtrHandle::alloc_from_pool(256, &pool, &legacy_stream).unwrap());
         }
-    });
-    legacy_stream.synchronize().unwrap();
+    };
+    // Interleaved rounds, best of each: drift in the machine affects every variant alike.
+    let mut best = [f64::INFINITY; 5];
+    for _ in 0..ROUNDS {
+        let runs: [&mut dyn FnMut(); 5] = [
+            &mut raw_run,
+            &mut raw_checked_run,
+            &mut get_current_run,
+            &mut created_run,
+            &mut legacy_run,
+        ];
+        for (slot, run) in best.iter_mut().zip(runs) {
+            *slot = slot.min(ns_per_pair(run));
+            stream.synchronize().unwrap();
+            StreamHandle::legacy().synchronize().unwrap();
+        }
+    }
+    let [raw, raw_checked, get_current, created, legacy] = best;
     println!("raw alloc+free pair:               {raw:8.1} ns");
+    println!(
+        "raw pair + 2 cuCtxGetCurrent:      {raw_checked:8.1} ns ({:.3}x raw)",
+        raw_checked / raw
+    );
+    println!("one cuCtxGetCurrent:               {get_current:8.1} ns");
     println!(
         "custody, created stream:           {created:8.1} ns ({:.3}x raw)",
         created / raw

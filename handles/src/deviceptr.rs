@@ -17,7 +17,7 @@ use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
 use crate::report::{report, warn, CleanupError, CleanupWarning, CleanupWarningKind};
 use crate::stream::StreamHandle;
-use crate::sys::{check, driver};
+use crate::sys::{check, current_context_raw, driver, error, set_current_raw};
 use crate::HandleError;
 
 /// Frees memory that custody adopted from elsewhere (a user's memory resource).
@@ -229,6 +229,21 @@ fn attribute(
     }
 }
 
+#[cold]
+fn report_restore_failure(
+    operation: &'static str,
+    ptr: u64,
+    recipe: &DeallocationRecipe,
+    status: u32,
+) {
+    report(attribute(
+        operation,
+        ptr,
+        recipe,
+        error("cuCtxSetCurrent", status),
+    ));
+}
+
 /// Runs `op` with the recipe's context current and restores the caller's binding (D2). The
 /// per-thread-default-stream warning, if owed, is returned for emission after the restore.
 #[inline]
@@ -272,6 +287,98 @@ fn run_in_recipe(
         restore,
         warning,
     }
+}
+
+/// Raw statuses of an operation run in a recipe's context: which call failed first (the
+/// operation is skipped when activation failed) and the restore's status.
+struct RawOutcome {
+    /// `cuCtxGetCurrent` or `cuCtxSetCurrent` when activation failed, else `None`.
+    activation_call: Option<&'static str>,
+    /// The activation's or the operation's status.
+    status: u32,
+    /// The restore's status (0 when no restore was needed).
+    restore: u32,
+    /// The driver could not be loaded (never after a handle exists, kept for completeness).
+    load: Option<HandleError>,
+}
+
+impl RawOutcome {
+    #[inline]
+    fn is_clean(&self) -> bool {
+        self.status == 0 && self.restore == 0 && self.load.is_none()
+    }
+
+    /// The structured outcome, with the per-thread-stream warning if one is owed (D6).
+    #[cold]
+    fn into_outcome(self, recipe: &DeallocationRecipe, ptr: u64) -> Outcome {
+        let warning = recipe.cross_thread_warning("cuMemFreeAsync", ptr);
+        let op = if let Some(error) = self.load {
+            Err(error)
+        } else if self.status != 0 {
+            Err(error(
+                self.activation_call.unwrap_or("cuMemFreeAsync"),
+                self.status,
+            ))
+        } else {
+            Ok(())
+        };
+        let restore = if self.restore != 0 {
+            Err(error("cuCtxSetCurrent", self.restore))
+        } else {
+            Ok(())
+        };
+        Outcome {
+            op,
+            restore,
+            warning,
+        }
+    }
+}
+
+/// [`run_in_recipe`] for the stream-ordered frees, with raw statuses: the drop of a pool
+/// allocation makes exactly `cuCtxGetCurrent` and the free when its context is current.
+#[inline]
+fn run_in_recipe_raw(
+    recipe: &DeallocationRecipe,
+    op: impl FnOnce(&'static Driver) -> u32,
+) -> RawOutcome {
+    let mut outcome = RawOutcome {
+        activation_call: None,
+        status: 0,
+        restore: 0,
+        load: None,
+    };
+    let d = match driver() {
+        Ok(d) => d,
+        Err(error) => {
+            outcome.load = Some(error);
+            return outcome;
+        }
+    };
+    let previous = match current_context_raw(d) {
+        Ok(previous) => previous,
+        Err(status) => {
+            outcome.activation_call = Some("cuCtxGetCurrent");
+            outcome.status = status;
+            return outcome;
+        }
+    };
+    let target = recipe.context().raw_usize();
+    let switched = previous != target;
+    if switched {
+        let status = set_current_raw(d, target);
+        if status != 0 {
+            // Activation failed: the operation is skipped and the resource leaked (reported).
+            outcome.activation_call = Some("cuCtxSetCurrent");
+            outcome.status = status;
+            return outcome;
+        }
+    }
+    outcome.status = op(d);
+    if switched {
+        outcome.restore = set_current_raw(d, previous);
+    }
+    outcome
 }
 
 fn free_async(d: &Driver, ptr: u64, stream: CUstream) -> Result<(), HandleError> {
@@ -344,13 +451,11 @@ impl DevicePtrHandle {
             stream,
             Placement::Pool(pool.device()),
             Release::Pool(pool.clone()),
-            |d, stream| {
-                let mut ptr: CUdeviceptr = 0;
+            "cuMemAllocFromPoolAsync",
+            |d, stream, ptr| {
                 // SAFETY: `ptr` is a valid out-pointer; the pool and stream handles are alive and
                 // the recipe's context is current.
-                let status =
-                    unsafe { (d.cuMemAllocFromPoolAsync)(&mut ptr, size, pool_raw, stream) };
-                check("cuMemAllocFromPoolAsync", status).map(|()| ptr)
+                unsafe { (d.cuMemAllocFromPoolAsync)(ptr, size, pool_raw, stream) }
             },
             |d, ptr, stream| {
                 let _ = free_async(d, ptr, stream);
@@ -372,11 +477,10 @@ impl DevicePtrHandle {
             stream,
             Placement::Context,
             Release::Async,
-            |d, stream| {
-                let mut ptr: CUdeviceptr = 0;
+            "cuMemAllocAsync",
+            |d, stream, ptr| {
                 // SAFETY: `ptr` is a valid out-pointer; the stream is alive; context current.
-                let status = unsafe { (d.cuMemAllocAsync)(&mut ptr, size, stream) };
-                check("cuMemAllocAsync", status).map(|()| ptr)
+                unsafe { (d.cuMemAllocAsync)(ptr, size, stream) }
             },
             |d, ptr, stream| {
                 let _ = free_async(d, ptr, stream);
@@ -402,11 +506,10 @@ impl DevicePtrHandle {
             stream,
             Placement::Context,
             Release::Synchronous,
-            |d, _| {
-                let mut ptr: CUdeviceptr = 0;
+            "cuMemAlloc_v2",
+            |d, _, ptr| {
                 // SAFETY: `ptr` is a valid out-pointer; the recipe's context is current.
-                let status = unsafe { (d.cuMemAlloc_v2)(&mut ptr, size) };
-                check("cuMemAlloc_v2", status).map(|()| ptr)
+                unsafe { (d.cuMemAlloc_v2)(ptr, size) }
             },
             |d, ptr, _| {
                 let _ = SyncKind::Device.free(d, ptr);
@@ -428,11 +531,13 @@ impl DevicePtrHandle {
             stream,
             Placement::Host,
             Release::PinnedHost,
-            |d, _| {
+            "cuMemAllocHost_v2",
+            |d, _, ptr| {
                 let mut host: *mut c_void = std::ptr::null_mut();
                 // SAFETY: `host` is a valid out-pointer; the recipe's context is current.
                 let status = unsafe { (d.cuMemAllocHost_v2)(&mut host, size) };
-                check("cuMemAllocHost_v2", status).map(|()| host as u64)
+                *ptr = host as u64;
+                status
             },
             |d, ptr, _| {
                 let _ = SyncKind::Host.free(d, ptr);
@@ -459,11 +564,10 @@ impl DevicePtrHandle {
             stream,
             Placement::Context,
             Release::Managed,
-            |d, _| {
-                let mut ptr: CUdeviceptr = 0;
+            "cuMemAllocManaged",
+            |d, _, ptr| {
                 // SAFETY: `ptr` is a valid out-pointer; the recipe's context is current.
-                let status = unsafe { (d.cuMemAllocManaged)(&mut ptr, size, flags) };
-                check("cuMemAllocManaged", status).map(|()| ptr)
+                unsafe { (d.cuMemAllocManaged)(ptr, size, flags) }
             },
             |d, ptr, _| {
                 let _ = SyncKind::Device.free(d, ptr);
@@ -495,13 +599,12 @@ impl DevicePtrHandle {
             stream,
             Placement::Pool(pool.device()),
             Release::IpcImport(pool.clone()),
-            |d, _| {
+            "cuMemPoolImportPointer",
+            |d, _, ptr| {
                 let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-                let mut ptr: CUdeviceptr = 0;
                 // SAFETY: `ptr` is a valid out-pointer; `data` is a copy the driver may read;
                 // the pool handle is alive and the recipe's context is current.
-                let status = unsafe { (d.cuMemPoolImportPointer)(&mut ptr, pool_raw, &mut data) };
-                check("cuMemPoolImportPointer", status).map(|()| ptr)
+                unsafe { (d.cuMemPoolImportPointer)(ptr, pool_raw, &mut data) }
             },
             |d, ptr, stream| {
                 let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -592,42 +695,55 @@ impl DevicePtrHandle {
         }))
     }
 
-    /// The allocation protocol shared by every allocating family: record, validate, allocate in
-    /// the recipe context, restore; undo (still in the context) if the restore fails.
+    /// The allocation protocol shared by every allocating family: read the current context
+    /// once, bind the recipe, validate, allocate in the recipe context, restore; undo (still in
+    /// the context) if the restore fails. Hot path: raw statuses, errors built off the path.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn allocate(
         size: usize,
         stream: &StreamHandle,
         placement: Placement,
         release: Release,
-        alloc: impl FnOnce(&'static Driver, CUstream) -> Result<u64, HandleError>,
+        alloc_call: &'static str,
+        alloc: impl FnOnce(&'static Driver, CUstream, &mut u64) -> u32,
         undo: impl FnOnce(&'static Driver, u64, CUstream),
     ) -> Result<DevicePtrHandle, HandleError> {
         let d = driver()?;
-        let (recipe, current) = DeallocationRecipe::record_reading_current(stream)?;
+        let current = current_context_raw(d).map_err(|s| error("cuCtxGetCurrent", s))?;
+        let recipe = DeallocationRecipe::bind_with_current(stream, current)?;
         let device = match placement {
             Placement::Pool(device) => device,
             Placement::Context => Some(recipe.context().device()),
             Placement::Host => None,
         };
         check_device(device, &recipe)?;
-        let context = recipe.context().raw_usize();
-        let scope = match current {
-            Some(current) => ContextScope::enter_known(context, current)?,
-            None => ContextScope::enter_raw(context)?,
-        };
-        let raw_stream = stream.raw();
-        let ptr = match alloc(d, raw_stream) {
-            Ok(ptr) => ptr,
-            Err(error) => {
-                scope.exit()?;
-                return Err(error);
+        let target = recipe.context().raw_usize();
+        let switched = current != target;
+        if switched {
+            let status = set_current_raw(d, target);
+            if status != 0 {
+                return Err(error("cuCtxSetCurrent", status));
             }
+        }
+        let raw_stream = stream.raw();
+        let mut ptr = 0u64;
+        let status = alloc(d, raw_stream, &mut ptr);
+        let restored = if switched {
+            set_current_raw(d, current)
+        } else {
+            0
         };
-        if let Err(error) = scope.exit() {
+        if status != 0 {
+            if restored != 0 {
+                report_restore_failure(alloc_call, 0, &recipe, restored);
+            }
+            return Err(error(alloc_call, status));
+        }
+        if restored != 0 {
             // The recipe's context is still current: give the memory back before failing.
             undo(d, ptr, raw_stream);
-            return Err(error);
+            return Err(error("cuCtxSetCurrent", restored));
         }
         Ok(Self::from_parts(ptr, size, device, Some(recipe), release))
     }
@@ -786,19 +902,26 @@ impl PtrBox {
         };
         let (operation, outcome) = match &self.release {
             Release::Pool(_) | Release::Async => {
+                // The hot path: raw statuses, nothing built unless something went wrong.
                 let stream = recipe.stream().raw();
-                let outcome = run_in_recipe(&recipe, "cuMemFreeAsync", ptr, true, |d| {
-                    free_async(d, ptr, stream)
+                let raw = run_in_recipe_raw(&recipe, |d| {
+                    // SAFETY: the pointer is owned by the box being released and freed once;
+                    // the recipe keeps `stream` alive and its context is current.
+                    unsafe { (d.cuMemFreeAsync)(ptr, stream) }
                 });
-                ("cuMemFreeAsync", outcome)
+                if raw.is_clean() && recipe.ptds_thread().is_none() {
+                    return Ok(());
+                }
+                ("cuMemFreeAsync", raw.into_outcome(&recipe, ptr))
             }
             Release::IpcImport(_) => {
                 let stream = recipe.stream().raw();
-                let outcome = run_in_recipe(&recipe, "cuMemFreeAsync", ptr, true, |d| {
+                let raw = run_in_recipe_raw(&recipe, |d| {
                     let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-                    free_async(d, ptr, stream)
+                    // SAFETY: as above; imports and their frees are serialised by the lock.
+                    unsafe { (d.cuMemFreeAsync)(ptr, stream) }
                 });
-                ("cuMemFreeAsync", outcome)
+                ("cuMemFreeAsync", raw.into_outcome(&recipe, ptr))
             }
             Release::Synchronous | Release::Managed => {
                 return self.release_sync(SyncKind::Device, recipe, explicit);

@@ -3,11 +3,12 @@
 
 use std::cell::Cell;
 use std::fmt;
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::context::{context_for_current, ContextHandle};
 use crate::report::{CleanupWarning, CleanupWarningKind};
-use crate::stream::{DefaultStream, StreamHandle};
+use crate::stream::{unbound_token, DefaultStream, StreamHandle};
 use crate::sys::{current_context, driver};
 use crate::HandleError;
 
@@ -17,7 +18,7 @@ use crate::HandleError;
 /// reused in the life of the process, so a recipe cannot mistake a new thread for the one that
 /// recorded it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ThreadToken(u64);
+pub struct ThreadToken(NonZeroU64);
 
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 
@@ -41,12 +42,13 @@ impl ThreadToken {
             })
             // During thread-local destruction: a fresh value, equal to no recorded thread.
             .unwrap_or_else(|_| NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
-        ThreadToken(value)
+        // The counter starts at 1 and a u64 does not wrap in the life of a process.
+        ThreadToken(NonZeroU64::new(value).unwrap_or(NonZeroU64::MAX))
     }
 
     /// The token as an integer (never 0).
     pub fn value(self) -> u64 {
-        self.0
+        self.0.get()
     }
 }
 
@@ -68,9 +70,18 @@ impl ThreadToken {
 /// (teardown).
 #[derive(Clone)]
 pub struct DeallocationRecipe {
-    stream: StreamHandle,
-    context: ContextHandle,
+    bound: Bound,
     ptds_thread: Option<ThreadToken>,
+}
+
+/// How the stream and the context are held: one handle when the stream carries its context
+/// (one atomic increment per recipe instead of two), a token kind and a context otherwise.
+#[derive(Clone)]
+enum Bound {
+    /// A created or foreign stream, or a bound token: the stream's context is the recipe's.
+    Stream(StreamHandle),
+    /// An unbound default-stream token, bound to the context current at recording.
+    Token(DefaultStream, ContextHandle),
 }
 
 impl DeallocationRecipe {
@@ -84,41 +95,32 @@ impl DeallocationRecipe {
     /// on a thread also `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`,
     /// `cuDevicePrimaryCtxRetain`).
     pub fn record(stream: &StreamHandle) -> Result<DeallocationRecipe, HandleError> {
-        DeallocationRecipe::record_reading_current(stream).map(|(recipe, _)| recipe)
+        let current = match stream.unbound_kind() {
+            None => 0, // the stream carries its context: nothing to read
+            Some(_) => current_context(driver()?)?,
+        };
+        DeallocationRecipe::bind_with_current(stream, current)
     }
 
-    /// Records a recipe and returns the context current on the calling thread when that had to
-    /// be read anyway (unbound tokens), so the caller's [`crate::ContextScope`] needs no second
-    /// `cuCtxGetCurrent`.
+    /// Binds `stream` given the context current on the calling thread (`current`, 0 for none),
+    /// which the caller has just read: no driver call on the common paths.
     #[inline]
-    pub(crate) fn record_reading_current(
+    pub(crate) fn bind_with_current(
         stream: &StreamHandle,
-    ) -> Result<(DeallocationRecipe, Option<usize>), HandleError> {
+        current: usize,
+    ) -> Result<DeallocationRecipe, HandleError> {
         let ptds_thread =
             (stream.default_kind() == Some(DefaultStream::PerThread)).then(ThreadToken::current);
-        if let Some(context) = stream.context() {
-            return Ok((
-                DeallocationRecipe {
-                    stream: stream.clone(),
-                    context: context.clone(),
-                    ptds_thread,
-                },
-                None,
-            ));
-        }
-        let current = current_context(driver()?)?;
-        if current == 0 {
-            return Err(HandleError::NoCurrentContext);
-        }
-        let context = context_for_current(current)?;
-        Ok((
-            DeallocationRecipe {
-                stream: stream.clone(),
-                context,
-                ptds_thread,
-            },
-            Some(current),
-        ))
+        let bound = match stream.unbound_kind() {
+            None => Bound::Stream(stream.clone()),
+            Some(kind) => {
+                if current == 0 {
+                    return Err(HandleError::NoCurrentContext);
+                }
+                Bound::Token(kind, context_for_current(current)?)
+            }
+        };
+        Ok(DeallocationRecipe { bound, ptds_thread })
     }
 
     /// A recipe from parts the caller already holds, with no driver call: `stream` in
@@ -143,9 +145,12 @@ impl DeallocationRecipe {
                 ));
             }
         }
+        let bound = match stream.unbound_kind() {
+            None => Bound::Stream(stream.clone()),
+            Some(kind) => Bound::Token(kind, context.clone()),
+        };
         Ok(DeallocationRecipe {
-            stream: stream.clone(),
-            context: context.clone(),
+            bound,
             ptds_thread: (stream.default_kind() == Some(DefaultStream::PerThread))
                 .then(ThreadToken::current),
         })
@@ -154,13 +159,19 @@ impl DeallocationRecipe {
     /// The stream the free is ordered on (for a token, resolved in [`Self::context`]).
     #[inline]
     pub fn stream(&self) -> &StreamHandle {
-        &self.stream
+        match &self.bound {
+            Bound::Stream(stream) => stream,
+            Bound::Token(kind, _) => unbound_token(*kind),
+        }
     }
 
     /// The context the free runs in.
     #[inline]
     pub fn context(&self) -> &ContextHandle {
-        &self.context
+        match &self.bound {
+            Bound::Stream(stream) => stream.carried_context(),
+            Bound::Token(_, context) => context,
+        }
     }
 
     /// The thread that recorded a per-thread-default-stream recipe; `None` otherwise.
@@ -182,11 +193,11 @@ impl DeallocationRecipe {
         (recorded != here).then(|| CleanupWarning {
             operation,
             ptr,
-            stream: self.stream.raw_usize() as u64,
-            context: self.context.raw_usize() as u64,
+            stream: self.stream().raw_usize() as u64,
+            context: self.context().raw_usize() as u64,
             kind: CleanupWarningKind::PerThreadStreamOtherThread {
-                recorded_thread: recorded.0,
-                freeing_thread: here.0,
+                recorded_thread: recorded.value(),
+                freeing_thread: here.value(),
             },
         })
     }
@@ -197,11 +208,11 @@ impl fmt::Debug for DeallocationRecipe {
         write!(
             f,
             "DeallocationRecipe(stream 0x{:x}, context 0x{:x}",
-            self.stream.raw_usize(),
-            self.context.raw_usize()
+            self.stream().raw_usize(),
+            self.context().raw_usize()
         )?;
         if let Some(thread) = self.ptds_thread {
-            write!(f, ", ptds thread {}", thread.0)?;
+            write!(f, ", ptds thread {}", thread.value())?;
         }
         f.write_str(")")
     }

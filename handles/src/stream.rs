@@ -82,7 +82,7 @@ fn owned_registry() -> &'static Mutex<HashMap<usize, Weak<StreamBox>>> {
     REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-fn unbound_token(kind: DefaultStream) -> &'static StreamHandle {
+pub(crate) fn unbound_token(kind: DefaultStream) -> &'static StreamHandle {
     static TOKENS: OnceLock<[StreamHandle; 3]> = OnceLock::new();
     let tokens = TOKENS.get_or_init(|| {
         [
@@ -255,6 +255,25 @@ impl StreamHandle {
     #[inline]
     pub(crate) fn raw_usize(&self) -> usize {
         self.0.raw
+    }
+
+    /// The token kind of an unbound token; `None` for any stream that carries a context.
+    #[inline]
+    pub(crate) fn unbound_kind(&self) -> Option<DefaultStream> {
+        match (&self.0.release, &self.0.context) {
+            (StreamRelease::Token(kind), None) => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// The context of a stream known to carry one (everything but an unbound token).
+    #[inline]
+    pub(crate) fn carried_context(&self) -> &ContextHandle {
+        match &self.0.context {
+            Some(context) => context,
+            // Only unbound tokens lack a context, and recipes never hold one as a stream.
+            None => unreachable!("an unbound token carries no context"),
+        }
     }
 
     #[inline]

@@ -8,10 +8,49 @@ use cuda_sys::{CudaError, CudaErrorCode, Driver};
 
 use crate::HandleError;
 
-/// The process's driver, or the load error.
+/// The process's driver, or the load error. After the first success this is one atomic load.
 #[inline]
 pub(crate) fn driver() -> Result<&'static Driver, HandleError> {
-    cuda_sys::driver().map_err(HandleError::Load)
+    static LOADED: OnceLock<&'static Driver> = OnceLock::new();
+    match LOADED.get() {
+        Some(d) => Ok(d),
+        None => load_driver(&LOADED),
+    }
+}
+
+#[cold]
+fn load_driver(cache: &OnceLock<&'static Driver>) -> Result<&'static Driver, HandleError> {
+    let d = cuda_sys::driver().map_err(HandleError::Load)?;
+    Ok(*cache.get_or_init(|| d))
+}
+
+/// The driver error for `call` returning `status` (not `CUDA_SUCCESS`), built off the hot path.
+#[cold]
+#[inline(never)]
+pub(crate) fn error(call: &'static str, status: u32) -> HandleError {
+    HandleError::Driver(CudaError::new(call, CudaErrorCode(status)))
+}
+
+/// `cuCtxGetCurrent` as a raw value and status, for hot paths: `Ok(0)` for none (including a
+/// driver never initialised), `Err(status)` for a failure.
+#[inline]
+pub(crate) fn current_context_raw(d: &Driver) -> Result<usize, u32> {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out-pointer; it is read only after success.
+    let status = unsafe { (d.cuCtxGetCurrent)(&mut ctx) };
+    match status {
+        0 => Ok(ctx as usize),
+        s if s == CudaErrorCode::NOT_INITIALIZED.0 => Ok(0),
+        s => Err(s),
+    }
+}
+
+/// `cuCtxSetCurrent(ctx)` returning the raw status, for hot paths.
+#[inline]
+pub(crate) fn set_current_raw(d: &Driver, ctx: usize) -> u32 {
+    // SAFETY: the caller holds a handle that keeps `ctx` alive, or `ctx` is the context that
+    // was current a moment ago (or NULL, which unbinds).
+    unsafe { (d.cuCtxSetCurrent)(as_ctx(ctx)) }
 }
 
 /// `Ok(())` for `CUDA_SUCCESS`, else the driver error for `call`.
@@ -46,14 +85,7 @@ pub(crate) fn check_token(call: &'static str, status: u32, token: bool) -> Resul
 /// Driver calls: `cuCtxGetCurrent`.
 #[inline]
 pub(crate) fn current_context(d: &Driver) -> Result<usize, HandleError> {
-    let mut ctx: CUcontext = std::ptr::null_mut();
-    // SAFETY: `ctx` is a valid out-pointer; it is read only after success.
-    let status = unsafe { (d.cuCtxGetCurrent)(&mut ctx) };
-    if status == CudaErrorCode::NOT_INITIALIZED.0 {
-        return Ok(0);
-    }
-    check("cuCtxGetCurrent", status)?;
-    Ok(ctx as usize)
+    current_context_raw(d).map_err(|status| error("cuCtxGetCurrent", status))
 }
 
 static INIT: OnceLock<Result<(), HandleError>> = OnceLock::new();
