@@ -63,6 +63,26 @@ fn main() {
             assert_eq!(status, 0);
         }
     };
+    let legacy_raw = handles::sys_types::CU_STREAM_LEGACY;
+    let mut raw_legacy_run = || {
+        for _ in 0..PAIRS {
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            let status = unsafe { (d.cuCtxGetCurrent)(&mut ctx) };
+            assert_eq!(status, 0);
+            let mut ptr: CUdeviceptr = 0;
+            // SAFETY: valid out-pointer; the pool is alive; a context is current for the token.
+            let status =
+                unsafe { (d.cuMemAllocFromPoolAsync)(&mut ptr, 256, raw_pool, legacy_raw) };
+            assert_eq!(status, 0);
+            // SAFETY: valid out-pointer.
+            let status = unsafe { (d.cuCtxGetCurrent)(&mut ctx) };
+            assert_eq!(status, 0);
+            // SAFETY: `ptr` was just allocated and is freed once.
+            let status = unsafe { (d.cuMemFreeAsync)(ptr, legacy_raw) };
+            assert_eq!(status, 0);
+        }
+    };
     let mut get_current_run = || {
         for _ in 0..PAIRS {
             let mut ctx = std::ptr::null_mut();
@@ -83,11 +103,12 @@ fn main() {
         }
     };
     // Interleaved rounds, best of each: drift in the machine affects every variant alike.
-    let mut best = [f64::INFINITY; 5];
+    let mut best = [f64::INFINITY; 6];
     for _ in 0..ROUNDS {
-        let runs: [&mut dyn FnMut(); 5] = [
+        let runs: [&mut dyn FnMut(); 6] = [
             &mut raw_run,
             &mut raw_checked_run,
+            &mut raw_legacy_run,
             &mut get_current_run,
             &mut created_run,
             &mut legacy_run,
@@ -98,11 +119,15 @@ fn main() {
             StreamHandle::legacy().synchronize().unwrap();
         }
     }
-    let [raw, raw_checked, get_current, created, legacy] = best;
+    let [raw, raw_checked, raw_legacy, get_current, created, legacy] = best;
     println!("raw alloc+free pair:               {raw:8.1} ns");
     println!(
         "raw pair + 2 cuCtxGetCurrent:      {raw_checked:8.1} ns ({:.3}x raw)",
         raw_checked / raw
+    );
+    println!(
+        "raw legacy pair + 2 cuCtxGetCurrent: {raw_legacy:6.1} ns ({:.3}x raw)",
+        raw_legacy / raw
     );
     println!("one cuCtxGetCurrent:               {get_current:8.1} ns");
     println!(
@@ -110,8 +135,8 @@ fn main() {
         created / raw
     );
     println!(
-        "custody, legacy token:             {legacy:8.1} ns ({:.3}x raw)",
-        legacy / raw
+        "custody, legacy token:             {legacy:8.1} ns ({:.3}x raw legacy)",
+        legacy / raw_legacy
     );
 
     // Cross-thread drop with no context on the dropping thread, on this driver.

@@ -67,13 +67,43 @@ pub enum ReleaseKind {
     NonOwning,
 }
 
+/// The pool an allocation came from. An owned pool is embedded (it must outlive the
+/// allocation); a borrowed pool (a device's default or current pool) is kept as its raw value,
+/// since a handle to it would keep nothing alive and would cost an atomic increment and
+/// decrement per allocation on the hot path.
+enum PoolRef {
+    Owned(MemoryPoolHandle),
+    Borrowed { raw: usize, device: Option<i32> },
+}
+
+impl PoolRef {
+    #[inline]
+    fn of(pool: &MemoryPoolHandle) -> PoolRef {
+        if pool.is_owned() {
+            PoolRef::Owned(pool.clone())
+        } else {
+            PoolRef::Borrowed {
+                raw: pool.raw() as usize,
+                device: pool.device(),
+            }
+        }
+    }
+
+    fn handle(&self) -> MemoryPoolHandle {
+        match self {
+            PoolRef::Owned(pool) => pool.clone(),
+            PoolRef::Borrowed { raw, device } => MemoryPoolHandle::borrowed_unchecked(*raw, *device),
+        }
+    }
+}
+
 enum Release {
-    Pool(MemoryPoolHandle),
+    Pool(PoolRef),
     Async,
     Synchronous,
     PinnedHost,
     Managed,
-    IpcImport(MemoryPoolHandle),
+    IpcImport(PoolRef),
     Deallocator(Arc<dyn Deallocator>),
     Owner(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
     NonOwning,
@@ -363,7 +393,7 @@ fn run_in_recipe_raw(
             return outcome;
         }
     };
-    let target = recipe.context().raw_usize();
+    let target = recipe.context_raw();
     let switched = previous != target;
     if switched {
         let status = set_current_raw(d, target);
@@ -450,7 +480,7 @@ impl DevicePtrHandle {
             size,
             stream,
             Placement::Pool(pool.device()),
-            Release::Pool(pool.clone()),
+            Release::Pool(PoolRef::of(pool)),
             "cuMemAllocFromPoolAsync",
             |d, stream, ptr| {
                 // SAFETY: `ptr` is a valid out-pointer; the pool and stream handles are alive and
@@ -598,7 +628,7 @@ impl DevicePtrHandle {
             size,
             stream,
             Placement::Pool(pool.device()),
-            Release::IpcImport(pool.clone()),
+            Release::IpcImport(PoolRef::of(pool)),
             "cuMemPoolImportPointer",
             |d, _, ptr| {
                 let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -771,10 +801,11 @@ impl DevicePtrHandle {
         self.0.device
     }
 
-    /// The pool the memory came from (pool allocations and IPC imports).
-    pub fn pool(&self) -> Option<&MemoryPoolHandle> {
+    /// The pool the memory came from (pool allocations and IPC imports). An owned pool comes
+    /// back as the handle the allocation holds; a borrowed pool as a new borrowed handle.
+    pub fn pool(&self) -> Option<MemoryPoolHandle> {
         match &self.0.release {
-            Release::Pool(pool) | Release::IpcImport(pool) => Some(pool),
+            Release::Pool(pool) | Release::IpcImport(pool) => Some(pool.handle()),
             _ => None,
         }
     }

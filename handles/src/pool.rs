@@ -95,6 +95,11 @@ impl MemoryPoolHandle {
         Ok(Self::wrap(raw, device, false))
     }
 
+    /// A borrowed handle for a raw pool known to be non-null (from an existing handle).
+    pub(crate) fn borrowed_unchecked(raw: usize, device: Option<i32>) -> MemoryPoolHandle {
+        Self::wrap(raw as CUmemoryPool, device, false)
+    }
+
     fn wrap(raw: CUmemoryPool, device: Option<i32>, owned: bool) -> MemoryPoolHandle {
         MemoryPoolHandle(Arc::new(PoolBox {
             raw: raw as usize,

@@ -72,6 +72,9 @@ impl ThreadToken {
 pub struct DeallocationRecipe {
     bound: Bound,
     ptds_thread: Option<ThreadToken>,
+    /// The context's raw value, copied so that teardown compares it with the current context
+    /// without reaching into the context's box.
+    context_raw: usize,
 }
 
 /// How the stream and the context are held: one handle when the stream carries its context
@@ -111,16 +114,23 @@ impl DeallocationRecipe {
     ) -> Result<DeallocationRecipe, HandleError> {
         let ptds_thread =
             (stream.default_kind() == Some(DefaultStream::PerThread)).then(ThreadToken::current);
-        let bound = match stream.unbound_kind() {
-            None => Bound::Stream(stream.clone()),
+        let (bound, context_raw) = match stream.unbound_kind() {
+            None => (
+                Bound::Stream(stream.clone()),
+                stream.carried_context().raw_usize(),
+            ),
             Some(kind) => {
                 if current == 0 {
                     return Err(HandleError::NoCurrentContext);
                 }
-                Bound::Token(kind, context_for_current(current)?)
+                (Bound::Token(kind, context_for_current(current)?), current)
             }
         };
-        Ok(DeallocationRecipe { bound, ptds_thread })
+        Ok(DeallocationRecipe {
+            bound,
+            ptds_thread,
+            context_raw,
+        })
     }
 
     /// A recipe from parts the caller already holds, with no driver call: `stream` in
@@ -153,6 +163,7 @@ impl DeallocationRecipe {
             bound,
             ptds_thread: (stream.default_kind() == Some(DefaultStream::PerThread))
                 .then(ThreadToken::current),
+            context_raw: context.raw_usize(),
         })
     }
 
@@ -172,6 +183,12 @@ impl DeallocationRecipe {
             Bound::Stream(stream) => stream.carried_context(),
             Bound::Token(_, context) => context,
         }
+    }
+
+    /// The context's raw value, without touching the context's box.
+    #[inline]
+    pub(crate) fn context_raw(&self) -> usize {
+        self.context_raw
     }
 
     /// The thread that recorded a per-thread-default-stream recipe; `None` otherwise.

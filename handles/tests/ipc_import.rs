@@ -66,7 +66,7 @@ fn imported_pointer_is_freed_with_its_recipe_and_holds_its_pool() {
 
     let view = DevicePtrHandle::import_from_pool(&imported, &export, 4096, &stream).unwrap();
     assert_eq!(view.kind(), ReleaseKind::IpcImport);
-    assert_eq!(view.pool(), Some(&imported));
+    assert_eq!(view.pool().as_ref(), Some(&imported));
     let ptr = view.ptr();
     let from = mark();
     let after = on_fresh_thread(move || {

@@ -111,7 +111,7 @@ fn owned_pool_lives_until_its_last_allocation_is_freed() {
     let raw_pool = pool.raw() as u64;
     let first = DevicePtrHandle::alloc_from_pool(1000, &pool, &stream).unwrap();
     let second = first.clone();
-    assert_eq!(first.pool(), Some(&pool));
+    assert_eq!(first.pool().as_ref(), Some(&pool));
     let from = mark();
     pool.close().unwrap();
     drop(first);
