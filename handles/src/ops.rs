@@ -420,15 +420,18 @@ struct RawPoolProps {
 const _: () = assert!(std::mem::size_of::<RawPoolProps>() == std::mem::size_of::<CUmemPoolProps>());
 
 /// Creates a pool with `spec`, owned by the returned handle (destroyed after its last handle
-/// and last allocation go). A host pool is made accessible to every device.
+/// and last allocation go). A host pool is made accessible to every device. An IPC pool is
+/// exported once (the descriptor closed at once), because the driver exports no pointer of a
+/// pool that was never exported.
 ///
 /// # Errors
 /// [`HandleError::Driver`] when the driver rejects the properties (an invalid device, a host
-/// pool on a driver older than 12.2, IPC where the platform has none) or the access grant; a
-/// pool whose access grant failed is destroyed before returning.
+/// pool on a driver older than 12.2, IPC where the platform has none), the access grant or the
+/// first export; the pool is then destroyed before returning.
 ///
 /// Driver calls: `cuInit` (once), `cuMemPoolCreate`; for host pools `cuDeviceGetCount` and
-/// `cuMemPoolSetAccess`; `cuMemPoolDestroy` after the last handle drops.
+/// `cuMemPoolSetAccess`; for IPC pools `cuMemPoolExportToShareableHandle`; `cuMemPoolDestroy`
+/// after the last handle drops.
 pub fn create_pool(spec: &PoolSpec) -> Result<MemoryPoolHandle, HandleError> {
     let d = init()?;
     let (location_type, location_id, device) = match spec.location {
@@ -457,6 +460,12 @@ pub fn create_pool(spec: &PoolSpec) -> Result<MemoryPoolHandle, HandleError> {
     let pool = MemoryPoolHandle::from_raw_owned(raw, device);
     if device.is_none() {
         grant_all_devices(d, raw)?; // on error `pool` drops and destroys the pool
+    }
+    if spec.ipc {
+        // A real driver refuses `cuMemPoolExportPointer` (CUDA_ERROR_INVALID_VALUE) on a pool
+        // that was never exported; one export, whose descriptor is closed at once, is enough
+        // (measured on an H200, driver 580.159.04).
+        drop(export_pool(&pool)?);
     }
     Ok(pool)
 }

@@ -5,14 +5,19 @@
 //! ([`crate::PoolMemoryResource::export_pool`], opened in the other process with
 //! `DeviceMemoryResource::import_pool` or `PinnedMemoryResource::import_pool`), and per buffer
 //! the descriptor's bytes, sent any way the caller likes. Each import is a buffer of its own
-//! with its own deallocation recipe (the stream given to the import); every import is freed
-//! (unmapped) with `cuMemFreeAsync` on its own recipe.
+//! with its own deallocation recipe (the stream given to the import); imports of one descriptor
+//! share the process's one mapping, unmapped (`cuMemFreeAsync`) by the last of them on its own
+//! recipe, ordered after the others' streams.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use handles::ops;
-use handles::sys_types::CUmemPoolPtrExportData;
-use handles::{DevicePtrHandle, StreamHandle};
+use handles::sys_types::{CUdeviceptr, CUmemPoolPtrExportData};
+use handles::{
+    ContextHandle, DeallocationRecipe, Deallocator, DevicePtrHandle, EventHandle, HandleError,
+    MemoryPoolHandle, StreamHandle, EVENT_DISABLE_TIMING,
+};
 
 use crate::buffer::{Access, IpcRole};
 use crate::resource::{check_bound_stream_device, check_size, device_error};
@@ -173,18 +178,26 @@ impl Buffer {
 
     /// Imports the buffer `descriptor` describes from `mr`, a pool imported from the exporting
     /// process, with `stream` ordering its eventual free (required: there is no implicit
-    /// default). Each import is a buffer of its own, with its own recipe.
+    /// default).
+    ///
+    /// Each import is a buffer of its own, with its own recipe. The driver maps an allocation
+    /// once per process, so imports of one descriptor share that mapping: it is unmapped when
+    /// the last of them goes, on that one's deallocation stream, after the work queued on the
+    /// others' deallocation streams when they went (an event each). Imports are serialised with
+    /// that unmap, so a new import never picks up a mapping about to go.
     ///
     /// # Errors
     /// - [`MemoryError::Ipc`]: `mr` is not an imported pool; the imported allocation is smaller
-    ///   than the descriptor claims (the import is freed again on `stream`).
+    ///   than the descriptor claims (a mapping made for the check is freed again on `stream`).
     /// - [`MemoryError::WrongDevice`]: the descriptor's device is not the pool's, or `stream`
     ///   is on another device.
     /// - [`MemoryError::Handle`]: the driver rejects the export data; no current context for a
     ///   default-stream token.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
-    /// `cuMemPoolImportPointer`, `cuPointerGetAttribute` (the extent check); at release
+    /// Driver calls: `cuCtxGetCurrent` (a default-stream token), and for the first import of a
+    /// mapping `cuCtxSetCurrent` (if needed), `cuMemPoolImportPointer`, `cuPointerGetAttribute`
+    /// (the extent check). At release: `cuEventCreate` and `cuEventRecord` while other imports
+    /// hold the mapping; for the last, `cuStreamWaitEvent` per earlier release, then
     /// `cuMemFreeAsync`.
     pub fn from_ipc_descriptor<R: PoolMemoryResource>(
         mr: &Arc<R>,
@@ -206,26 +219,24 @@ impl Buffer {
         if let Some(device) = pool.device() {
             check_bound_stream_device(stream, device)?;
         }
-        let export_data = CUmemPoolPtrExportData {
-            reserved: descriptor.export_data,
-        };
-        let handle = DevicePtrHandle::import_from_pool(pool, &export_data, descriptor.size, stream)
+        // Validate this import's recipe before anything is imported (it cannot fail later).
+        DeallocationRecipe::record(stream)
             .map_err(|error| device_error(error, pool.device(), stream))?;
-        let extent = match ops::pointer_attributes(handle.ptr()) {
-            Ok(attributes) => attributes.map_or(0, |a| a.range_size),
+        let key = ImportKey {
+            pool: pool.raw() as usize,
+            export_data: descriptor.export_data,
+        };
+        let ptr = acquire(pool, &key, descriptor, stream)?;
+        let release = Arc::new(ImportRelease { key });
+        let handle = match DevicePtrHandle::adopt(ptr, descriptor.size, stream, release) {
+            Ok(handle) => handle,
             Err(error) => {
-                // Freed on `stream` by the drop; a failure of that goes to the cleanup hook.
-                drop(handle);
-                return Err(error.into());
+                // Not expected after the recording above; never leak the reference, and never
+                // lose a failure of giving it back.
+                give_back(&key, stream)?;
+                return Err(device_error(error, pool.device(), stream));
             }
         };
-        if extent < descriptor.size {
-            drop(handle);
-            return Err(MemoryError::ipc(format!(
-                "the descriptor claims {} bytes but the imported allocation holds {extent}",
-                descriptor.size
-            )));
-        }
         let mr: Arc<R> = Arc::clone(mr);
         let access = Access::of(mr.as_ref());
         Ok(Buffer::new(
@@ -234,6 +245,150 @@ impl Buffer {
             Some(access),
             IpcRole::Imported,
         ))
+    }
+}
+
+/// One mapping of another process's allocation, per (pool, export data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ImportKey {
+    pool: usize,
+    export_data: [u8; 64],
+}
+
+/// The driver's import of one mapping, shared by every buffer that imported it.
+///
+/// A real driver hands back the same address for a second import of a pointer in one process,
+/// and the first `cuMemFreeAsync` unmaps it for all (the second fails with
+/// `CUDA_ERROR_INVALID_VALUE`; measured on an H200, driver 580.159.04). So the driver imports
+/// once and each buffer holds a counted reference with a recipe of its own: the last to go
+/// frees the mapping on its own stream, after waiting for events recorded on the streams of the
+/// imports that went before (closes cuda_core_behavior.md section 6, item 10).
+struct ImportEntry {
+    /// The real import (`cuMemPoolImportPointer`; freed with `cuMemFreeAsync` on release).
+    handle: DevicePtrHandle,
+    /// Size in bytes of the imported allocation, as the driver reports it.
+    extent: usize,
+    /// Buffers that hold the mapping.
+    live: usize,
+    /// Recorded on the deallocation streams of buffers already gone.
+    gone: Vec<EventHandle>,
+}
+
+/// Every live mapping in the process. Held while importing, and while the last reference's free
+/// is issued, so that an import never picks up a mapping whose unmap is pending (the reason
+/// handles serialises imports with the frees of imported pointers). A leaf lock: no user code
+/// runs under it.
+static IMPORTS: Mutex<Option<HashMap<ImportKey, ImportEntry>>> = Mutex::new(None);
+
+fn imports() -> MutexGuard<'static, Option<HashMap<ImportKey, ImportEntry>>> {
+    IMPORTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The address of the mapping for `key`, importing it (and checking its extent) if this
+/// process does not hold it yet.
+fn acquire(
+    pool: &MemoryPoolHandle,
+    key: &ImportKey,
+    descriptor: &IpcBufferDescriptor,
+    stream: &StreamHandle,
+) -> Result<CUdeviceptr, MemoryError> {
+    let mut guard = imports();
+    let map = guard.get_or_insert_with(HashMap::new);
+    if let Some(entry) = map.get_mut(key) {
+        check_extent(descriptor.size, entry.extent)?;
+        entry.live += 1;
+        return Ok(entry.handle.ptr());
+    }
+    let export_data = CUmemPoolPtrExportData {
+        reserved: descriptor.export_data,
+    };
+    let handle = DevicePtrHandle::import_from_pool(pool, &export_data, descriptor.size, stream)
+        .map_err(|error| device_error(error, pool.device(), stream))?;
+    let extent = ops::pointer_attributes(handle.ptr())
+        .map(|attributes| attributes.map_or(0, |a| a.range_size));
+    let checked = extent
+        .map_err(MemoryError::from)
+        .and_then(|extent| check_extent(descriptor.size, extent).map(|()| extent));
+    let extent = match checked {
+        Ok(extent) => extent,
+        Err(error) => {
+            // Unmapped again on `stream` (the lock held, so nobody picks it up meanwhile);
+            // a failure of that goes to the cleanup hook.
+            drop(handle);
+            return Err(error);
+        }
+    };
+    let ptr = handle.ptr();
+    map.insert(
+        *key,
+        ImportEntry {
+            handle,
+            extent,
+            live: 1,
+            gone: Vec::new(),
+        },
+    );
+    Ok(ptr)
+}
+
+fn check_extent(claimed: usize, extent: usize) -> Result<(), MemoryError> {
+    if extent < claimed {
+        return Err(MemoryError::ipc(format!(
+            "the descriptor claims {claimed} bytes but the imported allocation holds {extent}"
+        )));
+    }
+    Ok(())
+}
+
+/// Gives one buffer's reference back, its work done on `stream`: records an event there if
+/// others still hold the mapping; otherwise frees the mapping on `stream` after the events of
+/// those that went before. Runs with `stream`'s recipe context current (at teardown).
+fn give_back(key: &ImportKey, stream: &StreamHandle) -> Result<(), MemoryError> {
+    let mut guard = imports();
+    let Some(map) = guard.as_mut() else {
+        return Ok(());
+    };
+    let Some(entry) = map.get_mut(key) else {
+        return Ok(());
+    };
+    if entry.live > 1 {
+        entry.live -= 1;
+        let context = match stream.context() {
+            Some(context) => context.clone(),
+            None => ContextHandle::current()?.ok_or(HandleError::NoCurrentContext)?,
+        };
+        let event = EventHandle::create(&context, EVENT_DISABLE_TIMING)?;
+        event.record(stream)?;
+        entry.gone.push(event);
+        return Ok(());
+    }
+    let Some(entry) = map.remove(key) else {
+        return Ok(());
+    };
+    for event in &entry.gone {
+        stream.wait_event(event)?;
+    }
+    entry.handle.set_deallocation_stream(stream)?;
+    // Issued before the lock goes: no import can pick up the mapping now.
+    let freed = entry.handle.release();
+    drop(guard);
+    drop(entry.gone);
+    Ok(freed?)
+}
+
+/// Frees an imported buffer's reference to its mapping (the handles crate's [`Deallocator`]).
+struct ImportRelease {
+    key: ImportKey,
+}
+
+impl Deallocator for ImportRelease {
+    fn deallocate(
+        &self,
+        _ptr: CUdeviceptr,
+        _size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(), HandleError> {
+        give_back(&self.key, stream).map_err(HandleError::from)
     }
 }
 
