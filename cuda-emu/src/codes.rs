@@ -47,7 +47,9 @@ pub(crate) const BAD_POINTER: CUresult = C::INVALID_VALUE.0;
 /// An access past the end of an allocation: fills, copies, memset nodes (measured).
 pub(crate) const OUT_OF_RANGE: CUresult = C::INVALID_VALUE.0;
 /// A use or free of memory whose free was already issued, or `cuMemFreeAsync` of an address
-/// never allocated (measured for the frees; also a hazard).
+/// never allocated (measured for the frees, including `cuMemFreeAsync` of the address of a
+/// second IPC import of one pointer after the first was freed, conformance module `ipc`; also a
+/// hazard).
 pub(crate) const FREED_POINTER: CUresult = C::INVALID_VALUE.0;
 /// A zero-byte `cuMemAlloc` (measured) or `cuMemAllocManaged` (documented). Zero bytes from
 /// `cuMemAllocHost` and the stream-ordered allocators succeed (measured).
@@ -71,6 +73,10 @@ pub(crate) const NOT_FOUND: CUresult = C::NOT_FOUND.0;
 pub(crate) const BAD_ATTRIBUTE: CUresult = C::INVALID_VALUE.0;
 /// `cuMemPoolDestroy` of a device's default pool (measured).
 pub(crate) const DESTROY_DEFAULT_POOL: CUresult = C::INVALID_VALUE.0;
+/// `cuMemPoolExportPointer` of an allocation from an IPC-capable pool that was never exported
+/// with `cuMemPoolExportToShareableHandle` (measured on an H200, driver 580.159.04; conformance
+/// module `ipc`); once the pool has been exported, its pointers export.
+pub(crate) const POOL_NOT_EXPORTED: CUresult = C::INVALID_VALUE.0;
 /// `cuDeviceSetMemPool` with a pool of another device or a host pool (guess).
 pub(crate) const POOL_DEVICE_MISMATCH: CUresult = C::INVALID_VALUE.0;
 /// A graph launched again while a memory it allocates is still live (guess).

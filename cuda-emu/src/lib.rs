@@ -47,7 +47,18 @@
 //! - **Pool IPC**: a pool created with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` is carved from
 //!   a `memfd` (1 GiB sparse, or `maxSize`); exporting it gives a new descriptor; another process
 //!   imports it by descriptor and maps it; exported pointers carry the arena's id and offset in
-//!   the 64 bytes of `CUmemPoolPtrExportData`.
+//!   the 64 bytes of `CUmemPoolPtrExportData`. Two facts measured on an H200 (driver
+//!   580.159.04; conformance module `ipc`): `cuMemPoolExportPointer` refuses the allocations of
+//!   a pool that was never exported with `cuMemPoolExportToShareableHandle`
+//!   (`CUDA_ERROR_INVALID_VALUE`), and exports them once it has been (for good, whether the
+//!   descriptor is still open or not);
+//!   and a second `cuMemPoolImportPointer` of a pointer that the same imported pool has mapped
+//!   and not freed gives the same address, not counted: the first `cuMemFreeAsync` unmaps it,
+//!   and a second free of the address is `CUDA_ERROR_INVALID_VALUE` and a `double_free` hazard
+//!   (the failing second free was measured; the equal address is inferred from it, and the
+//!   conformance case asserts it).
+//!   An import through another imported pool of the same exported one, or after the mapping was
+//!   freed, gets a fresh address (not measured).
 //! - **Graphs**: empty, host, memset (1/2/4-byte elements, 2-D), memcpy (host/device/unified,
 //!   up to 3-D, no arrays), memory allocation and free nodes; clone; instantiate (flag
 //!   `AUTO_FREE_ON_LAUNCH` honoured); a launch is one stream operation running the nodes in

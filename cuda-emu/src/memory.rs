@@ -149,7 +149,8 @@ pub(crate) struct Alloc {
     pub(crate) backing: Arc<Backing>,
     /// The last use on each stream: component -> time.
     pub(crate) uses: VectorClock,
-    /// Offset inside a shared pool arena (exportable).
+    /// Offset inside a shared pool arena: of the block itself for an allocation of an
+    /// IPC-capable pool (exportable), of the exporter's block it maps for an import.
     pub(crate) ipc_offset: Option<u64>,
 }
 
@@ -337,6 +338,9 @@ pub(crate) struct Pool {
     pub(crate) access: Vec<((u32, i32), u32)>,
     /// Shared arena for IPC-capable pools.
     pub(crate) arena: Option<Arc<Arena>>,
+    /// Whether `cuMemPoolExportToShareableHandle` has succeeded on it: a real driver exports no
+    /// pointer of a pool that was never exported (measured on an H200, driver 580.159.04).
+    pub(crate) exported: bool,
     /// An imported pool: its mapping of the exporter's arena.
     pub(crate) imported: Option<Arc<SharedMap>>,
     pub(crate) imported_id: u64,
@@ -355,6 +359,7 @@ impl State {
                 default: true,
                 access: Vec::new(),
                 arena: None,
+                exported: false,
                 imported: None,
                 imported_id: 0,
             },

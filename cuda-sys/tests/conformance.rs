@@ -37,7 +37,19 @@
 //! pop on an empty stack), primary-context retain/release and state, created contexts, streams
 //! (flags, priority, context), host functions, events, stream waits, memory pools and their
 //! attributes, stream-ordered allocation, memset/memcpy read back, pointer attributes, and error
-//! codes for invalid input that is safe to pass to a real driver.
+//! codes for invalid input that is safe to pass to a real driver;
+//!
+//! plus what was measured on an NVIDIA H200 (driver 580.159.04, CUDA 13.0):
+//! - `measured`: one case per fact printed by the driver probe (`docs/driver-probe/probe.c`,
+//!   its output in `docs/driver-probe/h200-580.159.04.txt`) that no other module checks, each
+//!   replaying the probe's sequence; what a case asserts beyond the probe's output is marked
+//!   *documented* or *not measured* where it is asserted;
+//! - `ipc`: pool IPC, seen while building the memory crate's IPC: `cuMemPoolExportPointer` of an
+//!   IPC-capable pool's allocation fails with `CUDA_ERROR_INVALID_VALUE` until the pool has been
+//!   exported once; and, in a second process (the test binary run again as a child, the pool's
+//!   descriptor passed with `SCM_RIGHTS`), two imports of the same export data give the same
+//!   address, which the first `cuMemFreeAsync` unmaps for both (the second free fails with
+//!   `CUDA_ERROR_INVALID_VALUE`).
 //!
 //! # Rules every case follows
 //! - It calls `cuInit(0)` first, and does its work on fresh threads (a fresh thread has an empty
@@ -68,5 +80,7 @@ mod basics_streams;
 mod facts_free;
 #[path = "conformance/facts_graph.rs"]
 mod facts_graph;
+#[path = "conformance/ipc.rs"]
+mod ipc;
 #[path = "conformance/measured.rs"]
 mod measured;

@@ -916,8 +916,30 @@ fn ipc_child(spec: &str) {
     let want: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
     assert_eq!(got, want);
     ok!(d, cuMemcpyHtoD_v2(p, b"kid!".as_ptr().cast(), 4));
+    // A second import of the same pointer is the same mapping, not counted: the first free
+    // unmaps it, and freeing it again is a double free (conformance module `ipc`).
+    let mut again: CUdeviceptr = 0;
+    ok!(d, cuMemPoolImportPointer(&mut again, pool, &mut share));
+    assert_eq!(again, p);
+    assert_eq!(
+        emu.live_allocations().iter().filter(|a| a.ptr == p).count(),
+        1
+    );
     ok!(d, cuMemFreeAsync(p, CU_STREAM_LEGACY));
     ok!(d, cuStreamSynchronize(CU_STREAM_LEGACY));
+    assert!(emu.hazards().is_empty(), "{:?}", emu.hazards());
+    assert_eq!(
+        code(cu!(d, cuMemFreeAsync(again, CU_STREAM_LEGACY))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    let hazards = emu.hazards();
+    assert!(
+        hazards
+            .iter()
+            .any(|h| h.kind == "double_free" && h.ptr == again && h.function == "cuMemFreeAsync"),
+        "{hazards:?}"
+    );
+    emu.clear_hazards();
     println!("child read {} bytes", got.len());
 }
 

@@ -144,6 +144,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
                 default: false,
                 access: Vec::new(),
                 arena,
+                exported: false,
                 imported: None,
                 imported_id: 0,
             },
@@ -354,15 +355,17 @@ pub unsafe extern "C" fn cuMemPoolExportToShareableHandle(
     let pool = pool as u64;
     entry("cuMemPoolExportToShareableHandle", None, None, |_| {
         need(handle_out)?;
-        let st = initialized()?;
-        let p = st.pools.get(&pool).ok_or(codes::BAD_HANDLE)?;
+        let mut st = initialized()?;
+        let p = st.pools.get_mut(&pool).ok_or(codes::BAD_HANDLE)?;
         if handle_type.0 != HANDLE_POSIX_FD || p.handle_types & HANDLE_POSIX_FD == 0 {
             return Err(codes::INVALID_VALUE);
         }
         let arena = p.arena.as_ref().ok_or(codes::INVALID_VALUE)?;
         let fd = arena.export_fd().map_err(|_| codes::OUT_OF_MEMORY)?;
         // SAFETY: checked non-null; for a POSIX fd the handle is an int (driver contract).
-        unsafe { put(handle_out.cast::<c_int>(), fd) }
+        unsafe { put(handle_out.cast::<c_int>(), fd)? };
+        p.exported = true;
+        Ok(())
     })
 }
 
@@ -393,6 +396,7 @@ pub unsafe extern "C" fn cuMemPoolImportFromShareableHandle(
                 default: false,
                 access: Vec::new(),
                 arena: None,
+                exported: false,
                 imported: Some(map),
                 imported_id: header.id,
             },
@@ -412,12 +416,18 @@ pub unsafe extern "C" fn cuMemPoolExportPointer(
         let st = initialized()?;
         let a = st.allocs.get(&ptr).ok_or(codes::BAD_POINTER)?;
         let offset = a.ipc_offset.ok_or(codes::INVALID_VALUE)?;
-        let arena_id = a
+        let pool = a
             .pool
             .and_then(|p| st.pools.get(&p))
-            .and_then(|p| p.arena.as_ref())
+            .ok_or(codes::INVALID_VALUE)?;
+        let arena_id = pool
+            .arena
+            .as_ref()
             .map(|a| a.id)
             .ok_or(codes::INVALID_VALUE)?;
+        if !pool.exported {
+            return Err(codes::POOL_NOT_EXPORTED);
+        }
         let data = ipc::encode_export(arena_id, offset, a.size);
         // SAFETY: checked non-null; CUmemPoolPtrExportData is 64 plain bytes (driver contract).
         unsafe { put(share_out.cast::<[u8; 64]>(), data) }
@@ -443,6 +453,19 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
             return Err(codes::INVALID_VALUE);
         }
         let (host, device) = (p.host, p.device);
+        // A second import of a pointer this pool has mapped and not freed is the same mapping
+        // (measured): no new address, no reference count; the first free unmaps it for both.
+        let live = st.allocs.values().find(|a| {
+            a.kind == AllocKind::Ipc
+                && a.pool == Some(pool)
+                && a.ipc_offset == Some(offset)
+                && a.size == size
+        });
+        if let Some(a) = live {
+            let addr = a.addr;
+            // SAFETY: checked non-null (driver contract).
+            return unsafe { put(ptr_out, addr) };
+        }
         let backing = Backing::mapped(map, offset, size as usize).ok_or(codes::INVALID_VALUE)?;
         let addr = if host {
             backing.ptr() as u64
@@ -460,7 +483,7 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
             host,
             backing,
             uses: VectorClock::default(),
-            ipc_offset: None,
+            ipc_offset: Some(offset),
         });
         // SAFETY: checked non-null (driver contract).
         unsafe { put(ptr_out, addr) }

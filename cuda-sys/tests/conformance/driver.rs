@@ -16,8 +16,8 @@ use std::ptr;
 use cuda_sys::types::{
     CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphExec, CUgraphNode, CUhostFn,
     CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation, CUmemLocationType,
-    CUmemPoolProps, CUmemPool_attribute, CUmemoryPool, CUpointer_attribute, CUstream,
-    CUstreamCaptureMode, CUuserObject, CUDA_MEMSET_NODE_PARAMS,
+    CUmemPoolProps, CUmemPoolPtrExportData, CUmemPool_attribute, CUmemoryPool, CUpointer_attribute,
+    CUstream, CUstreamCaptureMode, CUuserObject, CUDA_MEMSET_NODE_PARAMS,
 };
 use cuda_sys::{CUresult, CudaErrorCode, Driver};
 
@@ -605,6 +605,45 @@ pub fn mem_pool_set_attribute(pool: CUmemoryPool, attr: CUmemPool_attribute, val
 /// `cuMemPoolTrimTo`.
 pub fn mem_pool_trim_to(pool: CUmemoryPool, min_bytes_to_keep: usize) -> Ret {
     call!(cuMemPoolTrimTo(pool, min_bytes_to_keep) => ())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pool IPC
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, as a `handleTypes` bit.
+pub const HANDLE_TYPE_POSIX_FD: u32 = 1;
+
+/// `cuMemPoolExportToShareableHandle` as a POSIX file descriptor, flags 0: the new descriptor,
+/// which the caller owns and closes.
+pub fn mem_pool_export_to_fd(pool: CUmemoryPool) -> Ret<c_int> {
+    let mut fd: c_int = -1;
+    let kind = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    let out = (&mut fd as *mut c_int).cast();
+    call!(cuMemPoolExportToShareableHandle(out, pool, kind, 0) => fd)
+}
+
+/// `cuMemPoolImportFromShareableHandle` of a POSIX file descriptor (passed as the handle value
+/// itself, cast to a pointer, as the driver API says), flags 0. The descriptor stays the
+/// caller's.
+pub fn mem_pool_import_from_fd(fd: c_int) -> Ret<CUmemoryPool> {
+    let mut pool = ptr::null_mut();
+    let kind = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    let handle = fd as usize as *mut c_void;
+    call!(cuMemPoolImportFromShareableHandle(&mut pool, handle, kind, 0) => pool)
+}
+
+/// `cuMemPoolExportPointer`: the 64 bytes of `CUmemPoolPtrExportData`.
+pub fn mem_pool_export_pointer(dptr: CUdeviceptr) -> Ret<[u8; 64]> {
+    let mut data = CUmemPoolPtrExportData { reserved: [0; 64] };
+    let ret = call!(cuMemPoolExportPointer(&mut data, dptr) => ());
+    Ret::new(ret.call, ret.code.0, data.reserved)
+}
+
+/// `cuMemPoolImportPointer` of 64 bytes of export data from an imported pool.
+pub fn mem_pool_import_pointer(pool: CUmemoryPool, data: &[u8; 64]) -> Ret<CUdeviceptr> {
+    let mut share = CUmemPoolPtrExportData { reserved: *data };
+    let mut dptr = 0;
+    call!(cuMemPoolImportPointer(&mut dptr, pool, &mut share) => dptr)
 }
 
 // ---------------------------------------------------------------------------------------------
