@@ -19,6 +19,8 @@
 
 mod context;
 mod deferred;
+/// Added for the Python bindings (issue #6): device count, context synchronisation.
+mod device;
 mod deviceptr;
 mod error;
 mod event;
@@ -33,10 +35,11 @@ mod sys;
 
 pub use context::{ContextHandle, ContextKind, ContextScope};
 pub use deferred::{deferred_cleanup_pending, drain_deferred_cleanup, exiting};
+pub use device::device_count;
 pub use deviceptr::{Deallocator, DevicePtrHandle, ReleaseKind};
 pub use error::HandleError;
 pub use event::{EventHandle, EVENT_DISABLE_TIMING};
-pub use graph::{GraphExecHandle, GraphHandle, UserObjectOwnership};
+pub use graph::{retain_in_capture, GraphExecHandle, GraphHandle, GraphNode, UserObjectOwnership};
 pub use pool::MemoryPoolHandle;
 pub use recipe::{DeallocationRecipe, ThreadToken};
 pub use report::{

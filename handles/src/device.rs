@@ -1,0 +1,44 @@
+//! Device queries and whole-context synchronisation, added for the Python bindings (issue #6):
+//! [`device_count`] and [`ContextHandle::synchronize`].
+
+use std::ffi::c_int;
+
+use crate::context::{ContextHandle, ContextScope};
+use crate::sys::{check, driver, init};
+use crate::HandleError;
+
+/// How many devices the driver sees (initialising it on first use).
+///
+/// # Errors
+/// [`HandleError::Load`] when no driver loads; [`HandleError::Driver`] when `cuInit` or the
+/// count fails.
+///
+/// Driver calls: `cuInit` (once), `cuDeviceGetCount`.
+pub fn device_count() -> Result<i32, HandleError> {
+    let d = init()?;
+    let mut count: c_int = 0;
+    // SAFETY: `count` is a valid out-pointer; read only after success.
+    let status = unsafe { (d.cuDeviceGetCount)(&mut count) };
+    check("cuDeviceGetCount", status)?;
+    Ok(count)
+}
+
+impl ContextHandle {
+    /// Blocks the calling thread until all work queued in this context (on every stream of it)
+    /// has finished. The caller's context binding is unchanged afterwards.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the context switch, the wait or the restore fails.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (when this context is not current),
+    /// `cuCtxSynchronize`.
+    pub fn synchronize(&self) -> Result<(), HandleError> {
+        let d = driver()?;
+        let scope = ContextScope::enter(self)?;
+        // SAFETY: takes no arguments; the scope makes this context current.
+        let status = unsafe { (d.cuCtxSynchronize)() };
+        let restored = scope.exit();
+        check("cuCtxSynchronize", status)?;
+        restored
+    }
+}
