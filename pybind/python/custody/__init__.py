@@ -1,0 +1,246 @@
+"""custody: CUDA memory whose lifetime is owned correctly, with NVIDIA cuda.core 1.2's names.
+
+Code written for ``cuda.core``'s buffers, streams and memory resources runs by changing the
+import. Every buffer records, when it is made, the stream and the context its free needs (its
+*deallocation recipe*), so it is freed correctly wherever its last reference goes: on another
+thread, in the cyclic garbage collector, or in deferred cleanup after a CUDA graph let go of it.
+
+Driver failures raise :class:`CUDAError` (a ``RuntimeError``); a free that fails where nobody
+can receive the error (a drop, the garbage collector, another thread) is reported as a
+:class:`CUDAWarning` (a ``RuntimeWarning``).
+
+The driver is ``libcuda.so.1``, or the library named by the environment variable
+``CUSTODY_CUDA_DRIVER`` (the emulated driver in tests).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from custody._custody import (
+    LEGACY_DEFAULT_STREAM,
+    PER_THREAD_DEFAULT_STREAM,
+    Buffer,
+    Context,
+    CUDAError,
+    CUDAWarning,
+    DeviceMemoryResource,
+    Event,
+    GraphMemoryResource,
+    IPCBufferDescriptor,
+    LegacyPinnedMemoryResource,
+    ManagedBuffer,
+    ManagedMemoryResource,
+    MemoryPoolAttributes,
+    MemoryResource,
+    PinnedMemoryResource,
+    Stream,
+    SynchronousMemoryResource,
+    default_stream,
+    drain_deferred_cleanup,
+)
+from custody import _custody
+
+__all__ = [
+    "LEGACY_DEFAULT_STREAM",
+    "PER_THREAD_DEFAULT_STREAM",
+    "Buffer",
+    "CUDAError",
+    "CUDAWarning",
+    "Context",
+    "Device",
+    "DeviceMemoryResource",
+    "DeviceMemoryResourceOptions",
+    "Event",
+    "EventOptions",
+    "GraphMemoryResource",
+    "IPCBufferDescriptor",
+    "LegacyPinnedMemoryResource",
+    "ManagedBuffer",
+    "ManagedMemoryResource",
+    "ManagedMemoryResourceOptions",
+    "MemoryPoolAttributes",
+    "MemoryResource",
+    "PinnedMemoryResource",
+    "PinnedMemoryResourceOptions",
+    "Stream",
+    "StreamOptions",
+    "SynchronousMemoryResource",
+    "default_stream",
+    "drain_deferred_cleanup",
+    "system",
+]
+
+__version__ = "0.1.0"
+
+
+@dataclass
+class DeviceMemoryResourceOptions:
+    """Options for a :class:`DeviceMemoryResource` with a pool of its own."""
+
+    ipc_enabled: bool = False
+    max_size: int = 0
+
+
+@dataclass
+class PinnedMemoryResourceOptions:
+    """Options for a :class:`PinnedMemoryResource`."""
+
+    ipc_enabled: bool = False
+    max_size: int = 0
+    numa_id: Optional[int] = None
+
+
+@dataclass
+class ManagedMemoryResourceOptions:
+    """Options for a :class:`ManagedMemoryResource` (placement preferences; accepted, unused)."""
+
+    preferred_location: Optional[int] = None
+    preferred_location_type: Optional[str] = None
+
+
+@dataclass
+class StreamOptions:
+    """Options for :meth:`Device.create_stream`."""
+
+    nonblocking: bool = True
+    priority: Optional[int] = None
+
+
+@dataclass
+class EventOptions:
+    """Options for :meth:`Stream.record` (accepted; events are created without timing)."""
+
+    enable_timing: bool = False
+    busy_waited_sync: bool = False
+
+
+class _System:
+    """Process-wide facts (``custody.system``)."""
+
+    @property
+    def num_devices(self) -> int:
+        """How many devices the driver sees."""
+        return _custody._device_count()
+
+
+system = _System()
+
+
+class Device:
+    """A CUDA device; ``Device(n)`` is the same object every time for a given ``n``.
+
+    ``Device()`` is the device of the context current on the calling thread, or device 0.
+    """
+
+    _instances: "dict[int, Device]" = {}
+    _lock = threading.Lock()
+
+    def __new__(cls, device_id: "Optional[int]" = None) -> "Device":
+        if device_id is None:
+            current = _custody._current_context()
+            device_id = current.device_id if current is not None else 0
+        elif isinstance(device_id, Device):
+            return device_id
+        if isinstance(device_id, bool) or not isinstance(device_id, int):
+            try:
+                device_id = device_id.__index__()
+            except AttributeError:
+                raise TypeError(
+                    f"device_id must be an int, got {type(device_id).__name__}"
+                ) from None
+        count = _custody._device_count()
+        if not 0 <= device_id < count:
+            raise ValueError(f"device_id must be within [0, {count}), got {device_id}")
+        with cls._lock:
+            device = cls._instances.get(device_id)
+            if device is None:
+                device = super().__new__(cls)
+                device._id = device_id
+                device._context = None
+                device._mr = None
+                cls._instances[device_id] = device
+            return device
+
+    @property
+    def device_id(self) -> int:
+        """The device ordinal."""
+        return self._id
+
+    @property
+    def context(self) -> Context:
+        """The device's primary context (retained while this object lives)."""
+        if self._context is None:
+            with Device._lock:
+                if self._context is None:
+                    self._context = _custody._primary_context(self._id)
+        return self._context
+
+    def set_current(self, ctx: "Optional[Context]" = None) -> None:
+        """Makes the device's primary context (or ``ctx``) current on the calling thread."""
+        if ctx is not None:
+            if not isinstance(ctx, Context):
+                raise TypeError(f"Context expected, got {type(ctx).__name__}")
+            _custody._set_current(ctx)
+            return
+        _custody._set_current(self.context)
+
+    @property
+    def memory_resource(self) -> MemoryResource:
+        """The resource :meth:`allocate` uses; by default the device's current memory pool."""
+        if self._mr is None:
+            with Device._lock:
+                if self._mr is None:
+                    self._mr = DeviceMemoryResource(self._id)
+        return self._mr
+
+    @memory_resource.setter
+    def memory_resource(self, mr: MemoryResource) -> None:
+        if not isinstance(mr, MemoryResource):
+            raise TypeError(f"MemoryResource expected, got {type(mr).__name__}")
+        self._mr = mr
+
+    @property
+    def default_stream(self) -> Stream:
+        """:func:`default_stream`."""
+        return default_stream()
+
+    def create_stream(self, obj=None, options: "Optional[StreamOptions]" = None) -> Stream:
+        """A new stream in the device's primary context, or a wrapper of ``obj`` (an object
+        with ``__cuda_stream__``)."""
+        if obj is not None:
+            if not hasattr(obj, "__cuda_stream__"):
+                raise TypeError(
+                    f"an object with __cuda_stream__ expected, got {type(obj).__name__}"
+                )
+            return Stream.from_handle(obj)
+        if options is None:
+            options = StreamOptions()
+        elif isinstance(options, dict):
+            options = StreamOptions(**options)
+        priority = options.priority if options.priority is not None else 0
+        return _custody._create_stream(
+            self.context, nonblocking=bool(options.nonblocking), priority=int(priority)
+        )
+
+    def allocate(self, size: int, *, stream) -> Buffer:
+        """``self.memory_resource.allocate(size, stream=stream)``."""
+        return self.memory_resource.allocate(size, stream=stream)
+
+    def sync(self) -> None:
+        """Blocks until all work in the device's primary context has finished."""
+        _custody._synchronize_context(self.context)
+
+    def __int__(self) -> int:
+        return self._id
+
+    def __index__(self) -> int:
+        return self._id
+
+    def __repr__(self) -> str:
+        return f"<Device {self._id}>"
+
+    def __reduce__(self):
+        return (Device, (self._id,))

@@ -1,0 +1,628 @@
+//! `Buffer` and `ManagedBuffer` (a thin shell around `memory::Buffer`), adoption with
+//! `from_handle`, copies and fills, DLPack, and IPC descriptors.
+
+use std::sync::{Arc, Weak};
+
+use handles::StreamHandle;
+use memory::{Buffer, FillValue, IpcBufferDescriptor, ManagedBuffer, MemoryError, Ownership};
+use pyo3::exceptions::{PyBufferError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple, PyType};
+
+use crate::errors::{closed, expected, Error};
+use crate::ffi::dlpack_capsule;
+use crate::report::{finalizing, PyObjRef};
+use crate::resource::{pool_of, resolve};
+use crate::stream::{accept_stream, default_stream_handle};
+
+/// `kDLCPU`, `kDLCUDA`, `kDLCUDAHost`, `kDLCUDAManaged`.
+const DL_CPU: i32 = 1;
+const DL_CUDA: i32 = 2;
+const DL_CUDA_HOST: i32 = 3;
+const DL_CUDA_MANAGED: i32 = 13;
+
+/// Memory with the deallocation recipe that will order and legalise its free (BRIEF.md D1).
+#[pyclass(frozen, subclass, name = "Buffer", module = "custody")]
+pub struct PyBuffer {
+    /// Always `Some` until the object is deallocated (then taken, to drop it with the GIL
+    /// released).
+    inner: Option<Buffer>,
+    /// The memory resource object, reported while the buffer is open.
+    mr: Option<Py<PyAny>>,
+    /// The owner given to `from_handle(owner=...)`; the memory's handle holds it strongly.
+    owner: Option<Weak<PyObjRef>>,
+}
+
+/// A `Buffer` of managed memory.
+#[pyclass(frozen, extends = PyBuffer, name = "ManagedBuffer", module = "custody")]
+pub struct PyManagedBuffer;
+
+impl PyBuffer {
+    /// The Python object for `buffer` (a `ManagedBuffer` when `managed`).
+    pub(crate) fn wrap(
+        py: Python<'_>,
+        buffer: Buffer,
+        mr: Option<Py<PyAny>>,
+        managed: bool,
+        owner: Option<Weak<PyObjRef>>,
+    ) -> PyResult<Py<PyAny>> {
+        let base = PyBuffer {
+            inner: Some(buffer),
+            mr,
+            owner,
+        };
+        if managed {
+            let init = PyClassInitializer::from(base).add_subclass(PyManagedBuffer);
+            Ok(Py::new(py, init)?.into_any())
+        } else {
+            Ok(Py::new(py, base)?.into_any())
+        }
+    }
+
+    #[inline]
+    pub(crate) fn buffer(&self) -> &Buffer {
+        match &self.inner {
+            Some(buffer) => buffer,
+            None => unreachable!("the buffer is taken only when the object is deallocated"),
+        }
+    }
+
+    fn open_handle(&self) -> PyResult<handles::DevicePtrHandle> {
+        self.buffer().handle().map_err(|_| closed("Buffer"))
+    }
+
+    fn dlpack_device_of(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
+        let buffer = self.buffer();
+        let (device, host, managed, id) = py
+            .detach(|| -> Result<_, MemoryError> {
+                Ok((
+                    buffer.is_device_accessible()?,
+                    buffer.is_host_accessible()?,
+                    buffer.is_managed()?,
+                    buffer.device_id()?,
+                ))
+            })
+            .map_err(Error::from)?;
+        Ok(match (device, host, managed) {
+            (_, _, true) => (DL_CUDA_MANAGED, id.unwrap_or(0)),
+            (true, true, false) => (DL_CUDA_HOST, 0),
+            (true, false, false) => (DL_CUDA, id.unwrap_or(0)),
+            (false, _, false) => (DL_CPU, 0),
+        })
+    }
+}
+
+impl Drop for PyBuffer {
+    fn drop(&mut self) {
+        let Some(buffer) = self.inner.take() else { return };
+        if buffer.is_closed() || finalizing() {
+            // Nothing to free, or the interpreter is shutting down (no GIL release then: a
+            // thread that re-attaches during finalization may be stopped by CPython).
+            drop(buffer);
+            return;
+        }
+        // Deallocation always runs attached; the free itself runs with the GIL released.
+        Python::attach(|py| py.detach(move || drop(buffer)));
+    }
+}
+
+/// `Buffer.from_handle` / `ManagedBuffer.from_handle`.
+#[allow(clippy::too_many_arguments)]
+fn adopt(
+    py: Python<'_>,
+    ptr: u64,
+    size: usize,
+    mr: Option<&Bound<'_, PyAny>>,
+    owner: Option<&Bound<'_, PyAny>>,
+    stream: Option<&Bound<'_, PyAny>>,
+    managed: bool,
+) -> PyResult<Py<PyAny>> {
+    let mr = mr.filter(|o| !o.is_none());
+    let owner = owner.filter(|o| !o.is_none());
+    let stream = stream.filter(|o| !o.is_none());
+    if mr.is_some() && owner.is_some() {
+        return Err(PyValueError::new_err(
+            "mr and owner cannot both be given: with mr the buffer owns the memory, with owner \
+             it only keeps the owner alive",
+        ));
+    }
+    if stream.is_some() && mr.is_none() {
+        return Err(PyValueError::new_err(
+            "stream requires a memory resource (mr): a stream orders a free, and without mr \
+             nothing is freed",
+        ));
+    }
+    let recorded: Option<StreamHandle> = match (stream, mr) {
+        (Some(stream), _) => Some(accept_stream(stream)?),
+        (None, Some(_)) => Some(default_stream_handle()),
+        (None, None) => None,
+    };
+    let (ownership, mr_object, owner_ref) = if let Some(mr) = mr {
+        (
+            Ownership::MemoryResource(resolve(mr)?),
+            Some(mr.clone().unbind()),
+            None,
+        )
+    } else if let Some(owner) = owner {
+        let kept = Arc::new(PyObjRef::new(owner.clone().unbind()));
+        let weak = Arc::downgrade(&kept);
+        (Ownership::Owner(Box::new(kept)), None, Some(weak))
+    } else {
+        (Ownership::Borrowed, None, None)
+    };
+    let buffer = py
+        .detach(move || {
+            if managed {
+                ManagedBuffer::from_handle(ptr, size, ownership, recorded.as_ref())
+                    .map(ManagedBuffer::into_buffer)
+            } else {
+                Buffer::from_handle(ptr, size, ownership, recorded.as_ref())
+            }
+        })
+        .map_err(Error::from)?;
+    PyBuffer::wrap(py, buffer, mr_object, managed, owner_ref)
+}
+
+/// An address given as an int (or anything with `__index__`).
+fn address(object: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if object.is_none() {
+        return Err(PyTypeError::new_err("a pointer (int) is required, got None"));
+    }
+    object.extract::<u64>().map_err(|error| {
+        if error.is_instance_of::<PyOverflowError>(object.py()) {
+            PyOverflowError::new_err(format!(
+                "a pointer is an unsigned 64-bit int, got {}",
+                object.repr().map(|r| r.to_string()).unwrap_or_default()
+            ))
+        } else {
+            expected("int pointer", object)
+        }
+    })
+}
+
+/// A fill pattern: an int in [0, 256) (8 bits) or an object exposing 1, 2 or 4 bytes through
+/// the buffer protocol (8, 16 or 32 bits).
+fn fill_value(value: &Bound<'_, PyAny>) -> PyResult<FillValue> {
+    let py = value.py();
+    if value.is_none() {
+        return Err(PyTypeError::new_err("a fill value is required, got None"));
+    }
+    if value.is_instance_of::<PyInt>() {
+        let v: i64 = value.extract().map_err(|_| {
+            PyOverflowError::new_err("a fill value given as an int must be in [0, 256)")
+        })?;
+        let byte = u8::try_from(v).map_err(|_| {
+            PyOverflowError::new_err(format!(
+                "a fill value given as an int must be in [0, 256), got {v}"
+            ))
+        })?;
+        return Ok(FillValue::U8(byte));
+    }
+    let view = py
+        .import("builtins")?
+        .getattr("memoryview")?
+        .call1((value,))
+        .map_err(|_| expected("int or an object with the buffer protocol", value))?;
+    let bytes: Vec<u8> = view.call_method0("tobytes")?.extract()?;
+    Ok(FillValue::from_bytes(&bytes).map_err(Error::from)?)
+}
+
+#[pymethods]
+impl PyBuffer {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        Err(PyRuntimeError::new_err(
+            "Buffer objects cannot be instantiated directly: use MemoryResource.allocate() or \
+             Buffer.from_handle()",
+        ))
+    }
+
+    /// Wraps `size` bytes at `ptr`, allocated elsewhere.
+    #[staticmethod]
+    #[pyo3(signature = (ptr, size, mr = None, owner = None, *, stream = None))]
+    fn from_handle(
+        py: Python<'_>,
+        ptr: &Bound<'_, PyAny>,
+        size: usize,
+        mr: Option<&Bound<'_, PyAny>>,
+        owner: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        adopt(py, address(ptr)?, size, mr, owner, stream, false)
+    }
+
+    /// Imports a buffer another process shared.
+    #[classmethod]
+    #[pyo3(signature = (mr, ipc_descriptor, *, stream))]
+    fn from_ipc_descriptor(
+        cls: &Bound<'_, PyType>,
+        mr: &Bound<'_, PyAny>,
+        ipc_descriptor: &Bound<'_, PyAny>,
+        stream: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let py = cls.py();
+        let stream = accept_stream(stream)?;
+        let pool = pool_of(mr).ok_or_else(|| {
+            expected("DeviceMemoryResource or PinnedMemoryResource", mr)
+        })?;
+        if !pool.is_mapped() {
+            return Err(PyRuntimeError::new_err(
+                "the memory resource is not a pool imported from another process \
+                 (open one with from_allocation_handle)",
+            ));
+        }
+        let descriptor = descriptor_of(ipc_descriptor)?;
+        let buffer = py
+            .detach(|| pool.import_buffer(&descriptor, &stream))
+            .map_err(Error::from)?;
+        PyBuffer::wrap(py, buffer, Some(mr.clone().unbind()), false, None)
+    }
+
+    /// Closes the buffer: when it holds the last reference to the memory, frees it now.
+    #[pyo3(signature = (stream = None))]
+    fn close(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let buffer = self.buffer();
+        let stream = match stream.filter(|s| !s.is_none()) {
+            Some(stream) => Some(accept_stream(stream)?),
+            None => None,
+        };
+        drop(crate::errors::take_deallocate_error());
+        let result = py.detach(|| match &stream {
+            Some(stream) => buffer.close_on(stream),
+            None => buffer.close(),
+        });
+        Ok(result.map_err(Error::from)?)
+    }
+
+    /// Records the free on `stream` from now on (replacing the whole recipe atomically).
+    fn set_deallocation_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        if stream.is_none() {
+            return Err(PyTypeError::new_err(
+                "set_deallocation_stream() requires a Stream, got None",
+            ));
+        }
+        let stream = accept_stream(stream)?;
+        let buffer = self.buffer();
+        py.detach(|| buffer.set_deallocation_stream(&stream))
+            .map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// Copies this buffer into `dst` (allocated from this buffer's memory resource if omitted),
+    /// ordered on `stream`.
+    #[pyo3(signature = (dst = None, *, stream))]
+    fn copy_to(
+        &self,
+        py: Python<'_>,
+        dst: Option<&Bound<'_, PyAny>>,
+        stream: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let handle = accept_stream(stream)?;
+        let size = self.open_handle()?.size();
+        let dst = match dst.filter(|d| !d.is_none()) {
+            Some(dst) => dst.clone(),
+            None => {
+                let mr = self.mr.as_ref().ok_or_else(|| {
+                    PyValueError::new_err(
+                        "copy_to() without dst allocates from the buffer's memory_resource, \
+                         and this buffer has none",
+                    )
+                })?;
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("stream", stream)?;
+                mr.bind(py).call_method("allocate", (size,), Some(&kwargs))?
+            }
+        };
+        let target = dst.cast::<PyBuffer>().map_err(|_| expected("Buffer", &dst))?;
+        let source = self.buffer();
+        let destination = target.get().buffer();
+        py.detach(|| source.copy_to(destination, &handle))
+            .map_err(Error::from)?;
+        Ok(dst.unbind())
+    }
+
+    /// Copies `src` into this buffer, ordered on `stream`.
+    #[pyo3(signature = (src, *, stream))]
+    fn copy_from(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, PyAny>,
+        stream: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let handle = accept_stream(stream)?;
+        let source = src.cast::<PyBuffer>().map_err(|_| expected("Buffer", src))?;
+        let source = source.get().buffer();
+        let destination = self.buffer();
+        py.detach(|| destination.copy_from(source, &handle))
+            .map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// Fills the buffer with a repeated 8-, 16- or 32-bit pattern, ordered on `stream`.
+    #[pyo3(signature = (value, *, stream))]
+    fn fill(
+        &self,
+        py: Python<'_>,
+        value: &Bound<'_, PyAny>,
+        stream: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let value = fill_value(value)?;
+        let handle = accept_stream(stream)?;
+        let buffer = self.buffer();
+        py.detach(|| buffer.fill(value, &handle))
+            .map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// The address as an int; 0 once closed.
+    #[getter]
+    fn handle(&self) -> u64 {
+        self.buffer().ptr()
+    }
+
+    /// The size in bytes; 0 once closed.
+    #[getter]
+    fn size(&self) -> usize {
+        self.buffer().size()
+    }
+
+    /// Whether the buffer was closed.
+    #[getter]
+    fn is_closed(&self) -> bool {
+        self.buffer().is_closed()
+    }
+
+    /// The memory resource the buffer came from (or that frees it); `None` for views and once
+    /// closed.
+    #[getter]
+    fn memory_resource(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        if self.buffer().is_closed() {
+            return None;
+        }
+        self.mr.as_ref().map(|mr| mr.clone_ref(py))
+    }
+
+    /// The owner given to `from_handle(owner=...)`; `None` otherwise and once closed.
+    #[getter]
+    fn owner(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        if self.buffer().is_closed() {
+            return None;
+        }
+        let kept = self.owner.as_ref()?.upgrade()?;
+        Some(kept.get().clone_ref(py))
+    }
+
+    /// Whether a device can access the memory.
+    #[getter]
+    fn is_device_accessible(&self, py: Python<'_>) -> PyResult<bool> {
+        let buffer = self.buffer();
+        Ok(py
+            .detach(|| buffer.is_device_accessible())
+            .map_err(Error::from)?)
+    }
+
+    /// Whether the host can access the memory.
+    #[getter]
+    fn is_host_accessible(&self, py: Python<'_>) -> PyResult<bool> {
+        let buffer = self.buffer();
+        Ok(py
+            .detach(|| buffer.is_host_accessible())
+            .map_err(Error::from)?)
+    }
+
+    /// Whether the memory is managed.
+    #[getter]
+    fn is_managed(&self, py: Python<'_>) -> PyResult<bool> {
+        let buffer = self.buffer();
+        Ok(py.detach(|| buffer.is_managed()).map_err(Error::from)?)
+    }
+
+    /// The device the memory belongs to; -1 for memory bound to no device.
+    #[getter]
+    fn device_id(&self, py: Python<'_>) -> PyResult<i32> {
+        let buffer = self.buffer();
+        Ok(py
+            .detach(|| buffer.device_id())
+            .map_err(Error::from)?
+            .unwrap_or(-1))
+    }
+
+    /// Whether the buffer was imported from another process.
+    #[getter]
+    fn is_mapped(&self) -> bool {
+        self.buffer().is_mapped()
+    }
+
+    /// The descriptor another process needs to import this buffer.
+    #[getter]
+    fn ipc_descriptor(&self, py: Python<'_>) -> PyResult<PyIpcBufferDescriptor> {
+        let buffer = self.buffer();
+        if buffer.is_closed() {
+            return Err(closed("Buffer"));
+        }
+        let inner = py
+            .detach(|| buffer.ipc_descriptor())
+            .map_err(Error::from)?;
+        Ok(PyIpcBufferDescriptor { inner })
+    }
+
+    /// A DLPack capsule: a 1-D uint8 tensor of `size` elements over this memory.
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<&Bound<'py, PyAny>>,
+        dl_device: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // The consumer orders its use after the producer's work: `stream` is accepted and not
+        // used (the memory's own stream is not known to be the last writer).
+        let _ = stream;
+        if let Some(version) = max_version.filter(|v| !v.is_none()) {
+            let _: (i64, i64) = version.extract().map_err(|_| {
+                PyBufferError::new_err("max_version must be a (major, minor) tuple of ints")
+            })?;
+        }
+        let handle = self.open_handle()?;
+        let (device_type, device_id) = self.dlpack_device_of(py)?;
+        if let Some(requested) = dl_device.filter(|d| !d.is_none()) {
+            let requested: (i32, i32) = requested
+                .extract()
+                .map_err(|_| PyBufferError::new_err("dl_device must be a (type, id) tuple"))?;
+            if requested != (device_type, device_id) {
+                return Err(PyBufferError::new_err(format!(
+                    "the buffer is on DLPack device {:?}; copying to {requested:?} is not supported",
+                    (device_type, device_id)
+                )));
+            }
+        }
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err(
+                "copy=True is not supported: the capsule views the buffer's memory",
+            ));
+        }
+        Ok(dlpack_capsule(py, handle, device_type, device_id)?.into_any())
+    }
+
+    /// `(device_type, device_id)` in DLPack's terms: kDLCUDA (2), kDLCUDAHost (3) or
+    /// kDLCUDAManaged (13).
+    fn __dlpack_device__(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
+        self.open_handle()?;
+        self.dlpack_device_of(py)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py, None)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let buffer = self.buffer();
+        match buffer.handle() {
+            Err(_) => "<Buffer closed>".to_owned(),
+            Ok(handle) => {
+                let mapped = if buffer.is_mapped() { " is_mapped=True" } else { "" };
+                format!("<Buffer ptr=0x{:x} size={}{mapped}>", handle.ptr(), handle.size())
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl PyManagedBuffer {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(
+        _args: &Bound<'_, PyTuple>,
+        _kwargs: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        Err(PyRuntimeError::new_err(
+            "ManagedBuffer objects cannot be instantiated directly: use \
+             ManagedMemoryResource.allocate() or ManagedBuffer.from_handle()",
+        ))
+    }
+
+    /// Wraps `size` bytes of managed memory at `ptr`, allocated elsewhere.
+    #[classmethod]
+    #[pyo3(signature = (ptr, size, mr = None, owner = None, *, stream = None))]
+    fn from_handle(
+        cls: &Bound<'_, PyType>,
+        ptr: &Bound<'_, PyAny>,
+        size: usize,
+        mr: Option<&Bound<'_, PyAny>>,
+        owner: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        adopt(cls.py(), address(ptr)?, size, mr, owner, stream, true)
+    }
+}
+
+/// What another process needs to import one buffer: `bytes(descriptor)` (96 bytes) and back
+/// with `IPCBufferDescriptor.from_bytes`; picklable.
+#[pyclass(frozen, eq, name = "IPCBufferDescriptor", module = "custody")]
+#[derive(PartialEq)]
+pub struct PyIpcBufferDescriptor {
+    inner: IpcBufferDescriptor,
+}
+
+fn descriptor_of(object: &Bound<'_, PyAny>) -> PyResult<IpcBufferDescriptor> {
+    if let Ok(descriptor) = object.cast::<PyIpcBufferDescriptor>() {
+        return Ok(descriptor.get().inner.clone());
+    }
+    if object.is_none() {
+        return Err(PyTypeError::new_err(
+            "an IPCBufferDescriptor is required, got None",
+        ));
+    }
+    let bytes: Vec<u8> = object
+        .extract::<Vec<u8>>()
+        .ok()
+        .filter(|_| object.is_instance_of::<PyBytes>())
+        .ok_or_else(|| expected("IPCBufferDescriptor or bytes", object))?;
+    parse_descriptor(&bytes)
+}
+
+fn parse_descriptor(bytes: &[u8]) -> PyResult<IpcBufferDescriptor> {
+    IpcBufferDescriptor::from_bytes(bytes).map_err(|error| match error {
+        MemoryError::InvalidSize { .. } | MemoryError::Ipc { .. } => {
+            PyValueError::new_err(format!("invalid IPC buffer descriptor: {error}"))
+        }
+        other => Error(other).into(),
+    })
+}
+
+#[pymethods]
+impl PyIpcBufferDescriptor {
+    /// Parses the 96-byte serialised form.
+    #[staticmethod]
+    fn from_bytes(data: &[u8]) -> PyResult<Self> {
+        Ok(PyIpcBufferDescriptor {
+            inner: parse_descriptor(data)?,
+        })
+    }
+
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.inner.to_bytes())
+    }
+
+    /// The buffer's size in bytes.
+    #[getter]
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    /// The pool's device; -1 for a pinned host pool.
+    #[getter]
+    fn device_id(&self) -> i32 {
+        self.inner.device_id().unwrap_or(-1)
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>,))> {
+        let py = slf.py();
+        let from_bytes = slf.get_type().getattr("from_bytes")?;
+        Ok((from_bytes, (slf.get().__bytes__(py),)))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<IPCBufferDescriptor size={} device_id={}>",
+            self.inner.size(),
+            self.inner.device_id().unwrap_or(-1)
+        )
+    }
+}
+
+/// Registers the buffer classes on the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyBuffer>()?;
+    m.add_class::<PyManagedBuffer>()?;
+    m.add_class::<PyIpcBufferDescriptor>()?;
+    Ok(())
+}

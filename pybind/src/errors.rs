@@ -1,0 +1,144 @@
+//! The one place where Rust errors become Python exceptions: [`Error`] (a `MemoryError` or
+//! `HandleError` on its way out) and `From<Error> for PyErr`, plus `custody.CUDAError` and
+//! `custody.CUDAWarning`.
+//!
+//! | Rust error | Python exception |
+//! |---|---|
+//! | `HandleError::Driver` (a driver call failed), `HandleError::Load` | `CUDAError` (a `RuntimeError`), message naming the call and the driver's error name; `.name` and `.code` attributes |
+//! | `HandleError::NoCurrentContext` | `RuntimeError("no CUDA context is current ...")` |
+//! | `MemoryError::Closed`, `HandleError::Closed` | `RuntimeError("Buffer has been closed")` |
+//! | `HandleError::Deallocator` | the exception the Python memory resource's `deallocate` raised, when it raised on this thread; else `RuntimeError` |
+//! | `MemoryError::InvalidSize` | `ValueError` (zero bytes) or `OverflowError` (more than `isize::MAX`) |
+//! | `SizeMismatch`, `InvalidFill`, `WrongDevice`, `OwnershipConflict`, `NoMemoryResource`, `HandleError::InvalidArgument` | `ValueError` |
+//! | `NotCapturing`, `StreamCapturing`, `Ipc` | `RuntimeError` |
+
+use std::cell::RefCell;
+
+use handles::HandleError;
+use memory::MemoryError;
+use pyo3::exceptions::{
+    PyOverflowError, PyRuntimeError, PyRuntimeWarning, PyTypeError, PyValueError,
+};
+use pyo3::prelude::*;
+
+pyo3::create_exception!(
+    custody,
+    CUDAError,
+    PyRuntimeError,
+    "A CUDA driver call failed. A RuntimeError whose message names the driver function and the \
+     driver's error name (CUDA_ERROR_...); `.name` holds that name and `.code` its number."
+);
+
+pyo3::create_exception!(
+    custody,
+    CUDAWarning,
+    PyRuntimeWarning,
+    "A cleanup that no caller could receive failed or lost a guarantee (a free during garbage \
+     collection, on another thread, in deferred cleanup). A RuntimeWarning, shown by default."
+);
+
+/// The text of the one "no context" error.
+pub(crate) const NO_CONTEXT: &str = "no CUDA context is current: make one current with \
+     Device(n).set_current(), or pass a created stream (Device.create_stream())";
+
+/// A Rust error on its way to Python.
+#[derive(Debug)]
+pub(crate) struct Error(pub(crate) MemoryError);
+
+impl From<MemoryError> for Error {
+    fn from(error: MemoryError) -> Error {
+        Error(error)
+    }
+}
+
+impl From<HandleError> for Error {
+    fn from(error: HandleError) -> Error {
+        Error(MemoryError::Handle(error))
+    }
+}
+
+thread_local! {
+    /// The exception a Python memory resource's `deallocate` raised on this thread, kept until
+    /// the error it caused is converted (explicit close) or reported (a drop).
+    static DEALLOCATE_ERROR: RefCell<Option<PyErr>> = const { RefCell::new(None) };
+}
+
+/// Keeps the exception a Python `deallocate` raised, for the error it becomes.
+pub(crate) fn stash_deallocate_error(error: PyErr) {
+    let old = DEALLOCATE_ERROR
+        .try_with(|slot| slot.borrow_mut().replace(error))
+        .ok()
+        .flatten();
+    drop(old);
+}
+
+/// Takes the exception kept by [`stash_deallocate_error`], if any.
+pub(crate) fn take_deallocate_error() -> Option<PyErr> {
+    DEALLOCATE_ERROR
+        .try_with(|slot| slot.borrow_mut().take())
+        .ok()
+        .flatten()
+}
+
+fn cuda_error(name: &'static str, code: u32, message: String) -> PyErr {
+    Python::attach(|py| {
+        let error = CUDAError::new_err(message);
+        let value = error.value(py);
+        // Attributes on a fresh exception instance cannot fail short of memory exhaustion; the
+        // message carries the same facts either way.
+        let _ = value.setattr("name", name);
+        let _ = value.setattr("code", code);
+        error
+    })
+}
+
+impl From<Error> for PyErr {
+    fn from(Error(error): Error) -> PyErr {
+        match error {
+            MemoryError::Handle(handle) => handle_error(handle),
+            MemoryError::InvalidSize { size, .. } if size > isize::MAX as usize => {
+                PyOverflowError::new_err(error.to_string())
+            }
+            MemoryError::Closed => closed("Buffer"),
+            MemoryError::NotCapturing | MemoryError::StreamCapturing | MemoryError::Ipc { .. } => {
+                PyRuntimeError::new_err(error.to_string())
+            }
+            // InvalidSize (zero), SizeMismatch, InvalidFill, WrongDevice, OwnershipConflict,
+            // NoMemoryResource, and anything added later.
+            other => PyValueError::new_err(other.to_string()),
+        }
+    }
+}
+
+fn handle_error(error: HandleError) -> PyErr {
+    match error {
+        HandleError::Driver(driver) => {
+            let message = driver.to_string();
+            cuda_error(driver.code.name(), driver.code.0, message)
+        }
+        HandleError::Load(load) => {
+            cuda_error("CUDA_ERROR_NOT_FOUND", 500, format!("no CUDA driver: {load}"))
+        }
+        HandleError::NoCurrentContext => PyRuntimeError::new_err(NO_CONTEXT),
+        HandleError::InvalidArgument { .. } => PyValueError::new_err(error.to_string()),
+        HandleError::Closed => PyRuntimeError::new_err("the handle has been closed"),
+        HandleError::Deallocator { message } => take_deallocate_error()
+            .unwrap_or_else(|| PyRuntimeError::new_err(format!("deallocate failed: {message}"))),
+        other => PyRuntimeError::new_err(other.to_string()),
+    }
+}
+
+/// `RuntimeError("<what> has been closed")`.
+pub(crate) fn closed(what: &str) -> PyErr {
+    PyRuntimeError::new_err(format!("{what} has been closed"))
+}
+
+/// `TypeError("<expected> expected, got <type name>")`.
+pub(crate) fn expected(expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
+    let name = got
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "an unknown type".to_owned());
+    PyTypeError::new_err(format!("{expected} expected, got {name}"))
+}

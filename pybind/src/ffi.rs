@@ -1,0 +1,185 @@
+//! The one module of the bindings with `unsafe` code: DLPack capsules (a `DLManagedTensor`
+//! handed to a consumer through a `PyCapsule` named `"dltensor"`) and borrowing a file
+//! descriptor given as a Python `int` (pool IPC). Every `unsafe` block names its invariant.
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+use std::os::fd::BorrowedFd;
+use std::ptr::NonNull;
+
+use handles::DevicePtrHandle;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+
+use crate::report::with_python;
+
+/// `DLDevice`.
+#[repr(C)]
+struct DlDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+/// `DLDataType`.
+#[repr(C)]
+struct DlDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+/// `DLTensor`.
+#[repr(C)]
+struct DlTensor {
+    data: *mut c_void,
+    device: DlDevice,
+    ndim: i32,
+    dtype: DlDataType,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+/// `DLManagedTensor` (DLPack's unversioned ABI, capsule name `"dltensor"`).
+#[repr(C)]
+struct DlManagedTensor {
+    dl_tensor: DlTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
+}
+
+/// What a capsule owns: the tensor (first, so a pointer to it is a pointer to the whole), its
+/// shape, and a strong reference to the memory, released by the deleter.
+#[repr(C)]
+struct Manager {
+    tensor: DlManagedTensor,
+    shape: [i64; 1],
+    handle: Option<DevicePtrHandle>,
+}
+
+/// `kDLUInt`.
+const DL_UINT: u8 = 1;
+
+const DLTENSOR: &std::ffi::CStr = c"dltensor";
+
+/// A `PyCapsule` named `"dltensor"` holding a `DLManagedTensor` that describes `handle`'s memory
+/// as a 1-D `uint8` tensor of `handle.size()` elements on `(device_type, device_id)`. The
+/// tensor holds a clone of `handle` (keeping the memory alive after the buffer is closed) until
+/// its deleter runs: called by the consumer that renamed the capsule `"used_dltensor"`, or by the
+/// capsule's destructor when nobody consumed it.
+///
+/// # Errors
+/// `ValueError` for a size that does not fit DLPack's `int64` shape; what `PyCapsule_New`
+/// raises.
+pub(crate) fn dlpack_capsule<'py>(
+    py: Python<'py>,
+    handle: DevicePtrHandle,
+    device_type: i32,
+    device_id: i32,
+) -> PyResult<Bound<'py, PyCapsule>> {
+    let size = i64::try_from(handle.size())
+        .map_err(|_| PyValueError::new_err("the buffer is too large for a DLPack shape"))?;
+    let data = handle.ptr() as usize as *mut c_void;
+    let manager = Box::into_raw(Box::new(Manager {
+        tensor: DlManagedTensor {
+            dl_tensor: DlTensor {
+                data,
+                device: DlDevice {
+                    device_type,
+                    device_id,
+                },
+                ndim: 1,
+                dtype: DlDataType {
+                    code: DL_UINT,
+                    bits: 8,
+                    lanes: 1,
+                },
+                shape: std::ptr::null_mut(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(dlpack_deleter),
+        },
+        shape: [size],
+        handle: Some(handle),
+    }));
+    // SAFETY: `manager` was just leaked from a Box and is exclusively ours until handed over;
+    // the shape lives inside the same allocation, which does not move until the deleter frees
+    // it.
+    unsafe {
+        (*manager).tensor.dl_tensor.shape = (*manager).shape.as_mut_ptr();
+        (*manager).tensor.manager_ctx = manager.cast();
+    }
+    let pointer = NonNull::new(manager.cast::<c_void>()).expect("Box::into_raw is never null");
+    // SAFETY: `pointer` is a live `Manager` whose first field is the `DLManagedTensor` a
+    // consumer reads; `capsule_destructor` frees it exactly once unless a consumer took it over
+    // (renamed the capsule), and is safe to call on any thread.
+    let capsule = unsafe {
+        PyCapsule::new_with_pointer_and_destructor(py, pointer, DLTENSOR, Some(capsule_destructor))
+    };
+    if capsule.is_err() {
+        // SAFETY: the capsule was not made, so nobody else holds the manager.
+        unsafe { dlpack_deleter(manager.cast()) };
+    }
+    capsule
+}
+
+/// The tensor's deleter: frees the manager and releases the memory reference, with the GIL
+/// released when the calling thread holds it (the release may free the memory: a driver call).
+unsafe extern "C" fn dlpack_deleter(tensor: *mut DlManagedTensor) {
+    if tensor.is_null() {
+        return;
+    }
+    // SAFETY: every tensor this module hands out is the first field of a boxed `Manager`, and
+    // DLPack calls the deleter exactly once.
+    let mut manager = unsafe { Box::from_raw(tensor.cast::<Manager>()) };
+    let handle = manager.handle.take();
+    drop(manager);
+    let Some(handle) = handle else { return };
+    let mut slot = Some(handle);
+    let released = with_python(|py| {
+        let handle = slot.take();
+        py.detach(move || drop(handle));
+    });
+    if released.is_none() {
+        // Interpreter shutting down: release on this thread as it is.
+        drop(slot);
+    }
+}
+
+/// The capsule's destructor: runs the tensor's deleter if no consumer took the tensor over
+/// (a consumer renames the capsule `"used_dltensor"` and calls the deleter itself).
+unsafe extern "C" fn capsule_destructor(capsule: *mut pyo3::ffi::PyObject) {
+    // SAFETY: CPython calls a capsule's destructor with the capsule, attached; both calls only
+    // read the capsule and set no exception for a matching name.
+    let tensor = unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) != 1 {
+            return;
+        }
+        pyo3::ffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr())
+    };
+    if !tensor.is_null() {
+        // SAFETY: an unconsumed "dltensor" capsule of ours holds a live tensor whose deleter
+        // has not run.
+        unsafe { dlpack_deleter(tensor.cast()) };
+    }
+}
+
+/// Runs `f` with `fd` borrowed as a [`BorrowedFd`].
+///
+/// # Errors
+/// `ValueError` for a negative descriptor.
+pub(crate) fn with_borrowed_fd<R>(fd: i32, f: impl FnOnce(BorrowedFd<'_>) -> R) -> PyResult<R> {
+    if fd < 0 {
+        return Err(PyValueError::new_err(format!(
+            "a file descriptor is a non-negative int, got {fd}"
+        )));
+    }
+    // SAFETY: `fd` is not -1; the caller (Python code) keeps the descriptor open for this
+    // synchronous call, and the borrow does not outlive it. A descriptor that is not open makes
+    // the driver return an error, nothing worse: nothing here closes or reads it.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    Ok(f(borrowed))
+}

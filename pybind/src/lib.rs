@@ -1,0 +1,54 @@
+//! The `custody._custody` extension module: the Rust half of the Python package `custody`
+//! (cuda.core 1.2's names for buffers, streams and memory resources, on custody's handles).
+//!
+//! - `errors`: the one mapping from Rust errors to Python exceptions; `CUDAError`, `CUDAWarning`.
+//! - `report`: cleanup reports as `CUDAWarning`s, attaching to the interpreter safely from any
+//!   thread, interpreter shutdown.
+//! - `stream`: `Stream`, `Event`, `Context`, default streams, device-level functions.
+//! - `resource`: `MemoryResource` (subclassable in Python) and the built-in resources.
+//! - `buffer`: `Buffer`, `ManagedBuffer`, DLPack, IPC descriptors.
+//! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor).
+//!
+//! Every class is `frozen` and `Send + Sync`; every driver call runs with the GIL released
+//! (`Python::detach`), and nothing relies on the GIL for thread safety (BRIEF.md D10).
+
+#![deny(unsafe_code)]
+
+mod buffer;
+mod errors;
+mod ffi;
+mod report;
+mod resource;
+mod stream;
+
+use pyo3::prelude::*;
+
+/// Runs every queued deferred cleanup on the calling thread (GIL released) and returns how many
+/// ran: frees that CUDA graphs let go of, and synchronous frees waiting for their stream.
+#[pyfunction]
+fn drain_deferred_cleanup(py: Python<'_>) -> usize {
+    py.detach(handles::drain_deferred_cleanup)
+}
+
+/// How many cleanup errors and warnings this process has reported (for tests).
+#[pyfunction]
+fn _cleanup_report_counts() -> (u64, u64) {
+    (handles::cleanup_error_count(), handles::cleanup_warning_count())
+}
+
+#[pymodule(gil_used = false)]
+fn _custody(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("CUDAError", py.get_type::<errors::CUDAError>())?;
+    m.add("CUDAWarning", py.get_type::<errors::CUDAWarning>())?;
+    stream::register(m)?;
+    resource::register(m)?;
+    buffer::register(m)?;
+    m.add_function(wrap_pyfunction!(drain_deferred_cleanup, m)?)?;
+    m.add_function(wrap_pyfunction!(_cleanup_report_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(report::at_python_exit, m)?)?;
+    report::install_hooks();
+    let at_exit = m.getattr("at_python_exit")?;
+    py.import("atexit")?.call_method1("register", (at_exit,))?;
+    Ok(())
+}

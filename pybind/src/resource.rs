@@ -1,0 +1,623 @@
+//! `MemoryResource` (subclassable in Python) and the built-in resources, and the adapter that
+//! lets a Python subclass free adopted memory at teardown ([`PyResourceAdapter`]).
+//!
+//! Which `deallocate` frees memory adopted with `Buffer.from_handle(ptr, size, mr=...)`: a
+//! built-in resource (or a Python subclass of one that does not override `deallocate`) frees with
+//! its own rule, without Python; any other Python subclass gets its own `deallocate(ptr, size,
+//! stream=...)` called, from whatever thread drops the buffer, with the recipe's context current
+//! and the GIL held only for that call. Memory a built-in `allocate` returned is always freed by
+//! the built-in rule.
+
+use std::os::fd::IntoRawFd;
+use std::sync::Arc;
+
+use handles::sys_types::{CUdeviceptr, CUmemPool_attribute};
+use handles::{HandleError, MemoryPoolHandle, StreamHandle};
+use memory::{
+    Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
+    LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
+    SynchronousMemoryResource,
+};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::buffer::PyBuffer;
+use crate::errors::{expected, stash_deallocate_error, Error};
+use crate::ffi::with_borrowed_fd;
+use crate::report::{with_python, PyObjRef};
+use crate::stream::{accept_stream, PyStream};
+
+/// The base class of memory resources. Subclass it in Python and implement `allocate`,
+/// `deallocate`, `is_device_accessible`, `is_host_accessible` and `device_id`.
+#[pyclass(frozen, subclass, name = "MemoryResource", module = "custody")]
+pub struct PyMemoryResource {
+    /// The Rust resource of a built-in; `None` for a Python subclass of this class.
+    pub(crate) native: Option<Arc<dyn MemoryResource>>,
+    /// Whether `allocate` returns `ManagedBuffer`s.
+    managed: bool,
+}
+
+fn not_implemented(what: &str) -> PyErr {
+    PyTypeError::new_err(format!(
+        "MemoryResource.{what} must be implemented by subclasses"
+    ))
+}
+
+impl PyMemoryResource {
+    fn native(&self, what: &str) -> PyResult<&Arc<dyn MemoryResource>> {
+        self.native.as_ref().ok_or_else(|| not_implemented(what))
+    }
+
+    fn builtin(native: Arc<dyn MemoryResource>, managed: bool) -> PyClassInitializer<Self> {
+        PyClassInitializer::from(PyMemoryResource {
+            native: Some(native),
+            managed,
+        })
+    }
+}
+
+#[pymethods]
+impl PyMemoryResource {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> Self {
+        PyMemoryResource {
+            native: None,
+            managed: false,
+        }
+    }
+
+    /// Allocates `size` bytes ordered on `stream`, which also orders the eventual free.
+    #[pyo3(signature = (size, *, stream))]
+    fn allocate(
+        slf: &Bound<'_, Self>,
+        size: usize,
+        stream: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let this = slf.get();
+        let native = Arc::clone(this.native("allocate")?);
+        let stream = accept_stream(stream)?;
+        let py = slf.py();
+        let buffer = py
+            .detach(move || native.allocate(size, &stream))
+            .map_err(Error::from)?;
+        PyBuffer::wrap(
+            py,
+            buffer,
+            Some(slf.clone().into_any().unbind()),
+            this.managed,
+            None,
+        )
+    }
+
+    /// Frees `size` bytes at `ptr`, which this resource allocated, ordered on `stream`.
+    #[pyo3(signature = (ptr, size, *, stream))]
+    fn deallocate(
+        &self,
+        py: Python<'_>,
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let native = Arc::clone(self.native("deallocate")?);
+        let stream = accept_stream(stream)?;
+        py.detach(move || native.deallocate(ptr, size, &stream))
+            .map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// Whether a device can access the memory.
+    #[getter]
+    fn is_device_accessible(&self) -> PyResult<bool> {
+        Ok(self.native("is_device_accessible")?.is_device_accessible())
+    }
+
+    /// Whether the host can access the memory.
+    #[getter]
+    fn is_host_accessible(&self) -> PyResult<bool> {
+        Ok(self.native("is_host_accessible")?.is_host_accessible())
+    }
+
+    /// The device the memory belongs to; -1 for memory bound to no device.
+    #[getter]
+    fn device_id(&self) -> PyResult<i32> {
+        Ok(self.native("device_id")?.device_id().unwrap_or(-1))
+    }
+
+    /// Whether the memory is managed.
+    #[getter]
+    fn is_managed(&self) -> bool {
+        self.native.as_ref().is_some_and(|mr| mr.is_managed())
+    }
+}
+
+/// A Python memory resource seen from Rust: `deallocate` calls the object's `deallocate`
+/// (attached to the interpreter for that call only); where the memory can be used is read once,
+/// when the buffer is adopted.
+pub(crate) struct PyResourceAdapter {
+    object: PyObjRef,
+    type_name: String,
+    device: bool,
+    host: bool,
+    device_id: Option<i32>,
+    managed: bool,
+}
+
+impl MemoryResource for PyResourceAdapter {
+    fn allocate(
+        self: Arc<Self>,
+        _size: usize,
+        _stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        Err(MemoryError::Handle(HandleError::Deallocator {
+            message: format!("{} allocates through Python only", self.type_name),
+        }))
+    }
+
+    fn deallocate(
+        &self,
+        ptr: CUdeviceptr,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<(), MemoryError> {
+        let outcome = with_python(|py| -> Result<(), String> {
+            let call = || -> PyResult<()> {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("stream", PyStream::new(stream.clone()))?;
+                self.object
+                    .get()
+                    .bind(py)
+                    .call_method("deallocate", (ptr, size), Some(&kwargs))?;
+                Ok(())
+            };
+            call().map_err(|error| {
+                let text = format!("{}.deallocate(0x{ptr:x}, {size}) raised {error}", self.type_name);
+                stash_deallocate_error(error);
+                text
+            })
+        });
+        match outcome {
+            // Interpreter shutting down: the memory is leaked, never freed by half a Python.
+            None => Ok(()),
+            Some(Ok(())) => Ok(()),
+            Some(Err(message)) => Err(MemoryError::Handle(HandleError::Deallocator { message })),
+        }
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        self.device
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        self.host
+    }
+
+    fn device_id(&self) -> Option<i32> {
+        self.device_id
+    }
+
+    fn is_managed(&self) -> bool {
+        self.managed
+    }
+}
+
+/// The Rust resource that will own memory adopted with `mr=`: a built-in's own (unless a Python
+/// subclass overrides `deallocate`), or an adapter calling the Python object.
+///
+/// # Errors
+/// `TypeError` when `mr` is not a `MemoryResource`; what reading its properties raises.
+pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Arc<dyn MemoryResource>> {
+    let py = mr.py();
+    let base = mr
+        .cast::<PyMemoryResource>()
+        .map_err(|_| expected("MemoryResource", mr))?;
+    if let Some(native) = &base.get().native {
+        let own = mr.get_type().getattr("deallocate")?;
+        let builtin = py.get_type::<PyMemoryResource>().getattr("deallocate")?;
+        if own.is(&builtin) {
+            return Ok(Arc::clone(native));
+        }
+    }
+    let device: bool = mr.getattr("is_device_accessible")?.extract()?;
+    let host: bool = mr.getattr("is_host_accessible")?.extract()?;
+    let device_id: Option<i64> = mr.getattr("device_id")?.extract()?;
+    let device_id = match device_id {
+        None => None,
+        Some(id) if id < 0 => None,
+        Some(id) => Some(
+            i32::try_from(id).map_err(|_| PyValueError::new_err(format!("invalid device_id {id}")))?,
+        ),
+    };
+    let managed: bool = match mr.getattr("is_managed") {
+        Ok(value) => value.extract()?,
+        Err(_) => false,
+    };
+    Ok(Arc::new(PyResourceAdapter {
+        object: PyObjRef::new(mr.clone().unbind()),
+        type_name: mr.get_type().name()?.to_string(),
+        device,
+        host,
+        device_id,
+        managed,
+    }))
+}
+
+/// A device ordinal given as an `int` or a `Device`.
+fn device_ordinal(device: &Bound<'_, PyAny>) -> PyResult<i32> {
+    if device.is_none() {
+        return Err(PyTypeError::new_err("a device (int or Device) is required, got None"));
+    }
+    let value = if device.hasattr("device_id")? && !device.is_instance_of::<pyo3::types::PyInt>() {
+        device.getattr("device_id")?
+    } else {
+        device.clone()
+    };
+    let ordinal: i64 = value
+        .extract()
+        .map_err(|_| expected("device ordinal (int) or Device", device))?;
+    if ordinal < 0 {
+        return Err(PyValueError::new_err(format!(
+            "a device ordinal is not negative, got {ordinal}"
+        )));
+    }
+    i32::try_from(ordinal)
+        .map_err(|_| PyValueError::new_err(format!("device ordinal {ordinal} is out of range")))
+}
+
+/// Reads option `name` from an options object (attribute) or a dict (key).
+fn option<'py, T: pyo3::conversion::FromPyObjectOwned<'py>>(
+    options: Option<&Bound<'py, PyAny>>,
+    name: &str,
+    default: T,
+) -> PyResult<T> {
+    let Some(options) = options else {
+        return Ok(default);
+    };
+    let value = if let Ok(dict) = options.cast::<PyDict>() {
+        dict.get_item(name)?
+    } else if options.hasattr(name)? {
+        Some(options.getattr(name)?)
+    } else {
+        None
+    };
+    match value {
+        Some(value) if !value.is_none() => value
+            .extract::<T>()
+            .map_err(|_| PyTypeError::new_err(format!("option {name}: wrong type, got {value}"))),
+        _ => Ok(default),
+    }
+}
+
+/// A pool resource, for IPC and attributes.
+#[derive(Clone)]
+enum Pool {
+    Device(Arc<DeviceMemoryResource>),
+    Pinned(Arc<PinnedMemoryResource>),
+}
+
+impl Pool {
+    fn as_pool(&self) -> &dyn PoolMemoryResource {
+        match self {
+            Pool::Device(mr) => mr.as_ref(),
+            Pool::Pinned(mr) => mr.as_ref(),
+        }
+    }
+
+    fn export(&self, py: Python<'_>) -> PyResult<i32> {
+        let pool = self.clone();
+        let fd = py
+            .detach(move || pool.as_pool().export_pool())
+            .map_err(Error::from)?;
+        Ok(fd.into_raw_fd())
+    }
+
+    pub(crate) fn import_buffer(
+        &self,
+        descriptor: &memory::IpcBufferDescriptor,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        match self {
+            Pool::Device(mr) => Buffer::from_ipc_descriptor(mr, descriptor, stream),
+            Pool::Pinned(mr) => Buffer::from_ipc_descriptor(mr, descriptor, stream),
+        }
+    }
+}
+
+/// The pool of a built-in pool resource object, if `mr` is one.
+pub(crate) fn pool_of(mr: &Bound<'_, PyAny>) -> Option<PoolAccess> {
+    if let Ok(device) = mr.cast::<PyDeviceMemoryResource>() {
+        return Some(PoolAccess(Pool::Device(Arc::clone(&device.get().inner))));
+    }
+    if let Ok(pinned) = mr.cast::<PyPinnedMemoryResource>() {
+        return Some(PoolAccess(Pool::Pinned(Arc::clone(&pinned.get().inner))));
+    }
+    None
+}
+
+/// A pool resource, as the buffer module sees it (IPC imports).
+pub(crate) struct PoolAccess(Pool);
+
+impl PoolAccess {
+    pub(crate) fn import_buffer(
+        &self,
+        descriptor: &memory::IpcBufferDescriptor,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        self.0.import_buffer(descriptor, stream)
+    }
+
+    pub(crate) fn is_mapped(&self) -> bool {
+        self.0.as_pool().is_mapped()
+    }
+}
+
+/// A memory pool's attributes (`cuMemPoolGetAttribute`), in bytes.
+#[pyclass(frozen, name = "MemoryPoolAttributes", module = "custody")]
+pub struct PyPoolAttributes {
+    pool: MemoryPoolHandle,
+}
+
+impl PyPoolAttributes {
+    fn read(&self, py: Python<'_>, attribute: CUmemPool_attribute) -> PyResult<u64> {
+        let pool = self.pool.clone();
+        Ok(py
+            .detach(move || pool.attribute_u64(attribute))
+            .map_err(Error::from)?)
+    }
+}
+
+#[pymethods]
+impl PyPoolAttributes {
+    /// Bytes currently allocated from the pool and not freed.
+    #[getter]
+    fn used_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
+        self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    }
+
+    /// The high-water mark of `used_mem_current`.
+    #[getter]
+    fn used_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
+        self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+    }
+
+    /// Bytes the pool currently holds from the driver.
+    #[getter]
+    fn reserved_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
+        self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+    }
+
+    /// The high-water mark of `reserved_mem_current`.
+    #[getter]
+    fn reserved_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
+        self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+    }
+
+    /// Bytes the pool keeps after a synchronisation before releasing memory to the OS.
+    #[getter]
+    fn release_threshold(&self, py: Python<'_>) -> PyResult<u64> {
+        self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+    }
+}
+
+/// The `#[pymethods]` block of a pool resource: `$extra` (its constructor and importer) plus
+/// the IPC and attribute methods both pool resources share.
+macro_rules! pool_methods {
+    ($ty:ty, $variant:ident, { $($extra:tt)* }) => {
+        #[pymethods]
+        impl $ty {
+            $($extra)*
+
+            /// Whether the pool can be shared with other processes.
+            #[getter]
+            fn is_ipc_enabled(&self) -> bool {
+                self.inner.is_ipc_enabled()
+            }
+
+            /// Whether the pool was imported from another process (it then only imports
+            /// buffers, with `Buffer.from_ipc_descriptor`).
+            #[getter]
+            fn is_mapped(&self) -> bool {
+                self.inner.is_mapped()
+            }
+
+            /// The raw `CUmemoryPool` as an int.
+            #[getter]
+            fn handle(&self) -> usize {
+                self.inner.pool().raw() as usize
+            }
+
+            /// The pool's attributes (`used_mem_current`, ...).
+            #[getter]
+            fn attributes(&self) -> PyPoolAttributes {
+                PyPoolAttributes {
+                    pool: self.inner.pool().clone(),
+                }
+            }
+
+            /// Exports the pool as a new POSIX file descriptor (an int the caller owns and
+            /// closes), for another process's `from_allocation_handle`.
+            fn get_allocation_handle(&self, py: Python<'_>) -> PyResult<i32> {
+                Pool::$variant(Arc::clone(&self.inner)).export(py)
+            }
+        }
+    };
+}
+
+/// Device memory from a stream-ordered memory pool: the device's current pool, or (with options)
+/// a pool of its own.
+#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "DeviceMemoryResource", module = "custody")]
+pub struct PyDeviceMemoryResource {
+    inner: Arc<DeviceMemoryResource>,
+}
+
+pool_methods!(PyDeviceMemoryResource, Device, {
+    #[new]
+    #[pyo3(signature = (device_id, options = None))]
+    fn py_new(
+        py: Python<'_>,
+        device_id: &Bound<'_, PyAny>,
+        options: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let ordinal = device_ordinal(device_id)?;
+        let options = options.filter(|o| !o.is_none());
+        let inner = match options {
+            None => py
+                .detach(|| DeviceMemoryResource::new(ordinal))
+                .map_err(Error::from)?,
+            Some(options) => {
+                let options = DeviceMemoryResourceOptions {
+                    ipc_enabled: option(Some(options), "ipc_enabled", false)?,
+                    max_size: option(Some(options), "max_size", 0usize)?,
+                };
+                py.detach(|| DeviceMemoryResource::with_options(ordinal, options))
+                    .map_err(Error::from)?
+            }
+        };
+        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner }))
+    }
+
+    /// Opens a device pool another process exported (`get_allocation_handle()`); the
+    /// descriptor stays the caller's.
+    #[classmethod]
+    fn from_allocation_handle(
+        cls: &Bound<'_, pyo3::types::PyType>,
+        device_id: &Bound<'_, PyAny>,
+        allocation_handle: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let py = cls.py();
+        let ordinal = device_ordinal(device_id)?;
+        let fd = fd_of(allocation_handle)?;
+        let inner = with_borrowed_fd(fd, |fd| {
+            py.detach(|| DeviceMemoryResource::import_pool(ordinal, fd))
+        })?
+        .map_err(Error::from)?;
+        let init = PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner });
+        Ok(Py::new(py, init)?.into_any())
+    }
+});
+
+/// A file descriptor given as an int, or an object with `handle` / `fileno()`.
+fn fd_of(object: &Bound<'_, PyAny>) -> PyResult<i32> {
+    if let Ok(fd) = object.extract::<i32>() {
+        return Ok(fd);
+    }
+    if object.hasattr("fileno")? {
+        return object.call_method0("fileno")?.extract();
+    }
+    if object.hasattr("handle")? {
+        return object.getattr("handle")?.extract();
+    }
+    Err(expected("file descriptor (int)", object))
+}
+
+/// Pinned host memory from a stream-ordered host-located pool of its own.
+#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "PinnedMemoryResource", module = "custody")]
+pub struct PyPinnedMemoryResource {
+    inner: Arc<PinnedMemoryResource>,
+}
+
+pool_methods!(PyPinnedMemoryResource, Pinned, {
+    #[new]
+    #[pyo3(signature = (options = None))]
+    fn py_new(
+        py: Python<'_>,
+        options: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let options = options.filter(|o| !o.is_none());
+        let options = PinnedMemoryResourceOptions {
+            ipc_enabled: option(options, "ipc_enabled", false)?,
+            max_size: option(options, "max_size", 0usize)?,
+            numa_id: option(options, "numa_id", 0i32)?,
+        };
+        let inner = py
+            .detach(|| PinnedMemoryResource::new(options))
+            .map_err(Error::from)?;
+        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner }))
+    }
+
+    /// Opens a pinned pool another process exported; the descriptor stays the caller's.
+    #[classmethod]
+    fn from_allocation_handle(
+        cls: &Bound<'_, pyo3::types::PyType>,
+        allocation_handle: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let py = cls.py();
+        let fd = fd_of(allocation_handle)?;
+        let inner = with_borrowed_fd(fd, |fd| py.detach(|| PinnedMemoryResource::import_pool(fd)))?
+            .map_err(Error::from)?;
+        let init = PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner });
+        Ok(Py::new(py, init)?.into_any())
+    }
+});
+
+/// Pinned host memory from `cuMemAllocHost`.
+#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "LegacyPinnedMemoryResource", module = "custody")]
+pub struct PyLegacyPinnedMemoryResource;
+
+#[pymethods]
+impl PyLegacyPinnedMemoryResource {
+    #[new]
+    fn py_new() -> PyClassInitializer<Self> {
+        PyMemoryResource::builtin(LegacyPinnedMemoryResource::new(), false).add_subclass(Self)
+    }
+}
+
+/// Managed memory from `cuMemAllocManaged`; `allocate` returns `ManagedBuffer`s.
+#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "ManagedMemoryResource", module = "custody")]
+pub struct PyManagedMemoryResource;
+
+#[pymethods]
+impl PyManagedMemoryResource {
+    #[new]
+    #[pyo3(signature = (options = None))]
+    fn py_new(options: Option<&Bound<'_, PyAny>>) -> PyClassInitializer<Self> {
+        // Placement preferences are accepted for compatibility; cuMemAllocManaged has none.
+        let _ = options;
+        PyMemoryResource::builtin(ManagedMemoryResource::new(), true).add_subclass(Self)
+    }
+}
+
+/// Device memory from the synchronous `cuMemAlloc`, in the device's primary context (no
+/// context need be current).
+#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "SynchronousMemoryResource", module = "custody")]
+pub struct PySynchronousMemoryResource;
+
+#[pymethods]
+impl PySynchronousMemoryResource {
+    #[new]
+    fn py_new(py: Python<'_>, device_id: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
+        let ordinal = device_ordinal(device_id)?;
+        let inner = py
+            .detach(|| SynchronousMemoryResource::new(ordinal))
+            .map_err(Error::from)?;
+        Ok(PyMemoryResource::builtin(inner, false).add_subclass(Self))
+    }
+}
+
+/// Graph memory: allocations on a stream that is being captured.
+#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "GraphMemoryResource", module = "custody")]
+pub struct PyGraphMemoryResource;
+
+#[pymethods]
+impl PyGraphMemoryResource {
+    #[new]
+    fn py_new(device_id: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
+        let ordinal = device_ordinal(device_id)?;
+        Ok(PyMemoryResource::builtin(GraphMemoryResource::new(ordinal), false).add_subclass(Self))
+    }
+}
+
+/// Registers the resource classes on the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyMemoryResource>()?;
+    m.add_class::<PyDeviceMemoryResource>()?;
+    m.add_class::<PyPinnedMemoryResource>()?;
+    m.add_class::<PyLegacyPinnedMemoryResource>()?;
+    m.add_class::<PyManagedMemoryResource>()?;
+    m.add_class::<PySynchronousMemoryResource>()?;
+    m.add_class::<PyGraphMemoryResource>()?;
+    m.add_class::<PyPoolAttributes>()?;
+    Ok(())
+}
