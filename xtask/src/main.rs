@@ -4,13 +4,16 @@
 //! - `cargo xtask gpu-bundle`: a self-contained folder of test binaries, the emulator and a
 //!   Python runner for a GPU host that has no Rust toolchain.
 //! - `cargo xtask gpu-test`: the bundle, built and run in place on a machine with a GPU.
-//! - `cargo xtask demo`, `cargo xtask bench`: not built yet.
+//! - `cargo xtask demo`: the stream hand-off example in Rust and Python, on a real GPU when one
+//!   is usable and on the emulated driver otherwise.
+//! - `cargo xtask bench`: not built yet.
 //!
 //! Architecture invariant: xtask depends on no workspace crate; it drives `cargo`, `python3` and
 //! the binaries they build, and fails loudly (non-zero exit) on any failure.
 
 mod bundle;
 mod cmd;
+mod demo;
 mod test;
 
 use std::process::ExitCode;
@@ -23,7 +26,8 @@ commands:
                (cargo nextest, or cargo test when nextest is missing; then pytest if pybind exists)
   gpu-bundle   build gpu-bundle/: test binaries, the emulated driver and run.py for a GPU host
   gpu-test     build the bundle and run it here (needs a GPU); arguments go to run.py
-  demo         the demo (not built yet)
+  demo         the stream hand-off example in Rust and Python: on a real GPU when one is usable,
+               else on the emulated driver (says which); --emulator forces the emulator
   bench        the benchmarks (not built yet)";
 
 fn main() -> ExitCode {
@@ -37,7 +41,7 @@ fn main() -> ExitCode {
         "test" => no_arguments(&command, &rest).and_then(|()| test::run()),
         "gpu-bundle" => no_arguments(&command, &rest).and_then(|()| bundle::build().map(|_| ())),
         "gpu-test" => bundle::run_in_place(&rest),
-        "demo" => not_built("demo", "the demo is"),
+        "demo" => demo::run(&rest),
         "bench" => not_built("bench", "the benchmarks are"),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
@@ -65,8 +69,8 @@ fn no_arguments(command: &str, rest: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `demo` and `bench` exist as commands so that the README's commands are stable, but they fail
-/// until they are built: a placeholder that "passes" would be a fake.
+/// `bench` exists as a command so that the README's commands are stable, but it fails until it
+/// is built: a placeholder that "passes" would be a fake.
 fn not_built(command: &str, what_is: &str) -> anyhow::Result<()> {
     anyhow::bail!(
         "{what_is} not built yet: `cargo xtask {command}` has nothing to run (planned; see README.md)"

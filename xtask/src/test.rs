@@ -58,7 +58,7 @@ pub fn run() -> Result<()> {
 }
 
 /// `cargo build -p cuda-emu`; returns the absolute path of `target/debug/libcuda_emu.so`.
-fn build_emulator(target_dir: &Path) -> Result<PathBuf> {
+pub fn build_emulator(target_dir: &Path) -> Result<PathBuf> {
     cmd::run(cmd::cargo().args(["build", "-p", "cuda-emu"]))
         .context("building the emulated driver (cuda-emu)")?;
     let emulator = target_dir.join("debug").join(EMULATOR_FILE);
@@ -171,11 +171,18 @@ pub fn in_venv(root: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
     command
 }
 
-fn run_pytest(root: &Path, emulator: &Path) -> Result<Outcome> {
+/// Builds pybind and installs it into `.venv` (`maturin develop`), creating the environment
+/// when missing; returns the environment's interpreter.
+pub fn develop_pybind(root: &Path) -> Result<PathBuf> {
     let python = venv_python(root)?;
     let maturin = root.join(".venv/bin/maturin");
     cmd::run(in_venv(root, &maturin).args(["develop", "--manifest-path", "pybind/Cargo.toml"]))
         .context("building and installing pybind with maturin develop")?;
+    Ok(python)
+}
+
+fn run_pytest(root: &Path, emulator: &Path) -> Result<Outcome> {
+    let python = develop_pybind(root)?;
     let exit = cmd::status(
         in_venv(root, &python)
             .args(["-m", "pytest", "pybind/tests"])
