@@ -1,0 +1,264 @@
+"""Shared fixtures for custody's pytest suite.
+
+The same files run against the emulated driver (``cargo xtask test`` sets ``CUSTODY_CUDA_DRIVER``
+to ``libcuda_emu.so``) and against a real GPU. ``emu`` is the emulator's test interface (call
+log, hazards, live allocations, fault injection), read with ctypes from the very library custody
+loaded; it is ``None`` on a real driver, and tests keep only their observable assertions then
+(warnings, errors, pool attributes, the current context).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import threading
+import warnings
+
+import pytest
+
+import custody
+
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_DEINITIALIZED = 4
+CUDA_ERROR_INVALID_CONTEXT = 201
+
+
+def _driver_library() -> ctypes.CDLL:
+    path = os.environ.get("CUSTODY_CUDA_DRIVER") or "libcuda.so.1"
+    return ctypes.CDLL(path)
+
+
+DRIVER = _driver_library()
+DRIVER.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+DRIVER.cuCtxGetCurrent.restype = ctypes.c_int
+DRIVER.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+DRIVER.cuCtxSetCurrent.restype = ctypes.c_int
+
+
+def current_context() -> int:
+    """The raw CUcontext current on the calling thread (0 for none), straight from the driver."""
+    ctx = ctypes.c_void_p()
+    status = DRIVER.cuCtxGetCurrent(ctypes.byref(ctx))
+    if status == 3:  # CUDA_ERROR_NOT_INITIALIZED: no context either
+        return 0
+    assert status == 0, f"cuCtxGetCurrent returned {status}"
+    return ctx.value or 0
+
+
+def clear_current() -> None:
+    """Unbinds whatever context is current on the calling thread."""
+    assert DRIVER.cuCtxSetCurrent(None) == 0
+
+
+class Emulator:
+    """The emulated driver's test interface (cuda-sys/src/emu.rs documents the C symbols)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self._lib = lib
+        lib.custodyEmuQuery.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.custodyEmuQuery.restype = ctypes.c_size_t
+        lib.custodyEmuClear.argtypes = [ctypes.c_char_p]
+        lib.custodyEmuClear.restype = None
+        lib.custodyEmuInjectFault.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_int]
+        lib.custodyEmuInjectFault.restype = ctypes.c_int
+        lib.custodyEmuClearFaults.argtypes = []
+        lib.custodyEmuClearFaults.restype = None
+        lib.custodyEmuThreadId.argtypes = []
+        lib.custodyEmuThreadId.restype = ctypes.c_ulonglong
+
+    def _query(self, what: str):
+        name = what.encode()
+        size = self._lib.custodyEmuQuery(name, None, 0)
+        buf = ctypes.create_string_buffer(size + 1)
+        written = self._lib.custodyEmuQuery(name, buf, size + 1)
+        assert written <= size + 1
+        return json.loads(buf.value.decode())
+
+    def calls(self):
+        return self._query("calls")
+
+    def hazards(self):
+        return self._query("hazards")
+
+    def allocations(self):
+        return self._query("allocations")
+
+    def live_pointers(self) -> set:
+        return {a["ptr"] for a in self.allocations()}
+
+    def clear_calls(self) -> None:
+        self._lib.custodyEmuClear(b"calls")
+
+    def clear_hazards(self) -> None:
+        self._lib.custodyEmuClear(b"hazards")
+
+    def inject_fault(self, function: str, nth: int, error: int) -> None:
+        assert self._lib.custodyEmuInjectFault(function.encode(), nth, error) == 0, function
+
+    def clear_faults(self) -> None:
+        self._lib.custodyEmuClearFaults()
+
+    def thread_id(self) -> int:
+        return self._lib.custodyEmuThreadId()
+
+    def calls_to(self, function: str, ptr: "int | None" = None):
+        return [
+            c for c in self.calls() if c["function"] == function and (ptr is None or c["ptr"] == ptr)
+        ]
+
+
+def _emulator():
+    try:
+        version = DRIVER.custodyEmuVersion
+    except AttributeError:
+        return None
+    version.restype = ctypes.c_int
+    return Emulator(DRIVER) if version() == 1 else None
+
+
+EMU = _emulator()
+
+needs_emulator = pytest.mark.skipif(
+    EMU is None, reason="needs the emulated driver's call log / fault injection"
+)
+needs_two_devices = pytest.mark.skipif(
+    custody.system.num_devices < 2, reason="needs two CUDA devices"
+)
+
+
+@pytest.fixture
+def emu():
+    """The emulator's interface (None on a real driver), with faults and hazards cleared."""
+    if EMU is not None:
+        EMU.clear_faults()
+        EMU.clear_hazards()
+        EMU.clear_calls()
+    yield EMU
+    if EMU is not None:
+        EMU.clear_faults()
+
+
+@pytest.fixture
+def device():
+    """Device 0, its primary context current on the test's thread (restored afterwards)."""
+    before = current_context()
+    dev = custody.Device(0)
+    dev.set_current()
+    yield dev
+    custody.drain_deferred_cleanup()
+    gc.collect()
+    if before:
+        DRIVER.cuCtxSetCurrent(ctypes.c_void_p(before))
+    else:
+        dev.set_current()
+
+
+@pytest.fixture
+def stream(device):
+    """A created stream on device 0, closed afterwards."""
+    s = device.create_stream()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def no_hazards(emu):
+    """Fails the test if the emulator's hazard checker saw anything."""
+    yield emu
+    if emu is not None:
+        custody.drain_deferred_cleanup()
+        assert emu.hazards() == []
+
+
+def run_in_thread(fn, *args):
+    """Runs fn on a fresh thread (which has no current context) and returns its result or
+    re-raises its exception."""
+    result = {}
+
+    def target():
+        try:
+            result["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller
+            result["error"] = exc
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+class RecordingResource(custody.MemoryResource):
+    """A Python memory resource that hands out device-pool memory and records each
+    ``deallocate``: pointer, size, stream handle, the context current during the call (read from
+    the driver) and the calling thread. ``fail`` makes ``deallocate`` raise it instead."""
+
+    def __init__(self, device_id: int = 0, fail: "BaseException | None" = None):
+        self._pool = custody.DeviceMemoryResource(device_id)
+        self.device = device_id
+        self.fail = fail
+        self.calls = []
+        self.live = {}
+        self.lock = threading.Lock()
+
+    def raw_allocate(self, size, stream):
+        """A pointer this resource owns (backed by a pool buffer it keeps)."""
+        buf = self._pool.allocate(size, stream=stream)
+        with self.lock:
+            self.live[buf.handle] = buf
+        return buf.handle
+
+    def allocate(self, size, *, stream):
+        ptr = self.raw_allocate(size, stream)
+        return custody.Buffer.from_handle(ptr, size, mr=self, stream=stream)
+
+    def deallocate(self, ptr, size, *, stream):
+        with self.lock:
+            self.calls.append(
+                {
+                    "ptr": ptr,
+                    "size": size,
+                    "stream": stream.handle,
+                    "stream_obj": stream,
+                    "context": current_context(),
+                    "thread": threading.get_ident(),
+                }
+            )
+        if self.fail is not None:
+            raise self.fail
+        with self.lock:
+            backing = self.live.pop(ptr)
+        backing.close(stream=stream)
+
+    def release_all(self):
+        with self.lock:
+            live, self.live = self.live, {}
+        for buf in live.values():
+            buf.close()
+
+    @property
+    def is_device_accessible(self):
+        return True
+
+    @property
+    def is_host_accessible(self):
+        return False
+
+    @property
+    def device_id(self):
+        return self.device
+
+
+@pytest.fixture
+def recorded_warnings():
+    """Every warning (any thread) during the test, with filters reset to "always"."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+
+
+def cuda_warnings(caught):
+    return [w for w in caught if issubclass(w.category, custody.CUDAWarning)]
