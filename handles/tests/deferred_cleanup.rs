@@ -30,7 +30,8 @@ fn graph_owning(
 fn graph_retained_buffer_is_freed_with_its_recipe_after_the_executable_goes() {
     let _serial = start();
     let a = primary(0);
-    let b = primary(1);
+    let b = other_context();
+    let base = default_used(&a);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
     ContextHandle::clear_current().unwrap();
@@ -45,22 +46,30 @@ fn graph_retained_buffer_is_freed_with_its_recipe_after_the_executable_goes() {
         2,
         "G1: the executable still holds the payload"
     );
-    assert!(calls_for(ptr, from).is_empty());
+    assert!(
+        default_used(&a) >= base + POOL_BUFFER,
+        "nothing freed while the executable lives"
+    );
+    with_emulator(|emu| assert!(emu.calls_for(ptr, from).is_empty()));
 
     b.make_current().unwrap();
     drop(exec);
     drain_deferred_cleanup();
     assert_eq!(Arc::strong_count(&marker), 1, "payload dropped");
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!(
-        (free.context, free.stream, free.result),
-        (a.raw() as u64, Some(0x1), 0)
-    );
     assert_eq!(
         current_raw(),
         b.raw() as u64,
         "the caller's context is restored"
     );
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(default_used(&a), base, "the buffer went back to the pool");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(
+            (free.context, free.stream, free.result),
+            (a.raw() as u64, Some(0x1), 0)
+        );
+    });
     ContextHandle::clear_current().unwrap();
     assert_no_hazards();
 }
@@ -69,6 +78,7 @@ fn graph_retained_buffer_is_freed_with_its_recipe_after_the_executable_goes() {
 fn destructor_inside_exec_destroy_while_draining_does_not_deadlock() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
@@ -83,23 +93,27 @@ fn destructor_inside_exec_destroy_while_draining_does_not_deadlock() {
     let from = mark();
     drop(outer);
     drain_deferred_cleanup();
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!(
-        (free.context, free.stream, free.result),
-        (a.raw() as u64, Some(stream.raw() as u64), 0)
-    );
-    let exec_destroys: Vec<_> = emu()
-        .calls()
-        .into_iter()
-        .filter(|c| c.seq >= from && c.function == "cuGraphExecDestroy")
-        .collect();
-    assert!(
-        exec_destroys
-            .iter()
-            .any(|c| c.seq < free.seq && c.result == 0),
-        "the free followed the executable's destruction: {exec_destroys:?}"
-    );
     assert_eq!(current_raw(), 0);
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(default_used(&a), base, "the buffer was freed by the drain");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(
+            (free.context, free.stream, free.result),
+            (a.raw() as u64, Some(stream.raw() as u64), 0)
+        );
+        let exec_destroys: Vec<_> = emu
+            .calls()
+            .into_iter()
+            .filter(|c| c.seq >= from && c.function == "cuGraphExecDestroy")
+            .collect();
+        assert!(
+            exec_destroys
+                .iter()
+                .any(|c| c.seq < free.seq && c.result == 0),
+            "the free followed the executable's destruction: {exec_destroys:?}"
+        );
+    });
     assert_no_hazards();
 }
 
@@ -107,6 +121,7 @@ fn destructor_inside_exec_destroy_while_draining_does_not_deadlock() {
 fn per_thread_buffer_retained_by_a_graph_warns_when_freed_by_the_drain() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let a2 = a.clone();
     let (graph, exec, ptr) = on_fresh_thread(move || {
         a2.make_current().unwrap();
@@ -121,6 +136,9 @@ fn per_thread_buffer_retained_by_a_graph_warns_when_freed_by_the_drain() {
     drop((graph, exec));
     drain_deferred_cleanup();
     assert_eq!(warnings_for(ptr).len(), 1);
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(current_raw(), 0);
+    assert_eq!(default_used(&a), base, "freed despite the warning");
     assert_no_hazards();
 }
 

@@ -1,25 +1,20 @@
 //! Lifetime extension (cuda_core_behavior.md section 5, "Lifetime extension", and BRIEF.md D8):
 //! a recipe keeps its stream and context alive, an allocation keeps its pool alive, so nothing a
 //! pending free needs can be released first (driver_facts.md F11 cannot happen).
+//!
+//! On a real driver what is kept alive is seen by using it (the recipe's stream synchronises,
+//! the pool answers a query, the free reports no error) and the frees by the pool's used memory;
+//! the order of destroys and frees is asserted from the emulator's call log.
 
 mod common;
 
 use common::*;
+use cuda_sys::emu::Emulator;
 use handles::{ContextHandle, DevicePtrHandle, MemoryPoolHandle, StreamHandle};
 
-fn seq_of(function: &str, from: u64) -> Vec<u64> {
-    emu()
-        .calls()
-        .into_iter()
-        .filter(|c| c.seq >= from && c.function == function)
-        .map(|c| c.seq)
-        .collect()
-}
-
 /// The `cuStreamDestroy_v2` calls for `stream` since `from`.
-fn stream_destroys(stream: u64, from: u64) -> Vec<u64> {
-    emu()
-        .calls()
+fn stream_destroys(emu: &Emulator, stream: u64, from: u64) -> Vec<u64> {
+    emu.calls()
         .into_iter()
         .filter(|c| c.seq >= from && c.function == "cuStreamDestroy_v2" && c.stream == Some(stream))
         .map(|c| c.seq)
@@ -30,33 +25,45 @@ fn stream_destroys(stream: u64, from: u64) -> Vec<u64> {
 fn stream_whose_last_user_handle_dropped_still_orders_the_pending_free() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let raw = stream.raw() as u64;
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let from = mark();
     drop(stream);
-    assert!(
-        stream_destroys(raw, from).is_empty(),
-        "the recipe keeps the stream alive"
-    );
+    with_emulator(|emu| {
+        assert!(
+            stream_destroys(emu, raw, from).is_empty(),
+            "the recipe keeps the stream alive"
+        );
+    });
+    let kept = buffer.deallocation_stream().unwrap();
+    assert_eq!(kept.raw() as u64, raw, "the recipe still holds the stream");
+    kept.synchronize().unwrap();
+    drop(kept);
+    // On a real driver a free on a destroyed stream kills the process (F11): getting past
+    // this drop is part of the assertion.
     on_fresh_thread(move || drop(buffer));
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!((free.stream, free.result), (Some(raw), 0));
-    let destroys = stream_destroys(raw, from);
-    assert_eq!(destroys.len(), 1);
-    assert!(
-        destroys[0] > free.seq,
-        "destroyed after the free was issued"
-    );
-    assert!(
-        emu()
-            .hazards()
-            .iter()
-            .all(|h| h.kind != "free_on_destroyed_stream"),
-        "{:?}",
-        emu().hazards()
-    );
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!((free.stream, free.result), (Some(raw), 0));
+        let destroys = stream_destroys(emu, raw, from);
+        assert_eq!(destroys.len(), 1);
+        assert!(
+            destroys[0] > free.seq,
+            "destroyed after the free was issued"
+        );
+        assert!(
+            emu.hazards()
+                .iter()
+                .all(|h| h.kind != "free_on_destroyed_stream"),
+            "{:?}",
+            emu.hazards()
+        );
+    });
     assert_no_hazards();
 }
 
@@ -64,14 +71,21 @@ fn stream_whose_last_user_handle_dropped_still_orders_the_pending_free() {
 fn explicit_stream_close_defers_to_the_recipe() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let raw = stream.raw() as u64;
     let from = mark();
     stream.close().unwrap();
-    assert!(stream_destroys(raw, from).is_empty());
+    with_emulator(|emu| assert!(stream_destroys(emu, raw, from).is_empty()));
+    buffer
+        .deallocation_stream()
+        .unwrap()
+        .synchronize()
+        .expect("the closed stream still lives in the recipe");
     buffer.release().unwrap();
-    assert_eq!(stream_destroys(raw, from).len(), 1);
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| assert_eq!(stream_destroys(emu, raw, from).len(), 1));
     assert_no_hazards();
 }
 
@@ -79,6 +93,7 @@ fn explicit_stream_close_defers_to_the_recipe() {
 fn replaced_recipe_releases_the_old_stream() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let s1 = StreamHandle::create(&a, 0, 0).unwrap();
     let s2 = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&s1).unwrap();
@@ -87,12 +102,16 @@ fn replaced_recipe_releases_the_old_stream() {
     let from = mark();
     drop(s1);
     buffer.set_deallocation_stream(&s2).unwrap();
-    assert_eq!(
-        stream_destroys(raw, from).len(),
-        1,
-        "s1 went with the old recipe"
-    );
+    assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s2));
+    with_emulator(|emu| {
+        assert_eq!(
+            stream_destroys(emu, raw, from).len(),
+            1,
+            "s1 went with the old recipe"
+        );
+    });
     buffer.release().unwrap();
+    assert_eq!(default_used(&a), base, "freed");
     assert_no_hazards();
 }
 
@@ -108,24 +127,34 @@ fn owned_pool_lives_until_its_last_allocation_is_freed() {
     props.location.id = 0;
     let pool = MemoryPoolHandle::create(&props).unwrap();
     assert!(pool.is_owned());
-    let raw_pool = pool.raw() as u64;
     let first = DevicePtrHandle::alloc_from_pool(1000, &pool, &stream).unwrap();
     let second = first.clone();
     assert_eq!(first.pool().as_ref(), Some(&pool));
     let from = mark();
     pool.close().unwrap();
     drop(first);
-    assert!(
-        seq_of("cuMemPoolDestroy", from).is_empty(),
-        "an allocation holds the pool"
+    with_emulator(|emu| {
+        assert!(
+            emu.seq_of("cuMemPoolDestroy", from).is_empty(),
+            "an allocation holds the pool"
+        );
+    });
+    let held = second.pool().expect("the allocation holds its pool");
+    assert!(held.is_owned());
+    assert_eq!(
+        pool_used(&held, &a),
+        1000,
+        "the pool is alive and still lends the allocation"
     );
+    drop(held);
     let ptr = second.ptr();
     second.release().unwrap();
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    let destroys = seq_of("cuMemPoolDestroy", from);
-    assert_eq!(destroys.len(), 1);
-    assert!(destroys[0] > free.seq);
-    let _ = raw_pool;
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let destroys = emu.seq_of("cuMemPoolDestroy", from);
+        assert_eq!(destroys.len(), 1);
+        assert!(destroys[0] > free.seq);
+    });
     assert_no_hazards();
 }
 
@@ -141,17 +170,34 @@ fn device_pool_is_borrowed_and_never_destroyed() {
     let a = primary(0);
     let pool = MemoryPoolHandle::device_current(0).unwrap();
     assert!(!pool.is_owned());
+    let raw_pool = pool.raw();
+    let base = pool_used(&pool, &a);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = DevicePtrHandle::alloc_from_pool(64, &pool, &stream).unwrap();
+    let seen = buffer.pool().expect("a pool allocation names its pool");
+    assert!(
+        !seen.is_owned() && seen.raw() == raw_pool,
+        "borrowed, not owned"
+    );
+    drop(seen);
     let from = mark();
     drop(pool);
     buffer.release().unwrap();
-    assert!(seq_of("cuMemPoolDestroy", from).is_empty());
+    let again = MemoryPoolHandle::device_current(0).unwrap();
+    assert_eq!(again.raw(), raw_pool, "the device's pool is still the same");
+    assert_eq!(
+        pool_used(&again, &a),
+        base,
+        "it answers queries and took the allocation back"
+    );
+    with_emulator(|emu| assert!(emu.seq_of("cuMemPoolDestroy", from).is_empty()));
 }
 
 #[test]
 fn created_context_outlives_its_handles_while_a_recipe_needs_it() {
     let _serial = start();
+    let a = primary(0);
+    let base = default_used(&a);
     let c = ContextHandle::create(0, 0).unwrap();
     c.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
@@ -159,13 +205,27 @@ fn created_context_outlives_its_handles_while_a_recipe_needs_it() {
     assert_eq!(buffer.recipe().unwrap().context(), &c);
     let from = mark();
     drop(c);
-    assert!(seq_of("cuCtxDestroy_v2", from).is_empty());
+    with_emulator(|emu| assert!(emu.seq_of("cuCtxDestroy_v2", from).is_empty()));
+    let recipe_context = buffer.recipe().unwrap().context().clone();
+    recipe_context
+        .synchronize()
+        .expect("the recipe's context is still alive");
+    drop(recipe_context);
     let ptr = buffer.ptr();
-    on_fresh_thread(move || drop(buffer));
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    let destroys = seq_of("cuCtxDestroy_v2", from);
-    assert_eq!(destroys.len(), 1);
-    assert!(destroys[0] > free.seq);
+    // Activating a destroyed context fails: the free would be skipped and reported.
+    let after = on_fresh_thread(move || {
+        drop(buffer);
+        current_raw()
+    });
+    assert_eq!(after, 0);
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let destroys = emu.seq_of("cuCtxDestroy_v2", from);
+        assert_eq!(destroys.len(), 1);
+        assert!(destroys[0] > free.seq);
+    });
     assert_no_hazards();
 }
 
@@ -173,6 +233,7 @@ fn created_context_outlives_its_handles_while_a_recipe_needs_it() {
 fn clones_share_one_box_and_the_last_one_frees() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let clone = buffer.clone();
@@ -181,11 +242,15 @@ fn clones_share_one_box_and_the_last_one_frees() {
     let ptr = buffer.ptr();
     let from = mark();
     buffer.release().unwrap();
+    assert_eq!(clone.handle_count(), 1);
     assert!(
-        calls_for(ptr, from).is_empty(),
+        default_used(&a) >= base + POOL_BUFFER,
         "not the last handle: nothing freed"
     );
+    with_emulator(|emu| assert!(emu.calls_for(ptr, from).is_empty()));
     drop(clone);
-    assert_eq!(only_call("cuMemFreeAsync", ptr, from).result, 0);
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(default_used(&a), base, "the last handle freed");
+    with_emulator(|emu| assert_eq!(emu.only_call("cuMemFreeAsync", ptr, from).result, 0));
     assert_no_hazards();
 }

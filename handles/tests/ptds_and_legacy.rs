@@ -6,37 +6,45 @@ mod common;
 
 use common::*;
 use handles::{
-    cleanup_warning_count, CleanupWarningKind, ContextHandle, DefaultStream, StreamHandle,
-    ThreadToken,
+    cleanup_warning_count, CleanupWarningKind, ContextHandle, DefaultStream, DevicePtrHandle,
+    MemoryPoolHandle, StreamHandle, ThreadToken,
 };
 
 #[test]
 fn per_thread_buffer_dropped_on_its_recording_thread_warns_nothing() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     a.make_current().unwrap();
     let me = tid();
     let from = mark();
     let buffer = pool_buffer(&StreamHandle::per_thread()).unwrap();
-    let ptds_of_me = one_call_on(me, "cuMemAllocFromPoolAsync", from)
-        .resolved_stream
-        .unwrap();
+    let ptds_of_me = with_emulator(|emu| {
+        emu.one_call_on(me, "cuMemAllocFromPoolAsync", from)
+            .resolved_stream
+            .unwrap()
+    });
     let ptr = buffer.ptr();
     let from = mark();
     ContextHandle::clear_current().unwrap();
     drop(buffer);
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!(
-        (
-            free.thread,
-            free.context,
-            free.stream,
-            free.resolved_stream,
-            free.result
-        ),
-        (me, a.raw() as u64, Some(0x2), Some(ptds_of_me), 0)
-    );
+    assert_eq!(current_raw(), 0, "the thread is left with no context");
     assert!(warnings_for(ptr).is_empty());
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(
+            (
+                free.thread,
+                free.context,
+                free.stream,
+                free.resolved_stream,
+                free.result
+            ),
+            (me, a.raw() as u64, Some(0x2), ptds_of_me, 0)
+        );
+    });
     assert_no_hazards();
 }
 
@@ -44,6 +52,7 @@ fn per_thread_buffer_dropped_on_its_recording_thread_warns_nothing() {
 fn per_thread_buffer_dropped_on_another_thread_warns_once_and_frees_there() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let a2 = a.clone();
     let (buffer, recorder) = on_fresh_thread(move || {
         a2.make_current().unwrap();
@@ -77,11 +86,15 @@ fn per_thread_buffer_dropped_on_another_thread_warns_once_and_frees_there() {
         "{}",
         warnings[0]
     );
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!(
-        (free.context, free.stream, free.result),
-        (a.raw() as u64, Some(0x2), 0)
-    );
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(default_used(&a), base, "freed, on the dropping thread");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(
+            (free.context, free.stream, free.result),
+            (a.raw() as u64, Some(0x2), 0)
+        );
+    });
     assert_no_hazards();
 }
 
@@ -89,7 +102,8 @@ fn per_thread_buffer_dropped_on_another_thread_warns_once_and_frees_there() {
 fn unbound_legacy_token_caches_no_context_but_a_recipe_keeps_its_own() {
     let _serial = start();
     let a = primary(0);
-    let b = primary(1);
+    let b = other_context();
+    let base = default_used(&a);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
     b.make_current().unwrap();
@@ -97,31 +111,39 @@ fn unbound_legacy_token_caches_no_context_but_a_recipe_keeps_its_own() {
         StreamHandle::legacy().context().is_none(),
         "the token itself binds nothing"
     );
-    let b_buffer = DevicePtrHandle_on_b();
+    let b_buffer = buffer_in_current_context(&b);
     assert_eq!(b_buffer.recipe().unwrap().context(), &b);
+    assert_eq!(buffer.recipe().unwrap().context(), &a);
     let ptr = buffer.ptr();
     let from = mark();
     drop(buffer);
-    assert_eq!(
-        only_call("cuMemFreeAsync", ptr, from).context,
-        a.raw() as u64
-    );
     assert_eq!(current_raw(), b.raw() as u64);
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    with_emulator(|emu| {
+        assert_eq!(
+            emu.only_call("cuMemFreeAsync", ptr, from).context,
+            a.raw() as u64
+        );
+    });
     drop(b_buffer);
     ContextHandle::clear_current().unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(default_used(&a), base, "both freed");
     assert_no_hazards();
 }
 
-#[allow(non_snake_case)]
-fn DevicePtrHandle_on_b() -> handles::DevicePtrHandle {
-    let pool = handles::MemoryPoolHandle::device_default(1).unwrap();
-    handles::DevicePtrHandle::alloc_from_pool(64, &pool, &StreamHandle::legacy()).unwrap()
+/// 64 bytes from the default pool of `context`'s device on the legacy token, recorded in the
+/// context current now.
+fn buffer_in_current_context(context: &ContextHandle) -> DevicePtrHandle {
+    let pool = MemoryPoolHandle::device_default(context.device()).unwrap();
+    DevicePtrHandle::alloc_from_pool(64, &pool, &StreamHandle::legacy()).unwrap()
 }
 
 #[test]
 fn legacy_buffer_freed_on_its_token_in_the_recorded_context_from_a_bare_thread() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::default_stream(DefaultStream::Legacy)).unwrap();
     ContextHandle::clear_current().unwrap();
@@ -131,13 +153,17 @@ fn legacy_buffer_freed_on_its_token_in_the_recorded_context_from_a_bare_thread()
         drop(buffer);
         current_raw()
     });
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!(
-        (free.context, free.stream, free.result),
-        (a.raw() as u64, Some(0x1), 0)
-    );
     assert_eq!(after, 0);
     assert!(warnings_for(ptr).is_empty(), "legacy frees never warn");
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(
+            (free.context, free.stream, free.result),
+            (a.raw() as u64, Some(0x1), 0)
+        );
+    });
     assert_no_hazards();
 }
 
@@ -145,21 +171,28 @@ fn legacy_buffer_freed_on_its_token_in_the_recorded_context_from_a_bare_thread()
 fn null_token_is_legacy_style_and_records_no_thread() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::default_stream(DefaultStream::Null)).unwrap();
     let recipe = buffer.recipe().unwrap();
     assert_eq!(recipe.ptds_thread(), None);
     assert_eq!(recipe.context(), &a);
+    assert_eq!(recipe.stream().default_kind(), Some(DefaultStream::Null));
+    drop(recipe);
     ContextHandle::clear_current().unwrap();
     let ptr = buffer.ptr();
     let from = mark();
     on_fresh_thread(move || drop(buffer));
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!(
-        (free.context, free.stream, free.result),
-        (a.raw() as u64, Some(0), 0)
-    );
     assert!(warnings_for(ptr).is_empty());
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(
+            (free.context, free.stream, free.result),
+            (a.raw() as u64, Some(0), 0)
+        );
+    });
     assert_no_hazards();
 }
 
@@ -167,14 +200,20 @@ fn null_token_is_legacy_style_and_records_no_thread() {
 fn bound_token_needs_no_current_context() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let bound = StreamHandle::bound_default_stream(DefaultStream::Legacy, &a);
-    let ptr = on_fresh_thread(move || {
+    let (ptr, used_while_held) = on_fresh_thread(move || {
         let buffer = pool_buffer(&bound).unwrap();
         assert_eq!(current_raw(), 0);
+        assert_eq!(buffer.recipe().unwrap().context(), &a);
+        let used = default_used(&a);
         let ptr = buffer.ptr();
         buffer.release().unwrap();
-        ptr
+        assert_eq!(current_raw(), 0);
+        (ptr, used)
     });
-    assert!(!is_live(ptr) || emu().live_allocations().iter().all(|x| x.ptr != ptr));
+    assert!(used_while_held >= base + POOL_BUFFER);
+    assert_eq!(default_used(&primary(0)), base, "released");
+    with_emulator(|emu| assert!(!emu.is_live(ptr)));
     assert_no_hazards();
 }

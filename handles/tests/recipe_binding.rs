@@ -33,6 +33,7 @@ impl Deallocator for RecordingDeallocator {
 fn legacy_token_binds_the_current_context_and_no_thread() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
     let recipe = buffer.recipe().unwrap();
@@ -48,11 +49,15 @@ fn legacy_token_binds_the_current_context_and_no_thread() {
     let ptr = buffer.ptr();
     let from = mark();
     buffer.release().unwrap();
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!(
-        (free.context, free.stream, free.result),
-        (a.raw() as u64, Some(1), 0)
-    );
+    assert_eq!(current_raw(), a.raw() as u64);
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(
+            (free.context, free.stream, free.result),
+            (a.raw() as u64, Some(1), 0)
+        );
+    });
     assert_no_hazards();
     ContextHandle::clear_current().unwrap();
 }
@@ -84,10 +89,12 @@ fn created_stream_brings_its_context_without_a_lookup() {
     let me = tid();
     let from = mark();
     let recipe = DeallocationRecipe::record(&stream).unwrap();
-    assert!(
-        names_on(me, from).is_empty(),
-        "recording a created stream calls nothing"
-    );
+    with_emulator(|emu| {
+        assert!(
+            emu.names_on(me, from).is_empty(),
+            "recording a created stream calls nothing"
+        );
+    });
     assert!(recipe.stream().ptr_eq(&stream));
     assert_eq!(recipe.context(), &a);
     assert_eq!(recipe.ptds_thread(), None);
@@ -95,28 +102,34 @@ fn created_stream_brings_its_context_without_a_lookup() {
     // A whole allocation then costs one cuCtxGetCurrent besides the allocation itself (and the
     // switch in and out, since this thread has no context).
     let pool = default_pool();
+    let base = default_used(&a);
     let from = mark();
     let buffer = DevicePtrHandle::alloc_from_pool(256, &pool, &stream).unwrap();
-    let names = names_on(me, from);
-    assert_eq!(
-        names,
-        [
-            "cuCtxGetCurrent",
-            "cuCtxSetCurrent",
-            "cuMemAllocFromPoolAsync",
-            "cuCtxSetCurrent"
-        ],
-    );
+    with_emulator(|emu| {
+        assert_eq!(
+            emu.names_on(me, from),
+            [
+                "cuCtxGetCurrent",
+                "cuCtxSetCurrent",
+                "cuMemAllocFromPoolAsync",
+                "cuCtxSetCurrent"
+            ],
+        );
+    });
+    assert_eq!(current_raw(), 0, "the allocation restored no context");
+    assert!(buffer.recipe().unwrap().stream().ptr_eq(&stream));
     drop(buffer);
     assert_eq!(current_raw(), 0);
+    assert_eq!(default_used(&a), base, "freed");
     assert_no_hazards();
 }
 
 #[test]
 fn token_with_no_current_context_fails_with_one_error_and_allocates_nothing() {
     let _serial = start();
-    let _a = primary(0);
+    let a = primary(0);
     let pool = default_pool();
+    let base = default_used(&a);
     on_fresh_thread(move || {
         let me = tid();
         let from = mark();
@@ -133,17 +146,21 @@ fn token_with_no_current_context_fails_with_one_error_and_allocates_nothing() {
                 HandleError::NoCurrentContext
             );
         }
-        let names = names_on(me, from);
-        assert!(
-            names.iter().all(|n| n == "cuCtxGetCurrent"),
-            "only context queries, no allocation: {names:?}"
-        );
+        with_emulator(|emu| {
+            let names = emu.names_on(me, from);
+            assert!(
+                names.iter().all(|n| n == "cuCtxGetCurrent"),
+                "only context queries, no allocation: {names:?}"
+            );
+        });
+        assert_eq!(current_raw(), 0);
         // A driver-side "no context" on an unbound token reads the same.
         assert_eq!(
             StreamHandle::legacy().synchronize().unwrap_err(),
             HandleError::NoCurrentContext
         );
     });
+    assert_eq!(default_used(&a), base, "nothing allocated");
 }
 
 #[test]
@@ -240,18 +257,31 @@ fn foreign_stream_gets_its_context_from_the_driver_when_wrapped() {
     let me = tid();
     let from = mark();
     let wrapped = StreamHandle::from_raw(raw as usize, None).unwrap();
-    assert!(names_on(me, from).contains(&"cuStreamGetCtx".to_string()));
+    with_emulator(|emu| {
+        assert!(emu
+            .names_on(me, from)
+            .contains(&"cuStreamGetCtx".to_string()));
+    });
     assert_eq!(wrapped.context(), Some(&a));
     assert!(!wrapped.is_owned());
+    assert_eq!(current_raw(), 0);
+    let base = default_used(&a);
     let buffer = pool_buffer(&wrapped).unwrap();
+    assert_eq!(buffer.recipe().unwrap().context(), &a);
     let ptr = buffer.ptr();
     let from = mark();
     drop(buffer);
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!(
-        (free.context, free.stream),
-        (a.raw() as u64, Some(raw as u64))
-    );
+    assert_eq!(current_raw(), 0);
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    wrapped.synchronize().unwrap();
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(
+            (free.context, free.stream),
+            (a.raw() as u64, Some(raw as u64))
+        );
+    });
     drop(wrapped);
     a.make_current().unwrap();
     // SAFETY: the stream was created above and nothing uses it any more.
@@ -264,6 +294,7 @@ fn foreign_stream_gets_its_context_from_the_driver_when_wrapped() {
 fn set_deallocation_stream_moves_the_free_and_every_clone_sees_it() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let s1 = StreamHandle::create(&a, 0, 0).unwrap();
     let s2 = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&s1).unwrap();
@@ -278,8 +309,13 @@ fn set_deallocation_stream_moves_the_free_and_every_clone_sees_it() {
     drop(buffer);
     let from = mark();
     drop(attachment);
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!(free.stream, Some(s2.raw() as u64));
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    s2.synchronize().unwrap();
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(free.stream, Some(s2.raw() as u64));
+    });
     assert_no_hazards();
 }
 
@@ -287,6 +323,7 @@ fn set_deallocation_stream_moves_the_free_and_every_clone_sees_it() {
 fn failed_set_deallocation_stream_keeps_the_old_recipe() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let s1 = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&s1).unwrap();
     let buffer2 = buffer.clone();
@@ -300,16 +337,20 @@ fn failed_set_deallocation_stream_keeps_the_old_recipe() {
     let ptr = buffer.ptr();
     let from = mark();
     buffer.release().unwrap();
-    assert_eq!(
-        only_call("cuMemFreeAsync", ptr, from).stream,
-        Some(s1.raw() as u64)
-    );
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        assert_eq!(
+            emu.only_call("cuMemFreeAsync", ptr, from).stream,
+            Some(s1.raw() as u64)
+        );
+    });
 }
 
 #[test]
 fn release_on_is_set_then_release() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let s1 = StreamHandle::create(&a, 0, 0).unwrap();
     let s2 = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&s1).unwrap();
@@ -317,10 +358,15 @@ fn release_on_is_set_then_release() {
     let ptr = buffer.ptr();
     let from = mark();
     buffer.release_on(&s2).unwrap();
-    assert_eq!(
-        only_call("cuMemFreeAsync", ptr, from).stream,
-        Some(s2.raw() as u64)
-    );
+    assert_eq!(current_raw(), 0);
+    s2.synchronize().unwrap();
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        assert_eq!(
+            emu.only_call("cuMemFreeAsync", ptr, from).stream,
+            Some(s2.raw() as u64)
+        );
+    });
     assert_no_hazards();
 }
 
@@ -372,30 +418,39 @@ fn bad_input_zero_bytes_where_the_driver_rejects_them() {
         error,
         HandleError::InvalidArgument { what: "size", .. }
     ));
-    assert!(
-        names_on(me, from).is_empty(),
-        "rejected before any driver call"
-    );
+    with_emulator(|emu| {
+        assert!(
+            emu.names_on(me, from).is_empty(),
+            "rejected before any driver call"
+        );
+    });
 }
 
 #[test]
 fn bad_input_stream_of_another_device() {
     let _serial = start();
+    if !second_device_or_skip("a stream of another device") {
+        return;
+    }
     let a = primary(0);
     let b = primary(1);
     let other_device_stream = StreamHandle::create(&b, 0, 0).unwrap();
-    let live_before = emu().live_allocations().len();
+    let base = default_used(&a);
+    let live_before = with_emulator(|emu| emu.live_allocations().len());
     let error = pool_buffer(&other_device_stream).unwrap_err();
     assert!(
         matches!(error, HandleError::InvalidArgument { what: "stream", .. }),
         "{error:?}"
     );
     assert!(error.to_string().contains("device 1"), "{error}");
-    assert_eq!(
-        emu().live_allocations().len(),
-        live_before,
-        "nothing allocated"
-    );
+    assert_eq!(default_used(&a), base, "nothing allocated");
+    with_emulator(|emu| {
+        assert_eq!(
+            Some(emu.live_allocations().len()),
+            live_before,
+            "nothing allocated"
+        );
+    });
 
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
@@ -411,6 +466,7 @@ fn bad_input_stream_of_another_device() {
         "old recipe kept"
     );
     buffer.release().unwrap();
+    assert_eq!(default_used(&a), base, "freed");
     assert_no_hazards();
 }
 
@@ -438,10 +494,13 @@ fn owner_and_borrowed_pointers_free_nothing() {
         1,
         "the owner is dropped with the last handle"
     );
-    assert!(calls_for(0xdead0, from).is_empty());
+    // A free of these made-up addresses would fail and be reported.
+    assert!(errors_for(0xdead0).is_empty());
+    with_emulator(|emu| assert!(emu.calls_for(0xdead0, from).is_empty()));
     owner.fetch_add(1, Ordering::Relaxed);
 
     let from = mark();
     drop(DevicePtrHandle::borrowed(0xbeef0, 16));
-    assert!(calls_for(0xbeef0, from).is_empty());
+    assert!(errors_for(0xbeef0).is_empty());
+    with_emulator(|emu| assert!(emu.calls_for(0xbeef0, from).is_empty()));
 }

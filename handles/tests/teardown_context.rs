@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_sys::CudaErrorCode;
+use handles::ops::MemoryType;
 use handles::{
     cleanup_error_count, drain_deferred_cleanup, ContextHandle, ContextScope, Deallocator,
     DevicePtrHandle, HandleError, ReleaseKind, StreamHandle,
@@ -17,13 +18,16 @@ use handles::{
 fn legacy_buffer_dropped_on_a_thread_with_no_context() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     a.make_current().unwrap();
     let me = tid();
     let from = mark();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
-    let legacy_of_a = one_call_on(me, "cuMemAllocFromPoolAsync", from)
-        .resolved_stream
-        .expect("resolved stream logged");
+    let legacy_of_a = with_emulator(|emu| {
+        emu.one_call_on(me, "cuMemAllocFromPoolAsync", from)
+            .resolved_stream
+            .expect("resolved stream logged")
+    });
     ContextHandle::clear_current().unwrap();
     let ptr = buffer.ptr();
 
@@ -32,37 +36,39 @@ fn legacy_buffer_dropped_on_a_thread_with_no_context() {
         let from = mark();
         drop(buffer);
         let after = current_raw();
-        (me, calls_on(me, from), after)
+        (me, with_emulator(|emu| emu.calls_on(me, from)), after)
     });
-    let names: Vec<&str> = calls.iter().map(|c| c.function.as_str()).collect();
-    assert_eq!(
-        names[..4],
-        [
-            "cuCtxGetCurrent",
-            "cuCtxSetCurrent",
-            "cuMemFreeAsync",
-            "cuCtxSetCurrent"
-        ],
-        "switch in, free, switch back: {calls:?}"
-    );
-    let free = &calls[2];
-    assert_eq!(free.ptr, Some(ptr));
-    assert_eq!(
-        free.context,
-        a.raw() as u64,
-        "freed in the recorded context"
-    );
-    assert_eq!(free.stream, Some(0x1), "on the recorded token");
-    assert_eq!(
-        free.resolved_stream,
-        Some(legacy_of_a),
-        "which is A's legacy stream"
-    );
-    assert_eq!(free.result, 0);
-    assert_eq!(calls[3].context, a.raw() as u64, "the restore ran from A");
     assert_eq!(after, 0, "thread {worker} has no context afterwards");
-    assert!(errors_for(ptr).is_empty());
-    assert!(!is_live(ptr) || emu().live_allocations().iter().all(|x| x.ptr != ptr));
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(default_used(&a), base, "freed");
+    if let Some(calls) = calls {
+        let names: Vec<&str> = calls.iter().map(|c| c.function.as_str()).collect();
+        assert_eq!(
+            names[..4],
+            [
+                "cuCtxGetCurrent",
+                "cuCtxSetCurrent",
+                "cuMemFreeAsync",
+                "cuCtxSetCurrent"
+            ],
+            "switch in, free, switch back: {calls:?}"
+        );
+        let free = &calls[2];
+        assert_eq!(free.ptr, Some(ptr));
+        assert_eq!(
+            free.context,
+            a.raw() as u64,
+            "freed in the recorded context"
+        );
+        assert_eq!(free.stream, Some(0x1), "on the recorded token");
+        assert_eq!(
+            free.resolved_stream, legacy_of_a,
+            "which is A's legacy stream"
+        );
+        assert_eq!(free.result, 0);
+        assert_eq!(calls[3].context, a.raw() as u64, "the restore ran from A");
+    }
+    with_emulator(|emu| assert!(!emu.is_live(ptr)));
     assert_no_hazards();
 }
 
@@ -70,8 +76,9 @@ fn legacy_buffer_dropped_on_a_thread_with_no_context() {
 fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
     let _serial = start();
     let a = primary(0);
-    let x = primary(1);
-    let b = ContextHandle::create(1, 0).unwrap();
+    let x = other_context();
+    let b = ContextHandle::create(x.device(), 0).unwrap();
+    let base = default_used(&a);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
     let ptr = buffer.ptr();
@@ -84,12 +91,15 @@ fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
     let me = tid();
     let from = mark();
     drop(buffer);
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!(
-        (free.thread, free.context, free.result),
-        (me, a.raw() as u64, 0)
-    );
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(
+            (free.thread, free.context, free.result),
+            (me, a.raw() as u64, 0)
+        );
+    });
     assert_eq!(current_raw(), b.raw() as u64, "B is current again");
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     let mut popped = std::ptr::null_mut();
     // SAFETY: `popped` is a valid out-pointer.
     assert_eq!(unsafe { (d.cuCtxPopCurrent_v2)(&mut popped) }, 0);
@@ -100,6 +110,7 @@ fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
         "the stack below the top is untouched"
     );
     ContextHandle::clear_current().unwrap();
+    assert_eq!(default_used(&a), base, "freed (on A's legacy stream)");
     assert_no_hazards();
 }
 
@@ -107,17 +118,26 @@ fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
 fn drop_with_the_recorded_context_current_switches_nothing() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
+    let ptr = buffer.ptr();
     let me = tid();
-    // A restore fault armed now must not fire: no restore happens.
-    emu().inject_fault("cuCtxSetCurrent", 1, CudaErrorCode::INVALID_VALUE);
+    // On the emulator, a restore fault armed now must not fire: no restore happens.
+    with_emulator(|emu| emu.inject_fault("cuCtxSetCurrent", 1, CudaErrorCode::INVALID_VALUE));
     let from = mark();
     drop(buffer);
-    assert_eq!(names_on(me, from), ["cuCtxGetCurrent", "cuMemFreeAsync"]);
-    emu().clear_faults();
+    with_emulator(|emu| {
+        assert_eq!(
+            emu.names_on(me, from),
+            ["cuCtxGetCurrent", "cuMemFreeAsync"]
+        );
+        emu.clear_faults();
+    });
     assert_eq!(current_raw(), a.raw() as u64);
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     ContextHandle::clear_current().unwrap();
+    assert_eq!(default_used(&a), base, "freed");
     assert_no_hazards();
 }
 
@@ -125,28 +145,36 @@ fn drop_with_the_recorded_context_current_switches_nothing() {
 fn created_stream_buffer_dropped_with_no_context_runs_in_the_stream_context() {
     let _serial = start();
     let a = primary(0);
+    let base = default_used(&a);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let raw_stream = stream.raw() as u64;
     drop(stream);
+    let a2 = a.clone();
     let after = on_fresh_thread(move || {
         let from = mark();
         drop(buffer);
-        let free = only_call("cuMemFreeAsync", ptr, from);
-        assert_eq!(
-            (free.context, free.stream, free.result),
-            (a.raw() as u64, Some(raw_stream), 0)
-        );
+        with_emulator(|emu| {
+            let free = emu.only_call("cuMemFreeAsync", ptr, from);
+            assert_eq!(
+                (free.context, free.stream, free.result),
+                (a2.raw() as u64, Some(raw_stream), 0)
+            );
+        });
         current_raw()
     });
     assert_eq!(after, 0);
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(default_used(&a), base, "freed");
     assert_no_hazards();
 }
 
 #[test]
 fn created_context_recipe_is_kept_alive_and_used() {
     let _serial = start();
+    let a = primary(0);
+    let base = default_used(&a);
     let c = ContextHandle::create(0, 0).unwrap();
     assert_eq!(
         current_raw(),
@@ -155,37 +183,51 @@ fn created_context_recipe_is_kept_alive_and_used() {
     );
     let stream = StreamHandle::create(&c, 0, 0).unwrap();
     let buffer = DevicePtrHandle::alloc_async(128, &stream).unwrap();
+    assert_eq!(buffer.recipe().unwrap().context(), &c);
     let ptr = buffer.ptr();
     let raw_context = c.raw() as u64;
     drop((c, stream));
     let from = mark();
-    on_fresh_thread(move || drop(buffer));
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_eq!((free.context, free.result), (raw_context, 0));
-    let later: Vec<String> = emu()
-        .calls()
-        .into_iter()
-        .filter(|call| call.seq > free.seq)
-        .map(|call| call.function)
-        .collect();
-    assert!(
-        later.contains(&"cuStreamDestroy_v2".to_string()),
-        "{later:?}"
-    );
-    assert!(later.contains(&"cuCtxDestroy_v2".to_string()), "{later:?}");
+    // Activating a destroyed context fails: the free would be skipped and reported.
+    let after = on_fresh_thread(move || {
+        drop(buffer);
+        current_raw()
+    });
+    assert_eq!(after, 0);
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    // `cuMemAllocAsync` takes from the device's current pool: device 0's default here.
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!((free.context, free.result), (raw_context, 0));
+        let later: Vec<String> = emu
+            .calls()
+            .into_iter()
+            .filter(|call| call.seq > free.seq)
+            .map(|call| call.function)
+            .collect();
+        assert!(
+            later.contains(&"cuStreamDestroy_v2".to_string()),
+            "{later:?}"
+        );
+        assert!(later.contains(&"cuCtxDestroy_v2".to_string()), "{later:?}");
+    });
     assert_no_hazards();
 }
 
 #[test]
 fn injected_free_failure_on_drop_reaches_the_hook_once_with_attribution() {
     let _serial = start();
+    let Some(emu) = emulator_or_skip("fault injection to make a free fail") else {
+        return;
+    };
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let before = cleanup_error_count();
     let (seen_context, count_after) = on_fresh_thread(move || {
-        emu().inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE);
+        emu.inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE);
         drop(buffer);
         (current_raw(), cleanup_error_count())
     });
@@ -209,12 +251,15 @@ fn injected_free_failure_on_drop_reaches_the_hook_once_with_attribution() {
 #[test]
 fn explicit_release_returns_the_free_failure() {
     let _serial = start();
+    let Some(emu) = emulator_or_skip("fault injection to make a free fail") else {
+        return;
+    };
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let before = cleanup_error_count();
-    emu().inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE);
+    emu.inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE);
     let error = buffer.release().unwrap_err();
     assert_eq!(error.code(), Some(CudaErrorCode::INVALID_VALUE));
     assert!(
@@ -229,12 +274,15 @@ fn explicit_release_returns_the_free_failure() {
 #[test]
 fn deinitialized_is_not_reported() {
     let _serial = start();
+    let Some(emu) = emulator_or_skip("fault injection to make a free fail") else {
+        return;
+    };
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let before = cleanup_error_count();
-    emu().inject_fault("cuMemFreeAsync", 1, CudaErrorCode::DEINITIALIZED);
+    emu.inject_fault("cuMemFreeAsync", 1, CudaErrorCode::DEINITIALIZED);
     drop(buffer);
     assert_eq!(cleanup_error_count(), before);
     assert!(errors_for(ptr).is_empty());
@@ -243,16 +291,19 @@ fn deinitialized_is_not_reported() {
 #[test]
 fn restore_failure_is_reported_after_a_successful_free() {
     let _serial = start();
+    let Some(emu) = emulator_or_skip("fault injection to make a context restore fail") else {
+        return;
+    };
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     on_fresh_thread(move || {
         // 1st cuCtxSetCurrent activates A, the 2nd (the restore) fails.
-        emu().inject_fault("cuCtxSetCurrent", 2, CudaErrorCode::INVALID_VALUE);
+        emu.inject_fault("cuCtxSetCurrent", 2, CudaErrorCode::INVALID_VALUE);
         let from = mark();
         drop(buffer);
-        assert_eq!(only_call("cuMemFreeAsync", ptr, from).result, 0);
+        assert_eq!(emu.only_call("cuMemFreeAsync", ptr, from).result, 0);
         ContextHandle::clear_current().unwrap();
     });
     let errors = errors_for(ptr);
@@ -268,18 +319,21 @@ fn restore_failure_is_reported_after_a_successful_free() {
 #[test]
 fn activation_failure_skips_the_free_and_reports() {
     let _serial = start();
+    let Some(emu) = emulator_or_skip("fault injection to make a context activation fail") else {
+        return;
+    };
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let from = mark();
     on_fresh_thread(move || {
-        emu().inject_fault("cuCtxSetCurrent", 1, CudaErrorCode::INVALID_VALUE);
+        emu.inject_fault("cuCtxSetCurrent", 1, CudaErrorCode::INVALID_VALUE);
         drop(buffer);
         assert_eq!(current_raw(), 0);
     });
     assert!(
-        calls_for(ptr, from)
+        emu.calls_for(ptr, from)
             .iter()
             .all(|c| c.function != "cuMemFreeAsync"),
         "never freed in the wrong context"
@@ -287,28 +341,55 @@ fn activation_failure_skips_the_free_and_reports() {
     assert_eq!(errors_for(ptr).len(), 1);
 }
 
+/// Records every `deallocate` call's current context, then fails it.
+struct ContextRecordingFailingDeallocator(std::sync::Mutex<Vec<u64>>);
+
+impl Deallocator for ContextRecordingFailingDeallocator {
+    fn deallocate(&self, _: u64, _: usize, _: &StreamHandle) -> Result<(), HandleError> {
+        self.0.lock().unwrap().push(current_raw());
+        Err(HandleError::Deallocator {
+            message: "refused".into(),
+        })
+    }
+}
+
 #[test]
 fn hook_runs_after_the_context_was_restored() {
     let _serial = start();
     let a = primary(0);
-    let b = primary(1);
+    let b = other_context();
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    // A failing deallocator (any driver), and on the emulator a failing cuMemFreeAsync.
+    let deallocator = Arc::new(ContextRecordingFailingDeallocator(Default::default()));
+    let adopted = DevicePtrHandle::adopt(0x4000, 8, &stream, deallocator.clone()).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen2 = seen.clone();
     // A local hook for this test only; the shared capture hook is put back afterwards.
     handles::set_cleanup_error_hook(Box::new(move |e| {
-        if e.ptr == ptr {
-            seen2.lock().unwrap().push(current_raw());
+        if e.ptr == ptr || e.ptr == 0x4000 {
+            seen2.lock().unwrap().push((e.ptr, current_raw()));
         }
     }));
     b.make_current().unwrap();
-    emu().inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE);
+    drop(adopted);
+    let injected =
+        with_emulator(|emu| emu.inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE))
+            .is_some();
     drop(buffer);
     handles::reset_cleanup_error_hook();
     reinstall_capture_hook();
-    assert_eq!(seen.lock().unwrap().clone(), [b.raw() as u64]);
+    assert_eq!(
+        deallocator.0.lock().unwrap().clone(),
+        [a.raw() as u64],
+        "the deallocator ran in the recipe's context"
+    );
+    let mut expected = vec![(0x4000, b.raw() as u64)];
+    if injected {
+        expected.push((ptr, b.raw() as u64));
+    }
+    assert_eq!(seen.lock().unwrap().clone(), expected);
     ContextHandle::clear_current().unwrap();
 }
 
@@ -335,13 +416,15 @@ fn context_scope_switches_only_when_needed_and_restores_none() {
         assert_eq!(current_raw(), a.raw() as u64);
     }
     assert_eq!(current_raw(), 0);
-    assert_eq!(
-        names_on(me, from)
-            .iter()
-            .filter(|n| *n == "cuCtxSetCurrent")
-            .count(),
-        2
-    );
+    with_emulator(|emu| {
+        assert_eq!(
+            emu.names_on(me, from)
+                .iter()
+                .filter(|n| *n == "cuCtxSetCurrent")
+                .count(),
+            2
+        );
+    });
 }
 
 #[test]
@@ -352,21 +435,37 @@ fn synchronous_free_on_drop_never_blocks_and_is_ordered_by_an_event() {
     let buffer = DevicePtrHandle::alloc(512, &stream).unwrap();
     assert_eq!(buffer.kind(), ReleaseKind::Synchronous);
     let ptr = buffer.ptr();
+    assert_eq!(
+        attributes(ptr).map(|at| (at.device_ordinal, at.is_managed)),
+        Some((0, false)),
+        "device memory the driver knows"
+    );
     let me = tid();
     let from = mark();
     drop(buffer);
-    let names = names_on(me, from);
-    assert!(names.contains(&"cuEventRecord".to_string()), "{names:?}");
-    for blocking in ["cuMemFree_v2", "cuEventSynchronize", "cuStreamSynchronize"] {
-        assert!(
-            !names.iter().any(|n| n == blocking),
-            "drop called {blocking}: {names:?}"
-        );
-    }
+    assert_eq!(current_raw(), 0, "the drop restored this thread's binding");
+    with_emulator(|emu| {
+        let names = emu.names_on(me, from);
+        assert!(names.contains(&"cuEventRecord".to_string()), "{names:?}");
+        for blocking in ["cuMemFree_v2", "cuEventSynchronize", "cuStreamSynchronize"] {
+            assert!(
+                !names.iter().any(|n| n == blocking),
+                "drop called {blocking}: {names:?}"
+            );
+        }
+    });
     drain_deferred_cleanup();
-    let free = only_call("cuMemFree_v2", ptr, from);
-    assert_eq!((free.context, free.result), (a.raw() as u64, 0));
-    assert!(!is_live(ptr));
+    assert_eq!(
+        attributes(ptr),
+        None,
+        "freed: the driver no longer knows it"
+    );
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFree_v2", ptr, from);
+        assert_eq!((free.context, free.result), (a.raw() as u64, 0));
+        assert!(!emu.is_live(ptr));
+    });
     assert_eq!(current_raw(), 0, "the drain restored this thread's binding");
     assert_no_hazards();
 }
@@ -378,22 +477,27 @@ fn synchronous_free_is_done_by_the_worker_without_a_drain() {
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
     let ptr = buffer.ptr();
+    assert!(attributes(ptr).is_some());
     let from = mark();
     drop(buffer);
-    // Wait (bounded, not timed) for the worker: it frees in A on its own thread.
-    let mut free = None;
+    // Wait (bounded, not timed) for the worker: it frees in A on its own thread, and then the
+    // driver no longer knows the address.
+    let mut freed = false;
     for _ in 0..10_000 {
-        free = calls_for(ptr, from)
-            .into_iter()
-            .find(|c| c.function == "cuMemFree_v2");
-        if free.is_some() {
+        if attributes(ptr).is_none() {
+            freed = true;
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
-    let free = free.expect("the worker freed the buffer");
-    assert_ne!(free.thread, tid(), "freed on the cleanup worker");
-    assert_eq!((free.context, free.result), (a.raw() as u64, 0));
+    assert!(freed, "the worker freed the buffer");
+    assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
+    assert_eq!(current_raw(), 0);
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFree_v2", ptr, from);
+        assert_ne!(free.thread, emu.thread_id(), "freed on the cleanup worker");
+        assert_eq!((free.context, free.result), (a.raw() as u64, 0));
+    });
     assert_no_hazards();
 }
 
@@ -404,21 +508,30 @@ fn synchronous_explicit_release_blocks_and_returns() {
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
     let ptr = buffer.ptr();
+    assert!(attributes(ptr).is_some());
     let me = tid();
     let from = mark();
     buffer.release().unwrap();
-    let free = only_call("cuMemFree_v2", ptr, from);
-    assert_eq!(
-        (free.thread, free.context, free.result),
-        (me, a.raw() as u64, 0)
-    );
-    assert!(names_on(me, from).contains(&"cuStreamSynchronize".to_string()));
-
-    let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
-    emu().inject_fault("cuMemFree_v2", 1, CudaErrorCode::INVALID_VALUE);
-    let error = buffer.release().unwrap_err();
-    assert_eq!(error.code(), Some(CudaErrorCode::INVALID_VALUE));
+    // No drain: the release itself freed, on this thread.
+    assert_eq!(attributes(ptr), None, "freed by the time release returned");
     assert_eq!(current_raw(), 0);
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFree_v2", ptr, from);
+        assert_eq!(
+            (free.thread, free.context, free.result),
+            (me, a.raw() as u64, 0)
+        );
+        assert!(emu
+            .names_on(me, from)
+            .contains(&"cuStreamSynchronize".to_string()));
+
+        // A failing free is returned.
+        let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
+        emu.inject_fault("cuMemFree_v2", 1, CudaErrorCode::INVALID_VALUE);
+        let error = buffer.release().unwrap_err();
+        assert_eq!(error.code(), Some(CudaErrorCode::INVALID_VALUE));
+        assert_eq!(current_raw(), 0);
+    });
     assert_no_hazards();
 }
 
@@ -435,15 +548,25 @@ fn pinned_host_and_managed_frees_go_through_the_worker() {
     let managed = DevicePtrHandle::alloc_managed(256, 1, &stream).unwrap();
     assert_eq!(managed.kind(), ReleaseKind::Managed);
     let (host_ptr, managed_ptr) = (host.ptr(), managed.ptr());
+    assert!(attributes(host_ptr).is_some_and(|at| at.memory_type == MemoryType::Host));
+    assert!(attributes(managed_ptr).is_some_and(|at| at.is_managed));
     let from = mark();
-    on_fresh_thread(move || drop((host, managed)));
+    on_fresh_thread(move || {
+        drop((host, managed));
+        assert_eq!(current_raw(), 0);
+    });
     drain_deferred_cleanup();
-    assert_eq!(only_call("cuMemFreeHost", host_ptr, from).result, 0);
-    let managed_free = only_call("cuMemFree_v2", managed_ptr, from);
-    assert_eq!(
-        (managed_free.context, managed_free.result),
-        (a.raw() as u64, 0)
-    );
+    assert_eq!(attributes(host_ptr), None, "pinned host memory freed");
+    assert_eq!(attributes(managed_ptr), None, "managed memory freed");
+    assert!(errors_for(host_ptr).is_empty() && errors_for(managed_ptr).is_empty());
+    with_emulator(|emu| {
+        assert_eq!(emu.only_call("cuMemFreeHost", host_ptr, from).result, 0);
+        let managed_free = emu.only_call("cuMemFree_v2", managed_ptr, from);
+        assert_eq!(
+            (managed_free.context, managed_free.result),
+            (a.raw() as u64, 0)
+        );
+    });
     assert_no_hazards();
 }
 
