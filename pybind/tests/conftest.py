@@ -163,13 +163,20 @@ def stream(device):
     s.close()
 
 
-@pytest.fixture
-def no_hazards(emu):
-    """Fails the test if the emulator's hazard checker saw anything."""
-    yield emu
-    if emu is not None:
+@pytest.fixture(autouse=True)
+def no_hazards(request):
+    """Every test: fails if the emulator's hazard checker saw anything (an unordered free, a
+    use after free, a double free, a free on a destroyed stream), unless the test is marked
+    ``expect_hazards(kind, ...)``: then exactly those hazards must have been seen."""
+    if EMU is not None:
+        EMU.clear_hazards()
+    yield EMU
+    if EMU is not None:
         custody.drain_deferred_cleanup()
-        assert emu.hazards() == []
+        gc.collect()
+        marker = request.node.get_closest_marker("expect_hazards")
+        expected = list(marker.args) if marker else []
+        assert [h["kind"] for h in EMU.hazards()] == expected, EMU.hazards()
 
 
 def run_in_thread(fn, *args):

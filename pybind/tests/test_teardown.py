@@ -112,6 +112,7 @@ def test_created_stream_free_runs_in_its_context(device, stream, emu, no_hazards
         assert free["stream"] == stream.handle and free["result"] == 0
 
 
+@pytest.mark.expect_hazards("unordered_free")
 def test_ptds_freed_on_another_thread_warns_once(device, emu, recorded_warnings):
     """36: PTDS recorded on T1, dropped on T2 (no context): one CUDAWarning about the per-thread
     default stream, and the free still happens in A on 0x2."""
