@@ -15,6 +15,12 @@ use crate::stream::StreamHandle;
 use crate::sys::{check, driver};
 use crate::HandleError;
 
+// Graph nodes and their attachments (issue #5) live in their own file, as a child module so
+// they reach the graph box.
+#[path = "graph_nodes.rs"]
+mod nodes;
+pub use nodes::{retain_in_capture, GraphNode};
+
 /// `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`.
 const USER_OBJECT_NO_DESTRUCTOR_SYNC: u32 = 1;
 /// `CU_GRAPH_USER_OBJECT_MOVE`.

@@ -39,7 +39,7 @@ pub use device::device_count;
 pub use deviceptr::{Deallocator, DevicePtrHandle, ReleaseKind};
 pub use error::HandleError;
 pub use event::{EventHandle, EVENT_DISABLE_TIMING};
-pub use graph::{GraphExecHandle, GraphHandle, UserObjectOwnership};
+pub use graph::{retain_in_capture, GraphExecHandle, GraphHandle, GraphNode, UserObjectOwnership};
 pub use pool::MemoryPoolHandle;
 pub use recipe::{DeallocationRecipe, ThreadToken};
 pub use report::{
