@@ -79,6 +79,14 @@ pub enum MemoryError {
     /// view).
     #[error("the buffer has no memory resource to allocate from")]
     NoMemoryResource,
+    /// A graph operation that the graph's or builder's state does not allow: a closed graph or
+    /// executable, a builder that is not building (or already is), a stream a builder cannot
+    /// capture.
+    #[error("graph: {reason}")]
+    Graph {
+        /// What was wrong.
+        reason: &'static str,
+    },
 }
 
 impl MemoryError {
@@ -138,6 +146,9 @@ mod tests {
                 reason: "a stream needs a memory resource",
             },
             MemoryError::NoMemoryResource,
+            MemoryError::Graph {
+                reason: "the graph is closed",
+            },
             MemoryError::Handle(HandleError::NoCurrentContext),
         ];
         for error in errors {

@@ -9,6 +9,9 @@
 //!   too, through the bindings), and the built-in resources: [`DeviceMemoryResource`],
 //!   [`PinnedMemoryResource`], [`LegacyPinnedMemoryResource`], [`ManagedMemoryResource`],
 //!   [`SynchronousMemoryResource`], [`GraphMemoryResource`].
+//! - Graphs that keep the buffers they use alive: [`Graph`] (explicit memset, memcpy,
+//!   host-function and empty nodes), [`GraphExec`], [`GraphBuilder`] (stream capture); the
+//!   retained buffers are freed by the cleanup worker with their recipes (D6, D7).
 //! - IPC: [`IpcBufferDescriptor`], [`PoolMemoryResource::export_pool`],
 //!   [`Buffer::from_ipc_descriptor`].
 //!
@@ -19,12 +22,14 @@
 
 mod buffer;
 mod error;
+mod graph;
 mod ipc;
 mod resource;
 mod resources;
 
 pub use buffer::{Buffer, FillValue, ManagedBuffer, Ownership};
 pub use error::MemoryError;
+pub use graph::{CaptureMode, Graph, GraphBuilder, GraphExec, GraphNode};
 pub use ipc::IpcBufferDescriptor;
 pub use resource::MemoryResource;
 pub use resources::{

@@ -1,0 +1,410 @@
+//! CUDA graphs that keep the buffers they use alive (issue #5): [`Graph`] (a graph definition
+//! with explicit memset, memcpy, host-function and empty nodes), [`GraphExec`] (its executable
+//! form) and [`GraphBuilder`] (a graph recorded by stream capture).
+//!
+//! Every node that touches a buffer, and every buffer a builder's fill or copy touches, is
+//! retained by the graph through a CUDA user object that owns a clone of the buffer's
+//! [`DevicePtrHandle`](handles::DevicePtrHandle). The driver copies that reference into clones,
+//! executables and launches in flight, so the memory stays allocated while any of them may
+//! still use it, even after its [`Buffer`] was closed. When the last reference goes the
+//! user object's destructor only queues the handle (it may run on a driver thread, or inside
+//! our own `cuGraphExecDestroy`: driver_facts.md G2, G3), and the cleanup worker (or
+//! [`handles::drain_deferred_cleanup`]) frees it with its recipe as it is then, in the recipe's
+//! context (BRIEF.md D7): [`Buffer::set_deallocation_stream`] before [`Buffer::close`] moves
+//! that free to another stream. A buffer whose recipe is on the per-thread default stream
+//! reports one warning when a graph retains it (D6).
+
+mod builder;
+
+use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use handles::{ContextHandle, DevicePtrHandle, GraphExecHandle, GraphHandle, StreamHandle};
+
+use crate::{Buffer, FillValue, MemoryError};
+
+pub use builder::{CaptureMode, GraphBuilder};
+pub use handles::GraphNode;
+
+/// The device a buffer's memory is bound to for device work: device-only memory's device;
+/// `None` for memory any device may touch (pinned host, managed, host).
+///
+/// Driver calls: `cuPointerGetAttribute`, once per adopted view.
+fn bound_device(buffer: &Buffer) -> Result<Option<i32>, MemoryError> {
+    if buffer.is_host_accessible()? || buffer.is_managed()? {
+        return Ok(None);
+    }
+    buffer.device_id()
+}
+
+/// The checks [`Buffer::fill`] makes on the pattern, before anything is recorded.
+fn check_fill(handle: &DevicePtrHandle, value: FillValue) -> Result<(), MemoryError> {
+    let width = value.width();
+    if handle.size() % width != 0 {
+        return Err(MemoryError::InvalidFill {
+            width,
+            reason: "the buffer's size is not a multiple of the pattern's width",
+        });
+    }
+    if handle.ptr() % width as u64 != 0 {
+        return Err(MemoryError::InvalidFill {
+            width,
+            reason: "the buffer's address is not aligned to the pattern's width",
+        });
+    }
+    Ok(())
+}
+
+/// The pattern as the driver's memset takes it: the value in the low bits and the width.
+fn memset_value(value: FillValue) -> (u32, u32) {
+    match value {
+        FillValue::U8(v) => (u32::from(v), 1),
+        FillValue::U16(v) => (u32::from(v), 2),
+        FillValue::U32(v) => (v, 4),
+    }
+}
+
+/// A graph definition: nodes added explicitly (or recorded by a [`GraphBuilder`]), which keep
+/// the buffers and host functions they use alive, instantiated into a [`GraphExec`] to run.
+///
+/// `Send + Sync`; every method takes `&self`. Changes are serialised (the driver requires it):
+/// a node is added, the graph cloned or instantiated under the graph's lock, so the attach-time
+/// warning hook (BRIEF.md D6) runs with it held and must not change the same graph.
+///
+/// [`Graph::close`] destroys the definition now; buffers it retains stay allocated while a
+/// clone, an executable or a launch still uses them, and are freed afterwards by the cleanup
+/// worker.
+pub struct Graph {
+    state: Mutex<Option<GraphHandle>>,
+    context: ContextHandle,
+}
+
+impl Graph {
+    /// An empty graph in device `device_id`'s primary context.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] for an invalid device or the driver's failure.
+    ///
+    /// Driver calls: `cuInit` (once), `cuDevicePrimaryCtxRetain`, `cuCtxGetCurrent`,
+    /// `cuCtxSetCurrent` (if needed), `cuGraphCreate`; `cuGraphDestroy` when closed or dropped.
+    pub fn new(device_id: i32) -> Result<Graph, MemoryError> {
+        Graph::in_context(&ContextHandle::primary(device_id)?)
+    }
+
+    /// An empty graph in `context`.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] for the driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphCreate`;
+    /// `cuGraphDestroy` when closed or dropped.
+    pub fn in_context(context: &ContextHandle) -> Result<Graph, MemoryError> {
+        Ok(Graph::from_handle(GraphHandle::create(context)?))
+    }
+
+    pub(crate) fn from_handle(handle: GraphHandle) -> Graph {
+        let context = handle.context().clone();
+        Graph {
+            state: Mutex::new(Some(handle)),
+            context,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<GraphHandle>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the open graph, under the lock.
+    fn with_open<R>(
+        &self,
+        f: impl FnOnce(&GraphHandle) -> Result<R, MemoryError>,
+    ) -> Result<R, MemoryError> {
+        let guard = self.lock();
+        let handle = guard.as_ref().ok_or(MemoryError::Graph {
+            reason: "the graph is closed",
+        })?;
+        f(handle)
+    }
+
+    /// The context the graph runs in.
+    pub fn context(&self) -> &ContextHandle {
+        &self.context
+    }
+
+    /// The device the graph runs on.
+    pub fn device_id(&self) -> i32 {
+        self.context.device()
+    }
+
+    /// A new reference to the graph definition (for its raw `CUgraph`).
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when the graph is closed.
+    pub fn handle(&self) -> Result<GraphHandle, MemoryError> {
+        self.with_open(|handle| Ok(handle.clone()))
+    }
+
+    /// Whether [`Graph::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    /// Checks that device memory is on the graph's device.
+    fn check_device(&self, buffer: &Buffer) -> Result<(), MemoryError> {
+        match bound_device(buffer)? {
+            Some(device) if device != self.device_id() => Err(MemoryError::WrongDevice {
+                expected: device,
+                found: self.device_id(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Adds a node that does nothing, after `deps` (a join point).
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when the graph is closed; [`MemoryError::Handle`] for a
+    /// dependency of another graph (`InvalidArgument`, no driver call) or the driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphAddEmptyNode`.
+    pub fn add_empty(&self, deps: &[GraphNode]) -> Result<GraphNode, MemoryError> {
+        self.with_open(|graph| Ok(graph.add_empty_node(deps)?))
+    }
+
+    /// Adds a node that fills `buffer` with `value` (an 8-, 16- or 32-bit pattern, repeated
+    /// over all its bytes) when the graph runs, after `deps`. The graph retains the buffer's
+    /// memory until the graph, its clones, executables and launches are gone; closing the
+    /// buffer meanwhile frees nothing. One warning is reported when its recipe is on the
+    /// per-thread default stream (BRIEF.md D6).
+    ///
+    /// # Errors
+    /// Found before any driver call: [`MemoryError::Graph`] (graph closed),
+    /// [`MemoryError::Closed`] (buffer closed), [`MemoryError::InvalidFill`] (size or address
+    /// not a multiple of the pattern's width), [`MemoryError::WrongDevice`] (device memory of
+    /// another device than the graph's), [`MemoryError::Handle`] for a dependency of another
+    /// graph. Then [`MemoryError::Handle`] for the driver's failure (nothing is retained then).
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`,
+    /// `cuGraphRetainUserObject`, `cuGraphAddMemsetNode`; `cuPointerGetAttribute` once for an
+    /// adopted view.
+    pub fn add_memset(
+        &self,
+        deps: &[GraphNode],
+        buffer: &Buffer,
+        value: impl Into<FillValue>,
+    ) -> Result<GraphNode, MemoryError> {
+        let value = value.into();
+        let handle = buffer.handle()?;
+        check_fill(&handle, value)?;
+        self.check_device(buffer)?;
+        let (pattern, width) = memset_value(value);
+        let count = handle.size() / width as usize;
+        self.with_open(|graph| Ok(graph.add_memset_node(deps, &handle, pattern, width, count)?))
+    }
+
+    /// Adds a node that copies all of `src` into `dst` when the graph runs, after `deps`. The
+    /// graph retains both, as [`Graph::add_memset`] does.
+    ///
+    /// # Errors
+    /// Found before any driver call: [`MemoryError::Graph`], [`MemoryError::Closed`] (either
+    /// buffer), [`MemoryError::SizeMismatch`], [`MemoryError::WrongDevice`] (device memory of
+    /// another device than the graph's), [`MemoryError::Handle`] for a dependency of another
+    /// graph. Then [`MemoryError::Handle`] for the driver's failure.
+    ///
+    /// Driver calls: as [`Graph::add_memset`], with `cuGraphAddMemcpyNode`.
+    pub fn add_memcpy(
+        &self,
+        deps: &[GraphNode],
+        dst: &Buffer,
+        src: &Buffer,
+    ) -> Result<GraphNode, MemoryError> {
+        let (dst_handle, src_handle) = (dst.handle()?, src.handle()?);
+        if dst_handle.size() != src_handle.size() {
+            return Err(MemoryError::SizeMismatch {
+                src: src_handle.size(),
+                dst: dst_handle.size(),
+            });
+        }
+        self.check_device(dst)?;
+        self.check_device(src)?;
+        self.with_open(|graph| {
+            Ok(graph.add_memcpy_node(deps, &dst_handle, &src_handle, src_handle.size())?)
+        })
+    }
+
+    /// Adds a node that calls `function` when the graph runs, after `deps`. The closure (and
+    /// whatever it owns: moving a [`Buffer`] into it keeps that buffer alive) is dropped by the
+    /// cleanup worker once the graph, its clones, executables and launches are gone.
+    ///
+    /// `function` runs on a driver thread and must make no CUDA call, through custody or
+    /// otherwise (driver_facts.md G4): the driver may fail or deadlock. It may run for several
+    /// launches at once. A panic is caught and written to stderr.
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when the graph is closed; [`MemoryError::Handle`] for a
+    /// dependency of another graph or the driver's failure (the closure is then dropped by the
+    /// cleanup worker).
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`,
+    /// `cuGraphRetainUserObject`, `cuGraphAddHostNode`.
+    pub fn add_host_function(
+        &self,
+        deps: &[GraphNode],
+        function: impl Fn() + Send + Sync + 'static,
+    ) -> Result<GraphNode, MemoryError> {
+        let function: Box<dyn Fn() + Send + Sync> = Box::new(function);
+        self.with_open(|graph| Ok(graph.add_host_node(deps, function)?))
+    }
+
+    /// A copy of this graph with its own references to every retained buffer and host
+    /// function, so either may be closed first. Nodes of this graph are not nodes of the copy.
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when the graph is closed; [`MemoryError::Handle`] for the
+    /// driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphClone`.
+    pub fn try_clone(&self) -> Result<Graph, MemoryError> {
+        self.with_open(|graph| Ok(Graph::from_handle(graph.clone_graph()?)))
+    }
+
+    /// Instantiates the graph. The executable holds its own references to what the graph
+    /// retains (driver_facts.md G1), so this graph may be closed while it lives.
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when the graph is closed; [`MemoryError::Handle`] for the
+    /// driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
+    /// `cuGraphInstantiateWithFlags`.
+    pub fn instantiate(&self) -> Result<GraphExec, MemoryError> {
+        self.with_open(|graph| {
+            Ok(GraphExec::from_handle(GraphExecHandle::instantiate(
+                graph, 0,
+            )?))
+        })
+    }
+
+    /// Instantiates the graph, launches it on `stream` and destroys the executable at once:
+    /// the launch in flight keeps what it uses (driver_facts.md G3). Does not block.
+    ///
+    /// # Errors
+    /// As [`Graph::instantiate`] and [`GraphExec::launch`].
+    ///
+    /// Driver calls: those of both, then `cuGraphExecDestroy`.
+    pub fn launch(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
+        self.instantiate()?.launch(stream)
+    }
+
+    /// Destroys the graph definition now (a no-op when closed). What it retains is released
+    /// as soon as no clone, executable or launch uses it any more: the buffers are then freed
+    /// by the cleanup worker with their recipes. A failure to destroy is reported through the
+    /// cleanup-error hook, like a drop: the frees it leads to are deferred anyway, so no
+    /// caller could receive theirs.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphDestroy`.
+    pub fn close(&self) {
+        let handle = self.lock().take();
+        // Destroyed outside the lock.
+        drop(handle);
+    }
+}
+
+impl fmt::Debug for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.lock().as_ref() {
+            Some(handle) => write!(f, "Graph({handle:?})"),
+            None => f.write_str("Graph(closed)"),
+        }
+    }
+}
+
+/// An executable graph: launch it on streams; it keeps what its graph retained, and each launch
+/// in flight keeps it too, after the executable is closed (driver_facts.md G1, G3).
+///
+/// `Send + Sync`; launches are serialised (the driver requires it).
+pub struct GraphExec {
+    state: Mutex<Option<GraphExecHandle>>,
+}
+
+impl GraphExec {
+    pub(crate) fn from_handle(handle: GraphExecHandle) -> GraphExec {
+        GraphExec {
+            state: Mutex::new(Some(handle)),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<GraphExecHandle>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Launches the graph on `stream`, ordered after the work queued there. Does not block.
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when the executable is closed; [`MemoryError::Handle`] for the
+    /// driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphLaunch`.
+    pub fn launch(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
+        let guard = self.lock();
+        let handle = guard.as_ref().ok_or(MemoryError::Graph {
+            reason: "the executable graph is closed",
+        })?;
+        Ok(handle.launch(stream)?)
+    }
+
+    /// A new reference to the executable (for its raw `CUgraphExec`).
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when the executable is closed.
+    pub fn handle(&self) -> Result<GraphExecHandle, MemoryError> {
+        self.lock().clone().ok_or(MemoryError::Graph {
+            reason: "the executable graph is closed",
+        })
+    }
+
+    /// Whether [`GraphExec::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    /// Destroys the executable now (a no-op when closed). With no launch pending, what only it
+    /// retained is queued for the cleanup worker inside this call (driver_facts.md G2); with a
+    /// launch pending, when the last launch finishes (G3). Never blocks on the GPU; a failure
+    /// is reported through the cleanup-error hook, as [`Graph::close`] explains.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphExecDestroy`.
+    pub fn close(&self) {
+        let handle = self.lock().take();
+        drop(handle);
+    }
+}
+
+impl fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.lock().as_ref() {
+            Some(handle) => write!(f, "GraphExec({handle:?})"),
+            None => f.write_str("GraphExec(closed)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn graphs_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Graph>();
+        check::<GraphExec>();
+        check::<GraphBuilder>();
+    }
+
+    #[test]
+    fn memset_values_keep_the_pattern_in_the_low_bits() {
+        assert_eq!(memset_value(FillValue::U8(0xab)), (0xab, 1));
+        assert_eq!(memset_value(FillValue::U16(0xabcd)), (0xabcd, 2));
+        assert_eq!(memset_value(FillValue::U32(0xdead_beef)), (0xdead_beef, 4));
+    }
+}
