@@ -1,0 +1,913 @@
+//! Graphs that keep buffers alive, released through deferred cleanup (issue #5;
+//! cuda_core_behavior.md section 5, "Graph-retained buffers and deferred cleanup" and "Graph
+//! memory resource and capture", Rust side; BRIEF.md D6, D7; driver_facts.md G1-G3).
+//!
+//! The same file runs on the emulator and on a GPU. Every test asserts outcomes a real driver
+//! shows (a pool's `USED_MEM_CURRENT`, the calling thread's current context, bytes read back
+//! after launches); the emulator-only assertions (the call log: which context and stream
+//! freed each pointer; no hazards; live allocations) run when [`Emulator::get`] is `Some`.
+//! Waiting for a destructor that runs on a driver thread (G3) is a bounded poll on an outcome,
+//! never a timing assertion; the launch in flight is held open by a host function blocked on a
+//! gate the test opens.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use cuda_sys::emu::{Call, Emulator};
+use handles::sys_types::MemPoolAttribute;
+use handles::{CleanupWarning, CleanupWarningKind, ContextHandle, HandleError, StreamHandle};
+use memory::{
+    Buffer, CaptureMode, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, GraphBuilder,
+    MemoryError, MemoryResource, PoolMemoryResource,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Support
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Starts a test: serialised with the others of this process (hooks and the emulator's records
+/// are process-wide), no context current on the calling thread, earlier deferred cleanup done,
+/// the emulator's hazards and faults cleared.
+#[must_use = "hold the guard for the whole test"]
+fn start() -> MutexGuard<'static, ()> {
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = warnings();
+    while current() != 0 {
+        ContextHandle::clear_current().expect("cuCtxSetCurrent(NULL)");
+    }
+    handles::drain_deferred_cleanup();
+    if let Some(emu) = Emulator::get() {
+        emu.clear_faults();
+        emu.clear_hazards();
+    }
+    guard
+}
+
+/// The raw context current on the calling thread, 0 for none.
+fn current() -> u64 {
+    ContextHandle::current()
+        .expect("cuCtxGetCurrent")
+        .map_or(0, |c| c.raw() as u64)
+}
+
+fn primary() -> ContextHandle {
+    ContextHandle::primary(0).expect("device 0")
+}
+
+fn stream() -> StreamHandle {
+    StreamHandle::create(&primary(), 0, 0).expect("stream")
+}
+
+/// A resource with a pool of its own, so that its used memory starts at 0 and only this test
+/// changes it.
+fn owned_pool() -> Arc<DeviceMemoryResource> {
+    DeviceMemoryResource::with_options(0, DeviceMemoryResourceOptions::default()).expect("pool")
+}
+
+/// The pool's `USED_MEM_CURRENT` in bytes, after the work queued on `stream` ran.
+fn used(mr: &DeviceMemoryResource, stream: &StreamHandle) -> u64 {
+    stream.synchronize().expect("cuStreamSynchronize");
+    mr.pool()
+        .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        .expect("pool attribute")
+}
+
+fn alloc(mr: &Arc<DeviceMemoryResource>, size: usize, stream: &StreamHandle) -> Buffer {
+    Arc::clone(mr).allocate(size, stream).expect("allocation")
+}
+
+fn read(buffer: &Buffer, stream: &StreamHandle) -> Vec<u8> {
+    let mut bytes = vec![0u8; buffer.size()];
+    buffer
+        .copy_to_host(&mut bytes, stream)
+        .expect("copy to host");
+    bytes
+}
+
+/// Drains the deferred-cleanup queue until `done()` holds and returns how many drains it took.
+/// On the emulator the destructors this file provokes have all run by the time it is called, so
+/// tests assert one drain there; on a GPU a destructor may still be on its way from a driver
+/// thread (G3), so this polls, for at most a minute, before failing.
+fn drain_until(mut done: impl FnMut() -> bool) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut drains = 0;
+    loop {
+        handles::drain_deferred_cleanup();
+        drains += 1;
+        if done() {
+            return drains;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "deferred cleanup did not complete after {drains} drains"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Every cleanup warning reported in this process.
+fn warnings() -> &'static Mutex<Vec<CleanupWarning>> {
+    static WARNINGS: OnceLock<Mutex<Vec<CleanupWarning>>> = OnceLock::new();
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    let all = WARNINGS.get_or_init(|| Mutex::new(Vec::new()));
+    INSTALLED.get_or_init(|| {
+        handles::set_cleanup_warning_hook(Box::new(|w| {
+            warnings().lock().unwrap().push(w.clone());
+        }));
+    });
+    all
+}
+
+fn warnings_for(ptr: u64) -> Vec<CleanupWarning> {
+    warnings()
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|w| w.ptr == ptr)
+        .cloned()
+        .collect()
+}
+
+/// Emulator only: forgets the call log (this file's tests look only at calls made after this
+/// point, and a short log keeps the queries cheap) and returns the sequence number from which
+/// the calls to come are counted.
+fn mark(emu: &Emulator) -> u64 {
+    emu.clear_calls();
+    0
+}
+
+/// Emulator only: the calls since `from`.
+fn calls_since(emu: &Emulator, from: u64) -> Vec<Call> {
+    emu.calls().into_iter().filter(|c| c.seq >= from).collect()
+}
+
+/// Emulator only: the `cuMemFreeAsync` calls for `ptr` among `calls`.
+fn frees_of(calls: &[Call], ptr: u64) -> Vec<Call> {
+    calls
+        .iter()
+        .filter(|c| c.function == "cuMemFreeAsync" && c.ptr == Some(ptr))
+        .cloned()
+        .collect()
+}
+
+/// Emulator only: asserts `ptr` was freed exactly once since `from`, successfully (so not from
+/// inside a destructor or host function, where the driver refuses calls), on `stream`, with
+/// `context` current; returns the call.
+fn assert_freed_once(
+    emu: &Emulator,
+    from: u64,
+    ptr: u64,
+    stream: &StreamHandle,
+    context: &ContextHandle,
+) -> Call {
+    let frees = frees_of(&calls_since(emu, from), ptr);
+    assert_eq!(frees.len(), 1, "one free of 0x{ptr:x}: {frees:#?}");
+    let free = frees.into_iter().next().unwrap();
+    assert_eq!(free.result, 0, "{free:?}");
+    assert_eq!(free.stream, Some(stream.raw() as u64), "{free:?}");
+    assert_eq!(free.context, context.raw() as u64, "{free:?}");
+    free
+}
+
+fn is_live(emu: &Emulator, ptr: u64) -> bool {
+    emu.live_allocations().iter().any(|a| a.ptr == ptr)
+}
+
+fn assert_no_hazards(emu: &Emulator) {
+    let hazards = emu.hazards();
+    assert!(hazards.is_empty(), "hazards: {hazards:#?}");
+}
+
+/// Emulator only: no driver call since `from` failed (a destructor or host function that made a
+/// driver call would show `CUDA_ERROR_NOT_PERMITTED` here).
+fn assert_no_failed_calls(emu: &Emulator, from: u64) {
+    let failed: Vec<Call> = calls_since(emu, from)
+        .into_iter()
+        .filter(|c| c.result != 0)
+        .collect();
+    assert!(failed.is_empty(), "failed calls: {failed:#?}");
+}
+
+/// A gate a host function waits at, so that a launch stays in flight until the test opens it.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<(bool, bool)>, // (entered, open)
+    changed: Condvar,
+}
+
+impl Gate {
+    /// Called by the host function: says it is running, then waits for the test.
+    fn pass(&self) {
+        let mut state = self.state.lock().unwrap();
+        state.0 = true;
+        self.changed.notify_all();
+        while !state.1 {
+            state = self.changed.wait(state).unwrap();
+        }
+    }
+
+    /// Waits until the host function is running (the launch is in flight).
+    fn wait_entered(&self) {
+        let mut state = self.state.lock().unwrap();
+        while !state.0 {
+            let (next, timeout) = self
+                .changed
+                .wait_timeout(state, Duration::from_secs(60))
+                .unwrap();
+            assert!(
+                !timeout.timed_out() || next.0,
+                "the host function never ran"
+            );
+            state = next;
+        }
+    }
+
+    fn open(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+const SIZE: usize = 4096;
+
+// ---------------------------------------------------------------------------------------------
+// Section 5, items 52 and 53; "a graph-retained buffer closed by its user is still valid for
+// launches until the graph goes"; G1.
+
+#[test]
+fn a_closed_buffer_retained_by_a_node_stays_valid_for_launches_until_the_graph_goes() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, mr) = (stream(), owned_pool());
+    let out = alloc(&mr, SIZE, &s);
+    let used_by_out = used(&mr, &s);
+    let buffer = alloc(&mr, SIZE, &s);
+    let ptr = buffer.ptr();
+    let graph = Graph::new(0).unwrap();
+    let set = graph.add_memset(&[], &buffer, 0x5au8).unwrap();
+    graph.add_memcpy(&[set], &out, &buffer).unwrap();
+    let used_by_both = used(&mr, &s);
+    assert!(used_by_both > used_by_out);
+
+    buffer.close().unwrap();
+    assert!(buffer.is_closed());
+    assert_eq!(
+        used(&mr, &s),
+        used_by_both,
+        "closing a retained buffer frees nothing"
+    );
+
+    let exec = graph.instantiate().unwrap();
+    exec.launch(&s).unwrap();
+    assert_eq!(read(&out, &s), vec![0x5a; SIZE]);
+
+    // G1: the executable keeps the memory after the definition goes.
+    graph.close();
+    assert!(graph.is_closed());
+    handles::drain_deferred_cleanup();
+    out.fill(0u8, &s).unwrap();
+    exec.launch(&s).unwrap();
+    assert_eq!(read(&out, &s), vec![0x5a; SIZE]);
+    assert_eq!(used(&mr, &s), used_by_both);
+    if let Some(emu) = &emu {
+        assert!(is_live(emu, ptr));
+    }
+
+    let from = emu.as_ref().map(mark);
+    exec.close();
+    let drains = drain_until(|| used(&mr, &s) == used_by_out);
+    assert_eq!(current(), 0, "the caller still has no context");
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert_eq!(
+            drains, 1,
+            "the destructor ran inside cuGraphExecDestroy (G2)"
+        );
+        assert_freed_once(emu, from, ptr, &s, &primary());
+        assert!(!is_live(emu, ptr));
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+    out.close().unwrap();
+}
+
+#[test]
+fn the_deferred_free_runs_in_the_recipe_context_and_the_caller_keeps_its_own() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, mr) = (stream(), owned_pool());
+    let buffer = alloc(&mr, SIZE, &s);
+    let ptr = buffer.ptr();
+    let graph = Graph::new(0).unwrap();
+    graph.add_memset(&[], &buffer, 0x01u8).unwrap();
+    let exec = graph.instantiate().unwrap();
+    exec.launch(&s).unwrap();
+    buffer.close().unwrap();
+    graph.close();
+    s.synchronize().unwrap();
+
+    // Another context is current on this thread when the executable goes and when the
+    // deferred free runs.
+    let other = ContextHandle::create(0, 0).unwrap();
+    other.make_current().unwrap();
+    let from = emu.as_ref().map(mark);
+    exec.close();
+    assert_eq!(
+        current(),
+        other.raw() as u64,
+        "cuGraphExecDestroy restored the caller's context"
+    );
+    let drains = drain_until(|| used(&mr, &s) == 0);
+    assert_eq!(
+        current(),
+        other.raw() as u64,
+        "the drain restored the caller's context"
+    );
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert_eq!(drains, 1);
+        // The free ran with the recipe's (primary) context current, not the caller's.
+        assert_freed_once(emu, from, ptr, &s, &primary());
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+    ContextHandle::clear_current().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// G2 and G3: destructors inside our own call, and on a driver thread after a launch.
+
+#[test]
+fn a_destructor_inside_exec_destruction_inside_a_drain_neither_deadlocks_nor_loses_a_free() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, mr) = (stream(), owned_pool());
+    let buffer = alloc(&mr, SIZE, &s);
+    let ptr = buffer.ptr();
+
+    // The inner executable retains the buffer; the outer graph's host function owns the inner
+    // executable. When the outer graph goes, the cleanup worker (or the drain) drops the
+    // closure, which destroys the inner executable while holding the consumer side of the
+    // queue: its destructor runs synchronously inside that `cuGraphExecDestroy` (G2) and
+    // queues the buffer, which the same drain must then free.
+    let inner = Graph::new(0).unwrap();
+    inner.add_memset(&[], &buffer, 0x02u8).unwrap();
+    let inner_exec = inner.instantiate().unwrap();
+    inner.close();
+    inner_exec.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    buffer.close().unwrap();
+
+    let outer = Graph::new(0).unwrap();
+    outer
+        .add_host_function(&[], move || {
+            let _owned = &inner_exec;
+        })
+        .unwrap();
+
+    let other = ContextHandle::create(0, 0).unwrap();
+    other.make_current().unwrap();
+    let from = emu.as_ref().map(mark);
+    outer.close();
+    let drains = drain_until(|| used(&mr, &s) == 0);
+    assert_eq!(current(), other.raw() as u64);
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert_eq!(
+            drains, 1,
+            "one drain freed what the nested destruction queued"
+        );
+        assert_freed_once(emu, from, ptr, &s, &primary());
+        let destroys = calls_since(emu, from)
+            .into_iter()
+            .filter(|c| c.function == "cuGraphExecDestroy")
+            .count();
+        assert_eq!(destroys, 1);
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+    ContextHandle::clear_current().unwrap();
+}
+
+#[test]
+fn a_destructor_after_an_in_flight_launch_frees_only_once_the_launch_is_done() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, mr) = (stream(), owned_pool());
+    let out = alloc(&mr, SIZE, &s);
+    let used_by_out = used(&mr, &s);
+    let buffer = alloc(&mr, SIZE, &s);
+    let ptr = buffer.ptr();
+    let gate = Arc::new(Gate::default());
+    let ran_on = Arc::new(Mutex::new(None));
+
+    let graph = Graph::new(0).unwrap();
+    let set = graph.add_memset(&[], &buffer, 0x77u8).unwrap();
+    let wait = {
+        let (gate, ran_on) = (Arc::clone(&gate), Arc::clone(&ran_on));
+        graph
+            .add_host_function(&[set], move || {
+                *ran_on.lock().unwrap() = Some(std::thread::current().id());
+                gate.pass();
+            })
+            .unwrap()
+    };
+    graph.add_memcpy(&[wait], &out, &buffer).unwrap();
+    let exec = graph.instantiate().unwrap();
+    graph.close();
+    buffer.close().unwrap();
+    let used_by_both = used(&mr, &s);
+
+    exec.launch(&s).unwrap();
+    gate.wait_entered();
+    // The launch is in flight (blocked in the host function): destroying the executable now
+    // must not release what the launch uses (G3).
+    let from = emu.as_ref().map(mark);
+    exec.close();
+    handles::drain_deferred_cleanup();
+    let mr_pool = mr.pool().clone();
+    let used_now = mr_pool
+        .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        .unwrap();
+    assert_eq!(
+        used_now, used_by_both,
+        "nothing freed while the launch is in flight"
+    );
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert!(is_live(emu, ptr));
+        assert!(frees_of(&calls_since(emu, from), ptr).is_empty());
+    }
+
+    gate.open();
+    assert_eq!(
+        read(&out, &s),
+        vec![0x77; SIZE],
+        "the launch used valid memory"
+    );
+    let drains = drain_until(|| used(&mr, &s) == used_by_out);
+    assert_eq!(current(), 0);
+    assert_ne!(
+        *ran_on.lock().unwrap(),
+        Some(std::thread::current().id()),
+        "the host function ran on a driver thread"
+    );
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        // The destructor ran on the stream's thread when the launch completed, before the
+        // synchronisation in `read` returned.
+        assert_eq!(drains, 1);
+        let calls = calls_since(emu, from);
+        let free = assert_freed_once(emu, from, ptr, &s, &primary());
+        let destroy = calls
+            .iter()
+            .find(|c| c.function == "cuGraphExecDestroy")
+            .expect("cuGraphExecDestroy");
+        assert!(destroy.seq < free.seq);
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+    out.close().unwrap();
+}
+
+#[test]
+fn ten_thousand_attachments_released_at_once_are_all_freed_after_one_drain() {
+    const COUNT: usize = 10_000;
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, mr) = (stream(), owned_pool());
+    let graph = Graph::new(0).unwrap();
+    let buffers: Vec<Buffer> = (0..COUNT).map(|_| alloc(&mr, 256, &s)).collect();
+    let ptrs: Vec<u64> = buffers.iter().map(Buffer::ptr).collect();
+    for buffer in &buffers {
+        graph.add_memset(&[], buffer, 0xeeu8).unwrap();
+    }
+    let exec = graph.instantiate().unwrap();
+    for buffer in &buffers {
+        buffer.close().unwrap();
+    }
+    let used_by_all = used(&mr, &s);
+    assert!(used_by_all >= (COUNT * 256) as u64);
+
+    let from = emu.as_ref().map(mark);
+    graph.close();
+    exec.close();
+    // One drain: it returns once everything queued before it has run, whether it ran an item
+    // itself or the cleanup worker did.
+    handles::drain_deferred_cleanup();
+    assert_eq!(handles::deferred_cleanup_pending(), 0);
+    assert_eq!(used(&mr, &s), 0, "every attachment was freed");
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        let live: std::collections::HashSet<u64> =
+            emu.live_allocations().iter().map(|a| a.ptr).collect();
+        assert!(ptrs.iter().all(|p| !live.contains(p)));
+        let calls = calls_since(emu, from);
+        let frees: std::collections::HashMap<u64, usize> = calls
+            .iter()
+            .filter(|c| c.function == "cuMemFreeAsync")
+            .fold(std::collections::HashMap::new(), |mut m, c| {
+                *m.entry(c.ptr.unwrap_or(0)).or_default() += 1;
+                m
+            });
+        assert!(
+            ptrs.iter().all(|p| frees.get(p) == Some(&1)),
+            "each freed once"
+        );
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// BRIEF.md D4 through a graph: the free's stream is the recipe's when the graph lets go.
+
+#[test]
+fn set_deallocation_stream_before_close_moves_the_graph_retained_free() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s1, s2, mr) = (stream(), stream(), owned_pool());
+    let buffer = alloc(&mr, SIZE, &s1);
+    let ptr = buffer.ptr();
+    let graph = Graph::new(0).unwrap();
+    graph.add_memset(&[], &buffer, 0x03u8).unwrap();
+    let exec = graph.instantiate().unwrap();
+    exec.launch(&s1).unwrap();
+    s1.synchronize().unwrap();
+    buffer.set_deallocation_stream(&s2).unwrap();
+    buffer.close().unwrap();
+    let from = emu.as_ref().map(mark);
+    graph.close();
+    exec.close();
+    let drains = drain_until(|| used(&mr, &s2) == 0);
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert_eq!(drains, 1);
+        assert_freed_once(emu, from, ptr, &s2, &primary());
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// BRIEF.md D6: a per-thread-default-stream recipe warns when a graph retains it (the reference
+// deliberately did not: section 5, item 37 differs here by decision).
+
+#[test]
+fn attaching_a_per_thread_stream_buffer_warns_once_at_attach_time() {
+    let _serial = start();
+    let mr = owned_pool();
+    let (ptds_ptr, plain_ptr) = std::thread::spawn({
+        let mr = Arc::clone(&mr);
+        move || {
+            // Held until the end: releasing the last retain of a primary context deactivates it.
+            let context = primary();
+            context.make_current().unwrap();
+            let ptds = StreamHandle::per_thread();
+            let buffer = alloc(&mr, SIZE, &ptds);
+            let plain = alloc(&mr, SIZE, &stream());
+            let (ptr, plain_ptr) = (buffer.ptr(), plain.ptr());
+            ptds.synchronize().unwrap();
+            let graph = Graph::new(0).unwrap();
+            assert!(warnings_for(ptr).is_empty());
+            graph.add_memset(&[], &buffer, 0x04u8).unwrap();
+            let attach: Vec<CleanupWarning> = warnings_for(ptr);
+            assert_eq!(attach.len(), 1, "one warning at attach time: {attach:#?}");
+            assert!(matches!(
+                attach[0].kind,
+                CleanupWarningKind::PerThreadStreamRetainedByGraph { .. }
+            ));
+            // A copy within the same allocation retains it once, and warns once.
+            graph.add_memcpy(&[], &buffer, &buffer).unwrap();
+            assert_eq!(warnings_for(ptr).len(), 2);
+            // Other recipes do not warn.
+            graph.add_memset(&[], &plain, 0x04u8).unwrap();
+            assert!(warnings_for(plain_ptr).is_empty());
+
+            // The builder's retention warns the same way.
+            let s = stream();
+            let builder = GraphBuilder::new(&s).unwrap();
+            builder.begin_building(CaptureMode::ThreadLocal).unwrap();
+            builder.fill(&buffer, 0x05u8).unwrap();
+            assert_eq!(warnings_for(ptr).len(), 3);
+            let captured = builder.end_building().unwrap();
+
+            buffer.close().unwrap();
+            plain.close().unwrap();
+            graph.close();
+            captured.close();
+            ContextHandle::clear_current().unwrap();
+            (ptr, plain_ptr)
+        }
+    })
+    .join()
+    .expect("test thread");
+    let s = stream();
+    drain_until(|| used(&mr, &s) == 0);
+    // Freed on another thread than the recording one: the teardown warning (D6) follows.
+    let later = warnings_for(ptds_ptr);
+    assert!(later.iter().any(|w| matches!(
+        w.kind,
+        CleanupWarningKind::PerThreadStreamOtherThread { .. }
+    )));
+    assert!(warnings_for(plain_ptr).is_empty());
+    assert_eq!(current(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clones and host functions.
+
+#[test]
+fn a_clone_keeps_what_the_original_retained_and_refuses_the_original_nodes() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, mr) = (stream(), owned_pool());
+    let out = alloc(&mr, SIZE, &s);
+    let used_by_out = used(&mr, &s);
+    let buffer = alloc(&mr, SIZE, &s);
+    let ptr = buffer.ptr();
+    let graph = Graph::new(0).unwrap();
+    let set = graph.add_memset(&[], &buffer, 0x06u8).unwrap();
+    graph.add_memcpy(std::slice::from_ref(&set), &out, &buffer).unwrap();
+    let clone = graph.try_clone().unwrap();
+    let from = emu.as_ref().map(mark);
+    let refused = clone.add_empty(&[set]).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            MemoryError::Handle(HandleError::InvalidArgument {
+                what: "dependencies",
+                ..
+            })
+        ),
+        "{refused}"
+    );
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert!(
+            calls_since(emu, from).is_empty(),
+            "refused before any driver call"
+        );
+    }
+    graph.close();
+    buffer.close().unwrap();
+    handles::drain_deferred_cleanup();
+    let exec = clone.instantiate().unwrap();
+    clone.close();
+    exec.launch(&s).unwrap();
+    assert_eq!(read(&out, &s), vec![0x06; SIZE]);
+    let from = emu.as_ref().map(mark);
+    exec.close();
+    let drains = drain_until(|| used(&mr, &s) == used_by_out);
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert_eq!(drains, 1);
+        assert_freed_once(emu, from, ptr, &s, &primary());
+        assert_no_hazards(emu);
+    }
+    out.close().unwrap();
+}
+
+#[test]
+fn a_host_function_owning_a_buffer_keeps_it_until_the_graph_goes() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, mr) = (stream(), owned_pool());
+    let buffer = alloc(&mr, SIZE, &s);
+    let ptr = buffer.ptr();
+    let used_by_buffer = used(&mr, &s);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let graph = Graph::new(0).unwrap();
+    {
+        let runs = Arc::clone(&runs);
+        // Section 5, item 55: the buffer's only owner is the node's closure.
+        graph
+            .add_host_function(&[], move || {
+                let _owned = &buffer;
+                runs.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+    }
+    let exec = graph.instantiate().unwrap();
+    exec.launch(&s).unwrap();
+    graph.launch(&s).unwrap(); // instantiate, launch, destroy the executable at once
+    assert_eq!(used(&mr, &s), used_by_buffer);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    graph.close();
+    handles::drain_deferred_cleanup();
+    assert_eq!(
+        used(&mr, &s),
+        used_by_buffer,
+        "the executable still holds the closure"
+    );
+    let from = emu.as_ref().map(mark);
+    exec.close();
+    let drains = drain_until(|| used(&mr, &s) == 0);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert_eq!(drains, 1);
+        assert_freed_once(emu, from, ptr, &s, &primary());
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The builder: stream capture, graph memory, retained fills and copies (section 5, items 56
+// and 69).
+
+#[test]
+fn a_builder_retains_the_buffers_it_fills_and_copies_but_not_its_graph_allocations() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, mr) = (stream(), owned_pool());
+    let out_a = alloc(&mr, SIZE, &s);
+    let out_b = alloc(&mr, SIZE, &s);
+    let used_by_outputs = used(&mr, &s);
+    let src = alloc(&mr, SIZE, &s);
+    src.copy_from_host(&[0x11; SIZE], &s).unwrap();
+    let filled = alloc(&mr, SIZE, &s);
+    let (src_ptr, filled_ptr) = (src.ptr(), filled.ptr());
+
+    let builder = GraphBuilder::new(&s).unwrap();
+    builder.begin_building(CaptureMode::ThreadLocal).unwrap();
+    assert!(builder.is_building());
+    let scratch = builder.allocate(SIZE).unwrap();
+    let scratch_ptr = scratch.ptr();
+    assert!(scratch.deallocation_stream().unwrap().unwrap().ptr_eq(&s));
+    builder.copy(&scratch, &src).unwrap();
+    builder.copy(&out_a, &scratch).unwrap();
+    builder.fill(&filled, 0x44u8).unwrap();
+    builder.copy(&out_b, &filled).unwrap();
+    // A graph allocation is the graph's own: closing it while building adds its free to the
+    // graph instead of waiting for the graph to go.
+    let before_close = emu.as_ref().map(mark);
+    scratch.close().unwrap();
+    if let (Some(emu), Some(from)) = (&emu, before_close) {
+        let frees = frees_of(&calls_since(emu, from), scratch_ptr);
+        assert_eq!(frees.len(), 1, "a free node: {frees:#?}");
+    }
+    let graph = builder.end_building().unwrap();
+    assert!(!builder.is_building());
+
+    // Unlike cuda.core's capture, the builder's work retains its buffers.
+    src.close().unwrap();
+    filled.close().unwrap();
+    let used_by_all = used(&mr, &s);
+    assert!(
+        used_by_all > used_by_outputs,
+        "closing retained buffers frees nothing"
+    );
+
+    let exec = graph.instantiate().unwrap();
+    exec.launch(&s).unwrap();
+    assert_eq!(read(&out_a, &s), vec![0x11; SIZE]);
+    assert_eq!(read(&out_b, &s), vec![0x44; SIZE]);
+    exec.launch(&s).unwrap(); // the graph frees its own allocation, so it can run again
+    s.synchronize().unwrap();
+
+    let from = emu.as_ref().map(mark);
+    graph.close();
+    exec.close();
+    let drains = drain_until(|| used(&mr, &s) == used_by_outputs);
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert_eq!(drains, 1);
+        assert_freed_once(emu, from, src_ptr, &s, &primary());
+        assert_freed_once(emu, from, filled_ptr, &s, &primary());
+        assert!(frees_of(&calls_since(emu, from), scratch_ptr).is_empty());
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+    out_a.close().unwrap();
+    out_b.close().unwrap();
+}
+
+#[test]
+fn a_builder_dropped_while_building_ends_its_capture_and_releases_what_it_retained() {
+    let _serial = start();
+    let (s, mr) = (stream(), owned_pool());
+    let buffer = alloc(&mr, SIZE, &s);
+    {
+        let builder = GraphBuilder::new(&s).unwrap();
+        builder.begin_building(CaptureMode::Relaxed).unwrap();
+        builder.fill(&buffer, 0x07u8).unwrap();
+        buffer.close().unwrap();
+    }
+    assert_eq!(
+        handles::ops::capture_status(&s).unwrap(),
+        handles::ops::CaptureStatus::None
+    );
+    drain_until(|| used(&mr, &s) == 0);
+    // The stream runs work again.
+    let again = alloc(&mr, SIZE, &s);
+    again.fill(0x08u8, &s).unwrap();
+    assert_eq!(read(&again, &s), vec![0x08; SIZE]);
+    again.close().unwrap();
+}
+
+#[test]
+fn builder_misuse_is_refused_before_any_driver_call() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, mr) = (stream(), owned_pool());
+    let buffer = alloc(&mr, SIZE, &s);
+    s.synchronize().unwrap();
+    let from = emu.as_ref().map(mark);
+    assert!(matches!(
+        GraphBuilder::new(&StreamHandle::legacy()),
+        Err(MemoryError::Graph { .. })
+    ));
+    let builder = GraphBuilder::new(&s).unwrap();
+    assert_eq!(
+        builder.allocate(SIZE).unwrap_err(),
+        MemoryError::NotCapturing
+    );
+    assert!(matches!(
+        builder.fill(&buffer, 1u8),
+        Err(MemoryError::Graph { .. })
+    ));
+    assert!(matches!(
+        builder.copy(&buffer, &buffer),
+        Err(MemoryError::Graph { .. })
+    ));
+    assert!(matches!(
+        builder.end_building(),
+        Err(MemoryError::Graph { .. })
+    ));
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert!(
+            calls_since(emu, from).is_empty(),
+            "{:#?}",
+            calls_since(emu, from)
+        );
+    }
+    builder.begin_building(CaptureMode::Global).unwrap();
+    assert!(matches!(
+        builder.begin_building(CaptureMode::Global),
+        Err(MemoryError::Graph { .. })
+    ));
+    assert!(matches!(builder.fill(&buffer, 1u16), Ok(())));
+    drop(builder.end_building().unwrap());
+    buffer.close().unwrap();
+    drain_until(|| used(&mr, &s) == 0);
+}
+
+#[test]
+fn graph_misuse_is_refused_before_any_driver_call() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, mr) = (stream(), owned_pool());
+    let buffer = alloc(&mr, SIZE, &s);
+    let odd = alloc(&mr, 3, &s);
+    let small = alloc(&mr, 16, &s);
+    let graph = Graph::new(0).unwrap();
+    let closed = alloc(&mr, SIZE, &s);
+    closed.close().unwrap();
+    s.synchronize().unwrap();
+    let from = emu.as_ref().map(mark);
+    assert_eq!(
+        graph.add_memset(&[], &closed, 1u8).unwrap_err(),
+        MemoryError::Closed
+    );
+    assert!(matches!(
+        graph.add_memset(&[], &odd, 1u16).unwrap_err(),
+        MemoryError::InvalidFill { width: 2, .. }
+    ));
+    assert_eq!(
+        graph.add_memcpy(&[], &buffer, &small).unwrap_err(),
+        MemoryError::SizeMismatch { src: 16, dst: SIZE }
+    );
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert!(
+            calls_since(emu, from).is_empty(),
+            "{:#?}",
+            calls_since(emu, from)
+        );
+    }
+    match ContextHandle::primary(1) {
+        Ok(_) => {
+            let elsewhere = Graph::new(1).unwrap();
+            assert_eq!(
+                elsewhere.add_memset(&[], &buffer, 1u8).unwrap_err(),
+                MemoryError::WrongDevice {
+                    expected: 0,
+                    found: 1
+                }
+            );
+        }
+        Err(error) => eprintln!("no device 1 ({error}): the wrong-device case is not run"),
+    }
+    let exec = graph.instantiate().unwrap();
+    graph.close();
+    assert!(matches!(
+        graph.add_empty(&[]).unwrap_err(),
+        MemoryError::Graph { .. }
+    ));
+    assert!(matches!(
+        graph.instantiate(),
+        Err(MemoryError::Graph { .. })
+    ));
+    assert!(matches!(graph.try_clone(), Err(MemoryError::Graph { .. })));
+    graph.close(); // a no-op
+    exec.close();
+    assert!(exec.is_closed());
+    assert!(matches!(exec.launch(&s), Err(MemoryError::Graph { .. })));
+    exec.close(); // a no-op
+    for b in [buffer, odd, small] {
+        b.close().unwrap();
+    }
+    assert_eq!(used(&mr, &s), 0);
+}
