@@ -283,9 +283,16 @@ fn option<'py, T: pyo3::conversion::FromPyObjectOwned<'py>>(
         None
     };
     match value {
-        Some(value) if !value.is_none() => value
-            .extract::<T>()
-            .map_err(|_| PyTypeError::new_err(format!("option {name}: wrong type, got {value}"))),
+        Some(value) if !value.is_none() => value.extract::<T>().map_err(|error| {
+            let error: PyErr = error.into();
+            let py = value.py();
+            let text = format!("option {name}: {}", error.value(py));
+            if error.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+                pyo3::exceptions::PyOverflowError::new_err(text)
+            } else {
+                PyTypeError::new_err(text)
+            }
+        }),
         _ => Ok(default),
     }
 }

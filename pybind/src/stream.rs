@@ -188,8 +188,13 @@ impl PyStream {
         } else if event_or_stream.is_none() {
             return Err(PyTypeError::new_err("an Event or a Stream is required, got None"));
         } else {
-            let other = accept_stream(event_or_stream)
-                .map_err(|_| expected("Event or Stream", event_or_stream))?;
+            let other = accept_stream(event_or_stream).map_err(|error| {
+                if error.is_instance_of::<PyTypeError>(py) {
+                    expected("Event or Stream", event_or_stream)
+                } else {
+                    error
+                }
+            })?;
             let context = PyStream::context_handle(py, &other)?;
             py.detach(|| {
                 let event = EventHandle::create(&context, EVENT_DISABLE_TIMING)?;

@@ -1,0 +1,262 @@
+"""Bad input: every public function given None, wrong types, negative and huge sizes, or closed
+objects raises the documented TypeError / ValueError / RuntimeError / OverflowError with a clear
+message; nothing crashes and nothing half-changes (section 3.11; BRIEF.md D4, D5)."""
+
+import pytest
+
+import custody
+from conftest import RecordingResource
+
+HUGE = 2**64
+ABOVE_ISIZE = 2**63
+
+
+@pytest.fixture
+def pool(device):
+    return custody.DeviceMemoryResource(0)
+
+
+@pytest.fixture
+def buf(pool, stream):
+    b = pool.allocate(64, stream=stream)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def closed_buf(pool, stream):
+    b = pool.allocate(64, stream=stream)
+    b.close()
+    return b
+
+
+@pytest.fixture
+def closed_stream(device):
+    s = device.create_stream()
+    s.close()
+    return s
+
+
+def check(exc, pattern, fn):
+    """fn() raises exc (exactly that class or a subclass) with a message matching pattern (any
+    non-empty message when pattern is empty)."""
+    with pytest.raises(exc, match=pattern or None) as info:
+        fn()
+    assert str(info.value), "the message says what was wrong"
+
+
+@pytest.mark.parametrize(
+    "size, exc, pattern",
+    [
+        (None, TypeError, "NoneType"),
+        ("10", TypeError, "str"),
+        (1.5, TypeError, "float"),
+        (-1, OverflowError, ""),
+        (HUGE, OverflowError, ""),
+        (ABOVE_ISIZE, OverflowError, "isize::MAX"),
+        (0, ValueError, "at least one byte"),
+    ],
+)
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: custody.DeviceMemoryResource(0),
+        lambda: custody.PinnedMemoryResource(),
+        lambda: custody.LegacyPinnedMemoryResource(),
+        lambda: custody.ManagedMemoryResource(),
+        lambda: custody.SynchronousMemoryResource(0),
+        lambda: custody.GraphMemoryResource(0),
+    ],
+    ids=["device", "pinned", "legacy-pinned", "managed", "synchronous", "graph"],
+)
+def test_allocate_sizes(device, stream, make, size, exc, pattern):
+    mr = make()
+    check(exc, pattern, lambda: mr.allocate(size, stream=stream))
+
+
+@pytest.mark.parametrize(
+    "stream_arg, exc, pattern",
+    [
+        (None, TypeError, "Stream is required, got None"),
+        (object(), TypeError, "Stream .* expected, got object"),
+        (1, TypeError, "expected, got int"),
+    ],
+)
+def test_allocate_streams(pool, stream_arg, exc, pattern):
+    check(exc, pattern, lambda: pool.allocate(64, stream=stream_arg))
+
+
+def test_allocate_stream_is_required_and_keyword_only(pool, stream, closed_stream):
+    check(TypeError, "stream", lambda: pool.allocate(64))
+    check(TypeError, "positional", lambda: pool.allocate(64, stream))
+    check(RuntimeError, "Stream has been closed", lambda: pool.allocate(64, stream=closed_stream))
+
+
+def test_deallocate_arguments(pool, stream):
+    check(TypeError, "NoneType", lambda: pool.deallocate(None, 8, stream=stream))
+    check(OverflowError, "", lambda: pool.deallocate(-1, 8, stream=stream))
+    check(OverflowError, "", lambda: pool.deallocate(0x1000, -8, stream=stream))
+    check(TypeError, "Stream is required", lambda: pool.deallocate(0x1000, 8, stream=None))
+
+
+@pytest.mark.parametrize(
+    "ctor, exc, pattern",
+    [
+        (lambda: custody.DeviceMemoryResource(None), TypeError, "got None"),
+        (lambda: custody.DeviceMemoryResource("0"), TypeError, "expected, got str"),
+        (lambda: custody.DeviceMemoryResource(-1), ValueError, "not negative"),
+        (lambda: custody.DeviceMemoryResource(2**40), ValueError, "out of range"),
+        (lambda: custody.DeviceMemoryResource(99), custody.CUDAError, "CUDA_ERROR_INVALID_DEVICE"),
+        (lambda: custody.DeviceMemoryResource(0, {"max_size": -1}), OverflowError, "max_size"),
+        (lambda: custody.DeviceMemoryResource(0, {"ipc_enabled": "yes"}), TypeError, "ipc_enabled"),
+        (lambda: custody.SynchronousMemoryResource(None), TypeError, "got None"),
+        (lambda: custody.SynchronousMemoryResource(99), custody.CUDAError, "CUDA_ERROR_INVALID_DEVICE"),
+        (lambda: custody.GraphMemoryResource(-1), ValueError, "not negative"),
+        (lambda: custody.PinnedMemoryResource({"max_size": "big"}), TypeError, "max_size"),
+    ],
+)
+def test_resource_constructors(device, ctor, exc, pattern):
+    check(exc, pattern, ctor)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, exc, pattern",
+    [
+        ((None, 8), {}, TypeError, "pointer .* got None"),
+        (("x", 8), {}, TypeError, "expected, got str"),
+        ((-1, 8), {}, OverflowError, "unsigned 64-bit"),
+        ((HUGE, 8), {}, OverflowError, "unsigned 64-bit"),
+        ((0x1000, None), {}, TypeError, "NoneType"),
+        ((0x1000, -1), {}, OverflowError, ""),
+        ((0x1000, HUGE), {}, OverflowError, ""),
+        ((0x1000, 8), {"mr": "x"}, TypeError, "MemoryResource expected, got str"),
+        ((0x1000, 8), {"stream": 1}, ValueError, "stream requires a memory resource"),
+    ],
+)
+def test_from_handle_arguments(device, args, kwargs, exc, pattern):
+    check(exc, pattern, lambda: custody.Buffer.from_handle(*args, **kwargs))
+    check(exc, pattern, lambda: custody.ManagedBuffer.from_handle(*args, **kwargs))
+
+
+def test_from_handle_with_mr_refuses_without_taking_ownership(device, stream):
+    rec = RecordingResource()
+    ptr = rec.raw_allocate(64, stream)
+    for size, exc in [(0, ValueError), (ABOVE_ISIZE, OverflowError)]:
+        check(exc, "", lambda: custody.Buffer.from_handle(ptr, size, mr=rec, stream=stream))
+    check(ValueError, "null pointer", lambda: custody.Buffer.from_handle(0, 8, mr=rec, stream=stream))
+    check(TypeError, "Stream", lambda: custody.Buffer.from_handle(ptr, 64, mr=rec, stream=object()))
+    assert rec.calls == [] and list(rec.live) == [ptr]
+    rec.release_all()
+
+
+def test_buffer_methods_bad_arguments(buf, stream, pool):
+    check(TypeError, "requires a Stream, got None", lambda: buf.set_deallocation_stream(None))
+    check(TypeError, "expected, got int", lambda: buf.set_deallocation_stream(1))
+    check(TypeError, "expected, got str", lambda: buf.close(stream="x"))
+    check(TypeError, "Buffer expected, got str", lambda: buf.copy_to("x", stream=stream))
+    check(TypeError, "Stream is required", lambda: buf.copy_to(stream=None))
+    check(TypeError, "stream", lambda: buf.copy_to())
+    check(TypeError, "Buffer expected, got NoneType", lambda: buf.copy_from(None, stream=stream))
+    other = pool.allocate(32, stream=stream)
+    check(ValueError, "size mismatch", lambda: buf.copy_to(other, stream=stream))
+    check(ValueError, "size mismatch", lambda: buf.copy_from(other, stream=stream))
+    other.close()
+    check(OverflowError, r"\[0, 256\)", lambda: buf.fill(256, stream=stream))
+    check(OverflowError, r"\[0, 256\)", lambda: buf.fill(-1, stream=stream))
+    check(OverflowError, r"\[0, 256\)", lambda: buf.fill(2**70, stream=stream))
+    check(ValueError, "1, 2 or 4 bytes", lambda: buf.fill(b"\x01\x02\x03", stream=stream))
+    check(TypeError, "got None", lambda: buf.fill(None, stream=stream))
+    check(TypeError, "expected, got float", lambda: buf.fill(1.5, stream=stream))
+    check(TypeError, "Stream is required", lambda: buf.fill(1, stream=None))
+    odd = pool.allocate(3, stream=stream)
+    check(ValueError, "multiple of the pattern", lambda: odd.fill(b"\x01\x02", stream=stream))
+    odd.close()
+    check(RuntimeError, "ipc", lambda: buf.ipc_descriptor)
+    assert not buf.is_closed and buf.size == 64, "nothing half-changed"
+
+
+def test_closed_buffer_raises_runtime_error(closed_buf, buf, stream):
+    for attempt in (
+        lambda: closed_buf.is_device_accessible,
+        lambda: closed_buf.is_host_accessible,
+        lambda: closed_buf.is_managed,
+        lambda: closed_buf.device_id,
+        lambda: closed_buf.ipc_descriptor,
+        lambda: closed_buf.__dlpack__(),
+        lambda: closed_buf.__dlpack_device__(),
+        lambda: closed_buf.copy_to(stream=stream),
+        lambda: closed_buf.copy_to(buf, stream=stream),
+        lambda: buf.copy_from(closed_buf, stream=stream),
+        lambda: closed_buf.fill(1, stream=stream),
+        lambda: closed_buf.set_deallocation_stream(stream),
+        lambda: closed_buf.close(stream=stream),
+    ):
+        check(RuntimeError, "Buffer has been closed", attempt)
+    closed_buf.close()
+    assert (closed_buf.handle, closed_buf.size, closed_buf.memory_resource) == (0, 0, None)
+
+
+def test_dlpack_bad_arguments(buf):
+    check(BufferError, "copy", lambda: buf.__dlpack__(dl_device=(1, 0)))
+    check(BufferError, "copy=True", lambda: buf.__dlpack__(copy=True))
+    check(BufferError, "max_version", lambda: buf.__dlpack__(max_version="x"))
+    check(BufferError, "dl_device", lambda: buf.__dlpack__(dl_device="x"))
+
+
+def test_stream_and_event_bad_input(device, closed_stream, stream):
+    check(TypeError, "got None", lambda: custody.Stream.from_handle(None))
+    check(TypeError, "expected, got str", lambda: custody.Stream.from_handle("x"))
+    check(OverflowError, "", lambda: custody.Stream.from_handle(-1))
+    check(TypeError, "got None", lambda: stream.wait(None))
+    check(TypeError, "Event or Stream expected, got str", lambda: stream.wait("x"))
+    for attempt in (
+        lambda: closed_stream.sync(),
+        lambda: closed_stream.record(),
+        lambda: closed_stream.wait(stream),
+        lambda: stream.wait(closed_stream),
+        lambda: closed_stream.handle,
+        lambda: closed_stream.__cuda_stream__(),
+        lambda: closed_stream.context,
+    ):
+        check(RuntimeError, "Stream has been closed", attempt)
+    closed_stream.close()
+
+    class BadProtocol:
+        def __cuda_stream__(self):
+            return "nope"
+
+    class WrongVersion:
+        def __cuda_stream__(self):
+            return (7, 0x1234)
+
+    pool = custody.DeviceMemoryResource(0)
+    check(TypeError, "version, handle", lambda: pool.allocate(8, stream=BadProtocol()))
+    check(ValueError, "version 7", lambda: pool.allocate(8, stream=WrongVersion()))
+    check(RuntimeError, "cannot be instantiated", lambda: custody.Event())
+
+
+def test_device_bad_input(device):
+    check(TypeError, "must be an int", lambda: custody.Device("0"))
+    check(ValueError, "within", lambda: custody.Device(-1))
+    check(ValueError, "within", lambda: custody.Device(99))
+    check(TypeError, "Context expected", lambda: device.set_current("x"))
+    check(TypeError, "__cuda_stream__", lambda: device.create_stream(object()))
+    check(TypeError, "MemoryResource expected", lambda: setattr(device, "memory_resource", 1))
+    check(TypeError, "stream", lambda: device.allocate(8))
+
+
+def test_ipc_bad_input(device, stream, pool):
+    check(TypeError, "DeviceMemoryResource or PinnedMemoryResource expected, got NoneType",
+          lambda: custody.Buffer.from_ipc_descriptor(None, b"", stream=stream))
+    check(TypeError, "expected, got LegacyPinnedMemoryResource",
+          lambda: custody.Buffer.from_ipc_descriptor(custody.LegacyPinnedMemoryResource(), b"", stream=stream))
+    check(TypeError, "Stream is required",
+          lambda: custody.Buffer.from_ipc_descriptor(pool, b"", stream=None))
+    check(TypeError, "stream", lambda: custody.Buffer.from_ipc_descriptor(pool, b""))
+    check(RuntimeError, "not a pool imported",
+          lambda: custody.Buffer.from_ipc_descriptor(pool, b"", stream=stream))
+    check(ValueError, "96", lambda: custody.IPCBufferDescriptor.from_bytes(b"short"))
+    check(TypeError, "", lambda: custody.IPCBufferDescriptor.from_bytes(None))
+    check(RuntimeError, "ipc_enabled", lambda: pool.get_allocation_handle())
+    check(ValueError, "non-negative", lambda: custody.DeviceMemoryResource.from_allocation_handle(0, -1))
+    check(TypeError, "file descriptor", lambda: custody.DeviceMemoryResource.from_allocation_handle(0, "x"))
