@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use cuda_sys::emu::{Call, Emulator};
 use handles::sys_types::MemPoolAttribute;
-use handles::{CleanupWarning, CleanupWarningKind, ContextHandle, HandleError, StreamHandle};
+use handles::{
+    CleanupWarning, CleanupWarningKind, ContextHandle, CudaErrorCode, HandleError, StreamHandle,
+};
 use memory::{
     Buffer, CaptureMode, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, GraphBuilder,
     MemoryError, MemoryResource, PoolMemoryResource,
@@ -623,7 +625,9 @@ fn a_clone_keeps_what_the_original_retained_and_refuses_the_original_nodes() {
     let ptr = buffer.ptr();
     let graph = Graph::new(0).unwrap();
     let set = graph.add_memset(&[], &buffer, 0x06u8).unwrap();
-    graph.add_memcpy(std::slice::from_ref(&set), &out, &buffer).unwrap();
+    graph
+        .add_memcpy(std::slice::from_ref(&set), &out, &buffer)
+        .unwrap();
     let clone = graph.try_clone().unwrap();
     let from = emu.as_ref().map(mark);
     let refused = clone.add_empty(&[set]).unwrap_err();
@@ -910,4 +914,57 @@ fn graph_misuse_is_refused_before_any_driver_call() {
         b.close().unwrap();
     }
     assert_eq!(used(&mr, &s), 0);
+}
+
+#[test]
+fn a_node_the_driver_refuses_gives_its_retention_back() {
+    let _serial = start();
+    let Some(emu) = Emulator::get() else {
+        eprintln!("not the emulator: fault injection is emulator-only, this test does not run");
+        return;
+    };
+    let (s, mr) = (stream(), owned_pool());
+    let buffer = alloc(&mr, SIZE, &s);
+    let graph = Graph::new(0).unwrap();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    struct CountDrop(Arc<AtomicUsize>);
+    impl Drop for CountDrop {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    let from = mark(&emu);
+    assert!(emu.inject_fault("cuGraphAddMemsetNode", 1, CudaErrorCode::INVALID_VALUE));
+    let refused = graph.add_memset(&[], &buffer, 1u8).unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(CudaErrorCode::INVALID_VALUE),
+        "{refused}"
+    );
+    assert!(emu.inject_fault("cuGraphAddHostNode", 1, CudaErrorCode::INVALID_VALUE));
+    let counter = CountDrop(Arc::clone(&dropped));
+    let refused = graph
+        .add_host_function(&[], move || {
+            let _owned = &counter;
+        })
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(CudaErrorCode::INVALID_VALUE),
+        "{refused}"
+    );
+    let releases = calls_since(&emu, from)
+        .into_iter()
+        .filter(|c| c.function == "cuGraphReleaseUserObject" && c.result == 0)
+        .count();
+    assert_eq!(releases, 2, "each refused node gave its user object back");
+
+    // Nothing is retained any more: closing the buffer frees it (once the queued payload,
+    // which held the last other reference, has been dropped), and the closure was dropped.
+    buffer.close().unwrap();
+    drain_until(|| used(&mr, &s) == 0);
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+    graph.close();
+    assert_no_hazards(&emu);
 }
