@@ -1,0 +1,129 @@
+"""Interpreter shutdown, in subprocesses: live buffers, a Python memory resource, queued deferred
+cleanup and a failing free at exit give a clean exit, no hang, and (for the failure) one line on
+stderr (section 5, scenarios 58, 72; BRIEF.md D3, D7)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from conftest import EMU
+
+PROLOGUE = textwrap.dedent(
+    """
+    import gc, sys, threading
+    sys.path.insert(0, {tests!r})
+    import custody
+    from conftest import EMU, RecordingResource
+
+    dev = custody.Device(0)
+    dev.set_current()
+    s = dev.create_stream()
+    pool = custody.DeviceMemoryResource(0)
+    """
+)
+
+
+def run_child(body: str, tmp_path, extra_args=()):
+    """Runs PROLOGUE + body in a fresh interpreter (with the tests folder on sys.path, for
+    conftest's helpers); a hang fails the test after 120 s."""
+    script = PROLOGUE.format(tests=os.path.dirname(__file__)) + textwrap.dedent(body)
+    return subprocess.run(
+        [sys.executable, *extra_args, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_exit_with_live_buffers_resource_and_queued_cleanup(tmp_path):
+    marker = tmp_path / "deallocated"
+    out = run_child(
+        f"""
+        class FileMR(RecordingResource):
+            def deallocate(self, ptr, size, *, stream):
+                with open({str(marker)!r}, "a") as f:
+                    f.write(hex(ptr) + "\\n")
+                super().deallocate(ptr, size, stream=stream)
+
+        mr = FileMR()
+        kept_python = [mr.allocate(64, stream=s) for _ in range(4)]
+        kept_pool = [pool.allocate(256, stream=s) for _ in range(4)]
+        kept_pinned = custody.LegacyPinnedMemoryResource().allocate(64, stream=s)
+        # Queue synchronous frees for the cleanup worker right before exit.
+        pinned = [custody.LegacyPinnedMemoryResource().allocate(4096, stream=s) for _ in range(64)]
+        del pinned
+        # A daemon thread still dropping buffers while the interpreter exits.
+        def churn(allocate=pool.allocate, legacy=custody.LEGACY_DEFAULT_STREAM):
+            try:
+                while True:
+                    b = allocate(64, stream=legacy)
+                    del b
+            except BaseException:
+                pass  # the interpreter is tearing down under this daemon thread
+        threading.Thread(target=churn, daemon=True).start()
+        done = mr.allocate(64, stream=s)
+        del done  # freed now, before exit: deallocate runs once
+        print("exiting")
+        """,
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "exiting"
+    assert "Traceback" not in out.stderr and "Fatal" not in out.stderr, out.stderr
+    lines = marker.read_text().split()
+    assert len(lines) == 1, "deallocate ran once before exit, never during finalization"
+
+
+def test_failing_free_at_exit_goes_to_stderr(tmp_path):
+    if EMU is None:
+        import pytest
+
+        pytest.skip("needs the emulated driver's fault injection")
+    out = run_child(
+        """
+        doomed = pool.allocate(64, stream=s)
+        EMU.inject_fault("cuMemFreeAsync", 1, 1)
+        print(hex(doomed.handle))
+        """,
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    ptr = out.stdout.strip()
+    lines = [l for l in out.stderr.splitlines() if "CUDAWarning" in l]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("custody: CUDAWarning: cuMemFreeAsync(" + ptr + ")"), lines
+
+
+def test_escalated_warnings_filter_at_exit_is_harmless(tmp_path):
+    out = run_child(
+        """
+        import warnings
+        warnings.simplefilter("error", custody.CUDAWarning)
+        kept = [pool.allocate(64, stream=s) for _ in range(8)]
+        ptds = pool.allocate(64, stream=custody.PER_THREAD_DEFAULT_STREAM)
+        print("ok")
+        """,
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_drain_before_exit_frees_everything(tmp_path):
+    out = run_child(
+        """
+        pinned = [custody.LegacyPinnedMemoryResource().allocate(4096, stream=s) for _ in range(16)]
+        ptrs = {b.handle for b in pinned}
+        del pinned
+        custody.drain_deferred_cleanup()
+        if EMU is not None:
+            assert not (ptrs & EMU.live_pointers())
+            assert EMU.hazards() == []
+        print("ok")
+        """,
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
