@@ -2,8 +2,8 @@
 """custody GPU runner: runs the bundled tests against a real CUDA driver and the emulator.
 
 Built by `cargo xtask gpu-bundle` into gpu-bundle/ (this file, manifest.json, bin/, the emulated
-driver libcuda_emu.so and, once pybind exists, python/). Needs only Python 3.9+ and its standard
-library, so it runs on a GPU host with no Rust toolchain and no network.
+driver libcuda_emu.so, examples/ and, once pybind exists, python/). Needs only Python 3.9+ and
+its standard library, so it runs on a GPU host with no Rust toolchain and no network.
 
 What it does:
   1. prints the host, the GPU (nvidia-smi) and the driver it is about to test;
@@ -13,7 +13,11 @@ What it does:
   3. runs the conformance binary a second time against the bundled emulator, so that one run
      compares both drivers case by case;
   4. runs the bundled pytest suite against the real driver, if the bundle has one;
-  5. writes summary.json, summary.md (a table: test, real driver, emulator) and the output of
+  5. runs the demo: the Rust hand-off example against the real driver and the emulator, the
+     Python one (examples/handoff.py, with the bundled wheel) likewise, and the differential
+     script (examples/differential.py: custody and cuda.core side by side) against the real
+     driver; their output goes to --out/demo/ (differential.txt and differential.json there);
+  6. writes summary.json, summary.md (a table: test, real driver, emulator) and the output of
      every test that did not pass to --out (default ./results).
 
 Exit status: 0 when everything ran and passed; 1 when a test failed; 2 when no real driver
@@ -27,6 +31,7 @@ test then fails, as it should: it checks that the driver is real).
 """
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
@@ -142,16 +147,35 @@ def driver_env(library):
     return env
 
 
-def run_pytest(manifest, env, out_dir):
-    """Installs the bundled wheel into a temporary folder and runs pytest on the bundled tests."""
-    python = manifest["python"]
+@contextlib.contextmanager
+def unpacked_wheels(manifest):
+    """The bundled wheels unpacked into a temporary folder (None when the bundle has none)."""
+    python = manifest.get("python")
+    if not python:
+        yield None
+        return
     site = Path(tempfile.mkdtemp(prefix="custody-site-"))
     try:
         for wheel in python.get("wheels", []):
             with zipfile.ZipFile(HERE / wheel) as archive:
                 archive.extractall(site)
-        env = dict(env)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+        yield site
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
+
+
+def with_site(env, site):
+    """`env` with `site` first on PYTHONPATH."""
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_pytest(manifest, env, out_dir):
+    """Installs the bundled wheel into a temporary folder and runs pytest on the bundled tests."""
+    python = manifest["python"]
+    with unpacked_wheels(manifest) as site:
+        env = with_site(env, site)
         log = out_dir / "logs" / "pytest.real.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", str(HERE / python["tests"])],
@@ -163,8 +187,82 @@ def run_pytest(manifest, env, out_dir):
         if out.returncode == 5:
             return {"status": FAIL, "detail": "pytest collected no tests"}
         return {"status": FAIL, "detail": "%s (see %s)" % (last, log)}
-    finally:
-        shutil.rmtree(site, ignore_errors=True)
+
+
+def run_program(command, env, timeout, log):
+    """Runs one demo program, writing its whole output to `log`; returns {status, rc, detail,
+    log}. Exit status 0 passes; anything else fails."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out = subprocess.run([str(part) for part in command], capture_output=True, text=True,
+                             env=env, timeout=timeout, errors="replace", cwd=str(HERE))
+    except subprocess.TimeoutExpired as expired:
+        output = expired.stdout or ""
+        if isinstance(output, bytes):
+            output = output.decode(errors="replace")
+        log.write_text(output + "\n[killed after %d s]\n" % timeout)
+        return {"status": TIMEOUT, "rc": None, "detail": "killed after %d s" % timeout, "log": str(log)}
+    log.write_text(out.stdout + ("\n--- stderr ---\n" + out.stderr if out.stderr.strip() else ""))
+    last = (out.stdout.strip().splitlines() or [""])[-1]
+    if out.returncode == 0:
+        status = PASS
+    elif out.returncode < 0:
+        status = CRASH
+    else:
+        status = FAIL
+    return {"status": status, "rc": out.returncode, "detail": last[:300], "log": str(log)}
+
+
+def run_demo(manifest, real_ok, driver_path, emulator_path, emulator_ok, out_dir, timeout):
+    """The demo rows: the Rust and Python hand-off examples on the real driver and on the
+    emulator, and the differential script (custody vs cuda.core) on the real driver."""
+    demo = manifest.get("demo")
+    if not demo:
+        return [{"name": "demo", "real": {"status": SKIP, "detail": "the bundle has no demo"},
+                 "emulator": {"status": NOT_RUN}}]
+    logs = out_dir / "demo"
+    if logs.exists():
+        shutil.rmtree(logs)
+    drivers = [("real", driver_path, real_ok, "no real driver"),
+               ("emulator", emulator_path, emulator_ok, "the emulator does not load")]
+
+    def both(name, command, env_of):
+        row = {"name": name}
+        for column, library, usable, why in drivers:
+            if not usable:
+                row[column] = {"status": NOT_RUN, "detail": why}
+                continue
+            slug = name.split(" ")[0] + "-" + ("python" if "Python" in name else "rust")
+            row[column] = run_program(command, env_of(driver_env(library)), timeout,
+                                      logs / ("%s.%s.txt" % (slug, column)))
+        return row
+
+    rows = []
+    rust = demo.get("rust", {}).get("handoff")
+    if rust:
+        rows.append(both("handoff (Rust)", [HERE / rust], lambda env: env))
+    scripts = demo.get("python", {})
+    with unpacked_wheels(manifest) as site:
+        if site is None:
+            why = "the bundle has no Python package (pybind does not exist yet)"
+            for name in ("handoff (Python)", "differential (custody vs cuda.core)"):
+                rows.append({"name": name, "real": {"status": SKIP, "detail": why},
+                             "emulator": {"status": NOT_RUN}})
+            return rows
+        if "handoff.py" in scripts:
+            rows.append(both("handoff (Python)", [sys.executable, HERE / scripts["handoff.py"]],
+                             lambda env: with_site(env, site)))
+        if "differential.py" in scripts:
+            row = {"name": "differential (custody vs cuda.core)", "emulator": {"status": NOT_RUN}}
+            if real_ok:
+                command = [sys.executable, HERE / scripts["differential.py"], "--timeout", timeout,
+                           "--json", logs / "differential.json"]
+                row["real"] = run_program(command, with_site(driver_env(driver_path), site),
+                                          timeout * 30, logs / "differential.txt")
+            else:
+                row["real"] = {"status": NOT_RUN, "detail": "no real driver"}
+            rows.append(row)
+    return rows
 
 
 def main():
@@ -235,6 +333,16 @@ def main():
         pytest = run_pytest(manifest, driver_env(driver_path), out_dir)
     print("\n  pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")))
 
+    demo = run_demo(manifest, real_ok, driver_path, emulator_path,
+                    emulator["loaded"] and not emulator["error"], out_dir,
+                    args.timeout)
+    print("\n  demo (output in %s):" % (out_dir / "demo"))
+    for row in demo:
+        print("  %-8s %-8s %s" % (row["real"]["status"], row["emulator"]["status"], row["name"]))
+        for column in ("real", "emulator"):
+            if row[column]["status"] not in (PASS, SKIP, NOT_RUN):
+                print("           %s: %s" % (column, row[column].get("detail", "")))
+
     for row in rows:
         for column in ("real", "emulator"):
             result = row[column]
@@ -264,6 +372,7 @@ def main():
         "bundle_commit": manifest.get("commit"),
         "totals": totals,
         "pytest": pytest,
+        "demo": demo,
         "tests": [{k: ({kk: vv for kk, vv in v.items() if kk != "output"} if isinstance(v, dict) else v)
                    for k, v in row.items()} for row in rows],
         "emulator_disagreements": [row["test"] for row in disagreements],
@@ -278,6 +387,11 @@ def main():
              "- bundle commit: %s" % manifest.get("commit"),
              "- pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")),
              "",
+             "| demo | real driver | emulator |",
+             "|---|---|---|"]
+    for row in demo:
+        lines.append("| %s | %s | %s |" % (row["name"], row["real"]["status"], row["emulator"]["status"]))
+    lines += ["",
              "| binary | test | real driver | emulator |",
              "|---|---|---|---|"]
     for row in rows:
@@ -302,9 +416,15 @@ def main():
         print("real driver: %(passed)d passed, %(failed)d failed, %(skipped)d skipped" % totals["real"])
     print("emulator: %(passed)d passed, %(failed)d failed" % totals["emulator"])
 
+    demo_failed = sum(1 for row in demo for column in ("real", "emulator")
+                      if row[column]["status"] in failed_statuses)
+    print("demo: %s (output in %s)" % ("%d run(s) failed" % demo_failed if demo_failed else "passed",
+                                        out_dir / "demo"))
+
     if not real_ok:
         return 2
-    failed = totals["real"]["failed"] + totals["emulator"]["failed"] + (pytest["status"] == FAIL)
+    failed = (totals["real"]["failed"] + totals["emulator"]["failed"] + (pytest["status"] == FAIL)
+              + demo_failed)
     return 1 if failed else 0
 
 

@@ -2,9 +2,11 @@
 //!
 //! The GPU host has Python 3.12 and a driver but no Rust toolchain, so the bundle carries
 //! everything prebuilt: the workspace's test binaries (release, no debug info, `gpu` features on),
-//! the emulated driver, `manifest.json` describing them, and `run.py` (stdlib only), which runs
-//! each test in its own process against the real driver, runs the conformance suite again against
-//! the bundled emulator, and tabulates both.
+//! the emulated driver, the demo (the Rust hand-off example and the Python scripts under
+//! `examples/`), `manifest.json` describing them, and `run.py` (stdlib only), which runs each
+//! test in its own process against the real driver, runs the conformance suite again against the
+//! bundled emulator, runs the demo and the differential script against cuda.core, and tabulates
+//! everything.
 
 use std::collections::HashMap;
 use std::fs;
@@ -26,6 +28,17 @@ const MAX_BUNDLE_BYTES: u64 = 50 * 1024 * 1024;
 /// Packages whose tests do not belong on a GPU host: xtask's need cargo; cuda-emu's test the
 /// emulator itself, which the conformance suite's emulator column already covers.
 const EXCLUDED_PACKAGES: &[&str] = &["xtask", "cuda-emu"];
+
+/// The Rust examples the bundle carries (built by the same `cargo test --no-run`, which builds
+/// every example), as `examples/<name>`: the demo.
+const BUNDLED_EXAMPLES: &[&str] = &["handoff"];
+
+/// The Python scripts of `examples/` the bundle carries: the demo, the differential script and
+/// their helper.
+const BUNDLED_SCRIPTS: &[&str] = &["handoff.py", "differential.py", "driverlog.py"];
+
+/// An example cargo built: its name and executable.
+type Example = (String, PathBuf);
 
 /// One test binary in the bundle.
 struct TestBinary {
@@ -68,7 +81,7 @@ pub fn build() -> Result<PathBuf> {
     if !emulator.is_file() {
         bail!("{} was not built", emulator.display());
     }
-    let binaries = build_test_binaries(&metadata)?;
+    let (binaries, examples) = build_test_binaries(&metadata)?;
 
     if bundle.exists() {
         fs::remove_dir_all(&bundle)
@@ -89,6 +102,7 @@ pub fn build() -> Result<PathBuf> {
     }
     copy(&emulator, &bundle.join(EMULATOR_FILE))?;
     copy(&root.join("xtask/bundle/run.py"), &bundle.join("run.py"))?;
+    let demo = bundle_demo(&root, &bundle, &examples)?;
     let python = bundle_python(&root, &bundle)?;
 
     let manifest = json!({
@@ -98,6 +112,7 @@ pub fn build() -> Result<PathBuf> {
         "emulator": EMULATOR_FILE,
         "binaries": entries,
         "python": python,
+        "demo": demo,
     });
     fs::write(
         bundle.join("manifest.json"),
@@ -106,7 +121,7 @@ pub fn build() -> Result<PathBuf> {
 
     let size = folder_size(&bundle)?;
     println!(
-        "gpu-bundle: {} test binaries, the emulated driver, run.py{}; {:.1} MiB in {}",
+        "gpu-bundle: {} test binaries, the emulated driver, the demo, run.py{}; {:.1} MiB in {}",
         binaries.len(),
         if python.is_null() {
             " (no Python package: pybind does not exist yet)"
@@ -189,8 +204,9 @@ fn emulator_only_targets(metadata: &Value) -> HashMap<String, Vec<String>> {
 }
 
 /// `cargo test --no-run --release` of the selected packages with their `gpu` features, reading
-/// the test executables from cargo's JSON messages.
-fn build_test_binaries(metadata: &Value) -> Result<Vec<TestBinary>> {
+/// the test executables, and the examples cargo builds with them, from cargo's JSON messages.
+/// Returns the test binaries and every example.
+fn build_test_binaries(metadata: &Value) -> Result<(Vec<TestBinary>, Vec<Example>)> {
     let (packages, features) = selection(metadata)?;
     let emulator_only = emulator_only_targets(metadata);
     let names: HashMap<String, String> = metadata["packages"]
@@ -225,17 +241,26 @@ fn build_test_binaries(metadata: &Value) -> Result<Vec<TestBinary>> {
         .context("could not start cargo test --no-run")?;
     let stdout = child.stdout.take().context("cargo's stdout")?;
     let mut binaries = Vec::new();
+    let mut examples = Vec::new();
     for line in std::io::BufReader::new(stdout).lines() {
         let line = line?;
         let Ok(message) = serde_json::from_str::<Value>(&line) else {
             continue;
         };
-        if message["reason"] != "compiler-artifact" || message["profile"]["test"] != true {
+        if message["reason"] != "compiler-artifact" {
             continue;
         }
         let Some(executable) = message["executable"].as_str() else {
             continue;
         };
+        if message["target"]["kind"][0] == "example" && message["profile"]["test"] != true {
+            let name = message["target"]["name"].as_str().unwrap_or_default();
+            examples.push((name.to_owned(), PathBuf::from(executable)));
+            continue;
+        }
+        if message["profile"]["test"] != true {
+            continue;
+        }
         let package_id = message["package_id"].as_str().unwrap_or_default();
         let package = names
             .get(package_id)
@@ -274,7 +299,29 @@ fn build_test_binaries(metadata: &Value) -> Result<Vec<TestBinary>> {
         bail!("cargo built no test binaries");
     }
     binaries.sort_by_key(TestBinary::file_name);
-    Ok(binaries)
+    Ok((binaries, examples))
+}
+
+/// The demo under `examples/`: the Rust examples in [`BUNDLED_EXAMPLES`] (from the test build)
+/// and the Python scripts in [`BUNDLED_SCRIPTS`]. Returns the manifest's `demo` entry.
+fn bundle_demo(root: &Path, bundle: &Path, built: &[Example]) -> Result<Value> {
+    fs::create_dir_all(bundle.join("examples"))?;
+    let mut rust = serde_json::Map::new();
+    for name in BUNDLED_EXAMPLES {
+        let Some((_, executable)) = built.iter().find(|(built, _)| built == name) else {
+            bail!("cargo test --no-run did not build the example {name:?}");
+        };
+        let file = format!("examples/{name}");
+        copy(executable, &bundle.join(&file))?;
+        rust.insert((*name).to_owned(), Value::String(file));
+    }
+    let mut scripts = serde_json::Map::new();
+    for script in BUNDLED_SCRIPTS {
+        let file = format!("examples/{script}");
+        copy(&root.join(&file), &bundle.join(&file))?;
+        scripts.insert((*script).to_owned(), Value::String(file));
+    }
+    Ok(json!({ "rust": rust, "python": scripts }))
 }
 
 /// When `pybind/` exists: a release wheel built with maturin and the pytest files, under
