@@ -94,7 +94,9 @@ impl PyBuffer {
 
 impl Drop for PyBuffer {
     fn drop(&mut self) {
-        let Some(buffer) = self.inner.take() else { return };
+        let Some(buffer) = self.inner.take() else {
+            return;
+        };
         if buffer.is_closed() || finalizing() {
             // Nothing to free, or the interpreter is shutting down (no GIL release then: a
             // thread that re-attaches during finalization may be stopped by CPython).
@@ -166,7 +168,9 @@ fn adopt(
 /// An address given as an int (or anything with `__index__`).
 fn address(object: &Bound<'_, PyAny>) -> PyResult<u64> {
     if object.is_none() {
-        return Err(PyTypeError::new_err("a pointer (int) is required, got None"));
+        return Err(PyTypeError::new_err(
+            "a pointer (int) is required, got None",
+        ));
     }
     object.extract::<u64>().map_err(|error| {
         if error.is_instance_of::<PyOverflowError>(object.py()) {
@@ -243,9 +247,8 @@ impl PyBuffer {
     ) -> PyResult<Py<PyAny>> {
         let py = cls.py();
         let stream = accept_stream(stream)?;
-        let pool = pool_of(mr).ok_or_else(|| {
-            expected("DeviceMemoryResource or PinnedMemoryResource", mr)
-        })?;
+        let pool = pool_of(mr)
+            .ok_or_else(|| expected("DeviceMemoryResource or PinnedMemoryResource", mr))?;
         if !pool.is_mapped() {
             return Err(PyRuntimeError::new_err(
                 "the memory resource is not a pool imported from another process \
@@ -311,10 +314,13 @@ impl PyBuffer {
                 })?;
                 let kwargs = PyDict::new(py);
                 kwargs.set_item("stream", stream)?;
-                mr.bind(py).call_method("allocate", (size,), Some(&kwargs))?
+                mr.bind(py)
+                    .call_method("allocate", (size,), Some(&kwargs))?
             }
         };
-        let target = dst.cast::<PyBuffer>().map_err(|_| expected("Buffer", &dst))?;
+        let target = dst
+            .cast::<PyBuffer>()
+            .map_err(|_| expected("Buffer", &dst))?;
         let source = self.buffer();
         let destination = target.get().buffer();
         py.detach(|| source.copy_to(destination, &handle))
@@ -331,7 +337,9 @@ impl PyBuffer {
         stream: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let handle = accept_stream(stream)?;
-        let source = src.cast::<PyBuffer>().map_err(|_| expected("Buffer", src))?;
+        let source = src
+            .cast::<PyBuffer>()
+            .map_err(|_| expected("Buffer", src))?;
         let source = source.get().buffer();
         let destination = self.buffer();
         py.detach(|| destination.copy_from(source, &handle))
@@ -441,9 +449,7 @@ impl PyBuffer {
         if buffer.is_closed() {
             return Err(closed("Buffer"));
         }
-        let inner = py
-            .detach(|| buffer.ipc_descriptor())
-            .map_err(Error::from)?;
+        let inner = py.detach(|| buffer.ipc_descriptor()).map_err(Error::from)?;
         Ok(PyIpcBufferDescriptor { inner })
     }
 
@@ -508,8 +514,16 @@ impl PyBuffer {
         match buffer.handle() {
             Err(_) => "<Buffer closed>".to_owned(),
             Ok(handle) => {
-                let mapped = if buffer.is_mapped() { " is_mapped=True" } else { "" };
-                format!("<Buffer ptr=0x{:x} size={}{mapped}>", handle.ptr(), handle.size())
+                let mapped = if buffer.is_mapped() {
+                    " is_mapped=True"
+                } else {
+                    ""
+                };
+                format!(
+                    "<Buffer ptr=0x{:x} size={}{mapped}>",
+                    handle.ptr(),
+                    handle.size()
+                )
             }
         }
     }
@@ -604,7 +618,9 @@ impl PyIpcBufferDescriptor {
         self.inner.device_id().unwrap_or(-1)
     }
 
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>,))> {
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>,))> {
         let py = slf.py();
         let from_bytes = slf.get_type().getattr("from_bytes")?;
         Ok((from_bytes, (slf.get().__bytes__(py),)))

@@ -116,9 +116,11 @@ fn handle_error(error: HandleError) -> PyErr {
             let message = driver.to_string();
             cuda_error(driver.code.name(), driver.code.0, message)
         }
-        HandleError::Load(load) => {
-            cuda_error("CUDA_ERROR_NOT_FOUND", 500, format!("no CUDA driver: {load}"))
-        }
+        HandleError::Load(load) => cuda_error(
+            "CUDA_ERROR_NOT_FOUND",
+            500,
+            format!("no CUDA driver: {load}"),
+        ),
         HandleError::NoCurrentContext => PyRuntimeError::new_err(NO_CONTEXT),
         HandleError::InvalidArgument { .. } => PyValueError::new_err(error.to_string()),
         HandleError::Closed => PyRuntimeError::new_err("the handle has been closed"),

@@ -33,7 +33,10 @@ fn drain_deferred_cleanup(py: Python<'_>) -> usize {
 /// How many cleanup errors and warnings this process has reported (for tests).
 #[pyfunction]
 fn _cleanup_report_counts() -> (u64, u64) {
-    (handles::cleanup_error_count(), handles::cleanup_warning_count())
+    (
+        handles::cleanup_error_count(),
+        handles::cleanup_warning_count(),
+    )
 }
 
 #[pymodule(gil_used = false)]

@@ -173,7 +173,10 @@ impl MemoryResource for PyResourceAdapter {
                 Ok(())
             };
             call().map_err(|error| {
-                let text = format!("{}.deallocate(0x{ptr:x}, {size}) raised {error}", self.type_name);
+                let text = format!(
+                    "{}.deallocate(0x{ptr:x}, {size}) raised {error}",
+                    self.type_name
+                );
                 stash_deallocate_error(error);
                 text
             })
@@ -227,7 +230,8 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Arc<dyn MemoryResource>
         None => None,
         Some(id) if id < 0 => None,
         Some(id) => Some(
-            i32::try_from(id).map_err(|_| PyValueError::new_err(format!("invalid device_id {id}")))?,
+            i32::try_from(id)
+                .map_err(|_| PyValueError::new_err(format!("invalid device_id {id}")))?,
         ),
     };
     let managed: bool = match mr.getattr("is_managed") {
@@ -247,7 +251,9 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Arc<dyn MemoryResource>
 /// A device ordinal given as an `int` or a `Device`.
 fn device_ordinal(device: &Bound<'_, PyAny>) -> PyResult<i32> {
     if device.is_none() {
-        return Err(PyTypeError::new_err("a device (int or Device) is required, got None"));
+        return Err(PyTypeError::new_err(
+            "a device (int or Device) is required, got None",
+        ));
     }
     let value = if device.hasattr("device_id")? && !device.is_instance_of::<pyo3::types::PyInt>() {
         device.getattr("device_id")?
@@ -392,7 +398,10 @@ impl PyPoolAttributes {
     /// Bytes the pool currently holds from the driver.
     #[getter]
     fn reserved_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+        self.read(
+            py,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+        )
     }
 
     /// The high-water mark of `reserved_mem_current`.

@@ -73,15 +73,18 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
     if object.hasattr("__cuda_stream__")? {
         return wrap_protocol(object);
     }
-    Err(expected("Stream (or an object with __cuda_stream__)", object))
+    Err(expected(
+        "Stream (or an object with __cuda_stream__)",
+        object,
+    ))
 }
 
 /// Wraps an object implementing the `__cuda_stream__` protocol (`(version, handle)`).
 fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle> {
     let info = object.call_method0("__cuda_stream__")?;
-    let tuple = info
-        .cast::<PyTuple>()
-        .map_err(|_| PyTypeError::new_err("__cuda_stream__ must return a (version, handle) tuple"))?;
+    let tuple = info.cast::<PyTuple>().map_err(|_| {
+        PyTypeError::new_err("__cuda_stream__ must return a (version, handle) tuple")
+    })?;
     if tuple.len() != 2 {
         return Err(PyTypeError::new_err(
             "__cuda_stream__ must return a (version, handle) tuple",
@@ -116,7 +119,9 @@ impl PyStream {
     #[staticmethod]
     fn from_handle(py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Py<PyStream>> {
         if handle.is_none() {
-            return Err(PyTypeError::new_err("a stream handle (int) is required, got None"));
+            return Err(PyTypeError::new_err(
+                "a stream handle (int) is required, got None",
+            ));
         }
         let stream = if handle.hasattr("__cuda_stream__")? {
             wrap_protocol(handle)?
@@ -186,7 +191,9 @@ impl PyStream {
         let event = if let Ok(event) = event_or_stream.cast::<PyEvent>() {
             event.get().handle()?
         } else if event_or_stream.is_none() {
-            return Err(PyTypeError::new_err("an Event or a Stream is required, got None"));
+            return Err(PyTypeError::new_err(
+                "an Event or a Stream is required, got None",
+            ));
         } else {
             let other = accept_stream(event_or_stream).map_err(|error| {
                 if error.is_instance_of::<PyTypeError>(py) {
@@ -203,7 +210,8 @@ impl PyStream {
             })
             .map_err(Error::from)?
         };
-        py.detach(|| stream.wait_event(&event)).map_err(Error::from)?;
+        py.detach(|| stream.wait_event(&event))
+            .map_err(Error::from)?;
         Ok(())
     }
 
@@ -249,7 +257,12 @@ impl PyStream {
     }
 
     fn __repr__(&self) -> String {
-        match self.handle.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+        match self
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
             Some(stream) => format!("<Stream handle=0x{:x}>", stream.raw() as usize),
             None => "<Stream closed>".to_owned(),
         }
@@ -327,7 +340,12 @@ impl PyEvent {
     }
 
     fn __repr__(&self) -> String {
-        match self.handle.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+        match self
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
             Some(event) => format!("<Event handle=0x{:x}>", event.raw() as usize),
             None => "<Event closed>".to_owned(),
         }
@@ -496,7 +514,10 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyStream>()?;
     m.add_class::<PyEvent>()?;
     m.add_class::<PyContext>()?;
-    m.add("LEGACY_DEFAULT_STREAM", singleton(py, DefaultStream::Legacy)?.clone_ref(py))?;
+    m.add(
+        "LEGACY_DEFAULT_STREAM",
+        singleton(py, DefaultStream::Legacy)?.clone_ref(py),
+    )?;
     m.add(
         "PER_THREAD_DEFAULT_STREAM",
         singleton(py, DefaultStream::PerThread)?.clone_ref(py),
