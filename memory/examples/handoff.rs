@@ -9,9 +9,10 @@
 //!    meaning depends on the calling thread's context) is dropped on a thread that never had
 //!    a context. The raw driver would fail there (`CUDA_ERROR_INVALID_CONTEXT`,
 //!    driver_facts.md F2); custody makes the recorded context current, frees, and restores.
-//! 3. **Graph-retained.** A CUDA graph keeps the buffer alive through a user object after the
-//!    user closed it; destroying the graph's executable queues the buffer for deferred cleanup,
-//!    which frees it with its recipe while the user's thread has another context current.
+//! 3. **Graph-retained.** A CUDA graph (the memory crate's `Graph`: a memset node and a memcpy
+//!    node) keeps the buffer alive after the user closed it, and the launch still fills and
+//!    copies it; closing the executable queues the memory for deferred cleanup, which frees it
+//!    with its recipe while the user's thread has another context current.
 //!
 //! For each free it prints the pointer, the stream and context it ran in, the thread, and the
 //! thread's context before and after. On the emulated driver those facts come from the
@@ -25,8 +26,9 @@
 //! 3 for the emulated driver, 2 when no usable driver loads. `--no-call-log` ignores the
 //! emulator's call log and shows what a real driver would show (to try that path here).
 //!
-//! The graph scenario uses the handles crate's `GraphHandle` and `UserObjectOwnership`
-//! directly, until the memory crate's graph API (issue #5) exists.
+//! Which thread runs a deferred free (custody's cleanup worker, or `drain_deferred_cleanup` on the
+//! caller's thread) is a race: on the emulator the call log says which; either way a probe queued
+//! after the frees shows the context the worker was left with.
 
 use std::ffi::{c_char, c_int, CStr};
 use std::fmt::Display;
@@ -37,11 +39,12 @@ use std::time::{Duration, Instant};
 use cuda_sys::emu::{Call, Emulator};
 use handles::sys_types::MemPoolAttribute;
 use handles::{
-    ContextHandle, DevicePtrHandle, EventHandle, GraphExecHandle, GraphHandle, StreamHandle,
-    UserObjectOwnership, EVENT_DISABLE_TIMING,
+    ContextHandle, DevicePtrHandle, EventHandle, StreamHandle, UserObjectOwnership,
+    EVENT_DISABLE_TIMING,
 };
 use memory::{
-    Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryResource, PoolMemoryResource,
+    Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, MemoryResource,
+    PoolMemoryResource,
 };
 
 /// Bytes per buffer: a multiple of 4 (fills) and small enough for any device.
@@ -236,32 +239,25 @@ fn observe(emu: Option<Emulator>, release: impl FnOnce() -> Option<String>) -> R
     })
 }
 
-/// A graph's payload: the last reference to the buffer's memory, and a slot where its drop
-/// (on the cleanup worker, or in `drain_deferred_cleanup`) writes what it saw.
-struct TracedPayload {
-    handle: Option<DevicePtrHandle>,
-    /// The recipe the memory held when the payload was dropped.
-    recipe: Arc<Mutex<Option<Result<Recorded>>>>,
+/// What a [`ContextProbe`] saw: the thread that dropped it, that thread's id in the call log,
+/// and its current context.
+type ProbeSeen = (String, Option<u64>, Result<u64>);
+
+/// A deferred-cleanup payload that records, when it is dropped (by custody's cleanup worker, or
+/// in `drain_deferred_cleanup`), the thread and the context current on it: queued right after
+/// the graph's frees, it shows the context the worker was left with.
+struct ContextProbe {
     emu: Option<Emulator>,
-    seen: Arc<Mutex<Option<Result<Observed>>>>,
+    seen: Arc<Mutex<Option<ProbeSeen>>>,
 }
 
-impl Drop for TracedPayload {
+impl Drop for ContextProbe {
     fn drop(&mut self) {
-        let handle = self.handle.take();
-        let recipe = handle
-            .as_ref()
-            .map_or(Err("no handle".to_owned()), recorded);
-        *self.recipe.lock().unwrap_or_else(|e| e.into_inner()) = Some(recipe);
-        let seen = observe(self.emu, move || {
-            drop(handle);
-            let by = if std::thread::current().name() == Some("main") {
-                "drain_deferred_cleanup()"
-            } else {
-                "custody's cleanup worker"
-            };
-            Some(format!("deferred cleanup in {by}"))
-        });
+        let thread = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_owned();
+        let seen = (thread, self.emu.map(|e| e.thread_id()), current_raw());
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(seen);
     }
 }
@@ -434,7 +430,10 @@ impl Demo {
                         format!("error {}", c.result)
                     }
                 ),
-                f => format!("{f}()"),
+                f => match c.ptr {
+                    Some(other) => format!("{f}(0x{other:x}, ..)"),
+                    None => format!("{f}()"),
+                },
             })
             .collect();
         println!(
@@ -731,40 +730,34 @@ fn graph_retained(
     mr: &Arc<DeviceMemoryResource>,
 ) -> Result<()> {
     println!("\n[3/3] a buffer retained by a CUDA graph, freed by deferred cleanup");
-    let stream = StreamHandle::create(a, 0, 0).map_err(|e| err("creating a stream", e))?;
-    demo.names.add("stream", stream.raw() as u64, "work");
+    let work = StreamHandle::create(a, 0, 0).map_err(|e| err("creating a stream", e))?;
+    demo.names.add("stream", work.raw() as u64, "work");
     let baseline = used(mr)?;
     let buffer = Arc::clone(mr)
-        .allocate(SIZE, &stream)
+        .allocate(SIZE, &work)
+        .map_err(|e| err("allocating", e))?;
+    let out = Arc::clone(mr)
+        .allocate(SIZE, &work)
         .map_err(|e| err("allocating", e))?;
     let ptr = buffer.ptr();
-    buffer.fill(0x22u8, &stream).map_err(|e| err("fill", e))?;
     println!(
         "  allocated 0x{ptr:x} ({SIZE} bytes) on {}; recipe: {}",
-        demo.stream(stream.raw() as u64),
+        demo.stream(work.raw() as u64),
         recipe_text(demo, &buffer)
     );
+    let recipe = recorded(&buffer.handle().map_err(|e| err("handle", e))?)?;
 
-    let seen = Arc::new(Mutex::new(None));
-    let attachment = buffer.handle().map_err(|e| err("buffer handle", e))?;
-    let recipe_cell = Arc::new(Mutex::new(None));
-    let payload = TracedPayload {
-        recipe: recipe_cell.clone(),
-        handle: Some(attachment),
-        emu: demo.emu,
-        seen: seen.clone(),
-    };
-    let graph = GraphHandle::create(a).map_err(|e| err("cuGraphCreate", e))?;
-    UserObjectOwnership::new(a, Box::new(payload))
-        .map_err(|e| err("cuUserObjectCreate", e))?
-        .move_into_graph(&graph)
-        .map_err(|e| err("cuGraphRetainUserObject", e))?;
-    let exec = GraphExecHandle::instantiate(&graph, 0).map_err(|e| err("instantiate", e))?;
-    exec.launch(&stream).map_err(|e| err("cuGraphLaunch", e))?;
+    let graph = Graph::in_context(a).map_err(|e| err("creating a graph", e))?;
+    let fill = graph
+        .add_memset(&[], &buffer, 0x22u8)
+        .map_err(|e| err("adding a memset node", e))?;
+    graph
+        .add_memcpy(&[fill], &out, &buffer)
+        .map_err(|e| err("adding a memcpy node", e))?;
     println!(
-        "  a graph holds a reference to the memory through a user object; instantiated, launched"
+        "  a graph (memory crate's Graph): a memset node fills the buffer with 0x22, a memcpy node \
+         copies it into a second buffer; each node retains the memory it touches"
     );
-
     let from = mark(demo.emu);
     buffer.close().map_err(|e| err("close", e))?;
     let freed_early = match demo.emu {
@@ -773,63 +766,165 @@ fn graph_retained(
             .iter()
             .any(|c| c.seq >= from && c.ptr == Some(ptr) && c.function.starts_with("cuMemFree")),
         None => {
-            stream.synchronize().map_err(|e| err("synchronize", e))?;
+            work.synchronize().map_err(|e| err("synchronize", e))?;
             used(mr)? == baseline
         }
     };
+    println!("  the user closed the buffer (close() -> Ok(()))");
     demo.check(
         !freed_early && buffer.is_closed(),
         "the user's close() freed nothing: the graph still holds the memory",
     );
 
+    let exec = graph.instantiate().map_err(|e| err("instantiate", e))?;
+    graph.close();
+    exec.launch(&work).map_err(|e| err("launch", e))?;
+    let mut bytes = vec![0u8; SIZE];
+    out.copy_to_host(&mut bytes, &work)
+        .map_err(|e| err("reading the copy", e))?;
+    out.close().map_err(|e| err("close", e))?;
+    println!(
+        "  instantiated, graph definition closed (the executable keeps the nodes: driver_facts.md \
+         G1), launched on work"
+    );
+    demo.check(
+        bytes.iter().all(|&b| b == 0x22),
+        "after the user's close, the launch filled the memory and copied it out: read back 0x22",
+    );
+
     b.make_current().map_err(|e| err("making B current", e))?;
     println!("  thread main now has context B current (not the buffer's context)");
-    stream.synchronize().map_err(|e| err("synchronize", e))?;
-    drop(graph);
-    drop(exec);
+    let main_before = current_raw()?;
+    let from = mark(demo.emu);
+    exec.close();
     println!(
-        "  graph and executable destroyed: the user object's destructor queued the memory \
-         (it may make no CUDA call itself: driver_facts.md G4)"
+        "  executable closed: the nodes' user objects let go, and their destructor queued the \
+         memory for deferred cleanup (it may make no CUDA call itself: driver_facts.md G4)"
     );
-    // The destructor normally runs inside cuGraphExecDestroy (G2); a driver may also run it
-    // later on its own thread (G3), so wait for it, bounded.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let seen = loop {
-        let drained = handles::drain_deferred_cleanup();
-        if let Some(seen) = seen.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            if drained > 0 {
-                println!("  drain_deferred_cleanup() on thread main ran {drained} queued item(s)");
-            }
-            break seen?;
-        }
-        if Instant::now() > deadline {
-            return Err("the graph's payload was not released within 30 s".to_owned());
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    if let Some(id) = seen.emu_thread {
-        if seen.thread != "main" {
-            demo.names.add("thread", id, seen.thread.clone());
+    let drained = handles::drain_deferred_cleanup();
+    println!("  drain_deferred_cleanup() on thread main ran {drained} queued item(s)");
+    if demo.emu.is_none() {
+        // A driver may run the destructor later, on its own thread (G3): wait for the frees.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while {
+            work.synchronize().map_err(|e| err("synchronize", e))?;
+            used(mr)? != baseline
+        } && Instant::now() < deadline
+        {
+            handles::drain_deferred_cleanup();
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
-    let recipe = recipe_cell
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-        .ok_or("the payload saw no recipe")??;
-    demo.report_free(ptr, &seen, recipe, &stream, a);
-    let main_now = current_raw()?;
+    let to = mark(demo.emu);
+    let main_after = current_raw()?;
+    let probe = probe_cleanup_thread(demo, a)?;
+
+    // Which thread freed: the call log says; a real driver does not, so both are shown.
+    let main_id = demo.emu.map(|e| e.thread_id());
+    let free_thread = demo.emu.and_then(|emu| {
+        emu.calls()
+            .into_iter()
+            .find(|c| {
+                c.seq >= from
+                    && c.seq < to
+                    && c.ptr == Some(ptr)
+                    && c.function.starts_with("cuMemFree")
+            })
+            .map(|c| c.thread)
+    });
+    let seen = match (free_thread, demo.emu) {
+        (Some(thread), Some(emu)) if Some(thread) != main_id => {
+            demo.names.add("thread", thread, "custody-cleanup");
+            let first = emu
+                .calls()
+                .into_iter()
+                .find(|c| c.seq >= from && c.seq < to && c.thread == thread);
+            let after = match &probe {
+                (name, Some(id), Ok(ctx)) if *id == thread && name == "custody-cleanup" => *ctx,
+                _ => u64::MAX,
+            };
+            Observed {
+                thread: "custody-cleanup".to_owned(),
+                emu_thread: Some(thread),
+                before: first.map_or(u64::MAX, |c| c.context),
+                after,
+                from,
+                to,
+                outcome: Some("deferred cleanup in custody's cleanup worker".to_owned()),
+            }
+        }
+        _ => Observed {
+            thread: "main".to_owned(),
+            emu_thread: main_id,
+            before: main_before,
+            after: main_after,
+            from,
+            to,
+            outcome: Some(if demo.emu.is_some() {
+                "deferred cleanup in drain_deferred_cleanup()".to_owned()
+            } else {
+                "deferred cleanup (this thread's drain_deferred_cleanup() or custody's cleanup \
+                 worker: without a call log custody does not say which; shown: the caller's thread)"
+                    .to_owned()
+            }),
+        },
+    };
+    demo.report_free(ptr, &seen, recipe, &work, a);
     demo.check(
-        main_now == b.raw() as u64,
+        main_before == b.raw() as u64 && main_after == b.raw() as u64,
         format!(
-            "thread main still has context B current (found {})",
-            demo.ctx(main_now)
+            "thread main kept context B current throughout (before {}, after {})",
+            demo.ctx(main_before),
+            demo.ctx(main_after)
         ),
     );
+    match probe {
+        (thread, _, Ok(ctx)) => {
+            println!(
+                "  the cleanup queue's next item ran on thread {thread}, with context {} current",
+                demo.ctx(ctx)
+            );
+            if thread != "main" {
+                demo.check(
+                    ctx == 0,
+                    "custody's cleanup worker was left with no context after the frees",
+                );
+            }
+        }
+        (_, _, Err(error)) => demo.check(false, err("probing the cleanup worker", error)),
+    }
     a.make_current().map_err(|e| err("making A current", e))?;
-    demo.check_pool(mr, baseline, &stream);
+    demo.check_pool(mr, baseline, &work);
     demo.check_reports();
     Ok(())
+}
+
+/// Queues a [`ContextProbe`] for deferred cleanup and waits (bounded) for the cleanup worker to
+/// drop it, draining on this thread if it does not.
+fn probe_cleanup_thread(demo: &Demo, context: &ContextHandle) -> Result<ProbeSeen> {
+    let seen = Arc::new(Mutex::new(None));
+    let probe = ContextProbe {
+        emu: demo.emu,
+        seen: seen.clone(),
+    };
+    // Releasing the only reference runs the user object's destructor, which queues the probe.
+    drop(
+        UserObjectOwnership::new(context, Box::new(probe))
+            .map_err(|e| err("cuUserObjectCreate", e))?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(seen) = seen.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Ok(seen);
+        }
+        if Instant::now() > deadline {
+            handles::drain_deferred_cleanup();
+        }
+        if Instant::now() > deadline + Duration::from_secs(25) {
+            return Err("the probe was not dropped within 30 s".to_owned());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// The buffer's recipe, as custody recorded it.
