@@ -11,6 +11,7 @@ use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple, PyType};
 
 use crate::errors::{closed, expected, Error};
 use crate::ffi::dlpack_capsule;
+use crate::graph::PyGraphBuilder;
 use crate::report::{finalizing, PyObjRef};
 use crate::resource::{pool_of, resolve};
 use crate::stream::{accept_stream, default_stream_handle};
@@ -163,6 +164,25 @@ fn adopt(
         })
         .map_err(Error::from)?;
     PyBuffer::wrap(py, buffer, mr_object, managed, owner_ref)
+}
+
+/// Copies `src` into `dst` on `stream` (`handle`), or records the copy into a graph builder's
+/// capture (which then keeps both buffers alive).
+fn copy(
+    py: Python<'_>,
+    stream: &Bound<'_, PyAny>,
+    handle: &StreamHandle,
+    dst: &Buffer,
+    src: &Buffer,
+) -> PyResult<()> {
+    if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
+        let builder = builder.get().builder()?;
+        py.detach(|| builder.copy(dst, src)).map_err(Error::from)?;
+        return Ok(());
+    }
+    py.detach(|| src.copy_to(dst, handle))
+        .map_err(Error::from)?;
+    Ok(())
 }
 
 /// An address given as an int (or anything with `__index__`).
@@ -323,8 +343,7 @@ impl PyBuffer {
             .map_err(|_| expected("Buffer", &dst))?;
         let source = self.buffer();
         let destination = target.get().buffer();
-        py.detach(|| source.copy_to(destination, &handle))
-            .map_err(Error::from)?;
+        copy(py, stream, &handle, destination, source)?;
         Ok(dst.unbind())
     }
 
@@ -342,9 +361,7 @@ impl PyBuffer {
             .map_err(|_| expected("Buffer", src))?;
         let source = source.get().buffer();
         let destination = self.buffer();
-        py.detach(|| destination.copy_from(source, &handle))
-            .map_err(Error::from)?;
-        Ok(())
+        copy(py, stream, &handle, destination, source)
     }
 
     /// Fills the buffer with a repeated 8-, 16- or 32-bit pattern, ordered on `stream`.
@@ -356,8 +373,15 @@ impl PyBuffer {
         stream: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let value = fill_value(value)?;
-        let handle = accept_stream(stream)?;
         let buffer = self.buffer();
+        if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
+            // Recorded into the graph, which keeps the buffer alive.
+            let builder = builder.get().builder()?;
+            py.detach(|| builder.fill(buffer, value))
+                .map_err(Error::from)?;
+            return Ok(());
+        }
+        let handle = accept_stream(stream)?;
         py.detach(|| buffer.fill(value, &handle))
             .map_err(Error::from)?;
         Ok(())

@@ -10,7 +10,7 @@
 //! | `HandleError::Deallocator` | the exception the Python memory resource's `deallocate` raised, when it raised on this thread; else `RuntimeError` |
 //! | `MemoryError::InvalidSize` | `ValueError` (zero bytes) or `OverflowError` (more than `isize::MAX`) |
 //! | `SizeMismatch`, `InvalidFill`, `WrongDevice`, `OwnershipConflict`, `NoMemoryResource`, `HandleError::InvalidArgument` | `ValueError` |
-//! | `NotCapturing`, `StreamCapturing`, `Ipc` | `RuntimeError` |
+//! | `NotCapturing`, `StreamCapturing`, `Ipc`, `Graph` | `RuntimeError` |
 
 use std::cell::RefCell;
 
@@ -100,9 +100,10 @@ impl From<Error> for PyErr {
                 PyOverflowError::new_err(error.to_string())
             }
             MemoryError::Closed => closed("Buffer"),
-            MemoryError::NotCapturing | MemoryError::StreamCapturing | MemoryError::Ipc { .. } => {
-                PyRuntimeError::new_err(error.to_string())
-            }
+            MemoryError::NotCapturing
+            | MemoryError::StreamCapturing
+            | MemoryError::Ipc { .. }
+            | MemoryError::Graph { .. } => PyRuntimeError::new_err(error.to_string()),
             // InvalidSize (zero), SizeMismatch, InvalidFill, WrongDevice, OwnershipConflict,
             // NoMemoryResource, and anything added later.
             other => PyValueError::new_err(other.to_string()),

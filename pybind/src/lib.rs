@@ -7,6 +7,7 @@
 //! - `stream`: `Stream`, `Event`, `Context`, default streams, device-level functions.
 //! - `resource`: `MemoryResource` (subclassable in Python) and the built-in resources.
 //! - `buffer`: `Buffer`, `ManagedBuffer`, DLPack, IPC descriptors.
+//! - `graph`: `GraphBuilder` (stream capture that retains buffers) and `Graph`.
 //! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor).
 //!
 //! Every class is `frozen` and `Send + Sync`; every driver call runs with the GIL released
@@ -17,6 +18,7 @@
 mod buffer;
 mod errors;
 mod ffi;
+mod graph;
 mod report;
 mod resource;
 mod stream;
@@ -47,6 +49,7 @@ fn _custody(m: &Bound<'_, PyModule>) -> PyResult<()> {
     stream::register(m)?;
     resource::register(m)?;
     buffer::register(m)?;
+    graph::register(m)?;
     m.add_function(wrap_pyfunction!(drain_deferred_cleanup, m)?)?;
     m.add_function(wrap_pyfunction!(_cleanup_report_counts, m)?)?;
     m.add_function(wrap_pyfunction!(report::at_python_exit, m)?)?;

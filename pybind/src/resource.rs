@@ -26,6 +26,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::buffer::PyBuffer;
 use crate::errors::{expected, stash_deallocate_error, Error};
 use crate::ffi::with_borrowed_fd;
+use crate::graph::{allocate_in, PyGraphBuilder};
 use crate::report::{with_python, PyObjRef};
 use crate::stream::{accept_stream, PyStream};
 
@@ -78,8 +79,13 @@ impl PyMemoryResource {
     ) -> PyResult<Py<PyAny>> {
         let this = slf.get();
         let native = Arc::clone(this.native("allocate")?);
-        let stream = accept_stream(stream)?;
         let py = slf.py();
+        if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
+            if slf.is_instance_of::<PyGraphMemoryResource>() {
+                return allocate_in(py, builder.get(), size, slf.clone().into_any().unbind());
+            }
+        }
+        let stream = accept_stream(stream)?;
         let buffer = py
             .detach(move || native.allocate(size, &stream))
             .map_err(Error::from)?;

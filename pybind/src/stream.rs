@@ -54,8 +54,8 @@ impl PyStream {
     }
 }
 
-/// Accepts a stream argument: a `Stream`, or an object with `__cuda_stream__` (wrapped, kept
-/// alive while the wrapper lives).
+/// Accepts a stream argument: a `Stream`, a `GraphBuilder` (its captured stream), or an object
+/// with `__cuda_stream__` (wrapped, kept alive while the wrapper lives).
 ///
 /// # Errors
 /// `TypeError` for `None` or anything else; `RuntimeError` for a closed stream; what the
@@ -63,6 +63,9 @@ impl PyStream {
 pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle> {
     if let Ok(stream) = object.cast::<PyStream>() {
         return stream.get().handle();
+    }
+    if let Ok(builder) = object.cast::<crate::graph::PyGraphBuilder>() {
+        return builder.get().stream_handle();
     }
     if object.is_none() {
         return Err(PyTypeError::new_err(

@@ -28,6 +28,8 @@ from custody._custody import (
     CUDAWarning,
     DeviceMemoryResource,
     Event,
+    Graph,
+    GraphBuilder,
     GraphMemoryResource,
     IPCBufferDescriptor,
     LegacyPinnedMemoryResource,
@@ -55,6 +57,8 @@ __all__ = [
     "DeviceMemoryResourceOptions",
     "Event",
     "EventOptions",
+    "Graph",
+    "GraphBuilder",
     "GraphMemoryResource",
     "IPCBufferDescriptor",
     "LegacyPinnedMemoryResource",
@@ -224,6 +228,10 @@ class Device:
         return _custody._create_stream(
             self.context, nonblocking=bool(options.nonblocking), priority=int(priority)
         )
+
+    def create_graph_builder(self) -> GraphBuilder:
+        """A :class:`GraphBuilder` capturing a new stream in the device's primary context."""
+        return _custody._create_graph_builder(self.context)
 
     def allocate(self, size: int, *, stream) -> Buffer:
         """``self.memory_resource.allocate(size, stream=stream)``."""

@@ -14,7 +14,7 @@ __version__: str
 class _CudaStreamLike(Protocol):
     def __cuda_stream__(self) -> Tuple[int, int]: ...
 
-StreamLike = Union["Stream", _CudaStreamLike]
+StreamLike = Union["Stream", "GraphBuilder", _CudaStreamLike]
 
 class CUDAError(RuntimeError):
     """A CUDA driver call failed.
@@ -458,6 +458,49 @@ class EventOptions:
     def __init__(self, enable_timing: bool = False, busy_waited_sync: bool = False) -> None:
         """Accepted for compatibility."""
 
+class GraphBuilder:
+    """Records work into a CUDA graph by capturing a stream (``Device.create_graph_builder()``).
+
+    Pass it as the ``stream`` of ``Buffer.fill``, ``Buffer.copy_to`` / ``copy_from`` (the graph
+    then keeps those buffers' memory alive, even after they are closed, until the graph and
+    every executable made from it are gone; the free then runs with the buffer's recipe, on the
+    cleanup worker or in ``drain_deferred_cleanup()``), of ``GraphMemoryResource.allocate``, and
+    of ``Buffer.set_deallocation_stream`` (the captured stream). A buffer whose free is recorded
+    on the per-thread default stream warns when a graph retains it. Cannot be instantiated
+    directly.
+    """
+
+    def begin_building(self, mode: str = "thread_local") -> "GraphBuilder":
+        """Starts capturing (``"global"``, ``"thread_local"`` or ``"relaxed"``); returns self.
+        ``ValueError`` for another mode; ``RuntimeError`` when already building."""
+    def end_building(self) -> "GraphBuilder":
+        """Ends capturing and keeps the recorded graph; returns self."""
+    def complete(self) -> "Graph":
+        """Instantiates the recorded graph (``RuntimeError`` before ``end_building()``)."""
+    @property
+    def is_building(self) -> bool:
+        """Whether the builder is capturing."""
+    @property
+    def stream(self) -> Stream:
+        """The stream being captured."""
+    def __cuda_stream__(self) -> Tuple[int, int]:
+        """``(0, handle)`` of the captured stream."""
+    def close(self) -> None:
+        """Ends a capture still running and releases the builder and its recorded graph.
+        Idempotent."""
+
+class Graph:
+    """An executable graph (``GraphBuilder.complete()``)."""
+
+    def launch(self, stream: StreamLike) -> None:
+        """Launches the graph on ``stream``. Does not block."""
+    def close(self) -> None:
+        """Releases the executable; what it retains is freed by the cleanup worker once it is
+        gone. Idempotent."""
+    @property
+    def is_closed(self) -> bool:
+        """Whether ``close()`` was called."""
+
 class _System:
     """Process-wide facts."""
 
@@ -494,6 +537,8 @@ class Device:
     def create_stream(self, obj: Optional[_CudaStreamLike] = None, options: Optional[StreamOptions] = None) -> Stream:
         """A new stream in the primary context (non-blocking by default), or a wrapper of
         ``obj``."""
+    def create_graph_builder(self) -> "GraphBuilder":
+        """A :class:`GraphBuilder` capturing a new stream in the device's primary context."""
     def allocate(self, size: int, *, stream: StreamLike) -> Buffer:
         """``self.memory_resource.allocate(size, stream=stream)``."""
     def sync(self) -> None:

@@ -1,0 +1,235 @@
+//! `GraphBuilder` (a graph recorded by stream capture, whose fills and copies retain the buffers
+//! they touch) and `Graph` (its executable form), over `memory::GraphBuilder` / `memory::Graph`
+//! / `memory::GraphExec` (issue #5).
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use memory::{CaptureMode, Graph, GraphBuilder, GraphExec};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::buffer::PyBuffer;
+use crate::errors::{closed, Error};
+use crate::stream::{accept_stream, PyContext, PyStream};
+
+/// Records work into a CUDA graph by capturing a stream. Pass it as the `stream` of
+/// `Buffer.fill`, `copy_to`, `copy_from` (the graph then keeps those buffers alive) and of
+/// `GraphMemoryResource.allocate`.
+#[pyclass(frozen, name = "GraphBuilder", module = "custody")]
+pub struct PyGraphBuilder {
+    /// Cloned out before any driver call: no lock of ours is held while the GIL is released
+    /// (a thread re-attaching while holding it could deadlock with one waiting on it).
+    builder: Mutex<Option<Arc<GraphBuilder>>>,
+    /// The captured stream, as a Python object (`stream` property).
+    stream: Py<PyStream>,
+    /// The graph recorded by the last `end_building()`.
+    graph: Mutex<Option<Arc<Graph>>>,
+}
+
+impl PyGraphBuilder {
+    /// The builder; `RuntimeError` once closed.
+    pub(crate) fn builder(&self) -> PyResult<Arc<GraphBuilder>> {
+        self.builder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| closed("GraphBuilder"))
+    }
+
+    /// The captured stream's handle.
+    pub(crate) fn stream_handle(&self) -> PyResult<handles::StreamHandle> {
+        Ok(self.builder()?.stream().clone())
+    }
+}
+
+fn mode_of(mode: &str) -> PyResult<CaptureMode> {
+    match mode {
+        "global" => Ok(CaptureMode::Global),
+        "thread_local" => Ok(CaptureMode::ThreadLocal),
+        "relaxed" => Ok(CaptureMode::Relaxed),
+        other => Err(PyValueError::new_err(format!(
+            "capture mode must be \"global\", \"thread_local\" or \"relaxed\", got {other:?}"
+        ))),
+    }
+}
+
+#[pymethods]
+impl PyGraphBuilder {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        Err(PyRuntimeError::new_err(
+            "GraphBuilder objects cannot be instantiated directly: use \
+             Device.create_graph_builder()",
+        ))
+    }
+
+    /// Starts capturing (`mode`: "global", "thread_local" or "relaxed"); returns the builder.
+    #[pyo3(signature = (mode = "thread_local"))]
+    fn begin_building<'py>(slf: &Bound<'py, Self>, mode: &str) -> PyResult<Bound<'py, Self>> {
+        let mode = mode_of(mode)?;
+        let py = slf.py();
+        let builder = slf.get().builder()?;
+        py.detach(|| builder.begin_building(mode))
+            .map_err(Error::from)?;
+        Ok(slf.clone())
+    }
+
+    /// Ends capturing and keeps the recorded graph; returns the builder.
+    fn end_building<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
+        let py = slf.py();
+        let this = slf.get();
+        let builder = this.builder()?;
+        let graph = py.detach(|| builder.end_building()).map_err(Error::from)?;
+        let old = this
+            .graph
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(Arc::new(graph));
+        py.detach(move || drop(old));
+        Ok(slf.clone())
+    }
+
+    /// Instantiates the recorded graph as an executable `Graph`.
+    fn complete(&self, py: Python<'_>) -> PyResult<PyGraph> {
+        let graph = self
+            .graph
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| {
+                PyRuntimeError::new_err("nothing was recorded: call end_building() first")
+            })?;
+        let exec = py.detach(|| graph.instantiate()).map_err(Error::from)?;
+        Ok(PyGraph {
+            exec: Mutex::new(Some(Arc::new(exec))),
+        })
+    }
+
+    /// Whether the builder is capturing.
+    #[getter]
+    fn is_building(&self) -> PyResult<bool> {
+        Ok(self.builder()?.is_building())
+    }
+
+    /// The stream being captured.
+    #[getter]
+    fn stream(&self, py: Python<'_>) -> Py<PyStream> {
+        self.stream.clone_ref(py)
+    }
+
+    /// `(0, handle)` of the captured stream.
+    fn __cuda_stream__(&self) -> PyResult<(i32, usize)> {
+        Ok((0, self.stream_handle()?.raw() as usize))
+    }
+
+    /// Ends a capture still running, and releases the builder and its recorded graph (the
+    /// graph's memory is released once every executable made from it is gone). Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let builder = self
+            .builder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let graph = self
+            .graph
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        py.detach(move || {
+            drop(builder);
+            drop(graph);
+        });
+    }
+}
+
+/// An executable graph (`GraphBuilder.complete()`).
+#[pyclass(frozen, name = "Graph", module = "custody")]
+pub struct PyGraph {
+    exec: Mutex<Option<Arc<GraphExec>>>,
+}
+
+#[pymethods]
+impl PyGraph {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        Err(PyRuntimeError::new_err(
+            "Graph objects cannot be instantiated directly: use GraphBuilder.complete()",
+        ))
+    }
+
+    /// Launches the graph on `stream`. Does not block.
+    fn launch(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        let stream = accept_stream(stream)?;
+        let exec = self
+            .exec
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| closed("Graph"))?;
+        py.detach(|| exec.launch(&stream)).map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// Releases the executable (what it retains is freed once launches in flight are done,
+    /// by the cleanup worker or `drain_deferred_cleanup()`). Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let exec = self
+            .exec
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        py.detach(move || drop(exec));
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn is_closed(&self) -> bool {
+        self.exec
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+    }
+}
+
+/// A graph builder capturing a new stream in `context`.
+#[pyfunction]
+pub(crate) fn _create_graph_builder(
+    py: Python<'_>,
+    context: &Bound<'_, PyContext>,
+) -> PyResult<PyGraphBuilder> {
+    let handle = context.get().handle.clone();
+    // CU_STREAM_NON_BLOCKING: capture a stream that does not synchronise with the legacy stream.
+    let stream = py
+        .detach(|| handles::StreamHandle::create(&handle, 0x1, 0))
+        .map_err(Error::from)?;
+    let builder = GraphBuilder::new(&stream).map_err(Error::from)?;
+    Ok(PyGraphBuilder {
+        builder: Mutex::new(Some(Arc::new(builder))),
+        stream: Py::new(py, PyStream::new(stream))?,
+        graph: Mutex::new(None),
+    })
+}
+
+/// `GraphMemoryResource.allocate(size, stream=builder)`: a graph allocation the builder knows
+/// (so its own fills and copies of it are not retained twice).
+pub(crate) fn allocate_in(
+    py: Python<'_>,
+    builder: &PyGraphBuilder,
+    size: usize,
+    mr: Py<PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let inner = builder.builder()?;
+    let buffer = py.detach(|| inner.allocate(size)).map_err(Error::from)?;
+    PyBuffer::wrap(py, buffer, Some(mr), false, None)
+}
+
+/// Registers the graph classes on the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyGraphBuilder>()?;
+    m.add_class::<PyGraph>()?;
+    m.add_function(wrap_pyfunction!(_create_graph_builder, m)?)?;
+    Ok(())
+}
