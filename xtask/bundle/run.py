@@ -18,12 +18,17 @@ What it does:
      script (examples/differential.py: custody and cuda.core side by side) against the real
      driver; their output goes to --out/demo/ (differential.txt and differential.json there);
   6. writes summary.json, summary.md (a table: test, real driver, emulator) and the output of
-     every test that did not pass to --out (default ./results).
+     every test that did not pass to --out (default ./results);
+  7. with --bench (after all that) or --bench-only (instead of it): runs the benchmarks against
+     the real driver (bench_run.py: custody against raw driver calls in Rust, and against
+     cuda.core, CuPy and cuda-bindings in Python; under 4 minutes) and writes --out/bench/*.json,
+     for `cargo xtask bench --from-results DIR` on the build machine.
 
 Exit status: 0 when everything ran and passed; 1 when a test failed; 2 when no real driver
 could be loaded (the emulator column is still filled in, to check the runner itself).
 
   python3 gpu-bundle/run.py [--out DIR] [--driver PATH] [--timeout SECONDS] [--filter TEXT]
+                            [--bench | --bench-only] [--bench-quick]
 
 --driver PATH uses the library at PATH as "the real driver" (CUSTODY_CUDA_DRIVER=PATH), for
 example the bundled emulator, to exercise this runner on a machine without a GPU (the GPU-only
@@ -271,7 +276,14 @@ def main():
     parser.add_argument("--driver", help="library to use as the real driver (default: the system libcuda.so.1)")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test (default 120)")
     parser.add_argument("--filter", default="", help="run only tests whose name contains this text")
+    parser.add_argument("--bench", action="store_true",
+                        help="after the tests, run the benchmarks and write --out/bench/*.json (under 4 minutes)")
+    parser.add_argument("--bench-only", action="store_true", help="run only the benchmarks")
+    parser.add_argument("--bench-quick", action="store_true", help="short benchmark runs (to check the runner)")
     args = parser.parse_args()
+    if args.bench or args.bench_only:
+        sys.path.insert(0, str(HERE))
+        import bench_run
 
     manifest = json.loads((HERE / "manifest.json").read_text())
     out_dir = Path(args.out).resolve()
@@ -299,6 +311,12 @@ def main():
     print()
 
     real_ok = real["loaded"] and not real["error"]
+    if args.bench_only:
+        bench = bench_run.run(HERE, manifest, out_dir, driver_path, real_ok, args.bench_quick)
+        (out_dir / "bench-summary.json").write_text(json.dumps(bench, indent=2) + "\n")
+        if not real_ok:
+            return 2
+        return 1 if bench_run.failed(bench) else 0
     rows = []
     for entry in manifest["binaries"]:
         binary = HERE / entry["file"]
@@ -421,10 +439,16 @@ def main():
     print("demo: %s (output in %s)" % ("%d run(s) failed" % demo_failed if demo_failed else "passed",
                                         out_dir / "demo"))
 
+    bench_failed = 0
+    if args.bench:
+        bench = bench_run.run(HERE, manifest, out_dir, driver_path, real_ok, args.bench_quick)
+        (out_dir / "bench-summary.json").write_text(json.dumps(bench, indent=2) + "\n")
+        bench_failed = bench_run.failed(bench)
+
     if not real_ok:
         return 2
     failed = (totals["real"]["failed"] + totals["emulator"]["failed"] + (pytest["status"] == FAIL)
-              + demo_failed)
+              + demo_failed + bench_failed)
     return 1 if failed else 0
 
 

@@ -104,6 +104,8 @@ pub fn build() -> Result<PathBuf> {
     copy(&root.join("xtask/bundle/run.py"), &bundle.join("run.py"))?;
     let demo = bundle_demo(&root, &bundle, &examples)?;
     let python = bundle_python(&root, &bundle)?;
+    // The benchmarks (issue #8), run by `run.py --bench`.
+    let bench = crate::bundle_bench::add_to_bundle(&root, &bundle)?;
 
     let manifest = json!({
         "format": 1,
@@ -113,6 +115,7 @@ pub fn build() -> Result<PathBuf> {
         "binaries": entries,
         "python": python,
         "demo": demo,
+        "bench": bench,
     });
     fs::write(
         bundle.join("manifest.json"),
@@ -137,6 +140,10 @@ pub fn build() -> Result<PathBuf> {
         );
     }
     println!("gpu-bundle: on the GPU host run `python3 {BUNDLE_DIR}/run.py --out results`");
+    println!(
+        "gpu-bundle: add `--bench` (or `--bench-only`) for the benchmarks, then here \
+         `cargo xtask bench --from-results results`"
+    );
     Ok(bundle)
 }
 

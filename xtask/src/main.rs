@@ -6,12 +6,15 @@
 //! - `cargo xtask gpu-test`: the bundle, built and run in place on a machine with a GPU.
 //! - `cargo xtask demo`: the stream hand-off example in Rust and Python, on a real GPU when one
 //!   is usable and on the emulated driver otherwise.
-//! - `cargo xtask bench`: not built yet.
+//! - `cargo xtask bench`: custody against the raw driver (Rust) and against cuda.core, CuPy and
+//!   raw calls (Python), then `docs/benchmarks.md`; `--from-results DIR` renders a GPU run's JSON.
 //!
 //! Architecture invariant: xtask depends on no workspace crate; it drives `cargo`, `python3` and
 //! the binaries they build, and fails loudly (non-zero exit) on any failure.
 
+mod bench;
 mod bundle;
+mod bundle_bench;
 mod cmd;
 mod demo;
 mod test;
@@ -28,7 +31,10 @@ commands:
   gpu-test     build the bundle and run it here (needs a GPU); arguments go to run.py
   demo         the stream hand-off example in Rust and Python: on a real GPU when one is usable,
                else on the emulated driver (says which); --emulator forces the emulator
-  bench        the benchmarks (not built yet)";
+  bench        custody against the raw driver, cuda.core and CuPy; regenerates docs/benchmarks.md
+               (real driver if libcuda.so.1 has a device, else the emulator; says which)
+               --emulator, --full|--quick, --no-python; --from-results DIR [--label NAME] renders
+               a GPU run's JSON (run.py --bench); --render re-renders the stored runs";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -42,7 +48,7 @@ fn main() -> ExitCode {
         "gpu-bundle" => no_arguments(&command, &rest).and_then(|()| bundle::build().map(|_| ())),
         "gpu-test" => bundle::run_in_place(&rest),
         "demo" => demo::run(&rest),
-        "bench" => not_built("bench", "the benchmarks are"),
+        "bench" => bench::run(&rest),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
             Ok(())
@@ -67,12 +73,4 @@ fn no_arguments(command: &str, rest: &[String]) -> anyhow::Result<()> {
         "`cargo xtask {command}` takes no arguments (got {rest:?})"
     );
     Ok(())
-}
-
-/// `bench` exists as a command so that the README's commands are stable, but it fails until it
-/// is built: a placeholder that "passes" would be a fake.
-fn not_built(command: &str, what_is: &str) -> anyhow::Result<()> {
-    anyhow::bail!(
-        "{what_is} not built yet: `cargo xtask {command}` has nothing to run (planned; see README.md)"
-    )
 }

@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""custody against cuda.core, CuPy and raw driver calls from Python, in one process.
+
+Every library allocates 256 bytes from device 0's *current* memory pool on *one* created stream
+(made once, wrapped by each library from its handle) and frees it again. Repetitions are
+interleaved: each repetition times every variant once, starting with a different one each
+time, so a drift in the machine lands on all of them alike. Reported per variant: the median
+nanoseconds per alloc+free pair over the repetitions, and ratios as medians of per-repetition
+ratios (paired). Written for `cargo xtask bench` (against the emulated driver) and the GPU
+bundle's `run.py --bench` (against a real one); the JSON (`--json PATH`) has the same shape as
+the Rust benchmark's (format `custody-bench/1`, suite `python`).
+
+Variants, each skipped with a stated reason when its package does not import:
+  custody      `mr.allocate(256, stream=s)` + `buf.close()` / `buf.close(stream=s)` / drop
+  cuda.core    the same calls (cuda.core 1.2 names)
+  CuPy         `cupy.cuda.MemoryAsyncPool().malloc(256)` + drop, inside `with stream:`
+  cuda-bindings  `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` (`cuda.bindings.driver`)
+  ctypes       the same two driver calls through ctypes (always available: the baseline
+               on the emulated driver, where cuda-bindings cannot load it)
+
+The driver is the one custody loads: `CUSTODY_CUDA_DRIVER` if set, else `libcuda.so.1`.
+Needs Python 3.9+ and only the standard library besides the packages it measures.
+
+  python3 bench/python_bench.py [--pairs N] [--reps R] [--quick] [--json PATH] [--raw-c-ns X]
+
+--raw-c-ns X: the raw C pair (ns) measured by the Rust benchmark in the same run, so that the
+summary can state custody's ratio to it (the target is 1.5x at most).
+"""
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import platform
+import sys
+import time
+
+SIZE = 256
+DRIVER_ENV = "CUSTODY_CUDA_DRIVER"
+
+
+def median(values):
+    values = sorted(values)
+    n = len(values)
+    if n == 0:
+        return float("nan")
+    if n % 2:
+        return values[n // 2]
+    return (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+class Ctypes:
+    """The driver through ctypes: the library custody loads, so both share one driver."""
+
+    def __init__(self):
+        self.path = os.environ.get(DRIVER_ENV) or "libcuda.so.1"
+        lib = ctypes.CDLL(self.path)
+        self.lib = lib
+        vp, sz, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+        lib.cuInit.argtypes = [ctypes.c_uint]
+        lib.cuDriverGetVersion.argtypes = [ctypes.POINTER(i)]
+        lib.cuDeviceGet.argtypes = [ctypes.POINTER(i), i]
+        lib.cuDeviceGetName.argtypes = [ctypes.c_char_p, i, i]
+        lib.cuDeviceGetMemPool.argtypes = [ctypes.POINTER(vp), i]
+        lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(vp), i]
+        lib.cuCtxSetCurrent.argtypes = [vp]
+        lib.cuStreamCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_uint]
+        lib.cuStreamSynchronize.argtypes = [vp]
+        lib.cuMemAllocFromPoolAsync.argtypes = [ctypes.POINTER(ctypes.c_uint64), sz, vp, vp]
+        lib.cuMemFreeAsync.argtypes = [ctypes.c_uint64, vp]
+        self.check(lib.cuInit(0), "cuInit")
+        version = i(0)
+        self.check(lib.cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
+        self.version = version.value
+        device = i(0)
+        self.check(lib.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
+        self.device = device.value
+        name = ctypes.create_string_buffer(256)
+        self.check(lib.cuDeviceGetName(name, 256, self.device), "cuDeviceGetName")
+        self.device_name = name.value.decode(errors="replace")
+        self.emulated = hasattr(lib, "custodyEmuVersion")
+        ctx = vp()
+        self.check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), self.device), "cuDevicePrimaryCtxRetain")
+        self.ctx = ctx
+        pool = vp()
+        self.check(lib.cuDeviceGetMemPool(ctypes.byref(pool), self.device), "cuDeviceGetMemPool")
+        self.pool = pool.value
+
+    @staticmethod
+    def check(status, call):
+        if status != 0:
+            raise RuntimeError("%s failed with CUDA error %d" % (call, status))
+
+    def make_current(self):
+        self.check(self.lib.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+
+    def create_stream(self):
+        stream = ctypes.c_void_p()
+        self.check(self.lib.cuStreamCreate(ctypes.byref(stream), 0), "cuStreamCreate")
+        return stream.value
+
+    def sync(self, stream):
+        self.check(self.lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+
+def variants_for(args, raw, stream_handle, skipped, versions):
+    """Returns [(name, what, run(n))] for every importable library, and records the others."""
+    variants = []
+
+    # custody and cuda.core share cuda.core 1.2's names, so one function builds both.
+    def core_like(label, module):
+        dev = module.Device(0)
+        dev.set_current()
+        stream = module.Stream.from_handle(stream_handle)
+        mr = module.DeviceMemoryResource(dev.device_id)
+
+        def close(n):
+            allocate = mr.allocate
+            for _ in range(n):
+                allocate(SIZE, stream=stream).close()
+
+        def close_on(n):
+            allocate = mr.allocate
+            for _ in range(n):
+                allocate(SIZE, stream=stream).close(stream=stream)
+
+        def drop(n):
+            allocate = mr.allocate
+            for _ in range(n):
+                allocate(SIZE, stream=stream)
+
+        variants.append(("%s: allocate+close" % label, "mr.allocate(256, stream=s); buf.close()", close))
+        variants.append(("%s: allocate+close(stream)" % label, "mr.allocate(256, stream=s); buf.close(stream=s)", close_on))
+        variants.append(("%s: allocate+drop" % label, "mr.allocate(256, stream=s), dropped (refcount)", drop))
+        return mr, stream
+
+    set_stream_variants = []
+
+    def set_stream_variant(label, module, mr, stream):
+        other = module.Device(0).create_stream()
+        buf = mr.allocate(SIZE, stream=stream)
+
+        def run(n):
+            setter = buf.set_deallocation_stream
+            for i in range(n // 2):
+                setter(other)
+                setter(stream)
+
+        set_stream_variants.append(("%s: set_deallocation_stream" % label,
+                                    "buf.set_deallocation_stream(s), alternating two streams", run,
+                                    (buf, other)))
+
+    try:
+        import custody
+        versions["custody"] = getattr(custody, "__version__", "unknown")
+        mr, stream = core_like("custody", custody)
+        set_stream_variant("custody", custody, mr, stream)
+    except Exception as error:  # noqa: BLE001 - any failure to import or set up is a skip reason
+        skipped.append({"name": "custody", "reason": "%s: %s" % (type(error).__name__, error)})
+
+    try:
+        try:
+            import cuda.core as core
+            core.Device  # cuda.core >= 0.4 / 1.x
+        except (ImportError, AttributeError):
+            import cuda.core.experimental as core
+        import cuda.core
+        versions["cuda.core"] = getattr(cuda.core, "__version__", "unknown")
+        mr, stream = core_like("cuda.core", core)
+        set_stream_variant("cuda.core", core, mr, stream)
+    except Exception as error:  # noqa: BLE001
+        skipped.append({"name": "cuda.core", "reason": "%s: %s" % (type(error).__name__, error)})
+
+    try:
+        import cupy
+        versions["cupy"] = cupy.__version__
+        pool = cupy.cuda.MemoryAsyncPool()  # device's current pool, cudaMallocFromPoolAsync
+        cupy_stream = cupy.cuda.ExternalStream(stream_handle)
+
+        def cupy_run(n):
+            malloc = pool.malloc
+            with cupy_stream:
+                for _ in range(n):
+                    malloc(SIZE)
+
+        variants.append(("CuPy: MemoryAsyncPool malloc+drop",
+                         "MemoryAsyncPool().malloc(256) in `with ExternalStream(s)`, dropped", cupy_run))
+    except Exception as error:  # noqa: BLE001
+        skipped.append({"name": "CuPy", "reason": "%s: %s" % (type(error).__name__, error)})
+
+    try:
+        from cuda.bindings import driver as cb
+        import cuda.bindings
+        versions["cuda-bindings"] = getattr(cuda.bindings, "__version__", "unknown")
+        if raw.emulated:
+            raise RuntimeError("cuda-bindings loads libcuda.so.1, not the emulated driver")
+        success = cb.CUresult.CUDA_SUCCESS
+        err, cb_pool = cb.cuDeviceGetMemPool(0)
+        if err != success:
+            raise RuntimeError("cuDeviceGetMemPool: %s" % err)
+        cb_stream = cb.CUstream(stream_handle)
+
+        def bindings_run(n):
+            alloc, free = cb.cuMemAllocFromPoolAsync, cb.cuMemFreeAsync
+            for _ in range(n):
+                err, ptr = alloc(SIZE, cb_pool, cb_stream)
+                if err != success:
+                    raise RuntimeError("cuMemAllocFromPoolAsync: %s" % err)
+                (err,) = free(ptr, cb_stream)
+                if err != success:
+                    raise RuntimeError("cuMemFreeAsync: %s" % err)
+
+        variants.append(("raw cuda-bindings", "cuMemAllocFromPoolAsync + cuMemFreeAsync (cuda.bindings.driver)",
+                         bindings_run))
+    except Exception as error:  # noqa: BLE001
+        skipped.append({"name": "cuda-bindings", "reason": "%s: %s" % (type(error).__name__, error)})
+
+    lib, pool_value = raw.lib, raw.pool
+
+    def ctypes_run(n):
+        alloc, free = lib.cuMemAllocFromPoolAsync, lib.cuMemFreeAsync
+        ptr = ctypes.c_uint64(0)
+        ref = ctypes.byref(ptr)
+        for _ in range(n):
+            if alloc(ref, SIZE, pool_value, stream_handle) != 0:
+                raise RuntimeError("cuMemAllocFromPoolAsync failed")
+            if free(ptr.value, stream_handle) != 0:
+                raise RuntimeError("cuMemFreeAsync failed")
+
+    variants.append(("raw ctypes", "cuMemAllocFromPoolAsync + cuMemFreeAsync through ctypes", ctypes_run))
+    return variants, set_stream_variants
+
+
+def interleaved(variants, n, reps, sync):
+    """samples[k][v]: ns per operation of variant v in repetition k."""
+    for _, _, run, *_ in variants:  # warm-up, untimed
+        run(max(n // 10, 10))
+        sync()
+    samples = []
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for k in range(reps):
+            row = [0.0] * len(variants)
+            for j in range(len(variants)):
+                v = (k + j) % len(variants)
+                run = variants[v][2]
+                start = time.perf_counter_ns()
+                run(n)
+                row[v] = (time.perf_counter_ns() - start) / n
+                sync()
+            samples.append(row)
+    finally:
+        if enabled:
+            gc.enable()
+    return samples
+
+
+def summarize(title, variants, samples, baseline):
+    names = [v[0] for v in variants]
+    base = names.index(baseline) if baseline in names else None
+    print("\n%s" % title)
+    print("  %-40s %12s %12s" % ("variant", "median ns", "x " + (baseline or "-")))
+    medians = {}
+    for v, name in enumerate(names):
+        med = median([row[v] for row in samples])
+        medians[name] = med
+        ratio = ""
+        if base is not None and base != v:
+            ratio = "%.3f" % median([row[v] / row[base] for row in samples])
+        print("  %-40s %12.1f %12s" % (name, med, ratio))
+    return medians
+
+
+def paired(samples, names, a, b):
+    """Median over repetitions of a/b (None if either is missing)."""
+    if a not in names or b not in names:
+        return None
+    ia, ib = names.index(a), names.index(b)
+    return median([row[ia] / row[ib] for row in samples])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=20000, help="pairs per variant per repetition (default 20000)")
+    parser.add_argument("--reps", type=int, default=21, help="interleaved repetitions (default 21)")
+    parser.add_argument("--quick", action="store_true", help="5000 pairs x 9 repetitions")
+    parser.add_argument("--json", help="write the samples and summary here")
+    parser.add_argument("--raw-c-ns", type=float, help="the raw C pair from the Rust benchmark, for the ratio")
+    args = parser.parse_args()
+    if args.quick:
+        args.pairs, args.reps = 5000, 9
+
+    raw = Ctypes()
+    raw.make_current()
+    stream_handle = raw.create_stream()
+    print("python_bench: Python %s, driver %s (version %d, %s), device 0: %s; %d pairs x %d repetitions"
+          % (platform.python_version(), raw.path, raw.version, "EMULATED" if raw.emulated else "real",
+             raw.device_name, args.pairs, args.reps))
+
+    skipped, versions = [], {}
+    variants, set_stream = variants_for(args, raw, stream_handle, skipped, versions)
+    for skip in skipped:
+        print("  skipped %s: %s" % (skip["name"], skip["reason"]))
+
+    def sync():
+        raw.sync(stream_handle)
+
+    names = [v[0] for v in variants]
+    baseline = "raw cuda-bindings" if "raw cuda-bindings" in names else "raw ctypes"
+    samples = interleaved(variants, args.pairs, args.reps, sync)
+    summarize("alloc+free pair, 256 B, device 0's current pool, one created stream", variants, samples, baseline)
+    comparisons = [{
+        "group": "py-pair", "param": None,
+        "title": "alloc+free pair from Python, 256 B, one created stream",
+        "op": "pair", "baseline": baseline, "subject": "custody: allocate+close",
+        "variants": [{"name": n, "what": w, "ns_per_op": [round(row[i], 3) for row in samples]}
+                     for i, (n, w, _) in enumerate(variants)],
+        "iters": [args.pairs] * len(samples),
+    }]
+    findings = {}
+    speedup = paired(samples, names, "cuda.core: allocate+close", "custody: allocate+close")
+    if speedup is not None:
+        findings["cuda.core allocate+close / custody allocate+close"] = speedup
+        print("  custody allocate+close is %.2fx faster than cuda.core's (target >= 2.5)" % speedup)
+    if args.raw_c_ns and "custody: allocate+close" in names:
+        custody_med = median([row[names.index("custody: allocate+close")] for row in samples])
+        findings["custody allocate+close / raw C pair"] = custody_med / args.raw_c_ns
+        print("  custody allocate+close is %.2fx the raw C pair of %.1f ns (target <= 1.5)"
+              % (custody_med / args.raw_c_ns, args.raw_c_ns))
+
+    if set_stream:
+        s_samples = interleaved(set_stream, args.pairs, args.reps, sync)
+        summarize("set_deallocation_stream, alternating two created streams", set_stream, s_samples, None)
+        comparisons.append({
+            "group": "py-set_deallocation_stream", "param": None,
+            "title": "set_deallocation_stream from Python, alternating two created streams",
+            "op": "call", "baseline": None, "subject": set_stream[0][0],
+            "variants": [{"name": n, "what": w, "ns_per_op": [round(row[i], 3) for row in s_samples]}
+                         for i, (n, w, _, _) in enumerate(set_stream)],
+            "iters": [args.pairs] * len(s_samples),
+        })
+        for _, _, _, (buf, _) in set_stream:
+            buf.close()
+    sync()
+
+    if args.json:
+        result = {
+            "format": "custody-bench/1",
+            "suite": "python",
+            "unix_time": int(time.time()),
+            "driver": {"path": raw.path, "version": raw.version, "emulated": raw.emulated,
+                       "device": raw.device_name},
+            "host": {"os": platform.system().lower(), "arch": platform.machine(), "cpus": os.cpu_count(),
+                     "python": platform.python_version()},
+            "settings": {"quick": args.quick, "samples": args.reps, "pairs": args.pairs},
+            "versions": versions,
+            "skipped": skipped,
+            "raw_c_pair_ns": args.raw_c_ns,
+            "findings": findings,
+            "comparisons": comparisons,
+        }
+        directory = os.path.dirname(os.path.abspath(args.json))
+        os.makedirs(directory, exist_ok=True)
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=1)
+            out.write("\n")
+        print("python_bench: results written to %s" % args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
