@@ -8,10 +8,10 @@ package, whose names follow cuda.core 1.2 (porting is changing the import):
    and `set_deallocation_stream(consumer)` orders the free after the read.
 2. Context-less drop: a buffer recorded with the legacy default stream is dropped on a thread
    that never had a context; custody makes the recorded context current, frees, restores.
-3. Graph-retained: a buffer used in a captured CUDA graph is closed by the user while the graph
-   still holds it; closing the graph hands it to deferred cleanup, which frees it with its recipe
-   while the user's thread has another context current (skipped, saying so, while custody's
-   Python package has no graph builder).
+3. Graph-retained: a buffer used in a captured CUDA graph (`Device.create_graph_builder`) is
+   closed by the user while the graph still holds it; closing the graph hands it to deferred
+   cleanup, which frees it with its recipe while the user's thread has another context current
+   (skipped, saying so, with a custody package that has no graph builder).
 
 For each free it prints the pointer, the stream and context it ran in, the thread, and the
 thread's context before and after: from the emulator's call log on custody's emulated driver,
@@ -223,11 +223,12 @@ def graph_retained(demo, custody, dev, mr, context_a):
     graph.launch(stream)
     stream.sync()
     print("  a graph captured a fill of the buffer; completed and launched")
+    held = demo.drv.pool_used()
     since = demo.drv.mark()
     buf.close()
     demo.drv.synchronize()
     freed_early = (demo.drv.frees_of(ptr, since) if demo.drv.emulated
-                   else demo.drv.pool_used() == baseline)
+                   else demo.drv.pool_used() != held)
     demo.check(not freed_early, "the user's close() freed nothing: the graph still holds the memory")
 
     # Another context current on this thread: the free must still run in A.
@@ -240,17 +241,34 @@ def graph_retained(demo, custody, dev, mr, context_a):
     graph.close()
     builder.close()
     print("  graph closed: the memory went to deferred cleanup")
-    seen = demo.observe(lambda: "drain_deferred_cleanup() ran %s item(s)" % custody.drain_deferred_cleanup())
+    seen = demo.observe(lambda: "drain_deferred_cleanup() on this thread, which ran %s item(s)"
+                        % custody.drain_deferred_cleanup())
     deadline = time.monotonic() + 30
-    while not demo.drv.frees_of(ptr, since) and demo.drv.emulated and time.monotonic() < deadline:
-        time.sleep(0.001)
+    if demo.drv.emulated:
+        while not demo.drv.frees_of(ptr, since) and time.monotonic() < deadline:
+            time.sleep(0.001)
+    else:
+        # A driver may run the destructor later, on its own thread (G3): wait for the free.
+        while demo.drv.pool_used() != baseline and time.monotonic() < deadline:
+            custody.drain_deferred_cleanup()
+            demo.drv.synchronize()
+            time.sleep(0.001)
+        seen["outcome"] = ("deferred cleanup (this thread's drain_deferred_cleanup() or custody's "
+                           "cleanup worker: without a call log custody does not say which; shown: "
+                           "the caller's thread)")
     frees = demo.drv.frees_of(ptr, since)
     if demo.drv.emulated and frees and frees[0]["thread"] != seen["emu_thread"]:
-        # The cleanup worker got there first: report the free from its side of the log.
-        seen = dict(seen, thread="custody's cleanup worker", emu_thread=frees[0]["thread"],
-                    outcome="deferred cleanup", before=0, after=0,
-                    **{"from": since, "to": demo.drv.mark()})
-        demo.names["thread"][frees[0]["thread"]] = "custody-cleanup"
+        # The cleanup worker got there first: report the free from its side of the log, and
+        # probe the context it was left with by giving it one more item.
+        worker = frees[0]["thread"]
+        demo.names["thread"][worker] = "custody-cleanup"
+        window = [c for c in demo.drv.calls() if c["seq"] >= since and c["thread"] == worker]
+        until = demo.drv.mark()
+        seen = dict(seen, thread="custody-cleanup", emu_thread=worker,
+                    outcome="deferred cleanup in custody's cleanup worker",
+                    before=window[0]["context"] if window else -1,
+                    after=probe_worker(demo, custody, stream, worker),
+                    **{"from": since, "to": until})
     demo.report_free(ptr, seen, handle(stream), context_a)
     demo.check(demo.drv.current_context() == other.value, "thread MainThread still has context B current")
     popped = ctypes.c_void_p(0)
@@ -259,6 +277,25 @@ def graph_retained(demo, custody, dev, mr, context_a):
     demo.check_pool(baseline)
     demo.print_checks()
     return True
+
+
+def probe_worker(demo, custody, stream, worker):
+    """The context current on custody's cleanup worker (emulator thread `worker`) now: drops a
+    pinned host buffer, whose free a drop hands to the worker (BRIEF.md D9), and reads the
+    context the worker's first call for it saw. -1 when the worker did not run it."""
+    since = demo.drv.mark()
+    pinned = custody.LegacyPinnedMemoryResource().allocate(256, stream=stream)
+    ptr = int(pinned.handle)
+    del pinned
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while not demo.drv.frees_of(ptr, since) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    frees = demo.drv.frees_of(ptr, since)
+    if not frees or frees[0]["thread"] != worker:
+        return -1
+    first = [c for c in demo.drv.calls() if c["seq"] >= since and c["thread"] == worker]
+    return first[0]["context"] if first else -1
 
 
 def main():

@@ -758,6 +758,8 @@ fn graph_retained(
         "  a graph (memory crate's Graph): a memset node fills the buffer with 0x22, a memcpy node \
          copies it into a second buffer; each node retains the memory it touches"
     );
+    work.synchronize().map_err(|e| err("synchronize", e))?;
+    let held = used(mr)?;
     let from = mark(demo.emu);
     buffer.close().map_err(|e| err("close", e))?;
     let freed_early = match demo.emu {
@@ -767,7 +769,7 @@ fn graph_retained(
             .any(|c| c.seq >= from && c.ptr == Some(ptr) && c.function.starts_with("cuMemFree")),
         None => {
             work.synchronize().map_err(|e| err("synchronize", e))?;
-            used(mr)? == baseline
+            used(mr)? != held
         }
     };
     println!("  the user closed the buffer (close() -> Ok(()))");

@@ -7,8 +7,9 @@
 //! `--probe-driver` mode tries the system driver (`libcuda.so.1`) with the variable unset, and
 //! when that finds no device the emulator is built and the variable points at it.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
@@ -29,7 +30,8 @@ struct Driver {
 
 /// How one example ended.
 enum Outcome {
-    Passed,
+    /// Exit status 0; the example's last line when it says it skipped something.
+    Passed(Option<String>),
     Failed(String),
     Skipped(String),
 }
@@ -71,7 +73,8 @@ pub fn run(args: &[String]) -> Result<()> {
         ("python", format!("{PYTHON_EXAMPLE} in .venv"), &python),
     ] {
         let verdict = match outcome {
-            Outcome::Passed => "passed".to_owned(),
+            Outcome::Passed(None) => "passed".to_owned(),
+            Outcome::Passed(Some(note)) => format!("passed, but: {note}"),
             Outcome::Failed(why) => {
                 failed += 1;
                 format!("FAILED ({why})")
@@ -135,17 +138,34 @@ fn choose_driver(example: &Path, target_dir: &Path, force_emulator: bool) -> Res
     emulator(reason)
 }
 
-/// Runs one example with the chosen driver, its output going straight to the terminal.
+/// Runs one example with the chosen driver, passing its output through line by line and
+/// keeping its last line for the summary.
 fn run_example(command: &mut Command, driver: &Driver, root: &Path) -> Outcome {
-    command.current_dir(root);
+    command.current_dir(root).stdout(Stdio::piped());
     match &driver.library {
         Some(library) => command.env(DRIVER_ENV, library),
         None => command.env_remove(DRIVER_ENV),
     };
-    match cmd::status(command) {
-        Ok(exit) if exit.success() => Outcome::Passed,
+    eprintln!("$ {}", cmd::display(command));
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(error) => return Outcome::Failed(format!("could not start it: {error}")),
+    };
+    let mut last = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            println!("{line}");
+            if !line.trim().is_empty() {
+                last = line;
+            }
+        }
+    }
+    match child.wait() {
+        Ok(exit) if exit.success() => {
+            Outcome::Passed(last.contains("skipped").then(|| last.trim().to_owned()))
+        }
         Ok(exit) => Outcome::Failed(exit.to_string()),
-        Err(error) => Outcome::Failed(format!("{error:#}")),
+        Err(error) => Outcome::Failed(error.to_string()),
     }
 }
 
