@@ -179,6 +179,24 @@ def no_hazards(request):
         assert [h["kind"] for h in EMU.hazards()] == expected, EMU.hazards()
 
 
+def drain_until(predicate, limit_s: float = 30.0) -> bool:
+    """Drains deferred cleanup until predicate() holds, for at most limit_s seconds. A real
+    driver may run a graph's user-object destructor later, on its own thread (driver_facts G1),
+    so what a destroyed graph retained is queued only eventually. Not a timing assertion: the
+    caller asserts the predicate, the limit only bounds a hang."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while True:
+        custody.drain_deferred_cleanup()
+        gc.collect()
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+
+
 def run_in_thread(fn, *args):
     """Runs fn on a fresh thread (which has no current context) and returns its result or
     re-raises its exception."""

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import custody
-from conftest import cuda_warnings, current_context, run_in_thread
+from conftest import cuda_warnings, current_context, drain_until, run_in_thread
 
 
 def read(ptr, size, stream):
@@ -57,8 +57,8 @@ def test_graph_keeps_a_closed_buffer_alive_and_drain_frees_it(device, stream, em
         return current_context()
 
     assert run_in_thread(drain) == 0
-    custody.drain_deferred_cleanup()
     if emu:
+        drain_until(lambda: ptr not in emu.live_pointers())
         (free,) = emu.calls_to("cuMemFreeAsync", ptr)
         assert free["context"] == device.context.handle and free["result"] == 0
         assert ptr not in emu.live_pointers()
@@ -104,9 +104,12 @@ def test_ptds_buffer_retained_by_a_graph_warns_at_attach(device, stream, recorde
     buf.close()
     graph.close()
     gb.close()
-    custody.drain_deferred_cleanup()
-    other = [w for w in cuda_warnings(recorded_warnings) if "ran on thread" in str(w.message)]
-    assert len(other) == 1
+
+    def others():
+        return [w for w in cuda_warnings(recorded_warnings) if "ran on thread" in str(w.message)]
+
+    drain_until(lambda: others())
+    assert len(others()) == 1
 
 
 def test_graph_memory_resource_under_capture(device, stream, emu):
