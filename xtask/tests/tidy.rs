@@ -30,6 +30,9 @@ fn edge_allowed(from: &str, to: &str, kind: &str) -> bool {
         "cuda-emu" => to == "cuda-sys",
         // xtask drives cargo; it links against no workspace crate.
         "xtask" => false,
+        // The bindings wrap handles' streams, events and contexts as well as memory's buffers
+        // (issue #6: "pybind depends on memory and handles"); never cuda-sys.
+        "pybind" if to == "handles" => true,
         _ => match (position(from), position(to)) {
             // Normal and build dependencies: exactly one layer down.
             (Some(f), Some(t)) if kind != "dev" => t + 1 == f,
@@ -105,6 +108,11 @@ fn the_dependency_rule_itself() {
     assert!(edge_allowed("handles", "cuda-sys", "normal"));
     assert!(edge_allowed("memory", "handles", "normal"));
     assert!(edge_allowed("pybind", "memory", "normal"));
+    assert!(edge_allowed("pybind", "handles", "normal"));
+    assert!(
+        !edge_allowed("pybind", "cuda-sys", "normal"),
+        "the bindings reach the driver only through handles"
+    );
     assert!(edge_allowed("memory", "cuda-sys", "dev"));
     assert!(edge_allowed("cuda-emu", "cuda-sys", "normal"));
     assert!(
