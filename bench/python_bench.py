@@ -196,7 +196,7 @@ def variants_for(args, raw, stream_handle, skipped, versions):
         if raw.emulated:
             raise RuntimeError("cuda-bindings loads libcuda.so.1, not the emulated driver")
         success = cb.CUresult.CUDA_SUCCESS
-        err, cb_pool = cb.cuDeviceGetMemPool(0)
+        err, cb_pool = cb.cuDeviceGetMemPool(cb.CUdevice(0))
         if err != success:
             raise RuntimeError("cuDeviceGetMemPool: %s" % err)
         cb_stream = cb.CUstream(stream_handle)
@@ -232,11 +232,23 @@ def variants_for(args, raw, stream_handle, skipped, versions):
     return variants, set_stream_variants
 
 
+def warm_up(variants, n, sync, skipped):
+    """Runs each variant briefly, untimed; drops (and records) the ones that fail."""
+    kept = []
+    for variant in variants:
+        try:
+            variant[2](max(n // 10, 10))
+            sync()
+            kept.append(variant)
+        except Exception as error:  # noqa: BLE001 - a failing library is reported, not fatal
+            skipped.append({"name": variant[0], "reason": "failed during warm-up: %s: %s"
+                            % (type(error).__name__, error)})
+            print("  dropped %s: failed during warm-up: %s" % (variant[0], error))
+    return kept
+
+
 def interleaved(variants, n, reps, sync):
     """samples[k][v]: ns per operation of variant v in repetition k."""
-    for _, _, run, *_ in variants:  # warm-up, untimed
-        run(max(n // 10, 10))
-        sync()
     samples = []
     enabled = gc.isenabled()
     gc.disable()
@@ -307,6 +319,8 @@ def main():
     def sync():
         raw.sync(stream_handle)
 
+    variants = warm_up(variants, args.pairs, sync, skipped)
+    set_stream = warm_up(set_stream, args.pairs, sync, skipped)
     names = [v[0] for v in variants]
     baseline = "raw cuda-bindings" if "raw cuda-bindings" in names else "raw ctypes"
     samples = interleaved(variants, args.pairs, args.reps, sync)

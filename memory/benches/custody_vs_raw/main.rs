@@ -651,6 +651,51 @@ fn live(c: &mut Criterion, s: &Settings, setup: &Setup) {
     }
 }
 
+/// Whether criterion's command-line filter (its first positional argument) may select a
+/// benchmark of `group`, so that a filtered run skips the setup of the groups it will not run
+/// (a million live buffers, sixteen threads' streams). Errs on the side of running.
+fn wanted(group: &str) -> bool {
+    const WITH_VALUE: &[&str] = &[
+        "-c",
+        "--color",
+        "-s",
+        "--save-baseline",
+        "-b",
+        "--baseline",
+        "--baseline-lenient",
+        "--load-baseline",
+        "--format",
+        "--profile-time",
+        "--sample-size",
+        "--warm-up-time",
+        "--measurement-time",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--plotting-backend",
+        "--output-format",
+    ];
+    let mut args = std::env::args().skip(1);
+    let mut filter = None;
+    while let Some(arg) = args.next() {
+        if WITH_VALUE.contains(&arg.as_str()) {
+            args.next();
+        } else if !arg.starts_with('-') {
+            filter = Some(arg);
+            break;
+        }
+    }
+    let Some(filter) = filter else { return true };
+    let plain = filter.trim_start_matches('^');
+    if plain.contains(|c: char| !(c.is_ascii_alphanumeric() || "/_- ,".contains(c))) {
+        return true;
+    }
+    plain.starts_with(group)
+        || group.starts_with(plain)
+        || !filter.starts_with('^') && group.contains(plain)
+}
+
 fn device_name(d: &Driver) -> String {
     let mut device = 0;
     // SAFETY: valid out-pointer; the driver was initialised by the setup.
@@ -703,12 +748,20 @@ fn main() {
         if settings.quick { "quick" } else { "full" }
     );
 
-    pair(&mut c, &settings, &setup);
-    drops(&mut c, &settings, &setup);
-    set_deallocation_stream(&mut c, &settings, &setup);
-    deferred(&mut c, &settings, &setup);
-    threads(&mut c, &settings, &setup);
-    live(&mut c, &settings, &setup);
+    type Group = fn(&mut Criterion, &Settings, &Setup);
+    let groups: [(&str, Group); 6] = [
+        ("pair", pair),
+        ("drop", drops),
+        ("set_deallocation_stream", set_deallocation_stream),
+        ("deferred", deferred),
+        ("threads", threads),
+        ("live", live),
+    ];
+    for (name, group) in groups {
+        if wanted(name) {
+            group(&mut c, &settings, &setup);
+        }
+    }
     c.final_summary();
 
     if let Ok(path) = std::env::var("CUSTODY_BENCH_JSON") {

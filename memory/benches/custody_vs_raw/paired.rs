@@ -47,18 +47,18 @@ impl Settings {
         if quick {
             Settings {
                 quick,
-                samples: 10,
+                samples: 15,
                 warm_up: Duration::from_millis(100),
-                measurement: Duration::from_millis(300),
+                measurement: Duration::from_millis(400),
                 max_live,
                 threads,
             }
         } else {
             Settings {
                 quick,
-                samples: 20,
-                warm_up: Duration::from_millis(300),
-                measurement: Duration::from_millis(1200),
+                samples: 30,
+                warm_up: Duration::from_millis(500),
+                measurement: Duration::from_millis(2000),
                 max_live,
                 threads,
             }
