@@ -458,6 +458,9 @@ impl ContextScope {
         let d = driver()?;
         // SAFETY: `previous` was current when the scope began (or NULL, which unbinds).
         let status = unsafe { (d.cuCtxSetCurrent)(as_ctx(self.previous)) };
+        if status != 0 {
+            crate::deferred::note_restore_failed();
+        }
         check("cuCtxSetCurrent", status)
     }
 }

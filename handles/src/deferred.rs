@@ -38,6 +38,35 @@ static AT_EXIT: OnceLock<()> = OnceLock::new();
 thread_local! {
     /// Whether this thread holds [`CONSUMER`] (a nested drain must not take it again).
     static CONSUMING: Cell<bool> = const { Cell::new(false) };
+    /// Whether a context restore failed on this thread since the worker last checked, leaving
+    /// a recipe's context current (set on any thread, read only by the worker).
+    static RESTORE_FAILED: Cell<bool> = const { Cell::new(false) };
+    /// Whether this thread is the cleanup worker.
+    static IS_WORKER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Records that restoring the caller's binding failed on this thread (the failure itself is
+/// reported by the caller). The worker then unbinds before its next item (see [`process`]).
+#[cold]
+pub(crate) fn note_restore_failed() {
+    RESTORE_FAILED.with(|f| f.set(true));
+}
+
+/// On the worker only: after a failed restore left a recipe's context current, unbind it, so
+/// that the worker keeps no context of its own between items. Otherwise every later item would
+/// "restore" that stale binding, and once its context is destroyed each such restore would
+/// fail and be reported again. User threads keep whatever the failed restore left (reported).
+fn unbind_worker_after_failed_restore() {
+    if !IS_WORKER.with(Cell::get) || !RESTORE_FAILED.with(Cell::get) {
+        return;
+    }
+    if let Ok(d) = crate::sys::driver() {
+        // Retrying what failed: its failure was reported already, and if this retry fails
+        // too the flag stays set and the next item tries again.
+        if crate::sys::set_current_raw(d, 0) == 0 {
+            RESTORE_FAILED.with(|f| f.set(false));
+        }
+    }
 }
 
 extern "C" {
@@ -118,6 +147,7 @@ pub(crate) extern "C" fn user_object_destructor(data: *mut std::ffi::c_void) {
 }
 
 fn worker_main() {
+    IS_WORKER.with(|w| w.set(true));
     loop {
         if exiting() {
             return;
@@ -160,6 +190,7 @@ fn process(item: Deferred) {
     if outcome.is_err() {
         eprintln!("custody: a deferred-cleanup payload panicked while being dropped; continuing");
     }
+    unbind_worker_after_failed_restore();
 }
 
 /// Runs every queued deferred cleanup on the calling thread and returns how many items ran.

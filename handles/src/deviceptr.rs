@@ -407,6 +407,9 @@ fn run_in_recipe_raw(
     outcome.status = op(d);
     if switched {
         outcome.restore = set_current_raw(d, previous);
+        if outcome.restore != 0 {
+            deferred::note_restore_failed();
+        }
     }
     outcome
 }
@@ -1042,12 +1045,15 @@ pub(crate) fn run_sync_free(job: SyncFree) {
         event,
     } = job;
     let operation = kind.operation();
+    let mut destroyed = Ok(());
     let outcome = run_in_recipe(&recipe, operation, ptr, false, |d| {
         let waited = if event != 0 {
             // SAFETY: the event was created and recorded at drop time and is owned by this job.
             let status = unsafe { (d.cuEventSynchronize)(event as cuda_sys::types::CUevent) };
             let waited = check("cuEventSynchronize", status);
-            let _ = check("cuEventDestroy_v2", destroy_raw(event));
+            // The event is this job's own: its destruction failing leaks it, which is
+            // reported below, after the restore, like the free's own failure (D3).
+            destroyed = check("cuEventDestroy_v2", destroy_raw(event));
             waited
         } else {
             // SAFETY: no arguments; the recipe's context is current.
@@ -1059,6 +1065,10 @@ pub(crate) fn run_sync_free(job: SyncFree) {
         kind.free(d, ptr)
     });
     outcome.report(operation, ptr, &recipe);
+    if let Err(error) = destroyed {
+        // Attributed to the pointer whose free the event ordered (the event is internal).
+        report(attribute("cuEventDestroy_v2", ptr, &recipe, error));
+    }
 }
 
 impl Drop for PtrBox {
