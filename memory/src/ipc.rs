@@ -351,24 +351,28 @@ fn give_back(key: &ImportKey, stream: &StreamHandle) -> Result<(), MemoryError> 
     let Some(entry) = map.get_mut(key) else {
         return Ok(());
     };
+    // A reference is given back only once its stream's work is ordered before the unmap. If
+    // that ordering fails (no event, no wait, no new recipe), the reference is kept: the mapping
+    // leaks (the error is reported by the caller) rather than being unmapped unordered, which
+    // is the handles crate's rule for synchronous frees too (handles/DESIGN.md, D9).
     if entry.live > 1 {
-        entry.live -= 1;
         let context = match stream.context() {
             Some(context) => context.clone(),
             None => ContextHandle::current()?.ok_or(HandleError::NoCurrentContext)?,
         };
         let event = EventHandle::create(&context, EVENT_DISABLE_TIMING)?;
         event.record(stream)?;
+        entry.live -= 1;
         entry.gone.push(event);
         return Ok(());
     }
-    let Some(entry) = map.remove(key) else {
-        return Ok(());
-    };
     for event in &entry.gone {
         stream.wait_event(event)?;
     }
     entry.handle.set_deallocation_stream(stream)?;
+    let Some(entry) = map.remove(key) else {
+        return Ok(());
+    };
     // Issued before the lock goes: no import can pick up the mapping now.
     let freed = entry.handle.release();
     drop(guard);
