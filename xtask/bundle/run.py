@@ -36,6 +36,7 @@ test then fails, as it should: it checks that the driver is real).
 """
 
 import argparse
+import concurrent.futures
 import contextlib
 import ctypes
 import datetime
@@ -280,6 +281,8 @@ def main():
     parser.add_argument("--out", default="results", help="where to write the results (default ./results)")
     parser.add_argument("--driver", help="library to use as the real driver (default: the system libcuda.so.1)")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test (default 120)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="tests to run at once, each in its own process (default 1)")
     parser.add_argument("--filter", default="", help="run only tests whose name contains this text")
     parser.add_argument("--bench", action="store_true",
                         help="after the tests, run the benchmarks and write --out/bench/*.json (under 4 minutes)")
@@ -323,6 +326,7 @@ def main():
             return 2
         return 1 if bench_run.failed(bench) else 0
     rows = []
+    jobs = []
     for entry in manifest["binaries"]:
         binary = HERE / entry["file"]
         try:
@@ -332,21 +336,29 @@ def main():
             rows.append({"binary": binary.name, "test": "(listing)", "role": entry["role"],
                          "real": {"status": FAIL, "output": str(error)}, "emulator": {"status": NOT_RUN}})
             continue
-        for name in tests:
-            row = {"binary": binary.name, "test": name, "role": entry["role"]}
-            if not real_ok:
-                row["real"] = {"status": NOT_RUN}
-            elif entry["role"] == "emulator-only":
-                row["real"] = {"status": SKIP}
-            else:
-                row["real"] = run_test(binary, name, driver_env(driver_path), args.timeout)
-            if entry["role"] in ("conformance", "emulator-only") and emulator["loaded"]:
-                row["emulator"] = run_test(binary, name, driver_env(emulator_path), args.timeout)
-            else:
-                row["emulator"] = {"status": NOT_RUN}
-            print("  %-8s %-8s %s :: %s" % (row["real"]["status"], row["emulator"]["status"], binary.name, name),
-                  flush=True)
-            rows.append(row)
+        jobs.extend((entry, binary, name) for name in tests)
+
+    def run_row(job):
+        entry, binary, name = job
+        row = {"binary": binary.name, "test": name, "role": entry["role"]}
+        if not real_ok:
+            row["real"] = {"status": NOT_RUN}
+        elif entry["role"] == "emulator-only":
+            row["real"] = {"status": SKIP}
+        else:
+            row["real"] = run_test(binary, name, driver_env(driver_path), args.timeout)
+        if entry["role"] in ("conformance", "emulator-only") and emulator["loaded"]:
+            row["emulator"] = run_test(binary, name, driver_env(emulator_path), args.timeout)
+        else:
+            row["emulator"] = {"status": NOT_RUN}
+        print("  %-8s %-8s %s :: %s" % (row["real"]["status"], row["emulator"]["status"], binary.name, name),
+              flush=True)
+        return row
+
+    # Every test is its own process (a context per process), so tests may run side by side;
+    # --jobs 1 (the default) keeps them strictly one at a time.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows.extend(pool.map(run_row, jobs))
 
     if not manifest.get("python"):
         pytest = {"status": SKIP, "detail": "the bundle has no Python package (pybind does not exist yet)"}
