@@ -128,8 +128,8 @@ fn python_suite(root: &Path, emulator: &Path) -> Result<Suite> {
     })
 }
 
-/// The virtual environment's interpreter, creating `.venv` and installing maturin and pytest
-/// into it when missing.
+/// The virtual environment's interpreter, creating `.venv` and installing maturin, pytest and
+/// hypothesis (the property-based tests, `pybind/tests/test_fuzz.py`) into it when missing.
 pub fn venv_python(root: &Path) -> Result<PathBuf> {
     let venv = root.join(".venv");
     let python = venv.join("bin/python");
@@ -144,13 +144,16 @@ pub fn venv_python(root: &Path) -> Result<PathBuf> {
     if !cmd::succeeds(&python, ["-c", "import pytest"]) {
         missing.push("pytest");
     }
+    if !cmd::succeeds(&python, ["-c", "import hypothesis"]) {
+        missing.push("hypothesis");
+    }
     if !missing.is_empty() {
         cmd::run(
             Command::new(&python)
                 .args(["-m", "pip", "install", "--quiet"])
                 .args(&missing),
         )
-        .context("installing maturin and pytest into .venv")?;
+        .context("installing maturin, pytest and hypothesis into .venv")?;
     }
     Ok(python)
 }
