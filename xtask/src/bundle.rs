@@ -352,9 +352,12 @@ fn bundle_python(root: &Path, bundle: &Path) -> Result<Value> {
             .arg(&wheels),
     )
     .context("building the pybind wheel")?;
-    let tests = root.join("pybind/tests");
-    if tests.is_dir() {
-        copy_tree(&tests, &bundle.join("python/tests"))?;
+    // The tests, and the examples some of them run (`tests/../examples`).
+    for folder in ["tests", "examples"] {
+        let source = root.join("pybind").join(folder);
+        if source.is_dir() {
+            copy_tree(&source, &bundle.join("python").join(folder))?;
+        }
     }
     let wheel_files: Vec<String> = fs::read_dir(&wheels)?
         .filter_map(|e| e.ok())
