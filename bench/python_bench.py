@@ -22,6 +22,7 @@ The driver is the one custody loads: `CUSTODY_CUDA_DRIVER` if set, else `libcuda
 Needs Python 3.9+ and only the standard library besides the packages it measures.
 
   python3 bench/python_bench.py [--pairs N] [--reps R] [--quick] [--json PATH] [--raw-c-ns X]
+                                [--compare MODULE[=LABEL]]
 
 --raw-c-ns X: the raw C pair (ns) measured by the Rust benchmark in the same run, so that the
 summary can state custody's ratio to it (the target is 1.5x at most).
@@ -172,6 +173,20 @@ def variants_for(args, raw, stream_handle, skipped, versions):
     except Exception as error:  # noqa: BLE001
         skipped.append({"name": "cuda.core", "reason": "%s: %s" % (type(error).__name__, error)})
 
+    for spec in args.compare or ():
+        # Another build of custody (or any package with cuda.core's names), measured side by
+        # side: `--compare custody_before=custody-before` imports package `custody_before`.
+        module_name, _, label = spec.partition("=")
+        label = label or module_name
+        try:
+            import importlib
+            other = importlib.import_module(module_name)
+            versions[label] = getattr(other, "__version__", "unknown")
+            mr, stream = core_like(label, other)
+            set_stream_variant(label, other, mr, stream)
+        except Exception as error:  # noqa: BLE001
+            skipped.append({"name": label, "reason": "%s: %s" % (type(error).__name__, error)})
+
     try:
         import cupy
         versions["cupy"] = cupy.__version__
@@ -299,6 +314,9 @@ def main():
     parser.add_argument("--reps", type=int, default=21, help="interleaved repetitions (default 21)")
     parser.add_argument("--quick", action="store_true", help="5000 pairs x 9 repetitions")
     parser.add_argument("--json", help="write the samples and summary here")
+    parser.add_argument("--compare", action="append", metavar="MODULE[=LABEL]",
+                        help="also measure another package with cuda.core's names (e.g. a copy of "
+                             "an older custody build, imported as MODULE), interleaved with the rest")
     parser.add_argument("--raw-c-ns", type=float, help="the raw C pair from the Rust benchmark, for the ratio")
     args = parser.parse_args()
     if args.quick:

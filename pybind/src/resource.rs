@@ -71,12 +71,18 @@ impl PyMemoryResource {
     }
 
     /// Allocates `size` bytes ordered on `stream`, which also orders the eventual free.
-    #[pyo3(signature = (size, *, stream))]
+    ///
+    /// The arguments `(size, *, stream)` are parsed by hand ([`allocate_arguments`]): under the
+    /// abi3-py39 ABI pyo3's generic extraction copies every keyword name into a new UTF-8
+    /// `bytes` object to compare it, the largest share of the extension's own cost per call.
+    #[pyo3(signature = (*args, **kwargs), text_signature = "($self, size, *, stream)")]
     fn allocate(
         slf: &Bound<'_, Self>,
-        size: usize,
-        stream: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
+        let (size, stream) = allocate_arguments(args, kwargs)?;
+        let stream = &stream;
         let this = slf.get();
         let native = Arc::clone(this.native("allocate")?);
         let py = slf.py();
@@ -137,6 +143,67 @@ impl PyMemoryResource {
     fn is_managed(&self) -> bool {
         self.native.as_ref().is_some_and(|mr| mr.is_managed())
     }
+}
+
+/// `MemoryResource.allocate`'s arguments `(size, *, stream)`, with the errors and messages of
+/// pyo3's own extraction. Keyword names are looked up as interned strings (a pointer comparison
+/// for the usual call `allocate(n, stream=s)`).
+fn allocate_arguments<'py>(
+    args: &Bound<'py, PyTuple>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<(usize, Bound<'py, PyAny>)> {
+    const NAME: &str = "MemoryResource.allocate()";
+    let py = args.py();
+    let positional = args.len();
+    if positional > 1 {
+        return Err(PyTypeError::new_err(format!(
+            "{NAME} takes 1 positional arguments but {positional} were given"
+        )));
+    }
+    let mut size = if positional == 1 {
+        Some(args.get_item(0)?)
+    } else {
+        None
+    };
+    let mut stream = None;
+    let mut found = 0;
+    if let Some(kwargs) = kwargs {
+        stream = kwargs.get_item(pyo3::intern!(py, "stream"))?;
+        found += usize::from(stream.is_some());
+        if let Some(value) = kwargs.get_item(pyo3::intern!(py, "size"))? {
+            if size.is_some() {
+                return Err(PyTypeError::new_err(format!(
+                    "{NAME} got multiple values for argument 'size'"
+                )));
+            }
+            size = Some(value);
+            found += 1;
+        }
+        if found != kwargs.len() {
+            for key in kwargs.keys() {
+                let known = key
+                    .extract::<pyo3::pybacked::PyBackedStr>()
+                    .is_ok_and(|k| &*k == "stream" || &*k == "size");
+                if !known {
+                    return Err(PyTypeError::new_err(format!(
+                        "{NAME} got an unexpected keyword argument '{key}'"
+                    )));
+                }
+            }
+        }
+    }
+    let Some(size) = size else {
+        return Err(PyTypeError::new_err(format!(
+            "{NAME} missing 1 required positional argument: 'size'"
+        )));
+    };
+    let Some(stream) = stream else {
+        return Err(PyTypeError::new_err(format!(
+            "{NAME} missing 1 required keyword argument: 'stream'"
+        )));
+    };
+    let size: usize = size.extract().map_err(Into::<PyErr>::into)?;
+    Ok((size, stream))
 }
 
 /// A Python memory resource seen from Rust: `deallocate` calls the object's `deallocate`
