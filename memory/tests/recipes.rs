@@ -2,7 +2,9 @@
 //! (cuda_core_behavior.md section 5, "set_deallocation_stream / close(stream) equivalence";
 //! BRIEF.md D4), the stream hand-off checked by the hazard checker, and adoption with
 //! `from_handle` (section 5, "from_handle ownership modes and MR errors during destruction";
-//! BRIEF.md D5).
+//! BRIEF.md D5). Runs on the emulator and on a real driver: everywhere the recipe is read back
+//! through the API and a free is seen as the device pool's used memory returning to where it
+//! was; the stream each free ran on, and the hazard checker, only on the emulator.
 
 mod common;
 
@@ -24,21 +26,38 @@ fn buffer_on(stream: &StreamHandle) -> Buffer {
     buffer
 }
 
-fn free_stream(ptr: u64, from: u64) -> u64 {
-    only_call("cuMemFreeAsync", ptr, from).stream.unwrap()
+/// On the emulator, asserts that `ptr`'s one free since `from` ran on `stream`.
+fn assert_freed_on(ptr: u64, from: u64, stream: &StreamHandle) {
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_eq!(free.stream, Some(stream.raw() as u64));
+    });
+}
+
+/// Asserts that `ptr` has not been freed since `from`: on any driver the device pool's used
+/// memory is still above `base` by `size`; on the emulator, no free and a live allocation.
+fn assert_not_freed(ptr: u64, from: u64, base: u64, size: u64) {
+    assert!(device_used() >= base + size, "still allocated");
+    with_emulator(|emu| {
+        assert_eq!(emu.count_calls("cuMemFreeAsync", ptr, from), 0);
+        assert!(emu.is_live(ptr));
+    });
 }
 
 #[test]
 fn set_then_drop_frees_on_the_new_stream() {
     let _serial = start();
     let (s1, s2) = (stream_on(0), stream_on(0));
+    let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
     buffer.set_deallocation_stream(&s2).unwrap();
+    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s2));
     let from = mark();
     drop(buffer);
-    assert_eq!(free_stream(ptr, from), s2.raw() as u64);
-    assert!(!is_live(ptr));
+    assert_eq!(device_used(), base, "freed");
+    assert_freed_on(ptr, from, &s2);
+    with_emulator(|emu| assert!(!emu.is_live(ptr)));
     assert_no_hazards();
 }
 
@@ -46,13 +65,16 @@ fn set_then_drop_frees_on_the_new_stream() {
 fn set_then_close_frees_on_the_new_stream() {
     let _serial = start();
     let (s1, s2) = (stream_on(0), stream_on(0));
+    let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
     buffer.set_deallocation_stream(&s2).unwrap();
+    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s2));
     let from = mark();
     buffer.close().unwrap();
     assert!(buffer.is_closed());
-    assert_eq!(free_stream(ptr, from), s2.raw() as u64);
+    assert_eq!(device_used(), base, "freed");
+    assert_freed_on(ptr, from, &s2);
     assert_no_hazards();
 }
 
@@ -60,12 +82,14 @@ fn set_then_close_frees_on_the_new_stream() {
 fn close_on_is_set_then_close() {
     let _serial = start();
     let (s1, s2) = (stream_on(0), stream_on(0));
+    let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
     let from = mark();
     buffer.close_on(&s2).unwrap();
     assert!(buffer.is_closed());
-    assert_eq!(free_stream(ptr, from), s2.raw() as u64);
+    assert_eq!(device_used(), base, "freed");
+    assert_freed_on(ptr, from, &s2);
     assert_no_hazards();
 }
 
@@ -73,19 +97,25 @@ fn close_on_is_set_then_close() {
 fn close_keeps_the_recorded_recipe() {
     let _serial = start();
     let s1 = stream_on(0);
+    let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
     assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s1));
     let from = mark();
     buffer.close().unwrap();
-    assert_eq!(free_stream(ptr, from), s1.raw() as u64);
+    assert_eq!(device_used(), base, "freed");
+    assert_freed_on(ptr, from, &s1);
 }
 
 #[test]
 fn failed_close_on_leaves_the_buffer_open_with_its_old_recipe() {
     let _serial = start();
+    if !second_device_or_skip("a stream of another device") {
+        return;
+    }
     let s1 = stream_on(0);
     let other_device = stream_on(1);
+    let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
     let from = mark();
@@ -99,18 +129,21 @@ fn failed_close_on_leaves_the_buffer_open_with_its_old_recipe() {
     assert!(!buffer.is_closed());
     assert_eq!(buffer.ptr(), ptr);
     assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s1));
-    assert_eq!(count_calls("cuMemFreeAsync", ptr, from), 0);
+    assert_not_freed(ptr, from, base, 256);
     buffer.close().unwrap();
-    assert_eq!(free_stream(ptr, from), s1.raw() as u64);
+    assert_eq!(device_used(), base, "freed");
+    assert_freed_on(ptr, from, &s1);
 }
 
 #[test]
 fn closed_buffer_rejects_set_and_close_on_and_close_is_a_no_op() {
     let _serial = start();
     let s1 = stream_on(0);
+    let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
     buffer.close().unwrap();
+    assert_eq!(device_used(), base, "freed");
     let from = mark();
     assert_eq!(buffer.close(), Ok(()));
     assert_eq!(
@@ -124,19 +157,24 @@ fn closed_buffer_rejects_set_and_close_on_and_close_is_a_no_op() {
     );
     assert_eq!((buffer.ptr(), buffer.size()), (0, 0));
     assert!(buffer.memory_resource().is_none());
-    assert!(
-        calls_for(ptr, from).is_empty(),
-        "nothing touched the freed memory"
-    );
+    assert_eq!(device_used(), base, "nothing was freed twice or allocated");
+    with_emulator(|emu| {
+        assert!(
+            emu.calls_for(ptr, from).is_empty(),
+            "nothing touched the freed memory"
+        );
+    });
 }
 
 #[test]
 fn token_with_no_current_context_is_rejected_and_a_created_stream_needs_none() {
     let _serial = start();
     let (s1, s2) = (stream_on(0), stream_on(0));
+    let base = device_used();
     let buffer = Arc::new(buffer_on(&s1));
     let ptr = buffer.ptr();
     let on_thread = Arc::clone(&buffer);
+    let s2_on_thread = s2.clone();
     let (token, created) = on_fresh_thread(move || {
         let token = on_thread.set_deallocation_stream(&StreamHandle::legacy());
         let kept = on_thread
@@ -144,27 +182,34 @@ fn token_with_no_current_context_is_rejected_and_a_created_stream_needs_none() {
             .unwrap()
             .unwrap()
             .ptr_eq(&s1);
-        (token.map(|()| kept), on_thread.set_deallocation_stream(&s2))
+        let created = on_thread.set_deallocation_stream(&s2_on_thread);
+        (token.map(|()| kept), created)
     });
     assert_eq!(
         token,
         Err(MemoryError::Handle(HandleError::NoCurrentContext))
     );
     assert_eq!(created, Ok(()));
+    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s2));
     let from = mark();
     buffer.close().unwrap();
-    let free = only_call("cuMemFreeAsync", ptr, from);
-    assert_ne!(
-        free.stream,
-        Some(1),
-        "the failed token recipe was never installed"
-    );
+    assert_eq!(device_used(), base, "freed");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        assert_ne!(
+            free.stream,
+            Some(1),
+            "the failed token recipe was never installed"
+        );
+    });
+    assert_freed_on(ptr, from, &s2);
 }
 
 #[test]
 fn every_holder_of_the_memory_sees_the_new_recipe() {
     let _serial = start();
     let (s1, s2) = (stream_on(0), stream_on(0));
+    let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
     let attachment = buffer.handle().unwrap(); // as a graph node would hold it
@@ -173,9 +218,10 @@ fn every_holder_of_the_memory_sees_the_new_recipe() {
     let from = mark();
     buffer.close().unwrap();
     assert!(buffer.is_closed());
-    assert_eq!(count_calls("cuMemFreeAsync", ptr, from), 0, "still held");
+    assert_not_freed(ptr, from, base, 256); // still held
     drop(attachment);
-    assert_eq!(free_stream(ptr, from), s2.raw() as u64);
+    assert_eq!(device_used(), base, "freed by the last holder");
+    assert_freed_on(ptr, from, &s2);
 }
 
 /// The hand-off: a producer fills, records an event; a consumer waits on it and copies the
@@ -210,26 +256,32 @@ fn handing_the_free_to_the_consumer_orders_it_after_the_consumer_copy() {
         vec![0x5a; 4096],
         "the consumer read what the producer wrote"
     );
-    assert_eq!(hazards_for(ptr), vec![]);
+    with_emulator(|emu| assert_eq!(emu.hazards_for(ptr), vec![]));
     assert_no_hazards();
 }
 
 #[test]
 fn without_the_hand_off_the_checker_reports_the_unordered_free() {
     let _serial = start();
+    // On a GPU the unordered free is a real race with the consumer's copy, and nothing but
+    // the checker would see it.
+    let Some(emu) = emulator_or_skip("hazard checker to see the unordered free") else {
+        return;
+    };
     let (ptr, _) = hand_off(false);
-    let hazards = hazards_for(ptr);
+    let hazards = emu.hazards_for(ptr);
     assert!(
         hazards.iter().any(|h| h.kind == "unordered_free"),
         "{hazards:#?}"
     );
-    emu().clear_hazards();
+    emu.clear_hazards();
 }
 
 #[test]
 fn view_frees_nothing_and_its_recipe_is_inert() {
     let _serial = start();
     let s = stream_on(0);
+    let base = device_used();
     let ptr = foreign_allocation(0, 512, &s);
     let view = Buffer::from_handle(ptr, 512, Ownership::Borrowed, None).unwrap();
     assert!(view.memory_resource().is_none());
@@ -240,16 +292,17 @@ fn view_frees_nothing_and_its_recipe_is_inert() {
     );
     let from = mark();
     view.close().unwrap();
-    assert_eq!(count_calls("cuMemFreeAsync", ptr, from), 0);
-    assert!(is_live(ptr));
+    assert_not_freed(ptr, from, base, 512);
     handles::ops::free_async(ptr, &s).unwrap(); // the caller's memory, the caller's free
-    assert!(!is_live(ptr));
+    assert_eq!(device_used(), base, "freed by the caller");
+    with_emulator(|emu| assert!(!emu.is_live(ptr)));
 }
 
 #[test]
 fn owner_is_kept_alive_until_close_and_nothing_is_freed() {
     let _serial = start();
     let s = stream_on(0);
+    let base = device_used();
     let ptr = foreign_allocation(0, 512, &s);
     let owner = Arc::new(());
     let buffer = Buffer::from_handle(
@@ -263,9 +316,9 @@ fn owner_is_kept_alive_until_close_and_nothing_is_freed() {
     let from = mark();
     buffer.close().unwrap();
     assert_eq!(Arc::strong_count(&owner), 1, "released at close");
-    assert_eq!(count_calls("cuMemFreeAsync", ptr, from), 0);
-    assert!(is_live(ptr));
+    assert_not_freed(ptr, from, base, 512);
     handles::ops::free_async(ptr, &s).unwrap();
+    assert_eq!(device_used(), base, "freed by the caller");
 }
 
 #[test]
@@ -274,6 +327,7 @@ fn adopted_memory_is_deallocated_by_its_resource_with_the_recorded_stream_in_its
     let a = primary(0);
     let s = stream_on(0);
     let mr = RecordingResource::new(0);
+    let base = device_used();
     let ptr = foreign_allocation(0, 1024, &s);
     let dyn_mr: Arc<dyn MemoryResource> = mr.clone();
     let buffer =
@@ -291,7 +345,8 @@ fn adopted_memory_is_deallocated_by_its_resource_with_the_recorded_stream_in_its
             current_context: a.raw() as u64,
         }]
     );
-    assert!(!is_live(ptr));
+    assert_eq!(device_used(), base, "freed by the resource");
+    with_emulator(|emu| assert!(!emu.is_live(ptr)));
 }
 
 #[test]
@@ -300,6 +355,7 @@ fn default_token_binds_the_context_current_at_adoption_and_deallocate_runs_in_it
     let a = primary(0);
     let s = stream_on(0);
     let mr = RecordingResource::new(0);
+    let base = device_used();
     let ptr = foreign_allocation(0, 1024, &s);
     s.synchronize().unwrap();
     a.make_current().unwrap();
@@ -311,7 +367,8 @@ fn default_token_binds_the_context_current_at_adoption_and_deallocate_runs_in_it
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].stream, 0x1, "the legacy default stream");
     assert_eq!(seen[0].current_context, a.raw() as u64);
-    assert!(!is_live(ptr));
+    assert_eq!(device_used(), base, "freed by the resource");
+    with_emulator(|emu| assert!(!emu.is_live(ptr)));
 }
 
 #[test]
@@ -319,8 +376,10 @@ fn adoption_failure_leaves_the_pointer_with_the_caller() {
     let _serial = start();
     let s = stream_on(0);
     let mr = RecordingResource::new(0);
+    let base = device_used();
     let ptr = foreign_allocation(0, 1024, &s);
     s.synchronize().unwrap();
+    let from = mark();
     // No context on a fresh thread: the default token cannot be bound (BRIEF.md D5).
     let on_thread = mr.clone();
     let error = on_fresh_thread(move || {
@@ -328,20 +387,22 @@ fn adoption_failure_leaves_the_pointer_with_the_caller() {
     });
     assert_eq!(error, MemoryError::Handle(HandleError::NoCurrentContext));
     // A stream of another device: rejected the same way.
-    let error = Buffer::from_handle(
-        ptr,
-        1024,
-        Ownership::MemoryResource(mr.clone()),
-        Some(&stream_on(1)),
-    )
-    .unwrap_err();
-    assert_eq!(
-        error,
-        MemoryError::WrongDevice {
-            expected: 0,
-            found: 1
-        }
-    );
+    if second_device_or_skip("adoption with a stream of another device") {
+        let error = Buffer::from_handle(
+            ptr,
+            1024,
+            Ownership::MemoryResource(mr.clone()),
+            Some(&stream_on(1)),
+        )
+        .unwrap_err();
+        assert_eq!(
+            error,
+            MemoryError::WrongDevice {
+                expected: 0,
+                found: 1
+            }
+        );
+    }
     // Bad sizes and a null pointer: rejected before anything is taken.
     for (p, n) in [(ptr, 0), (0, 1024)] {
         assert!(
@@ -349,9 +410,10 @@ fn adoption_failure_leaves_the_pointer_with_the_caller() {
         );
     }
     assert!(mr.deallocations().is_empty(), "deallocate was never called");
-    assert!(is_live(ptr), "the pointer is still the caller's");
+    assert_not_freed(ptr, from, base, 1024); // the pointer is still the caller's
     handles::ops::free_async(ptr, &s).unwrap();
-    assert!(!is_live(ptr));
+    assert_eq!(device_used(), base, "freed by the caller");
+    with_emulator(|emu| assert!(!emu.is_live(ptr)));
 }
 
 #[test]
@@ -359,6 +421,7 @@ fn failing_deallocate_is_returned_by_close_and_reported_by_a_drop() {
     let _serial = start();
     let s = stream_on(0);
     let mr = RecordingResource::new(0);
+    let base = device_used();
     *mr.fail_with.lock().unwrap() = Some("out of luck".into());
     let closed = Arc::clone(&mr).allocate(256, &s).unwrap();
     let dropped = Arc::clone(&mr).allocate(256, &s).unwrap();
@@ -376,8 +439,10 @@ fn failing_deallocate_is_returned_by_close_and_reported_by_a_drop() {
     assert_eq!(reports[0].stream, s.raw() as u64);
     assert_eq!(mr.deallocations().len(), 2);
     // The failing resource freed nothing: give the memory back.
+    assert!(device_used() >= base + 512, "nothing was freed");
     for ptr in [p1, p2] {
-        assert!(is_live(ptr));
+        with_emulator(|emu| assert!(emu.is_live(ptr)));
         handles::ops::free_async(ptr, &s).unwrap();
     }
+    assert_eq!(device_used(), base, "freed by the caller");
 }
