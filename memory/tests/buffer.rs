@@ -23,10 +23,10 @@ fn names(calls: &[cuda_sys::emu::Call]) -> Vec<&str> {
     calls.iter().map(|c| c.function.as_str()).collect()
 }
 
-/// Device 0's stream, or one of device 1 when there is a second device (else `None`, after
-/// printing that `needs` is skipped).
+/// A stream of device 1 when there is a second device (else `None`, after printing that the
+/// part `needs` names is skipped).
 fn other_device_stream(needs: &str) -> Option<StreamHandle> {
-    second_device_or_skip(needs).then(|| stream_on(1))
+    second_device_or_skip_part(needs).then(|| stream_on(1))
 }
 
 #[test]

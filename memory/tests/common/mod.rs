@@ -7,8 +7,11 @@
 //! the bytes read back, the current context, recipes through the `Buffer` API, a pool's
 //! `USED_MEM_CURRENT`, pointer attributes, what a memory resource's `deallocate` saw, reports)
 //! is asserted everywhere; what only the emulator can show (its call log, hazards, live
-//! allocations, fault injection) is asserted inside [`with_emulator`], through [`EmuLog`], or
-//! a test that needs it to run at all says so on stderr and returns ([`emulator_or_skip`]).
+//! allocations, fault injection) is asserted inside [`with_emulator`], through [`EmuLog`]. A
+//! test that needs the emulator or a second device to run at all says so on stderr and returns
+//! ("skipped ...": [`emulator_or_skip`], [`second_device_or_skip`]); one that needs them for a
+//! part only runs the rest and says "partly skipped ..." ([`emulator_or_skip_rest`],
+//! [`second_device_or_skip_part`]), which the GPU runner counts as a pass, not a skip.
 //! Tests serialise through [`start`] and filter the process-wide logs by their own pointers and
 //! threads, so they pass one per process (nextest, the GPU runner) and all in one process
 //! (`--test-threads=1`).
@@ -68,12 +71,33 @@ pub fn emulator_or_skip(needs: &str) -> Option<Emulator> {
     emu
 }
 
-/// Whether the driver sees at least two devices; when not, prints that what `needs` names is
-/// skipped (the whole test, or the part of it that needs device 1).
+/// [`emulator_or_skip`] for the rest of a test whose first part ran on any driver: prints
+/// "partly skipped ...", which the GPU runner does not count as a skip (the test passed what it
+/// could check).
+pub fn emulator_or_skip_rest(needs: &str) -> Option<Emulator> {
+    let emu = emulator();
+    if emu.is_none() {
+        eprintln!("partly skipped on a real driver: the rest needs the emulator's {needs}");
+    }
+    emu
+}
+
+/// Whether the driver sees at least two devices; when not, prints why the calling test skips.
 pub fn second_device_or_skip(needs: &str) -> bool {
     let count = handles::device_count().expect("cuDeviceGetCount");
     if count < 2 {
         eprintln!("skipped: needs a second device for {needs}; the driver sees {count}");
+    }
+    count >= 2
+}
+
+/// [`second_device_or_skip`] for a part of a test (the rest runs with one device): when there
+/// is no second device, prints "partly skipped ...", which the GPU runner does not count as a
+/// skip.
+pub fn second_device_or_skip_part(part: &str) -> bool {
+    let count = handles::device_count().expect("cuDeviceGetCount");
+    if count < 2 {
+        eprintln!("partly skipped: needs a second device for {part}; the driver sees {count}");
     }
     count >= 2
 }
