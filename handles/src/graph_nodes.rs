@@ -250,7 +250,7 @@ impl GraphHandle {
         if bytes > dst.size() {
             return Err(range_error("dst", bytes, dst.size()));
         }
-        if dst.ptr() % u64::from(element_size) != 0 {
+        if !dst.ptr().is_multiple_of(u64::from(element_size)) {
             return Err(HandleError::invalid(
                 "dst",
                 format!("the address is not aligned to {element_size} bytes"),

@@ -40,13 +40,13 @@ fn bound_device(buffer: &Buffer) -> Result<Option<i32>, MemoryError> {
 /// The checks [`Buffer::fill`] makes on the pattern, before anything is recorded.
 fn check_fill(handle: &DevicePtrHandle, value: FillValue) -> Result<(), MemoryError> {
     let width = value.width();
-    if handle.size() % width != 0 {
+    if !handle.size().is_multiple_of(width) {
         return Err(MemoryError::InvalidFill {
             width,
             reason: "the buffer's size is not a multiple of the pattern's width",
         });
     }
-    if handle.ptr() % width as u64 != 0 {
+    if !handle.ptr().is_multiple_of(width as u64) {
         return Err(MemoryError::InvalidFill {
             width,
             reason: "the buffer's address is not aligned to the pattern's width",
