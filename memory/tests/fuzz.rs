@@ -137,7 +137,7 @@ fn parse_checked(bytes: &[u8]) -> Result<(), TestCaseError> {
             prop_assert_eq!(bytes.len(), IpcBufferDescriptor::LEN);
             prop_assert_eq!(&descriptor.to_bytes()[..], bytes);
             prop_assert!(descriptor.size() > 0 && descriptor.size() <= isize::MAX as usize);
-            prop_assert!(descriptor.device_id().map_or(true, |d| d >= 0));
+            prop_assert!(descriptor.device_id().into_iter().all(|d| d >= 0));
         }
         Err(MemoryError::Ipc { reason }) => {
             prop_assert!(!reason.is_empty() && !reason.ends_with('.'));

@@ -649,7 +649,7 @@ fn random_operations_on_many_threads_lose_nothing() {
     drop(streams);
     drop(resources);
     drain_until(&context, || {
-        emu.map_or(true, |emu| {
+        emu.into_iter().all(|emu| {
             emu.live_allocations()
                 .iter()
                 .all(|a| baseline_live.contains(&a.ptr))
