@@ -2,7 +2,7 @@
 //! reading `cargo metadata`.
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitStatus};
 
 use anyhow::{bail, Context, Result};
@@ -13,8 +13,15 @@ use serde_json::Value;
 pub const DRIVER_ENV: &str = "CUSTODY_CUDA_DRIVER";
 
 /// The workspace root (the folder above `xtask/`).
+///
+/// `cargo xtask` (`cargo run`) sets `CARGO_MANIFEST_DIR` for the process, so the root is read at
+/// run time; the compile-time value is only a fallback. A binary built by another checkout that
+/// shares the target directory must not send this one's commands to that checkout.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir
         .parent()
         .expect("xtask lives one level below the workspace root")
         .to_path_buf()
