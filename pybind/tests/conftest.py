@@ -25,6 +25,15 @@ CUDA_ERROR_DEINITIALIZED = 4
 CUDA_ERROR_INVALID_CONTEXT = 201
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here as well as in pyproject.toml: the GPU bundle runs these files without it.
+    config.addinivalue_line(
+        "markers",
+        "expect_hazards(*kinds): the emulator's hazard checker must have seen exactly these "
+        "hazards",
+    )
+
+
 def _driver_library() -> ctypes.CDLL:
     path = os.environ.get("CUSTODY_CUDA_DRIVER") or "libcuda.so.1"
     return ctypes.CDLL(path)

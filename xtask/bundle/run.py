@@ -189,7 +189,7 @@ def run_pytest(manifest, env, out_dir):
         env = with_site(env, site)
         log = out_dir / "logs" / "pytest.real.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        out = subprocess.run([sys.executable, "-m", "pytest", "-q", str(HERE / python["tests"])],
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", str(HERE / python["tests"])],
                              capture_output=True, text=True, env=env, errors="replace")
         log.write_text(out.stdout + out.stderr)
         last = (out.stdout.strip().splitlines() or [""])[-1]
