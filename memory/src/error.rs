@@ -43,6 +43,13 @@ pub enum MemoryError {
     /// The buffer was closed.
     #[error("the buffer is closed")]
     Closed,
+    /// The memory resource was closed ([`crate::PoolMemoryResource::close`]): it allocates,
+    /// exports and imports nothing more.
+    #[error("the {resource} has been closed")]
+    ResourceClosed {
+        /// The resource's type name.
+        resource: &'static str,
+    },
     /// A stream (or descriptor) of another device than the memory's.
     #[error("wrong device: the memory is on device {expected}, the stream or descriptor on device {found}")]
     WrongDevice {
@@ -135,6 +142,9 @@ mod tests {
                 reason: "a pattern is 1, 2 or 4 bytes wide",
             },
             MemoryError::Closed,
+            MemoryError::ResourceClosed {
+                resource: "DeviceMemoryResource",
+            },
             MemoryError::WrongDevice {
                 expected: 0,
                 found: 1,

@@ -187,6 +187,7 @@ impl Buffer {
     /// that unmap, so a new import never picks up a mapping about to go.
     ///
     /// # Errors
+    /// - [`MemoryError::ResourceClosed`]: `mr` was closed.
     /// - [`MemoryError::Ipc`]: `mr` is not an imported pool; the imported allocation is smaller
     ///   than the descriptor claims (a mapping made for the check is freed again on `stream`).
     /// - [`MemoryError::WrongDevice`]: the descriptor's device is not the pool's, or `stream`
@@ -204,6 +205,15 @@ impl Buffer {
         descriptor: &IpcBufferDescriptor,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
+        if mr.is_closed() {
+            return Err(MemoryError::ResourceClosed {
+                resource: if mr.pool().device().is_some() {
+                    "DeviceMemoryResource"
+                } else {
+                    "PinnedMemoryResource"
+                },
+            });
+        }
         if !mr.is_mapped() {
             return Err(MemoryError::ipc(
                 "the memory resource is not a pool imported from another process",

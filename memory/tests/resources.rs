@@ -340,3 +340,59 @@ fn explicit_deallocate_returns_the_driver_error() {
     assert_eq!(pool_used(mr.pool()), base, "nothing else was freed");
     with_emulator(|emu| emu.clear_hazards()); // the double free above was deliberate
 }
+
+#[test]
+fn a_closed_pool_resource_refuses_allocations_and_exports_but_still_frees() {
+    let _serial = start();
+    let s = stream_on(0);
+    let options = DeviceMemoryResourceOptions {
+        ipc_enabled: true,
+        ..DeviceMemoryResourceOptions::default()
+    };
+    let mr = DeviceMemoryResource::with_options(0, options).unwrap();
+    let buffer = Arc::clone(&mr).allocate(256, &s).unwrap();
+    assert!(!mr.is_closed());
+    mr.close();
+    mr.close(); // idempotent
+    assert!(mr.is_closed());
+    let closed = MemoryError::ResourceClosed {
+        resource: "DeviceMemoryResource",
+    };
+    assert_eq!(Arc::clone(&mr).allocate(64, &s).unwrap_err(), closed);
+    assert_eq!(mr.export_pool().unwrap_err(), closed);
+    assert_eq!(
+        closed.to_string(),
+        "the DeviceMemoryResource has been closed"
+    );
+    // What was allocated before stays usable, and the pool lives until it is freed.
+    buffer.fill(3u8, &s).unwrap();
+    assert_eq!(read(&buffer, &s), vec![3; 256]);
+    let pool = mr.pool().clone();
+    let from = mark();
+    drop(mr);
+    buffer.close().unwrap();
+    s.synchronize().unwrap();
+    let destroys = |emu: &cuda_sys::emu::Emulator| emu.calls_named("cuMemPoolDestroy", from).len();
+    with_emulator(|emu| assert_eq!(destroys(emu), 0, "our clone still holds the pool"));
+    drop(pool);
+    with_emulator(|emu| assert_eq!(destroys(emu), 1));
+
+    // deallocate stays usable after close.
+    let pinned = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
+    let raw = Arc::clone(&pinned).allocate(64, &s).unwrap();
+    let ptr = raw.ptr();
+    // The pointer is freed by hand below; the buffer must never free it too.
+    std::mem::forget(raw);
+    pinned.close();
+    assert_eq!(
+        Arc::clone(&pinned).allocate(64, &s).unwrap_err(),
+        MemoryError::ResourceClosed {
+            resource: "PinnedMemoryResource"
+        }
+    );
+    pinned.deallocate(ptr, 64, &s).unwrap();
+    s.synchronize().unwrap();
+    with_emulator(|emu| {
+        assert_eq!(emu.calls_named("cuMemFreeAsync", from).len(), 2);
+    });
+}

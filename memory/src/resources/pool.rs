@@ -3,6 +3,7 @@
 //! for IPC.
 
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use handles::ops::{self, CaptureStatus, PoolLocation, PoolSpec};
@@ -19,9 +20,26 @@ struct PoolCore {
     ipc_enabled: bool,
     /// Imported from another process: pointers come in by IPC, nothing is allocated here.
     mapped: bool,
+    /// Set by [`PoolMemoryResource::close`]: no more allocations, exports or imports.
+    closed: AtomicBool,
 }
 
 impl PoolCore {
+    /// [`MemoryError::ResourceClosed`] once the resource was closed.
+    #[inline]
+    fn check_open(&self) -> Result<(), MemoryError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(MemoryError::ResourceClosed {
+                resource: if self.pool.device().is_some() {
+                    "DeviceMemoryResource"
+                } else {
+                    "PinnedMemoryResource"
+                },
+            });
+        }
+        Ok(())
+    }
+
     /// The allocation hot path: checks that cost no driver call, then
     /// [`DevicePtrHandle::alloc_from_pool`] (`cuCtxGetCurrent` + `cuMemAllocFromPoolAsync`).
     #[inline]
@@ -31,6 +49,7 @@ impl PoolCore {
         stream: &StreamHandle,
     ) -> Result<(DevicePtrHandle, IpcRole), MemoryError> {
         check_size(size)?;
+        self.check_open()?;
         if self.mapped {
             return Err(MemoryError::ipc(
                 "a pool imported from another process cannot allocate",
@@ -67,6 +86,18 @@ pub trait PoolMemoryResource: MemoryResource {
     /// Whether the pool was imported from another process (then it only imports pointers).
     fn is_mapped(&self) -> bool;
 
+    /// Closes the resource: from now on it allocates nothing, exports nothing and imports
+    /// nothing ([`MemoryError::ResourceClosed`]); `deallocate` still works, and buffers
+    /// already allocated or imported are unaffected. The pool itself (an owned one is
+    /// destroyed, a borrowed or imported one released) goes with the last holder of the
+    /// resource: each buffer holds it, so an owned pool outlives its allocations. Idempotent.
+    ///
+    /// Driver calls: none.
+    fn close(&self);
+
+    /// Whether [`PoolMemoryResource::close`] was called.
+    fn is_closed(&self) -> bool;
+
     /// Exports the pool as a new POSIX file descriptor, owned by the caller, for another
     /// process to open with the resource's `import_pool`. Pass it over a unix socket with
     /// `SCM_RIGHTS` (the `sendfd` or `nix` crates, Python's `socket.send_fds`), or to a child
@@ -78,6 +109,15 @@ pub trait PoolMemoryResource: MemoryResource {
     ///
     /// Driver calls: `cuMemPoolExportToShareableHandle`.
     fn export_pool(&self) -> Result<OwnedFd, MemoryError> {
+        if self.is_closed() {
+            return Err(MemoryError::ResourceClosed {
+                resource: if self.pool().device().is_some() {
+                    "DeviceMemoryResource"
+                } else {
+                    "PinnedMemoryResource"
+                },
+            });
+        }
         if !self.is_ipc_enabled() {
             return Err(MemoryError::ipc(
                 "the memory pool was not made with ipc_enabled",
@@ -130,6 +170,7 @@ impl DeviceMemoryResource {
                 pool,
                 ipc_enabled: false,
                 mapped: false,
+                closed: AtomicBool::new(false),
             },
         }))
     }
@@ -157,6 +198,7 @@ impl DeviceMemoryResource {
                 pool,
                 ipc_enabled: options.ipc_enabled,
                 mapped: false,
+                closed: AtomicBool::new(false),
             },
         }))
     }
@@ -180,6 +222,7 @@ impl DeviceMemoryResource {
                 pool,
                 ipc_enabled: true,
                 mapped: true,
+                closed: AtomicBool::new(false),
             },
         }))
     }
@@ -256,6 +299,14 @@ impl PoolMemoryResource for DeviceMemoryResource {
     fn is_mapped(&self) -> bool {
         self.core.mapped
     }
+
+    fn close(&self) {
+        self.core.closed.store(true, Ordering::Release);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.core.closed.load(Ordering::Acquire)
+    }
 }
 
 /// Options for [`PinnedMemoryResource::new`].
@@ -299,6 +350,7 @@ impl PinnedMemoryResource {
                 pool,
                 ipc_enabled: options.ipc_enabled,
                 mapped: false,
+                closed: AtomicBool::new(false),
             },
         }))
     }
@@ -317,6 +369,7 @@ impl PinnedMemoryResource {
                 pool,
                 ipc_enabled: true,
                 mapped: true,
+                closed: AtomicBool::new(false),
             },
         }))
     }
@@ -383,5 +436,13 @@ impl PoolMemoryResource for PinnedMemoryResource {
 
     fn is_mapped(&self) -> bool {
         self.core.mapped
+    }
+
+    fn close(&self) {
+        self.core.closed.store(true, Ordering::Release);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.core.closed.load(Ordering::Acquire)
     }
 }
