@@ -7,6 +7,7 @@
 //! | `HandleError::Driver` (a driver call failed), `HandleError::Load` | `CUDAError` (a `RuntimeError`), message naming the call and the driver's error name; `.name` and `.code` attributes |
 //! | `HandleError::NoCurrentContext` | `RuntimeError("no CUDA context is current ...")` |
 //! | `MemoryError::Closed`, `HandleError::Closed` | `RuntimeError("Buffer has been closed")` |
+//! | `MemoryError::ResourceClosed` | `RuntimeError("DeviceMemoryResource has been closed")` (or Pinned...) |
 //! | `HandleError::Deallocator` | the exception the Python memory resource's `deallocate` raised, when it raised on this thread; else `RuntimeError` |
 //! | `MemoryError::InvalidSize` | `ValueError` (zero bytes) or `OverflowError` (more than `isize::MAX`) |
 //! | `SizeMismatch`, `InvalidFill`, `WrongDevice`, `OwnershipConflict`, `NoMemoryResource`, `HandleError::InvalidArgument` | `ValueError` |
@@ -100,6 +101,7 @@ impl From<Error> for PyErr {
                 PyOverflowError::new_err(error.to_string())
             }
             MemoryError::Closed => closed("Buffer"),
+            MemoryError::ResourceClosed { resource } => closed(resource),
             MemoryError::NotCapturing
             | MemoryError::StreamCapturing
             | MemoryError::Ipc { .. }

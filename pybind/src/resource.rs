@@ -530,13 +530,27 @@ macro_rules! pool_methods {
             fn get_allocation_handle(&self, py: Python<'_>) -> PyResult<i32> {
                 Pool::$variant(Arc::clone(&self.inner)).export(py)
             }
+
+            /// Closes the resource: `allocate`, `get_allocation_handle` and
+            /// `Buffer.from_ipc_descriptor` then raise `RuntimeError("... has been closed")`;
+            /// `deallocate` still works and buffers already made are unaffected. The pool goes
+            /// with the last of this object and its buffers. Idempotent.
+            fn close(&self) {
+                self.inner.close();
+            }
+
+            /// Whether `close()` was called.
+            #[getter]
+            fn is_closed(&self) -> bool {
+                self.inner.is_closed()
+            }
         }
     };
 }
 
 /// Device memory from a stream-ordered memory pool: the device's current pool, or (with options)
 /// a pool of its own.
-#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "DeviceMemoryResource", module = "custody")]
+#[pyclass(frozen, extends = PyMemoryResource, subclass, weakref, name = "DeviceMemoryResource", module = "custody")]
 pub struct PyDeviceMemoryResource {
     inner: Arc<DeviceMemoryResource>,
 }
@@ -602,7 +616,7 @@ fn fd_of(object: &Bound<'_, PyAny>) -> PyResult<i32> {
 }
 
 /// Pinned host memory from a stream-ordered host-located pool of its own.
-#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "PinnedMemoryResource", module = "custody")]
+#[pyclass(frozen, extends = PyMemoryResource, subclass, weakref, name = "PinnedMemoryResource", module = "custody")]
 pub struct PyPinnedMemoryResource {
     inner: Arc<PinnedMemoryResource>,
 }
