@@ -252,3 +252,116 @@ class Device:
 
     def __reduce__(self):
         return (Device, (self._id,))
+
+
+# --- Pickling buffers and pool resources (section 5, scenario 64) ---------------------------
+#
+# ``pickle.dumps(buffer)`` of a buffer from an IPC-enabled pool gives ``(mr, descriptor)``; the
+# resource pickles as its pool, exported once per pickle as a file descriptor and handed over by
+# ``multiprocessing``'s resource sharer (``multiprocessing.resource_sharer.DupFd``): the
+# receiving process fetches the descriptor from the sending one over a unix socket, so the
+# sender must be alive (and the pickle read at most once: an unread one leaves the sender's
+# duplicate descriptor with the sharer). Reducers are registered with ``copyreg`` for the exact
+# types (``Buffer``, ``ManagedBuffer``, ``DeviceMemoryResource``, ``PinnedMemoryResource``).
+#
+# Every pool resource that was pickled or unpickled is kept, weakly, under the key of its
+# exporting process and pool, so that a process opens a given pool once, however many buffers
+# of it arrive, and gets the original object back when one of its own pools returns.
+
+import copyreg as _copyreg
+import os as _os
+import weakref as _weakref
+
+_pools: "_weakref.WeakValueDictionary" = _weakref.WeakValueDictionary()
+_pool_keys: "_weakref.WeakKeyDictionary" = _weakref.WeakKeyDictionary()
+_pools_lock = threading.Lock()
+
+
+def _pool_key(mr) -> tuple:
+    with _pools_lock:
+        key = _pool_keys.get(mr)
+        if key is None:
+            key = (type(mr).__name__, _os.getpid(), mr.handle, mr.device_id)
+            _pool_keys[mr] = key
+            _pools[key] = mr
+        return key
+
+
+def _reduce_pool_resource(mr):
+    if mr.is_closed:
+        raise RuntimeError(f"{type(mr).__name__} has been closed")
+    if mr.is_mapped:
+        # Imported here: it travels by key, to a process that knows the pool already.
+        with _pools_lock:
+            key = _pool_keys.get(mr)
+        if key is None:
+            raise RuntimeError(f"this imported {type(mr).__name__} cannot be pickled")
+        return (_rebuild_pool_resource, (key, None))
+    if not mr.is_ipc_enabled:
+        raise RuntimeError(
+            f"a {type(mr).__name__} pickles only when its pool was made with ipc_enabled=True"
+        )
+    from multiprocessing.resource_sharer import DupFd
+
+    key = _pool_key(mr)
+    fd = mr.get_allocation_handle()
+    try:
+        shared = DupFd(fd)  # the sharer keeps a duplicate until the receiver takes it
+    finally:
+        _os.close(fd)
+    return (_rebuild_pool_resource, (key, shared))
+
+
+def _rebuild_pool_resource(key, shared):
+    """Unpickles a pool resource: the known object for ``key``, or the pool opened from the
+    descriptor the sharer hands over."""
+    fd = shared.detach() if shared is not None else None
+    try:
+        with _pools_lock:
+            mr = _pools.get(key)
+            if mr is not None and not mr.is_closed:
+                return mr
+            if fd is None:
+                raise RuntimeError(
+                    f"the pool of this {key[0]} is not known in this process "
+                    "(send its resource from the process that made it)"
+                )
+            kind, _pid, _handle, device_id = key
+            if kind == "DeviceMemoryResource":
+                mr = DeviceMemoryResource.from_allocation_handle(device_id, fd)
+            else:
+                mr = PinnedMemoryResource.from_allocation_handle(fd)
+            _pools[key] = mr
+            _pool_keys[mr] = key
+            return mr
+    finally:
+        if fd is not None:
+            _os.close(fd)
+
+
+def _reduce_buffer(buffer):
+    if buffer.is_closed:
+        raise RuntimeError("Buffer has been closed")
+    mr = buffer.memory_resource
+    if not isinstance(mr, (DeviceMemoryResource, PinnedMemoryResource)):
+        raise TypeError(
+            "only buffers of a DeviceMemoryResource or PinnedMemoryResource pickle, got "
+            f"{type(mr).__name__}"
+        )
+    return (_reduce_helper, (mr, buffer.ipc_descriptor))
+
+
+def _reduce_helper(mr, ipc_descriptor):
+    """Unpickles a buffer: imports it into ``mr`` with ``stream=default_stream()``, first
+    making ``Device(mr.device_id)`` (device 0 for a pinned pool) current when no context is."""
+    if _custody._current_context() is None:
+        device_id = mr.device_id
+        Device(device_id if device_id >= 0 else None).set_current()
+    return Buffer.from_ipc_descriptor(mr, ipc_descriptor, stream=default_stream())
+
+
+for _type in (Buffer, ManagedBuffer):
+    _copyreg.pickle(_type, _reduce_buffer)
+for _type in (DeviceMemoryResource, PinnedMemoryResource):
+    _copyreg.pickle(_type, _reduce_pool_resource)
+del _type
