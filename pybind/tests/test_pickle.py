@@ -24,6 +24,16 @@ def _child(queue, results):
         data = ctypes.string_at(staging.handle, buf.size)
         second = queue.get(timeout=60)  # a second buffer of the same pool: opened once
         same_mr = second.memory_resource is buf.memory_resource
+        descriptor = queue.get(timeout=60)
+        # 65: a closed (mapped) resource refuses imports.
+        mr = buf.memory_resource
+        mr.close()
+        try:
+            custody.Buffer.from_ipc_descriptor(mr, descriptor, stream=stream)
+        except RuntimeError as error:
+            closed_error = str(error)
+        else:
+            closed_error = None
         ptr, mapped, mr_mapped = buf.handle, buf.is_mapped, buf.memory_resource.is_mapped
         buf.close()
         second.close()
@@ -33,7 +43,9 @@ def _child(queue, results):
         if EMU is not None:
             (free,) = EMU.calls_to("cuMemFreeAsync", ptr)
             hazards = EMU.hazards()
-        results.put(("ok", before, ctx, data, same_mr, mapped, mr_mapped, free, hazards))
+        results.put(
+            ("ok", before, ctx, data, same_mr, mapped, mr_mapped, free, hazards, closed_error)
+        )
     except BaseException as error:  # noqa: BLE001 - sent back to the test
         results.put(("error", repr(error)))
 
@@ -58,11 +70,13 @@ def test_a_pickled_buffer_is_imported_in_a_spawned_child(device, stream, kind):
     try:
         queue.put(buf)
         queue.put(other)
+        queue.put(bytes(other.ipc_descriptor))
         outcome = results.get(timeout=120)
     finally:
         child.join(timeout=120)
     assert outcome[0] == "ok", outcome[1]
-    _, before, child_ctx, data, same_mr, mapped, mr_mapped, free, hazards = outcome
+    _, before, child_ctx, data, same_mr, mapped, mr_mapped, free, hazards, closed_error = outcome
+    assert closed_error == f"{type(mr).__name__} has been closed"
     assert before == 0 and child_ctx != 0
     assert data == b"\x5c" * 4096
     assert same_mr and mapped and mr_mapped
@@ -134,3 +148,22 @@ def test_a_closed_pool_resource(device, stream):
     default = custody.DeviceMemoryResource(0)
     default.close()
     assert default.is_closed and not custody.DeviceMemoryResource(0).is_closed
+
+
+def test_from_ipc_descriptor_checks_its_resource(device, stream):
+    """65: a non-IPC pool resource / a closed one / a resource that is no pool: RuntimeError /
+    RuntimeError / TypeError (the closed *imported* resource is in the spawned child above)."""
+    mr = custody.DeviceMemoryResource(0, custody.DeviceMemoryResourceOptions(ipc_enabled=True))
+    buf = mr.allocate(64, stream=stream)
+    descriptor = buf.ipc_descriptor
+    plain = custody.DeviceMemoryResource(0, custody.DeviceMemoryResourceOptions())
+    with pytest.raises(RuntimeError):
+        custody.Buffer.from_ipc_descriptor(plain, descriptor, stream=stream)
+    closed = custody.DeviceMemoryResource(0, custody.DeviceMemoryResourceOptions(ipc_enabled=True))
+    closed.close()
+    with pytest.raises(RuntimeError):
+        custody.Buffer.from_ipc_descriptor(closed, descriptor, stream=stream)
+    for other in (custody.SynchronousMemoryResource(0), custody.LegacyPinnedMemoryResource(), None):
+        with pytest.raises(TypeError):
+            custody.Buffer.from_ipc_descriptor(other, descriptor, stream=stream)
+    buf.close()

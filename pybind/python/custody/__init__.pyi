@@ -229,6 +229,13 @@ class Buffer:
     @property
     def is_mapped(self) -> bool:
         """Whether the buffer was imported from another process."""
+    def __reduce__(self) -> Any:
+        """``pickle`` (and ``multiprocessing``) reduce a buffer of an IPC-enabled pool resource
+        to ``(mr, ipc_descriptor)`` (a ``copyreg`` reducer for ``Buffer``);
+        unpickling (``custody._reduce_helper``) makes ``Device(mr.device_id)`` (device 0 for a
+        pinned pool) current when no context is, and imports with
+        ``stream=default_stream()``. ``RuntimeError`` for a closed buffer or a pool without
+        IPC; ``TypeError`` for a buffer of any other resource (or none)."""
     @property
     def ipc_descriptor(self) -> "IPCBufferDescriptor":
         """The descriptor another process needs to import this buffer (``RuntimeError`` unless
@@ -366,6 +373,20 @@ class DeviceMemoryResource(MemoryResource):
     def get_allocation_handle(self) -> int:
         """Exports the pool as a new POSIX file descriptor that the caller owns and closes
         (``RuntimeError`` unless the pool was made with ``ipc_enabled``)."""
+    def close(self) -> None:
+        """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
+        ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("DeviceMemoryResource has been closed")``;
+        ``deallocate`` and the buffers already made keep working. The pool goes with the last
+        of this object and its buffers (an owned pool outlives its allocations). Idempotent."""
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+    def __reduce__(self) -> Any:
+        """``pickle`` (a ``copyreg`` reducer for the exact type) sends the pool of an IPC-enabled
+        resource: exported as a file descriptor and handed
+        to the receiving process by ``multiprocessing``'s resource sharer (the sending process
+        must be alive; each pickle is read at most once). A process opens a given pool once and
+        gets its own object back. ``RuntimeError`` for a closed or non-IPC resource."""
 
 class PinnedMemoryResource(MemoryResource):
     """Pinned host memory from a stream-ordered host-located pool of its own."""
@@ -389,6 +410,20 @@ class PinnedMemoryResource(MemoryResource):
         """The pool's attributes."""
     def get_allocation_handle(self) -> int:
         """Exports the pool as a new POSIX file descriptor the caller owns."""
+    def close(self) -> None:
+        """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
+        ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("PinnedMemoryResource has been closed")``;
+        ``deallocate`` and the buffers already made keep working. The pool goes with the last
+        of this object and its buffers (an owned pool outlives its allocations). Idempotent."""
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+    def __reduce__(self) -> Any:
+        """``pickle`` (a ``copyreg`` reducer for the exact type) sends the pool of an IPC-enabled
+        resource: exported as a file descriptor and handed
+        to the receiving process by ``multiprocessing``'s resource sharer (the sending process
+        must be alive; each pickle is read at most once). A process opens a given pool once and
+        gets its own object back. ``RuntimeError`` for a closed or non-IPC resource."""
 
 class LegacyPinnedMemoryResource(MemoryResource):
     """Pinned host memory from ``cuMemAllocHost``. A drop never waits: the free runs on the
