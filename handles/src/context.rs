@@ -61,6 +61,13 @@ thread_local! {
 }
 
 impl ContextHandle {
+    /// Gives up this handle: when it was the last one, returns the context's state, whose drop
+    /// releases or destroys the context; `None` (and no driver call) otherwise. Atomic against
+    /// other holders (`Arc::into_inner`).
+    pub(crate) fn into_last(self) -> Option<Box<dyn Send>> {
+        Arc::into_inner(self.0).map(|last| Box::new(last) as Box<dyn Send>)
+    }
+
     /// Retains device `ordinal`'s primary context (initialising the driver on first use).
     ///
     /// The calling thread's current context is not changed.

@@ -850,20 +850,35 @@ impl DevicePtrHandle {
     ///
     /// Driver calls: `cuCtxGetCurrent` (unbound tokens only).
     pub fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), HandleError> {
+        // The old recipe may hold the last handle of a stream: released outside the lock.
+        drop(self.replace_deallocation_stream(stream)?);
+        Ok(())
+    }
+
+    /// [`set_deallocation_stream`](Self::set_deallocation_stream), returning the replaced
+    /// recipe instead of dropping it (`None` when the memory has no recipe: adopted with an
+    /// owner, or not owned), so that the caller decides where its last references to a stream
+    /// or context are dropped ([`DeallocationRecipe::into_last_references`]).
+    ///
+    /// # Errors
+    /// As [`set_deallocation_stream`](Self::set_deallocation_stream).
+    ///
+    /// Driver calls: `cuCtxGetCurrent` (unbound tokens only).
+    pub fn replace_deallocation_stream(
+        &self,
+        stream: &StreamHandle,
+    ) -> Result<Option<DeallocationRecipe>, HandleError> {
         if matches!(self.0.release, Release::Owner(_) | Release::NonOwning) {
-            return Ok(());
+            return Ok(None);
         }
         let recipe = DeallocationRecipe::record(stream)?;
         check_device(self.0.device, &recipe)?;
-        let old = self
+        Ok(self
             .0
             .recipe
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .replace(recipe);
-        // The old recipe may hold the last handle of a stream: released outside the lock.
-        drop(old);
-        Ok(())
+            .replace(recipe))
     }
 
     /// Releases this handle now. When it is the last one, frees the memory as its rule says

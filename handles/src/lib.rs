@@ -41,7 +41,7 @@ pub use error::HandleError;
 pub use event::{EventHandle, EVENT_DISABLE_TIMING};
 pub use graph::{retain_in_capture, GraphExecHandle, GraphHandle, GraphNode, UserObjectOwnership};
 pub use pool::MemoryPoolHandle;
-pub use recipe::{DeallocationRecipe, ThreadToken};
+pub use recipe::{DeallocationRecipe, RecipeRemains, ThreadToken};
 pub use report::{
     cleanup_error_count, cleanup_warning_count, reset_cleanup_error_hook,
     reset_cleanup_warning_hook, set_cleanup_error_hook, set_cleanup_warning_hook, CleanupError,

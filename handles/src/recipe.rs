@@ -77,6 +77,20 @@ pub struct DeallocationRecipe {
     context_raw: usize,
 }
 
+/// The last reference to a recipe's stream or context, returned by
+/// [`DeallocationRecipe::into_last_references`]; dropping it destroys the stream or releases the
+/// context (driver calls).
+pub struct RecipeRemains {
+    /// Held only for its drop.
+    _last: Box<dyn Send>,
+}
+
+impl fmt::Debug for RecipeRemains {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RecipeRemains")
+    }
+}
+
 /// How the stream and the context are held: one handle when the stream carries its context
 /// (one atomic increment per recipe instead of two), a token kind and a context otherwise.
 #[derive(Clone)]
@@ -88,6 +102,19 @@ enum Bound {
 }
 
 impl DeallocationRecipe {
+    /// Gives up this recipe's stream and context. When the recipe held the last reference to
+    /// either, returns what remains, whose drop may make a driver call (`cuStreamDestroy` for
+    /// a created stream, a context release): the caller chooses where to drop it (a binding:
+    /// with the interpreter lock released). `None` when it held no last reference: then nothing
+    /// was destroyed and no driver call was made. Atomic against other holders, so a
+    /// concurrent drop elsewhere cannot make this recipe's release the last one unnoticed.
+    pub fn into_last_references(self) -> Option<RecipeRemains> {
+        match self.bound {
+            Bound::Stream(stream) => stream.into_last().map(|_last| RecipeRemains { _last }),
+            Bound::Token(_, context) => context.into_last().map(|_last| RecipeRemains { _last }),
+        }
+    }
+
     /// Records a recipe for `stream` on the calling thread.
     ///
     /// # Errors

@@ -102,6 +102,13 @@ pub(crate) fn unbound_token(kind: DefaultStream) -> &'static StreamHandle {
 }
 
 impl StreamHandle {
+    /// Gives up this handle: when it was the last one, returns the stream's state, whose drop
+    /// may call `cuStreamDestroy` (created streams) or release a context; `None` (and no driver
+    /// call) otherwise. Atomic against other holders (`Arc::into_inner`).
+    pub(crate) fn into_last(self) -> Option<Box<dyn Send>> {
+        Arc::into_inner(self.0).map(|last| Box::new(last) as Box<dyn Send>)
+    }
+
     /// Creates a stream in `context` with `flags` (`CU_STREAM_*`) and `priority` (0 is the
     /// default; lower numbers are higher priorities). The stream embeds the context, so the
     /// context lives at least as long as the stream.

@@ -285,6 +285,25 @@ impl Buffer {
     ///
     /// Driver calls: `cuCtxGetCurrent` (default-stream tokens only).
     pub fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
+        // The old recipe may hold the last handle of a stream: released outside the lock.
+        drop(self.replace_deallocation_stream(stream)?);
+        Ok(())
+    }
+
+    /// [`set_deallocation_stream`](Self::set_deallocation_stream), returning the replaced
+    /// recipe instead of dropping it (`None` for memory without a recipe), so that the caller
+    /// chooses where a last reference to the old stream or context is dropped
+    /// ([`DeallocationRecipe::into_last_references`](handles::DeallocationRecipe::into_last_references)).
+    ///
+    /// # Errors
+    /// As [`set_deallocation_stream`](Self::set_deallocation_stream).
+    ///
+    /// Driver calls: `cuCtxGetCurrent` (default-stream tokens only); none for a stream that
+    /// carries its context (created or foreign), also on the error paths.
+    pub fn replace_deallocation_stream(
+        &self,
+        stream: &StreamHandle,
+    ) -> Result<Option<handles::DeallocationRecipe>, MemoryError> {
         let guard = self.lock();
         let open = guard.as_ref().ok_or(MemoryError::Closed)?;
         let handle_device = open.handle.device();
@@ -295,7 +314,7 @@ impl Buffer {
             }
         }
         open.handle
-            .set_deallocation_stream(stream)
+            .replace_deallocation_stream(stream)
             .map_err(|error| device_error(error, handle_device, stream))
     }
 

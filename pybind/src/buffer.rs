@@ -307,8 +307,21 @@ impl PyBuffer {
         }
         let stream = accept_stream(stream)?;
         let buffer = self.buffer();
-        py.detach(|| buffer.set_deallocation_stream(&stream))
+        if stream.context().is_none() {
+            // A default-stream token: recording the recipe reads the current context.
+            py.detach(|| buffer.set_deallocation_stream(&stream))
+                .map_err(Error::from)?;
+            return Ok(());
+        }
+        // A stream that carries its context: the swap makes no driver call (D10 holds), so it
+        // runs attached, saving the GIL round trip. Only dropping the old recipe's last
+        // reference to a stream or context calls the driver: that runs with the GIL released.
+        let old = buffer
+            .replace_deallocation_stream(&stream)
             .map_err(Error::from)?;
+        if let Some(last) = old.and_then(handles::DeallocationRecipe::into_last_references) {
+            py.detach(move || drop(last));
+        }
         Ok(())
     }
 
