@@ -504,3 +504,43 @@ fn owner_and_borrowed_pointers_free_nothing() {
     assert!(errors_for(0xbeef0).is_empty());
     with_emulator(|emu| assert!(emu.calls_for(0xbeef0, from).is_empty()));
 }
+
+#[test]
+fn replace_deallocation_stream_hands_back_the_old_recipe_and_its_last_references() {
+    let _serial = start();
+    let a = primary(0);
+    let s1 = StreamHandle::create(&a, 0, 0).unwrap();
+    let s2 = StreamHandle::create(&a, 0, 0).unwrap();
+    let raw1 = s1.raw() as u64;
+    let buffer = pool_buffer(&s1).unwrap();
+    // The allocation on s1 ordered before the free on s2 (the caller's job, D4).
+    let event = handles::EventHandle::create(&a, handles::EVENT_DISABLE_TIMING).unwrap();
+    event.record(&s1).unwrap();
+    s2.wait_event(&event).unwrap();
+    // s1 still has a user handle: giving up the old recipe destroys nothing.
+    let old = buffer.replace_deallocation_stream(&s2).unwrap().unwrap();
+    assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s2));
+    let from = mark();
+    assert!(old.into_last_references().is_none());
+    // Now the recipe holds s1's last handle: it is handed back, and destroyed only when dropped.
+    let _s2_recipe = buffer.replace_deallocation_stream(&s1).unwrap().unwrap();
+    drop(s1);
+    let old = buffer.replace_deallocation_stream(&s2).unwrap().unwrap();
+    let remains = old.into_last_references().expect("the last reference to s1");
+    let destroys = |from| {
+        with_emulator(|emu: &cuda_sys::emu::Emulator| {
+            emu.calls()
+                .into_iter()
+                .filter(|c| c.seq >= from && c.function == "cuStreamDestroy_v2")
+                .filter(|c| c.stream == Some(raw1))
+                .count()
+        })
+    };
+    // On a real driver (no call log) the destroy is not observable here.
+    assert_ne!(destroys(from), Some(1), "not destroyed before the remains are dropped");
+    drop(remains);
+    assert_ne!(destroys(from), Some(0), "destroyed with the remains");
+    buffer.release().unwrap();
+    s2.synchronize().unwrap();
+    assert_no_hazards();
+}
