@@ -526,7 +526,9 @@ fn replace_deallocation_stream_hands_back_the_old_recipe_and_its_last_references
     let _s2_recipe = buffer.replace_deallocation_stream(&s1).unwrap().unwrap();
     drop(s1);
     let old = buffer.replace_deallocation_stream(&s2).unwrap().unwrap();
-    let remains = old.into_last_references().expect("the last reference to s1");
+    let remains = old
+        .into_last_references()
+        .expect("the last reference to s1");
     let destroys = |from| {
         with_emulator(|emu: &cuda_sys::emu::Emulator| {
             emu.calls()
@@ -537,7 +539,11 @@ fn replace_deallocation_stream_hands_back_the_old_recipe_and_its_last_references
         })
     };
     // On a real driver (no call log) the destroy is not observable here.
-    assert_ne!(destroys(from), Some(1), "not destroyed before the remains are dropped");
+    assert_ne!(
+        destroys(from),
+        Some(1),
+        "not destroyed before the remains are dropped"
+    );
     drop(remains);
     assert_ne!(destroys(from), Some(0), "destroyed with the remains");
     buffer.release().unwrap();
