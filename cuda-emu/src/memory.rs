@@ -479,7 +479,7 @@ impl State {
         if let Some(start) = self.find_live(addr) {
             let a = &self.allocs[&start];
             let off = addr - start;
-            if off.checked_add(len).map_or(true, |end| end > a.size) {
+            if off.checked_add(len).is_none_or(|end| end > a.size) {
                 return Err(codes::OUT_OF_RANGE);
             }
             return Ok(Target {

@@ -448,7 +448,7 @@ impl State {
         let mut deps = Vec::new();
         let mut clock = VectorClock::default();
         for st in self.streams.values() {
-            if device.map_or(true, |d| d == st.device) {
+            if device.is_none_or(|d| d == st.device) {
                 deps.push(st.core.tail_always());
                 clock.merge(&st.clock);
             }

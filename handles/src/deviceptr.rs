@@ -92,7 +92,9 @@ impl PoolRef {
     fn handle(&self) -> MemoryPoolHandle {
         match self {
             PoolRef::Owned(pool) => pool.clone(),
-            PoolRef::Borrowed { raw, device } => MemoryPoolHandle::borrowed_unchecked(*raw, *device),
+            PoolRef::Borrowed { raw, device } => {
+                MemoryPoolHandle::borrowed_unchecked(*raw, *device)
+            }
         }
     }
 }

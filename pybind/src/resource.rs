@@ -202,7 +202,7 @@ fn allocate_arguments<'py>(
             "{NAME} missing 1 required keyword argument: 'stream'"
         )));
     };
-    let size: usize = size.extract().map_err(Into::<PyErr>::into)?;
+    let size: usize = size.extract()?;
     Ok((size, stream))
 }
 

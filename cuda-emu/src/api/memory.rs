@@ -476,7 +476,7 @@ fn memset(
         let len = (n as u64)
             .checked_mul(u64::from(elem))
             .ok_or(codes::OUT_OF_RANGE)?;
-        if dst % u64::from(elem) != 0 {
+        if !dst.is_multiple_of(u64::from(elem)) {
             return Err(codes::INVALID_VALUE);
         }
         if st.enqueue_check(r)? {
