@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Buffer-lifetime scenarios run with custody and with NVIDIA's cuda.core, side by side.
 
-Each scenario is one of cuda_core_behavior.md section 5's cases whose outcome can be observed
+Each scenario is one of docs/reference-notes.md section 5's cases whose outcome can be observed
 from outside the library: whether a buffer was freed or leaked, on which stream and in which
 context its free or its memory resource's `deallocate` ran, which context the freeing thread
 had afterwards, and what was raised, warned or written to stderr. Every (scenario, library) pair
@@ -15,11 +15,11 @@ loads `CUSTODY_CUDA_DRIVER` or `libcuda.so.1`; cuda.core (1.2 or later) is impor
 an API a library lacks is reported as "n/a" for that cell. On custody's emulated driver the
 custody column also shows the free as the emulator's call log recorded it.
 
-The custody column is checked against the decisions in shared/design/BRIEF.md (D2-D6): a cell
+The custody column is checked against the decisions in docs/decisions.md (D2-D6): a cell
 that contradicts them is marked UNEXPECTED. cuda.core's cells are reported, never judged: they
 are the reference, and where they differ from custody that is the point of the table.
 
-Exit status: 0 when every custody cell is as BRIEF.md decides, 1 when one is not (or a
+Exit status: 0 when every custody cell is as docs/decisions.md decides, 1 when one is not (or a
 scenario crashed), 2 when custody cannot be imported. Python 3.9+, standard library only.
 """
 
@@ -433,7 +433,7 @@ def s_mr_legacy_contextless(world):
 
 
 # ---------------------------------------------------------------------------------------------
-# What BRIEF.md decides for custody: (predicate over the result, what it means).
+# What docs/decisions.md decides for custody: (predicate over the result, what it means).
 
 
 def no_warnings(r):
@@ -652,8 +652,8 @@ def main():
             if lib == "custody" and not result.get("na"):
                 ok = not result.get("error") and expect(result)
                 result["as_decided"] = ok
-                result["verdict"] = ("as BRIEF.md decides" if ok else
-                                     "UNEXPECTED: BRIEF.md decides: %s" % expectation)
+                result["verdict"] = ("as docs/decisions.md decides" if ok else
+                                     "UNEXPECTED: docs/decisions.md decides: %s" % expectation)
                 if not ok:
                     unexpected.append(scenario_id)
             results[lib] = result
@@ -672,9 +672,10 @@ def main():
     elif not custody_ok:
         summary = "custody could not be imported: %s" % available["custody"]["state"]
     elif unexpected:
-        summary = "custody: %d scenario(s) not as BRIEF.md decides: %s" % (len(unexpected), ", ".join(unexpected))
+        summary = "custody: %d scenario(s) not as docs/decisions.md decides: %s" % (
+            len(unexpected), ", ".join(unexpected))
     else:
-        summary = "custody: every scenario as BRIEF.md decides"
+        summary = "custody: every scenario as docs/decisions.md decides"
     print(summary)
 
     if args.json:

@@ -98,7 +98,7 @@ class DriverView:
         return ptr.value
 
     def mem_free(self, ptr):
-        """`cuMemFree_v2` (needs no current context: driver_facts.md F5)."""
+        """`cuMemFree_v2` (needs no current context: docs/driver-facts.md F5)."""
         self._call("cuMemFree_v2", ctypes.c_uint64(ptr))
 
     # The emulator's query interface (custody's cuda-emu only).

@@ -184,7 +184,7 @@ def contextless_drop(demo, custody, mr, context_a):
     holder[0].fill(0x11, stream=legacy)
     print("  allocated 0x%x (%d bytes) on thread MainThread with A current, on the legacy default stream" % (ptr, SIZE))
     print("  (on a thread with no context the raw cuMemFreeAsync(0x%x, CU_STREAM_LEGACY) fails with "
-          "CUDA_ERROR_INVALID_CONTEXT: driver_facts.md F2)" % ptr)
+          "CUDA_ERROR_INVALID_CONTEXT: docs/driver-facts.md F2)" % ptr)
     box = {}
 
     def drop():
@@ -281,7 +281,7 @@ def graph_retained(demo, custody, dev, mr, context_a):
 
 def probe_worker(demo, custody, stream, worker):
     """The context current on custody's cleanup worker (emulator thread `worker`) now: drops a
-    pinned host buffer, whose free a drop hands to the worker (BRIEF.md D9), and reads the
+    pinned host buffer, whose free a drop hands to the worker (docs/decisions.md D9), and reads the
     context the worker's first call for it saw. -1 when the worker did not run it."""
     since = demo.drv.mark()
     pinned = custody.LegacyPinnedMemoryResource().allocate(256, stream=stream)

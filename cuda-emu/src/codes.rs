@@ -1,6 +1,6 @@
 //! Every status the emulator returns, named by the situation that produces it, in one place.
 //!
-//! Codes marked *measured* come from ../../shared/reference/driver_facts.md or from the driver
+//! Codes marked *measured* come from docs/driver-facts.md or from the driver
 //! probe (`docs/driver-probe/`, an H200 with driver 580.159.04; conformance module `measured`);
 //! *documented* ones from the driver API documentation; codes marked *guess* were chosen without
 //! a measurement. The conformance suite run on a real GPU will confirm or correct the guesses:

@@ -9,10 +9,10 @@
 //!
 //! So the emulator's fidelity is measured, not assumed: a case that passes on the real driver and
 //! fails on the emulator is an emulator bug; a case that fails on the real driver is a wrong
-//! belief about the driver, to be corrected here and in `shared/reference/driver_facts.md`.
+//! belief about the driver, to be corrected here and in `docs/driver-facts.md`.
 //!
 //! # What it encodes
-//! Every row of `driver_facts.md` except F11 (`cuMemFreeAsync` on a destroyed stream kills the
+//! Every row of `docs/driver-facts.md` except F11 (`cuMemFreeAsync` on a destroyed stream kills the
 //! process, so it has no safe case here; the emulator's hazard checker covers it):
 //! - F1-F3 (`facts_free::f01..f03`): with no current context, `cuMemFreeAsync` on a
 //!   default-stream token (NULL, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`) fails with

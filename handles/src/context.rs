@@ -376,7 +376,7 @@ pub(crate) fn context_for_current(raw: usize) -> Result<ContextHandle, HandleErr
     Ok(handle)
 }
 
-/// Makes a context current for a while and puts the caller's binding back (BRIEF.md D2).
+/// Makes a context current for a while and puts the caller's binding back (docs/decisions.md D2).
 ///
 /// [`ContextScope::enter`] reads the current context and, only if it differs from the target,
 /// makes the target current; [`ContextScope::exit`] (or dropping the scope) restores the

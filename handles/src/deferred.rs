@@ -1,6 +1,7 @@
-//! The deferred-cleanup queue (BRIEF.md D7, D9): a lock-free queue that user-object destructors
-//! and non-blocking drops push onto, a worker thread that drains it, [`drain_deferred_cleanup`]
-//! for a synchronous drain, and the exit rule (what is still queued at exit is leaked).
+//! The deferred-cleanup queue (docs/decisions.md D7, D9): a lock-free queue that user-object
+//! destructors and non-blocking drops push onto, a worker thread that drains it,
+//! [`drain_deferred_cleanup`] for a synchronous drain, and the exit rule (what is still queued at
+//! exit is leaked).
 
 use std::any::Any;
 use std::cell::Cell;
@@ -135,7 +136,7 @@ fn push_from_callback(item: Deferred) {
 /// [`UserObjectOwnership`](crate::UserObjectOwnership): it takes the payload back and queues it.
 ///
 /// Runs on a driver thread or synchronously inside a driver call made by any thread
-/// (driver_facts.md G2, G3); it makes no driver call and takes no lock.
+/// (docs/driver-facts.md G2, G3); it makes no driver call and takes no lock.
 pub(crate) extern "C" fn user_object_destructor(data: *mut std::ffi::c_void) {
     if data.is_null() {
         return;

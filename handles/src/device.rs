@@ -1,4 +1,4 @@
-//! Device queries and whole-context synchronisation, added for the Python bindings (issue #6):
+//! Device queries and whole-context synchronisation, which the Python bindings' `Device` needs:
 //! [`device_count`] and [`ContextHandle::synchronize`].
 
 use std::ffi::c_int;

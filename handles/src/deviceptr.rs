@@ -1,6 +1,6 @@
 //! [`DevicePtrHandle`]: an allocation (or an adopted or borrowed pointer) with its
 //! [`DeallocationRecipe`] and a release rule fixed at creation, and the teardown that runs the
-//! recipe (BRIEF.md D1, D2, D3, D9).
+//! recipe (docs/decisions.md D1, D2, D3, D9).
 
 use std::any::Any;
 use std::fmt;
@@ -127,7 +127,7 @@ impl Release {
     }
 }
 
-/// The synchronous frees that go through the cleanup worker (BRIEF.md D9).
+/// The synchronous frees that go through the cleanup worker (docs/decisions.md D9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SyncKind {
     Device,
@@ -196,7 +196,7 @@ struct PtrBox {
 ///   in the recipe context (see [`ContextScope`]);
 /// - synchronous families (`cuMemAlloc`, pinned host, managed): a drop records an event on the
 ///   recipe stream and hands (event, pointer, recipe) to the cleanup worker, which waits for
-///   the event and frees; it never blocks the dropping thread (BRIEF.md D9). An explicit
+///   the event and frees; it never blocks the dropping thread (docs/decisions.md D9). An explicit
 ///   [`DevicePtrHandle::release`] synchronises the recipe stream and frees before returning;
 /// - adopted pointers: the [`Deallocator`], in the recipe context;
 /// - owner-kept and borrowed pointers: nothing is freed.
@@ -649,7 +649,7 @@ impl DevicePtrHandle {
     }
 
     /// Takes ownership of `size` bytes at `ptr`, to be freed by `deallocator` with the recipe
-    /// recorded now for `stream` (BRIEF.md D5).
+    /// recorded now for `stream` (docs/decisions.md D5).
     ///
     /// The recipe is recorded and validated before ownership is taken: on error the pointer
     /// stays with the caller and `deallocator` is not called.
@@ -840,7 +840,7 @@ impl DevicePtrHandle {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
-    /// Replaces the recipe with one recorded now for `stream` (BRIEF.md D4), as one atomic
+    /// Replaces the recipe with one recorded now for `stream` (docs/decisions.md D4), as one atomic
     /// swap seen by every clone. Nothing is freed or synchronised: work already queued on the
     /// old stream must be ordered before the new one by the caller. On error the old recipe
     /// stays. For owner-kept and borrowed pointers, which free nothing, this does nothing.
@@ -903,8 +903,8 @@ impl DevicePtrHandle {
         }
     }
 
-    /// `set_deallocation_stream(stream)` then `release()` (BRIEF.md D4). When recording the new
-    /// recipe fails, the handle is returned unchanged with the error.
+    /// `set_deallocation_stream(stream)` then `release()` (docs/decisions.md D4). When recording
+    /// the new recipe fails, the handle is returned unchanged with the error.
     ///
     /// # Errors
     /// As [`DevicePtrHandle::set_deallocation_stream`] (with the handle given back) and
@@ -920,7 +920,7 @@ impl DevicePtrHandle {
     }
 
     /// Emits the graph-attach warning when this pointer's free is recorded on the per-thread
-    /// default stream (BRIEF.md D6); for the graph layer, when it retains the pointer.
+    /// default stream (docs/decisions.md D6); for the graph layer, when it retains the pointer.
     pub fn warn_if_per_thread_stream(&self, operation: &'static str) {
         let Some(recipe) = self.recipe() else { return };
         if let Some(thread) = recipe.ptds_thread() {
@@ -1113,9 +1113,9 @@ impl fmt::Debug for DevicePtrHandle {
     }
 }
 
-// Added for the memory crate (issue #4): adoption with a built-in synchronous release rule, so
-// that memory a synchronous memory resource hands to `Buffer::from_handle` is released like
-// memory it allocated, never blocking a drop (BRIEF.md D5, D9).
+// Adoption with a built-in synchronous release rule, for the memory crate's synchronous
+// resources: memory a synchronous memory resource hands to `Buffer::from_handle` is released like
+// memory it allocated, never blocking a drop (docs/decisions.md D5, D9).
 impl DevicePtrHandle {
     /// Takes ownership of `size` bytes at `ptr` that were allocated with `cuMemAlloc`
     /// ([`ReleaseKind::Synchronous`]), `cuMemAllocHost` ([`ReleaseKind::PinnedHost`]) or

@@ -1,6 +1,6 @@
 //! Minimal graph ownership: [`GraphHandle`], [`GraphExecHandle`] and [`UserObjectOwnership`],
 //! the primitive that lets a graph keep Rust values (buffers) alive and hand them to the
-//! deferred-cleanup queue when the driver lets go (BRIEF.md D7).
+//! deferred-cleanup queue when the driver lets go (docs/decisions.md D7).
 
 use std::any::Any;
 use std::fmt;
@@ -15,7 +15,7 @@ use crate::stream::StreamHandle;
 use crate::sys::{check, driver};
 use crate::HandleError;
 
-// Graph nodes and their attachments (issue #5) live in their own file, as a child module so
+// Graph nodes and their attachments live in their own file, as a child module so
 // they reach the graph box.
 #[path = "graph_nodes.rs"]
 mod nodes;
@@ -126,7 +126,7 @@ struct GraphExecBox {
 /// An executable graph, owned; destroyed in its context when the last clone drops.
 ///
 /// The executable holds its own references to the user objects of the graph it was
-/// instantiated from, so payloads outlive the graph definition (driver_facts.md G1); a payload
+/// instantiated from, so payloads outlive the graph definition (docs/driver-facts.md G1); a payload
 /// whose last reference goes inside `cuGraphExecDestroy` is queued there and then (G2).
 #[derive(Clone)]
 pub struct GraphExecHandle(Arc<GraphExecBox>);
@@ -302,7 +302,8 @@ impl fmt::Debug for UserObjectOwnership {
     }
 }
 
-// Added for the memory crate (issue #4): the graph a stream capture produced (`ops::end_capture`).
+// The graph a stream capture produced (`ops::end_capture`), which the memory crate's builder
+// wraps.
 impl GraphHandle {
     /// Takes ownership of a graph made by `cuStreamEndCapture` in `context`.
     pub(crate) fn from_captured(raw: CUgraph, context: &ContextHandle) -> GraphHandle {

@@ -1,4 +1,4 @@
-//! Graph nodes that keep what they touch alive (issue #5): [`GraphNode`], the memset, memcpy,
+//! Graph nodes that keep what they touch alive: [`GraphNode`], the memset, memcpy,
 //! host-function and empty nodes of a [`GraphHandle`], [`GraphHandle::clone_graph`], and
 //! [`retain_in_capture`] for work recorded by stream capture.
 //!
@@ -6,10 +6,10 @@
 //! whose payload holds what the node needs: clones of the [`DevicePtrHandle`]s it reads or
 //! writes, or the host function's closure. The user object is moved into the graph *before*
 //! the node is added, so no node ever exists without its retention; the driver copies the
-//! reference into clones, executables and in-flight launches (driver_facts.md G1-G3), and when
+//! reference into clones, executables and in-flight launches (docs/driver-facts.md G1-G3), and when
 //! the last one goes its destructor only queues the payload for the cleanup worker
 //! (`deferred.rs`), which drops the handles: each frees with its recipe as it is *then*
-//! (BRIEF.md D4, D7). See `handles/DESIGN.md`, "Graph attachments".
+//! (docs/decisions.md D4, D7). See `handles/DESIGN.md`, "Graph attachments".
 //!
 //! This file is a child module of `graph.rs` (declared there), so it reaches the graph box.
 
@@ -109,7 +109,7 @@ fn distinct(ptrs: &[&DevicePtrHandle]) -> Vec<DevicePtrHandle> {
     out
 }
 
-/// Emits the attach-time warning (BRIEF.md D6) once per retained allocation whose free is
+/// Emits the attach-time warning (docs/decisions.md D6) once per retained allocation whose free is
 /// recorded on the per-thread default stream.
 fn warn_per_thread(ptrs: &[DevicePtrHandle]) {
     for ptr in ptrs {
@@ -212,7 +212,7 @@ impl GraphHandle {
     /// of `dst` to `value` (its low `8 * element_size` bits), after `deps`. The node retains
     /// `dst`: the memory stays allocated while this graph, a clone, an executable or a launch
     /// may still write it, and is then freed with its recipe by the cleanup worker. When the
-    /// recipe is on the per-thread default stream, one warning is reported (BRIEF.md D6).
+    /// recipe is on the per-thread default stream, one warning is reported (docs/decisions.md D6).
     ///
     /// # Errors
     /// [`HandleError::InvalidArgument`] (no driver call) for a dependency of another graph, an
@@ -292,7 +292,7 @@ impl GraphHandle {
     /// Adds a node that copies `size` bytes from the start of `src` to the start of `dst`,
     /// after `deps`. Either may be device, pinned host or managed memory (unified addressing
     /// tells the driver which). The node retains both, as [`GraphHandle::add_memset_node`]
-    /// does, with one warning per per-thread-default-stream recipe (BRIEF.md D6).
+    /// does, with one warning per per-thread-default-stream recipe (docs/decisions.md D6).
     ///
     /// # Errors
     /// [`HandleError::InvalidArgument`] (no driver call) for a dependency of another graph,
@@ -378,7 +378,7 @@ impl GraphHandle {
     /// worker after the graph, its clones, executables and launches are gone, so whatever it
     /// owns (a buffer, say) is released there.
     ///
-    /// `function` must make no CUDA call, directly or through custody (driver_facts.md G4: the
+    /// `function` must make no CUDA call, directly or through custody (docs/driver-facts.md G4: the
     /// driver may fail or deadlock), and should return promptly: the stream waits for it. It
     /// may run on several launches at once. A panic is caught and written to stderr.
     ///
@@ -449,7 +449,7 @@ impl GraphHandle {
 /// of the handles, referenced by the capture graph and so by the graph the capture produces,
 /// its clones, executables and launches), for work on that memory recorded by the capture.
 /// When a recipe is on the per-thread default stream, one warning is reported per allocation
-/// (BRIEF.md D6).
+/// (docs/decisions.md D6).
 ///
 /// The capture must not end on another thread during the call. Memory allocated by the graph
 /// itself (a graph allocation made during this capture) must not be retained: its free belongs

@@ -6,7 +6,7 @@
 //! mutable field anywhere is a [`DevicePtrHandle`]'s [`DeallocationRecipe`].
 //!
 //! - [`ContextHandle`], [`ContextScope`]: contexts, and running code in one without disturbing
-//!   the caller's binding (BRIEF.md D2).
+//!   the caller's binding (docs/decisions.md D2).
 //! - [`StreamHandle`], [`EventHandle`], [`MemoryPoolHandle`]: the things a free is ordered on
 //!   and allocated from.
 //! - [`DevicePtrHandle`], [`DeallocationRecipe`], [`Deallocator`]: memory and how it is freed
@@ -19,13 +19,13 @@
 
 mod context;
 mod deferred;
-/// Added for the Python bindings (issue #6): device count, context synchronisation.
+/// Device count and context synchronisation (what the Python bindings' `Device` needs).
 mod device;
 mod deviceptr;
 mod error;
 mod event;
 mod graph;
-/// Memory operations for the `memory` crate (issue #4): copies, fills, pool IPC, capture.
+/// Memory operations for the `memory` crate: copies, fills, pool IPC, capture.
 pub mod ops;
 mod pool;
 mod recipe;

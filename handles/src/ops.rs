@@ -224,7 +224,7 @@ pub fn free_async(ptr: CUdeviceptr, stream: &StreamHandle) -> Result<(), HandleE
 
 /// Frees a `cuMemAlloc` or `cuMemAllocManaged` allocation that no handle owns, after the work
 /// queued on `stream`: **blocks** until the stream has drained, then frees. For an explicit
-/// `deallocate` only: a drop must never come here (BRIEF.md D9).
+/// `deallocate` only: a drop must never come here (docs/decisions.md D9).
 ///
 /// # Errors
 /// As [`copy_async`], and the stream's failure, in which case nothing is freed.

@@ -221,7 +221,8 @@ impl fmt::Debug for MemoryPoolHandle {
     }
 }
 
-// Added for the memory crate (issue #4): ownership of a pool that `ops` created or imported.
+// Ownership of a pool that `ops` created or imported (the memory crate's pools with properties
+// and IPC imports).
 impl MemoryPoolHandle {
     /// Takes ownership of a pool created (or imported) by `ops`: destroyed after the last handle
     /// and the last allocation from it go.

@@ -1,5 +1,5 @@
 //! [`DeallocationRecipe`]: the stream, context and (for the per-thread default stream) thread
-//! that a free needs, recorded when memory is allocated or adopted (BRIEF.md D1).
+//! that a free needs, recorded when memory is allocated or adopted (docs/decisions.md D1).
 
 use std::cell::Cell;
 use std::fmt;
@@ -225,7 +225,7 @@ impl DeallocationRecipe {
     }
 
     /// The warning owed when this recipe is used on the calling thread: a per-thread-default-
-    /// stream recipe used on a thread other than the recorder (BRIEF.md D6).
+    /// stream recipe used on a thread other than the recorder (docs/decisions.md D6).
     #[inline]
     pub(crate) fn cross_thread_warning(
         &self,

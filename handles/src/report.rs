@@ -1,4 +1,4 @@
-//! The cleanup-error reporter (BRIEF.md D3) and the cleanup-warning channel (D6).
+//! The cleanup-error reporter (docs/decisions.md D3) and the cleanup-warning channel (D6).
 //!
 //! A failure on a path that cannot return it (a `Drop`, the deferred-cleanup worker) is handed
 //! to a replaceable process-wide hook and counted. The default hook writes one line on stderr.
@@ -60,7 +60,7 @@ impl fmt::Display for CleanupError {
 pub enum CleanupWarningKind {
     /// A free recorded on the per-thread default stream ran on another host thread: it was
     /// issued on that thread's per-thread stream, so ordering it after the recording thread's
-    /// work is the application's job (BRIEF.md D6).
+    /// work is the application's job (docs/decisions.md D6).
     PerThreadStreamOtherThread {
         /// The thread that recorded the recipe ([`crate::ThreadToken`] value).
         recorded_thread: u64,
@@ -68,7 +68,7 @@ pub enum CleanupWarningKind {
         freeing_thread: u64,
     },
     /// A buffer with a per-thread-default-stream recipe was retained by a graph: its free will
-    /// run wherever the graph's cleanup runs, most likely on another thread (BRIEF.md D6).
+    /// run wherever the graph's cleanup runs, most likely on another thread (docs/decisions.md D6).
     PerThreadStreamRetainedByGraph {
         /// The thread that recorded the recipe.
         recorded_thread: u64,

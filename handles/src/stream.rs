@@ -73,7 +73,7 @@ struct StreamBox {
 ///
 /// Cloning is one atomic increment; a handle never re-points. A deallocation recipe holds a
 /// `StreamHandle`, so a created stream outlives every free ordered on it even after the user's
-/// last handle is gone (driver_facts.md F11).
+/// last handle is gone (docs/driver-facts.md F11).
 #[derive(Clone)]
 pub struct StreamHandle(Arc<StreamBox>);
 

@@ -1,5 +1,5 @@
-//! Deferred cleanup through CUDA user objects (BRIEF.md D7; driver_facts.md G1, G2): the
-//! destructor only queues, the worker or a drain frees with the recipe, and a destructor that
+//! Deferred cleanup through CUDA user objects (docs/decisions.md D7; docs/driver-facts.md G1, G2):
+//! the destructor only queues, the worker or a drain frees with the recipe, and a destructor that
 //! runs synchronously inside a drain does not deadlock.
 
 mod common;

@@ -1,6 +1,7 @@
-//! Lifetime extension (cuda_core_behavior.md section 5, "Lifetime extension", and BRIEF.md D8):
-//! a recipe keeps its stream and context alive, an allocation keeps its pool alive, so nothing a
-//! pending free needs can be released first (driver_facts.md F11 cannot happen).
+//! Lifetime extension (docs/reference-notes.md section 5, "Lifetime extension", and
+//! docs/decisions.md D8): a recipe keeps its stream and context alive, an allocation keeps its pool
+//! alive, so nothing a pending free needs can be released first (docs/driver-facts.md F11 cannot
+//! happen).
 //!
 //! On a real driver what is kept alive is seen by using it (the recipe's stream synchronises,
 //! the pool answers a query, the free reports no error) and the frees by the pool's used memory;

@@ -1,7 +1,7 @@
 //! Whole-process cases, each run in a child process of this test binary: a driver that was
-//! never initialised (cuda_core_behavior.md section 5, case 5, unified by BRIEF.md D1) and
-//! deferred cleanup still queued at exit (case 58, BRIEF.md D7); and two failing frees reported
-//! apart (needs the emulator's fault injection).
+//! never initialised (docs/reference-notes.md section 5, case 5, unified by docs/decisions.md D1)
+//! and deferred cleanup still queued at exit (case 58, docs/decisions.md D7); and two failing frees
+//! reported apart (needs the emulator's fault injection).
 
 mod common;
 

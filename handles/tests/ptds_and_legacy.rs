@@ -1,6 +1,6 @@
-//! PTDS and legacy default streams (cuda_core_behavior.md section 5, "PTDS and legacy default
-//! streams", as decided by BRIEF.md D6): per-thread-default-stream frees on the recording thread
-//! are plain; on another thread they run there, in the bound context, with one warning.
+//! PTDS and legacy default streams (docs/reference-notes.md section 5, "PTDS and legacy default
+//! streams", as decided by docs/decisions.md D6): per-thread-default-stream frees on the recording
+//! thread are plain; on another thread they run there, in the bound context, with one warning.
 
 mod common;
 

@@ -1,5 +1,5 @@
-//! Recipe capture and binding (cuda_core_behavior.md section 5, "Recipe capture and binding",
-//! as decided by BRIEF.md D1 and D5), plus the bad-input cases of issue #3.
+//! Recipe capture and binding (docs/reference-notes.md section 5, "Recipe capture and binding",
+//! as decided by docs/decisions.md D1 and D5), plus bad-input cases.
 
 mod common;
 

@@ -1,6 +1,6 @@
-//! Teardown context handling (cuda_core_behavior.md section 5, "Teardown context handling", as
-//! decided by BRIEF.md D2, D3 and D9): frees run in the recipe's context, the caller's binding
-//! is restored, failures are reported on drops and returned by explicit releases.
+//! Teardown context handling (docs/reference-notes.md section 5, "Teardown context handling", as
+//! decided by docs/decisions.md D2, D3 and D9): frees run in the recipe's context, the caller's
+//! binding is restored, failures are reported on drops and returned by explicit releases.
 
 mod common;
 

@@ -8,7 +8,7 @@
 //! 2. **Context-less drop.** A buffer recorded with the legacy default stream (a token whose
 //!    meaning depends on the calling thread's context) is dropped on a thread that never had
 //!    a context. The raw driver would fail there (`CUDA_ERROR_INVALID_CONTEXT`,
-//!    driver_facts.md F2); custody makes the recorded context current, frees, and restores.
+//!    docs/driver-facts.md F2); custody makes the recorded context current, frees, and restores.
 //! 3. **Graph-retained.** A CUDA graph (the memory crate's `Graph`: a memset node and a memcpy
 //!    node) keeps the buffer alive after the user closed it, and the launch still fills and
 //!    copies it; closing the executable queues the memory for deferred cleanup, which frees it
@@ -694,7 +694,7 @@ fn contextless_drop(
     );
     println!(
         "  (on a thread with no context the raw cuMemFreeAsync(0x{ptr:x}, CU_STREAM_LEGACY) fails \
-         with CUDA_ERROR_INVALID_CONTEXT: driver_facts.md F2)"
+         with CUDA_ERROR_INVALID_CONTEXT: docs/driver-facts.md F2)"
     );
     let recipe = recorded(&buffer.handle().map_err(|e| err("handle", e))?)?;
     let emu = demo.emu;
@@ -786,8 +786,8 @@ fn graph_retained(
         .map_err(|e| err("reading the copy", e))?;
     out.close().map_err(|e| err("close", e))?;
     println!(
-        "  instantiated, graph definition closed (the executable keeps the nodes: driver_facts.md \
-         G1), launched on work"
+        "  instantiated, graph definition closed (the executable keeps the nodes: \
+         docs/driver-facts.md G1), launched on work"
     );
     demo.check(
         bytes.iter().all(|&b| b == 0x22),
@@ -801,7 +801,7 @@ fn graph_retained(
     exec.close();
     println!(
         "  executable closed: the nodes' user objects let go, and their destructor queued the \
-         memory for deferred cleanup (it may make no CUDA call itself: driver_facts.md G4)"
+         memory for deferred cleanup (it may make no CUDA call itself: docs/driver-facts.md G4)"
     );
     let drained = handles::drain_deferred_cleanup();
     println!("  drain_deferred_cleanup() on thread main ran {drained} queued item(s)");

@@ -92,7 +92,7 @@ struct Open {
 }
 
 /// A range of device, pinned host or managed memory, with the deallocation recipe that will
-/// order and legalise its free (BRIEF.md D1).
+/// order and legalise its free (docs/decisions.md D1).
 ///
 /// A buffer is `Send + Sync` and every method takes `&self`, so it can be shared (an `Arc`,
 /// a Python object) and closed from any thread:
@@ -100,8 +100,9 @@ struct Open {
 /// - [`Buffer::close`] frees now (when this buffer holds the last reference to the memory)
 ///   and returns the free's error. Close is atomic and idempotent: of two concurrent closes
 ///   one frees and the other is a no-op; closing a closed buffer is `Ok`.
-/// - Dropping an open buffer frees the same way but never waits on the GPU (BRIEF.md D9) and
-///   reports a failure through the cleanup-error hook (`handles::set_cleanup_error_hook`).
+/// - Dropping an open buffer frees the same way but never waits on the GPU
+///   (docs/decisions.md D9) and reports a failure through the cleanup-error hook
+///   (`handles::set_cleanup_error_hook`).
 /// - [`Buffer::set_deallocation_stream`] hands the free over to another stream: the recipe is
 ///   replaced atomically, seen by every other holder of the memory (a graph, a clone of the
 ///   [`DevicePtrHandle`]), and nothing is freed or synchronised.
@@ -138,7 +139,7 @@ impl Buffer {
     }
 
     /// Wraps `size` bytes at `ptr`, allocated elsewhere, as a buffer owned as `ownership` says
-    /// (BRIEF.md D5).
+    /// (docs/decisions.md D5).
     ///
     /// With [`Ownership::MemoryResource`], the buffer owns the memory and `stream` orders its
     /// free (`None`: the legacy default stream, bound to the context current now; prefer a
@@ -271,7 +272,7 @@ impl Buffer {
         self.ipc
     }
 
-    /// Records the free on `stream` from now on (BRIEF.md D4): the whole recipe (stream,
+    /// Records the free on `stream` from now on (docs/decisions.md D4): the whole recipe (stream,
     /// context, per-thread-default-stream thread) is replaced in one atomic step that every
     /// holder of the memory sees. Nothing is freed or synchronised: work queued on the old
     /// stream must be ordered before the new one by the caller. On error the old recipe
@@ -344,8 +345,8 @@ impl Buffer {
         Ok(result?)
     }
 
-    /// [`Buffer::set_deallocation_stream`]`(stream)` then [`Buffer::close`] (BRIEF.md D4). If
-    /// recording the new recipe fails, the buffer stays open with its old recipe.
+    /// [`Buffer::set_deallocation_stream`]`(stream)` then [`Buffer::close`] (docs/decisions.md D4).
+    /// If recording the new recipe fails, the buffer stays open with its old recipe.
     ///
     /// # Errors
     /// As [`Buffer::set_deallocation_stream`] (including [`MemoryError::Closed`] for a closed

@@ -272,7 +272,7 @@ struct ImportKey {
 /// `CUDA_ERROR_INVALID_VALUE`; measured on an H200, driver 580.159.04). So the driver imports
 /// once and each buffer holds a counted reference with a recipe of its own: the last to go
 /// frees the mapping on its own stream, after waiting for events recorded on the streams of the
-/// imports that went before (closes cuda_core_behavior.md section 6, item 10).
+/// imports that went before (closes docs/reference-notes.md section 6, item 10).
 struct ImportEntry {
     /// The real import (`cuMemPoolImportPointer`; freed with `cuMemFreeAsync` on release).
     handle: DevicePtrHandle,

@@ -1,10 +1,10 @@
 //! Buffers and memory resources on custody's handles: allocate, adopt, hand over, close.
 //!
-//! - [`Buffer`]: memory with its deallocation recipe (BRIEF.md D1). [`Buffer::close`] frees
-//!   now and returns the free's error; a drop frees without waiting on the GPU and reports a
-//!   failure (D3, D9); [`Buffer::set_deallocation_stream`] hands the free over to another
-//!   stream, atomically (D4); [`Buffer::from_handle`] adopts memory allocated elsewhere,
-//!   validating before it takes ownership (D5). Copies, fills, host transfers.
+//! - [`Buffer`]: memory with its deallocation recipe (docs/decisions.md D1).
+//!   [`Buffer::close`] frees now and returns the free's error; a drop frees without waiting on
+//!   the GPU and reports a failure (D3, D9); [`Buffer::set_deallocation_stream`] hands the free
+//! over to another   stream, atomically (D4); [`Buffer::from_handle`] adopts memory allocated
+//! elsewhere,   validating before it takes ownership (D5). Copies, fills, host transfers.
 //! - [`MemoryResource`]: the object-safe trait every resource implements (Python subclasses
 //!   too, through the bindings), and the built-in resources: [`DeviceMemoryResource`],
 //!   [`PinnedMemoryResource`], [`LegacyPinnedMemoryResource`], [`ManagedMemoryResource`],

@@ -15,7 +15,7 @@ use crate::{Buffer, MemoryError};
 /// The trait is object-safe; buffers hold their resource as `Arc<dyn MemoryResource>`.
 /// Implementations must be `Send + Sync`: [`MemoryResource::deallocate`] of adopted memory runs
 /// wherever the buffer's last reference goes (any user thread, the cleanup worker), with the
-/// deallocation recipe's context current (BRIEF.md D2).
+/// deallocation recipe's context current (docs/decisions.md D2).
 ///
 /// Allocating takes the resource by `Arc` because the buffer keeps it: call it as
 /// `Arc::clone(&mr).allocate(size, &stream)` (one atomic increment, the reference the buffer
@@ -69,15 +69,15 @@ pub trait MemoryResource: Send + Sync + 'static {
     ///
     /// The default frees through [`MemoryResource::deallocate`] at teardown. The built-in
     /// synchronous resources (legacy pinned, managed, synchronous) override it to use the
-    /// matching built-in release rule instead, whose drop never blocks on the GPU (BRIEF.md
-    /// D9), where their `deallocate` must synchronise.
+    /// matching built-in release rule instead, whose drop never blocks on the GPU
+    /// (docs/decisions.md D9), where their `deallocate` must synchronise.
     ///
     /// # Errors
     /// [`MemoryError::WrongDevice`] for a stream of another device than the resource's
     /// (device-only memory); [`MemoryError::Handle`] when the recipe cannot be recorded
     /// ([`HandleError::NoCurrentContext`] for an unbound token on a thread with no context) or
     /// `ptr` is null. The recipe is recorded before ownership is taken: on error the pointer
-    /// is still the caller's and `deallocate` has not been called (BRIEF.md D5).
+    /// is still the caller's and `deallocate` has not been called (docs/decisions.md D5).
     fn adopt(
         self: Arc<Self>,
         ptr: CUdeviceptr,

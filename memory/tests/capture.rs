@@ -1,4 +1,4 @@
-//! Graph memory and stream capture (cuda_core_behavior.md section 5, "Graph memory resource
+//! Graph memory and stream capture (docs/reference-notes.md section 5, "Graph memory resource
 //! and capture", Rust side): a graph allocation needs a capturing stream, its recipe is the
 //! capturing stream, closing it during the capture adds a free to the graph and after the
 //! capture issues an ordinary `cuMemFreeAsync`; a pool resource refuses a capturing stream.

@@ -1,6 +1,6 @@
-//! Fault sweep (issue #9): every driver call on every teardown path fails once, with each of
+//! Fault sweep: every driver call on every teardown path fails once, with each of
 //! `CUDA_ERROR_INVALID_CONTEXT`, `CUDA_ERROR_OUT_OF_MEMORY`, `CUDA_ERROR_ILLEGAL_ADDRESS` and
-//! `CUDA_ERROR_DEINITIALIZED`, and nothing is lost (BRIEF.md D3):
+//! `CUDA_ERROR_DEINITIALIZED`, and nothing is lost (docs/decisions.md D3):
 //!
 //! - the failure is reported exactly once (to the cleanup-error hook on a drop or deferred
 //!   cleanup, as the returned error of an explicit close), attributed to the resource

@@ -1,4 +1,4 @@
-//! Hostile input, Rust side (issue #9): property-based tests (proptest) of IPC descriptor parsing
+//! Hostile input, Rust side: property-based tests (proptest) of IPC descriptor parsing
 //! and of the public buffer and resource API. Whatever the input: only documented errors
 //! (`MemoryError`'s variants as each function lists them), no panic, no leak: after every case
 //! nothing it allocated is still allocated (the emulator's live allocations, when it is the

@@ -1,6 +1,6 @@
-//! Graphs that keep buffers alive, released through deferred cleanup (issue #5;
-//! cuda_core_behavior.md section 5, "Graph-retained buffers and deferred cleanup" and "Graph
-//! memory resource and capture", Rust side; BRIEF.md D6, D7; driver_facts.md G1-G3).
+//! Graphs that keep buffers alive, released through deferred cleanup
+//! (docs/reference-notes.md section 5, "Graph-retained buffers and deferred cleanup" and "Graph
+//! memory resource and capture", Rust side; docs/decisions.md D6, D7; docs/driver-facts.md G1-G3).
 //!
 //! The same file runs on the emulator and on a GPU. Every test asserts outcomes a real driver
 //! shows (a pool's `USED_MEM_CURRENT`, the calling thread's current context, bytes read back
@@ -518,7 +518,7 @@ fn ten_thousand_attachments_released_at_once_are_all_freed_after_one_drain() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// BRIEF.md D4 through a graph: the free's stream is the recipe's when the graph lets go.
+// docs/decisions.md D4 through a graph: the free's stream is the recipe's when the graph lets go.
 
 #[test]
 fn set_deallocation_stream_before_close_moves_the_graph_retained_free() {
@@ -547,8 +547,8 @@ fn set_deallocation_stream_before_close_moves_the_graph_retained_free() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// BRIEF.md D6: a per-thread-default-stream recipe warns when a graph retains it (the reference
-// deliberately did not: section 5, item 37 differs here by decision).
+// docs/decisions.md D6: a per-thread-default-stream recipe warns when a graph retains it (the
+// reference deliberately did not: section 5, item 37 differs here by decision).
 
 #[test]
 fn attaching_a_per_thread_stream_buffer_warns_once_at_attach_time() {

@@ -1,4 +1,4 @@
-//! IPC between two processes (cuda_core_behavior.md section 5, "IPC import"): a parent exports
+//! IPC between two processes (docs/reference-notes.md section 5, "IPC import"): a parent exports
 //! an IPC-enabled pool (a POSIX file descriptor, passed with `SCM_RIGHTS` over a unix socket)
 //! and a buffer's descriptor; a child — this test binary run again — imports the buffer with an
 //! explicit stream, reads what the parent wrote, writes back through the shared memory, and

@@ -1,5 +1,5 @@
 //! IPC import bookkeeping observed through the emulator's call log and hazard checker
-//! (cuda_core_behavior.md section 5, "IPC import", cases 59, 62 and 63). The emulator lets one
+//! (docs/reference-notes.md section 5, "IPC import", cases 59, 62 and 63). The emulator lets one
 //! process import its own exported pool, so both sides run here; a real driver cannot be
 //! assumed to (an H200 run refused it), so there only what needs no import runs and the rest
 //! says it skips. `ipc.rs` runs the real two-process exchange on the emulator and on a GPU.

@@ -1,4 +1,4 @@
-//! Two devices (issue #10): memory of device 1 freed on a thread where device 0's primary
+//! Two devices: memory of device 1 freed on a thread where device 0's primary
 //! context is current must be freed in device 1's context and leave device 0's current. Pool
 //! buffers (a created stream of device 1, or the legacy token bound while device 1's primary
 //! context was current) dropped and closed; `cuMemAlloc` memory (the deferred D9 free); pinned
@@ -694,7 +694,7 @@ fn a_host_pool_is_used_by_both_devices() {
 }
 
 /// Drains deferred cleanup until `done()` holds: on a GPU a graph's user-object destructor may
-/// still be on its way from a driver thread (driver_facts.md G3), so this polls, for at most a
+/// still be on its way from a driver thread (docs/driver-facts.md G3), so this polls, for at most a
 /// minute, before failing. Not a timing assertion: the limit only bounds a hang.
 fn drain_until(mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -1,9 +1,9 @@
 //! Deallocation recipes through the `Buffer` API: `set_deallocation_stream` and `close_on`
-//! (cuda_core_behavior.md section 5, "set_deallocation_stream / close(stream) equivalence";
-//! BRIEF.md D4), the stream hand-off checked by the hazard checker, and adoption with
+//! (docs/reference-notes.md section 5, "set_deallocation_stream / close(stream) equivalence";
+//! docs/decisions.md D4), the stream hand-off checked by the hazard checker, and adoption with
 //! `from_handle` (section 5, "from_handle ownership modes and MR errors during destruction";
-//! BRIEF.md D5). Runs on the emulator and on a real driver: everywhere the recipe is read back
-//! through the API and a free is seen as the device pool's used memory returning to where it
+//! docs/decisions.md D5). Runs on the emulator and on a real driver: everywhere the recipe is read
+//! back through the API and a free is seen as the device pool's used memory returning to where it
 //! was; the stream each free ran on, and the hazard checker, only on the emulator.
 
 mod common;
@@ -341,7 +341,7 @@ fn adopted_memory_is_deallocated_by_its_resource_with_the_recorded_stream_in_its
             ptr,
             size: 1024,
             stream: s.raw() as usize,
-            // BRIEF.md D2: the recipe's context is current even for a created stream.
+            // docs/decisions.md D2: the recipe's context is current even for a created stream.
             current_context: a.raw() as u64,
         }]
     );
@@ -380,7 +380,7 @@ fn adoption_failure_leaves_the_pointer_with_the_caller() {
     let ptr = foreign_allocation(0, 1024, &s);
     s.synchronize().unwrap();
     let from = mark();
-    // No context on a fresh thread: the default token cannot be bound (BRIEF.md D5).
+    // No context on a fresh thread: the default token cannot be bound (docs/decisions.md D5).
     let on_thread = mr.clone();
     let error = on_fresh_thread(move || {
         Buffer::from_handle(ptr, 1024, Ownership::MemoryResource(on_thread), None).unwrap_err()

@@ -1,8 +1,8 @@
 //! The built-in memory resources: owned pools and their lifetime, pool limits, pinned pools,
-//! the synchronous resources whose drops never wait on the GPU (BRIEF.md D9) while an explicit
-//! close does, adoption by a synchronous resource, managed buffers, and explicit `deallocate`
-//! errors. Runs on the emulator and on a real driver: everywhere a free is seen in a pool's
-//! used memory or, for `cuMemFree`/`cuMemFreeHost`, in the driver no longer knowing the
+//! the synchronous resources whose drops never wait on the GPU (docs/decisions.md D9) while an
+//! explicit close does, adoption by a synchronous resource, managed buffers, and explicit
+//! `deallocate` errors. Runs on the emulator and on a real driver: everywhere a free is seen in a
+//! pool's used memory or, for `cuMemFree`/`cuMemFreeHost`, in the driver no longer knowing the
 //! address; which thread made which call (a drop that never blocks) only on the emulator.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Stress (issue #9): N threads each doing M random operations on buffers (allocate from random
+//! Stress: N threads each doing M random operations on buffers (allocate from random
 //! memory resources on random streams, fill, copy, read back, hand buffers to other threads,
 //! move a free to another stream with `set_deallocation_stream` after an event wait, attach to
 //! graphs and launch them, close or drop anywhere, on threads with and without a context), as a

@@ -22,7 +22,8 @@ const DL_CUDA: i32 = 2;
 const DL_CUDA_HOST: i32 = 3;
 const DL_CUDA_MANAGED: i32 = 13;
 
-/// Memory with the deallocation recipe that will order and legalise its free (BRIEF.md D1).
+/// Memory with the deallocation recipe that will order and legalise its free (docs/decisions.md
+/// D1).
 #[pyclass(frozen, subclass, name = "Buffer", module = "custody")]
 pub struct PyBuffer {
     /// Always `Some` until the object is deallocated (then taken, to drop it with the GIL

@@ -1,6 +1,6 @@
 //! `GraphBuilder` (a graph recorded by stream capture, whose fills and copies retain the buffers
 //! they touch) and `Graph` (its executable form), over `memory::GraphBuilder` / `memory::Graph`
-//! / `memory::GraphExec` (issue #5).
+//! / `memory::GraphExec`.
 
 use std::sync::{Arc, Mutex, PoisonError};
 

@@ -11,7 +11,7 @@
 //! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor).
 //!
 //! Every class is `frozen` and `Send + Sync`; every driver call runs with the GIL released
-//! (`Python::detach`), and nothing relies on the GIL for thread safety (BRIEF.md D10).
+//! (`Python::detach`), and nothing relies on the GIL for thread safety (docs/decisions.md D10).
 
 #![deny(unsafe_code)]
 

@@ -1,5 +1,5 @@
-//! Where cleanup failures go in Python (BRIEF.md D3), and how code that runs on any thread (a
-//! drop, the cleanup worker, a DLPack deleter) reaches the interpreter safely:
+//! Where cleanup failures go in Python (docs/decisions.md D3), and how code that runs on any thread
+//! (a drop, the cleanup worker, a DLPack deleter) reaches the interpreter safely:
 //!
 //! - [`install_hooks`]: the handles crate's cleanup-error and cleanup-warning hooks, which emit
 //!   `custody.CUDAWarning` (attaching to the interpreter only for that); if the warning is
@@ -137,7 +137,7 @@ fn warn(py: Python<'_>, message: &str) -> PyResult<()> {
     Ok(())
 }
 
-/// Installs the cleanup-error and cleanup-warning hooks (BRIEF.md D3, D6). Called once, at
+/// Installs the cleanup-error and cleanup-warning hooks (docs/decisions.md D3, D6). Called once, at
 /// import.
 pub(crate) fn install_hooks() {
     handles::set_cleanup_error_hook(Box::new(|error: &handles::CleanupError| {

@@ -190,8 +190,8 @@ def no_hazards(request):
 
 def drain_until(predicate, limit_s: float = 30.0) -> bool:
     """Drains deferred cleanup until predicate() holds, for at most limit_s seconds. A real
-    driver may run a graph's user-object destructor later, on its own thread (driver_facts G1),
-    so what a destroyed graph retained is queued only eventually. Not a timing assertion: the
+    driver may run a graph's user-object destructor later, on its own thread (docs/driver-facts.md
+    G1), so what a destroyed graph retained is queued only eventually. Not a timing assertion: the
     caller asserts the predicate, the limit only bounds a hang."""
     import time
 

@@ -1,6 +1,7 @@
 """Bad input: every public function given None, wrong types, negative and huge sizes, or closed
 objects raises the documented TypeError / ValueError / RuntimeError / OverflowError with a clear
-message; nothing crashes and nothing half-changes (section 3.11; BRIEF.md D4, D5)."""
+message; nothing crashes and nothing half-changes (docs/reference-notes.md section 3.11;
+docs/decisions.md D4, D5)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Hostile input, Python side (issue #9): property-based tests (hypothesis) of the public API.
+"""Hostile input, Python side: property-based tests (hypothesis) of the public API.
 Whatever the arguments (ints of any sign and size, None, floats, strings, bytes of any length,
 closed objects, random operation scripts): only the documented exceptions (``TypeError``,
 ``ValueError``, ``OverflowError``, ``RuntimeError`` and its ``CUDAError``), never a crash or a

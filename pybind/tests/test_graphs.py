@@ -1,5 +1,5 @@
-"""Graph-retained buffers and deferred cleanup, graph memory and capture (section 5, scenarios
-22, 37, 52, 53, 58, 69, 70; BRIEF.md D6, D7)."""
+"""Graph-retained buffers and deferred cleanup, graph memory and capture (docs/reference-notes.md
+section 5, scenarios 22, 37, 52, 53, 58, 69, 70; docs/decisions.md D6, D7)."""
 
 import ctypes
 import gc

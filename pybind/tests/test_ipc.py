@@ -1,6 +1,6 @@
 """IPC between two processes: an IPC-enabled pool exported as a file descriptor, a buffer's
-descriptor, the import in a child process ordered on a given stream (section 5, scenarios 59,
-60, 65)."""
+descriptor, the import in a child process ordered on a given stream (docs/reference-notes.md section
+5, scenarios 59, 60, 65)."""
 
 import os
 import pickle

@@ -1,7 +1,7 @@
-"""Concurrent IPC imports of one descriptor (section 5, scenario 62): in a spawned child, eight
-threads import the same descriptor over and over while another thread closes (or drops) the
-previous imports and a third keeps the GIL busy with Python work. No deadlock (every import and
-free runs with the GIL released before the import lock is taken), every import reads the
+"""Concurrent IPC imports of one descriptor (docs/reference-notes.md section 5, scenario 62): in a
+spawned child, eight threads import the same descriptor over and over while another thread closes
+(or drops) the previous imports and a third keeps the GIL busy with Python work. No deadlock (every
+import and free runs with the GIL released before the import lock is taken), every import reads the
 parent's bytes, no exception at all, and the shared mapping is unmapped exactly once per time it
 was mapped: on the emulator no ``ipc`` allocation is left and no hazard (``double_free``
 included) was seen; on a real driver a double unmap would surface as a raised ``CUDAError``

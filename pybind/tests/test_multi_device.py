@@ -1,4 +1,4 @@
-"""Two devices (issue #10): memory of device 1 freed on a thread where device 0's primary context
+"""Two devices: memory of device 1 freed on a thread where device 0's primary context
 is current is freed in device 1's context, and device 0's stays current. Pool buffers (a stream
 of device 1, or the legacy stream while device 1 is current), dropped and closed; cuMemAlloc and
 pinned memory (the deferred D9 free); a Python memory resource's deallocate; one pool per device;

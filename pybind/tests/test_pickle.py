@@ -1,5 +1,6 @@
-"""Pickling buffers of IPC-enabled pools to a spawned process (section 5, scenario 64), closing
-pool resources (section 3.4) and the resource checks of ``from_ipc_descriptor`` (scenario 65)."""
+"""Pickling buffers of IPC-enabled pools to a spawned process (docs/reference-notes.md section 5,
+scenario 64), closing pool resources (section 3.4) and the resource checks of
+``from_ipc_descriptor`` (scenario 65)."""
 
 import ctypes
 import multiprocessing

@@ -1,6 +1,6 @@
 """Recipe capture and binding, set_deallocation_stream / close(stream), from_handle ownership
-(cuda_core_behavior.md section 5, scenarios 1-3, 5, 7-12, 14-20, 39, 41, 45, 46, 74; BRIEF.md D1,
-D4, D5)."""
+(docs/reference-notes.md section 5, scenarios 1-3, 5, 7-12, 14-20, 39, 41, 45, 46, 74;
+docs/decisions.md D1, D4, D5)."""
 
 import gc
 import subprocess

@@ -1,6 +1,6 @@
-"""Failing loudly (BRIEF.md D3): explicit closes raise, drops report a custody.CUDAWarning,
-escalated warnings go to sys.unraisablehook, nothing escapes a drop (section 5, scenarios 27,
-28, 30-34, 49)."""
+"""Failing loudly (docs/decisions.md D3): explicit closes raise, drops report a custody.CUDAWarning,
+escalated warnings go to sys.unraisablehook, nothing escapes a drop (docs/reference-notes.md section
+5, scenarios 27, 28, 30-34, 49)."""
 
 import gc
 import sys

@@ -1,6 +1,6 @@
 """Interpreter shutdown, in subprocesses: live buffers, a Python memory resource, queued deferred
 cleanup and a failing free at exit give a clean exit, no hang, and (for the failure) one line on
-stderr (section 5, scenarios 58, 72; BRIEF.md D3, D7)."""
+stderr (docs/reference-notes.md section 5, scenarios 58, 72; docs/decisions.md D3, D7)."""
 
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""Shutdown under load (issue #9), in subprocesses, added to ``test_shutdown.py``'s scenarios
+"""Shutdown under load, in subprocesses, added to ``test_shutdown.py``'s scenarios
 (which cover live buffers, a Python memory resource, queued deferred cleanup, a failing free at
 exit and an escalated warnings filter): the interpreter exits while the cleanup worker is busy
 with thousands of queued frees and a daemon thread is inside a Python memory resource's

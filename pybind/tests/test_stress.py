@@ -1,4 +1,4 @@
-"""Stress (issue #9), Python side: N threads each doing M random operations (allocate from random
+"""Stress, Python side: N threads each doing M random operations (allocate from random
 memory resources, a Python one among them, on random streams; fill, copy, read back; hand buffers
 to other threads and move frees with ``set_deallocation_stream`` after an event wait; close,
 ``close(stream=...)``, ``del``, drop on a thread without a context, drop inside a reference

@@ -1,6 +1,6 @@
 """Teardown: which context and stream a free runs in, whichever thread (or the cyclic GC, or the
-cleanup worker) drops the last reference (section 5, scenarios 23-26, 35, 36, 40, 50, 51, 67;
-BRIEF.md D2, D6, D9)."""
+cleanup worker) drops the last reference (docs/reference-notes.md section 5, scenarios 23-26, 35,
+36, 40, 50, 51, 67; docs/decisions.md D2, D6, D9)."""
 
 import ctypes
 import gc

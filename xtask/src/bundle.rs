@@ -104,7 +104,7 @@ pub fn build() -> Result<PathBuf> {
     copy(&root.join("xtask/bundle/run.py"), &bundle.join("run.py"))?;
     let demo = bundle_demo(&root, &bundle, &examples)?;
     let python = bundle_python(&root, &bundle)?;
-    // The benchmarks (issue #8), run by `run.py --bench`.
+    // The benchmarks, run by `run.py --bench`.
     let bench = crate::bundle_bench::add_to_bundle(&root, &bundle)?;
 
     let manifest = json!({

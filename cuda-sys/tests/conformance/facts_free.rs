@@ -1,4 +1,4 @@
-//! driver_facts.md F1-F10, F12, F13: freeing with no current context, or the wrong one.
+//! docs/driver-facts.md F1-F10, F12, F13: freeing with no current context, or the wrong one.
 //!
 //! F11 (`cuMemFreeAsync` on a destroyed stream) kills the process on a real driver and has no
 //! case here. Each case allocates from a pool of its own, so that `USED_MEM_CURRENT` tells

@@ -1,5 +1,5 @@
-//! driver_facts.md G1-G4: when a graph user object's destructor runs, on which thread, and what
-//! driver calls return when made from a destructor or a host function.
+//! docs/driver-facts.md G1-G4: when a graph user object's destructor runs, on which thread, and
+//! what driver calls return when made from a destructor or a host function.
 //!
 //! Every case asserts the order of marks (see `support::Probe`), never how long anything took.
 //! Where the facts table measured "a launch queued behind a 300 ms host function", the cases

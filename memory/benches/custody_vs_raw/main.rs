@@ -1,6 +1,6 @@
 //! custody against the raw driver, side by side in one process, same pool and streams: the
 //! alloc+free pair, drops on another thread, `set_deallocation_stream`, deferred cleanup,
-//! concurrent threads, and the pair with many live buffers (issue #8).
+//! concurrent threads, and the pair with many live buffers.
 //!
 //! Run through `cargo xtask bench` (the emulated driver, or a real one if it loads), or alone:
 //! `CUSTODY_CUDA_DRIVER=... cargo bench -p memory --bench custody_vs_raw [-- FILTER]`. The
@@ -32,7 +32,7 @@ use memory::{Buffer, DeviceMemoryResource, MemoryResource, PoolMemoryResource};
 
 use paired::{timed, Comparison, Settings, Variant};
 
-/// Bytes per allocation, as in driver_facts.md "Costs".
+/// Bytes per allocation, as in docs/driver-facts.md "Costs".
 const SIZE: usize = 256;
 
 /// What every group shares: the driver, device 0's primary context (current on the main

@@ -47,7 +47,7 @@ struct Building {
 /// [`GraphBuilder::end_building`], work issued on [`GraphBuilder::stream`] becomes nodes of the
 /// graph instead of running.
 ///
-/// Unlike cuda.core (which retains nothing during capture, cuda_core_behavior.md section 5,
+/// Unlike cuda.core (which retains nothing during capture, docs/reference-notes.md section 5,
 /// item 56), the builder's [`GraphBuilder::fill`] and [`GraphBuilder::copy`] make the graph
 /// retain the buffers they touch, as explicit nodes do ([`Graph::add_memset`]): the buffers
 /// stay allocated until the graph, its clones, executables and launches are gone. Work issued
@@ -56,8 +56,8 @@ struct Building {
 /// retained: closing one during the capture adds its free to the graph.
 ///
 /// `Send + Sync`; operations are serialised under the builder's lock (so the attach-time
-/// warning hook, BRIEF.md D6, runs with it held and must not use the same builder). A builder
-/// dropped while building ends its capture and discards the graph.
+/// warning hook, docs/decisions.md D6, runs with it held and must not use the same builder). A
+/// builder dropped while building ends its capture and discards the graph.
 pub struct GraphBuilder {
     stream: StreamHandle,
     device: i32,
@@ -147,7 +147,7 @@ impl GraphBuilder {
 
     /// Records a fill of `buffer` with `value` (an 8-, 16- or 32-bit pattern) and makes the
     /// graph retain the buffer (unless it is a graph allocation of this capture). One warning
-    /// is reported when its recipe is on the per-thread default stream (BRIEF.md D6).
+    /// is reported when its recipe is on the per-thread default stream (docs/decisions.md D6).
     ///
     /// # Errors
     /// Found before any driver call: [`MemoryError::Graph`] when not building,

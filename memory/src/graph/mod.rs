@@ -1,4 +1,4 @@
-//! CUDA graphs that keep the buffers they use alive (issue #5): [`Graph`] (a graph definition
+//! CUDA graphs that keep the buffers they use alive: [`Graph`] (a graph definition
 //! with explicit memset, memcpy, host-function and empty nodes), [`GraphExec`] (its executable
 //! form) and [`GraphBuilder`] (a graph recorded by stream capture).
 //!
@@ -8,10 +8,10 @@
 //! executables and launches in flight, so the memory stays allocated while any of them may
 //! still use it, even after its [`Buffer`] was closed. When the last reference goes the
 //! user object's destructor only queues the handle (it may run on a driver thread, or inside
-//! our own `cuGraphExecDestroy`: driver_facts.md G2, G3), and the cleanup worker (or
+//! our own `cuGraphExecDestroy`: docs/driver-facts.md G2, G3), and the cleanup worker (or
 //! [`handles::drain_deferred_cleanup`]) frees it with its recipe as it is then, in the recipe's
-//! context (BRIEF.md D7): [`Buffer::set_deallocation_stream`] before [`Buffer::close`] moves
-//! that free to another stream. A buffer whose recipe is on the per-thread default stream
+//! context (docs/decisions.md D7): [`Buffer::set_deallocation_stream`] before [`Buffer::close`]
+//! moves that free to another stream. A buffer whose recipe is on the per-thread default stream
 //! reports one warning when a graph retains it (D6).
 
 mod builder;
@@ -69,7 +69,7 @@ fn memset_value(value: FillValue) -> (u32, u32) {
 ///
 /// `Send + Sync`; every method takes `&self`. Changes are serialised (the driver requires it):
 /// a node is added, the graph cloned or instantiated under the graph's lock, so the attach-time
-/// warning hook (BRIEF.md D6) runs with it held and must not change the same graph.
+/// warning hook (docs/decisions.md D6) runs with it held and must not change the same graph.
 ///
 /// [`Graph::close`] destroys the definition now; buffers it retains stay allocated while a
 /// clone, an executable or a launch still uses them, and are freed afterwards by the cleanup
@@ -175,7 +175,7 @@ impl Graph {
     /// over all its bytes) when the graph runs, after `deps`. The graph retains the buffer's
     /// memory until the graph, its clones, executables and launches are gone; closing the
     /// buffer meanwhile frees nothing. One warning is reported when its recipe is on the
-    /// per-thread default stream (BRIEF.md D6).
+    /// per-thread default stream (docs/decisions.md D6).
     ///
     /// # Errors
     /// Found before any driver call: [`MemoryError::Graph`] (graph closed),
@@ -237,7 +237,7 @@ impl Graph {
     /// cleanup worker once the graph, its clones, executables and launches are gone.
     ///
     /// `function` runs on a driver thread and must make no CUDA call, through custody or
-    /// otherwise (driver_facts.md G4): the driver may fail or deadlock. It may run for several
+    /// otherwise (docs/driver-facts.md G4): the driver may fail or deadlock. It may run for several
     /// launches at once. A panic is caught and written to stderr.
     ///
     /// # Errors
@@ -269,7 +269,7 @@ impl Graph {
     }
 
     /// Instantiates the graph. The executable holds its own references to what the graph
-    /// retains (driver_facts.md G1), so this graph may be closed while it lives.
+    /// retains (docs/driver-facts.md G1), so this graph may be closed while it lives.
     ///
     /// # Errors
     /// [`MemoryError::Graph`] when the graph is closed; [`MemoryError::Handle`] for the
@@ -286,7 +286,7 @@ impl Graph {
     }
 
     /// Instantiates the graph, launches it on `stream` and destroys the executable at once:
-    /// the launch in flight keeps what it uses (driver_facts.md G3). Does not block.
+    /// the launch in flight keeps what it uses (docs/driver-facts.md G3). Does not block.
     ///
     /// # Errors
     /// As [`Graph::instantiate`] and [`GraphExec::launch`].
@@ -320,7 +320,7 @@ impl fmt::Debug for Graph {
 }
 
 /// An executable graph: launch it on streams; it keeps what its graph retained, and each launch
-/// in flight keeps it too, after the executable is closed (driver_facts.md G1, G3).
+/// in flight keeps it too, after the executable is closed (docs/driver-facts.md G1, G3).
 ///
 /// `Send + Sync`; launches are serialised (the driver requires it).
 pub struct GraphExec {
@@ -369,7 +369,7 @@ impl GraphExec {
     }
 
     /// Destroys the executable now (a no-op when closed). With no launch pending, what only it
-    /// retained is queued for the cleanup worker inside this call (driver_facts.md G2); with a
+    /// retained is queued for the cleanup worker inside this call (docs/driver-facts.md G2); with a
     /// launch pending, when the last launch finishes (G3). Never blocks on the GPU; a failure
     /// is reported through the cleanup-error hook, as [`Graph::close`] explains.
     ///

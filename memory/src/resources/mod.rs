@@ -5,8 +5,8 @@
 //!
 //! Memory a resource allocates is freed by its handle's release rule (`cuMemFreeAsync` for
 //! pools and graph memory; an event and the cleanup worker for the synchronous ones, so that a
-//! drop never waits, BRIEF.md D9). `deallocate` is for explicit calls and for memory adopted with
-//! [`crate::Ownership::MemoryResource`].
+//! drop never waits, docs/decisions.md D9). `deallocate` is for explicit calls and for memory
+//! adopted with [`crate::Ownership::MemoryResource`].
 
 mod graph;
 mod pool;

@@ -3,7 +3,7 @@
 //! [`SynchronousMemoryResource`] (`cuMemAlloc`).
 //!
 //! A drop of their buffers records an event on the deallocation stream and frees on the
-//! cleanup worker once it has fired (never blocking the dropping thread, BRIEF.md D9); an
+//! cleanup worker once it has fired (never blocking the dropping thread, docs/decisions.md D9); an
 //! explicit [`Buffer::close`] and `deallocate` synchronise the stream and free before
 //! returning. Memory adopted with one of them as owner gets the same rule
 //! ([`MemoryResource::adopt`]).

@@ -254,7 +254,7 @@ class Device:
         return (Device, (self._id,))
 
 
-# --- Pickling buffers and pool resources (section 5, scenario 64) ---------------------------
+# --- Pickling buffers and pool resources (docs/reference-notes.md section 5, scenario 64) ---
 #
 # ``pickle.dumps(buffer)`` of a buffer from an IPC-enabled pool gives ``(mr, descriptor)``; the
 # resource pickles as its pool, exported once per pickle as a file descriptor and handed over by
