@@ -1,5 +1,6 @@
 //! Tidy checks, written as ordinary tests (rust-analyzer's habit): the crate dependency graph,
-//! a `//!` header on every Rust file, and no ignored tests.
+//! a `//!` header on every Rust file, no ignored tests, and docs and code that cite only documents
+//! in the repository and say what code is for rather than which issue added it.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -31,7 +32,7 @@ fn edge_allowed(from: &str, to: &str, kind: &str) -> bool {
         // xtask drives cargo; it links against no workspace crate.
         "xtask" => false,
         // The bindings wrap handles' streams, events and contexts as well as memory's buffers
-        // (issue #6: "pybind depends on memory and handles"); never cuda-sys.
+        // (the bindings' own design: pybind depends on memory and handles); never cuda-sys.
         "pybind" if to == "handles" => true,
         _ => match (position(from), position(to)) {
             // Normal and build dependencies: exactly one layer down.
@@ -131,7 +132,13 @@ fn the_dependency_rule_itself() {
 /// Every `.rs` file of the project, skipping build output, virtual environments, the GPU bundle
 /// and hidden folders (`.git`, `.venv`, `.cargo`).
 fn rust_files() -> Vec<PathBuf> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    walk_files(|name| name.ends_with(".rs"))
+}
+
+/// Every file under the workspace root whose name passes `keep`, skipping what
+/// [`rust_files`] skips.
+fn walk_files(keep: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    fn walk(dir: &Path, keep: &dyn Fn(&str) -> bool, out: &mut Vec<PathBuf>) {
         let entries =
             fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
         for entry in entries {
@@ -145,14 +152,14 @@ fn rust_files() -> Vec<PathBuf> {
                 {
                     continue;
                 }
-                walk(&path, out);
-            } else if file_type.is_file() && name.ends_with(".rs") {
+                walk(&path, keep, out);
+            } else if file_type.is_file() && keep(&name) {
                 out.push(path);
             }
         }
     }
     let mut files = Vec::new();
-    walk(&workspace_root(), &mut files);
+    walk(&workspace_root(), &keep, &mut files);
     files.sort();
     files
 }
@@ -209,4 +216,175 @@ fn no_ignored_tests() {
         "tests are never ignored: skip on a specific condition with a message, or delete the \
          test; found at {offending:?}"
     );
+}
+
+/// Every file git tracks in the workspace (`git ls-files`); where git or the repository is not
+/// there (an unpacked source archive), every file the walk of [`rust_files`] finds.
+fn tracked_files() -> Vec<PathBuf> {
+    let root = workspace_root();
+    let listed = Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(&root)
+        .output()
+        .ok()
+        .filter(|output| output.status.success() && !output.stdout.is_empty());
+    match listed {
+        Some(output) => String::from_utf8_lossy(&output.stdout)
+            .split('\0')
+            .filter(|name| !name.is_empty())
+            .map(|name| root.join(name))
+            .filter(|path| path.is_file())
+            .collect(),
+        None => walk_files(|_| true),
+    }
+}
+
+/// Names of documents that live outside the repository (the design brief, the measured driver
+/// facts, the notes on the reference implementation, and the folder that held them). Written in
+/// pieces so that this file does not match itself. Cite `docs/decisions.md`,
+/// `docs/driver-facts.md` and `docs/reference-notes.md` instead.
+const OUTSIDE_DOCUMENTS: [&str; 5] = [
+    concat!("BRI", "EF"),
+    concat!("driver", "_facts"),
+    concat!("cuda_core", "_behavior"),
+    concat!("shared/", "design"),
+    concat!("shared/", "reference"),
+];
+
+/// Files allowed to name the documents above. None: the repository's own docs restate them.
+/// A file added here says why.
+const OUTSIDE_DOCUMENT_EXCEPTIONS: [&str; 0] = [];
+
+/// Whether `line` names a document outside the repository. The brief's name counts only as a whole
+/// word, so "briefly" and "BRIEFING" do not.
+fn cites_outside_document(line: &str) -> Option<&'static str> {
+    OUTSIDE_DOCUMENTS.iter().copied().find(|name| {
+        line.match_indices(name).any(|(at, _)| {
+            let before = line[..at].chars().next_back();
+            let after = line[at + name.len()..].chars().next();
+            let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+            !name.starts_with(concat!("BRI", "EF")) || (!word(before) && !word(after))
+        })
+    })
+}
+
+/// Whether `line` places code by the issue that asked for it: the word "issue" or "issues" (any
+/// case, standing alone), a space, an optional `#`, then a number.
+fn places_by_issue(line: &str) -> bool {
+    let lower = line.to_ascii_lowercase();
+    lower.match_indices("issue").any(|(at, word)| {
+        let before = lower[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return false;
+        }
+        let rest = &lower[at + word.len()..];
+        let rest = rest.strip_prefix('s').unwrap_or(rest);
+        let Some(rest) = rest.strip_prefix(' ') else {
+            return false;
+        };
+        let rest = rest.strip_prefix('#').unwrap_or(rest);
+        rest.starts_with(|c: char| c.is_ascii_digit())
+    })
+}
+
+/// Source files, where comments and docstrings must say what code is for, not which issue added
+/// it. Markdown may narrate history (`docs/gpu-validation.md` does) and is not checked for this.
+fn is_code(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("rs" | "py" | "pyi" | "toml" | "c" | "sh")
+    )
+}
+
+#[test]
+fn docs_and_code_cite_only_documents_in_the_repository() {
+    let files = tracked_files();
+    assert!(
+        files.len() > 20,
+        "found only {files:?}: is the listing broken?"
+    );
+    let mut offending = Vec::new();
+    for path in &files {
+        let name = relative(path);
+        if OUTSIDE_DOCUMENT_EXCEPTIONS.contains(&name.as_str()) {
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(path) else {
+            continue; // not text (images)
+        };
+        for (n, line) in text.lines().enumerate() {
+            if let Some(document) = cites_outside_document(line) {
+                offending.push(format!(
+                    "{name}:{}: names {document:?}: {}",
+                    n + 1,
+                    line.trim()
+                ));
+            }
+        }
+    }
+    assert!(
+        offending.is_empty(),
+        "cite the repository's own documents (docs/decisions.md D4, docs/driver-facts.md F11, \
+         docs/reference-notes.md section 6 item 3), not files outside it:\n{}",
+        offending.join("\n")
+    );
+}
+
+#[test]
+fn code_says_what_it_is_for_not_which_issue_added_it() {
+    let mut offending = Vec::new();
+    for path in tracked_files().iter().filter(|path| is_code(path)) {
+        let Ok(text) = fs::read_to_string(path) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            if places_by_issue(line) {
+                offending.push(format!("{}:{}: {}", relative(path), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offending.is_empty(),
+        "say what the code is for instead of naming the issue that added it:\n{}",
+        offending.join("\n")
+    );
+}
+
+#[test]
+fn the_citation_rules_themselves() {
+    let brief = concat!("BRI", "EF");
+    assert_eq!(
+        cites_outside_document(&format!("as decided ({brief}.md D4)")),
+        Some(brief)
+    );
+    assert_eq!(
+        cites_outside_document(&format!("(../../{}.md F2)", concat!("driver", "_facts"))),
+        Some(concat!("driver", "_facts"))
+    );
+    assert!(
+        cites_outside_document(&format!("in /work/{}/BR.md", concat!("shared/", "design")))
+            .is_some()
+    );
+    assert_eq!(cites_outside_document("runs each variant briefly"), None);
+    assert_eq!(cites_outside_document(&format!("{brief}ING notes")), None);
+    assert_eq!(
+        cites_outside_document("docs/decisions.md D4; docs/driver-facts.md F11"),
+        None
+    );
+    // Built from pieces so that this file does not match itself.
+    assert!(places_by_issue(concat!(
+        "// Added for memory (Iss",
+        "ue #4): pools"
+    )));
+    assert!(places_by_issue(concat!(
+        "//! Stress (iss",
+        "ue 9): threads"
+    )));
+    assert!(places_by_issue(concat!(
+        "\"\"\"Fuzzing (iss",
+        "ues #9, #10).\"\"\""
+    )));
+    assert!(!places_by_issue("// an issue with the driver: see F16"));
+    assert!(!places_by_issue("// tissue 3"));
+    assert!(!places_by_issue("// the issue #-sign"));
 }
