@@ -7,6 +7,9 @@
 //! suffixes included), plus `cuGetProcAddress` and `cuGetProcAddress_v2`, and the extra
 //! `custodyEmu*` symbols that [`cuda_sys::emu`] calls.
 //!
+//! Fact IDs (F1-F18, G1-G4) here and in the crate's modules are those of
+//! `docs/driver-facts.md`: what a real driver was measured to do.
+//!
 //! # The model
 //! - **Devices**: `CUSTODY_EMU_DEVICE_COUNT` of them (default 2), named
 //!   `custody emulated device N`, compute capability 9.0, 80 GiB each, unified addressing,

@@ -1,6 +1,7 @@
 //! Tests only the emulated driver can pass: the hazard checker, fault injection, the call log,
 //! bad input that a real driver may crash on, the live-allocation query, graphs and user
-//! objects in detail, and a two-process pool IPC round trip.
+//! objects in detail, and a two-process pool IPC round trip. Fact IDs (F1, F13, G1-G3) are
+//! those of `docs/driver-facts.md`.
 //!
 //! Run with `cargo build -p cuda-emu && CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so
 //! cargo nextest run -p cuda-sys --test emulator_only`. Every test is correct both in its own

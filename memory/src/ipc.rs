@@ -364,7 +364,8 @@ fn give_back(key: &ImportKey, stream: &StreamHandle) -> Result<(), MemoryError> 
     // A reference is given back only once its stream's work is ordered before the unmap. If
     // that ordering fails (no event, no wait, no new recipe), the reference is kept: the mapping
     // leaks (the error is reported by the caller) rather than being unmapped unordered, which
-    // is the handles crate's rule for synchronous frees too (handles/DESIGN.md, D9).
+    // is the handles crate's rule for synchronous frees too (handles/DESIGN.md;
+    // docs/decisions.md D9).
     if entry.live > 1 {
         let context = match stream.context() {
             Some(context) => context.clone(),

@@ -1,8 +1,9 @@
 """Two devices: memory of device 1 freed on a thread where device 0's primary context
 is current is freed in device 1's context, and device 0's stays current. Pool buffers (a stream
 of device 1, or the legacy stream while device 1 is current), dropped and closed; cuMemAlloc and
-pinned memory (the deferred D9 free); a Python memory resource's deallocate; one pool per device;
-another device's deallocation stream refused; copies between devices.
+pinned memory (the deferred free of docs/decisions.md D9); a Python memory resource's
+deallocate; one pool per device; another device's deallocation stream refused; copies between
+devices.
 
 Observable everywhere: the context current afterwards (read from the driver), pool used memory,
 bytes read back, what a Python resource's deallocate saw, warnings. On the emulator also the

@@ -7,8 +7,8 @@
 //! probe's sequence up to that call, asserting every measured result on the way. Anything a
 //! case asserts that the probe did not print is marked *documented* or *not measured* where it
 //! is asserted. Re-measure on any other driver: several of these (the pool's 32 MiB
-//! reservation, a `maxSize` that does not limit a 4 MiB allocation, G4's exceptions) are the
-//! driver's choices, not documented rules.
+//! reservation, a `maxSize` that does not limit a 4 MiB allocation, G4's exceptions; fact IDs are
+//! those of `docs/driver-facts.md`) are the driver's choices, not documented rules.
 
 use std::ffi::c_void;
 use std::sync::Arc;
