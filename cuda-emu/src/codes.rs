@@ -54,6 +54,11 @@ pub(crate) const FREED_POINTER: CUresult = C::INVALID_VALUE.0;
 /// A zero-byte `cuMemAlloc` (measured) or `cuMemAllocManaged` (documented). Zero bytes from
 /// `cuMemAllocHost` and the stream-ordered allocators succeed (measured).
 pub(crate) const ZERO_SIZE: CUresult = C::INVALID_VALUE.0;
+/// `cuMemFreeAsync` on a capturing stream of memory that is not a graph allocation (pool
+/// memory allocated before the capture; measured on an H200, driver 580.159.04, in global,
+/// thread-local and relaxed captures: driver facts F16, conformance `facts_capture::f16_*`).
+/// Nothing is captured and the capture stays valid.
+pub(crate) const CAPTURED_FREE: CUresult = C::INVALID_VALUE.0;
 /// `cuMemFreeAsync` of host memory from `cuMemAllocHost` (guess).
 pub(crate) const NOT_STREAM_ORDERED: CUresult = C::INVALID_VALUE.0;
 /// An allocation larger than the device (measured: `cuMemAlloc` of 1 PiB), the pool's `maxSize`
@@ -99,8 +104,15 @@ pub(crate) const CAPTURE_UNJOINED: CUresult = C::STREAM_CAPTURE_UNJOINED.0;
 pub(crate) const CAPTURE_WRONG_THREAD: CUresult = C::STREAM_CAPTURE_WRONG_THREAD.0;
 /// `cuStreamWaitEvent` joining a stream of one capture to an event of another (documented).
 pub(crate) const CAPTURE_ISOLATION: CUresult = C::STREAM_CAPTURE_ISOLATION.0;
-/// `cuEventQuery`/`cuEventSynchronize` of an event recorded in a capture (documented).
-pub(crate) const CAPTURED_EVENT: CUresult = C::CAPTURED_EVENT.0;
+/// `cuEventSynchronize` of an event last recorded in a capture, which also invalidates that
+/// capture (measured on an H200, driver 580.159.04, from another thread than the one that began
+/// a thread-local capture: driver facts F17, conformance `facts_capture::f17_*`; from the
+/// capturing thread, and in the other capture modes, a guess: the same).
+pub(crate) const CAPTURED_EVENT_SYNCHRONIZE: CUresult = C::CAPTURED_EVENT.0;
+/// `cuEventQuery` of an event last recorded in a capture: `CUDA_ERROR_INVALID_VALUE`, not the
+/// documented `CUDA_ERROR_CAPTURED_EVENT`, and the capture is invalidated (measured as
+/// [`CAPTURED_EVENT_SYNCHRONIZE`] was; the capturing thread and other modes: a guess).
+pub(crate) const CAPTURED_EVENT_QUERY: CUresult = C::INVALID_VALUE.0;
 /// `cuStreamEndCapture` on a stream that is not capturing (measured), or `cuStreamBeginCapture`
 /// on one that already is (guess).
 pub(crate) const CAPTURE_STATE: CUresult = C::ILLEGAL_STATE.0;

@@ -76,6 +76,8 @@ mod basics_errors;
 mod basics_memory;
 #[path = "conformance/basics_streams.rs"]
 mod basics_streams;
+#[path = "conformance/facts_capture.rs"]
+mod facts_capture;
 #[path = "conformance/facts_free.rs"]
 mod facts_free;
 #[path = "conformance/facts_graph.rs"]

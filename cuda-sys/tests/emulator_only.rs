@@ -1020,10 +1020,6 @@ fn capture_forks_and_joins_through_events() {
         CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
     );
     assert_eq!(n, 2, "the origin stream now depends on both fills");
-    assert_eq!(
-        code(cu!(d, cuEventQuery(join))),
-        CudaErrorCode::CAPTURED_EVENT
-    );
     ok!(d, cuStreamEndCapture(s, &mut g));
     let mut exec: CUgraphExec = std::ptr::null_mut();
     ok!(d, cuGraphInstantiateWithFlags(&mut exec, g, 0));

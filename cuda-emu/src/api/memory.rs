@@ -253,12 +253,12 @@ fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
         // Freeing NULL does nothing and succeeds (measured on an H200).
         return Ok(());
     }
-    if st.graph_reserved.contains_key(&addr) && !st.allocs.contains_key(&addr) {
-        // Memory a graph allocates: only a captured free can refer to it.
-        if st.enqueue_check(r)? {
-            st.capture_node(r, NodeKind::MemFree { addr })?;
-            return Ok(());
-        }
+    let capturing = st.enqueue_check(r)?;
+    if capturing && st.graph_reserved.contains_key(&addr) {
+        // A graph allocation (made by this capture or by another graph) freed inside a
+        // capture: a free node.
+        st.capture_node(r, NodeKind::MemFree { addr })?;
+        return Ok(());
     }
     let Some(kind) = st.allocs.get(&addr).map(|a| a.kind) else {
         if st.find_live(addr).is_none() {
@@ -270,9 +270,10 @@ fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
     if matches!(kind, AllocKind::Host | AllocKind::Managed) {
         return Err(codes::NOT_STREAM_ORDERED);
     }
-    if st.enqueue_check(r)? {
-        st.capture_node(r, NodeKind::MemFree { addr })?;
-        return Ok(());
+    if capturing {
+        // Memory that is not a graph allocation cannot be freed inside a capture: refused,
+        // nothing captured, the capture stays valid, the memory stays allocated (measured: F16).
+        return Err(codes::CAPTURED_FREE);
     }
     let (deps, _) = st.prepare(r);
     st.check_free_order(addr, r, F);

@@ -317,10 +317,12 @@ pub unsafe extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
     let e = e as u64;
     entry("cuEventSynchronize", None, None, |_| {
         let record = {
-            let st = initialized()?;
+            let mut st = initialized()?;
             let ev = st.events.get(&e).ok_or(codes::BAD_HANDLE)?;
-            if ev.captured.is_some() {
-                return Err(codes::CAPTURED_EVENT);
+            if let Some((id, _)) = ev.captured {
+                // Measured from another thread (F17): refused, and the capture is invalidated.
+                st.invalidate_capture(id);
+                return Err(codes::CAPTURED_EVENT_SYNCHRONIZE);
             }
             ev.record.clone()
         };
@@ -337,8 +339,10 @@ pub unsafe extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
     entry("cuEventQuery", None, None, |_| {
         let mut st = initialized()?;
         let ev = st.events.get(&e).ok_or(codes::BAD_HANDLE)?;
-        if ev.captured.is_some() {
-            return Err(codes::CAPTURED_EVENT);
+        if let Some((id, _)) = ev.captured {
+            // Measured from another thread (F17): refused, and the capture is invalidated.
+            st.invalidate_capture(id);
+            return Err(codes::CAPTURED_EVENT_QUERY);
         }
         if let Some((dep, clock)) = ev.record.clone() {
             if !dep.done() {

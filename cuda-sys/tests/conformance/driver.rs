@@ -75,6 +75,12 @@ impl<T> Ret<T> {
         check(self)
     }
 
+    /// The status and the out-value, for a case that accepts either outcome (the out-value
+    /// means something only on success, or where the driver documents it for a failure).
+    pub fn into_parts(self) -> (CudaErrorCode, T) {
+        (self.code, self.value)
+    }
+
     /// Asserts that the call returned `expected` (an error), discarding the out-value.
     #[track_caller]
     pub fn fails_with(self, expected: CudaErrorCode) {
@@ -684,6 +690,20 @@ pub fn graph_add_memset_node(
 /// `cuStreamBeginCapture_v2`.
 pub fn stream_begin_capture(stream: CUstream, mode: CUstreamCaptureMode) -> Ret {
     call!(cuStreamBeginCapture_v2(stream, mode) => ())
+}
+
+/// `CU_STREAM_CAPTURE_STATUS_NONE` and `_ACTIVE`, as plain integers.
+pub const CAPTURE_STATUS_NONE: u32 = 0;
+/// See [`CAPTURE_STATUS_NONE`].
+pub const CAPTURE_STATUS_ACTIVE: u32 = 1;
+
+/// `cuStreamIsCapturing`: the status as its integer value (so that no value a newer driver
+/// might return is ever held in a Rust enum).
+pub fn stream_is_capturing(stream: CUstream) -> Ret<u32> {
+    let mut status: u32 = u32::MAX;
+    let out = (&mut status as *mut u32).cast();
+    let ret = call!(cuStreamIsCapturing(stream, out) => ());
+    Ret::new(ret.call, ret.code.0, status)
 }
 
 /// `cuStreamEndCapture`: the captured graph (NULL when the capture failed).

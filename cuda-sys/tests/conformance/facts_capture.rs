@@ -1,0 +1,288 @@
+//! driver_facts.md F16 and F17: frees and events inside a stream capture.
+//!
+//! - F16 (`f16_*`): `cuMemFreeAsync(p, s)` while `s` is being captured, where `p` is ordinary
+//!   pool memory allocated before the capture, is refused with `CUDA_ERROR_INVALID_VALUE` in all
+//!   three capture modes; nothing is captured, the capture stays valid, the memory stays
+//!   allocated, and a later free outside the capture succeeds. A graph allocation
+//!   (`cuMemAllocAsync` inside the capture) freed inside it is a free node.
+//! - F17 (`f17_*`): an event recorded on a capturing stream (thread-local capture): from another
+//!   thread, `cuEventSynchronize` fails with `CUDA_ERROR_CAPTURED_EVENT`, `cuEventQuery` with
+//!   `CUDA_ERROR_INVALID_VALUE`, and the capture is invalidated (`cuStreamEndCapture` returns
+//!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
+//!
+//! Cases named `*_not_yet_measured_*` assert what the emulator does where the H200 was not
+//! measured (the capturing thread's own `cuEventSynchronize`/`cuEventQuery`, each call alone, and
+//! `cuStreamWaitEvent` of a captured event from another stream), read from the CUDA driver API
+//! documentation. The GPU run settles them: a failure there is a wrong reading, to be corrected in
+//! the case, in the emulator and in `docs/driver-facts.md`.
+
+use cuda_sys::types::{CUevent, CUstream, CUstreamCaptureMode};
+use cuda_sys::CudaErrorCode;
+
+use crate::driver::{
+    event_create, event_destroy, event_query, event_record, event_synchronize, graph_destroy,
+    graph_exec_destroy, graph_instantiate, graph_launch, init, mem_alloc_async,
+    mem_alloc_from_pool_async, mem_free_async, mem_pool_destroy, memcpy_dtoh, memset_d8_async,
+    stream_begin_capture, stream_create, stream_destroy, stream_end_capture, stream_is_capturing,
+    stream_synchronize, stream_wait_event, CAPTURE_STATUS_ACTIVE, CAPTURE_STATUS_NONE,
+    STREAM_NON_BLOCKING,
+};
+use crate::support::{new_pool, on_fresh_thread, primary_current, used, Primary, Shared, N};
+
+const GLOBAL: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+const THREAD_LOCAL: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+
+/// F16 in capture mode `mode`: pool memory allocated before the capture of a new non-blocking
+/// stream `s`, freed on `s` during it.
+fn captured_free_of_pool_memory_is_refused(mode: CUstreamCaptureMode) {
+    let _primary = primary_current();
+    let pool = new_pool();
+    let s = stream_create(STREAM_NON_BLOCKING).check();
+    let p = mem_alloc_from_pool_async(N, pool, s).check();
+    stream_synchronize(s).check();
+    let used_before = used(pool);
+    assert!(used_before >= N as u64);
+
+    stream_begin_capture(s, mode).check();
+    mem_free_async(p, s).fails_with(CudaErrorCode::INVALID_VALUE);
+    assert_eq!(
+        stream_is_capturing(s).check(),
+        CAPTURE_STATUS_ACTIVE,
+        "the refused free left the capture valid"
+    );
+    // Not measured, but what a valid capture means: later work on the stream is still captured.
+    memset_d8_async(p, 0x5a, N, s).check();
+    let graph = stream_end_capture(s).check();
+    assert!(!graph.is_null());
+    assert_eq!(used(pool), used_before, "nothing was freed at capture");
+
+    let exec = graph_instantiate(graph).check();
+    graph_launch(exec, s).check();
+    stream_synchronize(s).check();
+    assert_eq!(used(pool), used_before, "launching the graph freed nothing");
+    assert_eq!(
+        memcpy_dtoh(p + (N as u64) - 16, 16).check(),
+        [0x5a; 16],
+        "the graph ran the captured fill on the still-allocated memory"
+    );
+    graph_exec_destroy(exec).check();
+    graph_destroy(graph).check();
+    stream_synchronize(s).check();
+    assert_eq!(used(pool), used_before, "destroying the graph freed nothing");
+
+    mem_free_async(p, s).check(); // outside the capture: an ordinary free
+    stream_synchronize(s).check();
+    assert_eq!(used(pool), 0, "the free outside the capture happened");
+    stream_destroy(s).check();
+    mem_pool_destroy(pool).check();
+}
+
+#[test]
+fn f16_free_async_of_pool_memory_in_global_capture_is_invalid_value() {
+    on_fresh_thread("f16-global", || {
+        init();
+        captured_free_of_pool_memory_is_refused(GLOBAL);
+    });
+}
+
+#[test]
+fn f16_free_async_of_pool_memory_in_thread_local_capture_is_invalid_value() {
+    on_fresh_thread("f16-thread-local", || {
+        init();
+        captured_free_of_pool_memory_is_refused(THREAD_LOCAL);
+    });
+}
+
+#[test]
+fn f16_free_async_of_pool_memory_in_relaxed_capture_is_invalid_value() {
+    on_fresh_thread("f16-relaxed", || {
+        init();
+        captured_free_of_pool_memory_is_refused(RELAXED);
+    });
+}
+
+/// A graph allocation freed inside its own capture is captured as a free node, in each mode:
+/// the capture ends, and the graph launches twice (a graph whose allocation is never freed
+/// cannot be relaunched while the allocation lives, documented; here both launches succeed
+/// because the free node frees it every time). The global case is also
+/// `measured::measured_clean_capture_of_alloc_and_free_ends_successfully`.
+#[test]
+fn f16_graph_allocation_freed_in_its_capture_is_a_free_node() {
+    on_fresh_thread("f16-graph-allocation", || {
+        init();
+        let _primary = primary_current();
+        for mode in [GLOBAL, THREAD_LOCAL, RELAXED] {
+            let s = stream_create(STREAM_NON_BLOCKING).check();
+            stream_begin_capture(s, mode).check();
+            let q = mem_alloc_async(64, s).check();
+            memset_d8_async(q, 0x11, 64, s).check();
+            mem_free_async(q, s).check();
+            assert_eq!(stream_is_capturing(s).check(), CAPTURE_STATUS_ACTIVE);
+            let graph = stream_end_capture(s).check();
+            assert!(!graph.is_null(), "{mode:?}");
+            let exec = graph_instantiate(graph).check();
+            graph_launch(exec, s).check();
+            graph_launch(exec, s).check();
+            stream_synchronize(s).check();
+            graph_exec_destroy(exec).check();
+            graph_destroy(graph).check();
+            stream_destroy(s).check();
+        }
+    });
+}
+
+/// A thread-local capture of a new non-blocking stream with an event recorded in it; `f` runs
+/// with the primary context current, the stream and the event, then the capture is ended
+/// (whatever `f` did) and its result returned. The stream and the event are destroyed after.
+fn with_captured_event(f: impl FnOnce(&Primary, CUstream, CUevent)) -> Result<(), CudaErrorCode> {
+    let primary = primary_current();
+    let s = stream_create(STREAM_NON_BLOCKING).check();
+    let e = event_create(0).check();
+    stream_begin_capture(s, THREAD_LOCAL).check();
+    event_record(e, s).check();
+    f(&primary, s, e);
+    let (code, graph) = stream_end_capture(s).into_parts();
+    let result = if code.is_success() {
+        assert!(!graph.is_null());
+        graph_destroy(graph).check();
+        Ok(())
+    } else {
+        Err(code)
+    };
+    assert_eq!(
+        stream_is_capturing(s).check(),
+        CAPTURE_STATUS_NONE,
+        "the stream left the capture"
+    );
+    event_destroy(e).check();
+    stream_destroy(s).check();
+    result
+}
+
+/// Runs `f` on another thread with `primary`'s context current.
+fn on_other_thread(primary: &Primary, f: impl FnOnce() + Send + 'static) {
+    let ctx = Shared(primary.ctx());
+    on_fresh_thread("other", move || {
+        init();
+        crate::driver::ctx_set_current(ctx.get()).check();
+        f();
+    });
+}
+
+#[test]
+fn f17_event_synchronize_and_query_from_another_thread_fail_and_invalidate_the_capture() {
+    on_fresh_thread("f17", || {
+        init();
+        let ended = with_captured_event(|primary, _, e| {
+            let event = Shared(e);
+            on_other_thread(primary, move || {
+                event_synchronize(event.get()).fails_with(CudaErrorCode::CAPTURED_EVENT);
+                event_query(event.get()).fails_with(CudaErrorCode::INVALID_VALUE);
+            });
+        });
+        assert_eq!(ended, Err(CudaErrorCode::STREAM_CAPTURE_INVALIDATED));
+    });
+}
+
+#[test]
+fn f17_not_yet_measured_event_synchronize_alone_from_another_thread_invalidates_the_capture() {
+    on_fresh_thread("f17-sync-alone", || {
+        init();
+        let ended = with_captured_event(|primary, _, e| {
+            let event = Shared(e);
+            on_other_thread(primary, move || {
+                event_synchronize(event.get()).fails_with(CudaErrorCode::CAPTURED_EVENT);
+            });
+        });
+        assert_eq!(ended, Err(CudaErrorCode::STREAM_CAPTURE_INVALIDATED));
+    });
+}
+
+#[test]
+fn f17_not_yet_measured_event_query_alone_from_another_thread_invalidates_the_capture() {
+    on_fresh_thread("f17-query-alone", || {
+        init();
+        let ended = with_captured_event(|primary, _, e| {
+            let event = Shared(e);
+            on_other_thread(primary, move || {
+                event_query(event.get()).fails_with(CudaErrorCode::INVALID_VALUE);
+            });
+        });
+        assert_eq!(ended, Err(CudaErrorCode::STREAM_CAPTURE_INVALIDATED));
+    });
+}
+
+/// The documentation's `CUDA_ERROR_CAPTURED_EVENT` ("not permitted on an event last recorded in
+/// a capturing stream") does not depend on the calling thread: read as the other thread's
+/// result, invalidation included.
+#[test]
+fn f17_not_yet_measured_event_synchronize_on_the_capturing_thread_invalidates_the_capture() {
+    on_fresh_thread("f17-sync-same-thread", || {
+        init();
+        let ended = with_captured_event(|_, _, e| {
+            event_synchronize(e).fails_with(CudaErrorCode::CAPTURED_EVENT);
+        });
+        assert_eq!(ended, Err(CudaErrorCode::STREAM_CAPTURE_INVALIDATED));
+    });
+}
+
+/// As the other thread's measured result.
+#[test]
+fn f17_not_yet_measured_event_query_on_the_capturing_thread_invalidates_the_capture() {
+    on_fresh_thread("f17-query-same-thread", || {
+        init();
+        let ended = with_captured_event(|_, _, e| {
+            event_query(e).fails_with(CudaErrorCode::INVALID_VALUE);
+        });
+        assert_eq!(ended, Err(CudaErrorCode::STREAM_CAPTURE_INVALIDATED));
+    });
+}
+
+/// Documented (the cross-stream capture pattern): a stream that waits on an event recorded in
+/// a capture joins that capture; having done nothing else it needs no join back, the capture
+/// ends successfully and the stream leaves it.
+#[test]
+fn f17_not_yet_measured_stream_wait_event_from_another_stream_joins_the_capture() {
+    on_fresh_thread("f17-wait-same-thread", || {
+        init();
+        let _primary = primary_current(); // keeps the other stream's context alive
+        let mut other = None;
+        let ended = with_captured_event(|_, _, e| {
+            let t = stream_create(STREAM_NON_BLOCKING).check();
+            stream_wait_event(t, e).check();
+            assert_eq!(stream_is_capturing(t).check(), CAPTURE_STATUS_ACTIVE);
+            other = Some(t);
+        });
+        assert_eq!(ended, Ok(()));
+        let t = other.expect("the stream was created");
+        assert_eq!(stream_is_capturing(t).check(), CAPTURE_STATUS_NONE);
+        stream_destroy(t).check();
+    });
+}
+
+/// As the case above, with the waiting stream created and the wait issued on another thread
+/// than the one that began the (thread-local) capture.
+#[test]
+fn f17_not_yet_measured_stream_wait_event_from_another_thread_joins_the_capture() {
+    on_fresh_thread("f17-wait-other-thread", || {
+        init();
+        let _primary = primary_current(); // keeps the other stream's context alive
+        let mut other = None;
+        let ended = with_captured_event(|primary, _, e| {
+            let (event, slot) = (Shared(e), std::sync::Arc::new(std::sync::Mutex::new(None)));
+            let inner = std::sync::Arc::clone(&slot);
+            on_other_thread(primary, move || {
+                let t = stream_create(STREAM_NON_BLOCKING).check();
+                *inner.lock().unwrap() = Some(Shared(t));
+                stream_wait_event(t, event.get()).check();
+                assert_eq!(stream_is_capturing(t).check(), CAPTURE_STATUS_ACTIVE);
+            });
+            other = slot.lock().unwrap().take();
+        });
+        assert_eq!(ended, Ok(()));
+        let t = other.expect("the stream was created").get();
+        assert_eq!(stream_is_capturing(t).check(), CAPTURE_STATUS_NONE);
+        stream_destroy(t).check();
+    });
+}
