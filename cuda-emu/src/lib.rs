@@ -68,6 +68,13 @@
 //!   dependency order. Stream capture in the three modes, with fork and join through events,
 //!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` for synchronous or synchronising calls that the
 //!   capture mode forbids, `..._IMPLICIT` for the legacy stream, invalidation, `..._UNJOINED`.
+//!   A captured `cuMemFreeAsync` of a graph allocation is a free node; of any other memory it
+//!   fails with `CUDA_ERROR_INVALID_VALUE`, captures nothing and leaves the capture valid
+//!   (measured: `docs/driver-facts.md` F16). An event last recorded in a capture:
+//!   `cuEventSynchronize` fails with `CUDA_ERROR_CAPTURED_EVENT`, `cuEventQuery` with
+//!   `CUDA_ERROR_INVALID_VALUE`, and either invalidates the capture (measured from another
+//!   thread, F17; the capturing thread is assumed to get the same); `cuStreamWaitEvent` on it
+//!   joins the waiting stream to the capture (documented; conformance `f17_not_yet_measured_*`).
 //! - **User objects**: counted references held by the program, graphs, clones and execs; the
 //!   destructor runs when the last goes, on the calling thread inside the call (G2) or, when an
 //!   exec is destroyed with a launch pending, on the stream's worker thread after that launch

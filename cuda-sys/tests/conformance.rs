@@ -25,6 +25,16 @@
 //!   `CUDA_ERROR_INVALID_VALUE`, while a pool allocation can still be freed from another context;
 //! - F12: a per-thread-default-stream allocation freed on another thread with 0x2 succeeds;
 //! - F13: destroying a stream with a live stream-ordered allocation leaves the allocation valid;
+//! - F16 (`facts_capture::f16_*`): `cuMemFreeAsync` during a capture (each mode) of pool memory
+//!   allocated before it fails with `CUDA_ERROR_INVALID_VALUE`, captures nothing and leaves the
+//!   capture valid and the memory allocated; a graph allocation freed in its capture is a free
+//!   node;
+//! - F17 (`facts_capture::f17_*`): `cuEventSynchronize` and `cuEventQuery` from another thread
+//!   of an event recorded in a thread-local capture fail (`CUDA_ERROR_CAPTURED_EVENT`,
+//!   `CUDA_ERROR_INVALID_VALUE`) and invalidate the capture; the `f17_not_yet_measured_*` cases
+//!   assert the emulator's reading of the documentation for what was not measured (each call
+//!   alone, the capturing thread's calls, `cuStreamWaitEvent` of the event from another stream),
+//!   for a GPU run to settle;
 //! - G1-G3 (`facts_graph`): a user object moved into a graph outlives `cuGraphDestroy` while an
 //!   executable exists; its destructor runs inside `cuGraphExecDestroy` on the calling thread when
 //!   no launch is pending, and later, on a driver thread, when one is;

@@ -1,4 +1,4 @@
-//! driver_facts.md F16 and F17: frees and events inside a stream capture.
+//! docs/driver-facts.md F16 and F17: frees and events inside a stream capture.
 //!
 //! - F16 (`f16_*`): `cuMemFreeAsync(p, s)` while `s` is being captured, where `p` is ordinary
 //!   pool memory allocated before the capture, is refused with `CUDA_ERROR_INVALID_VALUE` in all
@@ -69,7 +69,11 @@ fn captured_free_of_pool_memory_is_refused(mode: CUstreamCaptureMode) {
     graph_exec_destroy(exec).check();
     graph_destroy(graph).check();
     stream_synchronize(s).check();
-    assert_eq!(used(pool), used_before, "destroying the graph freed nothing");
+    assert_eq!(
+        used(pool),
+        used_before,
+        "destroying the graph freed nothing"
+    );
 
     mem_free_async(p, s).check(); // outside the capture: an ordinary free
     stream_synchronize(s).check();
