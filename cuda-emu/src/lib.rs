@@ -5,7 +5,7 @@
 //! custody program runs its real driver code path on the CPU. The crate is a `cdylib` exporting
 //! every symbol of [`cuda_sys::with_driver_functions!`] under the driver's exact names (`_v2`
 //! suffixes included), plus `cuGetProcAddress` and `cuGetProcAddress_v2`, and the extra
-//! `custodyEmu*` symbols that [`cuda_sys::emu`] calls.
+//! `custodyEmu*` symbols that `test_support::emu` (the test-support crate) calls.
 //!
 //! Fact IDs (F1-F18, G1-G4) here and in the crate's modules are those of
 //! `docs/driver-facts.md`: what a real driver was measured to do.

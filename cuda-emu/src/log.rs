@@ -61,7 +61,7 @@ pub(crate) struct CallInfo {
     pub(crate) resolved_stream: Option<u64>,
 }
 
-/// One logged call, serialised as `cuda_sys::emu::Call`.
+/// One logged call, serialised as `test_support::emu::Call`.
 #[derive(Clone, Serialize)]
 pub(crate) struct CallRecord {
     seq: u64,
@@ -74,7 +74,7 @@ pub(crate) struct CallRecord {
     result: CUresult,
 }
 
-/// One hazard, serialised as `cuda_sys::emu::Hazard`.
+/// One hazard, serialised as `test_support::emu::Hazard`.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Hazard {
     pub(crate) kind: &'static str,

@@ -1,4 +1,4 @@
-//! The emulator's extra C symbols, the interface `cuda_sys::emu` documents: fault injection
+//! The emulator's extra C symbols, the interface `test_support::emu` documents: fault injection
 //! and JSON queries for live allocations, hazards and the call log.
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
@@ -10,7 +10,7 @@ use crate::codes;
 use crate::log;
 use crate::state::state;
 
-/// The interface version (`cuda_sys::emu::INTERFACE_VERSION`).
+/// The interface version (`test_support::emu::INTERFACE_VERSION`).
 pub const INTERFACE_VERSION: c_int = 1;
 
 #[derive(Serialize)]

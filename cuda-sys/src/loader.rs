@@ -59,7 +59,10 @@ pub enum LoadError {
 }
 
 macro_rules! define_driver {
-    ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
+    (
+        required { $($name:ident($($arg:ident: $ty:ty),* $(,)?);)* }
+        optional { $($opt:ident($($oarg:ident: $oty:ty),* $(,)?);)* }
+    ) => {
         /// The C signature of each driver entry point, named after the symbol.
         #[allow(non_camel_case_types, missing_docs)]
         pub mod fn_types {
@@ -68,16 +71,25 @@ macro_rules! define_driver {
             #[allow(unused_imports)]
             use crate::CUresult;
             $(pub type $name = unsafe extern "C" fn($($ty),*) -> CUresult;)*
+            $(pub type $opt = unsafe extern "C" fn($($oty),*) -> CUresult;)*
         }
 
-        /// Every driver symbol custody resolves, in declaration order.
+        /// Every driver symbol a driver must export for custody to load it, in declaration
+        /// order: the entry points the product calls ([`with_driver_functions_by_need!`](crate::with_driver_functions_by_need)).
         pub const SYMBOLS: &[&str] = &[$(stringify!($name)),*];
 
+        /// The driver symbols custody resolves when present (tests, diagnostics); a driver
+        /// without one still loads.
+        pub const OPTIONAL_SYMBOLS: &[&str] = &[$(stringify!($opt)),*];
+
         /// The resolved driver entry points, one field per symbol, named as the driver names it
-        /// (`_v2` suffixes included). Call as `(driver.cuMemFreeAsync)(ptr, stream)`.
+        /// (`_v2` suffixes included). Call a required one as `(driver.cuMemFreeAsync)(ptr,
+        /// stream)`; an optional one is `None` when the library lacks it
+        /// ([`OPTIONAL_SYMBOLS`]).
         #[allow(missing_docs)]
         pub struct Driver {
             $(pub $name: fn_types::$name,)*
+            $(pub $opt: Option<fn_types::$opt>,)*
             library: Library,
             path: String,
             version: i32,
@@ -101,13 +113,48 @@ macro_rules! define_driver {
                         }
                     };
                 )*
-                Ok(Driver { $($name,)* library, path, version: 0 })
+                $(
+                    // SAFETY: as for the required symbols above.
+                    let $opt: Option<fn_types::$opt> = unsafe {
+                        library
+                            .get::<fn_types::$opt>(concat!(stringify!($opt), "\0").as_bytes())
+                            .ok()
+                            .map(|symbol| *symbol)
+                    };
+                )*
+                Ok(Driver { $($name,)* $($opt,)* library, path, version: 0 })
             }
+
+            $(
+                /// This entry point (required: always present once the driver loaded). With the
+                /// optional ones' accessors, callers that need one can treat both alike.
+                ///
+                /// # Errors
+                /// None; the `Result` matches the optional symbols' accessors.
+                #[inline]
+                pub fn $name(&self) -> Result<fn_types::$name, LoadError> {
+                    Ok(self.$name)
+                }
+            )*
+
+            $(
+                /// This optional entry point.
+                ///
+                /// # Errors
+                /// [`LoadError::MissingSymbol`] when the loaded library does not export it.
+                #[inline]
+                pub fn $opt(&self) -> Result<fn_types::$opt, LoadError> {
+                    self.$opt.ok_or_else(|| LoadError::MissingSymbol {
+                        library: self.path.clone(),
+                        symbol: stringify!($opt),
+                    })
+                }
+            )*
         }
     };
 }
 
-crate::with_driver_functions!(define_driver);
+crate::with_driver_functions_by_need!(define_driver);
 
 impl Driver {
     /// The path or name the library was opened by.
@@ -120,20 +167,28 @@ impl Driver {
         self.version
     }
 
-    /// Whether the loaded library is custody's emulated driver.
+    /// Whether the loaded library is custody's emulated driver (it exports the emulator's
+    /// `custodyEmuVersion`, the entry of its test interface).
     pub fn is_emulated(&self) -> bool {
-        crate::emu::Emulator::from_driver(self).is_some()
+        // SAFETY: only the symbol's presence is read; the pointer is never called.
+        unsafe { self.extra_symbol::<*const std::ffi::c_void>(c"custodyEmuVersion") }.is_some()
     }
 
-    /// Resolves an extra symbol from the same library (the emulator's query API).
+    /// Resolves a symbol that is not a driver entry point from the same library: the emulator's
+    /// test interface (`custodyEmu*`), which the test-support crate's client calls. `None` when
+    /// the library does not export it.
     ///
     /// # Safety
-    /// `T` must be the symbol's true type.
-    pub(crate) unsafe fn extra<T: Copy>(&self, name: &str) -> Option<T> {
-        let mut bytes = name.as_bytes().to_vec();
-        bytes.push(0);
+    /// `T` must be the symbol's true type (a function pointer of its exact C signature, or a
+    /// raw pointer that is only compared); the value is valid while this `Driver` lives.
+    pub unsafe fn extra_symbol<T: Copy>(&self, name: &std::ffi::CStr) -> Option<T> {
         // SAFETY: the caller guarantees `T` matches the symbol; the library outlives `self`.
-        unsafe { self.library.get::<T>(&bytes).ok().map(|symbol| *symbol) }
+        unsafe {
+            self.library
+                .get::<T>(name.to_bytes_with_nul())
+                .ok()
+                .map(|symbol| *symbol)
+        }
     }
 }
 
@@ -210,8 +265,9 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
 pub(crate) fn describe(code: CudaErrorCode) -> Option<String> {
     let driver = DRIVER.get()?.as_ref().ok()?;
     let mut text: *const std::ffi::c_char = std::ptr::null();
+    let get_error_string = driver.cuGetErrorString?;
     // SAFETY: `text` is a valid out-pointer, read only after success.
-    let status = unsafe { (driver.cuGetErrorString)(code.0, &mut text) };
+    let status = unsafe { get_error_string(code.0, &mut text) };
     if status != 0 || text.is_null() {
         return None;
     }

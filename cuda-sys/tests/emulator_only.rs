@@ -3,24 +3,24 @@
 //! objects in detail, and a two-process pool IPC round trip. Fact IDs (F1, F13, G1-G3) are
 //! those of `docs/driver-facts.md`.
 //!
-//! Run with `cargo build -p cuda-emu && CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so
-//! cargo nextest run -p cuda-sys --test emulator_only`. Every test is correct both in its own
+//! Run with `cargo build -p cuda-custody-emu && CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so
+//! cargo nextest run -p cuda-custody-sys --test emulator_only`. Every test is correct both in its own
 //! process (nextest) and with the others in one process (`cargo test -- --test-threads=1`): it
 //! clears hazards and the call log first and only looks at its own pointers and handles.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use cuda_sys::emu::{Emulator, Hazard};
 use cuda_sys::types::*;
 use cuda_sys::{CUresult, CudaErrorCode, Driver};
+use test_support::emu::{Emulator, Hazard};
 
 /// Calls a driver entry point.
 macro_rules! cu {
     ($d:expr, $f:ident($($a:expr),* $(,)?)) => {{
         // SAFETY: every pointer argument points to live storage of the type the driver API
         // documents for it; handles are plain values the emulator validates.
-        unsafe { ($d.$f)($($a),*) }
+        unsafe { ($d.$f().unwrap_or_else(|e| panic!("{e}")))($($a),*) }
     }};
 }
 

@@ -4,7 +4,7 @@
 //! pool. Then checks, on whatever driver is loaded, that a legacy-token buffer dropped on a thread with
 //! no context is freed with no cleanup error and leaves that thread with no context.
 //!
-//! Run: `cargo run --release -p handles --example pool_pair_cost` (a real driver), or with
+//! Run: `cargo run --release -p cuda-custody-handles --example pool_pair_cost` (a real driver), or with
 //! `CUSTODY_CUDA_DRIVER` pointing at the emulator. Prints one line per measurement.
 
 use std::time::Instant;

@@ -10,8 +10,8 @@
 mod common;
 
 use common::*;
-use cuda_sys::emu::Emulator;
 use handles::{ContextHandle, DevicePtrHandle, MemoryPoolHandle, StreamHandle};
+use test_support::emu::Emulator;
 
 /// The `cuStreamDestroy_v2` calls for `stream` since `from`.
 fn stream_destroys(emu: &Emulator, stream: u64, from: u64) -> Vec<u64> {

@@ -250,7 +250,7 @@ fn foreign_stream_gets_its_context_from_the_driver_when_wrapped() {
     a.make_current().unwrap();
     let mut raw: cuda_sys::types::CUstream = std::ptr::null_mut();
     // SAFETY: `raw` is a valid out-pointer; a context is current.
-    let status = unsafe { (d.cuStreamCreate)(&mut raw, 0) };
+    let status = unsafe { (d.cuStreamCreate().expect("cuStreamCreate"))(&mut raw, 0) };
     assert_eq!(status, 0);
     ContextHandle::clear_current().unwrap();
 
@@ -530,7 +530,7 @@ fn replace_deallocation_stream_hands_back_the_old_recipe_and_its_last_references
         .into_last_references()
         .expect("the last reference to s1");
     let destroys = |from| {
-        with_emulator(|emu: &cuda_sys::emu::Emulator| {
+        with_emulator(|emu: &test_support::emu::Emulator| {
             emu.calls()
                 .into_iter()
                 .filter(|c| c.seq >= from && c.function == "cuStreamDestroy_v2")

@@ -86,8 +86,9 @@ fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
 
     // This thread's stack: [X, B], B current.
     x.make_current().unwrap();
+    let push = d.cuCtxPushCurrent_v2().expect("cuCtxPushCurrent");
     // SAFETY: `b` is alive for the whole test.
-    assert_eq!(unsafe { (d.cuCtxPushCurrent_v2)(b.raw()) }, 0);
+    assert_eq!(unsafe { push(b.raw()) }, 0);
     let me = tid();
     let from = mark();
     drop(buffer);

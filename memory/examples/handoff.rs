@@ -21,7 +21,7 @@
 //! back to its baseline. The first lines say which driver was loaded.
 //!
 //! Run: `cargo xtask demo` (chooses the driver), or by hand:
-//! `CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so cargo run -p memory --example handoff`.
+//! `CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so cargo run -p cuda-custody-memory --example handoff`.
 //! `--probe-driver` only says which driver loads: exit 0 for a real driver with a device,
 //! 3 for the emulated driver, 2 when no usable driver loads. `--no-call-log` ignores the
 //! emulator's call log and shows what a real driver would show (to try that path here).
@@ -36,7 +36,6 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cuda_sys::emu::{Call, Emulator};
 use handles::sys_types::MemPoolAttribute;
 use handles::{
     ContextHandle, DevicePtrHandle, EventHandle, StreamHandle, UserObjectOwnership,
@@ -46,6 +45,7 @@ use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, MemoryResource,
     PoolMemoryResource,
 };
+use test_support::emu::{Call, Emulator};
 
 /// Bytes per buffer: a multiple of 4 (fills) and small enough for any device.
 const SIZE: usize = 1 << 16;
@@ -151,8 +151,12 @@ fn describe_driver() -> Result<DriverInfo> {
         return Err(format!("cuDeviceGet(0) returned {status}"));
     }
     let mut name = [0 as c_char; 256];
-    // SAFETY: `name` is writable for the 256 bytes passed as its length; `device` is valid.
-    let status = unsafe { (d.cuDeviceGetName)(name.as_mut_ptr(), name.len() as c_int, device) };
+    // An optional symbol (diagnostics only): a driver without it shows "unknown".
+    let status = match d.cuDeviceGetName {
+        // SAFETY: `name` is writable for the 256 bytes passed as its length; `device` is valid.
+        Some(get_name) => unsafe { get_name(name.as_mut_ptr(), name.len() as c_int, device) },
+        None => 1,
+    };
     let name = if status == 0 {
         // SAFETY: on success the driver wrote a NUL-terminated string into `name`.
         unsafe { CStr::from_ptr(name.as_ptr()) }

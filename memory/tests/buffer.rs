@@ -19,7 +19,7 @@ fn device_mr() -> Arc<DeviceMemoryResource> {
     DeviceMemoryResource::new(0).expect("device 0's pool")
 }
 
-fn names(calls: &[cuda_sys::emu::Call]) -> Vec<&str> {
+fn names(calls: &[test_support::emu::Call]) -> Vec<&str> {
     calls.iter().map(|c| c.function.as_str()).collect()
 }
 
@@ -47,7 +47,7 @@ fn allocate_and_close_cost_one_pool_allocation_and_one_free() {
     assert_eq!(current_raw(), a.raw() as u64, "the binding is untouched");
     assert_eq!(pool_used(mr.pool()), base, "freed");
     with_emulator(|emu| {
-        let on_me = |lo: u64, hi: u64| -> Vec<cuda_sys::emu::Call> {
+        let on_me = |lo: u64, hi: u64| -> Vec<test_support::emu::Call> {
             emu.calls_since(lo)
                 .into_iter()
                 .filter(|c| c.thread == me && c.seq < hi)

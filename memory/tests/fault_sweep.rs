@@ -21,7 +21,6 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use cuda_sys::emu::{Call, Emulator};
 use handles::sys_types::CUdeviceptr;
 use handles::{
     CleanupError, ContextHandle, CudaErrorCode, EventHandle, HandleError, StreamHandle,
@@ -32,6 +31,7 @@ use memory::{
     ManagedMemoryResource, MemoryError, MemoryResource, Ownership, PoolMemoryResource,
     SynchronousMemoryResource,
 };
+use test_support::emu::{Call, Emulator};
 
 // ---------------------------------------------------------------------------------------------
 // Support

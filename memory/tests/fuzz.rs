@@ -12,7 +12,6 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cuda_sys::emu::Emulator;
 use handles::sys_types::{CUdeviceptr, MemPoolAttribute};
 use handles::{ContextHandle, HandleError, StreamHandle};
 use memory::{
@@ -21,6 +20,7 @@ use memory::{
     PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
 };
 use proptest::prelude::*;
+use test_support::emu::Emulator;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

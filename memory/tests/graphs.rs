@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use cuda_sys::emu::{Call, Emulator};
 use handles::sys_types::MemPoolAttribute;
 use handles::{
     CleanupWarning, CleanupWarningKind, ContextHandle, CudaErrorCode, HandleError, StreamHandle,
@@ -23,6 +22,7 @@ use memory::{
     Buffer, CaptureMode, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, GraphBuilder,
     MemoryError, MemoryResource, PoolMemoryResource,
 };
+use test_support::emu::{Call, Emulator};
 
 // ---------------------------------------------------------------------------------------------
 // Support

@@ -12,13 +12,13 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use cuda_sys::emu::Emulator;
 use handles::{ContextHandle, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, IpcBufferDescriptor, MemoryError,
     MemoryResource, PoolMemoryResource,
 };
 use sendfd::{RecvWithFd, SendWithFd};
+use test_support::emu::Emulator;
 
 /// Set in the child process to the path of the parent's socket.
 const CHILD: &str = "CUSTODY_MEMORY_IPC_CHILD";

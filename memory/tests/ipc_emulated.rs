@@ -67,7 +67,7 @@ fn imported(stream: &handles::StreamHandle) -> Imported {
     }
 }
 
-fn imports_since(emu: &cuda_sys::emu::Emulator, from: u64) -> Vec<u64> {
+fn imports_since(emu: &test_support::emu::Emulator, from: u64) -> Vec<u64> {
     emu.calls_named("cuMemPoolImportPointer", from)
         .into_iter()
         .filter(|c| c.result == 0)

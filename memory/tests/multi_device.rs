@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use cuda_sys::emu::{Call, Emulator};
 use handles::sys_types::MemPoolAttribute;
 use handles::{ContextHandle, EventHandle, MemoryPoolHandle, StreamHandle, EVENT_DISABLE_TIMING};
 use memory::{
@@ -35,6 +34,7 @@ use memory::{
     PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
 };
 use sendfd::{RecvWithFd, SendWithFd};
+use test_support::emu::{Call, Emulator};
 
 const SIZE: usize = 4096;
 

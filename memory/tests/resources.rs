@@ -49,7 +49,8 @@ fn owned_pool_outlives_its_resource_until_the_last_buffer_is_freed() {
             .unwrap(),
         0
     );
-    let destroys = |emu: &cuda_sys::emu::Emulator| emu.calls_named("cuMemPoolDestroy", from).len();
+    let destroys =
+        |emu: &test_support::emu::Emulator| emu.calls_named("cuMemPoolDestroy", from).len();
     with_emulator(|emu| assert_eq!(destroys(emu), 0, "our clone still holds the pool"));
     drop(pool);
     with_emulator(|emu| assert_eq!(destroys(emu), 1));
@@ -372,7 +373,8 @@ fn a_closed_pool_resource_refuses_allocations_and_exports_but_still_frees() {
     drop(mr);
     buffer.close().unwrap();
     s.synchronize().unwrap();
-    let destroys = |emu: &cuda_sys::emu::Emulator| emu.calls_named("cuMemPoolDestroy", from).len();
+    let destroys =
+        |emu: &test_support::emu::Emulator| emu.calls_named("cuMemPoolDestroy", from).len();
     with_emulator(|emu| assert_eq!(destroys(emu), 0, "our clone still holds the pool"));
     drop(pool);
     with_emulator(|emu| assert_eq!(destroys(emu), 1));

@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cuda_sys::emu::Emulator;
 use handles::sys_types::{CUdeviceptr, MemPoolAttribute};
 use handles::{
     ContextHandle, DefaultStream, EventHandle, MemoryPoolHandle, StreamHandle, EVENT_DISABLE_TIMING,
@@ -34,6 +33,7 @@ use memory::{
     PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
     SynchronousMemoryResource,
 };
+use test_support::emu::Emulator;
 
 // ---------------------------------------------------------------------------------------------
 // Configuration and randomness

@@ -142,7 +142,7 @@ fn slug(device: &str) -> String {
 fn measure(root: &Path, options: &Options) -> Result<()> {
     let metadata = cmd::metadata()?;
     let target_dir = cmd::target_dir(&metadata)?;
-    cmd::run(cmd::cargo().args(["build", "--release", "-p", "cuda-emu"]))
+    cmd::run(cmd::cargo().args(["build", "--release", "-p", cmd::EMU_PACKAGE]))
         .context("building the emulated driver")?;
     let emulator = target_dir
         .join("release")
@@ -199,7 +199,7 @@ fn measure(root: &Path, options: &Options) -> Result<()> {
         .args([
             "bench",
             "-p",
-            "memory",
+            cmd::MEMORY_PACKAGE,
             "--bench",
             "custody_vs_raw",
             "--",

@@ -26,8 +26,9 @@ pub const BUNDLE_DIR: &str = "gpu-bundle";
 const MAX_BUNDLE_BYTES: u64 = 50 * 1024 * 1024;
 
 /// Packages whose tests do not belong on a GPU host: xtask's need cargo; cuda-emu's test the
-/// emulator itself, which the conformance suite's emulator column already covers.
-const EXCLUDED_PACKAGES: &[&str] = &["xtask", "cuda-emu"];
+/// emulator itself, which the conformance suite's emulator column already covers; the test
+/// support crate has none.
+const EXCLUDED_PACKAGES: &[&str] = &["xtask", cmd::EMU_PACKAGE, "cuda-custody-test-support"];
 
 /// The Rust examples the bundle carries (built by the same `cargo test --no-run`, which builds
 /// every example), as `examples/<name>`: the demo.
@@ -75,7 +76,7 @@ pub fn build() -> Result<PathBuf> {
     let target_dir = cmd::target_dir(&metadata)?;
     let bundle = root.join(BUNDLE_DIR);
 
-    cmd::run(cmd::cargo().args(["build", "--release", "-p", "cuda-emu"]))
+    cmd::run(cmd::cargo().args(["build", "--release", "-p", cmd::EMU_PACKAGE]))
         .context("building the emulated driver")?;
     let emulator = target_dir.join("release").join(EMULATOR_FILE);
     if !emulator.is_file() {
@@ -490,15 +491,15 @@ mod tests {
         let metadata = json!({
             "workspace_members": ["id-sys", "id-emu", "id-handles", "id-xtask"],
             "packages": [
-                {"id": "id-sys", "name": "cuda-sys", "features": {"gpu": []}},
-                {"id": "id-emu", "name": "cuda-emu", "features": {"gpu": []}},
-                {"id": "id-handles", "name": "handles", "features": {}},
+                {"id": "id-sys", "name": "cuda-custody-sys", "features": {"gpu": []}},
+                {"id": "id-emu", "name": "cuda-custody-emu", "features": {"gpu": []}},
+                {"id": "id-handles", "name": "cuda-custody-handles", "features": {}},
                 {"id": "id-xtask", "name": "xtask", "features": {}},
                 {"id": "id-dep", "name": "cudarc", "features": {"gpu": []}},
             ]
         });
         let (packages, features) = selection(&metadata).unwrap();
-        assert_eq!(packages, ["cuda-sys", "handles"]);
-        assert_eq!(features, ["cuda-sys/gpu"]);
+        assert_eq!(packages, ["cuda-custody-sys", "cuda-custody-handles"]);
+        assert_eq!(features, ["cuda-custody-sys/gpu"]);
     }
 }

@@ -35,7 +35,7 @@ pub fn add_to_bundle(root: &Path, bundle: &Path) -> Result<Value> {
     }))
 }
 
-/// `cargo bench --no-run -p memory --bench custody_vs_raw`; returns the executable.
+/// `cargo bench --no-run -p cuda-custody-memory --bench custody_vs_raw`; returns the executable.
 fn build_rust_bench() -> Result<PathBuf> {
     let mut command = cmd::cargo();
     command
@@ -43,7 +43,7 @@ fn build_rust_bench() -> Result<PathBuf> {
             "bench",
             "--no-run",
             "-p",
-            "memory",
+            cmd::MEMORY_PACKAGE,
             "--bench",
             RUST_BENCH,
             "--message-format=json-render-diagnostics",

@@ -12,6 +12,11 @@ use serde_json::Value;
 /// depend on cuda-sys, so the name is repeated here).
 pub const DRIVER_ENV: &str = "CUSTODY_CUDA_DRIVER";
 
+/// The emulated driver's package (folder `cuda-emu/`, library `libcuda_emu.so`).
+pub const EMU_PACKAGE: &str = "cuda-custody-emu";
+/// The memory crate's package (folder `memory/`): the hand-off demo and the benchmarks.
+pub const MEMORY_PACKAGE: &str = "cuda-custody-memory";
+
 /// The workspace root (the folder above `xtask/`).
 ///
 /// `cargo xtask` (`cargo run`) sets `CARGO_MANIFEST_DIR` for the process, so the root is read at

@@ -46,8 +46,14 @@ pub fn run(args: &[String]) -> Result<()> {
     let root = cmd::workspace_root();
     let target_dir = cmd::target_dir(&cmd::metadata()?)?;
 
-    cmd::run(cmd::cargo().args(["build", "-p", "memory", "--example", RUST_EXAMPLE]))
-        .context("building the Rust example")?;
+    cmd::run(cmd::cargo().args([
+        "build",
+        "-p",
+        cmd::MEMORY_PACKAGE,
+        "--example",
+        RUST_EXAMPLE,
+    ]))
+    .context("building the Rust example")?;
     let example = target_dir.join("debug/examples").join(RUST_EXAMPLE);
     if !example.is_file() {
         bail!(

@@ -1,5 +1,6 @@
-//! `cargo xtask test`: builds the emulated driver, then runs every Rust test of the workspace and
-//! (once `pybind/` exists) the pytest suite against it, and prints one summary line per suite.
+//! `cargo xtask test`: builds the emulated driver, then runs every Rust test of the workspace, the
+//! doctests (every doc example runs on the emulator) and (once `pybind/` exists) the pytest suite
+//! against it, and prints one summary line per suite.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,7 +29,11 @@ pub fn run() -> Result<()> {
     let emulator = build_emulator(&cmd::target_dir(&metadata)?)?;
     eprintln!("xtask test: {DRIVER_ENV}={}", emulator.display());
 
-    let suites = vec![rust_suite(&emulator)?, python_suite(&root, &emulator)?];
+    let suites = vec![
+        rust_suite(&emulator)?,
+        doc_suite(&emulator)?,
+        python_suite(&root, &emulator)?,
+    ];
 
     println!();
     println!("xtask test summary:");
@@ -57,9 +62,9 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-/// `cargo build -p cuda-emu`; returns the absolute path of `target/debug/libcuda_emu.so`.
+/// `cargo build -p cuda-custody-emu`; returns the absolute path of `target/debug/libcuda_emu.so`.
 pub fn build_emulator(target_dir: &Path) -> Result<PathBuf> {
-    cmd::run(cmd::cargo().args(["build", "-p", "cuda-emu"]))
+    cmd::run(cmd::cargo().args(["build", "-p", cmd::EMU_PACKAGE]))
         .context("building the emulated driver (cuda-emu)")?;
     let emulator = target_dir.join("debug").join(EMULATOR_FILE);
     if !emulator.is_file() {
@@ -104,6 +109,26 @@ fn rust_suite(emulator: &Path) -> Result<Suite> {
     Ok(Suite {
         name: "rust",
         how,
+        outcome,
+    })
+}
+
+/// The doc examples, which nextest does not run: `cargo test --workspace --doc` against the
+/// emulator.
+fn doc_suite(emulator: &Path) -> Result<Suite> {
+    let mut command = cmd::cargo();
+    command
+        .args(["test", "--workspace", "--doc", "--no-fail-fast"])
+        .env(DRIVER_ENV, emulator);
+    let exit = cmd::status(&mut command)?;
+    let outcome = if exit.success() {
+        Outcome::Passed
+    } else {
+        Outcome::Failed(exit.to_string())
+    };
+    Ok(Suite {
+        name: "doctest",
+        how: "cargo test --workspace --doc".to_owned(),
         outcome,
     })
 }

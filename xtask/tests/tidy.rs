@@ -15,25 +15,55 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The layered crates, lowest first: each may depend (normally) only on the one before it.
-const CHAIN: [&str; 4] = ["cuda-sys", "handles", "memory", "pybind"];
+/// The layered crates (package names), lowest first: each may depend (normally) only on the one
+/// before it. Folders: `cuda-sys/`, `handles/`, `memory/`, `pybind/`.
+const CHAIN: [&str; 4] = [
+    "cuda-custody-sys",
+    "cuda-custody-handles",
+    "cuda-custody-memory",
+    "cuda-custody-python",
+];
+
+/// The facade users depend on (`custody/`): it re-exports memory and handles.
+const FACADE: &str = "cuda-custody";
+/// The emulated driver (`cuda-emu/`).
+const EMU: &str = "cuda-custody-emu";
+/// The crates' shared test support (`test-support/`): the emulator's client and test helpers.
+const TEST_SUPPORT: &str = "cuda-custody-test-support";
 
 /// Every crate of the project, workspace members and the excluded `pybind`.
-const PROJECT_CRATES: [&str; 6] = [
-    "cuda-sys", "cuda-emu", "handles", "memory", "pybind", "xtask",
+const PROJECT_CRATES: [&str; 8] = [
+    "cuda-custody-sys",
+    "cuda-custody-emu",
+    "cuda-custody-handles",
+    "cuda-custody-memory",
+    "cuda-custody",
+    "cuda-custody-test-support",
+    "cuda-custody-python",
+    "xtask",
 ];
 
 /// Whether `from` may depend on `to` with dependency kind `kind` (`normal`, `build`, `dev`).
 fn edge_allowed(from: &str, to: &str, kind: &str) -> bool {
     let position = |name: &str| CHAIN.iter().position(|c| *c == name);
+    let (sys, handles, memory) = (CHAIN[0], CHAIN[1], CHAIN[2]);
+    // Any crate's tests may use the shared test support; nothing else may depend on it.
+    if to == TEST_SUPPORT {
+        return kind == "dev" && from != EMU && from != "xtask";
+    }
     match from {
         // The emulator uses cuda-sys's types only (and its tests may use cuda-sys too).
-        "cuda-emu" => to == "cuda-sys",
+        _ if from == EMU => to == sys,
+        // Test support reads the emulator through cuda-sys's loader; its helpers start tests
+        // and read contexts through handles.
+        _ if from == TEST_SUPPORT => to == sys || to == handles,
+        // The facade re-exports memory and handles; never cuda-sys (the driver is handles').
+        _ if from == FACADE => to == memory || to == handles,
         // xtask drives cargo; it links against no workspace crate.
         "xtask" => false,
         // The bindings wrap handles' streams, events and contexts as well as memory's buffers
         // (the bindings' own design: pybind depends on memory and handles); never cuda-sys.
-        "pybind" if to == "handles" => true,
+        _ if from == CHAIN[3] && to == handles => true,
         _ => match (position(from), position(to)) {
             // Normal and build dependencies: exactly one layer down.
             (Some(f), Some(t)) if kind != "dev" => t + 1 == f,
@@ -99,34 +129,54 @@ fn crate_dependencies_point_one_way() {
         .collect();
     assert!(
         wrong.is_empty(),
-        "dependencies must follow cuda-sys <- handles <- memory <- pybind (cuda-emu may use \
-         cuda-sys only; xtask no workspace crate); these do not: {wrong:?}"
+        "dependencies must follow cuda-sys <- handles <- memory <- pybind (the facade custody \
+         uses memory and handles; cuda-emu cuda-sys only; test-support cuda-sys and handles, \
+         and only tests use it; xtask no workspace crate); these do not: {wrong:?}"
     );
 }
 
 #[test]
 fn the_dependency_rule_itself() {
-    assert!(edge_allowed("handles", "cuda-sys", "normal"));
-    assert!(edge_allowed("memory", "handles", "normal"));
-    assert!(edge_allowed("pybind", "memory", "normal"));
-    assert!(edge_allowed("pybind", "handles", "normal"));
+    let [sys, handles, memory, pybind] = CHAIN;
+    assert!(edge_allowed(handles, sys, "normal"));
+    assert!(edge_allowed(memory, handles, "normal"));
+    assert!(edge_allowed(pybind, memory, "normal"));
+    assert!(edge_allowed(pybind, handles, "normal"));
     assert!(
-        !edge_allowed("pybind", "cuda-sys", "normal"),
+        !edge_allowed(pybind, sys, "normal"),
         "the bindings reach the driver only through handles"
     );
-    assert!(edge_allowed("memory", "cuda-sys", "dev"));
-    assert!(edge_allowed("cuda-emu", "cuda-sys", "normal"));
+    assert!(edge_allowed(memory, sys, "dev"));
+    assert!(edge_allowed(EMU, sys, "normal"));
     assert!(
-        !edge_allowed("memory", "cuda-sys", "normal"),
+        !edge_allowed(memory, sys, "normal"),
         "memory reaches the driver only through handles"
     );
     assert!(
-        !edge_allowed("cuda-sys", "handles", "dev"),
+        !edge_allowed(sys, handles, "dev"),
         "no upward edge, not even for tests"
     );
-    assert!(!edge_allowed("handles", "cuda-emu", "dev"));
-    assert!(!edge_allowed("cuda-emu", "handles", "normal"));
-    assert!(!edge_allowed("xtask", "cuda-sys", "normal"));
+    assert!(!edge_allowed(handles, EMU, "dev"));
+    assert!(!edge_allowed(EMU, handles, "normal"));
+    assert!(!edge_allowed("xtask", sys, "normal"));
+    assert!(edge_allowed(FACADE, memory, "normal"));
+    assert!(edge_allowed(FACADE, handles, "normal"));
+    assert!(
+        !edge_allowed(FACADE, sys, "normal"),
+        "the facade reaches the driver only through handles"
+    );
+    assert!(
+        !edge_allowed(memory, FACADE, "dev"),
+        "nothing below uses the facade"
+    );
+    assert!(edge_allowed(sys, TEST_SUPPORT, "dev"));
+    assert!(edge_allowed(memory, TEST_SUPPORT, "dev"));
+    assert!(
+        !edge_allowed(handles, TEST_SUPPORT, "normal"),
+        "only tests use the test support"
+    );
+    assert!(edge_allowed(TEST_SUPPORT, handles, "normal"));
+    assert!(!edge_allowed(TEST_SUPPORT, memory, "normal"));
 }
 
 /// Every `.rs` file of the project, skipping build output, virtual environments, the GPU bundle
@@ -387,4 +437,55 @@ fn the_citation_rules_themselves() {
     assert!(!places_by_issue("// an issue with the driver: see F16"));
     assert!(!places_by_issue("// tissue 3"));
     assert!(!places_by_issue("// the issue #-sign"));
+}
+
+/// A program that depends on cudarc with another CUDA-version feature than custody's default
+/// (`cuda-12080`) next to custody compiles, when it turns custody's default off and names the
+/// same version (custody/README.md): the feature is forwarded, not pinned. Checked with a
+/// scratch crate outside the workspace, `cargo check --offline` (the workspace's build has
+/// fetched every package) with the workspace's lock file, in a target directory of its own.
+#[test]
+fn custody_compiles_next_to_a_cudarc_of_another_cuda_version() {
+    let root = workspace_root();
+    let scratch = root.join("target/tidy/cudarc-next-to-custody");
+    fs::create_dir_all(scratch.join("src")).expect("creating the scratch crate");
+    let manifest = format!(
+        r#"[package]
+name = "cudarc-next-to-custody"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[workspace]
+
+[dependencies]
+cudarc = {{ version = "0.19", default-features = false, features = ["std", "driver", "dynamic-loading", "cuda-12080"] }}
+custody = {{ package = "cuda-custody", path = "{}", default-features = false, features = ["cuda-12080"] }}
+"#,
+        root.join("custody").display()
+    );
+    fs::write(scratch.join("Cargo.toml"), manifest).expect("writing the scratch manifest");
+    // The two crates' types are one: a custody stream's raw value is a cudarc `CUstream`.
+    fs::write(
+        scratch.join("src/main.rs"),
+        "//! Uses cudarc and custody side by side.\n\
+         fn main() {\n    \
+         let raw: cudarc::driver::sys::CUstream = custody::StreamHandle::legacy().raw();\n    \
+         println!(\"{raw:?}\");\n}\n",
+    )
+    .expect("writing the scratch program");
+    fs::copy(root.join("Cargo.lock"), scratch.join("Cargo.lock")).expect("copying Cargo.lock");
+    let cargo = option_env!("CARGO").unwrap_or("cargo");
+    let output = Command::new(cargo)
+        .args(["check", "--offline", "--quiet"])
+        .current_dir(&scratch)
+        .env("CARGO_TARGET_DIR", scratch.join("target"))
+        .output()
+        .expect("running cargo check on the scratch crate");
+    assert!(
+        output.status.success(),
+        "custody (default features off, cuda-12080) next to cudarc with cuda-12080 does not \
+         compile:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

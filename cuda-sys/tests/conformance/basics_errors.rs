@@ -72,7 +72,7 @@ fn basic_error_null_out_pointers_for_streams_events_and_memory() {
         // CUDA_ERROR_INVALID_VALUE for it and does not write through it.
         // SAFETY: NULL out-pointer under test, never written.
         invalid_value("cuStreamCreate", unsafe {
-            (d.cuStreamCreate)(ptr::null_mut(), 0)
+            (d.cuStreamCreate().expect("cuStreamCreate"))(ptr::null_mut(), 0)
         });
         // SAFETY: NULL out-pointer under test, never written.
         invalid_value("cuEventCreate", unsafe {

@@ -106,9 +106,11 @@ pub fn check<T>(ret: Ret<T>) -> T {
 macro_rules! call {
     ($name:ident($($arg:expr),* $(,)?) => $value:expr) => {{
         let d = driver();
+        // A required symbol is always there; an optional one the driver lacks fails the case here.
+        let f = d.$name().unwrap_or_else(|e| panic!("{e}"));
         // SAFETY: see the module header: out-pointers are valid locals written only by the
         // driver, and handles are values the calling case created and has not destroyed.
-        let status = unsafe { (d.$name)($($arg),*) };
+        let status = unsafe { f($($arg),*) };
         Ret::new(stringify!($name), status, $value)
     }};
 }

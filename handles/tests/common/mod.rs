@@ -1,75 +1,22 @@
-//! Shared helpers for the handles integration tests: the emulator when it is the loaded driver,
-//! contexts, call-log filters, pool usage and a capturing cleanup hook.
+//! Helpers for the handles integration tests: those every crate's tests share come from the
+//! test-support crate (the emulator when it is the loaded driver, skip helpers, call-log
+//! filters, captured reports, `start`); here, the handles-only ones (another context, pool usage,
+//! a pool buffer).
 //!
 //! The same tests run against the emulated driver (`CUSTODY_CUDA_DRIVER=.../libcuda_emu.so`)
 //! and against a real one (the GPU bundle). What any driver shows (return values and errors,
 //! the current context, recipes, pool used memory, pointer attributes, reports and counters)
 //! is asserted everywhere; what only the emulator can show (its call log, hazards, live
 //! allocations, fault injection) is asserted inside [`with_emulator`], or a test that needs it
-//! to run at all says so on stderr and returns ([`emulator_or_skip`]). Tests filter the
-//! process-wide logs by their own threads and pointers, so they pass one per process (nextest,
-//! the GPU runner) and all in one process.
-//!
-//! `CUSTODY_TEST_PRETEND_REAL_DRIVER=1` makes [`emulator`] answer `None` while the emulator is
-//! loaded, so the real-driver branches run (and are checked) on a machine without a GPU; with
-//! `CUSTODY_EMU_DEVICE_COUNT=1` as well, the one-device branches run too (docs/testing.md).
+//! to run at all says so on stderr and returns ([`emulator_or_skip`]).
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
-use std::sync::{Mutex, OnceLock};
+pub use test_support::emu::{Call, Emulator, Hazard};
+pub use test_support::*;
 
-use cuda_sys::emu::{Call, Emulator};
-use handles::ops::{self, PointerAttributes};
 use handles::sys_types::CUmemPool_attribute;
-use handles::{
-    CleanupError, CleanupWarning, ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle,
-};
-
-/// Set (to anything but `0`) to make the tests treat the emulator as a real driver.
-pub const PRETEND_REAL_DRIVER: &str = "CUSTODY_TEST_PRETEND_REAL_DRIVER";
-
-/// The emulator's test interface when the loaded driver is the emulator (and
-/// [`PRETEND_REAL_DRIVER`] is not set); `None` for a real driver.
-///
-/// # Panics
-/// When no driver loads at all: the tests fail with the loader's reason rather than pass
-/// vacuously.
-pub fn emulator() -> Option<Emulator> {
-    if let Err(error) = cuda_sys::driver() {
-        panic!(
-            "the handles integration tests need a CUDA driver: {error} (for the emulator, run \
-             `cargo build -p cuda-emu` and set CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so)"
-        );
-    }
-    if std::env::var_os(PRETEND_REAL_DRIVER).is_some_and(|v| v != "0") {
-        return None;
-    }
-    Emulator::get()
-}
-
-/// Runs the emulator-only assertions in `f` when the emulator is the loaded driver.
-pub fn with_emulator<R>(f: impl FnOnce(&Emulator) -> R) -> Option<R> {
-    emulator().map(|emu| f(&emu))
-}
-
-/// The emulator, or `None` after printing why the calling test skips on a real driver.
-/// `needs` completes "needs the emulator's ...".
-pub fn emulator_or_skip(needs: &str) -> Option<Emulator> {
-    let emu = emulator();
-    if emu.is_none() {
-        eprintln!("skipped on a real driver: needs the emulator's {needs}");
-    }
-    emu
-}
-
-/// Whether the driver sees at least two devices; when not, prints why the calling test skips.
-pub fn second_device_or_skip(needs: &str) -> bool {
-    let count = handles::device_count().expect("cuDeviceGetCount");
-    if count < 2 {
-        eprintln!("skipped: needs a second device for {needs}; the driver sees {count}");
-    }
-    count >= 2
-}
+use handles::{ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle};
 
 /// A context other than device 0's primary one, for "another context is current" cases:
 /// device 1's primary context when there is a second device, else a context created on
@@ -80,115 +27,6 @@ pub fn other_context() -> ContextHandle {
     } else {
         ContextHandle::create(0, 0).expect("cuCtxCreate on device 0")
     }
-}
-
-/// The calling thread's id in the call log; 0 without the emulator (then nothing reads it).
-pub fn tid() -> u64 {
-    with_emulator(|emu| emu.thread_id()).unwrap_or(0)
-}
-
-/// The first call's sequence number from now on: calls with `seq >= mark()` came later. 0
-/// without the emulator (then nothing reads it).
-pub fn mark() -> u64 {
-    with_emulator(|emu| emu.calls().last().map_or(0, |c| c.seq + 1)).unwrap_or(0)
-}
-
-/// Queries of the emulator's call log and allocations, for use inside [`with_emulator`].
-pub trait EmuLog {
-    /// Calls made since `from` on thread `thread`, in order.
-    fn calls_on(&self, thread: u64, from: u64) -> Vec<Call>;
-    /// Calls made since `from` (any thread) whose pointer argument is `ptr`.
-    fn calls_for(&self, ptr: u64, from: u64) -> Vec<Call>;
-    /// The calls since `from` on `thread`, as function names.
-    fn names_on(&self, thread: u64, from: u64) -> Vec<String>;
-    /// The one call of `function` with pointer `ptr` since `from`.
-    fn only_call(&self, function: &str, ptr: u64, from: u64) -> Call;
-    /// The one call of `function` on `thread` since `from`.
-    fn one_call_on(&self, thread: u64, function: &str, from: u64) -> Call;
-    /// The sequence numbers of the calls of `function` since `from` (any thread).
-    fn seq_of(&self, function: &str, from: u64) -> Vec<u64>;
-    /// Whether the emulator still holds an allocation at `ptr`.
-    fn is_live(&self, ptr: u64) -> bool;
-}
-
-impl EmuLog for Emulator {
-    fn calls_on(&self, thread: u64, from: u64) -> Vec<Call> {
-        self.calls()
-            .into_iter()
-            .filter(|c| c.thread == thread && c.seq >= from)
-            .collect()
-    }
-
-    fn calls_for(&self, ptr: u64, from: u64) -> Vec<Call> {
-        self.calls()
-            .into_iter()
-            .filter(|c| c.ptr == Some(ptr) && c.seq >= from)
-            .collect()
-    }
-
-    fn names_on(&self, thread: u64, from: u64) -> Vec<String> {
-        self.calls_on(thread, from)
-            .into_iter()
-            .map(|c| c.function)
-            .collect()
-    }
-
-    fn only_call(&self, function: &str, ptr: u64, from: u64) -> Call {
-        let calls: Vec<Call> = self
-            .calls_for(ptr, from)
-            .into_iter()
-            .filter(|c| c.function == function)
-            .collect();
-        assert_eq!(
-            calls.len(),
-            1,
-            "expected one {function}(0x{ptr:x}), got {calls:?}"
-        );
-        calls.into_iter().next().unwrap()
-    }
-
-    fn one_call_on(&self, thread: u64, function: &str, from: u64) -> Call {
-        let calls: Vec<Call> = self
-            .calls_on(thread, from)
-            .into_iter()
-            .filter(|c| c.function == function)
-            .collect();
-        assert_eq!(
-            calls.len(),
-            1,
-            "expected one {function} on thread {thread}, got {calls:?}"
-        );
-        calls.into_iter().next().unwrap()
-    }
-
-    fn seq_of(&self, function: &str, from: u64) -> Vec<u64> {
-        self.calls()
-            .into_iter()
-            .filter(|c| c.seq >= from && c.function == function)
-            .map(|c| c.seq)
-            .collect()
-    }
-
-    fn is_live(&self, ptr: u64) -> bool {
-        self.live_allocations().iter().any(|a| a.ptr == ptr)
-    }
-}
-
-/// Device `n`'s primary context (retained).
-pub fn primary(n: i32) -> ContextHandle {
-    ContextHandle::primary(n).expect("primary context")
-}
-
-/// The raw context current on the calling thread as the driver reports it (0 for none).
-pub fn current_raw() -> u64 {
-    ContextHandle::current()
-        .expect("cuCtxGetCurrent")
-        .map_or(0, |c| c.raw() as u64)
-}
-
-/// Runs `f` on a new thread that has never had a context, and returns its result.
-pub fn on_fresh_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
-    std::thread::spawn(f).join().expect("test thread panicked")
 }
 
 /// `pool`'s `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` in bytes, read once every stream of `context`
@@ -211,104 +49,6 @@ pub fn pool_used(pool: &MemoryPoolHandle, context: &ContextHandle) -> u64 {
 /// [`pool_used`] for device 0's default pool, the pool [`pool_buffer`] allocates from.
 pub fn default_used(context: &ContextHandle) -> u64 {
     pool_used(&default_pool(), context)
-}
-
-/// What the driver knows about `ptr` (`None`: an address it does not know, such as memory
-/// freed with `cuMemFree` or `cuMemFreeHost`).
-pub fn attributes(ptr: u64) -> Option<PointerAttributes> {
-    ops::pointer_attributes(ptr).expect("cuPointerGetAttribute")
-}
-
-/// A thread-safe record of every cleanup error and warning reported in this process.
-pub struct Captured {
-    pub errors: Mutex<Vec<CleanupError>>,
-    pub warnings: Mutex<Vec<CleanupWarning>>,
-}
-
-/// Installs (once per process) hooks that record every report; tests filter by pointer.
-pub fn captured() -> &'static Captured {
-    static CAPTURED: OnceLock<Captured> = OnceLock::new();
-    static INSTALLED: OnceLock<()> = OnceLock::new();
-    let captured = CAPTURED.get_or_init(|| Captured {
-        errors: Mutex::new(Vec::new()),
-        warnings: Mutex::new(Vec::new()),
-    });
-    INSTALLED.get_or_init(|| {
-        handles::set_cleanup_error_hook(Box::new(|e| {
-            captured_errors_push(e.clone());
-        }));
-        handles::set_cleanup_warning_hook(Box::new(|w| {
-            captured_warnings_push(w.clone());
-        }));
-    });
-    captured
-}
-
-fn captured_errors_push(e: CleanupError) {
-    captured().errors.lock().unwrap().push(e);
-}
-
-fn captured_warnings_push(w: CleanupWarning) {
-    captured().warnings.lock().unwrap().push(w);
-}
-
-/// The cleanup errors reported for `ptr`.
-pub fn errors_for(ptr: u64) -> Vec<CleanupError> {
-    captured()
-        .errors
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|e| e.ptr == ptr)
-        .cloned()
-        .collect()
-}
-
-/// The cleanup warnings reported for `ptr`.
-pub fn warnings_for(ptr: u64) -> Vec<CleanupWarning> {
-    captured()
-        .warnings
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|w| w.ptr == ptr)
-        .cloned()
-        .collect()
-}
-
-/// Serialises the tests of one process: fault injection, the hazard list, the deferred queue
-/// and the default pool's used memory are process-wide, so a test holds this guard from
-/// [`start`] to its end.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Starts a test: the returned guard serialises it with the other tests of this process; no
-/// context current on the calling thread, hooks installed, earlier deferred work finished and,
-/// on the emulator, hazards and faults cleared.
-#[must_use = "hold the guard for the whole test"]
-pub fn start() -> std::sync::MutexGuard<'static, ()> {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    // First, so that a missing driver fails with the loader's reason.
-    let emu = emulator();
-    let _ = captured();
-    // With one test thread, tests share the main thread: start each with no context.
-    while current_raw() != 0 {
-        ContextHandle::clear_current().expect("cuCtxSetCurrent(NULL)");
-    }
-    handles::drain_deferred_cleanup();
-    if let Some(emu) = emu {
-        emu.clear_faults();
-        emu.clear_hazards();
-    }
-    guard
-}
-
-/// On the emulator, asserts the hazard checker saw nothing (since [`start`]); a real driver has
-/// no hazard checker.
-pub fn assert_no_hazards() {
-    with_emulator(|emu| {
-        let hazards = emu.hazards();
-        assert!(hazards.is_empty(), "hazards: {hazards:#?}");
-    });
 }
 
 /// Device 0's default pool.

@@ -3,7 +3,7 @@
 //! concurrent threads, and the pair with many live buffers.
 //!
 //! Run through `cargo xtask bench` (the emulated driver, or a real one if it loads), or alone:
-//! `CUSTODY_CUDA_DRIVER=... cargo bench -p memory --bench custody_vs_raw [-- FILTER]`. The
+//! `CUSTODY_CUDA_DRIVER=... cargo bench -p cuda-custody-memory --bench custody_vs_raw [-- FILTER]`. The
 //! environment chooses the length (`CUSTODY_BENCH_QUICK=1`), the largest live-buffer count
 //! (`CUSTODY_BENCH_MAX_LIVE`), the thread counts (`CUSTODY_BENCH_THREADS=1,2,4`) and where the
 //! paired samples go (`CUSTODY_BENCH_JSON=path`). See `paired.rs` for how variants are
@@ -703,8 +703,12 @@ fn device_name(d: &Driver) -> String {
         return "unknown".to_owned();
     }
     let mut name = [0 as std::ffi::c_char; 256];
+    // An optional symbol (diagnostics only).
+    let Some(get_name) = d.cuDeviceGetName else {
+        return "unknown".to_owned();
+    };
     // SAFETY: the buffer holds 256 bytes, as passed.
-    if unsafe { (d.cuDeviceGetName)(name.as_mut_ptr(), 256, device) } != 0 {
+    if unsafe { get_name(name.as_mut_ptr(), 256, device) } != 0 {
         return "unknown".to_owned();
     }
     // SAFETY: the driver wrote a NUL-terminated string into the buffer.

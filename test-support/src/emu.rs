@@ -3,6 +3,8 @@
 //!
 //! The symbols are resolved from the same library as the driver, so the client sees the state
 //! of the driver the process is actually using. On a real driver [`Emulator::get`] is `None`.
+//! (Moved here from `test_support::emu`: only tests use it, and its JSON parsing needs serde, which
+//! the product does not.)
 //!
 //! The C interface (all exported by `cuda-emu`):
 //! - `int custodyEmuVersion(void)`: the query interface version, [`INTERFACE_VERSION`].
@@ -19,7 +21,7 @@ use std::ffi::{c_char, c_int, c_uint, CString};
 
 use serde::Deserialize;
 
-use crate::{CUresult, CudaErrorCode, Driver};
+use cuda_sys::{CUresult, CudaErrorCode, Driver};
 
 /// The version of the query interface this client speaks.
 pub const INTERFACE_VERSION: i32 = 1;
@@ -103,25 +105,31 @@ impl Emulator {
     /// The emulator's interface when the process's driver is the emulator; `None` for a real
     /// driver or when no driver loads.
     pub fn get() -> Option<Emulator> {
-        Emulator::from_driver(crate::driver().ok()?)
+        Emulator::from_driver(cuda_sys::driver().ok()?)
     }
 
-    pub(crate) fn from_driver(driver: &Driver) -> Option<Emulator> {
+    /// The emulator's interface when `driver` is the emulator (speaking
+    /// [`INTERFACE_VERSION`]); `None` otherwise.
+    pub fn from_driver(driver: &Driver) -> Option<Emulator> {
         // SAFETY: each type is the C signature documented in this module's header, which
-        // cuda-emu exports.
-        unsafe {
-            let version: Version = driver.extra("custodyEmuVersion")?;
-            if version() != INTERFACE_VERSION {
-                return None;
-            }
-            Some(Emulator {
-                inject_fault: driver.extra("custodyEmuInjectFault")?,
-                clear_faults: driver.extra("custodyEmuClearFaults")?,
-                query: driver.extra("custodyEmuQuery")?,
-                clear: driver.extra("custodyEmuClear")?,
-                thread_id: driver.extra("custodyEmuThreadId")?,
-            })
+        // cuda-emu exports (here and in each block below).
+        let version: Version = unsafe { driver.extra_symbol(c"custodyEmuVersion")? };
+        // SAFETY: `custodyEmuVersion` takes no arguments.
+        if unsafe { version() } != INTERFACE_VERSION {
+            return None;
         }
+        Some(Emulator {
+            // SAFETY: see above.
+            inject_fault: unsafe { driver.extra_symbol(c"custodyEmuInjectFault")? },
+            // SAFETY: see above.
+            clear_faults: unsafe { driver.extra_symbol(c"custodyEmuClearFaults")? },
+            // SAFETY: see above.
+            query: unsafe { driver.extra_symbol(c"custodyEmuQuery")? },
+            // SAFETY: see above.
+            clear: unsafe { driver.extra_symbol(c"custodyEmuClear")? },
+            // SAFETY: see above.
+            thread_id: unsafe { driver.extra_symbol(c"custodyEmuThreadId")? },
+        })
     }
 
     /// Makes the `nth` next call (1 = the very next, on any thread) of `function` fail with

@@ -1,0 +1,18 @@
+//! Test support shared by custody's crates: the emulated driver's typed client ([`emu`]) and,
+//! with the `helpers` feature, the helpers the integration tests of `handles` and `memory`
+//! share (the emulator when it is the loaded driver, skip helpers, the pretend-real-driver
+//! switch, test serialisation, captured cleanup reports).
+//!
+//! The same tests run against the emulated driver (`CUSTODY_CUDA_DRIVER=.../libcuda_emu.so`)
+//! and against a real one (the GPU bundle). What any driver shows is asserted everywhere; what
+//! only the emulator can show (its call log, hazards, live allocations, fault injection) is
+//! asserted inside [`with_emulator`], whose [`Emulator`](emu::Emulator) value exists nowhere
+//! else, so the compiler keeps every such query inside it (docs/testing.md).
+
+pub mod emu;
+
+#[cfg(feature = "helpers")]
+mod helpers;
+
+#[cfg(feature = "helpers")]
+pub use helpers::*;
