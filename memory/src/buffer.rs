@@ -1,18 +1,19 @@
-//! [`Buffer`] (memory with its deallocation recipe, shareable across threads, closed once) and
-//! [`ManagedBuffer`]; adoption of foreign pointers ([`Buffer::from_handle`], [`Ownership`]);
-//! copies and fills.
+//! [`Buffer`] (memory with its deallocation recipe, an owned value closed by consuming it) and
+//! [`ManagedBuffer`]; adoption of foreign pointers ([`Buffer::from_handle`], [`Ownership`]) and
+//! buffers from a resource's own handles ([`Buffer::from_parts`]); copies and fills.
 
 use std::any::Any;
 use std::fmt;
-use std::ops::Deref;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
+use bytemuck::Pod;
 use handles::ops::{self, MemoryType};
 use handles::sys_types::CUdeviceptr;
 use handles::{DevicePtrHandle, ReleaseKind, StreamHandle};
 
-use crate::resource::{check_size, check_stream_device, device_error, stream_device};
-use crate::{MemoryError, MemoryResource};
+use crate::resource::{check_size, check_stream_device, device_error};
+use crate::slice::{copy, fill, from_host, to_host, Bytes};
+use crate::{DeviceSlice, DeviceSliceMut, MemoryError, MemoryResource};
 
 /// Who owns memory handed to [`Buffer::from_handle`], and so what happens when the buffer is
 /// closed or dropped.
@@ -85,35 +86,40 @@ pub(crate) enum IpcRole {
     Imported,
 }
 
-/// What an open buffer holds; taken out, whole, by the one close that wins.
-struct Open {
-    handle: DevicePtrHandle,
-    mr: Option<Arc<dyn MemoryResource>>,
-}
-
 /// A range of device, pinned host or managed memory, with the deallocation recipe that will
 /// order and legalise its free (docs/decisions.md D1).
 ///
-/// A buffer is `Send + Sync` and every method takes `&self`, so it can be shared (an `Arc`,
-/// a Python object) and closed from any thread:
+/// A buffer is an owned value, `Send + Sync`:
 ///
-/// - [`Buffer::close`] frees now (when this buffer holds the last reference to the memory)
-///   and returns the free's error. Close is atomic and idempotent: of two concurrent closes
-///   one frees and the other is a no-op; closing a closed buffer is `Ok`.
-/// - Dropping an open buffer frees the same way but never waits on the GPU
-///   (docs/decisions.md D9) and reports a failure through the cleanup-error hook
-///   (`handles::set_cleanup_error_hook`).
+/// - [`Buffer::close`] consumes it and frees now (when it holds the last reference to the
+///   memory), returning the free's error; the buffer is gone either way.
+/// - Dropping it frees the same way but never waits on the GPU (docs/decisions.md D9) and
+///   reports a failure through the cleanup-error hook (`handles::set_cleanup_error_hook`).
 /// - [`Buffer::set_deallocation_stream`] hands the free over to another stream: the recipe is
 ///   replaced atomically, seen by every other holder of the memory (a graph, a clone of the
 ///   [`DevicePtrHandle`]), and nothing is freed or synchronised.
+/// - [`Buffer::as_slice`] and [`Buffer::as_slice_mut`] borrow it as typed views over
+///   element ranges ([`DeviceSlice`], [`DeviceSliceMut`]).
 ///
-/// Copies and fills hold a reference to the memory while they are issued; a buffer closed
-/// meanwhile on another thread is then freed when that reference goes (reported, not
-/// returned). Ordering work on other streams before the free is the caller's job: record an
-/// event, wait on it from the deallocation stream, or hand the free over to the stream that
-/// used the memory last.
+/// Copies and fills on the buffer itself take `&self`, as a queue writes to a shared GPU
+/// buffer in wgpu: the work runs on the GPU in stream order, not through Rust references, and
+/// the memory may be shared with graphs that write it when they run. The typed views add the
+/// borrow checker's exclusivity for Rust code that wants it. Ordering work on other streams
+/// before the free is the caller's job: record an event, wait on it from the deallocation
+/// stream, or hand the free over to the stream that used the memory last.
+///
+/// Closing twice, or using a closed buffer, does not compile:
+///
+/// ```compile_fail
+/// # fn demo(buffer: memory::Buffer) -> Result<(), memory::MemoryError> {
+/// buffer.close()?;
+/// let _ = buffer.size(); // error[E0382]: borrow of moved value: `buffer`
+/// # Ok(())
+/// # }
+/// ```
 pub struct Buffer {
-    state: Mutex<Option<Open>>,
+    handle: DevicePtrHandle,
+    mr: Option<Arc<dyn MemoryResource>>,
     access: OnceLock<Access>,
     ipc: IpcRole,
 }
@@ -132,10 +138,22 @@ impl Buffer {
             let _ = cell.set(access);
         }
         Buffer {
-            state: Mutex::new(Some(Open { handle, mr })),
+            handle,
+            mr,
             access: cell,
             ipc,
         }
+    }
+
+    /// A buffer over memory `handle` already owns (or borrows), for a memory resource of the
+    /// caller's: its `allocate` makes the handle (any release rule) and returns
+    /// `Buffer::from_parts(handle, Some(self))`. Where the memory can be used comes from `mr`
+    /// when given, else from the driver's pointer attributes, read once when first asked.
+    ///
+    /// Driver calls: none.
+    pub fn from_parts(handle: DevicePtrHandle, mr: Option<Arc<dyn MemoryResource>>) -> Buffer {
+        let access = mr.as_deref().map(Access::of);
+        Buffer::new(handle, mr, access, IpcRole::None)
     }
 
     /// Wraps `size` bytes at `ptr`, allocated elsewhere, as a buffer owned as `ownership` says
@@ -217,50 +235,32 @@ impl Buffer {
         }
     }
 
+    /// The address (a host address for pinned host memory).
     #[inline]
-    fn lock(&self) -> MutexGuard<'_, Option<Open>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The address (a host address for pinned host memory); 0 once closed.
     pub fn ptr(&self) -> CUdeviceptr {
-        self.lock().as_ref().map_or(0, |open| open.handle.ptr())
+        self.handle.ptr()
     }
 
-    /// The size in bytes; 0 once closed.
+    /// The size in bytes.
+    #[inline]
     pub fn size(&self) -> usize {
-        self.lock().as_ref().map_or(0, |open| open.handle.size())
+        self.handle.size()
     }
 
-    /// Whether the buffer was closed.
-    pub fn is_closed(&self) -> bool {
-        self.lock().is_none()
+    /// The resource the memory came from (or that frees it); `None` for views.
+    pub fn memory_resource(&self) -> Option<&Arc<dyn MemoryResource>> {
+        self.mr.as_ref()
     }
 
-    /// The resource the memory came from (or that frees it); `None` for views and once
-    /// closed.
-    pub fn memory_resource(&self) -> Option<Arc<dyn MemoryResource>> {
-        self.lock().as_ref().and_then(|open| open.mr.clone())
-    }
-
-    /// A new reference to the memory (for a graph attachment, say): it keeps the memory alive
-    /// after the buffer is closed and sees every change of recipe.
-    ///
-    /// # Errors
-    /// [`MemoryError::Closed`].
-    pub fn handle(&self) -> Result<DevicePtrHandle, MemoryError> {
-        self.lock()
-            .as_ref()
-            .map(|open| open.handle.clone())
-            .ok_or(MemoryError::Closed)
+    /// The memory's handle. A clone is a new reference (for a graph attachment, say): it keeps
+    /// the memory alive after the buffer is closed and sees every change of recipe.
+    pub fn handle(&self) -> &DevicePtrHandle {
+        &self.handle
     }
 
     /// The stream the free is recorded on now; `None` for views, which free nothing.
-    ///
-    /// # Errors
-    /// [`MemoryError::Closed`].
-    pub fn deallocation_stream(&self) -> Result<Option<StreamHandle>, MemoryError> {
-        Ok(self.handle()?.deallocation_stream())
+    pub fn deallocation_stream(&self) -> Option<StreamHandle> {
+        self.handle.deallocation_stream()
     }
 
     /// Whether the memory was imported from another process.
@@ -272,21 +272,23 @@ impl Buffer {
         self.ipc
     }
 
-    /// Records the free on `stream` from now on (docs/decisions.md D4): the whole recipe (stream,
-    /// context, per-thread-default-stream thread) is replaced in one atomic step that every
-    /// holder of the memory sees. Nothing is freed or synchronised: work queued on the old
+    /// Records the free on `stream` from now on (docs/decisions.md D4): the whole recipe
+    /// (stream, context, per-thread-default-stream thread) is replaced in one atomic step that
+    /// every holder of the memory sees. Nothing is freed or synchronised: work queued on the old
     /// stream must be ordered before the new one by the caller. On error the old recipe
     /// stays. For views, which free nothing, nothing is recorded.
     ///
+    /// `&self`, not `&mut self`: the recipe is shared by every holder of the memory (a graph's
+    /// retention, a clone of the handle), and each sees the new one.
+    ///
     /// # Errors
-    /// - [`MemoryError::Closed`].
     /// - [`MemoryError::WrongDevice`]: a stream of another device than the memory's.
     /// - [`MemoryError::Handle`] with [`handles::HandleError::NoCurrentContext`]: a
     ///   default-stream token on a thread with no current context.
     ///
     /// Driver calls: `cuCtxGetCurrent` (default-stream tokens only).
     pub fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
-        // The old recipe may hold the last handle of a stream: released outside the lock.
+        // The old recipe may hold the last handle of a stream: released after the swap.
         drop(self.replace_deallocation_stream(stream)?);
         Ok(())
     }
@@ -305,57 +307,61 @@ impl Buffer {
         &self,
         stream: &StreamHandle,
     ) -> Result<Option<handles::DeallocationRecipe>, MemoryError> {
-        let guard = self.lock();
-        let open = guard.as_ref().ok_or(MemoryError::Closed)?;
-        let handle_device = open.handle.device();
+        let handle_device = self.handle.device();
         if handle_device.is_none() {
             // Adopted memory: the handle does not know its device, the resource does.
             if let Some(device) = self.access.get().and_then(|a| a.bound_device()) {
                 check_stream_device(stream, device)?;
             }
         }
-        open.handle
+        self.handle
             .replace_deallocation_stream(stream)
             .map_err(|error| device_error(error, handle_device, stream))
     }
 
     /// Closes the buffer: when it holds the last reference to the memory, frees it now with
-    /// the recorded recipe and returns the outcome. Closing a closed buffer is `Ok`. Atomic:
-    /// of concurrent closes exactly one releases the memory.
+    /// the recorded recipe and returns the outcome; when others hold it (a graph, a clone of
+    /// the handle), the last of them frees it. The buffer is consumed either way.
+    ///
+    /// `close(stream)` of cuda.core is [`set_deallocation_stream`](Self::set_deallocation_stream)
+    /// then `close()` (docs/decisions.md D4); in Rust the two calls say it, and a failed
+    /// hand-over leaves the buffer open with its old recipe.
     ///
     /// May block: memory whose free is synchronous in the driver (`cuMemAlloc`, pinned host,
-    /// managed) is freed after the deallocation stream has drained. Stream-ordered frees do
-    /// not wait.
+    /// managed) waits for the deallocation stream before the free. Stream-ordered frees do not
+    /// block.
     ///
     /// # Errors
-    /// The free's failure ([`MemoryError::Handle`]: the driver's error, a memory resource's
-    /// `deallocate` error, a context that could not be made current or restored). The buffer is
-    /// closed either way.
+    /// The free's failure ([`MemoryError::Handle`]): a driver error, or the memory resource's
+    /// `deallocate` error for adopted memory. The buffer is closed either way.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (when the recipe's context is not
-    /// current), and the free (`cuMemFreeAsync`; `cuStreamSynchronize` then `cuMemFree_v2` or
-    /// `cuMemFreeHost`; the resource's `deallocate`).
-    pub fn close(&self) -> Result<(), MemoryError> {
-        let open = self.lock().take();
-        let Some(Open { handle, mr }) = open else {
-            return Ok(());
-        };
+    /// Driver calls: as the memory's release rule (`cuMemFreeAsync`; `cuStreamSynchronize` and
+    /// `cuMemFree` / `cuMemFreeHost`; a resource's `deallocate`), in the recipe's context
+    /// (`cuCtxGetCurrent`, `cuCtxSetCurrent` if needed).
+    pub fn close(self) -> Result<(), MemoryError> {
+        let Buffer { handle, mr, .. } = self;
         let result = handle.release();
+        // The resource goes after its memory (a pool outlives its allocations).
         drop(mr);
         Ok(result?)
     }
 
-    /// [`Buffer::set_deallocation_stream`]`(stream)` then [`Buffer::close`] (docs/decisions.md D4).
-    /// If recording the new recipe fails, the buffer stays open with its old recipe.
+    /// The buffer as a typed view of `T`s over all of it (a shared borrow: copies out of it).
     ///
     /// # Errors
-    /// As [`Buffer::set_deallocation_stream`] (including [`MemoryError::Closed`] for a closed
-    /// buffer, like the setter), then as [`Buffer::close`].
+    /// [`MemoryError::Layout`]: the size is not a multiple of `size_of::<T>()`, or the address
+    /// is not aligned to `align_of::<T>()` (or `T` is zero-sized).
+    pub fn as_slice<T: Pod>(&self) -> Result<DeviceSlice<'_, T>, MemoryError> {
+        DeviceSlice::whole(self)
+    }
+
+    /// The buffer as a typed view of `T`s over all of it, borrowed exclusively (copies into
+    /// it, fills).
     ///
-    /// Driver calls: those of both.
-    pub fn close_on(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
-        self.set_deallocation_stream(stream)?;
-        self.close()
+    /// # Errors
+    /// As [`Buffer::as_slice`].
+    pub fn as_slice_mut<T: Pod>(&mut self) -> Result<DeviceSliceMut<'_, T>, MemoryError> {
+        DeviceSliceMut::whole(self)
     }
 
     /// How the memory can be used: from the memory resource, else (once) from the driver.
@@ -394,13 +400,11 @@ impl Buffer {
     /// Whether a device can access the memory.
     ///
     /// # Errors
-    /// [`MemoryError::Closed`]; [`MemoryError::Handle`] when the pointer-attribute query of a
-    /// view fails.
+    /// [`MemoryError::Handle`] when the pointer-attribute query of a view fails.
     ///
     /// Driver calls: `cuPointerGetAttribute`, for views, once.
     pub fn is_device_accessible(&self) -> Result<bool, MemoryError> {
-        let handle = self.handle()?;
-        Ok(self.access(handle.ptr())?.device)
+        Ok(self.access(self.ptr())?.device)
     }
 
     /// Whether the host can access the memory.
@@ -410,8 +414,7 @@ impl Buffer {
     ///
     /// Driver calls: as [`Buffer::is_device_accessible`].
     pub fn is_host_accessible(&self) -> Result<bool, MemoryError> {
-        let handle = self.handle()?;
-        Ok(self.access(handle.ptr())?.host)
+        Ok(self.access(self.ptr())?.host)
     }
 
     /// Whether the memory is managed.
@@ -421,8 +424,7 @@ impl Buffer {
     ///
     /// Driver calls: as [`Buffer::is_device_accessible`].
     pub fn is_managed(&self) -> Result<bool, MemoryError> {
-        let handle = self.handle()?;
-        Ok(self.access(handle.ptr())?.managed)
+        Ok(self.access(self.ptr())?.managed)
     }
 
     /// The device the memory lives on or belongs to; `None` for memory bound to no device
@@ -433,24 +435,32 @@ impl Buffer {
     ///
     /// Driver calls: as [`Buffer::is_device_accessible`].
     pub fn device_id(&self) -> Result<Option<i32>, MemoryError> {
-        let handle = self.handle()?;
-        Ok(self.access(handle.ptr())?.device_id)
+        Ok(self.access(self.ptr())?.device_id)
     }
 
     /// The device whose streams may order work on this memory (`None`: any).
-    fn ops_device(&self, handle: &DevicePtrHandle) -> Result<Option<i32>, MemoryError> {
-        let access = self.access(handle.ptr())?;
+    pub(crate) fn ops_device(&self) -> Result<Option<i32>, MemoryError> {
+        let access = self.access(self.ptr())?;
         if access.host || access.managed {
             return Ok(None);
         }
-        Ok(handle.device().or(access.device_id))
+        Ok(self.handle.device().or(access.device_id))
+    }
+
+    /// All of this buffer, as a byte range for the operations the typed views share.
+    #[inline]
+    pub(crate) fn whole(&self) -> Bytes<'_> {
+        Bytes {
+            buffer: self,
+            offset: 0,
+            len: self.size(),
+        }
     }
 
     /// Copies this buffer into `dst`, ordered on `stream`. Does not block. Both buffers must
     /// stay open (or their frees be ordered after `stream`) until the copy has run.
     ///
     /// # Errors
-    /// - [`MemoryError::Closed`]: either buffer is closed.
     /// - [`MemoryError::SizeMismatch`]: the sizes differ.
     /// - [`MemoryError::WrongDevice`]: both buffers are device memory and the stream is on
     ///   neither's device.
@@ -458,31 +468,7 @@ impl Buffer {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`.
     pub fn copy_to(&self, dst: &Buffer, stream: &StreamHandle) -> Result<(), MemoryError> {
-        let src_handle = self.handle()?;
-        let dst_handle = dst.handle()?;
-        if src_handle.size() != dst_handle.size() {
-            return Err(MemoryError::SizeMismatch {
-                src: src_handle.size(),
-                dst: dst_handle.size(),
-            });
-        }
-        let devices = [self.ops_device(&src_handle)?, dst.ops_device(&dst_handle)?];
-        if let [Some(first), second] | [second, Some(first)] = devices {
-            let found = stream_device(stream)?;
-            if found != first && second != Some(found) {
-                return Err(MemoryError::WrongDevice {
-                    expected: first,
-                    found,
-                });
-            }
-        }
-        ops::copy_async(
-            dst_handle.ptr(),
-            src_handle.ptr(),
-            src_handle.size(),
-            stream,
-        )?;
-        Ok(())
+        copy(dst.whole(), self.whole(), stream)
     }
 
     /// Copies `src` into this buffer, ordered on `stream`: `src.copy_to(self, stream)`.
@@ -504,9 +490,8 @@ impl Buffer {
     ///
     /// Driver calls: the resource's allocation, then as [`Buffer::copy_to`].
     pub fn copy_to_new(&self, stream: &StreamHandle) -> Result<Buffer, MemoryError> {
-        let mr = self.lock().as_ref().ok_or(MemoryError::Closed)?.mr.clone();
-        let mr = mr.ok_or(MemoryError::NoMemoryResource)?;
-        let new = mr.allocate(self.handle()?.size(), stream)?;
+        let mr = self.mr.clone().ok_or(MemoryError::NoMemoryResource)?;
+        let new = mr.allocate(self.size(), stream)?;
         self.copy_to(&new, stream)?;
         Ok(new)
     }
@@ -515,7 +500,6 @@ impl Buffer {
     /// `stream`. Does not block.
     ///
     /// # Errors
-    /// - [`MemoryError::Closed`].
     /// - [`MemoryError::InvalidFill`]: the size or the address is not a multiple of the
     ///   pattern's width.
     /// - [`MemoryError::WrongDevice`]: device memory and a stream of another device.
@@ -528,46 +512,21 @@ impl Buffer {
         value: impl Into<FillValue>,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        let value = value.into();
-        let handle = self.handle()?;
-        let width = value.width();
-        if handle.size() % width != 0 {
-            return Err(MemoryError::InvalidFill {
-                width,
-                reason: "the buffer's size is not a multiple of the pattern's width",
-            });
-        }
-        if handle.ptr() % width as u64 != 0 {
-            return Err(MemoryError::InvalidFill {
-                width,
-                reason: "the buffer's address is not aligned to the pattern's width",
-            });
-        }
-        if let Some(device) = self.ops_device(&handle)? {
-            check_stream_device(stream, device)?;
-        }
-        let (ptr, count) = (handle.ptr(), handle.size() / width);
-        match value {
-            FillValue::U8(v) => ops::memset_d8_async(ptr, v, count, stream)?,
-            FillValue::U16(v) => ops::memset_d16_async(ptr, v, count, stream)?,
-            FillValue::U32(v) => ops::memset_d32_async(ptr, v, count, stream)?,
-        }
-        Ok(())
+        fill(self.whole(), value.into(), stream)
     }
 
     /// Copies the whole buffer into `dst` on the host, ordered on `stream` after the work
     /// queued there, and **blocks** until the bytes have arrived.
     ///
     /// # Errors
-    /// [`MemoryError::Closed`]; [`MemoryError::SizeMismatch`] unless `dst.len()` is the
-    /// buffer's size; [`MemoryError::WrongDevice`] as [`Buffer::fill`];
-    /// [`MemoryError::Handle`] for the driver's failure.
+    /// [`MemoryError::SizeMismatch`] unless `dst.len()` is the buffer's size;
+    /// [`MemoryError::WrongDevice`] as [`Buffer::fill`]; [`MemoryError::Handle`] for the
+    /// driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
     /// `cuStreamSynchronize`.
     pub fn copy_to_host(&self, dst: &mut [u8], stream: &StreamHandle) -> Result<(), MemoryError> {
-        let handle = self.host_copy_checks(dst.len(), stream, true)?;
-        Ok(ops::copy_to_host(handle.ptr(), dst, stream)?)
+        to_host(self.whole(), dst, stream)
     }
 
     /// Copies `src` from the host into the whole buffer, ordered on `stream` after the work
@@ -578,49 +537,17 @@ impl Buffer {
     ///
     /// Driver calls: as [`Buffer::copy_to_host`].
     pub fn copy_from_host(&self, src: &[u8], stream: &StreamHandle) -> Result<(), MemoryError> {
-        let handle = self.host_copy_checks(src.len(), stream, false)?;
-        Ok(ops::copy_from_host(handle.ptr(), src, stream)?)
-    }
-
-    fn host_copy_checks(
-        &self,
-        host_len: usize,
-        stream: &StreamHandle,
-        to_host: bool,
-    ) -> Result<DevicePtrHandle, MemoryError> {
-        let handle = self.handle()?;
-        if host_len != handle.size() {
-            let (src, dst) = if to_host {
-                (handle.size(), host_len)
-            } else {
-                (host_len, handle.size())
-            };
-            return Err(MemoryError::SizeMismatch { src, dst });
-        }
-        if let Some(device) = self.ops_device(&handle)? {
-            check_stream_device(stream, device)?;
-        }
-        Ok(handle)
+        from_host(self.whole(), src, stream)
     }
 }
 
 impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.lock().as_ref() {
-            None => f.write_str("Buffer(closed)"),
-            Some(open) => {
-                write!(
-                    f,
-                    "Buffer(0x{:x}, {} bytes",
-                    open.handle.ptr(),
-                    open.handle.size()
-                )?;
-                if self.ipc == IpcRole::Imported {
-                    f.write_str(", mapped")?;
-                }
-                f.write_str(")")
-            }
+        write!(f, "Buffer(0x{:x}, {} bytes", self.ptr(), self.size())?;
+        if self.ipc == IpcRole::Imported {
+            f.write_str(", mapped")?;
         }
+        f.write_str(")")
     }
 }
 
@@ -682,7 +609,8 @@ impl From<u32> for FillValue {
 }
 
 /// A [`Buffer`] of managed memory (`cuMemAllocManaged`): accessible from the host and every
-/// device. Dereferences to [`Buffer`].
+/// device. [`ManagedBuffer::as_buffer`] (or `AsRef`) lends the buffer, [`ManagedBuffer::into_buffer`]
+/// (or `From`) gives it up.
 pub struct ManagedBuffer(Buffer);
 
 impl ManagedBuffer {
@@ -716,17 +644,41 @@ impl ManagedBuffer {
         Buffer::adopt(ptr, size, ownership, stream, Some(access)).map(ManagedBuffer)
     }
 
+    /// The buffer.
+    pub fn as_buffer(&self) -> &Buffer {
+        &self.0
+    }
+
+    /// The buffer, borrowed exclusively (for its typed mutable views).
+    pub fn as_buffer_mut(&mut self) -> &mut Buffer {
+        &mut self.0
+    }
+
     /// The plain buffer.
     pub fn into_buffer(self) -> Buffer {
         self.0
     }
+
+    /// Closes the buffer ([`Buffer::close`]).
+    ///
+    /// # Errors
+    /// As [`Buffer::close`].
+    ///
+    /// Driver calls: as [`Buffer::close`].
+    pub fn close(self) -> Result<(), MemoryError> {
+        self.0.close()
+    }
 }
 
-impl Deref for ManagedBuffer {
-    type Target = Buffer;
-
-    fn deref(&self) -> &Buffer {
+impl AsRef<Buffer> for ManagedBuffer {
+    fn as_ref(&self) -> &Buffer {
         &self.0
+    }
+}
+
+impl From<ManagedBuffer> for Buffer {
+    fn from(managed: ManagedBuffer) -> Buffer {
+        managed.0
     }
 }
 
@@ -793,18 +745,11 @@ mod tests {
         let view = Buffer::from_handle(0x1000, 64, Ownership::Borrowed, None).unwrap();
         assert_eq!((view.ptr(), view.size()), (0x1000, 64));
         assert!(view.memory_resource().is_none());
-        assert_eq!(view.deallocation_stream().unwrap().map(|_| ()), None);
+        assert_eq!(view.deallocation_stream().map(|_| ()), None);
+        // A view frees nothing: setting a stream records nothing, closing calls no driver.
+        view.set_deallocation_stream(&StreamHandle::legacy())
+            .unwrap();
+        assert_eq!(view.deallocation_stream().map(|_| ()), None);
         view.close().unwrap();
-        assert!(view.is_closed());
-        assert_eq!((view.ptr(), view.size()), (0, 0));
-        view.close().unwrap();
-        assert_eq!(
-            view.set_deallocation_stream(&StreamHandle::legacy()),
-            Err(MemoryError::Closed)
-        );
-        assert_eq!(
-            view.fill(1u8, &StreamHandle::legacy()),
-            Err(MemoryError::Closed)
-        );
     }
 }

@@ -1,10 +1,13 @@
 //! Buffers and memory resources on custody's handles: allocate, adopt, hand over, close.
 //!
-//! - [`Buffer`]: memory with its deallocation recipe (docs/decisions.md D1).
-//!   [`Buffer::close`] frees now and returns the free's error; a drop frees without waiting on
-//!   the GPU and reports a failure (D3, D9); [`Buffer::set_deallocation_stream`] hands the free
-//! over to another   stream, atomically (D4); [`Buffer::from_handle`] adopts memory allocated
-//! elsewhere,   validating before it takes ownership (D5). Copies, fills, host transfers.
+//! - [`Buffer`]: memory with its deallocation recipe (docs/decisions.md D1), an owned value.
+//!   [`Buffer::close`] consumes it, frees now and returns the free's error; a drop frees
+//!   without waiting on the GPU and reports a failure (D3, D9);
+//!   [`Buffer::set_deallocation_stream`] hands the free over to another stream, atomically
+//!   (D4); [`Buffer::from_handle`] adopts memory allocated elsewhere, validating before it
+//!   takes ownership (D5); [`Buffer::from_parts`] builds a buffer for a resource of the
+//!   caller's. Copies, fills, host transfers; typed views [`DeviceSlice`] and
+//!   [`DeviceSliceMut`] over element ranges.
 //! - [`MemoryResource`]: the object-safe trait every resource implements (Python subclasses
 //!   too, through the bindings), and the built-in resources: [`DeviceMemoryResource`],
 //!   [`PinnedMemoryResource`], [`LegacyPinnedMemoryResource`], [`ManagedMemoryResource`],
@@ -26,8 +29,12 @@ mod graph;
 mod ipc;
 mod resource;
 mod resources;
+mod slice;
 
 pub use buffer::{Buffer, FillValue, ManagedBuffer, Ownership};
+/// The element types of the typed views: plain bytes (`bytemuck`), derivable for your own
+/// `#[repr(C)]` structs with `bytemuck`'s derive.
+pub use bytemuck::{self, Pod, Zeroable};
 pub use error::MemoryError;
 pub use graph::{CaptureMode, Graph, GraphBuilder, GraphExec, GraphNode};
 pub use ipc::IpcBufferDescriptor;
@@ -37,3 +44,4 @@ pub use resources::{
     LegacyPinnedMemoryResource, ManagedMemoryResource, PinnedMemoryResource,
     PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
 };
+pub use slice::{DeviceSlice, DeviceSliceMut};

@@ -82,9 +82,8 @@ fn close_returns_the_free_error_and_closes_the_buffer() {
     assert!(
         matches!(error, MemoryError::Handle(HandleError::Driver(ref e)) if e.call == "cuMemFreeAsync")
     );
-    assert!(buffer.is_closed());
+    // The buffer is closed either way: `close` consumed it (a second close does not compile).
     assert!(errors_for(ptr).is_empty(), "returned, not reported");
-    assert_eq!(buffer.close(), Ok(()), "a second close is a no-op");
     // The injected failure freed nothing.
     handles::ops::free_async(ptr, &s).unwrap();
 }
@@ -120,16 +119,18 @@ fn concurrent_closes_free_exactly_once() {
     let threads: Vec<_> = (0..8)
         .map(|_| {
             let (buffer, barrier) = (Arc::clone(&buffer), Arc::clone(&barrier));
+            // Shared ownership in Rust: of the threads giving their reference up at once,
+            // exactly one gets the buffer and closes it.
             std::thread::spawn(move || {
                 barrier.wait();
-                buffer.close()
+                Arc::into_inner(buffer).map_or(Ok(()), Buffer::close)
             })
         })
         .collect();
+    drop(buffer);
     for thread in threads {
         assert_eq!(thread.join().unwrap(), Ok(()));
     }
-    assert!(buffer.is_closed());
     assert_eq!(device_used(), base, "freed");
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
@@ -231,8 +232,6 @@ fn accessibility_comes_from_the_resource_or_the_driver() {
     assert_eq!(host_view.device_id(), Ok(None));
 
     view.close().unwrap();
-    assert_eq!(view.is_device_accessible(), Err(MemoryError::Closed));
-    assert_eq!(view.device_id(), Err(MemoryError::Closed));
     device.close().unwrap();
     pinned.close().unwrap();
 }
@@ -340,20 +339,13 @@ fn bad_copies_and_fills_leave_the_buffers_unchanged() {
     });
     assert_eq!(read(&a, &s), vec![1; 6]);
     assert_eq!(read(&b, &s), vec![2; 8]);
-    assert!(a.deallocation_stream().unwrap().unwrap().ptr_eq(&s));
+    assert!(a.deallocation_stream().unwrap().ptr_eq(&s));
 
-    // Closed buffers.
+    // Closed buffers: `close` consumes the buffer, so copies, fills and handles of a closed
+    // buffer do not compile (the compile_fail example on `memory::Buffer`); the Python layer's
+    // closed state is tested by pybind's tests.
     let closed = Arc::clone(&mr).allocate(6, &s).unwrap();
     closed.close().unwrap();
-    assert_eq!(closed.copy_to(&a, &s), Err(MemoryError::Closed));
-    assert_eq!(a.copy_to(&closed, &s), Err(MemoryError::Closed));
-    assert_eq!(closed.fill(0u8, &s), Err(MemoryError::Closed));
-    assert_eq!(
-        closed.copy_to_host(&mut host[..6], &s),
-        Err(MemoryError::Closed)
-    );
-    assert_eq!(closed.handle().map(|_| ()), Err(MemoryError::Closed));
-    assert_eq!(closed.copy_to_new(&s).map(|_| ()), Err(MemoryError::Closed));
     assert_eq!(read(&a, &s), vec![1; 6]);
     let view = Buffer::from_handle(a.ptr(), 6, Ownership::Borrowed, None).unwrap();
     assert_eq!(
@@ -382,6 +374,6 @@ fn unbound_token_resolves_against_the_current_context() {
     buffer.fill(3u8, &legacy).unwrap();
     assert_eq!(read(&buffer, &legacy), vec![3; 16]);
     handles::ContextHandle::clear_current().unwrap();
-    buffer.close_on(&s).unwrap();
+    close_on(buffer, &s).unwrap();
     assert_no_hazards();
 }

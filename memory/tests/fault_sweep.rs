@@ -667,7 +667,7 @@ impl MemoryResource for UserResource {
             .unwrap()
             .remove(&ptr)
             .expect("a live pointer");
-        backing.close_on(stream)
+        close_on(backing, stream)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -913,4 +913,11 @@ fn two_ipc_imports_of_one_mapping_dropped() {
             ],
         }
     });
+}
+
+/// cuda.core's `close(stream)` in Rust: hand the free over to `stream`, then close
+/// (docs/decisions.md D4).
+fn close_on(buffer: Buffer, stream: &StreamHandle) -> Result<(), MemoryError> {
+    buffer.set_deallocation_stream(stream)?;
+    buffer.close()
 }

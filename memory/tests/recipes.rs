@@ -52,7 +52,7 @@ fn set_then_drop_frees_on_the_new_stream() {
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
     buffer.set_deallocation_stream(&s2).unwrap();
-    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s2));
+    assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s2));
     let from = mark();
     drop(buffer);
     assert_eq!(device_used(), base, "freed");
@@ -69,10 +69,9 @@ fn set_then_close_frees_on_the_new_stream() {
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
     buffer.set_deallocation_stream(&s2).unwrap();
-    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s2));
+    assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s2));
     let from = mark();
     buffer.close().unwrap();
-    assert!(buffer.is_closed());
     assert_eq!(device_used(), base, "freed");
     assert_freed_on(ptr, from, &s2);
     assert_no_hazards();
@@ -86,8 +85,7 @@ fn close_on_is_set_then_close() {
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
     let from = mark();
-    buffer.close_on(&s2).unwrap();
-    assert!(buffer.is_closed());
+    close_on(buffer, &s2).unwrap();
     assert_eq!(device_used(), base, "freed");
     assert_freed_on(ptr, from, &s2);
     assert_no_hazards();
@@ -100,7 +98,7 @@ fn close_keeps_the_recorded_recipe() {
     let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
-    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s1));
+    assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s1));
     let from = mark();
     buffer.close().unwrap();
     assert_eq!(device_used(), base, "freed");
@@ -108,7 +106,7 @@ fn close_keeps_the_recorded_recipe() {
 }
 
 #[test]
-fn failed_close_on_leaves_the_buffer_open_with_its_old_recipe() {
+fn failed_hand_over_before_close_leaves_the_buffer_open_with_its_old_recipe() {
     let _serial = start();
     if !second_device_or_skip("a stream of another device") {
         return;
@@ -119,16 +117,16 @@ fn failed_close_on_leaves_the_buffer_open_with_its_old_recipe() {
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
     let from = mark();
+    // close(stream) is set_deallocation_stream(stream) then close(): the first step fails.
     assert_eq!(
-        buffer.close_on(&other_device),
+        buffer.set_deallocation_stream(&other_device),
         Err(MemoryError::WrongDevice {
             expected: 0,
             found: 1
         })
     );
-    assert!(!buffer.is_closed());
     assert_eq!(buffer.ptr(), ptr);
-    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s1));
+    assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s1));
     assert_not_freed(ptr, from, base, 256);
     buffer.close().unwrap();
     assert_eq!(device_used(), base, "freed");
@@ -136,7 +134,11 @@ fn failed_close_on_leaves_the_buffer_open_with_its_old_recipe() {
 }
 
 #[test]
-fn closed_buffer_rejects_set_and_close_on_and_close_is_a_no_op() {
+fn a_closed_buffer_is_gone_and_nothing_touches_its_memory_again() {
+    // Closing twice, handing a closed buffer over or reading its address does not compile in
+    // Rust (`close` consumes the buffer: the compile_fail example on `memory::Buffer`); the
+    // Python layer keeps cuda.core's closed state, tested by pybind's tests. What remains to
+    // check at run time: the one close freed, and nothing touches the memory afterwards.
     let _serial = start();
     let s1 = stream_on(0);
     let base = device_used();
@@ -145,18 +147,7 @@ fn closed_buffer_rejects_set_and_close_on_and_close_is_a_no_op() {
     buffer.close().unwrap();
     assert_eq!(device_used(), base, "freed");
     let from = mark();
-    assert_eq!(buffer.close(), Ok(()));
-    assert_eq!(
-        buffer.set_deallocation_stream(&s1),
-        Err(MemoryError::Closed)
-    );
-    assert_eq!(buffer.close_on(&s1), Err(MemoryError::Closed));
-    assert_eq!(
-        buffer.deallocation_stream().map(|_| ()),
-        Err(MemoryError::Closed)
-    );
-    assert_eq!((buffer.ptr(), buffer.size()), (0, 0));
-    assert!(buffer.memory_resource().is_none());
+    s1.synchronize().unwrap();
     assert_eq!(device_used(), base, "nothing was freed twice or allocated");
     with_emulator(|emu| {
         assert!(
@@ -177,11 +168,7 @@ fn token_with_no_current_context_is_rejected_and_a_created_stream_needs_none() {
     let s2_on_thread = s2.clone();
     let (token, created) = on_fresh_thread(move || {
         let token = on_thread.set_deallocation_stream(&StreamHandle::legacy());
-        let kept = on_thread
-            .deallocation_stream()
-            .unwrap()
-            .unwrap()
-            .ptr_eq(&s1);
+        let kept = on_thread.deallocation_stream().unwrap().ptr_eq(&s1);
         let created = on_thread.set_deallocation_stream(&s2_on_thread);
         (token.map(|()| kept), created)
     });
@@ -190,8 +177,9 @@ fn token_with_no_current_context_is_rejected_and_a_created_stream_needs_none() {
         Err(MemoryError::Handle(HandleError::NoCurrentContext))
     );
     assert_eq!(created, Ok(()));
-    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s2));
+    assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s2));
     let from = mark();
+    let buffer = Arc::into_inner(buffer).expect("the thread's reference is gone");
     buffer.close().unwrap();
     assert_eq!(device_used(), base, "freed");
     with_emulator(|emu| {
@@ -212,12 +200,11 @@ fn every_holder_of_the_memory_sees_the_new_recipe() {
     let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
-    let attachment = buffer.handle().unwrap(); // as a graph node would hold it
+    let attachment = buffer.handle().clone(); // as a graph node would hold it
     buffer.set_deallocation_stream(&s2).unwrap();
     assert!(attachment.deallocation_stream().unwrap().ptr_eq(&s2));
     let from = mark();
     buffer.close().unwrap();
-    assert!(buffer.is_closed());
     assert_not_freed(ptr, from, base, 256); // still held
     drop(attachment);
     assert_eq!(device_used(), base, "freed by the last holder");
@@ -287,7 +274,7 @@ fn view_frees_nothing_and_its_recipe_is_inert() {
     assert!(view.memory_resource().is_none());
     view.set_deallocation_stream(&s).unwrap();
     assert!(
-        view.deallocation_stream().unwrap().is_none(),
+        view.deallocation_stream().is_none(),
         "nothing to free, nothing recorded"
     );
     let from = mark();
@@ -430,7 +417,6 @@ fn failing_deallocate_is_returned_by_close_and_reported_by_a_drop() {
         message: "out of luck".into(),
     });
     assert_eq!(closed.close(), Err(expected));
-    assert!(closed.is_closed(), "closed either way");
     assert!(errors_for(p1).is_empty(), "returned, not reported");
     drop(dropped);
     let reports = errors_for(p2);

@@ -177,15 +177,15 @@ fn synchronous_resources_never_block_a_drop() {
         );
     });
     assert_eq!(
-        sync.handle().unwrap().kind(),
+        sync.handle().clone().kind(),
         handles::ReleaseKind::Synchronous
     );
     assert_eq!(
-        pinned.handle().unwrap().kind(),
+        pinned.handle().clone().kind(),
         handles::ReleaseKind::PinnedHost
     );
     assert_eq!(
-        managed.handle().unwrap().kind(),
+        managed.handle().clone().kind(),
         handles::ReleaseKind::Managed
     );
     assert_eq!(managed.is_managed(), Ok(true));
@@ -226,7 +226,7 @@ fn synchronous_resource_records_its_own_bound_legacy_stream_for_tokens() {
     let mr = SynchronousMemoryResource::new(0).unwrap();
     // A thread with no context, and the per-thread token: allocation needs neither.
     let buffer = on_fresh_thread(move || mr.allocate(64, &StreamHandle::per_thread()).unwrap());
-    let recorded = buffer.deallocation_stream().unwrap().unwrap();
+    let recorded = buffer.deallocation_stream().unwrap();
     assert_eq!(
         recorded.raw() as usize,
         0x1,
@@ -264,7 +264,7 @@ fn memory_adopted_by_a_synchronous_resource_gets_its_non_blocking_rule() {
     )
     .unwrap();
     assert_eq!(
-        pinned.handle().unwrap().kind(),
+        pinned.handle().clone().kind(),
         handles::ReleaseKind::PinnedHost
     );
     let sync = Buffer::from_handle(
@@ -275,10 +275,10 @@ fn memory_adopted_by_a_synchronous_resource_gets_its_non_blocking_rule() {
     )
     .unwrap();
     assert_eq!(
-        sync.handle().unwrap().kind(),
+        sync.handle().clone().kind(),
         handles::ReleaseKind::Synchronous
     );
-    assert_eq!(sync.handle().unwrap().device(), Some(0));
+    assert_eq!(sync.handle().clone().device(), Some(0));
     drop_on_fresh_thread(pinned, "cuMemFreeHost");
     drop_on_fresh_thread(sync, "cuMemFree_v2");
 }
@@ -288,7 +288,8 @@ fn managed_buffers() {
     let _serial = start();
     let s = stream_on(0);
     let mr = ManagedMemoryResource::new();
-    let buffer = mr.allocate_managed(64, &s).unwrap();
+    let managed = mr.allocate_managed(64, &s).unwrap();
+    let buffer = managed.as_buffer();
     assert_eq!(buffer.is_managed(), Ok(true));
     assert_eq!(buffer.is_host_accessible(), Ok(true));
     assert_eq!(buffer.is_device_accessible(), Ok(true));
@@ -304,7 +305,7 @@ fn managed_buffers() {
     let ptr = buffer.ptr();
     let from = mark();
     let view = ManagedBuffer::from_handle(ptr, 64, Ownership::Borrowed, None).unwrap();
-    assert_eq!(view.is_managed(), Ok(true));
+    assert_eq!(view.as_buffer().is_managed(), Ok(true));
     with_emulator(|emu| {
         assert_eq!(
             emu.count_calls("cuPointerGetAttribute", ptr, from),
@@ -312,13 +313,16 @@ fn managed_buffers() {
             "the caller vouched"
         );
     });
-    assert_eq!(read(&view, &s), 0x0102_0304u32.to_ne_bytes().repeat(16));
+    assert_eq!(
+        read(view.as_buffer(), &s),
+        0x0102_0304u32.to_ne_bytes().repeat(16)
+    );
     view.into_buffer().close().unwrap();
     assert!(
         attributes(ptr).is_some_and(|a| a.is_managed),
         "a view frees nothing"
     );
-    buffer.into_buffer().close().unwrap();
+    managed.into_buffer().close().unwrap();
     assert!(attributes(ptr).is_none(), "freed");
     with_emulator(|emu| assert!(!emu.is_live(ptr)));
 }

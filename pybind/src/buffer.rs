@@ -1,5 +1,6 @@
-//! `Buffer` and `ManagedBuffer` (a thin shell around `memory::Buffer`), adoption with
-//! `from_handle`, copies and fills, DLPack, and IPC descriptors.
+//! `Buffer` and `ManagedBuffer` (a thin shell around a `memory::Buffer` shared by the object's
+//! references, [`SharedBuffer`]), adoption with `from_handle`, copies and fills, DLPack, and IPC
+//! descriptors.
 
 use std::sync::{Arc, Weak};
 
@@ -14,6 +15,7 @@ use crate::ffi::dlpack_capsule;
 use crate::graph::PyGraphBuilder;
 use crate::report::{finalizing, PyObjRef};
 use crate::resource::{pool_of, resolve};
+use crate::shared::SharedBuffer;
 use crate::stream::{accept_stream, default_stream_handle};
 
 /// `kDLCPU`, `kDLCUDA`, `kDLCUDAHost`, `kDLCUDAManaged`.
@@ -28,7 +30,7 @@ const DL_CUDA_MANAGED: i32 = 13;
 pub struct PyBuffer {
     /// Always `Some` until the object is deallocated (then taken, to drop it with the GIL
     /// released).
-    inner: Option<Buffer>,
+    inner: Option<SharedBuffer>,
     /// The memory resource object, reported while the buffer is open.
     mr: Option<Py<PyAny>>,
     /// The owner given to `from_handle(owner=...)`; the memory's handle holds it strongly.
@@ -49,7 +51,7 @@ impl PyBuffer {
         owner: Option<Weak<PyObjRef>>,
     ) -> PyResult<Py<PyAny>> {
         let base = PyBuffer {
-            inner: Some(buffer),
+            inner: Some(SharedBuffer::new(buffer)),
             mr,
             owner,
         };
@@ -62,7 +64,7 @@ impl PyBuffer {
     }
 
     #[inline]
-    pub(crate) fn buffer(&self) -> &Buffer {
+    pub(crate) fn buffer(&self) -> &SharedBuffer {
         match &self.inner {
             Some(buffer) => buffer,
             None => unreachable!("the buffer is taken only when the object is deallocated"),
@@ -173,12 +175,13 @@ fn copy(
     py: Python<'_>,
     stream: &Bound<'_, PyAny>,
     handle: &StreamHandle,
-    dst: &Buffer,
-    src: &Buffer,
+    dst: &SharedBuffer,
+    src: &SharedBuffer,
 ) -> PyResult<()> {
     if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
         let builder = builder.get().builder()?;
-        py.detach(|| builder.copy(dst, src)).map_err(Error::from)?;
+        py.detach(|| builder.copy(&*dst.get()?, &*src.get()?))
+            .map_err(Error::from)?;
         return Ok(());
     }
     py.detach(|| src.copy_to(dst, handle))
@@ -391,7 +394,7 @@ impl PyBuffer {
         if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
             // Recorded into the graph, which keeps the buffer alive.
             let builder = builder.get().builder()?;
-            py.detach(|| builder.fill(buffer, value))
+            py.detach(|| builder.fill(&*buffer.get()?, value))
                 .map_err(Error::from)?;
             return Ok(());
         }

@@ -148,3 +148,11 @@ pub fn read(buffer: &Buffer, stream: &StreamHandle) -> Vec<u8> {
         .expect("copy to host");
     bytes
 }
+
+/// cuda.core's `close(stream)` in Rust: hand the free over to `stream`, then close
+/// (docs/decisions.md D4). When the hand-over fails the buffer is dropped with its old recipe
+/// (tests that check it stays open call `set_deallocation_stream` themselves).
+pub fn close_on(buffer: Buffer, stream: &StreamHandle) -> Result<(), MemoryError> {
+    buffer.set_deallocation_stream(stream)?;
+    buffer.close()
+}
