@@ -9,9 +9,11 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use handles::ops::{self, MemoryType};
 use handles::sys_types::CUdeviceptr;
-use handles::{DevicePtrHandle, ReleaseKind, StreamHandle};
+use handles::{DevicePtrHandle, HandleError, ReleaseKind, StreamHandle};
 
-use crate::resource::{check_size, check_stream_device, device_error, stream_device};
+use crate::resource::{
+    check_size, check_stream_device, device_error, stream_device, taken_on_trust,
+};
 use crate::{MemoryError, MemoryResource};
 
 /// Who owns memory handed to [`Buffer::from_handle`], and so what happens when the buffer is
@@ -203,13 +205,23 @@ impl Buffer {
                 })
             }
             Ownership::Borrowed => Ok(Buffer::new(
-                DevicePtrHandle::borrowed(ptr, size),
+                #[allow(unsafe_code)]
+                // SAFETY: NOT checked here: this safe function passes on its caller's word that
+                // the memory stays valid while the buffer is used (until `from_handle` takes a handle).
+                unsafe {
+                    handles::raw::borrowed(ptr, size)
+                },
                 None,
                 access,
                 IpcRole::None,
             )),
             Ownership::Owner(owner) => Ok(Buffer::new(
-                DevicePtrHandle::with_owner(ptr, size, owner)?,
+                #[allow(unsafe_code)]
+                // SAFETY: NOT checked here: this safe function passes on its caller's word that
+                // `owner` keeps the memory valid (until `from_handle` takes a handle).
+                unsafe {
+                    handles::raw::with_owner(ptr, size, owner)?
+                },
                 None,
                 access,
                 IpcRole::None,
@@ -316,7 +328,7 @@ impl Buffer {
         }
         open.handle
             .replace_deallocation_stream(stream)
-            .map_err(|error| device_error(error, handle_device, stream))
+            .map_err(device_error)
     }
 
     /// Closes the buffer: when it holds the last reference to the memory, frees it now with
@@ -476,12 +488,9 @@ impl Buffer {
                 });
             }
         }
-        ops::copy_async(
-            dst_handle.ptr(),
-            src_handle.ptr(),
-            src_handle.size(),
-            stream,
-        )?;
+        src_handle
+            .as_range()
+            .copy_to(&dst_handle.as_range(), stream)?;
         Ok(())
     }
 
@@ -546,11 +555,11 @@ impl Buffer {
         if let Some(device) = self.ops_device(&handle)? {
             check_stream_device(stream, device)?;
         }
-        let (ptr, count) = (handle.ptr(), handle.size() / width);
+        let range = handle.as_range();
         match value {
-            FillValue::U8(v) => ops::memset_d8_async(ptr, v, count, stream)?,
-            FillValue::U16(v) => ops::memset_d16_async(ptr, v, count, stream)?,
-            FillValue::U32(v) => ops::memset_d32_async(ptr, v, count, stream)?,
+            FillValue::U8(v) => range.fill_u8(v, stream)?,
+            FillValue::U16(v) => range.fill_u16(v, stream)?,
+            FillValue::U32(v) => range.fill_u32(v, stream)?,
         }
         Ok(())
     }
@@ -567,7 +576,7 @@ impl Buffer {
     /// `cuStreamSynchronize`.
     pub fn copy_to_host(&self, dst: &mut [u8], stream: &StreamHandle) -> Result<(), MemoryError> {
         let handle = self.host_copy_checks(dst.len(), stream, true)?;
-        Ok(ops::copy_to_host(handle.ptr(), dst, stream)?)
+        Ok(handle.as_range().copy_to_host(dst, stream)?)
     }
 
     /// Copies `src` from the host into the whole buffer, ordered on `stream` after the work
@@ -579,7 +588,7 @@ impl Buffer {
     /// Driver calls: as [`Buffer::copy_to_host`].
     pub fn copy_from_host(&self, src: &[u8], stream: &StreamHandle) -> Result<(), MemoryError> {
         let handle = self.host_copy_checks(src.len(), stream, false)?;
-        Ok(ops::copy_from_host(handle.ptr(), src, stream)?)
+        Ok(handle.as_range().copy_from_host(src, stream)?)
     }
 
     fn host_copy_checks(
@@ -744,8 +753,8 @@ pub(crate) fn adopt_synchronous(
     device: Option<i32>,
     stream: &StreamHandle,
 ) -> Result<DevicePtrHandle, MemoryError> {
-    DevicePtrHandle::adopt_synchronous(ptr, size, kind, device, stream)
-        .map_err(|error| device_error(error, device, stream))
+    DevicePtrHandle::adopt_synchronous(taken_on_trust(ptr, size), kind, device, stream)
+        .map_err(|error| device_error(HandleError::from(error)))
 }
 
 #[cfg(test)]

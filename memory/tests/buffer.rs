@@ -86,7 +86,7 @@ fn close_returns_the_free_error_and_closes_the_buffer() {
     assert!(errors_for(ptr).is_empty(), "returned, not reported");
     assert_eq!(buffer.close(), Ok(()), "a second close is a no-op");
     // The injected failure freed nothing.
-    handles::ops::free_async(ptr, &s).unwrap();
+    unowned(ptr, 0).free_async(&s).unwrap();
 }
 
 #[test]
@@ -105,7 +105,7 @@ fn drop_reports_the_free_error_with_attribution() {
     assert_eq!(reports[0].operation, "cuMemFreeAsync");
     assert_eq!(reports[0].stream, s.raw() as u64);
     assert_eq!(reports[0].error_name(), "CUDA_ERROR_INVALID_VALUE");
-    handles::ops::free_async(ptr, &s).unwrap();
+    unowned(ptr, 0).free_async(&s).unwrap();
 }
 
 #[test]
