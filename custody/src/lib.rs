@@ -32,8 +32,8 @@ pub use memory::{
 pub use handles::{
     cleanup_error_count, cleanup_warning_count, deferred_cleanup_pending, device_count,
     drain_deferred_cleanup, reset_cleanup_error_hook, reset_cleanup_warning_hook,
-    set_cleanup_error_hook, set_cleanup_warning_hook, CleanupError, CleanupWarning,
+    set_cleanup_error_hook, set_cleanup_warning_hook, AdoptError, CleanupError, CleanupWarning,
     CleanupWarningKind, ContextHandle, ContextKind, CudaError, CudaErrorCode, DeallocationRecipe,
-    Deallocator, DefaultStream, DevicePtrHandle, EventHandle, HandleError, LoadError,
-    MemoryPoolHandle, ReleaseKind, StreamHandle, EVENT_DISABLE_TIMING,
+    Deallocator, DefaultStream, DevicePtrHandle, DeviceRange, EventHandle, HandleError, LoadError,
+    MemoryPoolHandle, OwnedAllocation, ReleaseKind, StreamHandle, EVENT_DISABLE_TIMING,
 };

@@ -132,12 +132,8 @@ impl ContextHandle {
         Ok(handle)
     }
 
-    /// Wraps a context made by other code, without taking ownership.
-    ///
-    /// If `raw` is a context this crate created and still owns, or a device's primary context,
-    /// the returned handle keeps it alive (created: shares ownership; primary: retains it).
-    /// Otherwise the caller vouches that the context outlives the handle and every recipe
-    /// recorded with it. The device is read by making `raw` current briefly (restored after).
+    /// Wraps a context made by other code, without taking ownership; see
+    /// [`crate::raw::wrap_context`], whose caller vouches for `raw`.
     ///
     /// # Errors
     /// [`HandleError::InvalidArgument`] for a null context; [`HandleError::Driver`] when the
@@ -145,7 +141,7 @@ impl ContextHandle {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (twice, when `raw` is not already
     /// current), `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`, `cuDevicePrimaryCtxRetain`.
-    pub fn from_raw_borrowed(raw: CUcontext) -> Result<ContextHandle, HandleError> {
+    pub(crate) fn from_raw_borrowed(raw: CUcontext) -> Result<ContextHandle, HandleError> {
         if raw.is_null() {
             return Err(HandleError::invalid(
                 "context",

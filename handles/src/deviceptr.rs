@@ -26,17 +26,143 @@ use crate::HandleError;
 /// [`ContextScope`]) and the recipe's stream; on a thread chosen by the drop, which may be the
 /// cleanup worker. It must not block on a lock that the dropping thread may hold.
 pub trait Deallocator: Send + Sync {
-    /// Frees `size` bytes at `ptr`, ordered on `stream`.
+    /// Frees `allocation` (its [`OwnedAllocation::size`] bytes at [`OwnedAllocation::ptr`]),
+    /// ordered on `stream`. The deallocator now owns the allocation: it frees it (with one of
+    /// [`OwnedAllocation`]'s frees, or by its own means), and dropping it unfreed leaks it.
     ///
     /// # Errors
-    /// Whatever the deallocator reports: returned by an explicit
-    /// [`DevicePtrHandle::release`], reported through the cleanup-error hook on a drop.
+    /// Whatever the deallocator reports (as [`HandleError::deallocator`]): returned by an
+    /// explicit [`DevicePtrHandle::release`], reported through the cleanup-error hook on a drop.
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), HandleError>;
+
+    /// The deallocator as its user knows it (a memory resource's class name, say), for
+    /// cleanup reports. Default: the Rust type's name.
+    fn name(&self) -> &str {
+        std::any::type_name::<Self>()
+    }
+}
+
+/// An allocation outside custody, with the right to free it: what a [`Deallocator`] is handed
+/// when the last handle to memory it owns goes, and what [`DevicePtrHandle::adopt`] and
+/// [`DevicePtrHandle::adopt_synchronous`] take into custody.
+///
+/// Made by this crate (handing memory it owned to a deallocator) or by the caller of
+/// [`crate::raw::owned_allocation`], who vouches for it. Consuming it is safe: one of the frees
+/// below, or adoption. Dropping it frees nothing (the memory leaks); [`OwnedAllocation::into_raw`]
+/// gives the responsibility back as a raw address. Not `Clone`: the right to free exists once.
+#[must_use = "dropping an OwnedAllocation leaks its memory"]
+pub struct OwnedAllocation {
+    ptr: CUdeviceptr,
+    size: usize,
+}
+
+impl OwnedAllocation {
+    /// Made only here and by [`crate::raw::owned_allocation`].
+    #[inline]
+    pub(crate) fn new(ptr: CUdeviceptr, size: usize) -> OwnedAllocation {
+        OwnedAllocation { ptr, size }
+    }
+
+    /// The address (a host address for pinned host memory).
+    #[inline]
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// The size in bytes.
+    #[inline]
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Gives up the token without freeing: the caller is responsible for the memory again.
+    pub fn into_raw(self) -> (CUdeviceptr, usize) {
+        (self.ptr, self.size)
+    }
+
+    /// Frees a stream-ordered allocation (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`, an IPC
+    /// import) ordered on `stream`. Does not block.
+    ///
+    /// # Errors
+    /// [`HandleError::NoCurrentContext`] for an unbound default-stream token on a thread with
+    /// no context; [`HandleError::Driver`] for the driver's failure (a pointer it does not know
+    /// as stream-ordered memory); the memory is then still allocated, and the token gone.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemFreeAsync`.
+    pub fn free_async(self, stream: &StreamHandle) -> Result<(), HandleError> {
+        let ptr = self.ptr;
+        crate::ops::on_stream(stream, "cuMemFreeAsync", |d, s| {
+            // SAFETY: the token is the right to free this allocation, used once (consumed); the
+            // stream handle is alive.
+            unsafe { (d.cuMemFreeAsync)(ptr, s) }
+        })
+    }
+
+    /// Frees a `cuMemAlloc` or `cuMemAllocManaged` allocation after the work queued on
+    /// `stream`: **blocks** until the stream has drained, then frees. For an explicit free only:
+    /// a drop must never come here (docs/decisions.md D9).
+    ///
+    /// # Errors
+    /// As [`OwnedAllocation::free_async`], and the stream's failure, in which case nothing is
+    /// freed.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamSynchronize`,
+    /// `cuMemFree_v2`.
+    pub fn free_device_sync(self, stream: &StreamHandle) -> Result<(), HandleError> {
+        let ptr = self.ptr;
+        crate::ops::sync_then(stream, "cuMemFree_v2", |d| {
+            // SAFETY: the token is the right to free this allocation, used once; the stream has
+            // drained.
+            unsafe { (d.cuMemFree_v2)(ptr) }
+        })
+    }
+
+    /// Frees pinned host memory (`cuMemAllocHost`) after the work queued on `stream`:
+    /// **blocks** until the stream has drained, then frees. Explicit frees only (D9).
+    ///
+    /// # Errors
+    /// As [`OwnedAllocation::free_device_sync`].
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamSynchronize`,
+    /// `cuMemFreeHost`.
+    pub fn free_host_sync(self, stream: &StreamHandle) -> Result<(), HandleError> {
+        let ptr = self.ptr;
+        crate::ops::sync_then(stream, "cuMemFreeHost", |d| {
+            // SAFETY: the token is the right to free this allocation, used once; the stream has
+            // drained.
+            unsafe { (d.cuMemFreeHost)(ptr as *mut c_void) }
+        })
+    }
+}
+
+impl fmt::Debug for OwnedAllocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnedAllocation(0x{:x}, {} bytes)", self.ptr, self.size)
+    }
+}
+
+/// An adoption that was refused, with the allocation given back: nothing was taken or freed.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct AdoptError {
+    /// Why the adoption was refused.
+    pub error: HandleError,
+    /// The allocation, still the caller's.
+    pub allocation: OwnedAllocation,
+}
+
+/// For `?` in functions returning [`HandleError`]: the allocation is given up unfreed (leaked),
+/// never freed.
+impl From<AdoptError> for HandleError {
+    fn from(error: AdoptError) -> HandleError {
+        let AdoptError { error, allocation } = error;
+        let _ = allocation.into_raw();
+        error
+    }
 }
 
 /// Which family a pointer belongs to, fixing how it is released.
@@ -448,15 +574,10 @@ fn reject_zero(size: usize) -> Result<(), HandleError> {
 
 fn check_device(device: Option<i32>, recipe: &DeallocationRecipe) -> Result<(), HandleError> {
     match device {
-        Some(device) if recipe.context().device() != device => Err(HandleError::invalid(
-            "stream",
-            format!(
-                "the stream's context 0x{:x} is on device {}, but the memory is on device {}",
-                recipe.context().raw_usize(),
-                recipe.context().device(),
-                device
-            ),
-        )),
+        Some(expected) if recipe.context().device() != expected => Err(HandleError::WrongDevice {
+            expected,
+            found: recipe.context().device(),
+        }),
         _ => Ok(()),
     }
 }
@@ -614,13 +735,17 @@ impl DevicePtrHandle {
     /// imported as `pool`; `size` is the exported allocation's size in bytes and `stream`
     /// orders the eventual free.
     ///
-    /// Imports and the frees of imported pointers are serialised process-wide.
+    /// Imports and the frees of imported pointers are serialised process-wide. `size` is
+    /// checked against the size of the allocation the driver mapped, since every range of the
+    /// handle relies on it.
     ///
     /// # Errors
-    /// As [`DevicePtrHandle::alloc_from_pool`], with the import's driver error.
+    /// As [`DevicePtrHandle::alloc_from_pool`], with the import's driver error;
+    /// [`HandleError::InvalidArgument`] when the mapped allocation is smaller than `size` (the
+    /// mapping is freed again on `stream`).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
-    /// `cuMemPoolImportPointer`; `cuMemFreeAsync` at release.
+    /// `cuMemPoolImportPointer`, `cuPointerGetAttribute`; `cuMemFreeAsync` at release.
     pub fn import_from_pool(
         pool: &MemoryPoolHandle,
         export_data: &CUmemPoolPtrExportData,
@@ -629,7 +754,7 @@ impl DevicePtrHandle {
     ) -> Result<DevicePtrHandle, HandleError> {
         let pool_raw = pool.raw();
         let mut data = *export_data;
-        Self::allocate(
+        let handle = Self::allocate(
             size,
             stream,
             Placement::Pool(pool.device()),
@@ -645,34 +770,53 @@ impl DevicePtrHandle {
                 let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
                 let _ = free_async(d, ptr, stream);
             },
-        )
+        )?;
+        // `size` is the exporter's claim; every range of the handle trusts it, so it is checked
+        // against what the driver mapped. A short mapping is freed again (on `stream`) by the
+        // drop.
+        let extent = crate::ops::pointer_attributes(handle.ptr())?.map_or(0, |a| a.range_size);
+        if extent < size {
+            return Err(HandleError::invalid(
+                "size",
+                format!(
+                    "the import claims {size} bytes but the imported allocation holds {extent}"
+                ),
+            ));
+        }
+        Ok(handle)
     }
 
-    /// Takes ownership of `size` bytes at `ptr`, to be freed by `deallocator` with the recipe
-    /// recorded now for `stream` (docs/decisions.md D5).
+    /// Takes `allocation` into custody, to be freed by `deallocator` with the recipe recorded
+    /// now for `stream` (docs/decisions.md D5).
     ///
-    /// The recipe is recorded and validated before ownership is taken: on error the pointer
-    /// stays with the caller and `deallocator` is not called.
+    /// The recipe is recorded and validated before ownership is taken: on error the allocation
+    /// is given back in the [`AdoptError`] and `deallocator` is not called.
     ///
     /// # Errors
-    /// [`HandleError::InvalidArgument`] for a null `ptr`; [`HandleError::NoCurrentContext`] for
-    /// an unbound token on a thread with no context.
+    /// [`HandleError::InvalidArgument`] for a null address; [`HandleError::NoCurrentContext`]
+    /// for an unbound token on a thread with no context.
     ///
     /// Driver calls: `cuCtxGetCurrent` (unbound tokens only); at release `cuCtxGetCurrent`,
     /// `cuCtxSetCurrent` (if needed) around `deallocator`.
     pub fn adopt(
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
         deallocator: Arc<dyn Deallocator>,
-    ) -> Result<DevicePtrHandle, HandleError> {
-        if ptr == 0 {
-            return Err(HandleError::invalid(
-                "ptr",
-                "a null pointer cannot be owned by a deallocator",
-            ));
+    ) -> Result<DevicePtrHandle, AdoptError> {
+        if allocation.ptr == 0 {
+            return Err(AdoptError {
+                error: HandleError::invalid(
+                    "ptr",
+                    "a null pointer cannot be owned by a deallocator",
+                ),
+                allocation,
+            });
         }
-        let recipe = DeallocationRecipe::record(stream)?;
+        let recipe = match DeallocationRecipe::record(stream) {
+            Ok(recipe) => recipe,
+            Err(error) => return Err(AdoptError { error, allocation }),
+        };
+        let (ptr, size) = allocation.into_raw();
         Ok(Self::from_parts(
             ptr,
             size,
@@ -683,11 +827,11 @@ impl DevicePtrHandle {
     }
 
     /// Wraps `size` bytes at `ptr` that `owner` keeps alive: the owner is dropped with the last
-    /// handle and nothing is freed. No driver call.
+    /// handle and nothing is freed. No driver call. For [`crate::raw::with_owner`].
     ///
     /// # Errors
     /// [`HandleError::InvalidArgument`] for a null `ptr`.
-    pub fn with_owner(
+    pub(crate) fn with_owner(
         ptr: CUdeviceptr,
         size: usize,
         owner: Box<dyn Any + Send + Sync>,
@@ -707,9 +851,9 @@ impl DevicePtrHandle {
         ))
     }
 
-    /// Wraps `size` bytes at `ptr` without owning them: nothing happens at release, and the
-    /// caller keeps the memory alive for as long as the handle is used. No driver call.
-    pub fn borrowed(ptr: CUdeviceptr, size: usize) -> DevicePtrHandle {
+    /// Wraps `size` bytes at `ptr` without owning them: nothing happens at release. No driver
+    /// call. For [`crate::raw::borrowed`].
+    pub(crate) fn borrowed(ptr: CUdeviceptr, size: usize) -> DevicePtrHandle {
         Self::from_parts(ptr, size, None, None, Release::NonOwning)
     }
 
@@ -982,14 +1126,11 @@ impl PtrBox {
                 let size = self.size;
                 let operation = "Deallocator::deallocate";
                 let outcome = run_in_recipe(&recipe, operation, ptr, true, |_| {
+                    let allocation = OwnedAllocation::new(ptr, size);
                     catch_unwind(AssertUnwindSafe(|| {
-                        deallocator.deallocate(ptr, size, recipe.stream())
+                        deallocator.deallocate(allocation, recipe.stream())
                     }))
-                    .unwrap_or_else(|_| {
-                        Err(HandleError::Deallocator {
-                            message: "the deallocator panicked".into(),
-                        })
-                    })
+                    .unwrap_or_else(|_| Err(HandleError::deallocator("the deallocator panicked")))
                 });
                 (operation, outcome)
             }
@@ -1113,53 +1254,62 @@ impl fmt::Debug for DevicePtrHandle {
     }
 }
 
-// Adoption with a built-in synchronous release rule, for the memory crate's synchronous
-// resources: memory a synchronous memory resource hands to `Buffer::from_handle` is released like
-// memory it allocated, never blocking a drop (docs/decisions.md D5, D9).
+// Adoption with a built-in synchronous release rule, so that memory a synchronous memory
+// resource hands to `Buffer::from_handle` is released like memory it allocated, never blocking a
+// drop (docs/decisions.md D5, D9).
 impl DevicePtrHandle {
-    /// Takes ownership of `size` bytes at `ptr` that were allocated with `cuMemAlloc`
-    /// ([`ReleaseKind::Synchronous`]), `cuMemAllocHost` ([`ReleaseKind::PinnedHost`]) or
-    /// `cuMemAllocManaged` ([`ReleaseKind::Managed`]), to be released by that rule with the
-    /// recipe recorded now for `stream`: a drop records an event and frees on the cleanup
-    /// worker, an explicit [`DevicePtrHandle::release`] synchronises and frees. `device` is the
-    /// device the memory lives on, if known; recipes are then checked against it.
+    /// Takes `allocation`, made with `cuMemAlloc` ([`ReleaseKind::Synchronous`]),
+    /// `cuMemAllocHost` ([`ReleaseKind::PinnedHost`]) or `cuMemAllocManaged`
+    /// ([`ReleaseKind::Managed`]), into custody, to be released by that rule with the recipe
+    /// recorded now for `stream`: a drop records an event and frees on the cleanup worker, an
+    /// explicit [`DevicePtrHandle::release`] synchronises and frees. `device` is the device the
+    /// memory lives on, if known; recipes are then checked against it.
     ///
-    /// The recipe is recorded and validated before ownership is taken: on error the pointer
-    /// stays with the caller.
+    /// The recipe is recorded and validated before ownership is taken: on error the allocation
+    /// is given back in the [`AdoptError`].
     ///
     /// # Errors
-    /// [`HandleError::InvalidArgument`] for a null `ptr`, another `kind`, or a stream whose
-    /// context is on another device than `device`; [`HandleError::NoCurrentContext`] for an
-    /// unbound token on a thread with no context.
+    /// [`HandleError::InvalidArgument`] for a null address or another `kind`;
+    /// [`HandleError::WrongDevice`] for a stream whose context is on another device than
+    /// `device`; [`HandleError::NoCurrentContext`] for an unbound token on a thread with no
+    /// context.
     ///
     /// Driver calls: `cuCtxGetCurrent` (unbound tokens only); at release as
     /// [`DevicePtrHandle::alloc`].
     pub fn adopt_synchronous(
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         kind: ReleaseKind,
         device: Option<i32>,
         stream: &StreamHandle,
-    ) -> Result<DevicePtrHandle, HandleError> {
-        if ptr == 0 {
-            return Err(HandleError::invalid(
-                "ptr",
-                "a null pointer cannot be adopted",
-            ));
+    ) -> Result<DevicePtrHandle, AdoptError> {
+        let refuse = |error, allocation| Err(AdoptError { error, allocation });
+        if allocation.ptr == 0 {
+            return refuse(
+                HandleError::invalid("ptr", "a null pointer cannot be adopted"),
+                allocation,
+            );
         }
         let release = match kind {
             ReleaseKind::Synchronous => Release::Synchronous,
             ReleaseKind::PinnedHost => Release::PinnedHost,
             ReleaseKind::Managed => Release::Managed,
             other => {
-                return Err(HandleError::invalid(
-                    "kind",
-                    format!("{other:?} is not a synchronous release rule"),
-                ))
+                return refuse(
+                    HandleError::invalid(
+                        "kind",
+                        format!("{other:?} is not a synchronous release rule"),
+                    ),
+                    allocation,
+                )
             }
         };
-        let recipe = DeallocationRecipe::record(stream)?;
-        check_device(device, &recipe)?;
+        let recipe = match DeallocationRecipe::record(stream)
+            .and_then(|recipe| check_device(device, &recipe).map(|()| recipe))
+        {
+            Ok(recipe) => recipe,
+            Err(error) => return refuse(error, allocation),
+        };
+        let (ptr, size) = allocation.into_raw();
         Ok(Self::from_parts(ptr, size, device, Some(recipe), release))
     }
 }

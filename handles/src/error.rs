@@ -1,6 +1,13 @@
 //! [`HandleError`]: the one error type of the handles crate.
 
+use std::sync::Arc;
+
 use cuda_sys::{CudaError, CudaErrorCode, LoadError};
+
+/// The error a [`Deallocator`](crate::Deallocator) returns, kept whole: its `Display`, its
+/// source chain and its concrete type (for `downcast_ref`), so that a binding can hand the
+/// caller the very exception its user code raised.
+pub type DeallocatorSource = Arc<dyn std::error::Error + Send + Sync>;
 
 /// Why a handle operation failed.
 ///
@@ -8,7 +15,7 @@ use cuda_sys::{CudaError, CudaErrorCode, LoadError};
 /// default-stream token is recorded) or reported by the driver while resolving a default-stream
 /// token (`CUDA_ERROR_INVALID_CONTEXT`, or `CUDA_ERROR_NOT_INITIALIZED` from a driver that was
 /// never initialised), is the single variant [`HandleError::NoCurrentContext`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandleError {
     /// A driver call failed; carries the function, the code and the driver's description.
@@ -29,16 +36,57 @@ pub enum HandleError {
         /// Why it was rejected.
         reason: String,
     },
-    /// The resource was already released, or the cleanup machinery has shut down at exit.
-    #[error("the handle is closed")]
-    Closed,
-    /// A [`Deallocator`](crate::Deallocator) supplied by the caller failed.
-    #[error("deallocator failed: {message}")]
+    /// A stream whose context is on another device than the memory it would order: rejected
+    /// before any driver call, so nothing was allocated, adopted or re-recorded.
+    #[error(
+        "wrong device: the memory is on device {expected}, the stream's context on device {found}"
+    )]
+    WrongDevice {
+        /// The device the memory lives on.
+        expected: i32,
+        /// The device of the stream's context.
+        found: i32,
+    },
+    /// A [`Deallocator`](crate::Deallocator) supplied by the caller failed (or panicked).
+    #[error("deallocator failed: {source}")]
     Deallocator {
-        /// The deallocator's own account of the failure.
-        message: String,
+        /// The deallocator's own error, whole.
+        source: DeallocatorSource,
     },
 }
+
+impl PartialEq for HandleError {
+    /// Structural equality; two [`HandleError::Deallocator`] errors are equal when they share
+    /// their source or their sources read the same.
+    fn eq(&self, other: &Self) -> bool {
+        use HandleError as E;
+        match (self, other) {
+            (E::Driver(a), E::Driver(b)) => a == b,
+            (E::Load(a), E::Load(b)) => a == b,
+            (E::NoCurrentContext, E::NoCurrentContext) => true,
+            (
+                E::InvalidArgument { what, reason },
+                E::InvalidArgument {
+                    what: what2,
+                    reason: reason2,
+                },
+            ) => what == what2 && reason == reason2,
+            (
+                E::WrongDevice { expected, found },
+                E::WrongDevice {
+                    expected: expected2,
+                    found: found2,
+                },
+            ) => expected == expected2 && found == found2,
+            (E::Deallocator { source: a }, E::Deallocator { source: b }) => {
+                Arc::ptr_eq(a, b) || a.to_string() == b.to_string()
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Eq for HandleError {}
 
 impl HandleError {
     /// The driver status behind this error, when a driver call failed.
@@ -57,8 +105,16 @@ impl HandleError {
             HandleError::Load(_) => "Load",
             HandleError::NoCurrentContext => "NoCurrentContext",
             HandleError::InvalidArgument { .. } => "InvalidArgument",
-            HandleError::Closed => "Closed",
+            HandleError::WrongDevice { .. } => "WrongDevice",
             HandleError::Deallocator { .. } => "Deallocator",
+        }
+    }
+
+    /// A [`HandleError::Deallocator`] carrying `source` (any error, or a message:
+    /// `HandleError::deallocator("pool exhausted")`).
+    pub fn deallocator(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        HandleError::Deallocator {
+            source: Arc::from(source.into()),
         }
     }
 
@@ -79,10 +135,11 @@ mod tests {
         let errors = [
             HandleError::NoCurrentContext,
             HandleError::invalid("size", "a zero-byte allocation is rejected by the driver"),
-            HandleError::Closed,
-            HandleError::Deallocator {
-                message: "out of memory".into(),
+            HandleError::WrongDevice {
+                expected: 0,
+                found: 1,
             },
+            HandleError::deallocator("out of memory"),
             HandleError::Driver(CudaError {
                 call: "cuMemFreeAsync",
                 code: CudaErrorCode::INVALID_VALUE,
@@ -111,5 +168,29 @@ mod tests {
         assert_eq!(error.name(), "CUDA_ERROR_INVALID_VALUE");
         assert_eq!(HandleError::NoCurrentContext.code(), None);
         assert_eq!(HandleError::NoCurrentContext.name(), "NoCurrentContext");
+    }
+
+    #[test]
+    fn a_deallocator_error_keeps_its_source_whole() {
+        #[derive(Debug)]
+        struct Refused(u32);
+        impl std::fmt::Display for Refused {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "refused {}", self.0)
+            }
+        }
+        impl std::error::Error for Refused {}
+
+        let error = HandleError::deallocator(Refused(7));
+        assert_eq!(error.to_string(), "deallocator failed: refused 7");
+        let HandleError::Deallocator { source } = &error else {
+            panic!("{error:?}")
+        };
+        assert_eq!(source.downcast_ref::<Refused>().map(|r| r.0), Some(7));
+        let chained = std::error::Error::source(&error).map(ToString::to_string);
+        assert_eq!(chained.as_deref(), Some("refused 7"));
+        assert_eq!(error.clone(), error, "a clone shares the source");
+        assert_eq!(error, HandleError::deallocator("refused 7"), "same text");
+        assert_ne!(error, HandleError::deallocator("refused 8"));
     }
 }

@@ -10,7 +10,9 @@
 //! - [`StreamHandle`], [`EventHandle`], [`MemoryPoolHandle`]: the things a free is ordered on
 //!   and allocated from.
 //! - [`DevicePtrHandle`], [`DeallocationRecipe`], [`Deallocator`]: memory and how it is freed
-//!   (D1, D4, D5, D9).
+//!   (D1, D4, D5, D9); [`DeviceRange`]: checked byte ranges, the input of every copy and fill;
+//!   [`OwnedAllocation`]: the right to free memory outside custody.
+//! - [`raw`]: the `unsafe` doors through which raw addresses and driver handles enter.
 //! - [`set_cleanup_error_hook`] and friends: where failures that no caller can receive go (D3).
 //! - [`drain_deferred_cleanup`], [`UserObjectOwnership`], [`GraphHandle`], [`GraphExecHandle`]:
 //!   cleanup deferred by CUDA graphs (D7).
@@ -25,9 +27,12 @@ mod deviceptr;
 mod error;
 mod event;
 mod graph;
-/// Memory operations for the `memory` crate: copies, fills, pool IPC, capture.
+/// Pointer attributes, pool creation, pool IPC and stream capture.
 pub mod ops;
 mod pool;
+mod range;
+/// The `unsafe` doors for raw addresses and raw driver handles.
+pub mod raw;
 mod recipe;
 mod report;
 mod stream;
@@ -36,11 +41,12 @@ mod sys;
 pub use context::{ContextHandle, ContextKind, ContextScope};
 pub use deferred::{deferred_cleanup_pending, drain_deferred_cleanup, exiting};
 pub use device::device_count;
-pub use deviceptr::{Deallocator, DevicePtrHandle, ReleaseKind};
-pub use error::HandleError;
+pub use deviceptr::{AdoptError, Deallocator, DevicePtrHandle, OwnedAllocation, ReleaseKind};
+pub use error::{DeallocatorSource, HandleError};
 pub use event::{EventHandle, EVENT_DISABLE_TIMING};
 pub use graph::{retain_in_capture, GraphExecHandle, GraphHandle, GraphNode, UserObjectOwnership};
 pub use pool::MemoryPoolHandle;
+pub use range::DeviceRange;
 pub use recipe::{DeallocationRecipe, RecipeRemains, ThreadToken};
 pub use report::{
     cleanup_error_count, cleanup_warning_count, reset_cleanup_error_hook,

@@ -1,7 +1,7 @@
-//! Driver operations on memory beyond allocating and releasing it, for the `memory` crate:
-//! copies, fills, host transfers, frees of memory no handle owns (a memory resource's
-//! `deallocate`), pointer attributes, pools made with explicit properties, pool IPC and stream
-//! capture.
+//! Driver operations beyond allocating and releasing memory, for the `memory` crate: pointer
+//! attributes, pools made with explicit properties, pool IPC and stream capture; and the
+//! stream-context helpers that copies, fills and frees of memory no handle owns
+//! ([`crate::DeviceRange`], [`crate::OwnedAllocation`]) run through.
 //!
 //! Every function that takes a stream runs its driver call with the stream's context current
 //! (see [`ContextScope`]) and restores the caller's binding; an unbound default-stream token
@@ -41,7 +41,7 @@ const CAPTURE_INVALIDATED: u32 = 901;
 
 /// Runs one driver call on `stream` in the stream's context (an unbound token: in the caller's),
 /// checks its status and restores the caller's binding.
-fn on_stream(
+pub(crate) fn on_stream(
     stream: &StreamHandle,
     call: &'static str,
     f: impl FnOnce(&'static Driver, CUstream) -> u32,
@@ -60,7 +60,7 @@ fn on_stream(
 }
 
 /// Like [`on_stream`], for a call followed by `cuStreamSynchronize` on the same stream.
-fn on_stream_then_sync(
+pub(crate) fn on_stream_then_sync(
     stream: &StreamHandle,
     call: &'static str,
     f: impl FnOnce(&'static Driver, CUstream) -> u32,
@@ -86,175 +86,8 @@ fn on_stream_then_sync(
     }
 }
 
-/// Copies `size` bytes from `src` to `dst`, ordered on `stream`. Does not block; the caller
-/// keeps both ranges alive (and orders their frees) until the copy has run. Either address may
-/// be device, pinned host or managed memory (unified addressing infers the direction).
-///
-/// # Errors
-/// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
-/// [`HandleError::Driver`] when the driver rejects the copy (an unknown address, a range past
-/// the end of an allocation).
-///
-/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`.
-pub fn copy_async(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    size: usize,
-    stream: &StreamHandle,
-) -> Result<(), HandleError> {
-    on_stream(stream, "cuMemcpyAsync", |d, s| {
-        // SAFETY: the caller vouches for both ranges; the stream is alive and its context is
-        // current.
-        unsafe { (d.cuMemcpyAsync)(dst, src, size, s) }
-    })
-}
-
-/// Sets `count` bytes at `dst` to `value`, ordered on `stream`. Does not block.
-///
-/// # Errors
-/// As [`copy_async`].
-///
-/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD8Async`.
-pub fn memset_d8_async(
-    dst: CUdeviceptr,
-    value: u8,
-    count: usize,
-    stream: &StreamHandle,
-) -> Result<(), HandleError> {
-    on_stream(stream, "cuMemsetD8Async", |d, s| {
-        // SAFETY: the caller vouches for the range; the stream is alive, its context current.
-        unsafe { (d.cuMemsetD8Async)(dst, value, count, s) }
-    })
-}
-
-/// Sets `count` 16-bit elements (`2 * count` bytes) at `dst`, which must be 2-byte aligned, to
-/// `value`, ordered on `stream`. Does not block.
-///
-/// # Errors
-/// As [`copy_async`]; the driver rejects a misaligned `dst` (`CUDA_ERROR_INVALID_VALUE`).
-///
-/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD16Async`.
-pub fn memset_d16_async(
-    dst: CUdeviceptr,
-    value: u16,
-    count: usize,
-    stream: &StreamHandle,
-) -> Result<(), HandleError> {
-    on_stream(stream, "cuMemsetD16Async", |d, s| {
-        // SAFETY: the caller vouches for the range; the stream is alive, its context current.
-        unsafe { (d.cuMemsetD16Async)(dst, value, count, s) }
-    })
-}
-
-/// Sets `count` 32-bit elements (`4 * count` bytes) at `dst`, which must be 4-byte aligned, to
-/// `value`, ordered on `stream`. Does not block.
-///
-/// # Errors
-/// As [`memset_d16_async`].
-///
-/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD32Async`.
-pub fn memset_d32_async(
-    dst: CUdeviceptr,
-    value: u32,
-    count: usize,
-    stream: &StreamHandle,
-) -> Result<(), HandleError> {
-    on_stream(stream, "cuMemsetD32Async", |d, s| {
-        // SAFETY: the caller vouches for the range; the stream is alive, its context current.
-        unsafe { (d.cuMemsetD32Async)(dst, value, count, s) }
-    })
-}
-
-/// Copies `dst.len()` bytes from `src` into host memory, ordered on `stream` after the work
-/// queued there, and blocks until the bytes have arrived.
-///
-/// # Errors
-/// As [`copy_async`], and the stream's failure (`cuStreamSynchronize`).
-///
-/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
-/// `cuStreamSynchronize`.
-pub fn copy_to_host(
-    src: CUdeviceptr,
-    dst: &mut [u8],
-    stream: &StreamHandle,
-) -> Result<(), HandleError> {
-    let (ptr, len) = (dst.as_mut_ptr() as CUdeviceptr, dst.len());
-    on_stream_then_sync(stream, "cuMemcpyAsync", |d, s| {
-        // SAFETY: `dst` is a writable slice that outlives the call, which returns only after
-        // the stream (and so the copy) has finished; the caller vouches for `src`.
-        unsafe { (d.cuMemcpyAsync)(ptr, src, len, s) }
-    })
-}
-
-/// Copies `src` from host memory to `dst`, ordered on `stream` after the work queued there,
-/// and blocks until the copy has finished (so `src` may be reused at once).
-///
-/// # Errors
-/// As [`copy_to_host`].
-///
-/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
-/// `cuStreamSynchronize`.
-pub fn copy_from_host(
-    dst: CUdeviceptr,
-    src: &[u8],
-    stream: &StreamHandle,
-) -> Result<(), HandleError> {
-    let (ptr, len) = (src.as_ptr() as CUdeviceptr, src.len());
-    on_stream_then_sync(stream, "cuMemcpyAsync", |d, s| {
-        // SAFETY: `src` is a readable slice that outlives the call, which returns only after
-        // the copy has finished; the caller vouches for `dst`.
-        unsafe { (d.cuMemcpyAsync)(dst, ptr, len, s) }
-    })
-}
-
-/// Frees a stream-ordered allocation (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`) that no
-/// handle owns, ordered on `stream`. Does not block. For a memory resource's `deallocate`;
-/// memory owned by a [`DevicePtrHandle`] is freed by the handle.
-///
-/// # Errors
-/// As [`copy_async`]; the driver's error for a pointer it does not know.
-///
-/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemFreeAsync`.
-pub fn free_async(ptr: CUdeviceptr, stream: &StreamHandle) -> Result<(), HandleError> {
-    on_stream(stream, "cuMemFreeAsync", |d, s| {
-        // SAFETY: the caller owns the allocation and gives it up; the stream is alive.
-        unsafe { (d.cuMemFreeAsync)(ptr, s) }
-    })
-}
-
-/// Frees a `cuMemAlloc` or `cuMemAllocManaged` allocation that no handle owns, after the work
-/// queued on `stream`: **blocks** until the stream has drained, then frees. For an explicit
-/// `deallocate` only: a drop must never come here (docs/decisions.md D9).
-///
-/// # Errors
-/// As [`copy_async`], and the stream's failure, in which case nothing is freed.
-///
-/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamSynchronize`,
-/// `cuMemFree_v2`.
-pub fn free_device_sync(ptr: CUdeviceptr, stream: &StreamHandle) -> Result<(), HandleError> {
-    sync_then(stream, "cuMemFree_v2", |d| {
-        // SAFETY: the caller owns the allocation and gives it up; the stream has drained.
-        unsafe { (d.cuMemFree_v2)(ptr) }
-    })
-}
-
-/// Frees pinned host memory (`cuMemAllocHost`) that no handle owns, after the work queued on
-/// `stream`: **blocks** until the stream has drained, then frees. Explicit calls only (D9).
-///
-/// # Errors
-/// As [`free_device_sync`].
-///
-/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamSynchronize`,
-/// `cuMemFreeHost`.
-pub fn free_host_sync(ptr: CUdeviceptr, stream: &StreamHandle) -> Result<(), HandleError> {
-    sync_then(stream, "cuMemFreeHost", |d| {
-        // SAFETY: the caller owns the allocation and gives it up; the stream has drained.
-        unsafe { (d.cuMemFreeHost)(ptr as *mut c_void) }
-    })
-}
-
 /// `cuStreamSynchronize(stream)` then `free`, in the stream's context.
-fn sync_then(
+pub(crate) fn sync_then(
     stream: &StreamHandle,
     call: &'static str,
     free: impl FnOnce(&'static Driver) -> u32,

@@ -76,13 +76,12 @@ impl MemoryPoolHandle {
         Ok(Self::wrap(raw, device, true))
     }
 
-    /// Wraps a pool made by other code, without destroying it later; the caller vouches that
-    /// it outlives the handle and every allocation made through it. `device` is the pool's
-    /// device, `None` for a host pool.
+    /// Wraps a pool made by other code, without destroying it later; see
+    /// [`crate::raw::wrap_pool`], whose caller vouches for `raw`.
     ///
     /// # Errors
     /// [`HandleError::InvalidArgument`] for a null pool.
-    pub fn from_raw_borrowed(
+    pub(crate) fn from_raw_borrowed(
         raw: CUmemoryPool,
         device: Option<i32>,
     ) -> Result<MemoryPoolHandle, HandleError> {

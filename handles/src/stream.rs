@@ -181,21 +181,15 @@ impl StreamHandle {
         }))
     }
 
-    /// Wraps a stream made by other code (given as the integer value of its `CUstream`),
-    /// without destroying it later.
-    ///
-    /// A token value (0, 0x1, 0x2) gives the unbound token: the value decides, not the caller's
-    /// intent. A stream this crate created and still owns gives that owned handle back, so a
-    /// recipe recorded through the wrapper keeps the stream alive. Any other stream gets its
-    /// context from `cuStreamGetCtx` now, and `owner` (if any) is kept until the last clone
-    /// drops; the caller vouches that the stream lives as long as the handle.
+    /// Wraps a stream made by other code; see [`crate::raw::wrap_stream`], whose caller vouches
+    /// for `raw`.
     ///
     /// # Errors
     /// [`HandleError::Driver`] when `cuStreamGetCtx` rejects the stream.
     ///
     /// Driver calls: `cuStreamGetCtx` and those of [`ContextHandle::from_raw_borrowed`] (not for
     /// tokens or streams this crate owns).
-    pub fn from_raw(
+    pub(crate) fn from_raw(
         raw: usize,
         owner: Option<Box<dyn Any + Send + Sync>>,
     ) -> Result<StreamHandle, HandleError> {

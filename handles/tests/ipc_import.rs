@@ -64,7 +64,9 @@ fn imported_pointer_is_freed_with_its_recipe_and_holds_its_pool() {
         )
     };
     assert_eq!(status, 0);
-    let imported = MemoryPoolHandle::from_raw_borrowed(imported_raw, Some(0)).unwrap();
+    // SAFETY: `imported_raw` was imported above and is destroyed only after every handle made
+    // from it (and every allocation) is gone.
+    let imported = unsafe { handles::raw::wrap_pool(imported_raw, Some(0)) }.unwrap();
 
     let original = DevicePtrHandle::alloc_from_pool(4096, &exporter, &stream).unwrap();
     stream.synchronize().unwrap();

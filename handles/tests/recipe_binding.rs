@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use handles::{
     ContextHandle, ContextKind, DeallocationRecipe, Deallocator, DefaultStream, DevicePtrHandle,
-    HandleError, ReleaseKind, StreamHandle, ThreadToken,
+    HandleError, OwnedAllocation, ReleaseKind, StreamHandle, ThreadToken,
 };
 
 /// Records every `deallocate` call: (ptr, size, stream, context current during the call).
@@ -19,7 +19,12 @@ struct RecordingDeallocator {
 }
 
 impl Deallocator for RecordingDeallocator {
-    fn deallocate(&self, ptr: u64, size: usize, stream: &StreamHandle) -> Result<(), HandleError> {
+    fn deallocate(
+        &self,
+        allocation: OwnedAllocation,
+        stream: &StreamHandle,
+    ) -> Result<(), HandleError> {
+        let (ptr, size) = allocation.into_raw();
         let current = ContextHandle::current()?.map_or(0, |c| c.raw() as u64);
         self.calls
             .lock()
@@ -169,10 +174,14 @@ fn adopt_binds_first_and_leaves_the_pointer_with_the_caller_on_failure() {
     let _a = primary(0);
     let deallocator = Arc::new(RecordingDeallocator::default());
     let dyn_deallocator: Arc<dyn Deallocator> = deallocator.clone();
-    let error = on_fresh_thread(move || {
-        DevicePtrHandle::adopt(0x5000, 64, &StreamHandle::legacy(), dyn_deallocator).unwrap_err()
+    let refused = on_fresh_thread(move || {
+        let allocation = test_allocation(0x5000, 64);
+        let refused = DevicePtrHandle::adopt(allocation, &StreamHandle::legacy(), dyn_deallocator)
+            .unwrap_err();
+        (refused.error, refused.allocation.into_raw())
     });
-    assert_eq!(error, HandleError::NoCurrentContext);
+    assert_eq!(refused.0, HandleError::NoCurrentContext);
+    assert_eq!(refused.1, (0x5000, 64), "the allocation is given back");
     assert!(
         deallocator.calls.lock().unwrap().is_empty(),
         "deallocate must not run"
@@ -185,7 +194,8 @@ fn adopt_with_a_stream_deallocates_with_that_stream_in_its_context() {
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let deallocator = Arc::new(RecordingDeallocator::default());
-    let buffer = DevicePtrHandle::adopt(0x7000, 96, &stream, deallocator.clone()).unwrap();
+    let buffer =
+        DevicePtrHandle::adopt(test_allocation(0x7000, 96), &stream, deallocator.clone()).unwrap();
     assert_eq!(buffer.kind(), ReleaseKind::Deallocator);
     on_fresh_thread(move || {
         drop(buffer);
@@ -205,8 +215,12 @@ fn default_token_recipe_runs_the_deallocator_in_the_bound_context() {
     let a = primary(0);
     a.make_current().unwrap();
     let deallocator = Arc::new(RecordingDeallocator::default());
-    let buffer =
-        DevicePtrHandle::adopt(0x9000, 8, &StreamHandle::legacy(), deallocator.clone()).unwrap();
+    let buffer = DevicePtrHandle::adopt(
+        test_allocation(0x9000, 8),
+        &StreamHandle::legacy(),
+        deallocator.clone(),
+    )
+    .unwrap();
     ContextHandle::clear_current().unwrap();
     on_fresh_thread(move || drop(buffer));
     assert_eq!(
@@ -220,7 +234,8 @@ fn raw_token_value_wraps_as_the_token() {
     let _serial = start();
     let a = primary(0);
     a.make_current().unwrap();
-    let wrapped = StreamHandle::from_raw(0x2, None).unwrap();
+    // SAFETY: a token value: custody never hands it to the driver as a stream of its own.
+    let wrapped = unsafe { handles::raw::wrap_stream(0x2, None) }.unwrap();
     assert_eq!(wrapped.default_kind(), Some(DefaultStream::PerThread));
     assert!(
         wrapped.context().is_none(),
@@ -237,7 +252,8 @@ fn wrapping_an_owned_stream_returns_the_owning_handle() {
     let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
-    let wrapped = StreamHandle::from_raw(stream.raw() as usize, None).unwrap();
+    // SAFETY: `stream` is a live stream this crate owns (and returns as the owning handle).
+    let wrapped = unsafe { handles::raw::wrap_stream(stream.raw() as usize, None) }.unwrap();
     assert!(wrapped.ptr_eq(&stream));
     assert!(wrapped.is_owned());
 }
@@ -256,7 +272,8 @@ fn foreign_stream_gets_its_context_from_the_driver_when_wrapped() {
 
     let me = tid();
     let from = mark();
-    let wrapped = StreamHandle::from_raw(raw as usize, None).unwrap();
+    // SAFETY: `raw` was created above and is destroyed only after the wrapper is gone.
+    let wrapped = unsafe { handles::raw::wrap_stream(raw as usize, None) }.unwrap();
     with_emulator(|emu| {
         assert!(emu
             .names_on(me, from)
@@ -376,14 +393,18 @@ fn bad_input_null_pointer_with_an_owning_rule() {
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let deallocator = Arc::new(RecordingDeallocator::default());
-    let error = DevicePtrHandle::adopt(0, 64, &stream, deallocator.clone()).unwrap_err();
+    let refused =
+        DevicePtrHandle::adopt(test_allocation(0, 64), &stream, deallocator.clone()).unwrap_err();
+    let error = refused.error;
     assert!(
         matches!(error, HandleError::InvalidArgument { what: "ptr", .. }),
         "{error:?}"
     );
+    assert_eq!(refused.allocation.into_raw(), (0, 64), "given back");
     assert!(deallocator.calls.lock().unwrap().is_empty());
     let owner = Arc::new(());
-    let error = DevicePtrHandle::with_owner(0, 64, Box::new(owner.clone())).unwrap_err();
+    // SAFETY: the address is null and rejected before anything could use it.
+    let error = unsafe { handles::raw::with_owner(0, 64, Box::new(owner.clone())) }.unwrap_err();
     assert!(matches!(
         error,
         HandleError::InvalidArgument { what: "ptr", .. }
@@ -394,10 +415,9 @@ fn bad_input_null_pointer_with_an_owning_rule() {
         "the owner was dropped, not leaked"
     );
     // A borrowed null pointer owns nothing and is allowed.
-    assert_eq!(
-        DevicePtrHandle::borrowed(0, 0).kind(),
-        ReleaseKind::NonOwning
-    );
+    // SAFETY: zero bytes: no copy or fill can reach memory through it.
+    let borrowed = unsafe { handles::raw::borrowed(0, 0) };
+    assert_eq!(borrowed.kind(), ReleaseKind::NonOwning);
 }
 
 #[test]
@@ -438,8 +458,12 @@ fn bad_input_stream_of_another_device() {
     let base = default_used(&a);
     let live_before = with_emulator(|emu| emu.live_allocations().len());
     let error = pool_buffer(&other_device_stream).unwrap_err();
-    assert!(
-        matches!(error, HandleError::InvalidArgument { what: "stream", .. }),
+    assert_eq!(
+        error,
+        HandleError::WrongDevice {
+            expected: 0,
+            found: 1
+        },
         "{error:?}"
     );
     assert!(error.to_string().contains("device 1"), "{error}");
@@ -457,10 +481,13 @@ fn bad_input_stream_of_another_device() {
     let error = buffer
         .set_deallocation_stream(&other_device_stream)
         .unwrap_err();
-    assert!(matches!(
+    assert_eq!(
         error,
-        HandleError::InvalidArgument { what: "stream", .. }
-    ));
+        HandleError::WrongDevice {
+            expected: 0,
+            found: 1
+        }
+    );
     assert!(
         buffer.deallocation_stream().unwrap().ptr_eq(&stream),
         "old recipe kept"
@@ -474,7 +501,8 @@ fn bad_input_stream_of_another_device() {
 fn owner_and_borrowed_pointers_free_nothing() {
     let _serial = start();
     let owner = Arc::new(AtomicUsize::new(0));
-    let buffer = DevicePtrHandle::with_owner(0xdead0, 16, Box::new(owner.clone())).unwrap();
+    // SAFETY: nothing reads or writes through the handle: the test only drops it.
+    let buffer = unsafe { handles::raw::with_owner(0xdead0, 16, Box::new(owner.clone())) }.unwrap();
     assert_eq!(buffer.kind(), ReleaseKind::Owner);
     assert!(buffer.recipe().is_none());
     // Inert: it frees nothing, so it needs no context and records nothing.
@@ -500,7 +528,8 @@ fn owner_and_borrowed_pointers_free_nothing() {
     owner.fetch_add(1, Ordering::Relaxed);
 
     let from = mark();
-    drop(DevicePtrHandle::borrowed(0xbeef0, 16));
+    // SAFETY: nothing reads or writes through the handle: the test only drops it.
+    drop(unsafe { handles::raw::borrowed(0xbeef0, 16) });
     assert!(errors_for(0xbeef0).is_empty());
     with_emulator(|emu| assert!(emu.calls_for(0xbeef0, from).is_empty()));
 }

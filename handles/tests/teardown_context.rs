@@ -11,7 +11,7 @@ use cuda_sys::CudaErrorCode;
 use handles::ops::MemoryType;
 use handles::{
     cleanup_error_count, drain_deferred_cleanup, ContextHandle, ContextScope, Deallocator,
-    DevicePtrHandle, HandleError, ReleaseKind, StreamHandle,
+    DevicePtrHandle, HandleError, OwnedAllocation, ReleaseKind, StreamHandle,
 };
 
 #[test]
@@ -346,11 +346,10 @@ fn activation_failure_skips_the_free_and_reports() {
 struct ContextRecordingFailingDeallocator(std::sync::Mutex<Vec<u64>>);
 
 impl Deallocator for ContextRecordingFailingDeallocator {
-    fn deallocate(&self, _: u64, _: usize, _: &StreamHandle) -> Result<(), HandleError> {
+    fn deallocate(&self, allocation: OwnedAllocation, _: &StreamHandle) -> Result<(), HandleError> {
+        let _ = allocation.into_raw();
         self.0.lock().unwrap().push(current_raw());
-        Err(HandleError::Deallocator {
-            message: "refused".into(),
-        })
+        Err(HandleError::deallocator("refused"))
     }
 }
 
@@ -362,7 +361,8 @@ fn hook_runs_after_the_context_was_restored() {
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     // A failing deallocator (any driver), and on the emulator a failing cuMemFreeAsync.
     let deallocator = Arc::new(ContextRecordingFailingDeallocator(Default::default()));
-    let adopted = DevicePtrHandle::adopt(0x4000, 8, &stream, deallocator.clone()).unwrap();
+    let adopted =
+        DevicePtrHandle::adopt(test_allocation(0x4000, 8), &stream, deallocator.clone()).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -574,10 +574,9 @@ fn pinned_host_and_managed_frees_go_through_the_worker() {
 struct FailingDeallocator;
 
 impl Deallocator for FailingDeallocator {
-    fn deallocate(&self, _: u64, _: usize, _: &StreamHandle) -> Result<(), HandleError> {
-        Err(HandleError::Deallocator {
-            message: "pool exhausted".into(),
-        })
+    fn deallocate(&self, allocation: OwnedAllocation, _: &StreamHandle) -> Result<(), HandleError> {
+        let _ = allocation.into_raw();
+        Err(HandleError::deallocator("pool exhausted"))
     }
 }
 
@@ -586,15 +585,24 @@ fn deallocator_failure_is_reported_on_drop_and_returned_on_release() {
     let _serial = start();
     let a = primary(0);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
-    let dropped = DevicePtrHandle::adopt(0x3000, 8, &stream, Arc::new(FailingDeallocator)).unwrap();
+    let dropped = DevicePtrHandle::adopt(
+        test_allocation(0x3000, 8),
+        &stream,
+        Arc::new(FailingDeallocator),
+    )
+    .unwrap();
     drop(dropped);
     let errors = errors_for(0x3000);
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].operation, "Deallocator::deallocate");
     assert_eq!(errors[0].context, a.raw() as u64);
 
-    let released =
-        DevicePtrHandle::adopt(0x3100, 8, &stream, Arc::new(FailingDeallocator)).unwrap();
+    let released = DevicePtrHandle::adopt(
+        test_allocation(0x3100, 8),
+        &stream,
+        Arc::new(FailingDeallocator),
+    )
+    .unwrap();
     let error = released.release().unwrap_err();
     assert_eq!(error.to_string(), "deallocator failed: pool exhausted");
     assert!(errors_for(0x3100).is_empty());

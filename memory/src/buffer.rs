@@ -9,9 +9,9 @@ use std::sync::{Arc, OnceLock};
 use bytemuck::Pod;
 use handles::ops::{self, MemoryType};
 use handles::sys_types::CUdeviceptr;
-use handles::{DevicePtrHandle, ReleaseKind, StreamHandle};
+use handles::{DevicePtrHandle, HandleError, ReleaseKind, StreamHandle};
 
-use crate::resource::{check_size, check_stream_device, device_error};
+use crate::resource::{check_size, check_stream_device, device_error, taken_on_trust};
 use crate::slice::{copy, fill, from_host, to_host, Bytes};
 use crate::{DeviceSlice, DeviceSliceMut, MemoryError, MemoryResource};
 
@@ -221,13 +221,23 @@ impl Buffer {
                 })
             }
             Ownership::Borrowed => Ok(Buffer::new(
-                DevicePtrHandle::borrowed(ptr, size),
+                #[allow(unsafe_code)]
+                // SAFETY: NOT checked here: this safe function passes on its caller's word that
+                // the memory stays valid while the buffer is used (until `from_handle` takes a handle).
+                unsafe {
+                    handles::raw::borrowed(ptr, size)
+                },
                 None,
                 access,
                 IpcRole::None,
             )),
             Ownership::Owner(owner) => Ok(Buffer::new(
-                DevicePtrHandle::with_owner(ptr, size, owner)?,
+                #[allow(unsafe_code)]
+                // SAFETY: NOT checked here: this safe function passes on its caller's word that
+                // `owner` keeps the memory valid (until `from_handle` takes a handle).
+                unsafe {
+                    handles::raw::with_owner(ptr, size, owner)?
+                },
                 None,
                 access,
                 IpcRole::None,
@@ -316,7 +326,7 @@ impl Buffer {
         }
         self.handle
             .replace_deallocation_stream(stream)
-            .map_err(|error| device_error(error, handle_device, stream))
+            .map_err(device_error)
     }
 
     /// Closes the buffer: when it holds the last reference to the memory, frees it now with
@@ -696,8 +706,8 @@ pub(crate) fn adopt_synchronous(
     device: Option<i32>,
     stream: &StreamHandle,
 ) -> Result<DevicePtrHandle, MemoryError> {
-    DevicePtrHandle::adopt_synchronous(ptr, size, kind, device, stream)
-        .map_err(|error| device_error(error, device, stream))
+    DevicePtrHandle::adopt_synchronous(taken_on_trust(ptr, size), kind, device, stream)
+        .map_err(|error| device_error(HandleError::from(error)))
 }
 
 #[cfg(test)]

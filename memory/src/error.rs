@@ -138,9 +138,7 @@ impl From<MemoryError> for HandleError {
     fn from(error: MemoryError) -> HandleError {
         match error {
             MemoryError::Handle(error) => error,
-            other => HandleError::Deallocator {
-                message: other.to_string(),
-            },
+            other => HandleError::deallocator(other),
         }
     }
 }
@@ -205,9 +203,7 @@ mod tests {
         );
         assert_eq!(
             HandleError::from(MemoryError::Closed),
-            HandleError::Deallocator {
-                message: "the buffer is closed".into()
-            }
+            HandleError::deallocator("the buffer is closed")
         );
         assert_eq!(MemoryError::Closed.code(), None);
     }

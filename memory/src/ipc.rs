@@ -16,7 +16,7 @@ use handles::ops;
 use handles::sys_types::{CUdeviceptr, CUmemPoolPtrExportData};
 use handles::{
     ContextHandle, DeallocationRecipe, Deallocator, DevicePtrHandle, EventHandle, HandleError,
-    MemoryPoolHandle, StreamHandle, EVENT_DISABLE_TIMING,
+    MemoryPoolHandle, OwnedAllocation, StreamHandle, EVENT_DISABLE_TIMING,
 };
 
 use crate::buffer::{Access, IpcRole};
@@ -230,21 +230,26 @@ impl Buffer {
             check_bound_stream_device(stream, device)?;
         }
         // Validate this import's recipe before anything is imported (it cannot fail later).
-        DeallocationRecipe::record(stream)
-            .map_err(|error| device_error(error, pool.device(), stream))?;
+        DeallocationRecipe::record(stream).map_err(device_error)?;
         let key = ImportKey {
             pool: pool.raw() as usize,
             export_data: descriptor.export_data,
         };
         let ptr = acquire(pool, &key, descriptor, stream)?;
         let release = Arc::new(ImportRelease { key });
-        let handle = match DevicePtrHandle::adopt(ptr, descriptor.size, stream, release) {
+        #[allow(unsafe_code)]
+        // SAFETY: `ptr` is the mapping `acquire` just counted a reference to, of at least
+        // `descriptor.size` bytes (checked there); the reference is what the token gives up, and
+        // `ImportRelease` gives it back once (never freeing the address itself).
+        let allocation = unsafe { handles::raw::owned_allocation(ptr, descriptor.size) };
+        let handle = match DevicePtrHandle::adopt(allocation, stream, release) {
             Ok(handle) => handle,
-            Err(error) => {
-                // Not expected after the recording above; never leak the reference, and never
-                // lose a failure of giving it back.
+            Err(handles::AdoptError { error, allocation }) => {
+                let _ = allocation.into_raw(); // the reference is given back just below
+                                               // Not expected after the recording above; never leak the reference, and never
+                                               // lose a failure of giving it back.
                 give_back(&key, stream)?;
-                return Err(device_error(error, pool.device(), stream));
+                return Err(device_error(error));
             }
         };
         let mr: Arc<R> = Arc::clone(mr);
@@ -313,7 +318,14 @@ fn acquire(
         reserved: descriptor.export_data,
     };
     let handle = DevicePtrHandle::import_from_pool(pool, &export_data, descriptor.size, stream)
-        .map_err(|error| device_error(error, pool.device(), stream))?;
+        .map_err(|error| match error {
+            // handles checks the mapping's extent too (its ranges rely on the size).
+            HandleError::InvalidArgument {
+                what: "size",
+                reason,
+            } => MemoryError::ipc(reason),
+            error => device_error(error),
+        })?;
     let extent = ops::pointer_attributes(handle.ptr())
         .map(|attributes| attributes.map_or(0, |a| a.range_size));
     let checked = extent
@@ -399,10 +411,11 @@ struct ImportRelease {
 impl Deallocator for ImportRelease {
     fn deallocate(
         &self,
-        _ptr: CUdeviceptr,
-        _size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), HandleError> {
+        // The address is the shared mapping's: this buffer's reference is what is given back.
+        let _ = allocation.into_raw();
         give_back(&self.key, stream).map_err(HandleError::from)
     }
 }

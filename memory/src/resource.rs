@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use handles::sys_types::CUdeviceptr;
-use handles::{ContextHandle, Deallocator, DevicePtrHandle, HandleError, StreamHandle};
+use handles::{
+    ContextHandle, Deallocator, DevicePtrHandle, HandleError, OwnedAllocation, StreamHandle,
+};
 
 use crate::{Buffer, MemoryError};
 
@@ -90,7 +92,10 @@ pub trait MemoryResource: Send + Sync + 'static {
             }
         }
         let deallocator: Arc<dyn Deallocator> = Arc::new(MemoryResourceDeallocator(self));
-        Ok(DevicePtrHandle::adopt(ptr, size, stream, deallocator)?)
+        Ok(
+            DevicePtrHandle::adopt(taken_on_trust(ptr, size), stream, deallocator)
+                .map_err(HandleError::from)?,
+        )
     }
 }
 
@@ -101,14 +106,27 @@ struct MemoryResourceDeallocator<R: ?Sized>(Arc<R>);
 impl<R: MemoryResource + ?Sized> Deallocator for MemoryResourceDeallocator<R> {
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), HandleError> {
+        let (ptr, size) = allocation.into_raw();
         self.0
             .deallocate(ptr, size, stream)
             .map_err(HandleError::from)
     }
+}
+
+/// The right to free `size` bytes at `ptr`, taken on the word of the caller of one of this
+/// crate's safe functions that still accept a raw address (`Buffer::from_handle`,
+/// `MemoryResource::adopt`, `deallocate`).
+///
+/// This is where this crate is not yet sound: those functions should take an
+/// [`OwnedAllocation`] (or a handle) from their caller instead.
+#[allow(unsafe_code)]
+pub(crate) fn taken_on_trust(ptr: CUdeviceptr, size: usize) -> OwnedAllocation {
+    // SAFETY: NOT upheld here: the safe caller's word that `ptr` is an allocation of `size`
+    // bytes that it gives up is passed on unchecked (see above).
+    unsafe { handles::raw::owned_allocation(ptr, size) }
 }
 
 /// Rejects sizes no allocation can have.
@@ -175,21 +193,13 @@ pub(crate) fn check_stream_device(stream: &StreamHandle, device: i32) -> Result<
 }
 
 /// Maps the handles crate's "stream of another device" rejection (found while recording a
-/// recipe for memory on `device`) to [`MemoryError::WrongDevice`]; any other error passes
-/// through. Only on the error path: the device lookup costs a driver call for a token.
+/// recipe) to [`MemoryError::WrongDevice`]; any other error passes through.
 #[cold]
-pub(crate) fn device_error(
-    error: HandleError,
-    device: Option<i32>,
-    stream: &StreamHandle,
-) -> MemoryError {
-    if let (HandleError::InvalidArgument { what: "stream", .. }, Some(expected)) = (&error, device)
-    {
-        if let Ok(found) = stream_device(stream) {
-            if found != expected {
-                return MemoryError::WrongDevice { expected, found };
-            }
+pub(crate) fn device_error(error: HandleError) -> MemoryError {
+    match error {
+        HandleError::WrongDevice { expected, found } => {
+            MemoryError::WrongDevice { expected, found }
         }
+        error => MemoryError::Handle(error),
     }
-    MemoryError::Handle(error)
 }

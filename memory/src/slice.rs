@@ -14,9 +14,8 @@ use std::mem::{align_of, size_of};
 use std::ops::{Bound, RangeBounds};
 
 use bytemuck::Pod;
-use handles::ops;
 use handles::sys_types::CUdeviceptr;
-use handles::StreamHandle;
+use handles::{DeviceRange, StreamHandle};
 
 use crate::resource::{check_stream_device, stream_device};
 use crate::{Buffer, FillValue, MemoryError};
@@ -31,10 +30,16 @@ pub(crate) struct Bytes<'a> {
     pub(crate) len: usize,
 }
 
-impl Bytes<'_> {
+impl<'a> Bytes<'a> {
     #[inline]
     fn ptr(&self) -> CUdeviceptr {
         self.buffer.ptr() + self.offset as u64
+    }
+
+    /// The handles crate's checked range for these bytes (the only way to copy or fill).
+    #[inline]
+    fn range(&self) -> Result<DeviceRange<'a>, MemoryError> {
+        Ok(self.buffer.handle().range(self.offset, self.len)?)
     }
 }
 
@@ -60,9 +65,7 @@ pub(crate) fn copy(
             });
         }
     }
-    // Keep both memories referenced while the copy is issued, whatever happens to the buffers.
-    let _held = (src.buffer.handle().clone(), dst.buffer.handle().clone());
-    ops::copy_async(dst.ptr(), src.ptr(), src.len, stream)?;
+    src.range()?.copy_to(&dst.range()?, stream)?;
     Ok(())
 }
 
@@ -88,11 +91,11 @@ pub(crate) fn fill(
     if let Some(device) = dst.buffer.ops_device()? {
         check_stream_device(stream, device)?;
     }
-    let (ptr, count) = (dst.ptr(), dst.len / width);
+    let range = dst.range()?;
     match value {
-        FillValue::U8(v) => ops::memset_d8_async(ptr, v, count, stream)?,
-        FillValue::U16(v) => ops::memset_d16_async(ptr, v, count, stream)?,
-        FillValue::U32(v) => ops::memset_d32_async(ptr, v, count, stream)?,
+        FillValue::U8(v) => range.fill_u8(v, stream)?,
+        FillValue::U16(v) => range.fill_u16(v, stream)?,
+        FillValue::U32(v) => range.fill_u32(v, stream)?,
     }
     Ok(())
 }
@@ -104,7 +107,7 @@ pub(crate) fn to_host(
     stream: &StreamHandle,
 ) -> Result<(), MemoryError> {
     host_checks(src, dst.len(), stream, true)?;
-    Ok(ops::copy_to_host(src.ptr(), dst, stream)?)
+    Ok(src.range()?.copy_to_host(dst, stream)?)
 }
 
 /// Copies host memory `src` into `dst` (equal lengths) and blocks until it has been read.
@@ -114,7 +117,7 @@ pub(crate) fn from_host(
     stream: &StreamHandle,
 ) -> Result<(), MemoryError> {
     host_checks(dst, src.len(), stream, false)?;
-    Ok(ops::copy_from_host(dst.ptr(), src, stream)?)
+    Ok(dst.range()?.copy_from_host(src, stream)?)
 }
 
 fn host_checks(

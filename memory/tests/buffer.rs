@@ -85,7 +85,7 @@ fn close_returns_the_free_error_and_closes_the_buffer() {
     // The buffer is closed either way: `close` consumed it (a second close does not compile).
     assert!(errors_for(ptr).is_empty(), "returned, not reported");
     // The injected failure freed nothing.
-    handles::ops::free_async(ptr, &s).unwrap();
+    unowned(ptr, 0).free_async(&s).unwrap();
 }
 
 #[test]
@@ -104,7 +104,7 @@ fn drop_reports_the_free_error_with_attribution() {
     assert_eq!(reports[0].operation, "cuMemFreeAsync");
     assert_eq!(reports[0].stream, s.raw() as u64);
     assert_eq!(reports[0].error_name(), "CUDA_ERROR_INVALID_VALUE");
-    handles::ops::free_async(ptr, &s).unwrap();
+    unowned(ptr, 0).free_async(&s).unwrap();
 }
 
 #[test]

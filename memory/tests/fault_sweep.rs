@@ -273,10 +273,13 @@ fn give_back_leaks(emu: &Emulator, leftover: &Prepared, calls: &[Call]) {
         if !emu.live_allocations().iter().any(|a| a.ptr == ptr) {
             continue;
         }
+        // SAFETY: the emulator still holds this allocation and no buffer or handle does (the
+        // sweep leaked it); it is freed once, here.
+        let leaked = unsafe { handles::raw::owned_allocation(ptr, 0) };
         match kind {
-            Memory::Pool => handles::ops::free_async(ptr, &stream),
-            Memory::Device => handles::ops::free_device_sync(ptr, &stream),
-            Memory::Host => handles::ops::free_host_sync(ptr, &stream),
+            Memory::Pool => leaked.free_async(&stream),
+            Memory::Device => leaked.free_device_sync(&stream),
+            Memory::Host => leaked.free_host_sync(&stream),
         }
         .unwrap_or_else(|e| panic!("giving back leaked 0x{ptr:x}: {e}"));
     }

@@ -280,7 +280,7 @@ fn view_frees_nothing_and_its_recipe_is_inert() {
     let from = mark();
     view.close().unwrap();
     assert_not_freed(ptr, from, base, 512);
-    handles::ops::free_async(ptr, &s).unwrap(); // the caller's memory, the caller's free
+    unowned(ptr, 0).free_async(&s).unwrap(); // the caller's memory, the caller's free
     assert_eq!(device_used(), base, "freed by the caller");
     with_emulator(|emu| assert!(!emu.is_live(ptr)));
 }
@@ -304,7 +304,7 @@ fn owner_is_kept_alive_until_close_and_nothing_is_freed() {
     buffer.close().unwrap();
     assert_eq!(Arc::strong_count(&owner), 1, "released at close");
     assert_not_freed(ptr, from, base, 512);
-    handles::ops::free_async(ptr, &s).unwrap();
+    unowned(ptr, 0).free_async(&s).unwrap();
     assert_eq!(device_used(), base, "freed by the caller");
 }
 
@@ -398,7 +398,7 @@ fn adoption_failure_leaves_the_pointer_with_the_caller() {
     }
     assert!(mr.deallocations().is_empty(), "deallocate was never called");
     assert_not_freed(ptr, from, base, 1024); // the pointer is still the caller's
-    handles::ops::free_async(ptr, &s).unwrap();
+    unowned(ptr, 0).free_async(&s).unwrap();
     assert_eq!(device_used(), base, "freed by the caller");
     with_emulator(|emu| assert!(!emu.is_live(ptr)));
 }
@@ -413,9 +413,7 @@ fn failing_deallocate_is_returned_by_close_and_reported_by_a_drop() {
     let closed = Arc::clone(&mr).allocate(256, &s).unwrap();
     let dropped = Arc::clone(&mr).allocate(256, &s).unwrap();
     let (p1, p2) = (closed.ptr(), dropped.ptr());
-    let expected = MemoryError::Handle(HandleError::Deallocator {
-        message: "out of luck".into(),
-    });
+    let expected = MemoryError::Handle(HandleError::deallocator("out of luck"));
     assert_eq!(closed.close(), Err(expected));
     assert!(errors_for(p1).is_empty(), "returned, not reported");
     drop(dropped);
@@ -428,7 +426,7 @@ fn failing_deallocate_is_returned_by_close_and_reported_by_a_drop() {
     assert!(device_used() >= base + 512, "nothing was freed");
     for ptr in [p1, p2] {
         with_emulator(|emu| assert!(emu.is_live(ptr)));
-        handles::ops::free_async(ptr, &s).unwrap();
+        unowned(ptr, 0).free_async(&s).unwrap();
     }
     assert_eq!(device_used(), base, "freed by the caller");
 }

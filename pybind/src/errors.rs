@@ -6,11 +6,11 @@
 //! |---|---|
 //! | `HandleError::Driver` (a driver call failed), `HandleError::Load` | `CUDAError` (a `RuntimeError`), message naming the call and the driver's error name; `.name` and `.code` attributes |
 //! | `HandleError::NoCurrentContext` | `RuntimeError("no CUDA context is current ...")` |
-//! | `MemoryError::Closed`, `HandleError::Closed` | `RuntimeError("Buffer has been closed")` |
+//! | `MemoryError::Closed` | `RuntimeError("Buffer has been closed")` |
 //! | `MemoryError::ResourceClosed` | `RuntimeError("DeviceMemoryResource has been closed")` (or Pinned...) |
 //! | `HandleError::Deallocator` | the exception the Python memory resource's `deallocate` raised, when it raised on this thread; else `RuntimeError` |
 //! | `MemoryError::InvalidSize` | `ValueError` (zero bytes) or `OverflowError` (more than `isize::MAX`) |
-//! | `SizeMismatch`, `InvalidFill`, `WrongDevice`, `OwnershipConflict`, `NoMemoryResource`, `HandleError::InvalidArgument` | `ValueError` |
+//! | `SizeMismatch`, `InvalidFill`, `WrongDevice`, `OwnershipConflict`, `NoMemoryResource`, `HandleError::InvalidArgument`, `HandleError::WrongDevice` | `ValueError` |
 //! | `NotCapturing`, `StreamCapturing`, `Ipc`, `Graph` | `RuntimeError` |
 
 use std::cell::RefCell;
@@ -125,10 +125,11 @@ fn handle_error(error: HandleError) -> PyErr {
             format!("no CUDA driver: {load}"),
         ),
         HandleError::NoCurrentContext => PyRuntimeError::new_err(NO_CONTEXT),
-        HandleError::InvalidArgument { .. } => PyValueError::new_err(error.to_string()),
-        HandleError::Closed => PyRuntimeError::new_err("the handle has been closed"),
-        HandleError::Deallocator { message } => take_deallocate_error()
-            .unwrap_or_else(|| PyRuntimeError::new_err(format!("deallocate failed: {message}"))),
+        HandleError::InvalidArgument { .. } | HandleError::WrongDevice { .. } => {
+            PyValueError::new_err(error.to_string())
+        }
+        HandleError::Deallocator { source } => take_deallocate_error()
+            .unwrap_or_else(|| PyRuntimeError::new_err(format!("deallocate failed: {source}"))),
         other => PyRuntimeError::new_err(other.to_string()),
     }
 }

@@ -1,13 +1,14 @@
 //! The one module of the bindings with `unsafe` code: DLPack capsules (a `DLManagedTensor`
-//! handed to a consumer through a `PyCapsule` named `"dltensor"`) and borrowing a file
-//! descriptor given as a Python `int` (pool IPC). Every `unsafe` block names its invariant.
+//! handed to a consumer through a `PyCapsule` named `"dltensor"`), borrowing a file
+//! descriptor given as a Python `int` (pool IPC), and wrapping a stream handle given as a Python
+//! `int` (`Stream.from_handle`). Every `unsafe` block names its invariant.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 
-use handles::DevicePtrHandle;
+use handles::{DevicePtrHandle, HandleError, StreamHandle};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -182,4 +183,19 @@ pub(crate) fn with_borrowed_fd<R>(fd: i32, f: impl FnOnce(BorrowedFd<'_>) -> R) 
     // the driver return an error, nothing worse: nothing here closes or reads it.
     let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
     Ok(f(borrowed))
+}
+
+/// Wraps a stream handle a Python caller gave as an `int` (`Stream.from_handle`, the
+/// `__cuda_stream__` protocol); `owner` (the protocol object) is kept while the handle lives.
+///
+/// # Errors
+/// What `cuStreamGetCtx` says about `raw`.
+pub(crate) fn wrap_foreign_stream(
+    raw: usize,
+    owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+) -> Result<StreamHandle, HandleError> {
+    // SAFETY: the Python caller's word that `raw` is a live stream that outlives the wrapper (the
+    // contract of cuda.core's `Stream.from_handle`, which this mirrors); Python code is outside
+    // Rust's guarantees, and a bad handle fails there as it does with cuda.core.
+    unsafe { handles::raw::wrap_stream(raw, owner) }
 }

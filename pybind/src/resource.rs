@@ -224,9 +224,10 @@ impl MemoryResource for PyResourceAdapter {
         _size: usize,
         _stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
-        Err(MemoryError::Handle(HandleError::Deallocator {
-            message: format!("{} allocates through Python only", self.type_name),
-        }))
+        Err(MemoryError::Handle(HandleError::deallocator(format!(
+            "{} allocates through Python only",
+            self.type_name
+        ))))
     }
 
     fn deallocate(
@@ -258,7 +259,7 @@ impl MemoryResource for PyResourceAdapter {
             // Interpreter shutting down: the memory is leaked, never freed by half a Python.
             None => Ok(()),
             Some(Ok(())) => Ok(()),
-            Some(Err(message)) => Err(MemoryError::Handle(HandleError::Deallocator { message })),
+            Some(Err(message)) => Err(MemoryError::Handle(HandleError::deallocator(message))),
         }
     }
 

@@ -103,7 +103,7 @@ fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle> {
     let owner = PyObjRef::new(object.clone().unbind());
     Ok(object
         .py()
-        .detach(|| StreamHandle::from_raw(raw, Some(Box::new(owner))))
+        .detach(|| crate::ffi::wrap_foreign_stream(raw, Some(Box::new(owner))))
         .map_err(Error::from)?)
 }
 
@@ -136,7 +136,7 @@ impl PyStream {
                     expected("int stream handle", handle)
                 }
             })?;
-            py.detach(|| StreamHandle::from_raw(raw, None))
+            py.detach(|| crate::ffi::wrap_foreign_stream(raw, None))
                 .map_err(Error::from)?
         };
         Py::new(py, PyStream::new(stream))

@@ -16,7 +16,7 @@ pub use test_support::emu::{Call, Emulator, Hazard};
 pub use test_support::*;
 
 use handles::sys_types::CUmemPool_attribute;
-use handles::{ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle};
+use handles::{ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation};
 
 /// A context other than device 0's primary one, for "another context is current" cases:
 /// device 1's primary context when there is a second device, else a context created on
@@ -63,3 +63,11 @@ pub fn pool_buffer(stream: &handles::StreamHandle) -> Result<DevicePtrHandle, Ha
 
 /// The size in bytes of a [`pool_buffer`].
 pub const POOL_BUFFER: u64 = 256;
+
+/// The right to free `size` bytes at a test address (`0x3000`, say) that nothing allocated:
+/// for `Deallocator` tests, whose deallocators record what they are handed and never touch it.
+pub fn test_allocation(ptr: u64, size: usize) -> OwnedAllocation {
+    // SAFETY: the token only reaches the tests' own deallocators, which record its address and
+    // size and never free or dereference it.
+    unsafe { handles::raw::owned_allocation(ptr, size) }
+}

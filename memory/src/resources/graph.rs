@@ -8,7 +8,7 @@ use handles::sys_types::CUdeviceptr;
 use handles::{DevicePtrHandle, StreamHandle};
 
 use crate::buffer::{Access, IpcRole};
-use crate::resource::{check_bound_stream_device, check_size, device_error};
+use crate::resource::{check_bound_stream_device, check_size, device_error, taken_on_trust};
 use crate::{Buffer, MemoryError, MemoryResource};
 
 /// Graph memory of device `device_id`: `cuMemAllocAsync` on a stream that is being captured,
@@ -50,8 +50,7 @@ impl MemoryResource for GraphMemoryResource {
         if ops::capture_status(stream)? != CaptureStatus::Active {
             return Err(MemoryError::NotCapturing);
         }
-        let handle = DevicePtrHandle::alloc_async(size, stream)
-            .map_err(|error| device_error(error, Some(self.device), stream))?;
+        let handle = DevicePtrHandle::alloc_async(size, stream).map_err(device_error)?;
         let access = Access {
             device: true,
             host: false,
@@ -68,10 +67,10 @@ impl MemoryResource for GraphMemoryResource {
     fn deallocate(
         &self,
         ptr: CUdeviceptr,
-        _size: usize,
+        size: usize,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(ops::free_async(ptr, stream)?)
+        Ok(taken_on_trust(ptr, size).free_async(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {

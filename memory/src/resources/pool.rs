@@ -11,7 +11,7 @@ use handles::sys_types::CUdeviceptr;
 use handles::{DevicePtrHandle, MemoryPoolHandle, StreamHandle};
 
 use crate::buffer::{Access, IpcRole};
-use crate::resource::{check_bound_stream_device, check_size, device_error};
+use crate::resource::{check_bound_stream_device, check_size, device_error, taken_on_trust};
 use crate::{Buffer, MemoryError, MemoryResource};
 
 /// What the two pool resources share.
@@ -63,8 +63,8 @@ impl PoolCore {
         if ops::capture_may_be_active() && ops::capture_status(stream)? != CaptureStatus::None {
             return Err(MemoryError::StreamCapturing);
         }
-        let handle = DevicePtrHandle::alloc_from_pool(size, &self.pool, stream)
-            .map_err(|error| device_error(error, device, stream))?;
+        let handle =
+            DevicePtrHandle::alloc_from_pool(size, &self.pool, stream).map_err(device_error)?;
         let role = if self.ipc_enabled {
             IpcRole::Exportable
         } else {
@@ -268,10 +268,10 @@ impl MemoryResource for DeviceMemoryResource {
     fn deallocate(
         &self,
         ptr: CUdeviceptr,
-        _size: usize,
+        size: usize,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(ops::free_async(ptr, stream)?)
+        Ok(taken_on_trust(ptr, size).free_async(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -406,10 +406,10 @@ impl MemoryResource for PinnedMemoryResource {
     fn deallocate(
         &self,
         ptr: CUdeviceptr,
-        _size: usize,
+        size: usize,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(ops::free_async(ptr, stream)?)
+        Ok(taken_on_trust(ptr, size).free_async(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {

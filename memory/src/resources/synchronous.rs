@@ -10,12 +10,11 @@
 
 use std::sync::Arc;
 
-use handles::ops;
 use handles::sys_types::CUdeviceptr;
 use handles::{ContextHandle, DefaultStream, DevicePtrHandle, ReleaseKind, StreamHandle};
 
 use crate::buffer::{adopt_synchronous, Access, IpcRole};
-use crate::resource::{check_bound_stream_device, check_size, device_error};
+use crate::resource::{check_bound_stream_device, check_size, device_error, taken_on_trust};
 use crate::{Buffer, ManagedBuffer, MemoryError, MemoryResource};
 
 const HOST_AND_DEVICE: Access = Access {
@@ -68,10 +67,10 @@ impl MemoryResource for LegacyPinnedMemoryResource {
     fn deallocate(
         &self,
         ptr: CUdeviceptr,
-        _size: usize,
+        size: usize,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(ops::free_host_sync(ptr, stream)?)
+        Ok(taken_on_trust(ptr, size).free_host_sync(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -169,10 +168,10 @@ impl MemoryResource for ManagedMemoryResource {
     fn deallocate(
         &self,
         ptr: CUdeviceptr,
-        _size: usize,
+        size: usize,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(ops::free_device_sync(ptr, stream)?)
+        Ok(taken_on_trust(ptr, size).free_device_sync(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -259,8 +258,7 @@ impl MemoryResource for SynchronousMemoryResource {
     ) -> Result<Buffer, MemoryError> {
         check_size(size)?;
         let recorded = self.recipe_stream(stream)?;
-        let handle = DevicePtrHandle::alloc(size, recorded)
-            .map_err(|error| device_error(error, Some(self.device), recorded))?;
+        let handle = DevicePtrHandle::alloc(size, recorded).map_err(device_error)?;
         let access = Access {
             device: true,
             host: false,
@@ -277,10 +275,10 @@ impl MemoryResource for SynchronousMemoryResource {
     fn deallocate(
         &self,
         ptr: CUdeviceptr,
-        _size: usize,
+        size: usize,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(ops::free_device_sync(ptr, stream)?)
+        Ok(taken_on_trust(ptr, size).free_device_sync(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {

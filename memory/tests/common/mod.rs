@@ -18,7 +18,9 @@ pub use test_support::emu::{Call, Emulator, Hazard};
 pub use test_support::*;
 
 use handles::sys_types::{CUdeviceptr, MemPoolAttribute};
-use handles::{ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, StreamHandle};
+use handles::{
+    ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle,
+};
 use memory::{Buffer, MemoryError, MemoryResource, Ownership};
 
 /// A created stream in device `n`'s primary context.
@@ -122,9 +124,9 @@ impl MemoryResource for RecordingResource {
             current_context: current_raw(),
         });
         if let Some(message) = self.fail_with.lock().unwrap().clone() {
-            return Err(MemoryError::Handle(HandleError::Deallocator { message }));
+            return Err(MemoryError::Handle(HandleError::deallocator(message)));
         }
-        Ok(handles::ops::free_async(ptr, stream)?)
+        Ok(unowned(ptr, size).free_async(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -155,4 +157,12 @@ pub fn read(buffer: &Buffer, stream: &StreamHandle) -> Vec<u8> {
 pub fn close_on(buffer: Buffer, stream: &StreamHandle) -> Result<(), MemoryError> {
     buffer.set_deallocation_stream(stream)?;
     buffer.close()
+}
+
+/// The right to free memory at `ptr` that no buffer owns (the test allocated it, or a view or
+/// a failed free left it with the test), for one of [`OwnedAllocation`]'s frees.
+pub fn unowned(ptr: CUdeviceptr, size: usize) -> OwnedAllocation {
+    // SAFETY: each caller holds memory that no buffer or handle owns any more and frees it
+    // once, through the token.
+    unsafe { handles::raw::owned_allocation(ptr, size) }
 }

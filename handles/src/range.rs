@@ -1,0 +1,280 @@
+//! [`DeviceRange`]: a checked byte range of a [`DevicePtrHandle`], and the copies and fills that
+//! take one (the only way safe code reads or writes memory through custody).
+
+use std::fmt;
+
+use cuda_sys::types::{CUdeviceptr, CUstream};
+use cuda_sys::Driver;
+
+use crate::deviceptr::DevicePtrHandle;
+use crate::stream::StreamHandle;
+use crate::HandleError;
+
+/// `len` bytes at `offset` into the memory of a [`DevicePtrHandle`], checked to lie inside it
+/// when made ([`DevicePtrHandle::range`], [`DevicePtrHandle::as_range`]).
+///
+/// A range borrows its handle, so the memory cannot be released (nor the handle's last
+/// reference dropped) while the range exists; it is `Copy`, and passing one to a copy or fill
+/// is the only way safe code reaches memory through custody. Which memory the handle names was
+/// vouched for once, where the handle was made: by the driver (an allocation), or by the
+/// caller of an `unsafe` constructor in [`crate::raw`].
+///
+/// Copies and fills are *ordered on a stream* and most do not block: the memory must stay
+/// allocated until the work has run. Keeping the handle (a clone of it) until then, or recording
+/// the free on that stream ([`DevicePtrHandle::set_deallocation_stream`]), orders the free
+/// after it; ordering work on other streams before the free is the caller's job.
+#[derive(Clone, Copy)]
+pub struct DeviceRange<'a> {
+    handle: &'a DevicePtrHandle,
+    offset: usize,
+    len: usize,
+}
+
+impl DevicePtrHandle {
+    /// The `len` bytes at `offset` into this memory.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] when `offset + len` overflows or passes the end of the
+    /// memory ([`DevicePtrHandle::size`] bytes). No driver call.
+    #[inline]
+    pub fn range(&self, offset: usize, len: usize) -> Result<DeviceRange<'_>, HandleError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size() => Ok(DeviceRange {
+                handle: self,
+                offset,
+                len,
+            }),
+            _ => Err(out_of_bounds(offset, len, self.size())),
+        }
+    }
+
+    /// The whole memory as one range (`0..size`). No driver call.
+    #[inline]
+    pub fn as_range(&self) -> DeviceRange<'_> {
+        DeviceRange {
+            handle: self,
+            offset: 0,
+            len: self.size(),
+        }
+    }
+}
+
+#[cold]
+fn out_of_bounds(offset: usize, len: usize, size: usize) -> HandleError {
+    HandleError::invalid(
+        "range",
+        format!("{len} bytes at offset {offset} do not fit in {size} bytes of memory"),
+    )
+}
+
+impl<'a> DeviceRange<'a> {
+    /// The handle whose memory this is.
+    #[inline]
+    pub fn handle(&self) -> &'a DevicePtrHandle {
+        self.handle
+    }
+
+    /// The first byte's address (device address, or host address for pinned host memory).
+    #[inline]
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.handle.ptr() + self.offset as u64
+    }
+
+    /// The offset in bytes from the start of the handle's memory.
+    #[inline]
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the range holds no bytes.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `len` bytes at `offset` into this range.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] when they do not lie inside this range. No driver call.
+    pub fn subrange(&self, offset: usize, len: usize) -> Result<DeviceRange<'a>, HandleError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(DeviceRange {
+                handle: self.handle,
+                offset: self.offset + offset,
+                len,
+            }),
+            _ => Err(out_of_bounds(offset, len, self.len)),
+        }
+    }
+
+    /// Copies this range into `dst`, ordered on `stream`. Does not block. Either side may be
+    /// device, pinned host or managed memory (unified addressing tells the driver which);
+    /// overlapping ranges leave the destination's bytes unspecified.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] when the lengths differ (no driver call);
+    /// [`HandleError::NoCurrentContext`] for an unbound default-stream token on a thread with no
+    /// context; [`HandleError::Driver`] when the driver rejects the copy.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (when the stream's context is not
+    /// current), `cuMemcpyAsync`.
+    pub fn copy_to(&self, dst: &DeviceRange<'_>, stream: &StreamHandle) -> Result<(), HandleError> {
+        if dst.len != self.len {
+            return Err(HandleError::invalid(
+                "dst",
+                format!(
+                    "the source holds {} bytes and the destination {}",
+                    self.len, dst.len
+                ),
+            ));
+        }
+        let (dst_ptr, src_ptr, len) = (dst.ptr(), self.ptr(), self.len);
+        crate::ops::on_stream(
+            stream,
+            "cuMemcpyAsync",
+            |d: &'static Driver, s: CUstream| {
+                // SAFETY: both ranges lie inside memory their handles name, and the borrows keep
+                // the handles (so the memory) alive for the call; the stream handle is alive and its
+                // context is current.
+                unsafe { (d.cuMemcpyAsync)(dst_ptr, src_ptr, len, s) }
+            },
+        )
+    }
+
+    /// Copies this range into `dst` on the host, ordered on `stream` after the work queued
+    /// there, and **blocks** until the bytes have arrived.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] unless `dst.len()` is the range's length (no driver
+    /// call); as [`DeviceRange::copy_to`], and the stream's failure (`cuStreamSynchronize`).
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
+    /// `cuStreamSynchronize`.
+    pub fn copy_to_host(&self, dst: &mut [u8], stream: &StreamHandle) -> Result<(), HandleError> {
+        self.check_host_len(dst.len())?;
+        let (host, src, len) = (dst.as_mut_ptr() as CUdeviceptr, self.ptr(), self.len);
+        crate::ops::on_stream_then_sync(stream, "cuMemcpyAsync", |d, s| {
+            // SAFETY: `dst` is a writable slice of `len` bytes that outlives the call, which
+            // returns only after the stream (and so the copy) has finished; the range lies
+            // inside memory its borrowed handle keeps alive.
+            unsafe { (d.cuMemcpyAsync)(host, src, len, s) }
+        })
+    }
+
+    /// Copies `src` from the host into this range, ordered on `stream` after the work queued
+    /// there, and **blocks** until the copy has finished (so `src` may be reused at once).
+    ///
+    /// # Errors
+    /// As [`DeviceRange::copy_to_host`].
+    ///
+    /// Driver calls: as [`DeviceRange::copy_to_host`].
+    pub fn copy_from_host(&self, src: &[u8], stream: &StreamHandle) -> Result<(), HandleError> {
+        self.check_host_len(src.len())?;
+        let (host, dst, len) = (src.as_ptr() as CUdeviceptr, self.ptr(), self.len);
+        crate::ops::on_stream_then_sync(stream, "cuMemcpyAsync", |d, s| {
+            // SAFETY: `src` is a readable slice of `len` bytes that outlives the call, which
+            // returns only after the copy has finished; the range lies inside memory its
+            // borrowed handle keeps alive.
+            unsafe { (d.cuMemcpyAsync)(dst, host, len, s) }
+        })
+    }
+
+    /// Sets every byte of the range to `value`, ordered on `stream`. Does not block.
+    ///
+    /// # Errors
+    /// As [`DeviceRange::copy_to`] (without the length check).
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD8Async`.
+    pub fn fill_u8(&self, value: u8, stream: &StreamHandle) -> Result<(), HandleError> {
+        let (dst, count) = (self.ptr(), self.len);
+        crate::ops::on_stream(stream, "cuMemsetD8Async", |d, s| {
+            // SAFETY: the range lies inside memory its borrowed handle keeps alive; the stream
+            // is alive and its context current.
+            unsafe { (d.cuMemsetD8Async)(dst, value, count, s) }
+        })
+    }
+
+    /// Sets the range, as `len / 2` 16-bit elements, to `value`, ordered on `stream`. Does not
+    /// block.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] when the length or the address is not a multiple of 2
+    /// (no driver call); otherwise as [`DeviceRange::fill_u8`].
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD16Async`.
+    pub fn fill_u16(&self, value: u16, stream: &StreamHandle) -> Result<(), HandleError> {
+        let count = self.elements(2)?;
+        let dst = self.ptr();
+        crate::ops::on_stream(stream, "cuMemsetD16Async", |d, s| {
+            // SAFETY: `count` 2-byte elements fill exactly the range, which lies inside memory
+            // its borrowed handle keeps alive; the stream is alive and its context current.
+            unsafe { (d.cuMemsetD16Async)(dst, value, count, s) }
+        })
+    }
+
+    /// Sets the range, as `len / 4` 32-bit elements, to `value`, ordered on `stream`. Does not
+    /// block.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] when the length or the address is not a multiple of 4
+    /// (no driver call); otherwise as [`DeviceRange::fill_u8`].
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD32Async`.
+    pub fn fill_u32(&self, value: u32, stream: &StreamHandle) -> Result<(), HandleError> {
+        let count = self.elements(4)?;
+        let dst = self.ptr();
+        crate::ops::on_stream(stream, "cuMemsetD32Async", |d, s| {
+            // SAFETY: `count` 4-byte elements fill exactly the range, which lies inside memory
+            // its borrowed handle keeps alive; the stream is alive and its context current.
+            unsafe { (d.cuMemsetD32Async)(dst, value, count, s) }
+        })
+    }
+
+    /// How many `width`-byte elements make up the range, checking length and alignment.
+    fn elements(&self, width: usize) -> Result<usize, HandleError> {
+        if !self.len.is_multiple_of(width) {
+            return Err(HandleError::invalid(
+                "range",
+                format!(
+                    "{} bytes are not a whole number of {width}-byte elements",
+                    self.len
+                ),
+            ));
+        }
+        if !self.ptr().is_multiple_of(width as u64) {
+            return Err(HandleError::invalid(
+                "range",
+                format!("the address is not aligned to {width} bytes"),
+            ));
+        }
+        Ok(self.len / width)
+    }
+
+    fn check_host_len(&self, host: usize) -> Result<(), HandleError> {
+        if host != self.len {
+            return Err(HandleError::invalid(
+                "host slice",
+                format!("it holds {host} bytes and the range {}", self.len),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for DeviceRange<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DeviceRange(0x{:x}, {} bytes at offset {})",
+            self.ptr(),
+            self.len,
+            self.offset
+        )
+    }
+}
