@@ -33,7 +33,7 @@
 //!   Events record stream positions; `cuStreamWaitEvent` makes a stream wait for one; the
 //!   synchronize calls block; the query calls return `CUDA_ERROR_NOT_READY` while work is pending.
 //! - **Memory**: real bytes. Device pointers live in a reserved, inaccessible 1 TiB address
-//!   range (so a device pointer is never a host address and is never reused); host, managed
+//!   range (so a device pointer is never a host address); host, managed
 //!   and host-pool memory is backed at its own address. `cuMemcpy` treats a pointer the driver
 //!   does not know, outside the device range, as pageable host memory; copies involving pageable
 //!   memory return only when done. Accesses past an allocation's end fail with
@@ -46,7 +46,13 @@
 //!   an H200 did for a 1000-byte allocation, in 2 MiB steps beyond; reserved shrinks at
 //!   synchronisation down to what the used bytes need, or the threshold, or on
 //!   `cuMemPoolTrimTo`), access descriptors, stream-ordered allocation and free (memory goes
-//!   back to the pool when the free runs on its stream).
+//!   back to the pool when the free runs on its stream). A device pool hands a freed address out
+//!   again (measured: `docs/driver-facts.md` F18) to the next allocation of the same size
+//!   (rounded up to 512 bytes) that is ordered after the free (the same stream, an event wait,
+//!   host synchronisation), with fresh bytes; other device addresses (`cuMemAlloc`, graph
+//!   allocations) are never reused, and host addresses are whatever the system allocator gives.
+//!   Every allocation has an identity, unique and never reused, which the queries, the hazards
+//!   and the call log carry (`id`, `alloc`) and `CU_POINTER_ATTRIBUTE_BUFFER_ID` returns.
 //! - **Pool IPC**: a pool created with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` is carved from
 //!   a `memfd` (1 GiB sparse, or `maxSize`); exporting it gives a new descriptor; another process
 //!   imports it by descriptor and maps it; exported pointers carry the arena's id and offset in
@@ -98,15 +104,17 @@
 //!   thread has waited for is complete for every later call. Every use of an allocation (fill,
 //!   copy, graph node, the stream-ordered allocation itself) records its (stream, time). A free not
 //!   ordered after every recorded use is `unordered_free`; a use after the free was issued is
-//!   `use_after_free`; freeing a freed or unknown pointer is `double_free`; a free on a destroyed
+//!   `use_after_free` (a graph node also when its allocation was freed and the address now
+//!   belongs to another one: nodes remember the identity of the memory they were made for);
+//!   freeing a freed or unknown pointer is `double_free`; a free on a destroyed
 //!   stream is `free_on_destroyed_stream` (where the real driver crashes, F11). Synchronous frees
 //!   are ordered after everything. Detection is at enqueue time, on logical clocks, so it is
 //!   deterministic.
 //! - **Fault injection**: `custodyEmuInjectFault(function, nth, error)` makes the nth next call
 //!   of a function (any thread) return `error` without effect, once.
 //! - **Queries**: `custodyEmuQuery("allocations" | "hazards" | "calls")` as JSON; the call log
-//!   records function, thread, current context, stream as passed and resolved, device pointer and
-//!   result for every exported driver call.
+//!   records function, thread, current context, stream as passed and resolved, device pointer,
+//!   the identity of the allocation made or freed, and result for every exported driver call.
 //!
 //! # Environment
 //! - `CUSTODY_EMU_DEVICE_COUNT`: number of devices (default 2).
@@ -118,8 +126,10 @@
 //! Kernels, modules, textures and arrays; peer copies between contexts (all memory is one host
 //! memory); `_ptds` entry points (the `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM` flag is
 //! ignored); event timing; memory advice and prefetch; virtual memory management; child graph
-//! nodes and graph launches into a capture; graph exec update; the real driver's allocation
-//! reuse and its timing; the real driver's crash on a destroyed stream (F11: an error and a
+//! nodes and graph launches into a capture; graph exec update; the real driver's opportunistic
+//! reuse of memory whose free has completed on the GPU without being ordered before the new
+//! allocation (it depends on timing), and its suballocation of blocks of other sizes; the real
+//! driver's crash on a destroyed stream (F11: an error and a
 //! hazard instead). Concurrent copies into the same bytes race exactly as on a GPU.
 
 mod api;

@@ -128,6 +128,8 @@ pub(crate) struct State {
     pub(crate) va_base: u64,
     pub(crate) va_next: u64,
     pub(crate) next_capture_id: u64,
+    /// The last allocation identity handed out ([`crate::memory::Alloc::id`]).
+    pub(crate) next_alloc_id: u64,
 }
 
 impl State {
@@ -158,6 +160,7 @@ impl State {
             va_base,
             va_next: va_base + 0x1000_0000,
             next_capture_id: 1,
+            next_alloc_id: 0,
         }
     }
 

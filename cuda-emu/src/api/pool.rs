@@ -147,6 +147,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
                 exported: false,
                 imported: None,
                 imported_id: 0,
+                free_blocks: Default::default(),
             },
         );
         // SAFETY: checked non-null (driver contract).
@@ -399,6 +400,7 @@ pub unsafe extern "C" fn cuMemPoolImportFromShareableHandle(
                 exported: false,
                 imported: Some(map),
                 imported_id: header.id,
+                free_blocks: Default::default(),
             },
         );
         // SAFETY: checked non-null (driver contract).
@@ -441,7 +443,7 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
     share: *mut CUmemPoolPtrExportData,
 ) -> CUresult {
     let pool = pool as u64;
-    entry("cuMemPoolImportPointer", None, None, |_| {
+    entry("cuMemPoolImportPointer", None, None, |info| {
         need(ptr_out)?;
         // SAFETY: the caller's 64 bytes of export data (driver contract).
         let data: [u8; 64] = unsafe { get(share.cast_const().cast::<[u8; 64]>())? };
@@ -463,6 +465,7 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
         });
         if let Some(a) = live {
             let addr = a.addr;
+            info.alloc = Some(a.id);
             // SAFETY: checked non-null (driver contract).
             return unsafe { put(ptr_out, addr) };
         }
@@ -472,7 +475,8 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
         } else {
             st.device_va(size)?
         };
-        st.insert_alloc(Alloc {
+        info.alloc = Some(st.insert_alloc(Alloc {
+            id: 0,
             addr,
             size,
             kind: AllocKind::Ipc,
@@ -484,7 +488,7 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
             backing,
             uses: VectorClock::default(),
             ipc_offset: Some(offset),
-        });
+        }));
         // SAFETY: checked non-null (driver contract).
         unsafe { put(ptr_out, addr) }
     })
