@@ -132,7 +132,7 @@
 //! driver's crash on a destroyed stream (F11: an error and a
 //! hazard instead). Concurrent copies into the same bytes race exactly as on a GPU.
 
-mod api;
+pub(crate) mod api;
 mod clock;
 mod codes;
 mod exec;
@@ -160,5 +160,43 @@ mod tests {
             };
         }
         cuda_sys::with_driver_functions!(check);
+    }
+
+    /// Every symbol of the driver API table is exported: implemented, or answering
+    /// `CUDA_ERROR_NOT_SUPPORTED`.
+    #[test]
+    fn every_driver_api_symbol_is_exported() {
+        let mut unsupported = 0;
+        for &(_, _, symbol) in crate::api::names::VARIANTS {
+            if crate::api::export_named(symbol).is_none() {
+                assert!(
+                    crate::api::unsupported::unsupported_named(symbol).is_some(),
+                    "{symbol} is neither implemented nor answered as not supported"
+                );
+                unsupported += 1;
+            }
+        }
+        assert!(unsupported < crate::api::names::VARIANTS.len());
+    }
+
+    /// `cuGetProcAddress` picks the newest variant the asked-for version knows.
+    #[test]
+    fn variants_follow_the_requested_version() {
+        use crate::api::variant_for;
+        assert_eq!(variant_for("cuMemAlloc", 3020), Ok("cuMemAlloc_v2"));
+        assert_eq!(variant_for("cuMemAlloc", 2000), Ok("cuMemAlloc"));
+        assert_eq!(variant_for("cuCtxCreate", 11040), Ok("cuCtxCreate_v3"));
+        assert_eq!(variant_for("cuCtxCreate", 13000), Ok("cuCtxCreate_v4"));
+        assert_eq!(
+            variant_for("cuStreamGetCaptureInfo", 12030),
+            Ok("cuStreamGetCaptureInfo_v3")
+        );
+        assert_eq!(
+            variant_for("cuStreamGetCaptureInfo", 12000),
+            Ok("cuStreamGetCaptureInfo_v2")
+        );
+        assert_eq!(variant_for("cuMemGetMemPool", 12000), Err(true));
+        assert_eq!(variant_for("cuNoSuchThing", 13000), Err(false));
+        assert_eq!(variant_for("cuMemAlloc_v2", 13000), Err(false));
     }
 }

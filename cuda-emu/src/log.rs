@@ -238,3 +238,18 @@ pub(crate) fn entry(
     }
     result
 }
+
+/// The body of every entry point the emulator does not serve (`api::unsupported`): logged like
+/// any call, and `CUDA_ERROR_NOT_SUPPORTED`. With `CUSTODY_EMU_WARN_UNSUPPORTED` set, the first
+/// call of each such function is also reported on stderr.
+pub(crate) fn not_supported(function: &'static str) -> CUresult {
+    static WARNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    if std::env::var_os("CUSTODY_EMU_WARN_UNSUPPORTED").is_some() {
+        let mut warned = lock(&WARNED);
+        if !warned.contains(&function) {
+            warned.push(function);
+            eprintln!("cuda-emu: {function} is not emulated (CUDA_ERROR_NOT_SUPPORTED)");
+        }
+    }
+    entry(function, None, None, |_| Err(codes::NOT_SUPPORTED))
+}

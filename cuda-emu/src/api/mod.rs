@@ -9,8 +9,10 @@ mod context;
 mod device;
 mod graph;
 mod memory;
+pub(crate) mod names;
 mod pool;
 mod stream;
+pub(crate) mod unsupported;
 
 pub(crate) use context::*;
 pub(crate) use device::*;
