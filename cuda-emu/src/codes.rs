@@ -120,5 +120,9 @@ pub(crate) const CAPTURE_STATE: CUresult = C::ILLEGAL_STATE.0;
 /// graphics interop, virtual memory management and the rest), or a feature of a served one that
 /// it does not model (documented code for an unsupported operation).
 pub(crate) const NOT_SUPPORTED: CUresult = C::NOT_SUPPORTED.0;
+/// `cuEventElapsedTime` with an event created with `CU_EVENT_DISABLE_TIMING` (documented).
+pub(crate) const EVENT_NO_TIMING: CUresult = C::INVALID_HANDLE.0;
+/// `cuEventElapsedTime` with an event that was never recorded (documented).
+pub(crate) const EVENT_NOT_RECORDED: CUresult = C::INVALID_HANDLE.0;
 /// An emulator bug caught as a panic: never expected.
 pub(crate) const INTERNAL: CUresult = C::UNKNOWN.0;

@@ -372,6 +372,10 @@ pub(crate) struct Pool {
     /// Freed device address ranges, oldest first, at most [`FREE_BLOCKS`]. Host pools keep
     /// none: their addresses are the bytes' host addresses.
     pub(crate) free_blocks: VecDeque<FreeBlock>,
+    /// A pool of managed memory (`CU_MEM_ALLOCATION_TYPE_MANAGED`): host-accessible bytes at
+    /// their own address, reported as device memory that is not `IS_MANAGED` (cuda.core 1.2
+    /// relies on that for pool-allocated managed memory).
+    pub(crate) managed: bool,
 }
 
 impl Pool {
@@ -409,6 +413,32 @@ impl State {
                 imported: None,
                 imported_id: 0,
                 free_blocks: VecDeque::new(),
+                managed: false,
+            },
+        );
+        handle
+    }
+
+    /// A location's default pool that no device entry holds: the host's (`host`), a host NUMA
+    /// node's, or a managed pool (`managed`) of a device or of no location.
+    pub(crate) fn create_location_pool(&mut self, kind: u32, id: i32, managed: bool) -> u64 {
+        let handle = self.new_handle();
+        let device = if kind == 1 { id } else { -1 };
+        self.pools.insert(
+            handle,
+            Pool {
+                device,
+                host: true,
+                handle_types: 0,
+                core: PoolCore::new(0),
+                default: true,
+                access: Vec::new(),
+                arena: None,
+                exported: false,
+                imported: None,
+                imported_id: 0,
+                free_blocks: VecDeque::new(),
+                managed,
             },
         );
         handle

@@ -90,6 +90,11 @@ impl Stream {
 
 pub(crate) struct Event {
     pub(crate) ctx: u64,
+    /// The `CU_EVENT_*` creation flags.
+    pub(crate) flags: u32,
+    /// When the host saw the last record's stream reach it (set by the record's operation; the
+    /// timing `cuEventElapsedTime` reports).
+    pub(crate) recorded_at: Arc<Mutex<Option<std::time::Instant>>>,
     /// The last record: the stream position it waits for and the clock it carries.
     pub(crate) record: Option<(Dep, VectorClock)>,
     /// Set when last recorded in a capture: (capture id, captured nodes).

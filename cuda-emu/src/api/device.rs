@@ -122,7 +122,7 @@ macro_rules! export_lookup {
             match name {
                 $(stringify!($name) => Some(super::$name as cuda_sys::fn_types::$name as *mut c_void),)*
                 "cuGetProcAddress" => Some(cuGetProcAddress as GetProcAddressV1 as *mut c_void),
-                _ => None,
+                _ => super::extra_named(name),
             }
         }
     };
@@ -328,6 +328,14 @@ fn attribute(attr: u32, dev: CUdevice) -> Option<c_int> {
     ];
     if attr == 0 || attr > 200 {
         return None;
+    }
+    // Attributes newer than this build's CUDA 12.0 types, by number (CUDA 13 headers).
+    match attr {
+        // CU_DEVICE_ATTRIBUTE_NUMA_ID: the device is not a NUMA node.
+        131 => return Some(-1),
+        // HOST_NUMA_MEMORY_POOLS_SUPPORTED, HOST_MEMORY_POOLS_SUPPORTED: host pools exist here.
+        142 | 144 => return Some(1),
+        _ => {}
     }
     Some(
         table

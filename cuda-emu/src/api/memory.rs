@@ -599,15 +599,34 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     attribute: CUpointer_attribute,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    use cuda_sys::types::CUpointer_attribute as P;
     let attr = attribute as u32;
     entry("cuPointerGetAttribute", None, Some(ptr), |_| {
         need(data)?;
         let st = initialized()?;
+        // SAFETY: the caller's storage for the attribute (driver contract).
+        unsafe { pointer_attribute(&st, attr, ptr, data) }
+    })
+}
+
+/// Writes pointer attribute `attr` of `ptr` to `data`.
+///
+/// # Errors
+/// `BAD_POINTER` for a pointer the driver does not know, `BAD_ATTRIBUTE` for an attribute it
+/// does not answer, `INVALID_VALUE` for the host pointer of device memory.
+///
+/// # Safety
+/// `data` is non-null and valid for a write of the attribute's documented type.
+pub(crate) unsafe fn pointer_attribute(st: &State, attr: u32, ptr: u64, data: *mut c_void) -> Res {
+    use cuda_sys::types::CUpointer_attribute as P;
+    {
         let start = st.find_live(ptr).ok_or(codes::BAD_POINTER)?;
         let a = &st.allocs[&start];
         let host_accessible = a.kind.host_accessible(a.host);
-        let memtype = if a.host && a.kind != AllocKind::Managed {
+        let pool_managed = a
+            .pool
+            .and_then(|p| st.pools.get(&p))
+            .is_some_and(|p| p.managed);
+        let memtype = if a.host && a.kind != AllocKind::Managed && !pool_managed {
             CUmemorytype::CU_MEMORYTYPE_HOST as u32
         } else {
             CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
@@ -659,8 +678,25 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 a_ if a_ == P::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE as u32 => {
                     put(data.cast::<u64>(), a.pool.unwrap_or(0))
                 }
+                // Not capable of legacy (cuIpcGetMemHandle) IPC, nor of GPUDirect RDMA.
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE as u32
+                    || a_ == P::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE as u32 =>
+                {
+                    put(data.cast::<u32>(), 0)
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES as u32 => {
+                    let types = a
+                        .pool
+                        .and_then(|p| st.pools.get(&p))
+                        .map_or(0, |p| p.handle_types);
+                    put(data.cast::<u64>(), u64::from(types))
+                }
+                // CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: read and write.
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS as u32 => {
+                    put(data.cast::<u32>(), 3)
+                }
                 _ => Err(codes::BAD_ATTRIBUTE),
             }
         }
-    })
+    }
 }

@@ -30,7 +30,7 @@ pub(crate) struct RawPoolProps {
 
 /// `CUmemLocation`.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct RawLocation {
     pub(crate) kind: u32,
     pub(crate) id: i32,
@@ -48,9 +48,11 @@ const _: () = assert!(std::mem::size_of::<RawPoolProps>() == std::mem::size_of::
 const _: () =
     assert!(std::mem::size_of::<RawAccessDesc>() == std::mem::size_of::<CUmemAccessDesc>());
 
+/// `CU_MEM_LOCATION_TYPE_NONE` (CUDA 13; `_INVALID` before).
+pub(crate) const LOCATION_NONE: u32 = 0;
 pub(crate) const LOCATION_DEVICE: u32 = 1;
-const LOCATION_HOST: u32 = 2;
-const LOCATION_HOST_NUMA: u32 = 3;
+pub(crate) const LOCATION_HOST: u32 = 2;
+pub(crate) const LOCATION_HOST_NUMA: u32 = 3;
 const HANDLE_POSIX_FD: u32 = 1;
 const ACCESS_READWRITE: u32 = 3;
 
@@ -107,17 +109,25 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         // SAFETY: the caller's props (driver contract); read as plain integers.
         let p: RawPoolProps = unsafe { get(props.cast::<RawPoolProps>())? };
         let mut st = initialized()?;
-        if p.alloc_type != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED as u32 {
-            return Err(codes::INVALID_VALUE);
-        }
+        // CU_MEM_ALLOCATION_TYPE_PINNED (1) or _MANAGED (2, CUDA 13: host-accessible memory
+        // at its own address, a device's, a host's or of no preferred location).
+        let managed = match p.alloc_type {
+            1 => false,
+            2 => true,
+            _ => return Err(codes::INVALID_VALUE),
+        };
         let (device, host) = match p.location.kind {
             LOCATION_DEVICE => {
                 st.device(p.location.id).map_err(|_| codes::INVALID_VALUE)?;
-                (p.location.id, false)
+                (p.location.id, managed)
             }
             LOCATION_HOST | LOCATION_HOST_NUMA => (-1, true),
+            LOCATION_NONE if managed => (-1, true),
             _ => return Err(codes::INVALID_VALUE),
         };
+        if managed && p.handle_types != 0 {
+            return Err(codes::INVALID_VALUE);
+        }
         if p.handle_types & !HANDLE_POSIX_FD != 0 {
             return Err(codes::INVALID_VALUE);
         }
@@ -148,6 +158,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
                 imported: None,
                 imported_id: 0,
                 free_blocks: Default::default(),
+                managed,
             },
         );
         // SAFETY: checked non-null (driver contract).
@@ -401,6 +412,7 @@ pub unsafe extern "C" fn cuMemPoolImportFromShareableHandle(
                 imported: Some(map),
                 imported_id: header.id,
                 free_blocks: Default::default(),
+                managed: false,
             },
         );
         // SAFETY: checked non-null (driver contract).

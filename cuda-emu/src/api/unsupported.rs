@@ -66,13 +66,9 @@ not_supported! {
     cuCtxGetApiVersion
     cuCtxGetCacheConfig
     cuCtxGetDevResource
-    cuCtxGetDevice_v2
     cuCtxGetExecAffinity
-    cuCtxGetFlags
-    cuCtxGetId
     cuCtxGetLimit
     cuCtxGetSharedMemConfig
-    cuCtxGetStreamPriorityRange
     cuCtxPopCurrent
     cuCtxPushCurrent
     cuCtxRecordEvent
@@ -81,7 +77,6 @@ not_supported! {
     cuCtxSetFlags
     cuCtxSetLimit
     cuCtxSetSharedMemConfig
-    cuCtxSynchronize_v2
     cuCtxWaitEvent
     cuDestroyExternalMemory
     cuDestroyExternalSemaphore
@@ -101,8 +96,6 @@ not_supported! {
     cuDeviceGetPCIBusId
     cuDeviceGetProperties
     cuDeviceGetTexture1DLinearMaxWidth
-    cuDeviceGetUuid
-    cuDeviceGetUuid_v2
     cuDeviceGraphMemTrim
     cuDevicePrimaryCtxRelease
     cuDevicePrimaryCtxReset
@@ -112,7 +105,6 @@ not_supported! {
     cuDeviceRegisterAsyncNotification
     cuDeviceSetGraphMemAttribute
     cuDeviceTotalMem
-    cuDeviceTotalMem_v2
     cuDeviceUnregisterAsyncNotification
     cuEGLStreamConsumerAcquireFrame
     cuEGLStreamConsumerConnect
@@ -125,9 +117,6 @@ not_supported! {
     cuEGLStreamProducerReturnFrame
     cuEventCreateFromEGLSync
     cuEventDestroy
-    cuEventElapsedTime
-    cuEventElapsedTime_v2
-    cuEventRecordWithFlags
     cuExternalMemoryGetMappedBuffer
     cuExternalMemoryGetMappedMipmappedArray
     cuFlushGPUDirectRDMAWrites
@@ -322,27 +311,20 @@ not_supported! {
     cuLogsUnregisterCallback
     cuMemAddressFree
     cuMemAddressReserve
-    cuMemAdvise
-    cuMemAdvise_v2
     cuMemAlloc
     cuMemAllocHost
     cuMemAllocPitch
     cuMemAllocPitch_v2
     cuMemBatchDecompressAsync
     cuMemCreate
-    cuMemDiscardAndPrefetchBatchAsync
-    cuMemDiscardBatchAsync
     cuMemExportToShareableHandle
     cuMemFree
     cuMemGetAccess
     cuMemGetAddressRange
-    cuMemGetAddressRange_v2
     cuMemGetAllocationGranularity
     cuMemGetAllocationPropertiesFromHandle
-    cuMemGetDefaultMemPool
     cuMemGetHandleForAddressRange
     cuMemGetInfo
-    cuMemGetMemPool
     cuMemHostAlloc
     cuMemHostGetDevicePointer
     cuMemHostGetDevicePointer_v2
@@ -353,15 +335,9 @@ not_supported! {
     cuMemImportFromShareableHandle
     cuMemMap
     cuMemMapArrayAsync
-    cuMemPrefetchAsync
-    cuMemPrefetchAsync_v2
-    cuMemPrefetchBatchAsync
-    cuMemRangeGetAttribute
-    cuMemRangeGetAttributes
     cuMemRelease
     cuMemRetainAllocationHandle
     cuMemSetAccess
-    cuMemSetMemPool
     cuMemUnmap
     cuMemcpy2D
     cuMemcpy2DAsync
@@ -457,7 +433,6 @@ not_supported! {
     cuParamSetf
     cuParamSeti
     cuParamSetv
-    cuPointerGetAttributes
     cuPointerSetAttribute
     cuProfilerInitialize
     cuProfilerStart
@@ -476,12 +451,8 @@ not_supported! {
     cuStreamEndCaptureToCig
     cuStreamGetAttribute
     cuStreamGetCaptureInfo
-    cuStreamGetCaptureInfo_v3
-    cuStreamGetCtx_v2
     cuStreamGetDevResource
-    cuStreamGetDevice
     cuStreamGetGreenCtx
-    cuStreamGetId
     cuStreamSetAttribute
     cuStreamUpdateCaptureDependencies
     cuStreamUpdateCaptureDependencies_v2
