@@ -139,8 +139,39 @@ pub(crate) enum NodeKind {
     Host(Callback),
     Memset(Memset),
     Memcpy(Copy3D),
-    MemAlloc { addr: u64, size: u64, device: i32 },
-    MemFree { addr: u64 },
+    MemAlloc {
+        addr: u64,
+        size: u64,
+        device: i32,
+    },
+    MemFree {
+        addr: u64,
+    },
+    /// Records an event: in the emulator, when the whole launch has run (a launch is one stream
+    /// operation), which orders everything waiting for it at least as late as the node would.
+    EventRecord {
+        event: u64,
+    },
+    /// Waits for an event's last record as of the launch.
+    EventWait {
+        event: u64,
+    },
+}
+
+impl NodeKind {
+    /// `CUgraphNodeType` of the node.
+    pub(crate) fn type_code(&self) -> u32 {
+        match self {
+            NodeKind::Memcpy(_) => 1,
+            NodeKind::Memset(_) => 2,
+            NodeKind::Host(_) => 3,
+            NodeKind::Empty => 5,
+            NodeKind::EventWait { .. } => 6,
+            NodeKind::EventRecord { .. } => 7,
+            NodeKind::MemAlloc { .. } => 10,
+            NodeKind::MemFree { .. } => 11,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -446,7 +477,25 @@ impl State {
                 }
             }
         }
-        let (deps, time) = self.prepare(s);
+        let (mut deps, time) = self.prepare(s);
+        for n in &nodes {
+            if let NodeKind::EventWait { event } = *n {
+                let record = self.events.get(&event).and_then(|e| e.record.clone());
+                if let Some((dep, clock)) = record {
+                    deps.push(dep);
+                    if let Some(st) = self.streams.get_mut(&s) {
+                        st.clock.merge(&clock);
+                    }
+                }
+            }
+        }
+        let nodes_for_records: Vec<u64> = nodes
+            .iter()
+            .filter_map(|n| match *n {
+                NodeKind::EventRecord { event } => Some(event),
+                _ => None,
+            })
+            .collect();
         let mut steps = Vec::new();
         for n in &nodes {
             if let NodeKind::MemAlloc { addr, .. } = *n {
@@ -463,7 +512,7 @@ impl State {
         }
         for n in nodes {
             match n {
-                NodeKind::Empty => {}
+                NodeKind::Empty | NodeKind::EventRecord { .. } | NodeKind::EventWait { .. } => {}
                 NodeKind::Host(cb) => steps.push(Step::Host(cb)),
                 NodeKind::Memset(m) => {
                     let Ok(len) = m.extent() else { continue };
@@ -560,7 +609,24 @@ impl State {
                 run_destructors(due);
             }
         };
-        self.submit(s, deps, Some(Box::new(run)), true);
+        let seq = self.submit(s, deps, Some(Box::new(run)), true);
+        let core = self.streams[&s].core.clone();
+        let clock = self.streams[&s].clock.clone();
+        for n in &nodes_for_records {
+            if let Some(ev) = self.events.get_mut(n) {
+                // The launch's completion time stands for the node's.
+                let slot: Arc<Mutex<Option<std::time::Instant>>> = Default::default();
+                ev.recorded_at = slot;
+                ev.record = Some((
+                    crate::exec::Dep {
+                        core: core.clone(),
+                        seq,
+                    },
+                    clock.clone(),
+                ));
+                ev.captured = None;
+            }
+        }
         Ok(())
     }
 

@@ -232,7 +232,7 @@ fn elapsed(ms: *mut f32, start: u64, end: u64) -> Res {
             return Err(codes::EVENT_NO_TIMING);
         }
         if a.captured.is_some() || b.captured.is_some() {
-            return Err(codes::CAPTURED_EVENT);
+            return Err(codes::CAPTURED_EVENT_SYNCHRONIZE);
         }
         let (Some((da, _)), Some((db, _))) = (&a.record, &b.record) else {
             return Err(codes::EVENT_NOT_RECORDED);

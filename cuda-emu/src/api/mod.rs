@@ -8,6 +8,7 @@
 mod context;
 mod device;
 mod graph;
+mod graph_nodes;
 mod info;
 mod memory;
 pub(crate) mod names;
@@ -19,6 +20,7 @@ pub(crate) mod unsupported;
 pub(crate) use context::*;
 pub(crate) use device::*;
 pub(crate) use graph::*;
+pub(crate) use graph_nodes::*;
 pub(crate) use info::*;
 pub(crate) use memory::*;
 pub(crate) use pool::*;
@@ -111,12 +113,31 @@ extra_exports! {
     cuCtxGetId
     cuCtxGetStreamPriorityRange
     cuCtxSynchronize_v2
+    cuDeviceGetGraphMemAttribute
     cuDeviceGetUuid
     cuDeviceGetUuid_v2
+    cuDeviceGraphMemTrim
+    cuDeviceSetGraphMemAttribute
     cuDeviceTotalMem_v2
     cuEventElapsedTime
     cuEventElapsedTime_v2
     cuEventRecordWithFlags
+    cuGraphAddEventRecordNode
+    cuGraphAddEventWaitNode
+    cuGraphEventRecordNodeGetEvent
+    cuGraphEventWaitNodeGetEvent
+    cuGraphExecGetFlags
+    cuGraphGetEdges
+    cuGraphGetEdges_v2
+    cuGraphGetNodes
+    cuGraphGetRootNodes
+    cuGraphInstantiateWithParams
+    cuGraphNodeGetDependencies
+    cuGraphNodeGetDependencies_v2
+    cuGraphNodeGetDependentNodes
+    cuGraphNodeGetDependentNodes_v2
+    cuGraphNodeGetType
+    cuGraphUpload
     cuMemAdvise
     cuMemAdvise_v2
     cuMemDiscardAndPrefetchBatchAsync

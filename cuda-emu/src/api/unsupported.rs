@@ -87,7 +87,6 @@ not_supported! {
     cuDeviceGetByPCIBusId
     cuDeviceGetDevResource
     cuDeviceGetExecAffinitySupport
-    cuDeviceGetGraphMemAttribute
     cuDeviceGetHostAtomicCapabilities
     cuDeviceGetLuid
     cuDeviceGetNvSciSyncAttributes
@@ -96,14 +95,12 @@ not_supported! {
     cuDeviceGetPCIBusId
     cuDeviceGetProperties
     cuDeviceGetTexture1DLinearMaxWidth
-    cuDeviceGraphMemTrim
     cuDevicePrimaryCtxRelease
     cuDevicePrimaryCtxReset
     cuDevicePrimaryCtxReset_v2
     cuDevicePrimaryCtxSetFlags
     cuDevicePrimaryCtxSetFlags_v2
     cuDeviceRegisterAsyncNotification
-    cuDeviceSetGraphMemAttribute
     cuDeviceTotalMem
     cuDeviceUnregisterAsyncNotification
     cuEGLStreamConsumerAcquireFrame
@@ -151,8 +148,6 @@ not_supported! {
     cuGraphAddChildGraphNode
     cuGraphAddDependencies
     cuGraphAddDependencies_v2
-    cuGraphAddEventRecordNode
-    cuGraphAddEventWaitNode
     cuGraphAddExternalSemaphoresSignalNode
     cuGraphAddExternalSemaphoresWaitNode
     cuGraphAddKernelNode
@@ -165,9 +160,7 @@ not_supported! {
     cuGraphConditionalHandleCreate
     cuGraphDebugDotPrint
     cuGraphDestroyNode
-    cuGraphEventRecordNodeGetEvent
     cuGraphEventRecordNodeSetEvent
-    cuGraphEventWaitNodeGetEvent
     cuGraphEventWaitNodeSetEvent
     cuGraphExecBatchMemOpNodeSetParams
     cuGraphExecChildGraphNodeSetParams
@@ -175,7 +168,6 @@ not_supported! {
     cuGraphExecEventWaitNodeSetEvent
     cuGraphExecExternalSemaphoresSignalNodeSetParams
     cuGraphExecExternalSemaphoresWaitNodeSetParams
-    cuGraphExecGetFlags
     cuGraphExecGetId
     cuGraphExecHostNodeSetParams
     cuGraphExecKernelNodeSetParams
@@ -189,15 +181,10 @@ not_supported! {
     cuGraphExternalSemaphoresSignalNodeSetParams
     cuGraphExternalSemaphoresWaitNodeGetParams
     cuGraphExternalSemaphoresWaitNodeSetParams
-    cuGraphGetEdges
-    cuGraphGetEdges_v2
     cuGraphGetId
-    cuGraphGetNodes
-    cuGraphGetRootNodes
     cuGraphHostNodeGetParams
     cuGraphHostNodeSetParams
     cuGraphInstantiate
-    cuGraphInstantiateWithParams
     cuGraphInstantiate_v2
     cuGraphKernelNodeCopyAttributes
     cuGraphKernelNodeGetAttribute
@@ -214,20 +201,14 @@ not_supported! {
     cuGraphMemsetNodeSetParams
     cuGraphNodeFindInClone
     cuGraphNodeGetContainingGraph
-    cuGraphNodeGetDependencies
-    cuGraphNodeGetDependencies_v2
-    cuGraphNodeGetDependentNodes
-    cuGraphNodeGetDependentNodes_v2
     cuGraphNodeGetEnabled
     cuGraphNodeGetLocalId
     cuGraphNodeGetParams
     cuGraphNodeGetToolsId
-    cuGraphNodeGetType
     cuGraphNodeSetEnabled
     cuGraphNodeSetParams
     cuGraphRemoveDependencies
     cuGraphRemoveDependencies_v2
-    cuGraphUpload
     cuGraphicsEGLRegisterImage
     cuGraphicsGLRegisterBuffer
     cuGraphicsGLRegisterImage
