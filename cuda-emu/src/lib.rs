@@ -87,9 +87,28 @@
 //!   (G3). A driver call from a destructor or host function returns
 //!   `CUDA_ERROR_NOT_PERMITTED` (G4), except `cuStreamSynchronize` of an idle stream and
 //!   `cuDriverGetVersion`, which the real driver was measured to allow.
-//! - **`cuGetProcAddress_v2`** succeeds for a name it does not know, with
-//!   `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND` in the status (measured); the older
-//!   `cuGetProcAddress` returns `CUDA_ERROR_NOT_FOUND`.
+//! - **Entry points**: every name of the CUDA 13.3 driver API is exported (`api::names` lists
+//!   them with the version each variant appeared in). The ones the emulator serves are custody's
+//!   (`cuda_sys::with_driver_functions!`) plus what NVIDIA's cuda.core 1.2 asks for in the same
+//!   domain (`api::info`, `api::ranges`, `api::graph_nodes`): device UUIDs and total memory,
+//!   the stream priority range, stream and context ids, the CUDA 13 `_v2` context and stream
+//!   queries, event records with flags and event timing (`cuEventElapsedTime`: host time at
+//!   which each record's stream reached it), `cuPointerGetAttributes` (an unknown pointer reads
+//!   as NULL values, no error), address ranges, pools by location (`cuMemGetMemPool` and
+//!   friends), managed pools, managed memory advice, prefetch and range attributes (bookkeeping
+//!   only: all memory is one host memory), graph event record/wait nodes, node and edge
+//!   queries, `cuGraphInstantiateWithParams`, upload and the graph memory attributes. **Every
+//!   other entry point returns `CUDA_ERROR_NOT_SUPPORTED`** without reading its arguments
+//!   (`api::unsupported`; `CUSTODY_EMU_WARN_UNSUPPORTED=1` names each on stderr the first time
+//!   it is called): kernels, modules and libraries, textures and arrays, graphics interop,
+//!   virtual memory management, external resources, green contexts, multicast, IPC events and
+//!   legacy IPC memory handles, `cuGetExportTable` (the private interface of the CUDA runtime,
+//!   so the runtime API, `cudart`, does not work on the emulator).
+//! - **`cuGetProcAddress`**: a name of the driver API resolves to the variant its requested
+//!   version means (at most 13000, the version this driver reports): our implementation, or the
+//!   variant's `CUDA_ERROR_NOT_SUPPORTED` export. `cuGetProcAddress_v2` succeeds for a name it
+//!   does not know, with `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND` in the status (measured); the
+//!   older `cuGetProcAddress` returns `CUDA_ERROR_NOT_FOUND`.
 //! - **Bad input** never crashes: null out-pointers, unknown or destroyed handles (handle values
 //!   are never reused), unknown pointers and double frees return error codes. Every code chosen
 //!   without a measurement is listed in the `codes` module, in one place.
@@ -125,11 +144,12 @@
 //! # Not emulated
 //! Kernels, modules, textures and arrays; peer copies between contexts (all memory is one host
 //! memory); `_ptds` entry points (the `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM` flag is
-//! ignored); event timing; memory advice and prefetch; virtual memory management; child graph
-//! nodes and graph launches into a capture; graph exec update; the real driver's opportunistic
-//! reuse of memory whose free has completed on the GPU without being ordered before the new
-//! allocation (it depends on timing), and its suballocation of blocks of other sizes; the real
-//! driver's crash on a destroyed stream (F11: an error and a
+//! ignored); the effect of memory advice and prefetch (recorded, reported, not acted on); event
+//! timing on the device's clock (host time stands in); virtual memory management; child graph
+//! nodes, node removal and graph launches into a capture; graph exec update; IPC events; the
+//! real driver's opportunistic reuse of memory whose free has completed on the GPU without being
+//! ordered before the new allocation (it depends on timing), and its suballocation of blocks of
+//! other sizes; the real driver's crash on a destroyed stream (F11: an error and a
 //! hazard instead). Concurrent copies into the same bytes race exactly as on a GPU.
 
 pub(crate) mod api;
