@@ -116,5 +116,13 @@ pub(crate) const CAPTURED_EVENT_QUERY: CUresult = C::INVALID_VALUE.0;
 /// `cuStreamEndCapture` on a stream that is not capturing (measured), or `cuStreamBeginCapture`
 /// on one that already is (guess).
 pub(crate) const CAPTURE_STATE: CUresult = C::ILLEGAL_STATE.0;
+/// An entry point the emulator does not serve (`api::unsupported`: kernels, modules, textures,
+/// graphics interop, virtual memory management and the rest), or a feature of a served one that
+/// it does not model (documented code for an unsupported operation).
+pub(crate) const NOT_SUPPORTED: CUresult = C::NOT_SUPPORTED.0;
+/// `cuEventElapsedTime` with an event created with `CU_EVENT_DISABLE_TIMING` (documented).
+pub(crate) const EVENT_NO_TIMING: CUresult = C::INVALID_HANDLE.0;
+/// `cuEventElapsedTime` with an event that was never recorded (documented).
+pub(crate) const EVENT_NOT_RECORDED: CUresult = C::INVALID_HANDLE.0;
 /// An emulator bug caught as a panic: never expected.
 pub(crate) const INTERNAL: CUresult = C::UNKNOWN.0;

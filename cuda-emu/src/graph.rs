@@ -67,6 +67,9 @@ pub(crate) struct Operand {
     pub(crate) z: u64,
     pub(crate) pitch: u64,
     pub(crate) height: u64,
+    /// The identity of the live allocation the operand was in when the node was made (`None`
+    /// for memory a graph allocates and for host memory the driver does not know).
+    pub(crate) alloc: Option<u64>,
 }
 
 impl Operand {
@@ -107,6 +110,8 @@ impl Copy3D {
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Memset {
+    /// As [`Operand::alloc`], for `dst`.
+    pub(crate) alloc: Option<u64>,
     pub(crate) dst: u64,
     pub(crate) value: u32,
     pub(crate) elem: u32,
@@ -134,8 +139,39 @@ pub(crate) enum NodeKind {
     Host(Callback),
     Memset(Memset),
     Memcpy(Copy3D),
-    MemAlloc { addr: u64, size: u64, device: i32 },
-    MemFree { addr: u64 },
+    MemAlloc {
+        addr: u64,
+        size: u64,
+        device: i32,
+    },
+    MemFree {
+        addr: u64,
+    },
+    /// Records an event: in the emulator, when the whole launch has run (a launch is one stream
+    /// operation), which orders everything waiting for it at least as late as the node would.
+    EventRecord {
+        event: u64,
+    },
+    /// Waits for an event's last record as of the launch.
+    EventWait {
+        event: u64,
+    },
+}
+
+impl NodeKind {
+    /// `CUgraphNodeType` of the node.
+    pub(crate) fn type_code(&self) -> u32 {
+        match self {
+            NodeKind::Memcpy(_) => 1,
+            NodeKind::Memset(_) => 2,
+            NodeKind::Host(_) => 3,
+            NodeKind::Empty => 5,
+            NodeKind::EventWait { .. } => 6,
+            NodeKind::EventRecord { .. } => 7,
+            NodeKind::MemAlloc { .. } => 10,
+            NodeKind::MemFree { .. } => 11,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -271,23 +307,56 @@ impl State {
     }
 
     /// Validates a node's memory at creation: live memory, or memory a graph allocates.
+    /// Returns the identity of the live allocation it lies in, if any.
     pub(crate) fn check_node_memory(
         &mut self,
         addr: u64,
         len: u64,
         host_ok: bool,
         function: &'static str,
-    ) -> Res {
+    ) -> Res<Option<u64>> {
         if let Some((&start, &size)) = self.graph_reserved.range(..=addr).next_back() {
             if addr < start + size {
                 return if addr + len <= start + size {
-                    Ok(())
+                    Ok(None)
                 } else {
                     Err(codes::OUT_OF_RANGE)
                 };
             }
         }
-        self.resolve(addr, len, host_ok, function, 0).map(|_| ())
+        self.resolve(addr, len, host_ok, function, 0).map(|t| t.id)
+    }
+
+    /// Resolves a node's memory at launch, and checks that it is still the allocation the node
+    /// was made for: an address the pool has handed out again (`docs/driver-facts.md` F18)
+    /// belongs to another allocation, and a node that touches it is a `use_after_free` of the
+    /// node's own, even though the address is live.
+    fn resolve_node_memory(
+        &mut self,
+        addr: u64,
+        len: u64,
+        host_ok: bool,
+        made_for: Option<u64>,
+        stream: u64,
+    ) -> Option<crate::memory::Target> {
+        const F: &str = "cuGraphLaunch";
+        let t = self.resolve(addr, len, host_ok, F, stream).ok()?;
+        match (made_for, t.id) {
+            (Some(then), Some(now)) if then != now => {
+                log::hazard(log::Hazard {
+                    kind: "use_after_free",
+                    ptr: addr,
+                    alloc: Some(then),
+                    function: F,
+                    stream,
+                    detail: format!(
+                        "{F}: a node made for allocation #{then} touches {addr:#x}, which was freed and now belongs to allocation #{now}"
+                    ),
+                });
+                None
+            }
+            _ => Some(t),
+        }
     }
 
     /// Takes `count` more references on user object `uo`.
@@ -408,7 +477,25 @@ impl State {
                 }
             }
         }
-        let (deps, time) = self.prepare(s);
+        let (mut deps, time) = self.prepare(s);
+        for n in &nodes {
+            if let NodeKind::EventWait { event } = *n {
+                let record = self.events.get(&event).and_then(|e| e.record.clone());
+                if let Some((dep, clock)) = record {
+                    deps.push(dep);
+                    if let Some(st) = self.streams.get_mut(&s) {
+                        st.clock.merge(&clock);
+                    }
+                }
+            }
+        }
+        let nodes_for_records: Vec<u64> = nodes
+            .iter()
+            .filter_map(|n| match *n {
+                NodeKind::EventRecord { event } => Some(event),
+                _ => None,
+            })
+            .collect();
         let mut steps = Vec::new();
         for n in &nodes {
             if let NodeKind::MemAlloc { addr, .. } = *n {
@@ -425,11 +512,11 @@ impl State {
         }
         for n in nodes {
             match n {
-                NodeKind::Empty => {}
+                NodeKind::Empty | NodeKind::EventRecord { .. } | NodeKind::EventWait { .. } => {}
                 NodeKind::Host(cb) => steps.push(Step::Host(cb)),
                 NodeKind::Memset(m) => {
                     let Ok(len) = m.extent() else { continue };
-                    if let Ok(t) = self.resolve(m.dst, len, false, F, s) {
+                    if let Some(t) = self.resolve_node_memory(m.dst, len, false, m.alloc, s) {
                         self.record_use(t.alloc, s, time);
                         steps.push(Step::Fill { dst: t.mem, m });
                     }
@@ -438,9 +525,21 @@ impl State {
                     let (Ok((sf, sl)), Ok((df, dl))) = (c.extent(&c.src), c.extent(&c.dst)) else {
                         continue;
                     };
-                    let src = self.resolve(c.src.ptr + sf, sl, Copy3D::host_ok(&c.src), F, s);
-                    let dst = self.resolve(c.dst.ptr + df, dl, Copy3D::host_ok(&c.dst), F, s);
-                    if let (Ok(src), Ok(dst)) = (src, dst) {
+                    let src = self.resolve_node_memory(
+                        c.src.ptr + sf,
+                        sl,
+                        Copy3D::host_ok(&c.src),
+                        c.src.alloc,
+                        s,
+                    );
+                    let dst = self.resolve_node_memory(
+                        c.dst.ptr + df,
+                        dl,
+                        Copy3D::host_ok(&c.dst),
+                        c.dst.alloc,
+                        s,
+                    );
+                    if let (Some(src), Some(dst)) = (src, dst) {
                         self.record_use(src.alloc, s, time);
                         self.record_use(dst.alloc, s, time);
                         steps.push(Step::Copy {
@@ -457,6 +556,7 @@ impl State {
                         return Err(codes::OUT_OF_MEMORY);
                     };
                     self.insert_alloc(crate::memory::Alloc {
+                        id: 0,
                         addr,
                         size,
                         kind: AllocKind::Pool,
@@ -509,7 +609,24 @@ impl State {
                 run_destructors(due);
             }
         };
-        self.submit(s, deps, Some(Box::new(run)), true);
+        let seq = self.submit(s, deps, Some(Box::new(run)), true);
+        let core = self.streams[&s].core.clone();
+        let clock = self.streams[&s].clock.clone();
+        for n in &nodes_for_records {
+            if let Some(ev) = self.events.get_mut(n) {
+                // The launch's completion time stands for the node's.
+                let slot: Arc<Mutex<Option<std::time::Instant>>> = Default::default();
+                ev.recorded_at = slot;
+                ev.record = Some((
+                    crate::exec::Dep {
+                        core: core.clone(),
+                        seq,
+                    },
+                    clock.clone(),
+                ));
+                ev.captured = None;
+            }
+        }
         Ok(())
     }
 

@@ -33,7 +33,7 @@
 //!   Events record stream positions; `cuStreamWaitEvent` makes a stream wait for one; the
 //!   synchronize calls block; the query calls return `CUDA_ERROR_NOT_READY` while work is pending.
 //! - **Memory**: real bytes. Device pointers live in a reserved, inaccessible 1 TiB address
-//!   range (so a device pointer is never a host address and is never reused); host, managed
+//!   range (so a device pointer is never a host address); host, managed
 //!   and host-pool memory is backed at its own address. `cuMemcpy` treats a pointer the driver
 //!   does not know, outside the device range, as pageable host memory; copies involving pageable
 //!   memory return only when done. Accesses past an allocation's end fail with
@@ -46,7 +46,13 @@
 //!   an H200 did for a 1000-byte allocation, in 2 MiB steps beyond; reserved shrinks at
 //!   synchronisation down to what the used bytes need, or the threshold, or on
 //!   `cuMemPoolTrimTo`), access descriptors, stream-ordered allocation and free (memory goes
-//!   back to the pool when the free runs on its stream).
+//!   back to the pool when the free runs on its stream). A device pool hands a freed address out
+//!   again (measured: `docs/driver-facts.md` F18) to the next allocation of the same size
+//!   (rounded up to 512 bytes) that is ordered after the free (the same stream, an event wait,
+//!   host synchronisation), with fresh bytes; other device addresses (`cuMemAlloc`, graph
+//!   allocations) are never reused, and host addresses are whatever the system allocator gives.
+//!   Every allocation has an identity, unique and never reused, which the queries, the hazards
+//!   and the call log carry (`id`, `alloc`) and `CU_POINTER_ATTRIBUTE_BUFFER_ID` returns.
 //! - **Pool IPC**: a pool created with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` is carved from
 //!   a `memfd` (1 GiB sparse, or `maxSize`); exporting it gives a new descriptor; another process
 //!   imports it by descriptor and maps it; exported pointers carry the arena's id and offset in
@@ -81,9 +87,28 @@
 //!   (G3). A driver call from a destructor or host function returns
 //!   `CUDA_ERROR_NOT_PERMITTED` (G4), except `cuStreamSynchronize` of an idle stream and
 //!   `cuDriverGetVersion`, which the real driver was measured to allow.
-//! - **`cuGetProcAddress_v2`** succeeds for a name it does not know, with
-//!   `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND` in the status (measured); the older
-//!   `cuGetProcAddress` returns `CUDA_ERROR_NOT_FOUND`.
+//! - **Entry points**: every name of the CUDA 13.3 driver API is exported (`api::names` lists
+//!   them with the version each variant appeared in). The ones the emulator serves are custody's
+//!   (`cuda_sys::with_driver_functions!`) plus what NVIDIA's cuda.core 1.2 asks for in the same
+//!   domain (`api::info`, `api::ranges`, `api::graph_nodes`): device UUIDs and total memory,
+//!   the stream priority range, stream and context ids, the CUDA 13 `_v2` context and stream
+//!   queries, event records with flags and event timing (`cuEventElapsedTime`: host time at
+//!   which each record's stream reached it), `cuPointerGetAttributes` (an unknown pointer reads
+//!   as NULL values, no error), address ranges, pools by location (`cuMemGetMemPool` and
+//!   friends), managed pools, managed memory advice, prefetch and range attributes (bookkeeping
+//!   only: all memory is one host memory), graph event record/wait nodes, node and edge
+//!   queries, `cuGraphInstantiateWithParams`, upload and the graph memory attributes. **Every
+//!   other entry point returns `CUDA_ERROR_NOT_SUPPORTED`** without reading its arguments
+//!   (`api::unsupported`; `CUSTODY_EMU_WARN_UNSUPPORTED=1` names each on stderr the first time
+//!   it is called): kernels, modules and libraries, textures and arrays, graphics interop,
+//!   virtual memory management, external resources, green contexts, multicast, IPC events and
+//!   legacy IPC memory handles, `cuGetExportTable` (the private interface of the CUDA runtime,
+//!   so the runtime API, `cudart`, does not work on the emulator).
+//! - **`cuGetProcAddress`**: a name of the driver API resolves to the variant its requested
+//!   version means (at most 13000, the version this driver reports): our implementation, or the
+//!   variant's `CUDA_ERROR_NOT_SUPPORTED` export. `cuGetProcAddress_v2` succeeds for a name it
+//!   does not know, with `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND` in the status (measured); the
+//!   older `cuGetProcAddress` returns `CUDA_ERROR_NOT_FOUND`.
 //! - **Bad input** never crashes: null out-pointers, unknown or destroyed handles (handle values
 //!   are never reused), unknown pointers and double frees return error codes. Every code chosen
 //!   without a measurement is listed in the `codes` module, in one place.
@@ -98,15 +123,17 @@
 //!   thread has waited for is complete for every later call. Every use of an allocation (fill,
 //!   copy, graph node, the stream-ordered allocation itself) records its (stream, time). A free not
 //!   ordered after every recorded use is `unordered_free`; a use after the free was issued is
-//!   `use_after_free`; freeing a freed or unknown pointer is `double_free`; a free on a destroyed
+//!   `use_after_free` (a graph node also when its allocation was freed and the address now
+//!   belongs to another one: nodes remember the identity of the memory they were made for);
+//!   freeing a freed or unknown pointer is `double_free`; a free on a destroyed
 //!   stream is `free_on_destroyed_stream` (where the real driver crashes, F11). Synchronous frees
 //!   are ordered after everything. Detection is at enqueue time, on logical clocks, so it is
 //!   deterministic.
 //! - **Fault injection**: `custodyEmuInjectFault(function, nth, error)` makes the nth next call
 //!   of a function (any thread) return `error` without effect, once.
 //! - **Queries**: `custodyEmuQuery("allocations" | "hazards" | "calls")` as JSON; the call log
-//!   records function, thread, current context, stream as passed and resolved, device pointer and
-//!   result for every exported driver call.
+//!   records function, thread, current context, stream as passed and resolved, device pointer,
+//!   the identity of the allocation made or freed, and result for every exported driver call.
 //!
 //! # Environment
 //! - `CUSTODY_EMU_DEVICE_COUNT`: number of devices (default 2).
@@ -117,12 +144,15 @@
 //! # Not emulated
 //! Kernels, modules, textures and arrays; peer copies between contexts (all memory is one host
 //! memory); `_ptds` entry points (the `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM` flag is
-//! ignored); event timing; memory advice and prefetch; virtual memory management; child graph
-//! nodes and graph launches into a capture; graph exec update; the real driver's allocation
-//! reuse and its timing; the real driver's crash on a destroyed stream (F11: an error and a
+//! ignored); the effect of memory advice and prefetch (recorded, reported, not acted on); event
+//! timing on the device's clock (host time stands in); virtual memory management; child graph
+//! nodes, node removal and graph launches into a capture; graph exec update; IPC events; the
+//! real driver's opportunistic reuse of memory whose free has completed on the GPU without being
+//! ordered before the new allocation (it depends on timing), and its suballocation of blocks of
+//! other sizes; the real driver's crash on a destroyed stream (F11: an error and a
 //! hazard instead). Concurrent copies into the same bytes race exactly as on a GPU.
 
-mod api;
+pub(crate) mod api;
 mod clock;
 mod codes;
 mod exec;
@@ -150,5 +180,43 @@ mod tests {
             };
         }
         cuda_sys::with_driver_functions!(check);
+    }
+
+    /// Every symbol of the driver API table is exported: implemented, or answering
+    /// `CUDA_ERROR_NOT_SUPPORTED`.
+    #[test]
+    fn every_driver_api_symbol_is_exported() {
+        let mut unsupported = 0;
+        for &(_, _, symbol) in crate::api::names::VARIANTS {
+            if crate::api::export_named(symbol).is_none() {
+                assert!(
+                    crate::api::unsupported::unsupported_named(symbol).is_some(),
+                    "{symbol} is neither implemented nor answered as not supported"
+                );
+                unsupported += 1;
+            }
+        }
+        assert!(unsupported < crate::api::names::VARIANTS.len());
+    }
+
+    /// `cuGetProcAddress` picks the newest variant the asked-for version knows.
+    #[test]
+    fn variants_follow_the_requested_version() {
+        use crate::api::variant_for;
+        assert_eq!(variant_for("cuMemAlloc", 3020), Ok("cuMemAlloc_v2"));
+        assert_eq!(variant_for("cuMemAlloc", 2000), Ok("cuMemAlloc"));
+        assert_eq!(variant_for("cuCtxCreate", 11040), Ok("cuCtxCreate_v3"));
+        assert_eq!(variant_for("cuCtxCreate", 13000), Ok("cuCtxCreate_v4"));
+        assert_eq!(
+            variant_for("cuStreamGetCaptureInfo", 12030),
+            Ok("cuStreamGetCaptureInfo_v3")
+        );
+        assert_eq!(
+            variant_for("cuStreamGetCaptureInfo", 12000),
+            Ok("cuStreamGetCaptureInfo_v2")
+        );
+        assert_eq!(variant_for("cuMemGetMemPool", 12000), Err(true));
+        assert_eq!(variant_for("cuNoSuchThing", 13000), Err(false));
+        assert_eq!(variant_for("cuMemAlloc_v2", 13000), Err(false));
     }
 }

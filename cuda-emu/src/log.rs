@@ -59,6 +59,8 @@ fn in_callback() -> bool {
 pub(crate) struct CallInfo {
     /// The stream the call resolved to, if it takes one.
     pub(crate) resolved_stream: Option<u64>,
+    /// The identity of the allocation the call made, freed or imported.
+    pub(crate) alloc: Option<u64>,
 }
 
 /// One logged call, serialised as `test_support::emu::Call`.
@@ -71,6 +73,7 @@ pub(crate) struct CallRecord {
     stream: Option<u64>,
     resolved_stream: Option<u64>,
     ptr: Option<u64>,
+    alloc: Option<u64>,
     result: CUresult,
 }
 
@@ -79,6 +82,9 @@ pub(crate) struct CallRecord {
 pub(crate) struct Hazard {
     pub(crate) kind: &'static str,
     pub(crate) ptr: u64,
+    /// The identity of the allocation involved (the live one for an unordered free, the freed
+    /// one for a use after free or a double free), when the emulator knows one.
+    pub(crate) alloc: Option<u64>,
     pub(crate) function: &'static str,
     pub(crate) stream: u64,
     pub(crate) detail: String,
@@ -226,8 +232,24 @@ pub(crate) fn entry(
             stream,
             resolved_stream: info.resolved_stream,
             ptr,
+            alloc: info.alloc,
             result,
         });
     }
     result
+}
+
+/// The body of every entry point the emulator does not serve (`api::unsupported`): logged like
+/// any call, and `CUDA_ERROR_NOT_SUPPORTED`. With `CUSTODY_EMU_WARN_UNSUPPORTED` set, the first
+/// call of each such function is also reported on stderr.
+pub(crate) fn not_supported(function: &'static str) -> CUresult {
+    static WARNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    if std::env::var_os("CUSTODY_EMU_WARN_UNSUPPORTED").is_some() {
+        let mut warned = lock(&WARNED);
+        if !warned.contains(&function) {
+            warned.push(function);
+            eprintln!("cuda-emu: {function} is not emulated (CUDA_ERROR_NOT_SUPPORTED)");
+        }
+    }
+    entry(function, None, None, |_| Err(codes::NOT_SUPPORTED))
 }

@@ -5,10 +5,13 @@
 //! Device memory lives at addresses inside a reserved, inaccessible range of the process's
 //! address space (so it is never mistaken for a host pointer) and is backed by separate heap
 //! bytes. Host-accessible memory (`cuMemAllocHost`, managed memory, host pools) is backed at its
-//! own address. Addresses of device memory are never reused, so a stale pointer is always
-//! recognised as freed.
+//! own address. A device pool hands a freed address out again to an allocation ordered after
+//! the free (`docs/driver-facts.md` F18); every other device address is fresh. So an address
+//! does not identify an allocation: [`Alloc::id`] does, and the hazard checker, the queries and
+//! graph nodes go by it.
 
 use std::alloc::Layout;
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use crate::clock::VectorClock;
@@ -31,6 +34,19 @@ pub(crate) const POOL_CHUNK: u64 = 32 << 20;
 pub(crate) const DEVICE_MEMORY: u64 = 80 << 30;
 /// How many freed ranges are remembered for use-after-free and double-free reports.
 const FREED_MEMORY: usize = 1 << 18;
+/// How many freed blocks a pool remembers for handing their addresses out again.
+const FREE_BLOCKS: usize = 1024;
+
+/// A block of device addresses a stream-ordered free gave back to its pool: its address can be
+/// handed out again to an allocation ordered after that free (`docs/driver-facts.md` F18).
+pub(crate) struct FreeBlock {
+    pub(crate) addr: u64,
+    /// The bytes of address space the block spans (its size rounded up to [`DEVICE_ALIGN`]).
+    pub(crate) span: u64,
+    /// The stream the free was issued on, and its time there.
+    pub(crate) stream: u64,
+    pub(crate) time: u64,
+}
 
 /// Where an allocation's bytes are.
 pub(crate) struct Backing {
@@ -135,6 +151,10 @@ impl AllocKind {
 
 /// One live allocation.
 pub(crate) struct Alloc {
+    /// The allocation's identity: unique in the process and never reused, unlike its address
+    /// (a pool hands a freed address out again: `docs/driver-facts.md` F18). Set by
+    /// [`State::insert_alloc`].
+    pub(crate) id: u64,
     pub(crate) addr: u64,
     pub(crate) size: u64,
     pub(crate) kind: AllocKind,
@@ -156,6 +176,8 @@ pub(crate) struct Alloc {
 
 /// A freed range, remembered to classify later uses and frees.
 pub(crate) struct Freed {
+    /// The identity of the allocation that was freed.
+    pub(crate) id: u64,
     pub(crate) size: u64,
     pub(crate) host: bool,
     pub(crate) by: &'static str,
@@ -195,7 +217,10 @@ impl Mem {
 #[derive(Clone)]
 pub(crate) struct Target {
     pub(crate) mem: Mem,
+    /// The start address of the live allocation, if the operand is one.
     pub(crate) alloc: Option<u64>,
+    /// That allocation's identity.
+    pub(crate) id: Option<u64>,
 }
 
 /// Copies `len` bytes (overlap allowed).
@@ -344,6 +369,31 @@ pub(crate) struct Pool {
     /// An imported pool: its mapping of the exporter's arena.
     pub(crate) imported: Option<Arc<SharedMap>>,
     pub(crate) imported_id: u64,
+    /// Freed device address ranges, oldest first, at most [`FREE_BLOCKS`]. Host pools keep
+    /// none: their addresses are the bytes' host addresses.
+    pub(crate) free_blocks: VecDeque<FreeBlock>,
+    /// A pool of managed memory (`CU_MEM_ALLOCATION_TYPE_MANAGED`): host-accessible bytes at
+    /// their own address, reported as device memory that is not `IS_MANAGED` (cuda.core 1.2
+    /// relies on that for pool-allocated managed memory).
+    pub(crate) managed: bool,
+}
+
+impl Pool {
+    /// Remembers the range of a stream-ordered free issued on `stream` at `time`, for reuse.
+    pub(crate) fn remember_free_block(&mut self, addr: u64, size: u64, stream: u64, time: u64) {
+        if self.host || self.imported.is_some() {
+            return;
+        }
+        if self.free_blocks.len() == FREE_BLOCKS {
+            self.free_blocks.pop_front();
+        }
+        self.free_blocks.push_back(FreeBlock {
+            addr,
+            span: round_up(size.max(1), DEVICE_ALIGN),
+            stream,
+            time,
+        });
+    }
 }
 
 impl State {
@@ -362,6 +412,33 @@ impl State {
                 exported: false,
                 imported: None,
                 imported_id: 0,
+                free_blocks: VecDeque::new(),
+                managed: false,
+            },
+        );
+        handle
+    }
+
+    /// A location's default pool that no device entry holds: the host's (`host`), a host NUMA
+    /// node's, or a managed pool (`managed`) of a device or of no location.
+    pub(crate) fn create_location_pool(&mut self, kind: u32, id: i32, managed: bool) -> u64 {
+        let handle = self.new_handle();
+        let device = if kind == 1 { id } else { -1 };
+        self.pools.insert(
+            handle,
+            Pool {
+                device,
+                host: true,
+                handle_types: 0,
+                core: PoolCore::new(0),
+                default: true,
+                access: Vec::new(),
+                arena: None,
+                exported: false,
+                imported: None,
+                imported_id: 0,
+                free_blocks: VecDeque::new(),
+                managed,
             },
         );
         handle
@@ -397,9 +474,13 @@ impl State {
         direct + pooled
     }
 
-    /// Adds a live allocation, forgetting any freed range it overlaps (host addresses can be
-    /// reused by the system allocator).
-    pub(crate) fn insert_alloc(&mut self, a: Alloc) {
+    /// Adds a live allocation under a fresh identity, which it returns, forgetting any freed
+    /// range it overlaps (pools hand freed addresses out again, and the system allocator reuses
+    /// host addresses).
+    pub(crate) fn insert_alloc(&mut self, mut a: Alloc) -> u64 {
+        self.next_alloc_id += 1;
+        a.id = self.next_alloc_id;
+        let id = a.id;
         let end = a.addr + a.size;
         // Freed ranges are disjoint and sorted: walk back from `end` until one ends before us.
         let mut stale = Vec::new();
@@ -416,6 +497,12 @@ impl State {
             *self.device_direct.entry(a.device).or_insert(0) += a.size;
         }
         self.allocs.insert(a.addr, a);
+        id
+    }
+
+    /// The identity of the live allocation starting at `addr`.
+    pub(crate) fn alloc_id(&self, addr: u64) -> Option<u64> {
+        self.allocs.get(&addr).map(|a| a.id)
     }
 
     /// Removes a live allocation from the table (the caller remembers it as freed).
@@ -446,6 +533,7 @@ impl State {
         self.freed.insert(
             a.addr,
             Freed {
+                id: a.id,
                 size: a.size,
                 host: a.host,
                 by,
@@ -485,18 +573,20 @@ impl State {
             return Ok(Target {
                 mem: Mem::Backed(a.backing.clone(), off as usize),
                 alloc: Some(start),
+                id: Some(a.id),
             });
         }
         if let Some(start) = self.find_freed(addr) {
             let f = &self.freed[&start];
             if !(f.host && host_ok) {
                 let detail = format!(
-                    "{function} touches {addr:#x}, inside {start:#x} ({} bytes), which was freed by {} ({})",
-                    f.size, f.by, f.how
+                    "{function} touches {addr:#x}, inside {start:#x} ({} bytes, allocation #{}), which was freed by {} ({})",
+                    f.size, f.id, f.by, f.how
                 );
                 log::hazard(Hazard {
                     kind: "use_after_free",
                     ptr: addr,
+                    alloc: Some(f.id),
                     function,
                     stream,
                     detail,
@@ -508,6 +598,7 @@ impl State {
             return Ok(Target {
                 mem: Mem::Host(addr as usize),
                 alloc: None,
+                id: None,
             });
         }
         Err(codes::BAD_POINTER)
@@ -536,10 +627,12 @@ impl State {
             log::hazard(Hazard {
                 kind: "unordered_free",
                 ptr: alloc,
+                alloc: Some(a.id),
                 function,
                 stream,
                 detail: format!(
-                    "{function} of {alloc:#x} on stream {stream:#x} is not ordered after {}",
+                    "{function} of {alloc:#x} (allocation #{}) on stream {stream:#x} is not ordered after {}",
+                    a.id,
                     late.join(", ")
                 ),
             });
@@ -548,19 +641,24 @@ impl State {
 
     /// Reports a free of a pointer that is not live.
     pub(crate) fn report_bad_free(&self, addr: u64, function: &'static str, stream: u64) {
-        let detail = match self.find_freed(addr) {
+        let (detail, alloc) = match self.find_freed(addr) {
             Some(start) => {
                 let f = &self.freed[&start];
-                format!(
-                    "{function} of {addr:#x}, which was freed by {} ({})",
-                    f.by, f.how
-                )
+                let detail = format!(
+                    "{function} of {addr:#x}, which was freed by {} ({}) as allocation #{}",
+                    f.by, f.how, f.id
+                );
+                (detail, Some(f.id))
             }
-            None => format!("{function} of {addr:#x}, which is not a known allocation"),
+            None => (
+                format!("{function} of {addr:#x}, which is not a known allocation"),
+                None,
+            ),
         };
         log::hazard(Hazard {
             kind: "double_free",
             ptr: addr,
+            alloc,
             function,
             stream,
             detail,
@@ -582,9 +680,30 @@ impl State {
 }
 
 impl State {
-    /// Carves `size` bytes out of pool `pool` (accounting, bytes, address) and registers the
-    /// allocation. Returns its address.
-    pub(crate) fn pool_alloc(&mut self, pool: u64, size: u64) -> Res<u64> {
+    /// Takes from pool `pool`'s free list the newest block of `size`'s span that an allocation
+    /// on `stream` is ordered after.
+    fn reusable_block(&mut self, pool: u64, size: u64, stream: u64) -> Option<u64> {
+        let clock = &self.streams.get(&stream)?.clock;
+        let p = self.pools.get_mut(&pool)?;
+        let span = round_up(size.max(1), DEVICE_ALIGN);
+        let at = p
+            .free_blocks
+            .iter()
+            .rposition(|b| b.span == span && clock.get(b.stream) >= b.time)?;
+        p.free_blocks.remove(at).map(|b| b.addr)
+    }
+
+    /// Carves `size` bytes out of pool `pool` (accounting, bytes, address) for an allocation
+    /// on stream `stream`, whose clock already includes the allocation, and registers it.
+    /// Returns its address.
+    ///
+    /// A device pool hands out again the most recently freed block of the same span whose free
+    /// the allocation is ordered after (same stream, an event wait, host synchronisation): the
+    /// real driver reuses addresses (`docs/driver-facts.md` F18). The bytes are fresh either
+    /// way. (The real driver may also reuse a block whose free has merely completed on the
+    /// GPU; the emulator does not, so that which address comes back depends only on the order
+    /// of calls.)
+    pub(crate) fn pool_alloc(&mut self, pool: u64, size: u64, stream: u64) -> Res<u64> {
         let (core, arena, host, device) = {
             let p = self.pools.get(&pool).ok_or(codes::BAD_HANDLE)?;
             if p.imported.is_some() {
@@ -605,6 +724,8 @@ impl State {
         };
         let addr = if host {
             backing.ptr() as u64
+        } else if let Some(addr) = self.reusable_block(pool, size, stream) {
+            addr
         } else {
             match self.device_va(size) {
                 Ok(a) => a,
@@ -615,6 +736,7 @@ impl State {
             }
         };
         self.insert_alloc(Alloc {
+            id: 0,
             addr,
             size,
             kind: AllocKind::Pool,

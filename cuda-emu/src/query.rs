@@ -15,6 +15,7 @@ pub const INTERFACE_VERSION: c_int = 1;
 
 #[derive(Serialize)]
 struct AllocationJson {
+    id: u64,
     ptr: u64,
     size: u64,
     kind: &'static str,
@@ -70,6 +71,7 @@ fn query_json(what: &str) -> Option<String> {
                 .allocs
                 .values()
                 .map(|a| AllocationJson {
+                    id: a.id,
                     ptr: a.addr,
                     size: a.size,
                     kind: a.kind.name(),

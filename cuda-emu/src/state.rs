@@ -90,6 +90,11 @@ impl Stream {
 
 pub(crate) struct Event {
     pub(crate) ctx: u64,
+    /// The `CU_EVENT_*` creation flags.
+    pub(crate) flags: u32,
+    /// When the host saw the last record's stream reach it (set by the record's operation; the
+    /// timing `cuEventElapsedTime` reports).
+    pub(crate) recorded_at: Arc<Mutex<Option<std::time::Instant>>>,
     /// The last record: the stream position it waits for and the clock it carries.
     pub(crate) record: Option<(Dep, VectorClock)>,
     /// Set when last recorded in a capture: (capture id, captured nodes).
@@ -128,6 +133,8 @@ pub(crate) struct State {
     pub(crate) va_base: u64,
     pub(crate) va_next: u64,
     pub(crate) next_capture_id: u64,
+    /// The last allocation identity handed out ([`crate::memory::Alloc::id`]).
+    pub(crate) next_alloc_id: u64,
 }
 
 impl State {
@@ -158,6 +165,7 @@ impl State {
             va_base,
             va_next: va_base + 0x1000_0000,
             next_capture_id: 1,
+            next_alloc_id: 0,
         }
     }
 

@@ -35,6 +35,8 @@
 //!   assert the emulator's reading of the documentation for what was not measured (each call
 //!   alone, the capturing thread's calls, `cuStreamWaitEvent` of the event from another stream),
 //!   for a GPU run to settle;
+//! - F18 (`facts_reuse::f18_*`): 64 allocate/free rounds of 64 bytes on one stream get some
+//!   address back more than once, each allocation with its own `CU_POINTER_ATTRIBUTE_BUFFER_ID`;
 //! - G1-G3 (`facts_graph`): a user object moved into a graph outlives `cuGraphDestroy` while an
 //!   executable exists; its destructor runs inside `cuGraphExecDestroy` on the calling thread when
 //!   no launch is pending, and later, on a driver thread, when one is;
@@ -92,6 +94,8 @@ mod facts_capture;
 mod facts_free;
 #[path = "conformance/facts_graph.rs"]
 mod facts_graph;
+#[path = "conformance/facts_reuse.rs"]
+mod facts_reuse;
 #[path = "conformance/ipc.rs"]
 mod ipc;
 #[path = "conformance/measured.rs"]

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use cuda_sys::types::*;
 use cuda_sys::{CUresult, CudaErrorCode, Driver};
-use test_support::emu::{Emulator, Hazard};
+use test_support::emu::{Allocation, AllocationId, Emulator, Hazard};
 
 /// Calls a driver entry point.
 macro_rules! cu {
@@ -69,8 +69,25 @@ fn alloc_async(d: &Driver, size: usize, s: CUstream) -> CUdeviceptr {
     p
 }
 
-fn hazards_for(emu: &Emulator, ptr: CUdeviceptr) -> Vec<Hazard> {
-    emu.hazards().into_iter().filter(|h| h.ptr == ptr).collect()
+/// The hazards of one allocation, by identity: its address may belong to another allocation
+/// by the time the hazard is looked at (a pool hands freed addresses out again,
+/// docs/driver-facts.md F18).
+fn hazards_for(emu: &Emulator, alloc: AllocationId) -> Vec<Hazard> {
+    emu.hazards()
+        .into_iter()
+        .filter(|h| h.alloc == Some(alloc))
+        .collect()
+}
+
+/// The live allocation at `p`.
+fn live_at(emu: &Emulator, p: CUdeviceptr) -> Allocation {
+    emu.allocation_at(p)
+        .unwrap_or_else(|| panic!("no live allocation at {p:#x}"))
+}
+
+/// The identity of the live allocation at `p`.
+fn id_at(emu: &Emulator, p: CUdeviceptr) -> AllocationId {
+    live_at(emu, p).id
 }
 
 fn kinds(hazards: &[Hazard]) -> Vec<&str> {
@@ -82,9 +99,10 @@ fn unordered_free_is_reported() {
     let (d, emu, _) = setup();
     let (a, b) = (stream(d), stream(d));
     let p = alloc_async(d, 256, a);
+    let id = id_at(&emu, p);
     ok!(d, cuMemsetD8Async(p, 7, 256, a));
     ok!(d, cuMemFreeAsync(p, b));
-    let hazards = hazards_for(&emu, p);
+    let hazards = hazards_for(&emu, id);
     assert_eq!(kinds(&hazards), ["unordered_free"], "{hazards:?}");
     assert_eq!(hazards[0].function, "cuMemFreeAsync");
     assert_eq!(hazards[0].stream, b as u64);
@@ -96,12 +114,13 @@ fn correctly_ordered_two_stream_program_reports_no_hazard() {
     let (a, b) = (stream(d), stream(d));
     let e = event(d);
     let p = alloc_async(d, 256, a);
+    let id = id_at(&emu, p);
     ok!(d, cuMemsetD8Async(p, 7, 256, a));
     ok!(d, cuEventRecord(e, a));
     ok!(d, cuStreamWaitEvent(b, e, 0));
     ok!(d, cuMemFreeAsync(p, b));
     ok!(d, cuStreamSynchronize(b));
-    assert!(hazards_for(&emu, p).is_empty(), "{:?}", emu.hazards());
+    assert!(hazards_for(&emu, id).is_empty(), "{:?}", emu.hazards());
 }
 
 #[test]
@@ -109,6 +128,7 @@ fn host_synchronisation_orders_a_free_on_another_thread() {
     let (d, emu, ctx) = setup();
     let a = stream(d);
     let p = alloc_async(d, 64, a);
+    let id = id_at(&emu, p);
     ok!(d, cuMemsetD8Async(p, 1, 64, a));
     ok!(d, cuStreamSynchronize(a));
     let ctx = ctx as u64;
@@ -120,7 +140,7 @@ fn host_synchronisation_orders_a_free_on_another_thread() {
     })
     .join()
     .unwrap();
-    assert!(hazards_for(&emu, p).is_empty(), "{:?}", emu.hazards());
+    assert!(hazards_for(&emu, id).is_empty(), "{:?}", emu.hazards());
 }
 
 #[test]
@@ -128,17 +148,19 @@ fn legacy_stream_implicit_synchronisation_orders_frees() {
     let (d, emu, _) = setup();
     let a = stream(d);
     let p = alloc_async(d, 64, a);
+    let id = id_at(&emu, p);
     ok!(d, cuMemsetD8Async(p, 1, 64, a));
     // The legacy stream waits for prior work on every blocking stream of its context.
     ok!(d, cuMemFreeAsync(p, CU_STREAM_LEGACY));
-    assert!(hazards_for(&emu, p).is_empty(), "{:?}", emu.hazards());
+    assert!(hazards_for(&emu, id).is_empty(), "{:?}", emu.hazards());
 
     // A non-blocking stream is exempt.
     let mut nb: CUstream = std::ptr::null_mut();
     ok!(d, cuStreamCreate(&mut nb, 1));
     let q = alloc_async(d, 64, nb);
+    let id = id_at(&emu, q);
     ok!(d, cuMemFreeAsync(q, CU_STREAM_LEGACY));
-    assert_eq!(kinds(&hazards_for(&emu, q)), ["unordered_free"]);
+    assert_eq!(kinds(&hazards_for(&emu, id)), ["unordered_free"]);
 }
 
 #[test]
@@ -146,12 +168,13 @@ fn use_after_free_is_reported() {
     let (d, emu, _) = setup();
     let a = stream(d);
     let p = alloc_async(d, 128, a);
+    let id = id_at(&emu, p);
     ok!(d, cuMemFreeAsync(p, a));
     assert_eq!(
         code(cu!(d, cuMemsetD8Async(p, 0, 128, a))),
         CudaErrorCode::INVALID_VALUE
     );
-    let hazards = hazards_for(&emu, p);
+    let hazards = hazards_for(&emu, id);
     assert_eq!(kinds(&hazards), ["use_after_free"], "{hazards:?}");
     assert_eq!(hazards[0].function, "cuMemsetD8Async");
 }
@@ -161,18 +184,20 @@ fn double_free_is_reported() {
     let (d, emu, _) = setup();
     let a = stream(d);
     let p = alloc_async(d, 128, a);
+    let id = id_at(&emu, p);
     ok!(d, cuMemFreeAsync(p, a));
     assert_eq!(
         code(cu!(d, cuMemFreeAsync(p, a))),
         CudaErrorCode::INVALID_VALUE
     );
-    assert_eq!(kinds(&hazards_for(&emu, p)), ["double_free"]);
+    assert_eq!(kinds(&hazards_for(&emu, id)), ["double_free"]);
 
     let mut q: CUdeviceptr = 0;
     ok!(d, cuMemAlloc_v2(&mut q, 64));
+    let id = id_at(&emu, q);
     ok!(d, cuMemFree_v2(q));
     assert_eq!(code(cu!(d, cuMemFree_v2(q))), CudaErrorCode::INVALID_VALUE);
-    assert_eq!(kinds(&hazards_for(&emu, q)), ["double_free"]);
+    assert_eq!(kinds(&hazards_for(&emu, id)), ["double_free"]);
 }
 
 #[test]
@@ -180,18 +205,175 @@ fn free_on_destroyed_stream_is_reported_not_a_crash() {
     let (d, emu, _) = setup();
     let a = stream(d);
     let p = alloc_async(d, 128, a);
+    let id = id_at(&emu, p);
     ok!(d, cuStreamSynchronize(a));
     ok!(d, cuStreamDestroy_v2(a));
     assert_eq!(
         code(cu!(d, cuMemFreeAsync(p, a))),
         CudaErrorCode::INVALID_HANDLE
     );
-    let hazards = hazards_for(&emu, p);
+    let hazards = hazards_for(&emu, id);
     assert_eq!(kinds(&hazards), ["free_on_destroyed_stream"], "{hazards:?}");
     // Nothing was freed: the allocation is still live and frees properly (F13).
-    assert!(emu.live_allocations().iter().any(|x| x.ptr == p));
+    assert!(emu.allocation_is_live(id));
     ok!(d, cuMemFreeAsync(p, CU_STREAM_LEGACY));
-    assert!(!emu.live_allocations().iter().any(|x| x.ptr == p));
+    assert!(!emu.allocation_is_live(id));
+}
+
+#[test]
+fn pools_hand_a_freed_address_out_again_in_stream_order() {
+    let (d, emu, _) = setup();
+    let (a, b) = (stream(d), stream(d));
+    // Same stream: the next allocation of the same size comes after the free and gets its
+    // address, as a new allocation (docs/driver-facts.md F18).
+    let p = alloc_async(d, 64, a);
+    let first = id_at(&emu, p);
+    ok!(d, cuMemFreeAsync(p, a));
+    let q = alloc_async(d, 64, a);
+    assert_eq!(q, p, "the freed address came back on the same stream");
+    let second = id_at(&emu, q);
+    assert_ne!(second, first, "a new allocation at the old address");
+    assert!(!emu.allocation_is_live(first));
+    let buffer_id = |ptr| {
+        let mut id: u64 = 0;
+        ok!(
+            d,
+            cuPointerGetAttribute(
+                (&mut id as *mut u64).cast(),
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                ptr
+            )
+        );
+        id
+    };
+    assert_eq!(buffer_id(q), second.0);
+
+    // Another stream, not ordered after the free: a fresh address.
+    ok!(d, cuMemFreeAsync(q, a));
+    let r = alloc_async(d, 64, b);
+    assert_ne!(r, q, "stream b is not ordered after the free on a");
+    // Once the host has waited for stream a, every stream is ordered after its free.
+    ok!(d, cuStreamSynchronize(a));
+    let t = alloc_async(d, 64, b);
+    assert_eq!(t, q, "ordered after the free by host synchronisation");
+    // An event orders a stream after a free on another.
+    ok!(d, cuMemFreeAsync(t, b));
+    let e = event(d);
+    ok!(d, cuEventRecord(e, b));
+    ok!(d, cuStreamWaitEvent(a, e, 0));
+    let u = alloc_async(d, 64, a);
+    assert_eq!(u, t, "ordered after the free on b by the event");
+    // A different size does not take the block.
+    ok!(d, cuMemFreeAsync(u, a));
+    let big = alloc_async(d, 4096, a);
+    assert_ne!(big, u);
+    for x in [r, big] {
+        ok!(d, cuMemFreeAsync(x, a));
+    }
+    ok!(d, cuStreamSynchronize(a));
+    ok!(d, cuStreamSynchronize(b));
+    assert!(emu.hazards().is_empty(), "{:?}", emu.hazards());
+}
+
+#[test]
+fn hazards_name_the_allocation_not_just_the_address() {
+    let (d, emu, _) = setup();
+    let (a, b) = (stream(d), stream(d));
+    let p = alloc_async(d, 64, a);
+    let first = id_at(&emu, p);
+    ok!(d, cuMemFreeAsync(p, a));
+    let q = alloc_async(d, 64, a);
+    assert_eq!(q, p);
+    let second = id_at(&emu, q);
+    // A use on b, then a free on a that is not ordered after it: the hazard is the second
+    // allocation's, although the first had the same address.
+    ok!(d, cuMemsetD8Async(q, 1, 64, b));
+    ok!(d, cuMemFreeAsync(q, a));
+    assert_eq!(
+        code(cu!(d, cuMemFreeAsync(q, a))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    let at_the_address: Vec<Hazard> = emu.hazards().into_iter().filter(|h| h.ptr == q).collect();
+    assert_eq!(
+        kinds(&at_the_address),
+        ["unordered_free", "double_free"],
+        "{at_the_address:?}"
+    );
+    assert_eq!(at_the_address, hazards_for(&emu, second));
+    assert!(hazards_for(&emu, first).is_empty());
+    // The call log says which allocation each call made or freed.
+    let calls = emu.calls();
+    let made: Vec<_> = calls
+        .iter()
+        .filter(|c| c.function == "cuMemAllocAsync" && c.thread == emu.thread_id())
+        .filter_map(|c| c.alloc)
+        .collect();
+    assert!(made.ends_with(&[first, second]), "{made:?}");
+    let frees: Vec<_> = calls
+        .iter()
+        .filter(|c| c.function == "cuMemFreeAsync" && c.ptr == Some(p))
+        .map(|c| (c.alloc, c.result))
+        .collect();
+    assert_eq!(
+        frees,
+        [(Some(first), 0), (Some(second), 0), (None, 1)],
+        "the third free found no live allocation"
+    );
+    ok!(d, cuStreamSynchronize(a));
+    ok!(d, cuStreamSynchronize(b));
+}
+
+#[test]
+fn a_graph_node_of_a_freed_allocation_is_a_use_after_free_even_at_a_reused_address() {
+    let (d, emu, _) = setup();
+    let a = stream(d);
+    let p = alloc_async(d, 64, a);
+    let first = id_at(&emu, p);
+    let mut g: CUgraph = std::ptr::null_mut();
+    ok!(d, cuGraphCreate(&mut g, 0));
+    let set = CUDA_MEMSET_NODE_PARAMS {
+        dst: p,
+        pitch: 0,
+        value: 0x77,
+        elementSize: 1,
+        width: 64,
+        height: 1,
+    };
+    let mut node: CUgraphNode = std::ptr::null_mut();
+    ok!(
+        d,
+        cuGraphAddMemsetNode(
+            &mut node,
+            g,
+            std::ptr::null(),
+            0,
+            &set,
+            std::ptr::null_mut()
+        )
+    );
+    let mut exec: CUgraphExec = std::ptr::null_mut();
+    ok!(d, cuGraphInstantiateWithFlags(&mut exec, g, 0));
+    ok!(d, cuMemFreeAsync(p, a));
+    let q = alloc_async(d, 64, a);
+    assert_eq!(q, p, "the pool handed the address out again");
+    ok!(d, cuMemsetD8Async(q, 0x11, 64, a));
+    // The node was made for the first allocation: touching the second is a use after free.
+    ok!(d, cuGraphLaunch(exec, a));
+    ok!(d, cuStreamSynchronize(a));
+    let hazards = hazards_for(&emu, first);
+    assert_eq!(kinds(&hazards), ["use_after_free"], "{hazards:?}");
+    assert_eq!(
+        (hazards[0].ptr, hazards[0].function.as_str()),
+        (p, "cuGraphLaunch")
+    );
+    assert!(hazards_for(&emu, id_at(&emu, q)).is_empty());
+    let mut out = [0u8; 64];
+    ok!(d, cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), q, 64));
+    assert_eq!(out, [0x11; 64], "the emulator skipped the stale node");
+    ok!(d, cuGraphExecDestroy(exec));
+    ok!(d, cuGraphDestroy(g));
+    ok!(d, cuMemFreeAsync(q, a));
+    ok!(d, cuStreamSynchronize(a));
 }
 
 #[test]
@@ -979,6 +1161,7 @@ fn capture_forks_and_joins_through_events() {
     let (fork, join) = (event(d), event(d));
     let mut p: CUdeviceptr = 0;
     ok!(d, cuMemAlloc_v2(&mut p, 64));
+    let p_id = id_at(&emu, p);
     let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
 
     // Forked work that never joins back: the capture cannot end.
@@ -1032,7 +1215,7 @@ fn capture_forks_and_joins_through_events() {
     ok!(d, cuGraphExecDestroy(exec));
     ok!(d, cuGraphDestroy(g));
     ok!(d, cuMemFree_v2(p));
-    assert!(hazards_for(&emu, p).is_empty(), "{:?}", emu.hazards());
+    assert!(hazards_for(&emu, p_id).is_empty(), "{:?}", emu.hazards());
 }
 
 #[test]

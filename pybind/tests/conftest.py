@@ -97,6 +97,17 @@ class Emulator:
     def live_pointers(self) -> set:
         return {a["ptr"] for a in self.allocations()}
 
+    def alloc_id(self, ptr: int) -> int:
+        """The identity of the live allocation at ``ptr``. Take it while the allocation is live
+        and follow the allocation by it: a pool hands a freed address out again
+        (docs/driver-facts.md F18), so an address alone does not say which allocation it was."""
+        (alloc,) = [a["id"] for a in self.allocations() if a["ptr"] == ptr]
+        return alloc
+
+    def is_live(self, alloc: int) -> bool:
+        """Whether the allocation with identity ``alloc`` (see ``alloc_id``) is still live."""
+        return any(a["id"] == alloc for a in self.allocations())
+
     def clear_calls(self) -> None:
         self._lib.custodyEmuClear(b"calls")
 
@@ -112,9 +123,16 @@ class Emulator:
     def thread_id(self) -> int:
         return self._lib.custodyEmuThreadId()
 
-    def calls_to(self, function: str, ptr: "int | None" = None):
+    def calls_to(self, function: str, ptr: "int | None" = None, *, alloc: "int | None" = None):
+        """Calls of ``function``; with ``alloc``, only those that made or freed that allocation
+        (its identity, ``alloc_id``); with ``ptr``, only those whose pointer argument was
+        ``ptr`` (which says nothing about which allocation was there)."""
         return [
-            c for c in self.calls() if c["function"] == function and (ptr is None or c["ptr"] == ptr)
+            c
+            for c in self.calls()
+            if c["function"] == function
+            and (ptr is None or c["ptr"] == ptr)
+            and (alloc is None or c.get("alloc") == alloc)
         ]
 
 

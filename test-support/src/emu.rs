@@ -13,7 +13,8 @@
 //! - `void custodyEmuClearFaults(void)`.
 //! - `size_t custodyEmuQuery(const char *what, char *buf, size_t len)`: writes the JSON for
 //!   `what` (`allocations`, `hazards`, `calls`) NUL-terminated into `buf` when it fits and
-//!   returns its length in bytes without the NUL; an unknown `what` returns 0.
+//!   returns its length in bytes without the NUL; an unknown `what` returns 0. Allocations,
+//!   hazards and calls carry allocation identities (`id`, `alloc`): addresses are reused.
 //! - `void custodyEmuClear(const char *what)`: forgets the recorded `hazards` or `calls`.
 //! - `unsigned long long custodyEmuThreadId(void)`: the calling thread's id in the call log.
 
@@ -26,9 +27,26 @@ use cuda_sys::{CUresult, CudaErrorCode, Driver};
 /// The version of the query interface this client speaks.
 pub const INTERFACE_VERSION: i32 = 1;
 
+/// An allocation's identity in the emulated driver: unique in the process and never reused.
+///
+/// An address is not an identity: a pool hands a freed address out again
+/// (`docs/driver-facts.md` F18), so a test that follows an allocation takes its identity while
+/// it is live ([`Emulator::allocation_at`]) and compares identities from then on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(transparent)]
+pub struct AllocationId(pub u64);
+
+impl std::fmt::Display for AllocationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "allocation #{}", self.0)
+    }
+}
+
 /// One live allocation the emulated driver holds.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Allocation {
+    /// The allocation's identity (its address may be handed out again once it is freed).
+    pub id: AllocationId,
     /// Device (or host) address.
     pub ptr: u64,
     /// Size in bytes.
@@ -49,6 +67,11 @@ pub struct Hazard {
     pub kind: String,
     /// The address involved.
     pub ptr: u64,
+    /// The identity ([`Allocation::id`]) of the allocation involved: the live one for an
+    /// unordered free, the freed one for a use after free or a double free; `None` when the
+    /// address was never allocated.
+    #[serde(default)]
+    pub alloc: Option<AllocationId>,
     /// The driver function that performed the offending operation.
     pub function: String,
     /// The stream it was issued on (0 for synchronous operations).
@@ -74,6 +97,11 @@ pub struct Call {
     pub resolved_stream: Option<u64>,
     /// The device pointer argument, if the function takes one.
     pub ptr: Option<u64>,
+    /// The identity ([`Allocation::id`]) of the allocation the call made (the allocation
+    /// calls, `cuMemPoolImportPointer`) or the live allocation its pointer argument was in (the
+    /// frees), whether or not the call succeeded; `None` for other calls.
+    #[serde(default)]
+    pub alloc: Option<AllocationId>,
     /// The returned status.
     pub result: CUresult,
 }
@@ -171,6 +199,17 @@ impl Emulator {
     /// Every allocation the emulated driver still holds.
     pub fn live_allocations(&self) -> Vec<Allocation> {
         self.query("allocations")
+    }
+
+    /// The live allocation that starts at `ptr`, if any: take its [`Allocation::id`] while it
+    /// is live to recognise it later, whatever the pool does with its address.
+    pub fn allocation_at(&self, ptr: u64) -> Option<Allocation> {
+        self.live_allocations().into_iter().find(|a| a.ptr == ptr)
+    }
+
+    /// Whether the allocation with identity `id` is still live.
+    pub fn allocation_is_live(&self, id: AllocationId) -> bool {
+        self.live_allocations().iter().any(|a| a.id == id)
     }
 
     /// Every hazard seen since start or the last [`Emulator::clear_hazards`].

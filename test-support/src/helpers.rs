@@ -275,7 +275,7 @@ pub fn captured() -> &'static Captured {
     all
 }
 
-/// The cleanup errors reported for `ptr`.
+/// The cleanup errors reported for `ptr` since [`start`].
 pub fn errors_for(ptr: u64) -> Vec<CleanupError> {
     captured()
         .errors
@@ -287,7 +287,7 @@ pub fn errors_for(ptr: u64) -> Vec<CleanupError> {
         .collect()
 }
 
-/// The cleanup warnings reported for `ptr`.
+/// The cleanup warnings reported for `ptr` since [`start`].
 pub fn warnings_for(ptr: u64) -> Vec<CleanupWarning> {
     captured()
         .warnings
@@ -318,6 +318,10 @@ pub fn start() -> MutexGuard<'static, ()> {
         ContextHandle::clear_current().expect("cuCtxSetCurrent(NULL)");
     }
     handles::drain_deferred_cleanup();
+    // Reports are found by pointer, and a pool hands an address out again
+    // (docs/driver-facts.md F18): only this test's reports may match its pointers.
+    captured().errors.lock().unwrap().clear();
+    captured().warnings.lock().unwrap().clear();
     if let Some(emu) = emu {
         emu.clear_faults();
         emu.clear_hazards();

@@ -19,7 +19,13 @@ What it does:
      driver; their output goes to --out/demo/ (differential.txt and differential.json there);
   6. writes summary.json, summary.md (a table: test, real driver, emulator) and the output of
      every test that did not pass to --out (default ./results);
-  7. with --bench (after all that) or --bench-only (instead of it): runs the benchmarks against
+  7. with --foreign-tests DIR (after the tests, or alone with --foreign-only): runs that pytest
+     tree (NVIDIA's cuda.core test suite, carried beside the bundle) with --foreign-python
+     (default: this interpreter, which must have cuda.core, cuda-bindings and pytest) on the
+     real driver and on the bundled emulator, per test both outcomes and whether they agree
+     (foreign/foreign_tests.py, the harness of `cargo xtask foreign-tests`); results in
+     --out/foreign/ (results.md, results.json, JUnit XML of both runs);
+  8. with --bench (after all that) or --bench-only (instead of it): runs the benchmarks against
      the real driver (bench_run.py: custody against raw driver calls in Rust, and against
      cuda.core, CuPy and cuda-bindings in Python; under 4 minutes) and writes --out/bench/*.json,
      for `cargo xtask bench --from-results DIR` on the build machine.
@@ -29,6 +35,8 @@ could be loaded (the emulator column is still filled in, to check the runner its
 
   python3 gpu-bundle/run.py [--out DIR] [--driver PATH] [--timeout SECONDS] [--filter TEXT]
                             [--bench | --bench-only] [--bench-quick]
+                            [--foreign-tests DIR [--foreign-only] [--foreign-python PY]
+                             [--foreign-preset NAME] [--foreign-paths PATH ...]]
 
 --driver PATH uses the library at PATH as "the real driver" (CUSTODY_CUDA_DRIVER=PATH), for
 example the bundled emulator, to exercise this runner on a machine without a GPU (the GPU-only
@@ -276,6 +284,31 @@ def run_demo(manifest, real_ok, driver_path, emulator_path, emulator_ok, out_dir
     return rows
 
 
+def run_foreign(args, manifest, out_dir, driver_path, emulator_path, real_ok):
+    """The differential harness on --foreign-tests: real driver (or --driver) and the bundled
+    emulator. Returns 0 when it ran, 2 without a real driver (the emulator column is still
+    filled in)."""
+    foreign = manifest.get("foreign")
+    if not foreign:
+        print("foreign tests: this bundle has no harness (rebuild it with cargo xtask gpu-bundle)")
+        return 1
+    sys.path.insert(0, str(HERE / Path(foreign["script"]).parent))
+    import foreign_tests
+    tests = Path(args.foreign_tests).resolve()
+    preset = args.foreign_preset
+    if preset is None and not args.foreign_paths and (tests / "test_stream.py").is_file():
+        preset = "cuda-core-all"
+    argv = ["--tests", str(tests), "--emulator", str(emulator_path), "--out", str(out_dir / "foreign"),
+            "--python", args.foreign_python or sys.executable, "--timeout", str(args.foreign_timeout)]
+    if driver_path:
+        argv += ["--real-driver", str(driver_path)]
+    if preset:
+        argv += ["--preset", preset]
+    print("\nforeign tests: %s (preset %s)" % (tests, preset or "none"), flush=True)
+    foreign_tests.main(argv + list(args.foreign_paths))
+    return 0 if real_ok else 2
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="results", help="where to write the results (default ./results)")
@@ -288,7 +321,17 @@ def main():
                         help="after the tests, run the benchmarks and write --out/bench/*.json (under 4 minutes)")
     parser.add_argument("--bench-only", action="store_true", help="run only the benchmarks")
     parser.add_argument("--bench-quick", action="store_true", help="short benchmark runs (to check the runner)")
+    parser.add_argument("--foreign-tests", metavar="DIR",
+                        help="a pytest tree (cuda.core's tests folder) to run on both drivers and compare")
+    parser.add_argument("--foreign-only", action="store_true", help="run only the --foreign-tests comparison")
+    parser.add_argument("--foreign-python", help="the interpreter for --foreign-tests (default: this one)")
+    parser.add_argument("--foreign-preset", default=None,
+                        help="a path list of the harness (default: cuda-core-all when DIR has test_stream.py)")
+    parser.add_argument("--foreign-paths", nargs="*", default=[], help="files or folders under DIR to run")
+    parser.add_argument("--foreign-timeout", type=int, default=900, help="seconds per file and driver")
     args = parser.parse_args()
+    if args.foreign_only and not args.foreign_tests:
+        parser.error("--foreign-only needs --foreign-tests DIR")
     if args.bench or args.bench_only:
         sys.path.insert(0, str(HERE))
         import bench_run
@@ -319,6 +362,8 @@ def main():
     print()
 
     real_ok = real["loaded"] and not real["error"]
+    if args.foreign_only:
+        return run_foreign(args, manifest, out_dir, driver_path, emulator_path, real_ok)
     if args.bench_only:
         bench = bench_run.run(HERE, manifest, out_dir, driver_path, real_ok, args.bench_quick)
         (out_dir / "bench-summary.json").write_text(json.dumps(bench, indent=2) + "\n")
@@ -455,6 +500,10 @@ def main():
                       if row[column]["status"] in failed_statuses)
     print("demo: %s (output in %s)" % ("%d run(s) failed" % demo_failed if demo_failed else "passed",
                                         out_dir / "demo"))
+
+    foreign_status = 0
+    if args.foreign_tests:
+        foreign_status = run_foreign(args, manifest, out_dir, driver_path, emulator_path, real_ok)
 
     bench_failed = 0
     if args.bench:

@@ -107,6 +107,9 @@ pub fn build() -> Result<PathBuf> {
     let python = bundle_python(&root, &bundle)?;
     // The benchmarks, run by `run.py --bench`.
     let bench = crate::bundle_bench::add_to_bundle(&root, &bundle)?;
+    // The differential harness, run by `run.py --foreign-tests DIR` on a pytest tree carried
+    // beside the bundle (cuda.core's tests are never part of it).
+    let foreign = bundle_foreign(&root, &bundle)?;
 
     let manifest = json!({
         "format": 1,
@@ -117,6 +120,7 @@ pub fn build() -> Result<PathBuf> {
         "python": python,
         "demo": demo,
         "bench": bench,
+        "foreign": foreign,
     });
     fs::write(
         bundle.join("manifest.json"),
@@ -330,6 +334,19 @@ fn bundle_demo(root: &Path, bundle: &Path, built: &[Example]) -> Result<Value> {
         scripts.insert((*script).to_owned(), Value::String(file));
     }
     Ok(json!({ "rust": rust, "python": scripts }))
+}
+
+/// The differential harness (`cargo xtask foreign-tests`'s script and its pytest plugin) under
+/// `foreign/`. Returns the manifest's `foreign` entry.
+fn bundle_foreign(root: &Path, bundle: &Path) -> Result<Value> {
+    fs::create_dir_all(bundle.join("foreign"))?;
+    for source in [crate::foreign::SCRIPT, crate::foreign::PLUGIN] {
+        let name = Path::new(source)
+            .file_name()
+            .context("the harness files have names")?;
+        copy(&root.join(source), &bundle.join("foreign").join(name))?;
+    }
+    Ok(json!({ "script": "foreign/foreign_tests.py" }))
 }
 
 /// When `pybind/` exists: a release wheel built with maturin and the pytest files, under

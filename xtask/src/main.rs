@@ -6,6 +6,8 @@
 //! - `cargo xtask gpu-test`: the bundle, built and run in place on a machine with a GPU.
 //! - `cargo xtask demo`: the stream hand-off example in Rust and Python, on a real GPU when one
 //!   is usable and on the emulated driver otherwise.
+//! - `cargo xtask foreign-tests`: a pytest tree that uses the CUDA driver (cuda.core's test
+//!   suite) run on the emulated driver and on a real one, outcomes side by side.
 //! - `cargo xtask bench`: custody against the raw driver (Rust) and against cuda.core, CuPy and
 //!   raw calls (Python), then `docs/benchmarks.md`; `--from-results DIR` renders a GPU run's JSON.
 //!
@@ -17,6 +19,7 @@ mod bundle;
 mod bundle_bench;
 mod cmd;
 mod demo;
+mod foreign;
 mod test;
 
 use std::process::ExitCode;
@@ -31,6 +34,12 @@ commands:
   gpu-test     build the bundle and run it here (needs a GPU); arguments go to run.py
   demo         the stream hand-off example in Rust and Python: on a real GPU when one is usable,
                else on the emulated driver (says which); --emulator forces the emulator
+  foreign-tests --tests DIR [--python PY | --venv DIR] [--preset cuda-core] [PATH ...]
+               run a pytest tree that reaches the CUDA driver through libcuda.so.1 (NVIDIA's
+               cuda.core tests) on the emulated driver and on the real one (when one loads; else
+               says so), per test both outcomes and whether they agree; --real-results DIR
+               compares with recorded JUnit XML; --help for the rest; results in
+               target/foreign-tests/ (results.md, results.json)
   bench        custody against the raw driver, cuda.core and CuPy; regenerates docs/benchmarks.md
                (real driver if libcuda.so.1 has a device, else the emulator; says which)
                --emulator, --full|--quick, --no-python; --from-results DIR [--label NAME] renders
@@ -49,6 +58,7 @@ fn main() -> ExitCode {
         "gpu-test" => bundle::run_in_place(&rest),
         "demo" => demo::run(&rest),
         "bench" => bench::run(&rest),
+        "foreign-tests" => foreign::run(&rest),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
             Ok(())

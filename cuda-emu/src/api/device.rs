@@ -122,7 +122,7 @@ macro_rules! export_lookup {
             match name {
                 $(stringify!($name) => Some(super::$name as cuda_sys::fn_types::$name as *mut c_void),)*
                 "cuGetProcAddress" => Some(cuGetProcAddress as GetProcAddressV1 as *mut c_void),
-                _ => None,
+                _ => super::extra_named(name),
             }
         }
     };
@@ -133,21 +133,30 @@ type GetProcAddressV1 =
 
 cuda_sys::with_driver_functions!(export_lookup);
 
-/// The CUDA version from which `cuGetProcAddress(base)` means our `_v2` export, and whether the
-/// older symbol has the same C signature (so the `_v2` export may stand in for it).
-fn v2_since(base: &str) -> (c_int, bool) {
-    match base {
-        "cuCtxDestroy" | "cuCtxPushCurrent" | "cuCtxPopCurrent" | "cuStreamDestroy"
-        | "cuEventDestroy" => (4000, true),
-        "cuDevicePrimaryCtxRelease" => (11000, true),
-        "cuStreamBeginCapture" => (10010, false),
-        "cuStreamGetCaptureInfo" => (11030, false),
-        "cuGetProcAddress" => (12000, false),
-        _ => (3020, false),
+/// The symbol a driver of [`DRIVER_VERSION`] hands out for `name` asked for at `version`: the
+/// newest variant of `name` that `version` knows (`names::VARIANTS`); `Err(true)` when `name` is
+/// older than every variant (the version is too old), `Err(false)` when the driver API has no
+/// such name.
+pub(crate) fn variant_for(name: &str, version: c_int) -> Result<&'static str, bool> {
+    let variants = super::names::VARIANTS;
+    let first = variants.partition_point(|(n, _, _)| *n < name);
+    let mut chosen = None;
+    for &(n, since, symbol) in &variants[first..] {
+        if n != name {
+            break;
+        }
+        if since > version {
+            return chosen.ok_or(true);
+        }
+        chosen = Some(symbol);
     }
+    chosen.ok_or(first < variants.len() && variants[first].0 == name)
 }
 
-/// `cuGetProcAddress` resolution: (pointer, status).
+/// `cuGetProcAddress` resolution: (pointer, status). A name of the driver API resolves to the
+/// variant its version asks for: our implementation when there is one, else the variant's
+/// `CUDA_ERROR_NOT_SUPPORTED` export (`api::unsupported`), so that a client sees a driver error
+/// rather than a missing function. Any other name is not found.
 fn proc_address(symbol: *const c_char, version: c_int) -> Res<(*mut c_void, u32)> {
     const FOUND: u32 = CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS as u32;
     const MISSING: u32 =
@@ -157,19 +166,16 @@ fn proc_address(symbol: *const c_char, version: c_int) -> Res<(*mut c_void, u32)
     need(symbol)?;
     // SAFETY: non-null, NUL-terminated per the driver contract.
     let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
-    let v2 = format!("{name}_v2");
-    if let Some(p) = export_named(&v2) {
-        let (since, same_abi) = v2_since(name);
-        return if version >= since || same_abi {
-            Ok((p, FOUND))
-        } else {
-            Ok((std::ptr::null_mut(), TOO_OLD))
-        };
-    }
-    match export_named(name) {
-        Some(p) if !name.is_empty() => Ok((p, FOUND)),
-        _ => Ok((std::ptr::null_mut(), MISSING)),
-    }
+    // This driver is CUDA 13.0: what appeared later does not exist here, whatever the caller's
+    // headers know.
+    let symbol = match variant_for(name, version.min(DRIVER_VERSION)) {
+        Ok(symbol) => symbol,
+        Err(true) if version > DRIVER_VERSION => return Ok((std::ptr::null_mut(), MISSING)),
+        Err(true) => return Ok((std::ptr::null_mut(), TOO_OLD)),
+        Err(false) => return Ok((std::ptr::null_mut(), MISSING)),
+    };
+    let p = export_named(symbol).or_else(|| super::unsupported::unsupported_named(symbol));
+    Ok(p.map_or((std::ptr::null_mut(), MISSING), |p| (p, FOUND)))
 }
 
 #[no_mangle]
@@ -325,6 +331,14 @@ fn attribute(attr: u32, dev: CUdevice) -> Option<c_int> {
     ];
     if attr == 0 || attr > 200 {
         return None;
+    }
+    // Attributes newer than this build's CUDA 12.0 types, by number (CUDA 13 headers).
+    match attr {
+        // CU_DEVICE_ATTRIBUTE_NUMA_ID: the device is not a NUMA node.
+        131 => return Some(-1),
+        // HOST_NUMA_MEMORY_POOLS_SUPPORTED, HOST_MEMORY_POOLS_SUPPORTED: host pools exist here.
+        142 | 144 => return Some(1),
+        _ => {}
     }
     Some(
         table

@@ -204,7 +204,8 @@ pub unsafe extern "C" fn cuGraphAddMemsetNode(
     entry("cuGraphAddMemsetNode", None, None, |_| {
         // SAFETY: the caller's params (driver contract); all fields are integers.
         let p = unsafe { get(params)? };
-        let m = Memset {
+        let mut m = Memset {
+            alloc: None,
             dst: p.dst,
             value: p.value,
             elem: p.elementSize,
@@ -216,7 +217,7 @@ pub unsafe extern "C" fn cuGraphAddMemsetNode(
         unsafe {
             add(ph, g, deps, n, |st| {
                 let len = m.extent()?;
-                st.check_node_memory(m.dst, len, false, "cuGraphAddMemsetNode")?;
+                m.alloc = st.check_node_memory(m.dst, len, false, "cuGraphAddMemsetNode")?;
                 Ok(NodeKind::Memset(m))
             })
         }
@@ -247,6 +248,7 @@ fn operand(
         z: z as u64,
         pitch: pitch as u64,
         height: height as u64,
+        alloc: None,
     })
 }
 
@@ -282,7 +284,7 @@ pub unsafe extern "C" fn cuGraphAddMemcpyNode(
             p.dst_pitch,
             p.dst_height,
         )?;
-        let c = Copy3D {
+        let mut c = Copy3D {
             src,
             dst,
             width: p.width as u64,
@@ -292,15 +294,21 @@ pub unsafe extern "C" fn cuGraphAddMemcpyNode(
         // SAFETY: the caller's dependency array (driver contract).
         unsafe {
             add(ph, g, deps, n, |st| {
-                for o in [&c.src, &c.dst] {
+                for src in [true, false] {
+                    let o = if src { &c.src } else { &c.dst };
                     let (first, len) = c.extent(o)?;
                     let host_ok = o.memtype != MEMTYPE_DEVICE;
-                    st.check_node_memory(
+                    let alloc = st.check_node_memory(
                         o.ptr + first,
                         len.max(1),
                         host_ok,
                         "cuGraphAddMemcpyNode",
                     )?;
+                    if src {
+                        c.src.alloc = alloc;
+                    } else {
+                        c.dst.alloc = alloc;
+                    }
                 }
                 Ok(NodeKind::Memcpy(c))
             })
@@ -353,7 +361,9 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
         // SAFETY: the caller's dependency array (driver contract).
         unsafe {
             add(ph, g, deps, n, |st| {
-                if st.allocs.contains_key(&dptr) || st.graph_reserved.contains_key(&dptr) {
+                // Only a graph allocation may be freed by a free node (documented; a captured
+                // free of other memory is refused too, measured: docs/driver-facts.md F16).
+                if st.graph_reserved.contains_key(&dptr) {
                     Ok(NodeKind::MemFree { addr: dptr })
                 } else {
                     Err(codes::INVALID_VALUE)

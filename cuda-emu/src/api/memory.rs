@@ -13,7 +13,7 @@ use crate::memory::{copy_bytes, fill, Alloc, AllocKind, Backing, Mem, DEVICE_MEM
 use crate::state::{initialized, state, State};
 
 /// A synchronous allocation in the current context.
-fn alloc_sync(kind: AllocKind, size: usize) -> Res<u64> {
+fn alloc_sync(kind: AllocKind, size: usize, info: &mut CallInfo) -> Res<u64> {
     let mut st = initialized()?;
     let ctx = st.current_ctx()?;
     st.check_unsafe_call()?;
@@ -39,7 +39,8 @@ fn alloc_sync(kind: AllocKind, size: usize) -> Res<u64> {
     } else {
         st.device_va(size)?
     };
-    st.insert_alloc(Alloc {
+    let id = st.insert_alloc(Alloc {
+        id: 0,
         addr,
         size,
         kind,
@@ -52,14 +53,15 @@ fn alloc_sync(kind: AllocKind, size: usize) -> Res<u64> {
         uses: VectorClock::default(),
         ipc_offset: None,
     });
+    info.alloc = Some(id);
     Ok(addr)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
-    entry("cuMemAlloc_v2", None, None, |_| {
+    entry("cuMemAlloc_v2", None, None, |info| {
         need(dptr)?;
-        let p = alloc_sync(AllocKind::Device, size)?;
+        let p = alloc_sync(AllocKind::Device, size, info)?;
         // SAFETY: checked non-null (driver contract).
         unsafe { put(dptr, p) }
     })
@@ -67,9 +69,9 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
-    entry("cuMemAllocHost_v2", None, None, |_| {
+    entry("cuMemAllocHost_v2", None, None, |info| {
         need(pp)?;
-        let p = alloc_sync(AllocKind::Host, size)?;
+        let p = alloc_sync(AllocKind::Host, size, info)?;
         // SAFETY: checked non-null (driver contract).
         unsafe { put(pp, p as *mut c_void) }
     })
@@ -81,12 +83,12 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     size: usize,
     flags: c_uint,
 ) -> CUresult {
-    entry("cuMemAllocManaged", None, None, |_| {
+    entry("cuMemAllocManaged", None, None, |info| {
         need(dptr)?;
         if flags != 1 && flags != 2 {
             return Err(codes::INVALID_VALUE);
         }
-        let p = alloc_sync(AllocKind::Managed, size)?;
+        let p = alloc_sync(AllocKind::Managed, size, info)?;
         // SAFETY: checked non-null (driver contract).
         unsafe { put(dptr, p) }
     })
@@ -94,7 +96,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 
 /// A synchronous free: the driver synchronises the device first, so the free is ordered after
 /// every use.
-fn free_sync(addr: u64, function: &'static str, host: bool) -> Res {
+fn free_sync(addr: u64, function: &'static str, host: bool, info: &mut CallInfo) -> Res {
     let targets = {
         let mut st = initialized()?;
         if addr == 0 {
@@ -102,6 +104,7 @@ fn free_sync(addr: u64, function: &'static str, host: bool) -> Res {
             return Ok(());
         }
         st.check_unsafe_call()?;
+        info.alloc = st.find_live(addr).and_then(|start| st.alloc_id(start));
         let Some(a) = st.allocs.get(&addr) else {
             if st.find_live(addr).is_none() {
                 st.report_bad_free(addr, function, 0);
@@ -135,15 +138,15 @@ fn free_sync(addr: u64, function: &'static str, host: bool) -> Res {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    entry("cuMemFree_v2", None, Some(dptr), |_| {
-        free_sync(dptr, "cuMemFree_v2", false)
+    entry("cuMemFree_v2", None, Some(dptr), |info| {
+        free_sync(dptr, "cuMemFree_v2", false, info)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
-    entry("cuMemFreeHost", None, Some(p as u64), |_| {
-        free_sync(p as u64, "cuMemFreeHost", true)
+    entry("cuMemFreeHost", None, Some(p as u64), |info| {
+        free_sync(p as u64, "cuMemFreeHost", true, info)
     })
 }
 
@@ -197,8 +200,10 @@ fn alloc_async(
         st.capture_node(r, NodeKind::MemAlloc { addr, size, device })?;
         addr
     } else {
-        let addr = st.pool_alloc(pool, size)?;
+        // Ordered first, so that the pool sees which frees the allocation comes after.
         let (deps, time) = st.prepare(r);
+        let addr = st.pool_alloc(pool, size, r)?;
+        info.alloc = st.alloc_id(addr);
         st.record_use(Some(addr), r, time);
         st.submit(r, deps, None, false);
         addr
@@ -236,11 +241,13 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
     const F: &str = "cuMemFreeAsync";
     let mut st = initialized()?;
+    info.alloc = st.find_live(addr).and_then(|start| st.alloc_id(start));
     if st.destroyed_streams.contains(&s) {
         // The real driver crashes here (F11).
         log::hazard(Hazard {
             kind: "free_on_destroyed_stream",
             ptr: addr,
+            alloc: info.alloc,
             function: F,
             stream: s,
             detail: format!("{F} of {addr:#x} on stream {s:#x}, which was destroyed"),
@@ -275,11 +282,16 @@ fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
         // nothing captured, the capture stays valid, the memory stays allocated (measured: F16).
         return Err(codes::CAPTURED_FREE);
     }
-    let (deps, _) = st.prepare(r);
+    let (deps, time) = st.prepare(r);
     st.check_free_order(addr, r, F);
     let a = st
         .take_alloc(addr, F, "stream-ordered free")
         .expect("checked live");
+    if kind == AllocKind::Pool {
+        if let Some(pool) = a.pool.and_then(|p| st.pools.get_mut(&p)) {
+            pool.remember_free_block(addr, a.size, r, time);
+        }
+    }
     let (backing, core, size) = (a.backing, a.pool_core, a.size);
     let run = move || {
         drop(backing);
@@ -344,22 +356,24 @@ fn copy(
         let r = op_stream(&mut st, s, info)?;
         let n64 = n as u64;
         if st.enqueue_check(r)? {
-            for (ptr, host) in [(dst, dst_host), (src, src_host)] {
-                if let Err(e) = st.check_node_memory(ptr, n64.max(1), false, function) {
-                    if host && e == codes::BAD_POINTER && !st.is_device_va(ptr) {
+            let mut ids = [None, None];
+            for (i, (ptr, host)) in [(dst, dst_host), (src, src_host)].into_iter().enumerate() {
+                match st.check_node_memory(ptr, n64.max(1), false, function) {
+                    Ok(id) => ids[i] = id,
+                    Err(e) if host && e == codes::BAD_POINTER && !st.is_device_va(ptr) => {
                         // Pageable host memory cannot be captured (guess: UNSUPPORTED, and
                         // the capture is invalidated).
                         let id = st.streams[&r].capture.expect("capturing");
                         st.invalidate_capture(id);
                         return Err(codes::CAPTURE_UNSUPPORTED);
                     }
-                    return Err(e);
+                    Err(e) => return Err(e),
                 }
             }
             if n == 0 {
                 return Ok(());
             }
-            let op = |ptr| Operand {
+            let op = |ptr, alloc| Operand {
                 memtype: MEMTYPE_UNIFIED,
                 ptr,
                 x: 0,
@@ -367,10 +381,11 @@ fn copy(
                 z: 0,
                 pitch: 0,
                 height: 0,
+                alloc,
             };
             let c = Copy3D {
-                src: op(src),
-                dst: op(dst),
+                src: op(src, ids[1]),
+                dst: op(dst, ids[0]),
                 width: n64,
                 height: 1,
                 depth: 1,
@@ -481,11 +496,12 @@ fn memset(
             return Err(codes::INVALID_VALUE);
         }
         if st.enqueue_check(r)? {
-            st.check_node_memory(dst, len.max(1), false, function)?;
+            let alloc = st.check_node_memory(dst, len.max(1), false, function)?;
             if n == 0 {
                 return Ok(());
             }
             let m = Memset {
+                alloc,
                 dst,
                 value,
                 elem,
@@ -583,15 +599,34 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     attribute: CUpointer_attribute,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    use cuda_sys::types::CUpointer_attribute as P;
     let attr = attribute as u32;
     entry("cuPointerGetAttribute", None, Some(ptr), |_| {
         need(data)?;
         let st = initialized()?;
+        // SAFETY: the caller's storage for the attribute (driver contract).
+        unsafe { pointer_attribute(&st, attr, ptr, data) }
+    })
+}
+
+/// Writes pointer attribute `attr` of `ptr` to `data`.
+///
+/// # Errors
+/// `BAD_POINTER` for a pointer the driver does not know, `BAD_ATTRIBUTE` for an attribute it
+/// does not answer, `INVALID_VALUE` for the host pointer of device memory.
+///
+/// # Safety
+/// `data` is non-null and valid for a write of the attribute's documented type.
+pub(crate) unsafe fn pointer_attribute(st: &State, attr: u32, ptr: u64, data: *mut c_void) -> Res {
+    use cuda_sys::types::CUpointer_attribute as P;
+    {
         let start = st.find_live(ptr).ok_or(codes::BAD_POINTER)?;
         let a = &st.allocs[&start];
         let host_accessible = a.kind.host_accessible(a.host);
-        let memtype = if a.host && a.kind != AllocKind::Managed {
+        let pool_managed = a
+            .pool
+            .and_then(|p| st.pools.get(&p))
+            .is_some_and(|p| p.managed);
+        let memtype = if a.host && a.kind != AllocKind::Managed && !pool_managed {
             CUmemorytype::CU_MEMORYTYPE_HOST as u32
         } else {
             CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
@@ -624,7 +659,8 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                     put(data.cast::<u32>(), 1)
                 }
                 a_ if a_ == P::CU_POINTER_ATTRIBUTE_BUFFER_ID as u32 => {
-                    put(data.cast::<u64>(), start)
+                    // Unique in the process and never reused (documented), unlike the address.
+                    put(data.cast::<u64>(), a.id)
                 }
                 a_ if a_ == P::CU_POINTER_ATTRIBUTE_IS_MANAGED as u32 => {
                     put(data.cast::<u32>(), u32::from(a.kind == AllocKind::Managed))
@@ -642,8 +678,25 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 a_ if a_ == P::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE as u32 => {
                     put(data.cast::<u64>(), a.pool.unwrap_or(0))
                 }
+                // Not capable of legacy (cuIpcGetMemHandle) IPC, nor of GPUDirect RDMA.
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE as u32
+                    || a_ == P::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE as u32 =>
+                {
+                    put(data.cast::<u32>(), 0)
+                }
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES as u32 => {
+                    let types = a
+                        .pool
+                        .and_then(|p| st.pools.get(&p))
+                        .map_or(0, |p| p.handle_types);
+                    put(data.cast::<u64>(), u64::from(types))
+                }
+                // CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: read and write.
+                a_ if a_ == P::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS as u32 => {
+                    put(data.cast::<u32>(), 3)
+                }
                 _ => Err(codes::BAD_ATTRIBUTE),
             }
         }
-    })
+    }
 }

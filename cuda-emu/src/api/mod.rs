@@ -8,18 +8,40 @@
 mod context;
 mod device;
 mod graph;
+mod graph_nodes;
+mod info;
 mod memory;
+pub(crate) mod names;
 mod pool;
+mod ranges;
 mod stream;
+pub(crate) mod unsupported;
 
 pub(crate) use context::*;
 pub(crate) use device::*;
 pub(crate) use graph::*;
+pub(crate) use graph_nodes::*;
+pub(crate) use info::*;
 pub(crate) use memory::*;
 pub(crate) use pool::*;
+pub(crate) use ranges::*;
 pub(crate) use stream::*;
 
 use crate::codes::{self, Res};
+
+/// The exports beyond custody's loader list (`cuda_sys::with_driver_functions!`), by name: what
+/// `cuGetProcAddress` hands out for them.
+macro_rules! extra_exports {
+    ($($name:ident)*) => {
+        /// Our export named exactly `name` among those beyond custody's loader list.
+        pub(crate) fn extra_named(name: &str) -> Option<*mut std::ffi::c_void> {
+            match name {
+                $(stringify!($name) => Some($name as *const () as *mut std::ffi::c_void),)*
+                _ => None,
+            }
+        }
+    };
+}
 
 /// Fails with `CUDA_ERROR_INVALID_VALUE` for a null out-pointer (checked before any effect).
 pub(crate) fn need<T>(p: *const T) -> Res {
@@ -83,3 +105,56 @@ pub(crate) fn wait_and_observe(deps: &[crate::exec::Dep], clock: &crate::clock::
     crate::exec::wait_all(deps);
     crate::state::state().host_observed(clock);
 }
+
+// BEGIN EXTRA EXPORTS (every export beyond custody's loader list, for `cuGetProcAddress`)
+extra_exports! {
+    cuCtxGetDevice_v2
+    cuCtxGetFlags
+    cuCtxGetId
+    cuCtxGetStreamPriorityRange
+    cuCtxSynchronize_v2
+    cuDeviceGetGraphMemAttribute
+    cuDeviceGetUuid
+    cuDeviceGetUuid_v2
+    cuDeviceGraphMemTrim
+    cuDeviceSetGraphMemAttribute
+    cuDeviceTotalMem_v2
+    cuEventElapsedTime
+    cuEventElapsedTime_v2
+    cuEventRecordWithFlags
+    cuGraphAddEventRecordNode
+    cuGraphAddEventWaitNode
+    cuGraphEventRecordNodeGetEvent
+    cuGraphEventWaitNodeGetEvent
+    cuGraphExecGetFlags
+    cuGraphGetEdges
+    cuGraphGetEdges_v2
+    cuGraphGetNodes
+    cuGraphGetRootNodes
+    cuGraphInstantiateWithParams
+    cuGraphNodeGetDependencies
+    cuGraphNodeGetDependencies_v2
+    cuGraphNodeGetDependentNodes
+    cuGraphNodeGetDependentNodes_v2
+    cuGraphNodeGetType
+    cuGraphUpload
+    cuMemAdvise
+    cuMemAdvise_v2
+    cuMemDiscardAndPrefetchBatchAsync
+    cuMemDiscardBatchAsync
+    cuMemGetAddressRange_v2
+    cuMemGetDefaultMemPool
+    cuMemGetMemPool
+    cuMemPrefetchAsync
+    cuMemPrefetchAsync_v2
+    cuMemPrefetchBatchAsync
+    cuMemRangeGetAttribute
+    cuMemRangeGetAttributes
+    cuMemSetMemPool
+    cuPointerGetAttributes
+    cuStreamGetCaptureInfo_v3
+    cuStreamGetCtx_v2
+    cuStreamGetDevice
+    cuStreamGetId
+}
+// END EXTRA EXPORTS

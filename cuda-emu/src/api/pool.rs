@@ -30,7 +30,7 @@ pub(crate) struct RawPoolProps {
 
 /// `CUmemLocation`.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct RawLocation {
     pub(crate) kind: u32,
     pub(crate) id: i32,
@@ -48,9 +48,11 @@ const _: () = assert!(std::mem::size_of::<RawPoolProps>() == std::mem::size_of::
 const _: () =
     assert!(std::mem::size_of::<RawAccessDesc>() == std::mem::size_of::<CUmemAccessDesc>());
 
+/// `CU_MEM_LOCATION_TYPE_NONE` (CUDA 13; `_INVALID` before).
+pub(crate) const LOCATION_NONE: u32 = 0;
 pub(crate) const LOCATION_DEVICE: u32 = 1;
-const LOCATION_HOST: u32 = 2;
-const LOCATION_HOST_NUMA: u32 = 3;
+pub(crate) const LOCATION_HOST: u32 = 2;
+pub(crate) const LOCATION_HOST_NUMA: u32 = 3;
 const HANDLE_POSIX_FD: u32 = 1;
 const ACCESS_READWRITE: u32 = 3;
 
@@ -107,17 +109,25 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         // SAFETY: the caller's props (driver contract); read as plain integers.
         let p: RawPoolProps = unsafe { get(props.cast::<RawPoolProps>())? };
         let mut st = initialized()?;
-        if p.alloc_type != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED as u32 {
-            return Err(codes::INVALID_VALUE);
-        }
+        // CU_MEM_ALLOCATION_TYPE_PINNED (1) or _MANAGED (2, CUDA 13: host-accessible memory
+        // at its own address, a device's, a host's or of no preferred location).
+        let managed = match p.alloc_type {
+            1 => false,
+            2 => true,
+            _ => return Err(codes::INVALID_VALUE),
+        };
         let (device, host) = match p.location.kind {
             LOCATION_DEVICE => {
                 st.device(p.location.id).map_err(|_| codes::INVALID_VALUE)?;
-                (p.location.id, false)
+                (p.location.id, managed)
             }
             LOCATION_HOST | LOCATION_HOST_NUMA => (-1, true),
+            LOCATION_NONE if managed => (-1, true),
             _ => return Err(codes::INVALID_VALUE),
         };
+        if managed && p.handle_types != 0 {
+            return Err(codes::INVALID_VALUE);
+        }
         if p.handle_types & !HANDLE_POSIX_FD != 0 {
             return Err(codes::INVALID_VALUE);
         }
@@ -147,6 +157,8 @@ pub unsafe extern "C" fn cuMemPoolCreate(
                 exported: false,
                 imported: None,
                 imported_id: 0,
+                free_blocks: Default::default(),
+                managed,
             },
         );
         // SAFETY: checked non-null (driver contract).
@@ -399,6 +411,8 @@ pub unsafe extern "C" fn cuMemPoolImportFromShareableHandle(
                 exported: false,
                 imported: Some(map),
                 imported_id: header.id,
+                free_blocks: Default::default(),
+                managed: false,
             },
         );
         // SAFETY: checked non-null (driver contract).
@@ -441,7 +455,7 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
     share: *mut CUmemPoolPtrExportData,
 ) -> CUresult {
     let pool = pool as u64;
-    entry("cuMemPoolImportPointer", None, None, |_| {
+    entry("cuMemPoolImportPointer", None, None, |info| {
         need(ptr_out)?;
         // SAFETY: the caller's 64 bytes of export data (driver contract).
         let data: [u8; 64] = unsafe { get(share.cast_const().cast::<[u8; 64]>())? };
@@ -463,6 +477,7 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
         });
         if let Some(a) = live {
             let addr = a.addr;
+            info.alloc = Some(a.id);
             // SAFETY: checked non-null (driver contract).
             return unsafe { put(ptr_out, addr) };
         }
@@ -472,7 +487,8 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
         } else {
             st.device_va(size)?
         };
-        st.insert_alloc(Alloc {
+        info.alloc = Some(st.insert_alloc(Alloc {
+            id: 0,
             addr,
             size,
             kind: AllocKind::Ipc,
@@ -484,7 +500,7 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
             backing,
             uses: VectorClock::default(),
             ipc_offset: Some(offset),
-        });
+        }));
         // SAFETY: checked non-null (driver contract).
         unsafe { put(ptr_out, addr) }
     })

@@ -264,6 +264,8 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
             handle,
             Event {
                 ctx,
+                flags,
+                recorded_at: Default::default(),
                 record: None,
                 captured: None,
             },
@@ -302,10 +304,15 @@ pub unsafe extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
             return Ok(());
         }
         let (deps, _) = st.prepare(r);
-        let seq = st.submit(r, deps, None, false);
+        // A fresh slot per record: a later record never changes what an earlier one saw.
+        let slot: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>> = Default::default();
+        let stamp = slot.clone();
+        let run = move || *crate::log::lock(&stamp) = Some(std::time::Instant::now());
+        let seq = st.submit(r, deps, Some(Box::new(run)), false);
         let core = st.streams[&r].core.clone();
         let clock = st.streams[&r].clock.clone();
         let ev = st.events.get_mut(&e).expect("checked");
+        ev.recorded_at = slot;
         ev.record = Some((crate::exec::Dep { core, seq }, clock));
         ev.captured = None;
         Ok(())

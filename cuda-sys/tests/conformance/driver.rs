@@ -510,6 +510,14 @@ pub fn pointer_range_size(dptr: CUdeviceptr) -> Ret<usize> {
     call!(cuPointerGetAttribute((&mut value as *mut usize).cast(), attr, dptr) => value)
 }
 
+/// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_BUFFER_ID)`: the allocation's process-wide
+/// unique id (documented).
+pub fn pointer_buffer_id(dptr: CUdeviceptr) -> Ret<u64> {
+    let mut value: u64 = 0;
+    let attr = CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID;
+    call!(cuPointerGetAttribute((&mut value as *mut u64).cast(), attr, dptr) => value)
+}
+
 /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)`.
 pub fn pointer_mempool(dptr: CUdeviceptr) -> Ret<CUmemoryPool> {
     let mut pool: CUmemoryPool = ptr::null_mut();

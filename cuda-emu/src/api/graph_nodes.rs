@@ -1,0 +1,513 @@
+//! Graph entry points beyond building and launching: event record and wait nodes, node and
+//! graph queries (type, nodes, dependencies, edges), node removal, instantiation with
+//! parameters, upload, and the device's graph memory attributes.
+
+use std::ffi::{c_uint, c_void};
+
+use cuda_sys::types::*;
+use cuda_sys::CUresult;
+
+use super::stream::node_handles;
+use super::{need, put};
+use crate::codes::{self, Res};
+use crate::graph::NodeKind;
+use crate::log::entry;
+use crate::state::{initialized, State};
+
+unsafe fn add_event_node(
+    function: &'static str,
+    ph: *mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    n: usize,
+    event: CUevent,
+    record: bool,
+) -> CUresult {
+    entry(function, None, None, |_| {
+        need(ph)?;
+        let g = g as u64;
+        let event = event as u64;
+        // SAFETY: the caller's dependency array (driver contract).
+        let deps = unsafe { node_handles(deps, n)? };
+        let mut st = initialized()?;
+        st.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
+        st.events.get(&event).ok_or(codes::BAD_HANDLE)?;
+        let deps = st.node_indices(g, &deps)?;
+        let kind = if record {
+            NodeKind::EventRecord { event }
+        } else {
+            NodeKind::EventWait { event }
+        };
+        let (handle, _) = st.add_node(g, kind, deps)?;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(ph, handle as CUgraphNode) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEventRecordNode(
+    ph: *mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    n: usize,
+    event: CUevent,
+) -> CUresult {
+    // SAFETY: the caller's pointers (driver contract).
+    unsafe { add_event_node("cuGraphAddEventRecordNode", ph, g, deps, n, event, true) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEventWaitNode(
+    ph: *mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    n: usize,
+    event: CUevent,
+) -> CUresult {
+    // SAFETY: the caller's pointers (driver contract).
+    unsafe { add_event_node("cuGraphAddEventWaitNode", ph, g, deps, n, event, false) }
+}
+
+fn node(st: &State, h: CUgraphNode) -> Res<(u64, usize)> {
+    st.nodes.get(&(h as u64)).copied().ok_or(codes::BAD_HANDLE)
+}
+
+unsafe fn event_of_node(h: CUgraphNode, out: *mut CUevent, record: bool) -> Res {
+    need(out)?;
+    let st = initialized()?;
+    let (g, i) = node(&st, h)?;
+    let kind = st.graphs.get(&g).ok_or(codes::BAD_HANDLE)?.nodes[i].kind;
+    let event = match (kind, record) {
+        (NodeKind::EventRecord { event }, true) | (NodeKind::EventWait { event }, false) => event,
+        _ => return Err(codes::INVALID_VALUE),
+    };
+    // SAFETY: checked non-null (driver contract).
+    unsafe { put(out, event as CUevent) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphEventRecordNodeGetEvent(
+    h: CUgraphNode,
+    out: *mut CUevent,
+) -> CUresult {
+    // SAFETY: the caller's out-pointer (driver contract).
+    entry("cuGraphEventRecordNodeGetEvent", None, None, |_| unsafe {
+        event_of_node(h, out, true)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphEventWaitNodeGetEvent(
+    h: CUgraphNode,
+    out: *mut CUevent,
+) -> CUresult {
+    // SAFETY: the caller's out-pointer (driver contract).
+    entry("cuGraphEventWaitNodeGetEvent", None, None, |_| unsafe {
+        event_of_node(h, out, false)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetType(h: CUgraphNode, out: *mut c_uint) -> CUresult {
+    entry("cuGraphNodeGetType", None, None, |_| {
+        need(out)?;
+        let st = initialized()?;
+        let (g, i) = node(&st, h)?;
+        let code = st.graphs.get(&g).ok_or(codes::BAD_HANDLE)?.nodes[i]
+            .kind
+            .type_code();
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(out, code) }
+    })
+}
+
+/// Writes up to `*count` handles to `out` (NULL: only the count) and the full count back.
+///
+/// # Safety
+/// `count` is valid for a read and a write; `out` is NULL or holds `*count` handles.
+unsafe fn list(handles: &[u64], out: *mut CUgraphNode, count: *mut usize) -> Res {
+    need(count)?;
+    if !out.is_null() {
+        // SAFETY: per this function's contract.
+        let room = unsafe { count.read_unaligned() };
+        for (k, &h) in handles.iter().take(room).enumerate() {
+            // SAFETY: k < room, per this function's contract.
+            unsafe { out.add(k).write_unaligned(h as CUgraphNode) };
+        }
+        for k in handles.len()..room {
+            // SAFETY: as above; the rest reads as NULL (documented).
+            unsafe { out.add(k).write_unaligned(std::ptr::null_mut()) };
+        }
+    }
+    // SAFETY: per this function's contract.
+    unsafe { put(count, handles.len()) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetNodes(
+    g: CUgraph,
+    out: *mut CUgraphNode,
+    count: *mut usize,
+) -> CUresult {
+    entry("cuGraphGetNodes", None, None, |_| {
+        let st = initialized()?;
+        let graph = st.graphs.get(&(g as u64)).ok_or(codes::BAD_HANDLE)?;
+        let handles: Vec<u64> = graph
+            .nodes
+            .iter()
+            .map(|n| n.handle)
+            .filter(|h| st.nodes.contains_key(h))
+            .collect();
+        // SAFETY: the caller's arrays (driver contract).
+        unsafe { list(&handles, out, count) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetRootNodes(
+    g: CUgraph,
+    out: *mut CUgraphNode,
+    count: *mut usize,
+) -> CUresult {
+    entry("cuGraphGetRootNodes", None, None, |_| {
+        let st = initialized()?;
+        let graph = st.graphs.get(&(g as u64)).ok_or(codes::BAD_HANDLE)?;
+        let handles: Vec<u64> = graph
+            .nodes
+            .iter()
+            .filter(|n| n.deps.is_empty() && st.nodes.contains_key(&n.handle))
+            .map(|n| n.handle)
+            .collect();
+        // SAFETY: the caller's arrays (driver contract).
+        unsafe { list(&handles, out, count) }
+    })
+}
+
+/// The handles of the nodes `h` depends on (`upstream`) or that depend on it.
+fn neighbours(st: &State, h: CUgraphNode, upstream: bool) -> Res<Vec<u64>> {
+    let (g, i) = node(st, h)?;
+    let graph = st.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
+    Ok(if upstream {
+        graph.nodes[i]
+            .deps
+            .iter()
+            .map(|&d| graph.nodes[d].handle)
+            .collect()
+    } else {
+        graph
+            .nodes
+            .iter()
+            .filter(|n| n.deps.contains(&i) && st.nodes.contains_key(&n.handle))
+            .map(|n| n.handle)
+            .collect()
+    })
+}
+
+/// Zeroed edge data for `n` edges where the caller asked for it (every emulated edge is plain).
+///
+/// # Safety
+/// `edges` is NULL or holds `n` 8-byte `CUgraphEdgeData` items.
+unsafe fn plain_edges(edges: *mut c_void, n: usize) {
+    if !edges.is_null() {
+        // SAFETY: per this function's contract.
+        unsafe { std::ptr::write_bytes(edges.cast::<u8>(), 0, n * 8) };
+    }
+}
+
+unsafe fn node_links(
+    function: &'static str,
+    h: CUgraphNode,
+    out: *mut CUgraphNode,
+    edges: *mut c_void,
+    count: *mut usize,
+    upstream: bool,
+) -> CUresult {
+    entry(function, None, None, |_| {
+        let st = initialized()?;
+        let handles = neighbours(&st, h, upstream)?;
+        // SAFETY: the caller's arrays (driver contract).
+        unsafe {
+            let room = if out.is_null() {
+                0
+            } else {
+                count.read_unaligned().min(handles.len())
+            };
+            list(&handles, out, count)?;
+            plain_edges(edges, room);
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetDependencies(
+    h: CUgraphNode,
+    out: *mut CUgraphNode,
+    count: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's arrays (driver contract).
+    unsafe {
+        node_links(
+            "cuGraphNodeGetDependencies",
+            h,
+            out,
+            std::ptr::null_mut(),
+            count,
+            true,
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetDependencies_v2(
+    h: CUgraphNode,
+    out: *mut CUgraphNode,
+    edges: *mut c_void,
+    count: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's arrays (driver contract).
+    unsafe { node_links("cuGraphNodeGetDependencies_v2", h, out, edges, count, true) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetDependentNodes(
+    h: CUgraphNode,
+    out: *mut CUgraphNode,
+    count: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's arrays (driver contract).
+    unsafe {
+        node_links(
+            "cuGraphNodeGetDependentNodes",
+            h,
+            out,
+            std::ptr::null_mut(),
+            count,
+            false,
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetDependentNodes_v2(
+    h: CUgraphNode,
+    out: *mut CUgraphNode,
+    edges: *mut c_void,
+    count: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's arrays (driver contract).
+    unsafe {
+        node_links(
+            "cuGraphNodeGetDependentNodes_v2",
+            h,
+            out,
+            edges,
+            count,
+            false,
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetEdges_v2(
+    g: CUgraph,
+    from: *mut CUgraphNode,
+    to: *mut CUgraphNode,
+    edges: *mut c_void,
+    count: *mut usize,
+) -> CUresult {
+    entry("cuGraphGetEdges_v2", None, None, |_| {
+        need(count)?;
+        let st = initialized()?;
+        let graph = st.graphs.get(&(g as u64)).ok_or(codes::BAD_HANDLE)?;
+        let mut pairs = Vec::new();
+        for n in graph
+            .nodes
+            .iter()
+            .filter(|n| st.nodes.contains_key(&n.handle))
+        {
+            for &d in &n.deps {
+                pairs.push((graph.nodes[d].handle, n.handle));
+            }
+        }
+        // SAFETY: the caller's arrays of `*count` items (driver contract).
+        unsafe {
+            if !from.is_null() && !to.is_null() {
+                let room = count.read_unaligned();
+                for (k, &(a, b)) in pairs.iter().take(room).enumerate() {
+                    from.add(k).write_unaligned(a as CUgraphNode);
+                    to.add(k).write_unaligned(b as CUgraphNode);
+                }
+                plain_edges(edges, room.min(pairs.len()));
+            }
+            put(count, pairs.len())
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetEdges(
+    g: CUgraph,
+    from: *mut CUgraphNode,
+    to: *mut CUgraphNode,
+    count: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's arrays (driver contract).
+    unsafe { cuGraphGetEdges_v2(g, from, to, std::ptr::null_mut(), count) }
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
+#[repr(C)]
+struct RawInstantiateParams {
+    flags: u64,
+    upload_stream: CUstream,
+    err_node_out: CUgraphNode,
+    result_out: u32,
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | _UPLOAD | _USE_NODE_PRIORITY`; device
+/// launch (4) is not emulated.
+const INSTANTIATE_FLAGS: u64 = 1 | 2 | 8;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+    ph: *mut CUgraphExec,
+    g: CUgraph,
+    params: *mut c_void,
+) -> CUresult {
+    let g = g as u64;
+    entry("cuGraphInstantiateWithParams", None, None, |_| {
+        need(ph)?;
+        need(params)?;
+        let raw = params.cast::<RawInstantiateParams>();
+        // SAFETY: non-null; the caller's params (driver contract), read field by field.
+        let flags = unsafe { (*raw).flags };
+        if flags & !INSTANTIATE_FLAGS != 0 {
+            return Err(if flags & 4 != 0 {
+                codes::NOT_SUPPORTED
+            } else {
+                codes::INVALID_VALUE
+            });
+        }
+        let exec = initialized()?.instantiate(g, flags)?;
+        // SAFETY: non-null; the output fields of the caller's params and the exec out-pointer
+        // (driver contract). CUDA_GRAPH_INSTANTIATE_SUCCESS is 0.
+        unsafe {
+            (*raw).err_node_out = std::ptr::null_mut();
+            (*raw).result_out = 0;
+            put(ph, exec as CUgraphExec)
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphUpload(exec: CUgraphExec, s: CUstream) -> CUresult {
+    let (exec, s) = (exec as u64, s as u64);
+    entry("cuGraphUpload", Some(s), None, |info| {
+        let mut st = initialized()?;
+        st.execs.get(&exec).ok_or(codes::BAD_HANDLE)?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        // Nothing to upload: the launch reads the graph where it is.
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecGetFlags(exec: CUgraphExec, flags: *mut u64) -> CUresult {
+    entry("cuGraphExecGetFlags", None, None, |_| {
+        need(flags)?;
+        let st = initialized()?;
+        let e = st.execs.get(&(exec as u64)).ok_or(codes::BAD_HANDLE)?;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(flags, u64::from(e.auto_free)) }
+    })
+}
+
+/// `CUgraphMem_attribute`: used and reserved memory, current and high watermark.
+const GRAPH_MEM_ATTRS: u32 = 4;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    dev: CUdevice,
+    attr: c_uint,
+    value: *mut c_void,
+) -> CUresult {
+    entry("cuDeviceGetGraphMemAttribute", None, None, |_| {
+        need(value)?;
+        let st = initialized()?;
+        st.device(dev)?;
+        if attr >= GRAPH_MEM_ATTRS {
+            return Err(codes::INVALID_VALUE);
+        }
+        let (used, reserved) = st.graph_memory(dev);
+        let marks = crate::log::lock(&GRAPH_MEM_HIGH);
+        let (used_high, reserved_high) = marks.get(&dev).copied().unwrap_or((0, 0));
+        let v = match attr {
+            0 => used,
+            1 => used_high.max(used),
+            2 => reserved,
+            _ => reserved_high.max(reserved),
+        };
+        // SAFETY: checked non-null; the attributes are cuuint64_t (driver contract).
+        unsafe { put(value.cast::<u64>(), v) }
+    })
+}
+
+/// Per device: the high watermarks of graph memory (used, reserved) as last reset.
+static GRAPH_MEM_HIGH: std::sync::Mutex<std::collections::BTreeMap<i32, (u64, u64)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
+    dev: CUdevice,
+    attr: c_uint,
+    value: *mut c_void,
+) -> CUresult {
+    entry("cuDeviceSetGraphMemAttribute", None, None, |_| {
+        need(value)?;
+        let st = initialized()?;
+        st.device(dev)?;
+        // Only the high watermarks can be set, and only to 0 (a reset to the current value).
+        if attr != 1 && attr != 3 {
+            return Err(codes::INVALID_VALUE);
+        }
+        // SAFETY: checked non-null; cuuint64_t (driver contract).
+        if unsafe { (value.cast::<u64>()).read_unaligned() } != 0 {
+            return Err(codes::INVALID_VALUE);
+        }
+        let (used, reserved) = st.graph_memory(dev);
+        let mut marks = crate::log::lock(&GRAPH_MEM_HIGH);
+        let entry = marks.entry(dev).or_insert((0, 0));
+        if attr == 1 {
+            entry.0 = used;
+        } else {
+            entry.1 = reserved;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
+    entry("cuDeviceGraphMemTrim", None, None, |_| {
+        initialized()?.device(dev)?;
+        // Graph memory is released when its allocation is freed; nothing is cached to trim.
+        Ok(())
+    })
+}
+
+impl State {
+    /// Bytes of graph memory of `dev` in use, and reserved (the same: nothing is cached).
+    pub(crate) fn graph_memory(&self, dev: CUdevice) -> (u64, u64) {
+        let used: u64 = self
+            .allocs
+            .values()
+            .filter(|a| {
+                a.device == dev && self.graph_reserved.contains_key(&a.addr) && a.pool.is_none()
+            })
+            .map(|a| a.size)
+            .sum();
+        (used, used)
+    }
+}

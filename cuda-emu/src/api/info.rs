@@ -1,0 +1,277 @@
+//! Queries and small controls of devices, contexts, streams and events that NVIDIA's cuda.core
+//! (and most other clients) ask for beyond custody's own needs: UUIDs, total memory, stream
+//! priority ranges, stream and context ids, the CUDA 13 `_v2` forms of `cuCtxSynchronize`,
+//! `cuCtxGetDevice` and `cuStreamGetCtx`, the third form of `cuStreamGetCaptureInfo`, event
+//! records with flags and event timing.
+
+use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
+
+use cuda_sys::types::*;
+use cuda_sys::CUresult;
+
+use super::{need, put, put_opt, wait_and_observe};
+use crate::codes::{self, Res};
+use crate::log::entry;
+use crate::memory::DEVICE_MEMORY;
+use crate::state::{initialized, GREATEST_PRIORITY, LEAST_PRIORITY};
+
+/// The 16 bytes of a device's UUID: fixed per ordinal (`cuda-emu` and the ordinal), so that two
+/// processes see the same UUID for the same device, as they do on a real machine.
+fn uuid(dev: CUdevice) -> [u8; 16] {
+    let mut bytes = *b"custody-emu-dev\0";
+    bytes[12..16].copy_from_slice(&(dev as u32).to_be_bytes());
+    bytes
+}
+
+unsafe fn device_uuid(out: *mut c_void, dev: CUdevice) -> Res {
+    need(out)?;
+    initialized()?.device(dev)?;
+    // SAFETY: the caller's 16-byte CUuuid (driver contract).
+    unsafe { put(out.cast::<[u8; 16]>(), uuid(dev)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid(out: *mut c_void, dev: CUdevice) -> CUresult {
+    // SAFETY: the caller's out-pointer (driver contract).
+    entry("cuDeviceGetUuid", None, None, |_| unsafe {
+        device_uuid(out, dev)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(out: *mut c_void, dev: CUdevice) -> CUresult {
+    // SAFETY: the caller's out-pointer (driver contract).
+    entry("cuDeviceGetUuid_v2", None, None, |_| unsafe {
+        device_uuid(out, dev)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    entry("cuDeviceTotalMem_v2", None, None, |_| {
+        need(bytes)?;
+        initialized()?.device(dev)?;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(bytes, DEVICE_MEMORY as usize) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> CUresult {
+    entry("cuCtxGetStreamPriorityRange", None, None, |_| {
+        initialized()?.current_ctx()?;
+        // SAFETY: optional out-pointers (driver contract: either may be NULL).
+        unsafe {
+            put_opt(least, LEAST_PRIORITY);
+            put_opt(greatest, GREATEST_PRIORITY);
+        }
+        Ok(())
+    })
+}
+
+/// The context a `_v2` context query names: `ctx`, or the calling thread's current one for NULL.
+fn context_arg(st: &crate::state::State, ctx: CUcontext) -> Res<u64> {
+    match ctx as u64 {
+        0 => st.current_ctx(),
+        c if st.context_alive(c) => Ok(c),
+        _ => Err(codes::BAD_CONTEXT),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) -> CUresult {
+    entry("cuCtxGetDevice_v2", None, None, |_| {
+        need(device)?;
+        let st = initialized()?;
+        let c = context_arg(&st, ctx)?;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(device, st.contexts[&c].device) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
+    entry("cuCtxSynchronize_v2", None, None, |_| {
+        let targets = {
+            let mut st = initialized()?;
+            let c = context_arg(&st, ctx)?;
+            st.check_unsafe_call()?;
+            st.context_targets(c)
+        };
+        wait_and_observe(&targets.0, &targets.1);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
+    entry("cuCtxGetFlags", None, None, |_| {
+        need(flags)?;
+        let st = initialized()?;
+        let c = st.current_ctx()?;
+        let ctx = &st.contexts[&c];
+        let value = if ctx.primary {
+            st.device(ctx.device)?.primary_flags
+        } else {
+            0
+        };
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(flags, value) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut c_ulonglong) -> CUresult {
+    entry("cuCtxGetId", None, None, |_| {
+        need(id)?;
+        let st = initialized()?;
+        let c = context_arg(&st, ctx)?;
+        // Handles are never reused, so the handle is a unique id.
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(id, c) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetId(s: CUstream, id: *mut c_ulonglong) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamGetId", Some(s), None, |info| {
+        need(id)?;
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(id, r) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetDevice(s: CUstream, device: *mut CUdevice) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamGetDevice", Some(s), None, |info| {
+        need(device)?;
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(device, st.streams[&r].device) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx_v2(
+    s: CUstream,
+    pctx: *mut CUcontext,
+    green: *mut *mut c_void,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuStreamGetCtx_v2", Some(s), None, |info| {
+        need(pctx)?;
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved_stream = Some(r);
+        // No green contexts: the green context is NULL (documented for a stream of a context).
+        // SAFETY: checked non-null; the green context out-pointer is optional (driver contract).
+        unsafe {
+            put_opt(green, std::ptr::null_mut());
+            put(pctx, st.streams[&r].ctx as CUcontext)
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    s: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    id_out: *mut cuuint64_t,
+    graph_out: *mut CUgraph,
+    deps_out: *mut *const CUgraphNode,
+    edges_out: *mut *const c_void,
+    n_out: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's out-pointers (driver contract); the v2 form writes the same ones.
+    let result =
+        unsafe { super::cuStreamGetCaptureInfo_v2(s, status, id_out, graph_out, deps_out, n_out) };
+    if result == codes::SUCCESS {
+        // Every captured edge is a plain one: NULL edge data means exactly that (documented).
+        // SAFETY: optional out-pointer (driver contract).
+        unsafe { put_opt(edges_out, std::ptr::null()) };
+    }
+    result
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecordWithFlags(
+    e: CUevent,
+    s: CUstream,
+    flags: c_uint,
+) -> CUresult {
+    if flags & !1 != 0 {
+        // Only CU_EVENT_RECORD_EXTERNAL (1) exists.
+        return entry("cuEventRecordWithFlags", Some(s as u64), None, |_| {
+            Err(codes::INVALID_VALUE)
+        });
+    }
+    // SAFETY: plain handles (driver contract).
+    unsafe { super::cuEventRecord(e, s) }
+}
+
+/// `CU_EVENT_DISABLE_TIMING`.
+const EVENT_DISABLE_TIMING: u32 = 0x2;
+
+fn elapsed(ms: *mut f32, start: u64, end: u64) -> Res {
+    need(ms)?;
+    let (a, b) = {
+        let st = initialized()?;
+        let a = st.events.get(&start).ok_or(codes::BAD_HANDLE)?;
+        let b = st.events.get(&end).ok_or(codes::BAD_HANDLE)?;
+        if a.flags & EVENT_DISABLE_TIMING != 0 || b.flags & EVENT_DISABLE_TIMING != 0 {
+            return Err(codes::EVENT_NO_TIMING);
+        }
+        if a.captured.is_some() || b.captured.is_some() {
+            return Err(codes::CAPTURED_EVENT_SYNCHRONIZE);
+        }
+        let (Some((da, _)), Some((db, _))) = (&a.record, &b.record) else {
+            return Err(codes::EVENT_NOT_RECORDED);
+        };
+        if !da.done() || !db.done() {
+            return Err(codes::NOT_READY);
+        }
+        (a.recorded_at.clone(), b.recorded_at.clone())
+    };
+    let (Some(a), Some(b)) = (*crate::log::lock(&a), *crate::log::lock(&b)) else {
+        return Err(codes::NOT_READY);
+    };
+    let millis = if b >= a {
+        (b - a).as_secs_f64() * 1e3
+    } else {
+        -((a - b).as_secs_f64() * 1e3)
+    };
+    // SAFETY: checked non-null (driver contract).
+    unsafe { put(ms, millis as f32) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
+    entry("cuEventElapsedTime", None, None, |_| {
+        elapsed(ms, start as u64, end as u64)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
+    entry("cuEventElapsedTime_v2", None, None, |_| {
+        elapsed(ms, start as u64, end as u64)
+    })
+}

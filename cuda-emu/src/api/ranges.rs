@@ -1,0 +1,654 @@
+//! Pointer attributes in bulk (`cuPointerGetAttributes`), address ranges, the CUDA 13 memory-pool
+//! lookups by location (`cuMemGetMemPool` and friends), and managed memory advice, prefetch and
+//! range attributes as bookkeeping: all memory is one host memory, so advice and prefetch change
+//! nothing but what the range attributes report.
+
+use std::collections::HashMap;
+use std::ffi::{c_uint, c_ulonglong, c_void};
+use std::sync::{LazyLock, Mutex};
+
+use cuda_sys::types::*;
+use cuda_sys::CUresult;
+
+use super::memory::pointer_attribute;
+use super::pool::{RawLocation, LOCATION_DEVICE, LOCATION_HOST, LOCATION_HOST_NUMA};
+use super::{get, get_slice, need, put};
+use crate::codes::{self, Res};
+use crate::log::{entry, lock};
+use crate::memory::AllocKind;
+use crate::state::{initialized, State};
+
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    count: c_uint,
+    attributes: *const CUpointer_attribute,
+    data: *mut *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    entry("cuPointerGetAttributes", None, Some(ptr), |_| {
+        // SAFETY: `count` attributes and as many data pointers (driver contract).
+        let attrs: Vec<u32> = unsafe { get_slice(attributes.cast::<u32>(), count as usize)? };
+        // SAFETY: as above.
+        let slots: Vec<*mut c_void> = unsafe { get_slice(data.cast_const(), count as usize)? };
+        let st = initialized()?;
+        let known = st.find_live(ptr).is_some();
+        for (&attr, &slot) in attrs.iter().zip(&slots) {
+            if slot.is_null() {
+                return Err(codes::INVALID_VALUE);
+            }
+            if known {
+                // SAFETY: the caller's storage for this attribute (driver contract).
+                match unsafe { pointer_attribute(&st, attr, ptr, slot) } {
+                    Ok(()) => {}
+                    // The host pointer of device memory reads as NULL here (documented: this
+                    // call assigns NULL values rather than failing).
+                    Err(e) if e == codes::INVALID_VALUE => {
+                        // SAFETY: as above; the host pointer is a pointer-sized value.
+                        unsafe { put(slot.cast::<u64>(), 0)? }
+                    }
+                    Err(e) => return Err(e),
+                }
+            } else {
+                // Not CUDA memory: every attribute reads as its NULL value, no error
+                // (documented); a context is NULL, the ordinal -2 is the documented "none".
+                // SAFETY: as above; every attribute's type is at least 4 bytes, pointer-sized
+                // ones get all 8 written.
+                unsafe { default_attribute(attr, slot)? };
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The value `cuPointerGetAttributes` gives an attribute of a pointer the driver does not know.
+///
+/// # Safety
+/// `slot` is valid for a write of the attribute's type.
+unsafe fn default_attribute(attr: u32, slot: *mut c_void) -> Res {
+    use cuda_sys::types::CUpointer_attribute as P;
+    let wide = [
+        P::CU_POINTER_ATTRIBUTE_CONTEXT,
+        P::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+        P::CU_POINTER_ATTRIBUTE_HOST_POINTER,
+        P::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        P::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        P::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        P::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+        P::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+    ];
+    // SAFETY: per this function's contract.
+    unsafe {
+        if wide.iter().any(|&w| w as u32 == attr) {
+            put(slot.cast::<u64>(), 0)
+        } else if attr == P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL as u32 {
+            put(slot.cast::<i32>(), -2)
+        } else {
+            put(slot.cast::<u32>(), 0)
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(
+    base: *mut CUdeviceptr,
+    size: *mut usize,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    entry("cuMemGetAddressRange_v2", None, Some(ptr), |_| {
+        let st = initialized()?;
+        let start = st.find_live(ptr).ok_or(codes::BAD_POINTER)?;
+        let len = st.allocs[&start].size as usize;
+        // SAFETY: optional out-pointers (driver contract: either may be NULL).
+        unsafe {
+            super::put_opt(base, start);
+            super::put_opt(size, len);
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pools by location (CUDA 13)
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`, `CU_MEM_ALLOCATION_TYPE_MANAGED`.
+const ALLOCATION_PINNED: u32 = 1;
+const ALLOCATION_MANAGED: u32 = 2;
+
+/// The pool `cuMemGetMemPool`/`cuMemGetDefaultMemPool` name for a location: a device's current
+/// or default pool, or the host's default pool (created on first use, like the driver's).
+fn pool_for(st: &mut State, loc: RawLocation, kind: u32, current: bool) -> Res<u64> {
+    if kind != ALLOCATION_PINNED && kind != ALLOCATION_MANAGED {
+        return Err(codes::INVALID_VALUE);
+    }
+    match loc.kind {
+        LOCATION_DEVICE if kind == ALLOCATION_PINNED => {
+            let d = st.device(loc.id).map_err(|_| codes::INVALID_VALUE)?;
+            Ok(if current {
+                d.current_pool
+            } else {
+                d.default_pool
+            })
+        }
+        LOCATION_DEVICE | LOCATION_HOST | LOCATION_HOST_NUMA => {
+            let key = (
+                loc.kind,
+                if loc.kind == LOCATION_HOST { 0 } else { loc.id },
+                kind,
+            );
+            if loc.kind == LOCATION_DEVICE {
+                st.device(loc.id).map_err(|_| codes::INVALID_VALUE)?;
+            }
+            let mut defaults = lock(&LOCATION_POOLS);
+            if let Some(&(default, chosen)) = defaults.get(&key) {
+                if st.pools.contains_key(&chosen) && current {
+                    return Ok(chosen);
+                }
+                if st.pools.contains_key(&default) {
+                    return Ok(default);
+                }
+            }
+            let pool = st.create_location_pool(loc.kind, loc.id, kind == ALLOCATION_MANAGED);
+            defaults.insert(key, (pool, pool));
+            Ok(pool)
+        }
+        _ => Err(codes::INVALID_VALUE),
+    }
+}
+
+/// (location type, id, allocation type) -> (default pool, current pool) for the locations that
+/// have no device entry: host pools and managed pools.
+static LOCATION_POOLS: LazyLock<Mutex<HashMap<(u32, i32, u32), (u64, u64)>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+unsafe fn pool_lookup(
+    function: &'static str,
+    out: *mut CUmemoryPool,
+    location: *mut CUmemLocation,
+    kind: CUmemAllocationType,
+    current: bool,
+) -> CUresult {
+    entry(function, None, None, |_| {
+        need(out)?;
+        // SAFETY: the caller's location (driver contract).
+        let loc: RawLocation = unsafe { get(location.cast_const().cast::<RawLocation>())? };
+        let mut st = initialized()?;
+        let pool = pool_for(&mut st, loc, kind as u32, current)?;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(out, pool as CUmemoryPool) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetMemPool(
+    out: *mut CUmemoryPool,
+    location: *mut CUmemLocation,
+    kind: CUmemAllocationType,
+) -> CUresult {
+    // SAFETY: the caller's pointers (driver contract).
+    unsafe { pool_lookup("cuMemGetMemPool", out, location, kind, true) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetDefaultMemPool(
+    out: *mut CUmemoryPool,
+    location: *mut CUmemLocation,
+    kind: CUmemAllocationType,
+) -> CUresult {
+    // SAFETY: the caller's pointers (driver contract).
+    unsafe { pool_lookup("cuMemGetDefaultMemPool", out, location, kind, false) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemSetMemPool(
+    location: *mut CUmemLocation,
+    kind: CUmemAllocationType,
+    pool: CUmemoryPool,
+) -> CUresult {
+    let pool = pool as u64;
+    entry("cuMemSetMemPool", None, None, |_| {
+        // SAFETY: the caller's location (driver contract).
+        let loc: RawLocation = unsafe { get(location.cast_const().cast::<RawLocation>())? };
+        let mut st = initialized()?;
+        st.pools.get(&pool).ok_or(codes::BAD_HANDLE)?;
+        if loc.kind == LOCATION_DEVICE && kind as u32 == ALLOCATION_PINNED {
+            drop(st);
+            // SAFETY: plain values (driver contract).
+            let r = unsafe { super::cuDeviceSetMemPool(loc.id, pool as CUmemoryPool) };
+            return if r == codes::SUCCESS { Ok(()) } else { Err(r) };
+        }
+        pool_for(&mut st, loc, kind as u32, false)?;
+        let key = (
+            loc.kind,
+            if loc.kind == LOCATION_HOST { 0 } else { loc.id },
+            kind as u32,
+        );
+        if let Some(entry) = lock(&LOCATION_POOLS).get_mut(&key) {
+            entry.1 = pool;
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Managed memory: advice, prefetch, range attributes
+
+/// What advice and prefetch recorded for one managed allocation.
+#[derive(Clone, Default)]
+struct Advice {
+    /// The allocation's backing, to tell a later allocation at the same address apart.
+    backing: usize,
+    read_mostly: bool,
+    preferred: Option<RawLocation>,
+    accessed_by: Vec<RawLocation>,
+    last_prefetch: Option<RawLocation>,
+}
+
+static ADVICE: LazyLock<Mutex<HashMap<u64, Advice>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// `CU_DEVICE_CPU`: the host, where a CUDA 8 advice call names a device.
+const DEVICE_CPU: i32 = -1;
+/// The "no location" of the range attributes (documented `CU_DEVICE_INVALID`).
+const DEVICE_INVALID: i32 = -2;
+
+/// The managed allocation containing `[ptr, ptr + count)`, and its advice entry key.
+fn managed_range(st: &State, ptr: u64, count: usize) -> Res<(u64, usize)> {
+    let start = st.find_live(ptr).ok_or(codes::BAD_POINTER)?;
+    let a = &st.allocs[&start];
+    if count == 0 || ptr + count as u64 > start + a.size {
+        return Err(codes::INVALID_VALUE);
+    }
+    let managed = a.kind == AllocKind::Managed
+        || a.pool
+            .and_then(|p| st.pools.get(&p))
+            .is_some_and(|p| p.managed);
+    if !managed {
+        return Err(codes::INVALID_VALUE);
+    }
+    Ok((start, std::sync::Arc::as_ptr(&a.backing) as usize))
+}
+
+fn with_advice<R>(start: u64, backing: usize, f: impl FnOnce(&mut Advice) -> R) -> R {
+    let mut table = lock(&ADVICE);
+    let entry = table.entry(start).or_default();
+    if entry.backing != backing {
+        *entry = Advice {
+            backing,
+            ..Advice::default()
+        };
+    }
+    f(entry)
+}
+
+fn check_location(st: &State, loc: RawLocation) -> Res {
+    match loc.kind {
+        LOCATION_DEVICE => st.device(loc.id).map(|_| ()).map_err(|_| codes::BAD_DEVICE),
+        LOCATION_HOST | LOCATION_HOST_NUMA | 4 => Ok(()),
+        _ => Err(codes::INVALID_VALUE),
+    }
+}
+
+fn advise(ptr: u64, count: usize, advice: u32, loc: RawLocation) -> Res {
+    let st = initialized()?;
+    let (start, backing) = managed_range(&st, ptr, count)?;
+    if matches!(advice, 3 | 5 | 6) {
+        check_location(&st, loc)?;
+    }
+    with_advice(start, backing, |a| match advice {
+        1 => a.read_mostly = true,
+        2 => a.read_mostly = false,
+        3 => a.preferred = Some(loc),
+        4 => a.preferred = None,
+        5 => {
+            if !a.accessed_by.contains(&loc) {
+                a.accessed_by.push(loc);
+            }
+        }
+        6 => a.accessed_by.retain(|l| *l != loc),
+        _ => {}
+    });
+    if advice == 0 || advice > 6 {
+        return Err(codes::INVALID_VALUE);
+    }
+    Ok(())
+}
+
+fn location_of_device(device: CUdevice) -> RawLocation {
+    if device == DEVICE_CPU {
+        RawLocation {
+            kind: LOCATION_HOST,
+            id: 0,
+        }
+    } else {
+        RawLocation {
+            kind: LOCATION_DEVICE,
+            id: device,
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAdvise(
+    ptr: CUdeviceptr,
+    count: usize,
+    advice: c_uint,
+    device: CUdevice,
+) -> CUresult {
+    entry("cuMemAdvise", None, Some(ptr), |_| {
+        advise(ptr, count, advice, location_of_device(device))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAdvise_v2(
+    ptr: CUdeviceptr,
+    count: usize,
+    advice: c_uint,
+    location: RawLocation,
+) -> CUresult {
+    entry("cuMemAdvise_v2", None, Some(ptr), |_| {
+        advise(ptr, count, advice, location)
+    })
+}
+
+/// A prefetch: a stream operation that does nothing but order, and the recorded location.
+fn prefetch(
+    ptr: u64,
+    count: usize,
+    loc: RawLocation,
+    s: u64,
+    info: &mut crate::log::CallInfo,
+) -> Res {
+    let mut st = initialized()?;
+    let r = st.resolve_stream(s)?;
+    info.resolved_stream = Some(r);
+    let (start, backing) = managed_range(&st, ptr, count)?;
+    check_location(&st, loc)?;
+    if st.enqueue_check(r)? {
+        // Captured prefetches are not emulated (no graph node kind for them).
+        return Err(codes::NOT_SUPPORTED);
+    }
+    let (deps, time) = st.prepare(r);
+    st.record_use(Some(start), r, time);
+    st.submit(r, deps, None, false);
+    with_advice(start, backing, |a| a.last_prefetch = Some(loc));
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPrefetchAsync(
+    ptr: CUdeviceptr,
+    count: usize,
+    device: CUdevice,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuMemPrefetchAsync", Some(s), Some(ptr), |info| {
+        prefetch(ptr, count, location_of_device(device), s, info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
+    ptr: CUdeviceptr,
+    count: usize,
+    location: RawLocation,
+    flags: c_uint,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuMemPrefetchAsync_v2", Some(s), Some(ptr), |info| {
+        if flags != 0 {
+            return Err(codes::INVALID_VALUE);
+        }
+        prefetch(ptr, count, location, s, info)
+    })
+}
+
+/// The batch forms: `count` ranges, prefetch location `i` applying from range
+/// `loc_indices[i]` on.
+///
+/// # Safety
+/// The arrays hold the documented number of items.
+#[allow(clippy::too_many_arguments)]
+unsafe fn batch(
+    ptrs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    locs: *const RawLocation,
+    loc_indices: *const usize,
+    num_locs: usize,
+    flags: c_ulonglong,
+    s: u64,
+    discard: bool,
+    info: &mut crate::log::CallInfo,
+) -> Res {
+    if count == 0 || flags != 0 {
+        return Err(codes::INVALID_VALUE);
+    }
+    // SAFETY: per this function's contract.
+    let (ptrs, sizes) = unsafe { (get_slice(ptrs, count)?, get_slice(sizes, count)?) };
+    // SAFETY: as above.
+    let (locs, indices) = unsafe {
+        (
+            get_slice(locs, num_locs)?,
+            get_slice(loc_indices, num_locs)?,
+        )
+    };
+    if !discard || num_locs > 0 {
+        if num_locs == 0 || indices.first() != Some(&0) || indices.windows(2).any(|w| w[0] >= w[1])
+        {
+            return Err(codes::INVALID_VALUE);
+        }
+    }
+    {
+        let st = initialized()?;
+        for (&p, &n) in ptrs.iter().zip(&sizes) {
+            managed_range(&st, p, n)?;
+        }
+        for &l in &locs {
+            check_location(&st, l)?;
+        }
+    }
+    for (i, (&p, &n)) in ptrs.iter().zip(&sizes).enumerate() {
+        let which = indices.iter().rposition(|&from| from <= i);
+        match which {
+            Some(k) => prefetch(p, n, locs[k], s, info)?,
+            None => {
+                let st = initialized()?;
+                let (start, backing) = managed_range(&st, p, n)?;
+                with_advice(start, backing, |a| a.last_prefetch = None);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPrefetchBatchAsync(
+    ptrs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    locs: *const RawLocation,
+    loc_indices: *const usize,
+    num_locs: usize,
+    flags: c_ulonglong,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuMemPrefetchBatchAsync", Some(s), None, |info| {
+        // SAFETY: the caller's arrays (driver contract).
+        unsafe {
+            batch(
+                ptrs,
+                sizes,
+                count,
+                locs,
+                loc_indices,
+                num_locs,
+                flags,
+                s,
+                false,
+                info,
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemDiscardAndPrefetchBatchAsync(
+    ptrs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    locs: *const RawLocation,
+    loc_indices: *const usize,
+    num_locs: usize,
+    flags: c_ulonglong,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuMemDiscardAndPrefetchBatchAsync", Some(s), None, |info| {
+        // SAFETY: the caller's arrays (driver contract).
+        unsafe {
+            batch(
+                ptrs,
+                sizes,
+                count,
+                locs,
+                loc_indices,
+                num_locs,
+                flags,
+                s,
+                false,
+                info,
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemDiscardBatchAsync(
+    ptrs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    flags: c_ulonglong,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry("cuMemDiscardBatchAsync", Some(s), None, |info| {
+        // Discarding leaves the bytes undefined; keeping them is one of the allowed outcomes.
+        // SAFETY: the caller's arrays (driver contract).
+        unsafe {
+            batch(
+                ptrs,
+                sizes,
+                count,
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                flags,
+                s,
+                true,
+                info,
+            )
+        }
+    })
+}
+
+/// One range attribute into `data` (`size` bytes).
+///
+/// # Safety
+/// `data` is valid for `size` bytes of writes.
+unsafe fn range_attribute(
+    st: &State,
+    data: *mut c_void,
+    size: usize,
+    attr: u32,
+    ptr: u64,
+    count: usize,
+) -> Res {
+    need(data)?;
+    let (start, backing) = managed_range(st, ptr, count)?;
+    let a = with_advice(start, backing, |a| a.clone());
+    let id_of = |l: Option<RawLocation>| match l {
+        Some(l) if l.kind == LOCATION_DEVICE => l.id,
+        Some(_) => DEVICE_CPU,
+        None => DEVICE_INVALID,
+    };
+    let int = |v: i32| -> Res {
+        if size < 4 {
+            return Err(codes::INVALID_VALUE);
+        }
+        // SAFETY: per this function's contract, at least 4 bytes.
+        unsafe { put(data.cast::<i32>(), v) }
+    };
+    match attr {
+        1 => int(i32::from(a.read_mostly)),
+        2 => int(id_of(a.preferred)),
+        3 => {
+            if size % 4 != 0 || size == 0 {
+                return Err(codes::INVALID_VALUE);
+            }
+            let n = size / 4;
+            for i in 0..n {
+                let v = a
+                    .accessed_by
+                    .get(i)
+                    .map_or(DEVICE_INVALID, |&l| id_of(Some(l)));
+                // SAFETY: i < size / 4, per this function's contract.
+                unsafe { data.cast::<i32>().add(i).write_unaligned(v) };
+            }
+            Ok(())
+        }
+        4 => int(id_of(a.last_prefetch)),
+        5 => int(a.preferred.map_or(0, |l| l.kind as i32)),
+        6 => int(a.preferred.map_or(DEVICE_INVALID, |l| l.id)),
+        7 => int(a.last_prefetch.map_or(0, |l| l.kind as i32)),
+        8 => int(a.last_prefetch.map_or(DEVICE_INVALID, |l| l.id)),
+        _ => Err(codes::INVALID_VALUE),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRangeGetAttribute(
+    data: *mut c_void,
+    size: usize,
+    attr: c_uint,
+    ptr: CUdeviceptr,
+    count: usize,
+) -> CUresult {
+    entry("cuMemRangeGetAttribute", None, Some(ptr), |_| {
+        let st = initialized()?;
+        // SAFETY: the caller's storage of `size` bytes (driver contract).
+        unsafe { range_attribute(&st, data, size, attr, ptr, count) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRangeGetAttributes(
+    data: *mut *mut c_void,
+    sizes: *const usize,
+    attrs: *const c_uint,
+    n: usize,
+    ptr: CUdeviceptr,
+    count: usize,
+) -> CUresult {
+    entry("cuMemRangeGetAttributes", None, Some(ptr), |_| {
+        if n == 0 {
+            return Err(codes::INVALID_VALUE);
+        }
+        // SAFETY: `n` items each (driver contract).
+        let (slots, sizes, attrs) = unsafe {
+            (
+                get_slice(data.cast_const(), n)?,
+                get_slice(sizes, n)?,
+                get_slice(attrs, n)?,
+            )
+        };
+        let st = initialized()?;
+        for i in 0..n {
+            // SAFETY: slot i holds sizes[i] bytes (driver contract).
+            unsafe { range_attribute(&st, slots[i], sizes[i], attrs[i], ptr, count)? };
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,534 @@
+#!/usr/bin/env python3
+"""Differential harness: a pytest tree run on custody's emulated driver and on a real one.
+
+Runs each test file of a pytest tree (NVIDIA's cuda.core test suite, or any program's tests that
+reach the CUDA driver through `libcuda.so.1`) twice with a given Python environment: once with
+the emulator standing in for `libcuda.so.1` (a folder holding `libcuda.so.1 -> libcuda_emu.so`
+first on LD_LIBRARY_PATH, and CUSTODY_CUDA_DRIVER pointing at it), once on the real driver (the
+system's `libcuda.so.1`, or --real-driver PATH). It prints, per test, both outcomes and whether
+they agree, then per-file counts, and writes results.json and results.md to --out.
+
+Instead of running on a real driver here, --real-results DIR compares against outcomes recorded
+elsewhere: JUnit XML files (pytest --junitxml) or this harness's own results.json.
+
+Outcomes: passed, failed, error (setup, teardown or collection failed), skipped, xfailed,
+xpassed, crash (the process died during the test), timeout, missing (not run on that side).
+Two outcomes agree when they are equal, with failed and error counted as one ("fails").
+
+Each file runs in its own pytest process (a crash or a hang costs one file, not the run), with
+a plugin (custody_outcomes.py, beside this file) that writes every outcome as it happens. Needs
+only Python 3.9+ and its standard library; the tests' Python (--python, or --venv, which this
+script creates and fills with --install packages when it lacks them) needs pytest.
+
+  python3 foreign_tests.py --tests DIR --emulator LIB [--python PY | --venv DIR] [--out DIR]
+        [--real-driver PATH | --no-real-driver | --real-results DIR] [--timeout S]
+        [--emu-devices N] [--preset NAME] [PATH ...]
+
+PATH: test files or folders relative to --tests (default: every test_*.py under it, or
+--preset's list). Exit status: 0 when the run completed (whatever the tests did), 1 when the
+agreement is below --min-agreement, 2 on a usage error.
+"""
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# cuda.core's tests of what the emulator serves: memory, streams, events, the graph memory
+# resource, the graph builder, IPC and error handling; "cuda-core-next" adds devices, contexts
+# and the object protocols (hashing, equality, pickling, repr).
+PRESETS = {
+    "cuda-core": [
+        "test_memory.py", "memory", "memory_ipc", "test_stream.py", "test_event.py",
+        "graph/test_graph_memory_resource.py", "graph/test_graph_builder.py",
+        "test_cuda_utils.py", "test_utils_enum_explanations_helpers.py",
+    ],
+    "cuda-core-next": ["test_device.py", "test_context.py", "test_object_protocols.py"],
+}
+PRESETS["cuda-core-all"] = PRESETS["cuda-core"] + PRESETS["cuda-core-next"]
+
+# What --venv installs when the environment cannot import them: NVIDIA's cuda.core 1.2 with the
+# CUDA 13 bindings (the GPU host's versions), numpy and pytest.
+DEFAULT_INSTALL = ["cuda-core==1.2.0", "cuda-bindings==13.3.*", "numpy", "pytest"]
+
+FAILS = ("failed", "error")
+
+
+def coarse(outcome):
+    return "fails" if outcome in FAILS else outcome
+
+
+# ---------------------------------------------------------------------------------------------
+# Drivers
+
+
+def probe_driver(name):
+    """Loads a driver library with ctypes: {loaded, path, version, devices, emulated, error}."""
+    info = {"loaded": False, "path": str(name), "version": None, "devices": 0,
+            "emulated": False, "error": None}
+    try:
+        lib = ctypes.CDLL(str(name))
+    except OSError as error:
+        info["error"] = str(error)
+        return info
+    info["loaded"] = True
+    info["emulated"] = hasattr(lib, "custodyEmuVersion")
+    try:
+        version = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            info["version"] = version.value
+        status = lib.cuInit(0)
+        if status != 0:
+            info["error"] = "cuInit returned %d" % status
+            return info
+        count = ctypes.c_int(0)
+        if lib.cuDeviceGetCount(ctypes.byref(count)) == 0:
+            info["devices"] = count.value
+        if info["devices"] == 0:
+            info["error"] = "no CUDA device"
+    except AttributeError as error:
+        info["error"] = "not a CUDA driver: %s" % error
+    return info
+
+
+def probe_in_child(name, env=None):
+    """probe_driver in a fresh process (so that this process never loads a driver)."""
+    code = ("import json, sys; sys.path.insert(0, %r); import foreign_tests as f; "
+            "print(json.dumps(f.probe_driver(%r)))" % (str(HERE), str(name)))
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, env=env)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired) as error:
+        return {"loaded": False, "path": str(name), "version": None, "devices": 0,
+                "emulated": False, "error": "probe failed: %s" % error}
+
+
+def library_folder(library, where):
+    """A folder holding `libcuda.so.1` -> `library`, for LD_LIBRARY_PATH."""
+    folder = Path(where)
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / "libcuda.so.1"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(Path(library).resolve())
+    return folder
+
+
+def driver_env(base, folder, library, devices=None):
+    env = dict(base)
+    env.pop("CUSTODY_CUDA_DRIVER", None)
+    env.pop("CUSTODY_EMU_DEVICE_COUNT", None)
+    if folder is not None:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(folder), base.get("LD_LIBRARY_PATH")]))
+        env["CUSTODY_CUDA_DRIVER"] = str(Path(library).resolve())
+    if devices is not None:
+        env["CUSTODY_EMU_DEVICE_COUNT"] = str(devices)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests' Python
+
+
+def ensure_venv(venv, install):
+    """The interpreter of `venv`, created and filled with `install` when it cannot import them."""
+    venv = Path(venv)
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        print("foreign-tests: creating %s" % venv, flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    probe = "import cuda.core, pytest, numpy"
+    if subprocess.run([str(python), "-c", probe], capture_output=True).returncode != 0:
+        print("foreign-tests: installing %s into %s" % (" ".join(install), venv), flush=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet"] + install, check=True)
+    return python
+
+
+def python_versions(python, env):
+    code = ("import json, platform\n"
+            "from importlib import metadata\n"
+            "v = {'python': platform.python_version()}\n"
+            "for p in ('cuda-core', 'cuda-bindings', 'pytest', 'numpy'):\n"
+            "    try: v[p] = metadata.version(p)\n"
+            "    except Exception: v[p] = None\n"
+            "print(json.dumps(v))")
+    try:
+        out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env,
+                             timeout=120)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired) as error:
+        return {"error": str(error)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one file
+
+
+def test_files(tests, paths):
+    """The test files to run, relative to `tests`, in order."""
+    out = []
+    for path in paths or ["."]:
+        full = (tests / path).resolve()
+        if full.is_dir():
+            out.extend(sorted(str(p.relative_to(tests)) for p in full.rglob("test_*.py")
+                              if "__pycache__" not in p.parts))
+        elif full.is_file():
+            out.append(str(full.relative_to(tests)))
+        else:
+            raise SystemExit("foreign-tests: %s does not exist under %s" % (path, tests))
+    seen = set()
+    return [f for f in out if not (f in seen or seen.add(f))]
+
+
+def run_file(python, tests, rel, env, timeout, out_dir, column):
+    """Runs pytest on one file; returns ({nodeid: {outcome, message}}, info)."""
+    slug = rel.replace("/", "__")
+    outcomes_file = out_dir / column / (slug + ".jsonl")
+    log_file = out_dir / column / (slug + ".log")
+    outcomes_file.parent.mkdir(parents=True, exist_ok=True)
+    if outcomes_file.exists():
+        outcomes_file.unlink()
+    env = dict(env)
+    env["CUSTODY_OUTCOMES_FILE"] = str(outcomes_file)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    command = [str(python), "-m", "pytest", "-p", "custody_outcomes", "-p", "no:cacheprovider",
+               "--continue-on-collection-errors", "-q", "-rN", "-W", "ignore::pytest.PytestUnknownMarkWarning",
+               "--junitxml", str(out_dir / column / (slug + ".xml")), rel]
+    started = time.monotonic()
+    status = "done"
+    with open(log_file, "w", encoding="utf-8", errors="replace") as log:
+        process = subprocess.Popen(command, cwd=str(tests), env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+            with_children_killed(process)
+            rc = None
+    if rc is not None and rc < 0:
+        status = "crash"
+    results, running = read_outcomes(outcomes_file)
+    for nodeid in running:
+        results[nodeid] = {"outcome": "timeout" if status == "timeout" else "crash",
+                           "message": "the pytest process %s during this test" %
+                           ("was killed after %d s" % timeout if status == "timeout" else
+                            "died (exit status %s)" % rc)}
+    if not results and status == "done" and rc not in (0, 1, 5):
+        results[rel] = {"outcome": "error", "message": "pytest exited %s (see %s)" % (rc, log_file)}
+    info = {"rc": rc, "status": status, "seconds": round(time.monotonic() - started, 1),
+            "log": str(log_file)}
+    return results, info
+
+
+def with_children_killed(process):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def read_outcomes(path):
+    """({nodeid: {outcome, message}}, [nodeids started without an outcome])."""
+    results, started = {}, []
+    if not path.exists():
+        return results, started
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == "start":
+            started.append(record["nodeid"])
+        elif record.get("event") == "outcome":
+            results[record["nodeid"]] = {"outcome": record["outcome"],
+                                         "message": record.get("message", "")}
+    return results, [n for n in started if n not in results]
+
+
+# ---------------------------------------------------------------------------------------------
+# Recorded results (JUnit XML or results.json)
+
+
+def junit_key(classname, name):
+    return "%s::%s" % (classname, name)
+
+
+def nodeid_key(nodeid):
+    """A pytest node id as JUnit names it: (classname, name) joined, e.g. graph.test_x.TestC::t[p]."""
+    parts = nodeid.split("::")
+    path = parts[0]
+    module = path[:-3] if path.endswith(".py") else path
+    module = module.replace("/", ".")
+    if len(parts) == 1:  # a file that failed to collect
+        return junit_key("", module)
+    return junit_key(".".join([module] + parts[1:-1]), parts[-1])
+
+
+def load_recorded(folder):
+    """{junit key: {outcome, message}} from JUnit XML files or results.json under `folder`."""
+    folder = Path(folder)
+    recorded = {}
+    for path in sorted(folder.rglob("results.json")):
+        data = json.loads(path.read_text())
+        for row in data.get("tests", []):
+            result = row.get("real") or {}
+            if result.get("outcome") not in (None, "missing"):
+                recorded[nodeid_key(row["nodeid"])] = result
+    for path in sorted(folder.rglob("*.xml")):
+        try:
+            root = ET.parse(path).getroot()
+        except ET.ParseError:
+            continue
+        for case in root.iter("testcase"):
+            outcome, message = "passed", ""
+            for child in case:
+                tag = child.tag
+                text = (child.get("message") or "").strip().splitlines()
+                text = text[-1][:300] if text else ""
+                if tag == "failure":
+                    outcome, message = "failed", text
+                elif tag == "error":
+                    # pytest writes a teardown error as a second <error> next to a pass.
+                    outcome, message = "error", text
+                elif tag == "skipped":
+                    outcome = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
+                    message = text
+            key = junit_key(case.get("classname", ""), case.get("name", ""))
+            if key in recorded and recorded[key]["outcome"] in FAILS:
+                continue
+            recorded[key] = {"outcome": outcome, "message": message}
+    return recorded
+
+
+def match_recorded(recorded, key):
+    """Finds `key` in recorded results whose classnames may carry extra leading packages."""
+    if key in recorded:
+        return recorded[key]
+    for candidate, result in recorded.items():
+        if candidate.endswith("." + key) or (key.startswith("::") and candidate.endswith("." + key[2:])):
+            return result
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def agree(a, b):
+    return coarse(a) == coarse(b)
+
+
+def summarise(rows, files):
+    per_file = []
+    for rel in files:
+        mine = [r for r in rows if r["file"] == rel]
+        entry = {"file": rel, "tests": len(mine)}
+        for column in ("emulator", "real"):
+            counts = {}
+            for r in mine:
+                o = r[column]["outcome"]
+                counts[o] = counts.get(o, 0) + 1
+            entry[column] = counts
+        both = [r for r in mine if r["emulator"]["outcome"] != "missing" and r["real"]["outcome"] != "missing"]
+        entry["compared"] = len(both)
+        entry["agree"] = sum(1 for r in both if r["agree"])
+        per_file.append(entry)
+    compared = sum(f["compared"] for f in per_file)
+    agreed = sum(f["agree"] for f in per_file)
+    return per_file, {"tests": len(rows), "compared": compared, "agree": agreed,
+                      "agreement": (100.0 * agreed / compared) if compared else None}
+
+
+def counts_text(counts):
+    order = ["passed", "failed", "error", "skipped", "xfailed", "xpassed", "crash", "timeout", "missing"]
+    return ", ".join("%d %s" % (counts[o], o) for o in order if counts.get(o))
+
+
+def write_reports(out_dir, meta, rows, per_file, totals):
+    data = dict(meta)
+    data.update({"files": per_file, "totals": totals, "tests": rows})
+    (out_dir / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    lines = ["# Differential run: %s" % meta["tests_dir"], "",
+             "- when: %s" % meta["when"],
+             "- python: %s" % json.dumps(meta["python_versions"]),
+             "- emulator: %s (%s devices)" % (meta["emulator"]["path"], meta["emulator_devices"]),
+             "- real driver: %s" % meta["real_description"], "",
+             "| file | tests | emulator | real driver | agree |", "|---|---|---|---|---|"]
+    for f in per_file:
+        pct = "%d/%d" % (f["agree"], f["compared"]) if f["compared"] else "-"
+        lines.append("| %s | %d | %s | %s | %s |" % (f["file"], f["tests"], counts_text(f["emulator"]),
+                                                  counts_text(f["real"]), pct))
+    if totals["agreement"] is not None:
+        lines += ["", "Agreement: %d of %d compared tests (%.1f%%)." % (totals["agree"], totals["compared"],
+                                                                   totals["agreement"])]
+    else:
+        lines += ["", "No real-driver outcomes: nothing compared (emulator outcomes only)."]
+    disagreements = [r for r in rows if not r["agree"] and r["real"]["outcome"] != "missing"
+                     and r["emulator"]["outcome"] != "missing"]
+    if disagreements:
+        lines += ["", "## Disagreements", "", "| test | emulator | real driver | emulator says |", "|---|---|---|---|"]
+        for r in disagreements:
+            lines.append("| %s | %s | %s | %s |" % (r["nodeid"], r["emulator"]["outcome"], r["real"]["outcome"],
+                                                    r["emulator"].get("message", "").replace("|", "\\|")))
+    (out_dir / "results.md").write_text("\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tests", required=True, help="the pytest tree (its conftest.py's folder)")
+    parser.add_argument("--emulator", required=True, help="libcuda_emu.so")
+    parser.add_argument("--python", help="the interpreter that runs pytest (default: this one)")
+    parser.add_argument("--venv", help="a virtual environment to use, created and filled when needed")
+    parser.add_argument("--install", nargs="*", default=DEFAULT_INSTALL,
+                        help="what --venv installs (default: %s)" % " ".join(DEFAULT_INSTALL))
+    parser.add_argument("--out", default="foreign-results", help="where results go")
+    parser.add_argument("--real-driver", help="library to use as the real driver (default: libcuda.so.1)")
+    parser.add_argument("--no-real-driver", action="store_true", help="run on the emulator only")
+    parser.add_argument("--real-results", help="compare with recorded outcomes (JUnit XML or results.json)")
+    parser.add_argument("--emu-devices", type=int,
+                        help="devices the emulator shows (default: as many as the real driver, else 1)")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per file and driver (default 900)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a named list of paths")
+    parser.add_argument("--min-agreement", type=float, help="exit 1 below this percentage")
+    parser.add_argument("--quiet", action="store_true", help="print only the tests that disagree or were not compared")
+    parser.add_argument("paths", nargs="*", help="files or folders under --tests")
+    args = parser.parse_args(argv)
+
+    tests = Path(args.tests).resolve()
+    if not tests.is_dir():
+        parser.error("--tests %s is not a folder" % tests)
+    out_dir = Path(args.out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    emulator_lib = Path(args.emulator).resolve()
+    if not emulator_lib.is_file():
+        parser.error("--emulator %s does not exist" % emulator_lib)
+    if args.venv:
+        python = ensure_venv(args.venv, args.install)
+    else:
+        python = Path(args.python) if args.python else Path(sys.executable)
+    paths = list(args.paths) + (PRESETS[args.preset] if args.preset else [])
+    files = test_files(tests, paths)
+
+    work = Path(tempfile.mkdtemp(prefix="custody-foreign-"))
+    try:
+        emu_folder = library_folder(emulator_lib, work / "emulator")
+        emulator = probe_in_child(emulator_lib)
+        recorded = None
+        real, real_folder, real_lib = None, None, None
+        if args.real_results:
+            recorded = load_recorded(args.real_results)
+            real_description = "recorded outcomes from %s (%d tests)" % (args.real_results, len(recorded))
+        elif args.no_real_driver:
+            real_description = "not run (--no-real-driver)"
+        else:
+            real_lib = Path(args.real_driver).resolve() if args.real_driver else "libcuda.so.1"
+            real_env = os.environ
+            if args.real_driver:
+                real_folder = library_folder(real_lib, work / "real")
+                real_env = driver_env(os.environ, real_folder, real_lib)
+            real = probe_in_child(real_lib, real_env)
+            if not real["loaded"] or real["error"]:
+                real_description = "NOT RUN: %s could not be used (%s)" % (real["path"], real["error"])
+                real = None
+            elif real["emulated"] and not args.real_driver:
+                real_description = "NOT RUN: the system's libcuda.so.1 is custody's emulator"
+                real = None
+            else:
+                real_description = "%s, CUDA %s, %d device(s)%s" % (
+                    real["path"], real["version"], real["devices"],
+                    " (custody's emulator)" if real["emulated"] else "")
+        devices = args.emu_devices or (real["devices"] if real else 1)
+        emu_env = driver_env(os.environ, emu_folder, emulator_lib, devices)
+        meta = {
+            "when": datetime.datetime.now().isoformat(timespec="seconds"),
+            "host": platform.platform(),
+            "tests_dir": str(tests),
+            "python": str(python),
+            "python_versions": python_versions(python, emu_env),
+            "emulator": emulator,
+            "emulator_devices": devices,
+            "real_driver": real,
+            "real_description": real_description,
+            "files_run": files,
+        }
+        print("foreign-tests: %d file(s) under %s" % (len(files), tests))
+        print("  python:    %s %s" % (python, json.dumps(meta["python_versions"])))
+        print("  emulator:  %s, CUDA %s, %d device(s)" % (emulator_lib, emulator.get("version"), devices))
+        print("  real:      %s" % real_description, flush=True)
+
+        rows, runs = [], []
+        for rel in files:
+            emu_results, emu_info = run_file(python, tests, rel, emu_env, args.timeout, out_dir, "emulator")
+            if real is not None:
+                real_env = driver_env(os.environ, real_folder, real_lib) if real_folder else driver_env(os.environ, None, None)
+                real_results, real_info = run_file(python, tests, rel, real_env, args.timeout, out_dir, "real")
+            else:
+                real_results, real_info = {}, None
+            runs.append({"file": rel, "emulator": emu_info, "real": real_info})
+            nodeids = list(emu_results) + [n for n in real_results if n not in emu_results]
+            if recorded is not None:
+                real_results = {}
+                for n in nodeids:
+                    found = match_recorded(recorded, nodeid_key(n))
+                    if found is not None:
+                        real_results[n] = found
+            print("\n%s" % rel)
+            for n in nodeids:
+                e = emu_results.get(n, {"outcome": "missing", "message": ""})
+                r = real_results.get(n, {"outcome": "missing", "message": ""})
+                same = agree(e["outcome"], r["outcome"])
+                rows.append({"file": rel, "nodeid": n, "emulator": e, "real": r, "agree": same})
+                compared = "missing" not in (e["outcome"], r["outcome"])
+                mark = ("agree" if same else "DIFFER") if compared else "-"
+                if not (args.quiet and same):
+                    print("  %-8s %-8s %-6s %s" % (e["outcome"], r["outcome"], mark, n))
+                if compared and not same and e.get("message"):
+                    print("           emulator: %s" % e["message"])
+            print("  [%s] emulator: %s" % (rel, emu_info["status"]), flush=True)
+        meta["runs"] = runs
+        per_file, totals = summarise(rows, files)
+        write_reports(out_dir, meta, rows, per_file, totals)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print("\n%-50s %6s  %-40s %-40s %s" % ("file", "tests", "emulator", "real driver", "agree"))
+    for f in per_file:
+        print("%-50s %6d  %-40s %-40s %s" % (f["file"], f["tests"], counts_text(f["emulator"]),
+                                             counts_text(f["real"]),
+                                             "%d/%d" % (f["agree"], f["compared"]) if f["compared"] else "-"))
+    if totals["agreement"] is None:
+        print("\nno real-driver outcomes: %s" % real_description)
+    else:
+        print("\nagreement: %d of %d compared tests (%.1f%%)" % (totals["agree"], totals["compared"],
+                                                                totals["agreement"]))
+    print("results in %s (results.md, results.json, emulator/, real/)" % out_dir)
+    if args.min_agreement is not None and (totals["agreement"] or 0.0) < args.min_agreement:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
