@@ -1,44 +1,19 @@
 //! [`Buffer`] (memory with its deallocation recipe, an owned value closed by consuming it) and
-//! [`ManagedBuffer`]; adoption of foreign pointers ([`Buffer::from_handle`], [`Ownership`]) and
-//! buffers from a resource's own handles ([`Buffer::from_parts`]); copies and fills.
+//! [`ManagedBuffer`]; adoption of memory allocated elsewhere ([`Buffer::adopt`], taking an
+//! `OwnedAllocation`) and buffers over handles ([`Buffer::from_parts`]: views, owner-kept
+//! memory, a resource's own handles); copies and fills.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use bytemuck::Pod;
 use handles::ops::{self, MemoryType};
 use handles::sys_types::CUdeviceptr;
-use handles::{DevicePtrHandle, HandleError, ReleaseKind, StreamHandle};
+use handles::{DevicePtrHandle, OwnedAllocation, ReleaseKind, StreamHandle};
 
-use crate::resource::{check_size, check_stream_device, device_error, taken_on_trust};
+use crate::resource::{check_size, check_stream_device, device_error};
 use crate::slice::{copy, fill, from_host, to_host, Bytes};
-use crate::{DeviceSlice, DeviceSliceMut, MemoryError, MemoryResource};
-
-/// Who owns memory handed to [`Buffer::from_handle`], and so what happens when the buffer is
-/// closed or dropped.
-pub enum Ownership {
-    /// Nobody, as far as the buffer knows: nothing happens at close, and the caller keeps the
-    /// memory alive while the buffer is used.
-    Borrowed,
-    /// `owner` keeps the memory alive: it is dropped with the buffer's last reference and
-    /// nothing is freed.
-    Owner(Box<dyn Any + Send + Sync>),
-    /// The buffer owns the memory: the resource frees it at teardown
-    /// (`deallocate(ptr, size, stream)` with the recorded stream, or the resource's own release
-    /// rule; see [`MemoryResource::adopt`]).
-    MemoryResource(Arc<dyn MemoryResource>),
-}
-
-impl fmt::Debug for Ownership {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Ownership::Borrowed => "Borrowed",
-            Ownership::Owner(_) => "Owner(..)",
-            Ownership::MemoryResource(_) => "MemoryResource(..)",
-        })
-    }
-}
+use crate::{AdoptError, DeviceSlice, DeviceSliceMut, MemoryError, MemoryResource};
 
 /// Where memory can be used from, fixed when a buffer is made (from its memory resource) or
 /// read once from the driver's pointer attributes (adopted views).
@@ -156,93 +131,56 @@ impl Buffer {
         Buffer::new(handle, mr, access, IpcRole::None)
     }
 
-    /// Wraps `size` bytes at `ptr`, allocated elsewhere, as a buffer owned as `ownership` says
-    /// (docs/decisions.md D5).
+    /// Takes `allocation`, memory allocated elsewhere, into a buffer that owns it: `mr` frees
+    /// it at teardown (its `deallocate` with the recorded stream, or the resource's own release
+    /// rule; see [`MemoryResource::adopt`]) (docs/decisions.md D5). `stream` orders the free
+    /// (`None`: the legacy default stream, bound to the context current now; prefer a created
+    /// stream if the buffer may be freed on another thread).
     ///
-    /// With [`Ownership::MemoryResource`], the buffer owns the memory and `stream` orders its
-    /// free (`None`: the legacy default stream, bound to the context current now; prefer a
-    /// created stream if the buffer may be freed on another thread). The recipe is recorded and
-    /// checked *before* ownership is taken, so on any error the pointer is still the caller's
-    /// and the resource's `deallocate` has not been called.
+    /// The [`OwnedAllocation`] is the right to free the memory: safe code cannot make one for
+    /// an address it does not own (`handles::raw::owned_allocation` is `unsafe`). Memory the
+    /// buffer is not to free (a view, or memory an owner object keeps alive) is a handle from
+    /// `handles::raw::borrowed` / `handles::raw::with_owner`, given to [`Buffer::from_parts`].
+    ///
+    /// The recipe is recorded and checked *before* ownership is taken, so on any error the
+    /// allocation comes back in the [`AdoptError`] and `deallocate` has not been called.
     ///
     /// # Errors
-    /// - [`MemoryError::OwnershipConflict`]: a `stream` with [`Ownership::Borrowed`] or
-    ///   [`Ownership::Owner`] (nothing would be freed on it). (A memory resource together
-    ///   with an owner cannot be expressed.)
-    /// - [`MemoryError::InvalidSize`]: an owned range of zero bytes or more than `isize::MAX`.
+    /// - [`MemoryError::InvalidSize`]: zero bytes or more than `isize::MAX`.
     /// - [`MemoryError::WrongDevice`]: a stream of another device than the resource's.
-    /// - [`MemoryError::Handle`]: a null owned pointer ([`handles::HandleError::InvalidArgument`]);
+    /// - [`MemoryError::Handle`]: a null address ([`handles::HandleError::InvalidArgument`]);
     ///   [`handles::HandleError::NoCurrentContext`] for a default-stream token (or `None`) on a
     ///   thread with no current context.
     ///
-    /// On error an [`Ownership::Owner`] is dropped (it frees nothing).
-    ///
-    /// Driver calls: none for views; `cuCtxGetCurrent` for a default-stream token with a
-    /// memory resource.
-    pub fn from_handle(
-        ptr: CUdeviceptr,
-        size: usize,
-        ownership: Ownership,
+    /// Driver calls: `cuCtxGetCurrent` for a default-stream token.
+    pub fn adopt(
+        allocation: OwnedAllocation,
+        mr: Arc<dyn MemoryResource>,
         stream: Option<&StreamHandle>,
-    ) -> Result<Buffer, MemoryError> {
-        Buffer::adopt(ptr, size, ownership, stream, None)
+    ) -> Result<Buffer, AdoptError> {
+        let access = Access::of(mr.as_ref());
+        Buffer::adopt_as(allocation, mr, stream, access)
     }
 
-    fn adopt(
-        ptr: CUdeviceptr,
-        size: usize,
-        ownership: Ownership,
+    fn adopt_as(
+        allocation: OwnedAllocation,
+        mr: Arc<dyn MemoryResource>,
         stream: Option<&StreamHandle>,
-        access: Option<Access>,
-    ) -> Result<Buffer, MemoryError> {
-        match ownership {
-            Ownership::MemoryResource(mr) => {
-                check_size(size)?;
-                let legacy;
-                let stream = match stream {
-                    Some(stream) => stream,
-                    None => {
-                        legacy = StreamHandle::legacy();
-                        &legacy
-                    }
-                };
-                let mr_access = Access::of(mr.as_ref());
-                let handle = Arc::clone(&mr).adopt(ptr, size, stream)?;
-                Ok(Buffer::new(
-                    handle,
-                    Some(mr),
-                    Some(access.unwrap_or(mr_access)),
-                    IpcRole::None,
-                ))
-            }
-            Ownership::Borrowed | Ownership::Owner(_) if stream.is_some() => {
-                Err(MemoryError::OwnershipConflict {
-                    reason: "a deallocation stream needs a memory resource to free with",
-                })
-            }
-            Ownership::Borrowed => Ok(Buffer::new(
-                #[allow(unsafe_code)]
-                // SAFETY: NOT checked here: this safe function passes on its caller's word that
-                // the memory stays valid while the buffer is used (until `from_handle` takes a handle).
-                unsafe {
-                    handles::raw::borrowed(ptr, size)
-                },
-                None,
-                access,
-                IpcRole::None,
-            )),
-            Ownership::Owner(owner) => Ok(Buffer::new(
-                #[allow(unsafe_code)]
-                // SAFETY: NOT checked here: this safe function passes on its caller's word that
-                // `owner` keeps the memory valid (until `from_handle` takes a handle).
-                unsafe {
-                    handles::raw::with_owner(ptr, size, owner)?
-                },
-                None,
-                access,
-                IpcRole::None,
-            )),
+        access: Access,
+    ) -> Result<Buffer, AdoptError> {
+        if let Err(error) = check_size(allocation.size()) {
+            return Err(AdoptError { error, allocation });
         }
+        let legacy;
+        let stream = match stream {
+            Some(stream) => stream,
+            None => {
+                legacy = StreamHandle::legacy();
+                &legacy
+            }
+        };
+        let handle = Arc::clone(&mr).adopt(allocation, stream)?;
+        Ok(Buffer::new(handle, Some(mr), Some(access), IpcRole::None))
     }
 
     /// The address (a host address for pinned host memory).
@@ -628,30 +566,41 @@ impl ManagedBuffer {
         ManagedBuffer(buffer)
     }
 
-    /// Wraps `size` bytes of managed memory at `ptr`, allocated elsewhere, as
-    /// [`Buffer::from_handle`] does; the buffer reports itself managed, host- and
-    /// device-accessible without asking the driver (the caller vouches that the memory is
-    /// managed). A [`crate::ManagedMemoryResource`] as owner releases it like memory it
-    /// allocated (without blocking a drop).
+    /// A managed buffer over memory `handle` names, as [`Buffer::from_parts`]; the buffer
+    /// reports itself managed, host- and device-accessible without asking the driver (the
+    /// handle's maker vouched that the memory is managed).
+    ///
+    /// Driver calls: none.
+    pub fn from_parts(
+        handle: DevicePtrHandle,
+        mr: Option<Arc<dyn MemoryResource>>,
+    ) -> ManagedBuffer {
+        let access = Access {
+            device_id: mr.as_deref().and_then(|mr| mr.device_id()),
+            ..Access::MANAGED
+        };
+        ManagedBuffer(Buffer::new(handle, mr, Some(access), IpcRole::None))
+    }
+
+    /// Takes managed memory allocated elsewhere into a buffer that owns it, as
+    /// [`Buffer::adopt`]; the buffer reports itself managed without asking the driver. A
+    /// [`crate::ManagedMemoryResource`] as `mr` releases it like memory it allocated (without
+    /// blocking a drop).
     ///
     /// # Errors
-    /// As [`Buffer::from_handle`].
+    /// As [`Buffer::adopt`].
     ///
-    /// Driver calls: as [`Buffer::from_handle`].
-    pub fn from_handle(
-        ptr: CUdeviceptr,
-        size: usize,
-        ownership: Ownership,
+    /// Driver calls: as [`Buffer::adopt`].
+    pub fn adopt(
+        allocation: OwnedAllocation,
+        mr: Arc<dyn MemoryResource>,
         stream: Option<&StreamHandle>,
-    ) -> Result<ManagedBuffer, MemoryError> {
-        let access = match &ownership {
-            Ownership::MemoryResource(mr) => Access {
-                device_id: mr.device_id(),
-                ..Access::MANAGED
-            },
-            _ => Access::MANAGED,
+    ) -> Result<ManagedBuffer, AdoptError> {
+        let access = Access {
+            device_id: mr.device_id(),
+            ..Access::MANAGED
         };
-        Buffer::adopt(ptr, size, ownership, stream, Some(access)).map(ManagedBuffer)
+        Buffer::adopt_as(allocation, mr, stream, access).map(ManagedBuffer)
     }
 
     /// The buffer.
@@ -700,14 +649,12 @@ impl fmt::Debug for ManagedBuffer {
 
 /// The release rule matching a synchronous resource's memory, for [`MemoryResource::adopt`].
 pub(crate) fn adopt_synchronous(
-    ptr: CUdeviceptr,
-    size: usize,
+    allocation: OwnedAllocation,
     kind: ReleaseKind,
     device: Option<i32>,
     stream: &StreamHandle,
-) -> Result<DevicePtrHandle, MemoryError> {
-    DevicePtrHandle::adopt_synchronous(taken_on_trust(ptr, size), kind, device, stream)
-        .map_err(|error| device_error(HandleError::from(error)))
+) -> Result<DevicePtrHandle, AdoptError> {
+    DevicePtrHandle::adopt_synchronous(allocation, kind, device, stream).map_err(AdoptError::from)
 }
 
 #[cfg(test)]
@@ -736,30 +683,5 @@ mod tests {
                 Err(MemoryError::InvalidFill { width, .. }) if width == bad.len()
             ));
         }
-    }
-
-    #[test]
-    fn a_stream_without_a_memory_resource_is_a_conflict_and_takes_nothing() {
-        let stream = StreamHandle::legacy();
-        for ownership in [Ownership::Borrowed, Ownership::Owner(Box::new(5u8))] {
-            let error = Buffer::from_handle(0x1000, 64, ownership, Some(&stream)).unwrap_err();
-            assert!(
-                matches!(error, MemoryError::OwnershipConflict { .. }),
-                "{error}"
-            );
-        }
-    }
-
-    #[test]
-    fn views_need_no_driver() {
-        let view = Buffer::from_handle(0x1000, 64, Ownership::Borrowed, None).unwrap();
-        assert_eq!((view.ptr(), view.size()), (0x1000, 64));
-        assert!(view.memory_resource().is_none());
-        assert_eq!(view.deallocation_stream().map(|_| ()), None);
-        // A view frees nothing: setting a stream records nothing, closing calls no driver.
-        view.set_deallocation_stream(&StreamHandle::legacy())
-            .unwrap();
-        assert_eq!(view.deallocation_stream().map(|_| ()), None);
-        view.close().unwrap();
     }
 }

@@ -95,8 +95,10 @@ pub enum MemoryError {
         /// What was wrong.
         reason: String,
     },
-    /// [`crate::Buffer::from_handle`] was given a stream but no memory resource to free with:
-    /// a stream orders a free, and without a memory resource nothing is freed.
+    /// A deallocation stream without a memory resource to free with (the bindings' adoption,
+    /// `Buffer.from_handle(ptr, size, stream=...)`): a stream orders a free, and without a
+    /// memory resource nothing is freed. (In Rust, [`crate::Buffer::from_parts`] takes no
+    /// stream.)
     #[error("conflicting ownership: {reason}")]
     OwnershipConflict {
         /// What conflicted.

@@ -473,27 +473,4 @@ mod tests {
             );
         }
     }
-
-    #[test]
-    fn views_check_the_element_layout_without_a_driver() {
-        let view = Buffer::from_handle(0x1002, 6, crate::Ownership::Borrowed, None).unwrap();
-        assert_eq!(view.as_slice::<u16>().map(|s| s.len()).ok(), Some(3));
-        assert!(matches!(
-            view.as_slice::<u32>(),
-            Err(MemoryError::Layout {
-                element_size: 4,
-                ..
-            })
-        ));
-        assert!(matches!(
-            view.as_slice::<()>(),
-            Err(MemoryError::Layout {
-                element_size: 0,
-                ..
-            })
-        ));
-        let bytes = view.as_slice::<u8>().unwrap();
-        let part = bytes.slice(2..5).unwrap();
-        assert_eq!((part.device_ptr(), part.len()), (0x1004, 3));
-    }
 }

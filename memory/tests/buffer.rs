@@ -4,15 +4,17 @@
 //! emulator and on a real driver (the call log and the hazard checker only on the emulator;
 //! the two injected-failure tests skip on a real driver).
 
+mod adopt;
 mod common;
 
 use std::sync::{Arc, Barrier};
 
+use adopt::Ownership;
 use common::*;
 use handles::{CudaErrorCode, HandleError, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, FillValue, LegacyPinnedMemoryResource, MemoryError,
-    MemoryResource, Ownership, PoolMemoryResource,
+    MemoryResource, PoolMemoryResource,
 };
 
 fn device_mr() -> Arc<DeviceMemoryResource> {
@@ -209,7 +211,7 @@ fn accessibility_comes_from_the_resource_or_the_driver() {
     assert_eq!(pinned.device_id(), Ok(None));
 
     // Views: asked of the driver once.
-    let view = Buffer::from_handle(device.ptr(), 64, Ownership::Borrowed, None).unwrap();
+    let view = adopt::from_handle(device.ptr(), 64, Ownership::Borrowed, None).unwrap();
     let from = mark();
     assert_eq!(view.is_device_accessible(), Ok(true));
     assert_eq!(view.is_host_accessible(), Ok(false));
@@ -221,12 +223,12 @@ fn accessibility_comes_from_the_resource_or_the_driver() {
             "one query of four attributes, then cached"
         );
     });
-    let pinned_view = Buffer::from_handle(pinned.ptr(), 64, Ownership::Borrowed, None).unwrap();
+    let pinned_view = adopt::from_handle(pinned.ptr(), 64, Ownership::Borrowed, None).unwrap();
     assert_eq!(pinned_view.is_host_accessible(), Ok(true));
     assert_eq!(pinned_view.is_device_accessible(), Ok(true));
     let host = [0u8; 64]; // pageable memory the driver does not know
     let host_view =
-        Buffer::from_handle(host.as_ptr() as u64, 64, Ownership::Borrowed, None).unwrap();
+        adopt::from_handle(host.as_ptr() as u64, 64, Ownership::Borrowed, None).unwrap();
     assert_eq!(host_view.is_device_accessible(), Ok(false));
     assert_eq!(host_view.is_host_accessible(), Ok(true));
     assert_eq!(host_view.device_id(), Ok(None));
@@ -293,7 +295,7 @@ fn bad_copies_and_fills_leave_the_buffers_unchanged() {
         FillValue::from_bytes(&[1, 2, 3]),
         Err(MemoryError::InvalidFill { width: 3, .. })
     ));
-    let misaligned = Buffer::from_handle(b.ptr() + 1, 4, Ownership::Borrowed, None).unwrap();
+    let misaligned = adopt::from_handle(b.ptr() + 1, 4, Ownership::Borrowed, None).unwrap();
     assert!(matches!(
         misaligned.fill(0u16, &s),
         Err(MemoryError::InvalidFill { width: 2, .. })
@@ -347,7 +349,7 @@ fn bad_copies_and_fills_leave_the_buffers_unchanged() {
     let closed = Arc::clone(&mr).allocate(6, &s).unwrap();
     closed.close().unwrap();
     assert_eq!(read(&a, &s), vec![1; 6]);
-    let view = Buffer::from_handle(a.ptr(), 6, Ownership::Borrowed, None).unwrap();
+    let view = adopt::from_handle(a.ptr(), 6, Ownership::Borrowed, None).unwrap();
     assert_eq!(
         view.copy_to_new(&s).map(|_| ()),
         Err(MemoryError::NoMemoryResource)

@@ -18,17 +18,19 @@
 //! (call, error) with the fault injected into that call. Needs the emulator's fault injection:
 //! on a real driver each test says so and returns.
 
+mod adopt;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use handles::sys_types::CUdeviceptr;
+use adopt::Ownership;
 use handles::{
-    CleanupError, ContextHandle, CudaErrorCode, EventHandle, HandleError, StreamHandle,
-    EVENT_DISABLE_TIMING,
+    CleanupError, ContextHandle, CudaErrorCode, EventHandle, HandleError, OwnedAllocation,
+    StreamHandle, EVENT_DISABLE_TIMING,
 };
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, LegacyPinnedMemoryResource,
-    ManagedMemoryResource, MemoryError, MemoryResource, Ownership, PoolMemoryResource,
+    ManagedMemoryResource, MemoryError, MemoryResource, PoolMemoryResource,
     SynchronousMemoryResource,
 };
 use test_support::emu::{Call, Emulator};
@@ -655,15 +657,16 @@ impl MemoryResource for UserResource {
         let backing = Arc::clone(&self.pool).allocate(size, stream)?;
         let ptr = backing.ptr();
         self.backing.lock().unwrap().insert(ptr, backing);
-        Buffer::from_handle(ptr, size, Ownership::MemoryResource(self), Some(stream))
+        adopt::from_handle(ptr, size, Ownership::MemoryResource(self), Some(stream))
     }
 
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        _size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
+        // The address is a backing buffer's, which closing frees: the token is given up.
+        let (ptr, _) = allocation.into_raw();
         let backing = self
             .backing
             .lock()

@@ -9,14 +9,17 @@
 //! 64); `PROPTEST_RNG_SEED` fixes the generator's seed (the default is random; a failure prints
 //! the minimal failing input).
 
+mod adopt;
+
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use handles::sys_types::{CUdeviceptr, MemPoolAttribute};
-use handles::{ContextHandle, HandleError, StreamHandle};
+use adopt::Ownership;
+use handles::sys_types::MemPoolAttribute;
+use handles::{ContextHandle, HandleError, OwnedAllocation, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, FillValue, IpcBufferDescriptor, LegacyPinnedMemoryResource,
-    ManagedMemoryResource, MemoryError, MemoryResource, Ownership, PinnedMemoryResource,
+    ManagedMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
     PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
 };
 use proptest::prelude::*;
@@ -200,13 +203,9 @@ impl MemoryResource for Ledger {
         Err(MemoryError::NoMemoryResource)
     }
 
-    fn deallocate(
-        &self,
-        ptr: CUdeviceptr,
-        size: usize,
-        _: &StreamHandle,
-    ) -> Result<(), MemoryError> {
-        self.deallocated.lock().unwrap().push((ptr, size));
+    fn deallocate(&self, allocation: OwnedAllocation, _: &StreamHandle) -> Result<(), MemoryError> {
+        // Frees nothing (the addresses are made up): the token is given up unused.
+        self.deallocated.lock().unwrap().push(allocation.into_raw());
         Ok(())
     }
 
@@ -297,7 +296,7 @@ proptest! {
                 OwnershipChoice::Owner => Ownership::Owner(Box::new(7u32)),
                 OwnershipChoice::Resource => Ownership::MemoryResource(mr),
             };
-            let result = Buffer::from_handle(ptr, size, ownership, stream.as_ref());
+            let result = adopt::from_handle(ptr, size, ownership, stream.as_ref());
             let needs_context = matches!(choice, StreamChoice::None | StreamChoice::LegacyToken | StreamChoice::PerThreadToken);
             match result {
                 Ok(buffer) => {

@@ -6,13 +6,15 @@
 //! back through the API and a free is seen as the device pool's used memory returning to where it
 //! was; the stream each free ran on, and the hazard checker, only on the emulator.
 
+mod adopt;
 mod common;
 
 use std::sync::Arc;
 
+use adopt::Ownership;
 use common::*;
 use handles::{EventHandle, HandleError, StreamHandle, EVENT_DISABLE_TIMING};
-use memory::{Buffer, DeviceMemoryResource, MemoryError, MemoryResource, Ownership};
+use memory::{Buffer, DeviceMemoryResource, MemoryError, MemoryResource};
 
 fn device_mr() -> Arc<DeviceMemoryResource> {
     DeviceMemoryResource::new(0).expect("device 0's pool")
@@ -270,7 +272,7 @@ fn view_frees_nothing_and_its_recipe_is_inert() {
     let s = stream_on(0);
     let base = device_used();
     let ptr = foreign_allocation(0, 512, &s);
-    let view = Buffer::from_handle(ptr, 512, Ownership::Borrowed, None).unwrap();
+    let view = adopt::from_handle(ptr, 512, Ownership::Borrowed, None).unwrap();
     assert!(view.memory_resource().is_none());
     view.set_deallocation_stream(&s).unwrap();
     assert!(
@@ -292,7 +294,7 @@ fn owner_is_kept_alive_until_close_and_nothing_is_freed() {
     let base = device_used();
     let ptr = foreign_allocation(0, 512, &s);
     let owner = Arc::new(());
-    let buffer = Buffer::from_handle(
+    let buffer = adopt::from_handle(
         ptr,
         512,
         Ownership::Owner(Box::new(Arc::clone(&owner))),
@@ -318,7 +320,7 @@ fn adopted_memory_is_deallocated_by_its_resource_with_the_recorded_stream_in_its
     let ptr = foreign_allocation(0, 1024, &s);
     let dyn_mr: Arc<dyn MemoryResource> = mr.clone();
     let buffer =
-        Buffer::from_handle(ptr, 1024, Ownership::MemoryResource(dyn_mr), Some(&s)).unwrap();
+        adopt::from_handle(ptr, 1024, Ownership::MemoryResource(dyn_mr), Some(&s)).unwrap();
     assert!(buffer.memory_resource().is_some());
     assert!(mr.deallocations().is_empty());
     on_fresh_thread(move || drop(buffer)); // a thread that never had a context
@@ -347,7 +349,7 @@ fn default_token_binds_the_context_current_at_adoption_and_deallocate_runs_in_it
     s.synchronize().unwrap();
     a.make_current().unwrap();
     let buffer =
-        Buffer::from_handle(ptr, 1024, Ownership::MemoryResource(mr.clone()), None).unwrap();
+        adopt::from_handle(ptr, 1024, Ownership::MemoryResource(mr.clone()), None).unwrap();
     handles::ContextHandle::clear_current().unwrap();
     on_fresh_thread(move || drop(buffer));
     let seen = mr.deallocations();
@@ -370,12 +372,12 @@ fn adoption_failure_leaves_the_pointer_with_the_caller() {
     // No context on a fresh thread: the default token cannot be bound (docs/decisions.md D5).
     let on_thread = mr.clone();
     let error = on_fresh_thread(move || {
-        Buffer::from_handle(ptr, 1024, Ownership::MemoryResource(on_thread), None).unwrap_err()
+        adopt::from_handle(ptr, 1024, Ownership::MemoryResource(on_thread), None).unwrap_err()
     });
     assert_eq!(error, MemoryError::Handle(HandleError::NoCurrentContext));
     // A stream of another device: rejected the same way.
     if second_device_or_skip_part("adoption with a stream of another device") {
-        let error = Buffer::from_handle(
+        let error = adopt::from_handle(
             ptr,
             1024,
             Ownership::MemoryResource(mr.clone()),
@@ -392,9 +394,7 @@ fn adoption_failure_leaves_the_pointer_with_the_caller() {
     }
     // Bad sizes and a null pointer: rejected before anything is taken.
     for (p, n) in [(ptr, 0), (0, 1024)] {
-        assert!(
-            Buffer::from_handle(p, n, Ownership::MemoryResource(mr.clone()), Some(&s)).is_err()
-        );
+        assert!(adopt::from_handle(p, n, Ownership::MemoryResource(mr.clone()), Some(&s)).is_err());
     }
     assert!(mr.deallocations().is_empty(), "deallocate was never called");
     assert_not_freed(ptr, from, base, 1024); // the pointer is still the caller's

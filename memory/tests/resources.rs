@@ -5,18 +5,19 @@
 //! pool's used memory or, for `cuMemFree`/`cuMemFreeHost`, in the driver no longer knowing the
 //! address; which thread made which call (a drop that never blocks) only on the emulator.
 
+mod adopt;
 mod common;
 
 use std::sync::Arc;
 
+use adopt::Ownership;
 use common::*;
 use handles::sys_types::MemPoolAttribute;
 use handles::{CudaErrorCode, DevicePtrHandle, HandleError, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, LegacyPinnedMemoryResource,
-    ManagedBuffer, ManagedMemoryResource, MemoryError, MemoryResource, Ownership,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
-    SynchronousMemoryResource,
+    ManagedMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
 };
 
 const BLOCKING: [&str; 4] = [
@@ -256,7 +257,7 @@ fn memory_adopted_by_a_synchronous_resource_gets_its_non_blocking_rule() {
     let (host_ptr, device_ptr) = (host.ptr(), device.ptr());
     std::mem::forget(host);
     std::mem::forget(device);
-    let pinned = Buffer::from_handle(
+    let pinned = adopt::from_handle(
         host_ptr,
         256,
         Ownership::MemoryResource(LegacyPinnedMemoryResource::new()),
@@ -267,7 +268,7 @@ fn memory_adopted_by_a_synchronous_resource_gets_its_non_blocking_rule() {
         pinned.handle().clone().kind(),
         handles::ReleaseKind::PinnedHost
     );
-    let sync = Buffer::from_handle(
+    let sync = adopt::from_handle(
         device_ptr,
         256,
         Ownership::MemoryResource(SynchronousMemoryResource::new(0).unwrap()),
@@ -304,7 +305,7 @@ fn managed_buffers() {
     other_stream.synchronize().unwrap();
     let ptr = buffer.ptr();
     let from = mark();
-    let view = ManagedBuffer::from_handle(ptr, 64, Ownership::Borrowed, None).unwrap();
+    let view = adopt::managed_from_handle(ptr, 64, Ownership::Borrowed, None).unwrap();
     assert_eq!(view.as_buffer().is_managed(), Ok(true));
     with_emulator(|emu| {
         assert_eq!(
@@ -335,12 +336,13 @@ fn explicit_deallocate_returns_the_driver_error() {
     let base = pool_used(mr.pool());
     let ptr = foreign_allocation(0, 256, &s);
     assert!(pool_used(mr.pool()) >= base + 256);
-    mr.deallocate(ptr, 256, &s).unwrap();
+    mr.deallocate(unowned(ptr, 256), &s).unwrap();
     assert_eq!(pool_used(mr.pool()), base, "freed");
     with_emulator(|emu| assert!(!emu.is_live(ptr)));
-    // A second free of the same pointer: CUDA_ERROR_INVALID_VALUE on a real driver too
-    // (cuda-sys conformance, measured_mem_free_async_again_after_synchronize_is_invalid_value).
-    let error = mr.deallocate(ptr, 256, &s).unwrap_err();
+    // A second free of the same pointer (a broken promise made with `unsafe`, deliberately):
+    // CUDA_ERROR_INVALID_VALUE on a real driver too (cuda-sys conformance,
+    // measured_mem_free_async_again_after_synchronize_is_invalid_value).
+    let error = mr.deallocate(unowned(ptr, 256), &s).unwrap_err();
     assert_eq!(error.code(), Some(CudaErrorCode::INVALID_VALUE));
     assert_eq!(pool_used(mr.pool()), base, "nothing else was freed");
     with_emulator(|emu| emu.clear_hazards()); // the double free above was deliberate
@@ -396,7 +398,7 @@ fn a_closed_pool_resource_refuses_allocations_and_exports_but_still_frees() {
             resource: "PinnedMemoryResource"
         }
     );
-    pinned.deallocate(ptr, 64, &s).unwrap();
+    pinned.deallocate(unowned(ptr, 64), &s).unwrap();
     s.synchronize().unwrap();
     with_emulator(|emu| {
         assert_eq!(emu.calls_named("cuMemFreeAsync", from).len(), 2);

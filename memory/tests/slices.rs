@@ -10,8 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use handles::sys_types::CUdeviceptr;
-use handles::StreamHandle;
+use handles::{OwnedAllocation, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
     PinnedMemoryResourceOptions,
@@ -207,11 +206,10 @@ impl MemoryResource for Renamed {
 
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        self.inner.deallocate(ptr, size, stream)
+        self.inner.deallocate(allocation, stream)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -253,4 +251,44 @@ fn a_resource_of_the_callers_builds_buffers_from_parts() {
         assert_eq!(free.stream, Some(s.raw() as u64));
     });
     assert_no_hazards();
+}
+
+#[test]
+fn views_check_the_element_layout_without_a_driver() {
+    // SAFETY: a made-up address; nothing is ever copied to or from it (only layouts and
+    // ranges are checked, with no driver call).
+    let handle = unsafe { handles::raw::borrowed(0x1002, 6) };
+    let view = Buffer::from_parts(handle, None);
+    assert_eq!(view.as_slice::<u16>().map(|s| s.len()).ok(), Some(3));
+    assert!(matches!(
+        view.as_slice::<u32>(),
+        Err(MemoryError::Layout {
+            element_size: 4,
+            ..
+        })
+    ));
+    assert!(matches!(
+        view.as_slice::<()>(),
+        Err(MemoryError::Layout {
+            element_size: 0,
+            ..
+        })
+    ));
+    let bytes = view.as_slice::<u8>().unwrap();
+    let part = bytes.slice(2..5).unwrap();
+    assert_eq!((part.device_ptr(), part.len()), (0x1004, 3));
+}
+
+#[test]
+fn views_need_no_driver() {
+    // SAFETY: a made-up address that nothing copies to or from.
+    let view = Buffer::from_parts(unsafe { handles::raw::borrowed(0x1000, 64) }, None);
+    assert_eq!((view.ptr(), view.size()), (0x1000, 64));
+    assert!(view.memory_resource().is_none());
+    assert_eq!(view.deallocation_stream().map(|_| ()), None);
+    // A view frees nothing: setting a stream records nothing, closing calls no driver.
+    view.set_deallocation_stream(&StreamHandle::legacy())
+        .unwrap();
+    assert_eq!(view.deallocation_stream().map(|_| ()), None);
+    view.close().unwrap();
 }

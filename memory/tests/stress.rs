@@ -18,18 +18,22 @@
 //! `CUSTODY_STRESS_SECONDS` (a thread stops early past this, default 20),
 //! `CUSTODY_STRESS_SEED` (default: from the clock; printed, so a failing run can be repeated).
 
+mod adopt;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use handles::sys_types::{CUdeviceptr, MemPoolAttribute};
+use adopt::Ownership;
+use handles::sys_types::MemPoolAttribute;
 use handles::{
-    ContextHandle, DefaultStream, EventHandle, MemoryPoolHandle, StreamHandle, EVENT_DISABLE_TIMING,
+    ContextHandle, DefaultStream, EventHandle, MemoryPoolHandle, OwnedAllocation, StreamHandle,
+    EVENT_DISABLE_TIMING,
 };
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, GraphExec,
-    LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource, Ownership,
+    LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource,
     PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
     SynchronousMemoryResource,
 };
@@ -122,15 +126,16 @@ impl MemoryResource for AdoptingResource {
         let ptr = backing.ptr();
         self.allocated.fetch_add(1, Ordering::Relaxed);
         self.live.lock().unwrap().insert(ptr, backing);
-        Buffer::from_handle(ptr, size, Ownership::MemoryResource(self), Some(stream))
+        adopt::from_handle(ptr, size, Ownership::MemoryResource(self), Some(stream))
     }
 
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        _size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
+        // The address is a backing buffer's, which closing frees: the token is given up.
+        let (ptr, _) = allocation.into_raw();
         let backing = self.live.lock().unwrap().remove(&ptr);
         let backing = backing.unwrap_or_else(|| {
             panic!("deallocate(0x{ptr:x}) of a pointer that is not live: a double free")

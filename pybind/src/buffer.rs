@@ -5,13 +5,13 @@
 use std::sync::{Arc, Weak};
 
 use handles::StreamHandle;
-use memory::{Buffer, FillValue, IpcBufferDescriptor, ManagedBuffer, MemoryError, Ownership};
+use memory::{Buffer, FillValue, IpcBufferDescriptor, ManagedBuffer, MemoryError};
 use pyo3::exceptions::{PyBufferError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple, PyType};
 
 use crate::errors::{closed, expected, Error};
-use crate::ffi::dlpack_capsule;
+use crate::ffi::{dlpack_capsule, owned_allocation, unowned_handle};
 use crate::graph::PyGraphBuilder;
 use crate::report::{finalizing, PyObjRef};
 use crate::resource::{pool_of, resolve};
@@ -143,30 +143,42 @@ fn adopt(
         (None, Some(_)) => Some(default_stream_handle()),
         (None, None) => None,
     };
-    let (ownership, mr_object, owner_ref) = if let Some(mr) = mr {
-        (
-            Ownership::MemoryResource(resolve(mr)?),
-            Some(mr.clone().unbind()),
-            None,
-        )
-    } else if let Some(owner) = owner {
-        let kept = Arc::new(PyObjRef::new(owner.clone().unbind()));
-        let weak = Arc::downgrade(&kept);
-        (Ownership::Owner(Box::new(kept)), None, Some(weak))
-    } else {
-        (Ownership::Borrowed, None, None)
+    if let Some(mr) = mr {
+        let native = resolve(mr)?;
+        let buffer = py
+            .detach(move || {
+                let allocation = owned_allocation(ptr, size);
+                let adopted = if managed {
+                    ManagedBuffer::adopt(allocation, native, recorded.as_ref())
+                        .map(ManagedBuffer::into_buffer)
+                } else {
+                    Buffer::adopt(allocation, native, recorded.as_ref())
+                };
+                // A refused adoption takes nothing: the pointer stays the caller's.
+                adopted.map_err(|refused| {
+                    let _ = refused.allocation.into_raw();
+                    refused.error
+                })
+            })
+            .map_err(Error::from)?;
+        return PyBuffer::wrap(py, buffer, Some(mr.clone().unbind()), managed, None);
+    }
+    let (owner_box, owner_ref) = match owner {
+        Some(owner) => {
+            let kept = Arc::new(PyObjRef::new(owner.clone().unbind()));
+            let weak = Arc::downgrade(&kept);
+            let owner_box: Box<dyn std::any::Any + Send + Sync> = Box::new(kept);
+            (Some(owner_box), Some(weak))
+        }
+        None => (None, None),
     };
-    let buffer = py
-        .detach(move || {
-            if managed {
-                ManagedBuffer::from_handle(ptr, size, ownership, recorded.as_ref())
-                    .map(ManagedBuffer::into_buffer)
-            } else {
-                Buffer::from_handle(ptr, size, ownership, recorded.as_ref())
-            }
-        })
-        .map_err(Error::from)?;
-    PyBuffer::wrap(py, buffer, mr_object, managed, owner_ref)
+    let handle = unowned_handle(ptr, size, owner_box).map_err(Error::from)?;
+    let buffer = if managed {
+        ManagedBuffer::from_parts(handle, None).into_buffer()
+    } else {
+        Buffer::from_parts(handle, None)
+    };
+    PyBuffer::wrap(py, buffer, None, managed, owner_ref)
 }
 
 /// Copies `src` into `dst` on `stream` (`handle`), or records the copy into a graph builder's
