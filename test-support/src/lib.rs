@@ -6,7 +6,7 @@
 //! The same tests run against the emulated driver (`CUSTODY_CUDA_DRIVER=.../libcuda_emu.so`)
 //! and against a real one (the GPU bundle). What any driver shows is asserted everywhere; what
 //! only the emulator can show (its call log, hazards, live allocations, fault injection) is
-//! asserted inside [`with_emulator`], whose [`Emulator`](emu::Emulator) value exists nowhere
+//! asserted inside `with_emulator` (a helper), whose [`Emulator`](emu::Emulator) value exists nowhere
 //! else, so the compiler keeps every such query inside it (docs/testing.md).
 
 pub mod emu;

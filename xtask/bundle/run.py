@@ -13,7 +13,8 @@ What it does:
   3. runs the conformance binary a second time against the bundled emulator, so that one run
      compares both drivers case by case;
   4. runs the bundled pytest suite against the real driver, if the bundle has one;
-  5. runs the demo: the Rust hand-off example against the real driver and the emulator, the
+  5. runs the demo: the Rust hand-off example and the facade's new-user program
+     (first_program) against the real driver and the emulator, the
      Python one (examples/handoff.py, with the bundled wheel) likewise, and the differential
      script (examples/differential.py: custody and cuda.core side by side) against the real
      driver; their output goes to --out/demo/ (differential.txt and differential.json there);
@@ -260,6 +261,10 @@ def run_demo(manifest, real_ok, driver_path, emulator_path, emulator_ok, out_dir
     rust = demo.get("rust", {}).get("handoff")
     if rust:
         rows.append(both("handoff (Rust)", [HERE / rust], lambda env: env))
+    # The facade's new-user program (custody/examples/first_program.rs): checks what it shows.
+    first = demo.get("rust", {}).get("first_program")
+    if first:
+        rows.append(both("first_program (Rust)", [HERE / first], lambda env: env))
     scripts = demo.get("python", {})
     with unpacked_wheels(manifest) as site:
         if site is None:

@@ -31,8 +31,8 @@ const MAX_BUNDLE_BYTES: u64 = 50 * 1024 * 1024;
 const EXCLUDED_PACKAGES: &[&str] = &["xtask", cmd::EMU_PACKAGE, "cuda-custody-test-support"];
 
 /// The Rust examples the bundle carries (built by the same `cargo test --no-run`, which builds
-/// every example), as `examples/<name>`: the demo.
-const BUNDLED_EXAMPLES: &[&str] = &["handoff"];
+/// every example), as `examples/<name>`: the demo and the facade's new-user program.
+const BUNDLED_EXAMPLES: &[&str] = &["handoff", cmd::FIRST_PROGRAM];
 
 /// The Python scripts of `examples/` the bundle carries: the demo, the differential script and
 /// their helper.

@@ -17,6 +17,12 @@ pub const EMU_PACKAGE: &str = "cuda-custody-emu";
 /// The memory crate's package (folder `memory/`): the hand-off demo and the benchmarks.
 pub const MEMORY_PACKAGE: &str = "cuda-custody-memory";
 
+/// The facade's package (folder `custody/`).
+pub const FACADE_PACKAGE: &str = "cuda-custody";
+/// The facade's new-user program (`custody/examples/first_program.rs`), run by `cargo xtask
+/// test` on the emulator and by the GPU bundle on the real driver.
+pub const FIRST_PROGRAM: &str = "first_program";
+
 /// The workspace root (the folder above `xtask/`).
 ///
 /// `cargo xtask` (`cargo run`) sets `CARGO_MANIFEST_DIR` for the process, so the root is read at

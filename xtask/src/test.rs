@@ -1,6 +1,7 @@
 //! `cargo xtask test`: builds the emulated driver, then runs every Rust test of the workspace, the
-//! doctests (every doc example runs on the emulator) and (once `pybind/` exists) the pytest suite
-//! against it, and prints one summary line per suite.
+//! doctests (every doc example runs on the emulator), the facade's new-user program, `cargo doc`
+//! with warnings denied and (once
+//! `pybind/` exists) the pytest suite against it, and prints one summary line per suite.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,6 +33,8 @@ pub fn run() -> Result<()> {
     let suites = vec![
         rust_suite(&emulator)?,
         doc_suite(&emulator)?,
+        example_suite(&emulator)?,
+        rustdoc_suite()?,
         python_suite(&root, &emulator)?,
     ];
 
@@ -129,6 +132,51 @@ fn doc_suite(emulator: &Path) -> Result<Suite> {
     Ok(Suite {
         name: "doctest",
         how: "cargo test --workspace --doc".to_owned(),
+        outcome,
+    })
+}
+
+/// The facade's new-user program (`custody/examples/first_program.rs`), which checks what it
+/// shows and exits non-zero when a check fails: run on the emulator.
+fn example_suite(emulator: &Path) -> Result<Suite> {
+    let mut command = cmd::cargo();
+    command
+        .args(["run", "--quiet", "-p", cmd::FACADE_PACKAGE, "--example"])
+        .arg(cmd::FIRST_PROGRAM)
+        .env(DRIVER_ENV, emulator);
+    let exit = cmd::status(&mut command)?;
+    let outcome = if exit.success() {
+        Outcome::Passed
+    } else {
+        Outcome::Failed(exit.to_string())
+    };
+    Ok(Suite {
+        name: "example",
+        how: format!(
+            "cargo run -p {} --example {}",
+            cmd::FACADE_PACKAGE,
+            cmd::FIRST_PROGRAM
+        ),
+        outcome,
+    })
+}
+
+/// `cargo doc --workspace --no-deps` with warnings denied: every intra-doc link resolves and
+/// every doc comment parses.
+fn rustdoc_suite() -> Result<Suite> {
+    let mut command = cmd::cargo();
+    command
+        .args(["doc", "--workspace", "--no-deps", "--quiet"])
+        .env("RUSTDOCFLAGS", "-D warnings");
+    let exit = cmd::status(&mut command)?;
+    let outcome = if exit.success() {
+        Outcome::Passed
+    } else {
+        Outcome::Failed(exit.to_string())
+    };
+    Ok(Suite {
+        name: "rustdoc",
+        how: "cargo doc --workspace --no-deps, RUSTDOCFLAGS=-D warnings".to_owned(),
         outcome,
     })
 }
