@@ -171,20 +171,14 @@ fn python_suites(root: &Path, emulator: &Path, target_dir: &Path) -> Vec<Suite> 
             Outcome::Skipped(why.to_owned()),
         );
     }
-    let wheel = match crate::wheel::build(
-        root,
-        crate::wheel::Profile::Debug,
-        &target_dir.join(TEST_WHEEL_DIR),
-        None,
-    ) {
-        Ok(mut wheels) => wheels.remove(0),
+    let (wheel, python) = match install_test_wheel(root, target_dir) {
+        Ok(built) => built,
         Err(error) => {
-            let why = format!("building the wheel: {error:#}");
+            let why = format!("building and installing the wheel: {error:#}");
             return both(Outcome::Failed(why.clone()), Outcome::Failed(why));
         }
     };
-    crate::wheel::print_wheel(&wheel);
-    let pytest = run_pytest(root, emulator, &wheel.path)
+    let pytest = run_pytest(root, emulator, &python)
         .unwrap_or_else(|error| Outcome::Failed(format!("{error:#}")));
     let install = install_check(
         root,
@@ -286,18 +280,22 @@ pub fn in_venv(root: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
     command
 }
 
-/// Builds pybind and installs it into `.venv` (`maturin develop`), creating the environment
-/// when missing; returns the environment's interpreter.
-pub fn develop_pybind(root: &Path) -> Result<PathBuf> {
-    let python = venv_python(root)?;
-    let maturin = root.join(".venv/bin/maturin");
-    cmd::run(in_venv(root, &maturin).args(["develop", "--manifest-path", "pybind/Cargo.toml"]))
-        .context("building and installing pybind with maturin develop")?;
-    Ok(python)
-}
-
-/// Installs `wheel` into `.venv` (replacing any earlier build of the package) and runs pytest.
-fn run_pytest(root: &Path, emulator: &Path, wheel: &Path) -> Result<Outcome> {
+/// Builds the package's wheel as `cargo xtask test` does (`cargo xtask wheel`'s build in the
+/// debug profile, into `target/wheels-debug/`) and installs it into `.venv` (replacing any
+/// earlier build of the package), creating the environment when missing; returns the wheel and
+/// the environment's interpreter.
+pub fn install_test_wheel(
+    root: &Path,
+    target_dir: &Path,
+) -> Result<(crate::wheel::Wheel, PathBuf)> {
+    let mut wheels = crate::wheel::build(
+        root,
+        crate::wheel::Profile::Debug,
+        &target_dir.join(TEST_WHEEL_DIR),
+        None,
+    )?;
+    let wheel = wheels.remove(0);
+    crate::wheel::print_wheel(&wheel);
     let python = venv_python(root)?;
     cmd::run(
         Command::new(&python)
@@ -310,11 +308,16 @@ fn run_pytest(root: &Path, emulator: &Path, wheel: &Path) -> Result<Outcome> {
                 "--no-deps",
                 "--force-reinstall",
             ])
-            .arg(wheel),
+            .arg(&wheel.path),
     )
     .context("installing the wheel into .venv")?;
+    Ok((wheel, python))
+}
+
+/// pytest on the package installed in `.venv`.
+fn run_pytest(root: &Path, emulator: &Path, python: &Path) -> Result<Outcome> {
     let exit = cmd::status(
-        in_venv(root, &python)
+        in_venv(root, python)
             .args(["-m", "pytest", "pybind/tests"])
             .env(DRIVER_ENV, emulator),
     )?;
