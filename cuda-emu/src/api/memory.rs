@@ -395,6 +395,8 @@ fn copy(
         }
         let d = st.resolve(dst, n64.max(1), dst_host, function, r)?;
         let sr = st.resolve(src, n64.max(1), src_host, function, r)?;
+        // The call log's pointer is the device side: the source of a device-to-host copy.
+        info.alloc = if dst_host && !src_host { sr.id } else { d.id };
         if n == 0 {
             return Ok(());
         }
@@ -513,6 +515,7 @@ fn memset(
             return Ok(());
         }
         let d = st.resolve(dst, len.max(1), false, function, r)?;
+        info.alloc = d.id;
         if n == 0 {
             return Ok(());
         }
@@ -600,7 +603,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     ptr: CUdeviceptr,
 ) -> CUresult {
     let attr = attribute as u32;
-    entry("cuPointerGetAttribute", None, Some(ptr), |_| {
+    entry("cuPointerGetAttribute", None, Some(ptr), |info| {
         need(data)?;
         let st = initialized()?;
         // SAFETY: the caller's storage for the attribute (driver contract).
@@ -621,6 +624,7 @@ pub(crate) unsafe fn pointer_attribute(st: &State, attr: u32, ptr: u64, data: *m
     {
         let start = st.find_live(ptr).ok_or(codes::BAD_POINTER)?;
         let a = &st.allocs[&start];
+        info.alloc = Some(a.id);
         let host_accessible = a.kind.host_accessible(a.host);
         let pool_managed = a
             .pool
