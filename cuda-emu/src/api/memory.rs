@@ -606,6 +606,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     entry("cuPointerGetAttribute", None, Some(ptr), |info| {
         need(data)?;
         let st = initialized()?;
+        info.alloc = st.find_live(ptr).and_then(|start| st.alloc_id(start));
         // SAFETY: the caller's storage for the attribute (driver contract).
         unsafe { pointer_attribute(&st, attr, ptr, data) }
     })
@@ -624,7 +625,6 @@ pub(crate) unsafe fn pointer_attribute(st: &State, attr: u32, ptr: u64, data: *m
     {
         let start = st.find_live(ptr).ok_or(codes::BAD_POINTER)?;
         let a = &st.allocs[&start];
-        info.alloc = Some(a.id);
         let host_accessible = a.kind.host_accessible(a.host);
         let pool_managed = a
             .pool
