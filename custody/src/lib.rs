@@ -31,7 +31,12 @@
 //! `target/debug/libcuda_emu.so`) to run any custody program without a GPU. Every example in
 //! these docs runs on it (`cargo xtask test`).
 
-#![forbid(unsafe_code)]
+// `deny`, with one `allow`: wrapping a cudarc stream (`cudarc`, behind its feature) hands its raw
+// `CUstream` to `handles::raw::wrap_stream`, keeping the cudarc stream alive as the owner.
+#![deny(unsafe_code)]
+
+#[cfg(feature = "cudarc")]
+pub mod cudarc;
 
 /// The handle layer: every CUDA resource custody owns, the deallocation recipe, teardown in
 /// the recipe's context, cleanup reports and deferred cleanup (`handles/DESIGN.md`).

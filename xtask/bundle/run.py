@@ -17,8 +17,8 @@ What it does:
      install check: pip installs the bundled wheel into a fresh virtual environment (so pip
      checks its tags against this host's glibc and Python) and runs
      python/smoke/installed_wheel.py there against the real driver;
-  5. runs the demo: the Rust hand-off example and the facade's new-user program
-     (first_program) against the real driver and the emulator, the
+  5. runs the demo: the Rust hand-off example, the facade's new-user program (first_program)
+     and its cudarc example (cudarc_interop) against the real driver and the emulator, the
      Python one (examples/handoff.py, with the bundled wheel) likewise, and the differential
      script (examples/differential.py: custody and cuda.core side by side) against the real
      driver; their output goes to --out/demo/ (differential.txt and differential.json there);
@@ -315,6 +315,11 @@ def run_demo(manifest, real_ok, driver_path, emulator_path, emulator_ok, out_dir
     first = demo.get("rust", {}).get("first_program")
     if first:
         rows.append(both("first_program (Rust)", [HERE / first], lambda env: env))
+    # cudarc next to custody (custody/examples/cudarc_interop.rs): a kernel launch on the real
+    # driver; on the emulator it says it skipped (launches are not emulated).
+    interop = demo.get("rust", {}).get("cudarc_interop")
+    if interop:
+        rows.append(both("cudarc_interop (Rust)", [HERE / interop], lambda env: env))
     scripts = demo.get("python", {})
     with unpacked_wheels(manifest) as site:
         if site is None:

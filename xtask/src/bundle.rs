@@ -31,8 +31,9 @@ const MAX_BUNDLE_BYTES: u64 = 50 * 1024 * 1024;
 const EXCLUDED_PACKAGES: &[&str] = &["xtask", cmd::EMU_PACKAGE, "cuda-custody-test-support"];
 
 /// The Rust examples the bundle carries (built by the same `cargo test --no-run`, which builds
-/// every example), as `examples/<name>`: the demo and the facade's new-user program.
-const BUNDLED_EXAMPLES: &[&str] = &["handoff", cmd::FIRST_PROGRAM];
+/// every example), as `examples/<name>`: the demo, the facade's new-user program, and its cudarc
+/// example (built because the facade's `gpu` feature turns on `cudarc`).
+const BUNDLED_EXAMPLES: &[&str] = &["handoff", cmd::FIRST_PROGRAM, cmd::CUDARC_EXAMPLE];
 
 /// The Python scripts of `examples/` the bundle carries: the demo, the differential script and
 /// their helper.

@@ -22,6 +22,9 @@ pub const FACADE_PACKAGE: &str = "cuda-custody";
 /// The facade's new-user program (`custody/examples/first_program.rs`), run by `cargo xtask
 /// test` on the emulator and by the GPU bundle on the real driver.
 pub const FIRST_PROGRAM: &str = "first_program";
+/// The facade's cudarc example (`custody/examples/cudarc_interop.rs`, `cudarc` feature): a
+/// kernel launch on a real GPU, a stated skip on the emulator.
+pub const CUDARC_EXAMPLE: &str = "cudarc_interop";
 
 /// The workspace root (the folder above `xtask/`).
 ///
