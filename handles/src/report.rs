@@ -105,8 +105,8 @@ impl fmt::Display for CleanupError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}: {}(0x{:x}) on stream 0x{:x} in context 0x{:x}",
-            self.resource, self.operation, self.ptr, self.stream, self.context
+            "{}(0x{:x}) [{}] on stream 0x{:x} in context 0x{:x}",
+            self.operation, self.ptr, self.resource, self.stream, self.context
         )?;
         f.write_str(match self.step {
             CleanupStep::ActivateContext => ": making its context current failed",
@@ -407,7 +407,7 @@ mod tests {
         .to_string();
         assert!(
             text.starts_with(
-                "pool allocation: cuMemFreeAsync(0x1000) on stream 0x1 in context 0xabc failed: "
+                "cuMemFreeAsync(0x1000) [pool allocation] on stream 0x1 in context 0xabc failed: "
             ),
             "{text}"
         );

@@ -754,7 +754,7 @@ fn deallocator_failure_is_reported_on_drop_and_returned_on_release() {
     assert!(
         errors[0]
             .to_string()
-            .starts_with("FailingResource: deallocate(0x3000)"),
+            .starts_with("deallocate(0x3000) [FailingResource]"),
         "{}",
         errors[0]
     );
