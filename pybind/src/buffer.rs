@@ -13,7 +13,7 @@ use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple, PyType};
 use crate::errors::{closed, expected, Error};
 use crate::ffi::{dlpack_capsule, owned_allocation, unowned_handle};
 use crate::graph::PyGraphBuilder;
-use crate::report::{finalizing, PyObjRef};
+use crate::report::{release, PyObjRef};
 use crate::resource::{pool_of, resolve};
 use crate::shared::SharedBuffer;
 use crate::stream::{accept_stream, default_stream_handle};
@@ -101,14 +101,13 @@ impl Drop for PyBuffer {
         let Some(buffer) = self.inner.take() else {
             return;
         };
-        if buffer.is_closed() || finalizing() {
-            // Nothing to free, or the interpreter is shutting down (no GIL release then: a
-            // thread that re-attaches during finalization may be stopped by CPython).
+        if buffer.is_closed() {
             drop(buffer);
             return;
         }
-        // Deallocation always runs attached; the free itself runs with the GIL released.
-        Python::attach(|py| py.detach(move || drop(buffer)));
+        // Deallocation always runs attached; the free itself runs with the GIL released
+        // (except on a thread that may not attach again once the interpreter is exiting).
+        Python::attach(|py| release(py, move || drop(buffer)));
     }
 }
 
@@ -307,7 +306,7 @@ impl PyBuffer {
             None => None,
         };
         drop(crate::errors::take_deallocate_error());
-        let result = py.detach(|| match &stream {
+        let result = release(py, || match &stream {
             Some(stream) => buffer.close_on(stream),
             None => buffer.close(),
         });

@@ -55,6 +55,7 @@ fn _custody(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(drain_deferred_cleanup, m)?)?;
     m.add_function(wrap_pyfunction!(_cleanup_report_counts, m)?)?;
     m.add_function(wrap_pyfunction!(report::at_python_exit, m)?)?;
+    report::init(py)?;
     report::install_hooks();
     let at_exit = m.getattr("at_python_exit")?;
     py.import("atexit")?.call_method1("register", (at_exit,))?;

@@ -257,8 +257,13 @@ impl MemoryResource for PyResourceAdapter {
             })
         });
         match outcome {
-            // Interpreter shutting down: the memory is leaked, never freed by half a Python.
-            None => Ok(()),
+            // The interpreter is finalizing (or this thread may not attach any more): the
+            // memory is leaked, never freed by half a Python, and the skip is reported.
+            None => Err(MemoryError::Handle(HandleError::deallocator(format!(
+                "{}.deallocate(0x{ptr:x}, {size}) was not called: the interpreter is shutting \
+                 down, so the memory is leaked",
+                self.type_name
+            )))),
             Some(Ok(())) => Ok(()),
             Some(Err(message)) => Err(MemoryError::Handle(HandleError::deallocator(message))),
         }
