@@ -305,7 +305,6 @@ impl PyBuffer {
             Some(stream) => Some(accept_stream(stream)?),
             None => None,
         };
-        drop(crate::errors::take_deallocate_error());
         let result = release(py, || match &stream {
             Some(stream) => buffer.close_on(stream),
             None => buffer.close(),

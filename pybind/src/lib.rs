@@ -6,6 +6,7 @@
 //!   thread, interpreter shutdown.
 //! - `stream`: `Stream`, `Event`, `Context`, default streams, device-level functions.
 //! - `resource`: `MemoryResource` (subclassable in Python) and the built-in resources.
+//! - `nested`: one Python `deallocate` at a time per thread (a release inside one is queued).
 //! - `buffer`: `Buffer`, `ManagedBuffer`, DLPack, IPC descriptors; `shared`: the closable,
 //!   shared state of a Python `Buffer` over the Rust buffer it holds.
 //! - `graph`: `GraphBuilder` (stream capture that retains buffers) and `Graph`.
@@ -20,6 +21,7 @@ mod buffer;
 mod errors;
 mod ffi;
 mod graph;
+mod nested;
 mod report;
 mod resource;
 mod shared;

@@ -35,7 +35,7 @@ use pyo3::marker::Ungil;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::errors::{take_deallocate_error, CUDAWarning};
+use crate::errors::CUDAWarning;
 
 /// Set by the `atexit` callback: the interpreter has begun to exit.
 static EXIT_STARTED: AtomicBool = AtomicBool::new(false);
@@ -161,8 +161,6 @@ impl Drop for PyObjRef {
 /// stderr.
 pub(crate) fn report(message: &str) {
     let delivered = with_python(|py| {
-        // The exception a Python `deallocate` raised is in the message already.
-        drop(take_deallocate_error());
         let pending = PyErr::take(py);
         if let Err(error) = warn(py, message) {
             error.write_unraisable(py, None);

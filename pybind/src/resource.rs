@@ -24,11 +24,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::buffer::PyBuffer;
-use crate::errors::{expected, stash_deallocate_error, Error};
+use crate::errors::{expected, Error};
 use crate::ffi::{owned_allocation, with_borrowed_fd};
 use crate::graph::{allocate_in, PyGraphBuilder};
-use crate::report::{with_python, PyObjRef};
-use crate::stream::{accept_stream, PyStream};
+use crate::nested;
+use crate::report::PyObjRef;
+use crate::stream::accept_stream;
 
 /// The base class of memory resources. Subclass it in Python and implement `allocate`,
 /// `deallocate`, `is_device_accessible`, `is_host_accessible` and `device_id`.
@@ -210,8 +211,8 @@ fn allocate_arguments<'py>(
 /// (attached to the interpreter for that call only); where the memory can be used is read once,
 /// when the buffer is adopted.
 pub(crate) struct PyResourceAdapter {
-    object: PyObjRef,
-    type_name: String,
+    object: Arc<PyObjRef>,
+    type_name: Arc<str>,
     device: bool,
     host: bool,
     device_id: Option<i32>,
@@ -237,36 +238,20 @@ impl MemoryResource for PyResourceAdapter {
     ) -> Result<(), MemoryError> {
         // The Python resource frees by its own means: it gets the address and size.
         let (ptr, size) = allocation.into_raw();
-        let outcome = with_python(|py| -> Result<(), String> {
-            let call = || -> PyResult<()> {
-                let kwargs = PyDict::new(py);
-                kwargs.set_item("stream", PyStream::new(stream.clone()))?;
-                self.object
-                    .get()
-                    .bind(py)
-                    .call_method("deallocate", (ptr, size), Some(&kwargs))?;
-                Ok(())
-            };
-            call().map_err(|error| {
-                let text = format!(
-                    "{}.deallocate(0x{ptr:x}, {size}) raised {error}",
-                    self.type_name
-                );
-                stash_deallocate_error(error);
-                text
-            })
-        });
-        match outcome {
-            // The interpreter is finalizing (or this thread may not attach any more): the
-            // memory is leaked, never freed by half a Python, and the skip is reported.
-            None => Err(MemoryError::Handle(HandleError::deallocator(format!(
-                "{}.deallocate(0x{ptr:x}, {size}) was not called: the interpreter is shutting \
-                 down, so the memory is leaked",
-                self.type_name
-            )))),
-            Some(Ok(())) => Ok(()),
-            Some(Err(message)) => Err(MemoryError::Handle(HandleError::deallocator(message))),
-        }
+        // Queued instead when a Python deallocate is running on this thread (D10).
+        nested::deallocate(nested::Deallocate {
+            resource: Arc::clone(&self.object),
+            type_name: Arc::clone(&self.type_name),
+            ptr,
+            size,
+            stream: stream.clone(),
+        })
+        .map_err(|failure| {
+            // Raised: the exception travels in the error, for an explicit close to re-raise.
+            // Skipped: the interpreter is finalizing (or this thread may not attach any more),
+            // the memory is leaked, never freed by half a Python, and the skip is reported.
+            MemoryError::Handle(HandleError::deallocator(failure))
+        })
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -319,8 +304,8 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Arc<dyn MemoryResource>
         Err(_) => false,
     };
     Ok(Arc::new(PyResourceAdapter {
-        object: PyObjRef::new(mr.clone().unbind()),
-        type_name: mr.get_type().name()?.to_string(),
+        object: Arc::new(PyObjRef::new(mr.clone().unbind())),
+        type_name: Arc::from(mr.get_type().name()?.to_string()),
         device,
         host,
         device_id,

@@ -317,7 +317,12 @@ class MemoryResource:
     ``is_host_accessible`` and ``device_id``. Its ``deallocate`` runs at teardown from whatever
     thread drops the buffer, with the recipe's context current and the GIL held only for that
     call; an exception from it is reported as a :class:`CUDAWarning` (re-raised by an explicit
-    ``close()``). During interpreter shutdown it is not called (the memory is leaked).
+    ``close()``). It is never entered on a thread where a ``deallocate`` call is already
+    running: a buffer released inside one (its last reference dropped, a garbage collection, a
+    ``close()``) is freed right after that call returns, on the same thread, in its own recipe's
+    context (a failure then is a :class:`CUDAWarning`). Once the interpreter is finalizing it is
+    not called: the memory is leaked and that is reported on stderr (``atexit`` handlers still
+    free through it).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
