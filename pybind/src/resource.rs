@@ -9,7 +9,7 @@
 //! the built-in rule.
 
 use std::os::fd::IntoRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use handles::sys_types::{CUdeviceptr, CUmemPool_attribute};
 use handles::{HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle};
@@ -23,7 +23,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::buffer::PyBuffer;
+use crate::buffer::{Kept, PyBuffer};
 use crate::errors::{expected, Error};
 use crate::ffi::{owned_allocation, with_borrowed_fd};
 use crate::graph::{allocate_in, PyGraphBuilder};
@@ -101,7 +101,7 @@ impl PyMemoryResource {
             buffer,
             Some(slf.clone().into_any().unbind()),
             this.managed,
-            None,
+            Kept::default(),
         )
     }
 
@@ -271,12 +271,16 @@ impl MemoryResource for PyResourceAdapter {
     }
 }
 
+/// What [`resolve`] finds: the Rust resource, and for an adapter a `Weak` to its Python object.
+pub(crate) type Resolved = (Arc<dyn MemoryResource>, Option<Weak<PyObjRef>>);
+
 /// The Rust resource that will own memory adopted with `mr=`: a built-in's own (unless a Python
-/// subclass overrides `deallocate`), or an adapter calling the Python object.
+/// subclass overrides `deallocate`), or an adapter calling the Python object, with a `Weak` to
+/// the reference the adapter holds (for the collector).
 ///
 /// # Errors
 /// `TypeError` when `mr` is not a `MemoryResource`; what reading its properties raises.
-pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Arc<dyn MemoryResource>> {
+pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Resolved> {
     let py = mr.py();
     let base = mr
         .cast::<PyMemoryResource>()
@@ -285,7 +289,7 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Arc<dyn MemoryResource>
         let own = mr.get_type().getattr("deallocate")?;
         let builtin = py.get_type::<PyMemoryResource>().getattr("deallocate")?;
         if own.is(&builtin) {
-            return Ok(Arc::clone(native));
+            return Ok((Arc::clone(native), None));
         }
     }
     let device: bool = mr.getattr("is_device_accessible")?.extract()?;
@@ -303,14 +307,17 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Arc<dyn MemoryResource>
         Ok(value) => value.extract()?,
         Err(_) => false,
     };
-    Ok(Arc::new(PyResourceAdapter {
-        object: Arc::new(PyObjRef::new(mr.clone().unbind())),
+    let object = Arc::new(PyObjRef::new(mr.clone().unbind()));
+    let weak = Arc::downgrade(&object);
+    let adapter: Arc<dyn MemoryResource> = Arc::new(PyResourceAdapter {
+        object,
         type_name: Arc::from(mr.get_type().name()?.to_string()),
         device,
         host,
         device_id,
         managed,
-    }))
+    });
+    Ok((adapter, Some(weak)))
 }
 
 /// A device ordinal given as an `int` or a `Device`.

@@ -131,6 +131,11 @@ class Buffer:
     directly (``RuntimeError``). Any thread may use, close or drop it. Closed objects raise
     ``RuntimeError("Buffer has been closed")`` except for ``close()``, ``handle``, ``size``,
     ``is_closed``, ``memory_resource``, ``owner``, ``is_mapped`` and ``repr``.
+
+    A reference cycle through a buffer (an ``owner=`` or a memory resource that holds the
+    buffer) is collected by ``gc.collect()``; a free through a Python ``deallocate`` then runs
+    before any object of the cycle is cleared, with the recorded stream and the recipe's
+    context.
     """
 
     @staticmethod
