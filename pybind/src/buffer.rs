@@ -15,7 +15,7 @@ use crate::errors::{closed, expected, Error};
 use crate::ffi::{dlpack_capsule, owned_allocation, unowned_handle};
 use crate::graph::PyGraphBuilder;
 use crate::report::{release, PyObjRef};
-use crate::resource::{pool_of, resolve};
+use crate::resource::{pool_of, python_device_id, resolve};
 use crate::shared::SharedBuffer;
 use crate::stream::{accept_stream, default_stream_handle};
 
@@ -109,18 +109,34 @@ impl PyBuffer {
         lock(&self.mr).as_ref().map(|mr| mr.clone_ref(py))
     }
 
+    /// The memory's device: a Python resource that frees it is asked now (its `device_id` is
+    /// read only when asked); otherwise what the memory knows. `None` for no device.
+    fn device_of(&self, py: Python<'_>, buffer: &Buffer) -> PyResult<Option<i32>> {
+        if self.kept.resource.is_some() {
+            if let Some(mr) = self.memory_resource_object(py) {
+                let id = python_device_id(mr.bind(py))?;
+                return Ok((id >= 0).then_some(id));
+            }
+        }
+        Ok(py.detach(|| buffer.device_id()).map_err(Error::from)?)
+    }
+
     fn dlpack_device_of(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
         let buffer = self.open(py)?;
-        let (device, host, managed, id) = py
+        let (device, host, managed) = py
             .detach(|| -> Result<_, MemoryError> {
                 Ok((
                     buffer.is_device_accessible()?,
                     buffer.is_host_accessible()?,
                     buffer.is_managed()?,
-                    buffer.device_id()?,
                 ))
             })
             .map_err(Error::from)?;
+        let id = if device || managed {
+            self.device_of(py, &buffer)?
+        } else {
+            None
+        };
         Ok(match (device, host, managed) {
             (_, _, true) => (DL_CUDA_MANAGED, id.unwrap_or(0)),
             (true, true, false) => (DL_CUDA_HOST, 0),
@@ -529,10 +545,7 @@ impl PyBuffer {
     #[getter]
     fn device_id(&self, py: Python<'_>) -> PyResult<i32> {
         let buffer = self.open(py)?;
-        Ok(py
-            .detach(|| buffer.device_id())
-            .map_err(Error::from)?
-            .unwrap_or(-1))
+        Ok(self.device_of(py, &buffer)?.unwrap_or(-1))
     }
 
     /// Whether the buffer was imported from another process.

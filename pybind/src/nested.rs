@@ -28,7 +28,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::report::{report, with_python, PyObjRef};
-use crate::stream::PyStream;
+use crate::stream::{default_stream, PyStream};
 
 /// One call of a Python memory resource's `deallocate(ptr, size, stream=...)`.
 pub(crate) struct Deallocate {
@@ -38,7 +38,9 @@ pub(crate) struct Deallocate {
     pub(crate) type_name: Arc<str>,
     pub(crate) ptr: u64,
     pub(crate) size: usize,
-    pub(crate) stream: StreamHandle,
+    /// The recipe's stream; `None` for host-only memory, which has no recipe: `deallocate`
+    /// then gets `default_stream()`.
+    pub(crate) stream: Option<StreamHandle>,
 }
 
 /// A queued call and the context its release made current for it (`None`: none was).
@@ -98,7 +100,10 @@ impl Deallocate {
     fn invoke(&self) -> Result<(), Failure> {
         let outcome = with_python(|py| -> PyResult<()> {
             let kwargs = PyDict::new(py);
-            kwargs.set_item("stream", PyStream::new(self.stream.clone()))?;
+            match &self.stream {
+                Some(stream) => kwargs.set_item("stream", PyStream::new(stream.clone()))?,
+                None => kwargs.set_item("stream", default_stream(py)?)?,
+            }
             self.resource.get().bind(py).call_method(
                 "deallocate",
                 (self.ptr, self.size),
@@ -143,8 +148,12 @@ pub(crate) fn deallocate(call: Deallocate) -> Result<(), Failure> {
         // Thread-local storage is gone (the thread is exiting): nothing can be queued.
         Err(_) => return call.invoke(),
         Ok(true) => {
-            // The release made the recipe's context current for this call: keep it.
-            let context = ContextHandle::current().ok().flatten();
+            // The release made the recipe's context current for this call: keep it (host-only
+            // memory has no recipe, and needs no context).
+            let context = match call.stream {
+                Some(_) => ContextHandle::current().ok().flatten(),
+                None => None,
+            };
             let queued = Queued { call, context };
             let _ = QUEUE.try_with(|queue| queue.borrow_mut().push_back(queued));
             return Ok(());

@@ -208,14 +208,15 @@ fn allocate_arguments<'py>(
 }
 
 /// A Python memory resource seen from Rust: `deallocate` calls the object's `deallocate`
-/// (attached to the interpreter for that call only); where the memory can be used is read once,
-/// when the buffer is adopted.
+/// (attached to the interpreter for that call only); whether the memory is device-, host- or
+/// managed memory is read once, when the buffer is adopted. `device_id` is not read then (it
+/// may raise, or not be known yet): the adapter reports none, so no stream is checked against
+/// it, and `Buffer.device_id` asks the Python object when asked.
 pub(crate) struct PyResourceAdapter {
     object: Arc<PyObjRef>,
     type_name: Arc<str>,
     device: bool,
     host: bool,
-    device_id: Option<i32>,
     managed: bool,
 }
 
@@ -244,7 +245,9 @@ impl MemoryResource for PyResourceAdapter {
             type_name: Arc::clone(&self.type_name),
             ptr,
             size,
-            stream: stream.clone(),
+            // Host-only memory has no recipe: its deallocate gets `default_stream()`, as in
+            // cuda.core, and no context is made current for it.
+            stream: self.device.then(|| stream.clone()),
         })
         .map_err(|failure| {
             // Raised: the exception travels in the error, for an explicit close to re-raise.
@@ -263,7 +266,7 @@ impl MemoryResource for PyResourceAdapter {
     }
 
     fn device_id(&self) -> Option<i32> {
-        self.device_id
+        None
     }
 
     fn is_managed(&self) -> bool {
@@ -294,15 +297,6 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Resolved> {
     }
     let device: bool = mr.getattr("is_device_accessible")?.extract()?;
     let host: bool = mr.getattr("is_host_accessible")?.extract()?;
-    let device_id: Option<i64> = mr.getattr("device_id")?.extract()?;
-    let device_id = match device_id {
-        None => None,
-        Some(id) if id < 0 => None,
-        Some(id) => Some(
-            i32::try_from(id)
-                .map_err(|_| PyValueError::new_err(format!("invalid device_id {id}")))?,
-        ),
-    };
     let managed: bool = match mr.getattr("is_managed") {
         Ok(value) => value.extract()?,
         Err(_) => false,
@@ -314,10 +308,24 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Resolved> {
         type_name: Arc::from(mr.get_type().name()?.to_string()),
         device,
         host,
-        device_id,
         managed,
     });
     Ok((adapter, Some(weak)))
+}
+
+/// A Python memory resource's `device_id`, read now: -1 for none (negative or `None`).
+///
+/// # Errors
+/// What reading the property raises; `TypeError` for a non-int; `ValueError` out of range.
+pub(crate) fn python_device_id(mr: &Bound<'_, PyAny>) -> PyResult<i32> {
+    let id: Option<i64> = mr.getattr("device_id")?.extract()?;
+    match id {
+        None => Ok(-1),
+        Some(id) if id < 0 => Ok(-1),
+        Some(id) => {
+            i32::try_from(id).map_err(|_| PyValueError::new_err(format!("invalid device_id {id}")))
+        }
+    }
 }
 
 /// A device ordinal given as an `int` or a `Device`.

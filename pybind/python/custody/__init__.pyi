@@ -230,7 +230,8 @@ class Buffer:
         """Whether the memory is managed."""
     @property
     def device_id(self) -> int:
-        """The device the memory belongs to; -1 for memory bound to no device."""
+        """The device the memory belongs to; -1 for memory bound to no device. For memory a
+        Python resource frees, that resource's ``device_id``, read now (it may raise)."""
     @property
     def is_mapped(self) -> bool:
         """Whether the buffer was imported from another process."""
@@ -319,9 +320,12 @@ class MemoryResource:
 
     A subclass implements ``allocate`` (usually returning ``Buffer.from_handle(ptr, size,
     mr=self, stream=stream)``), ``deallocate``, ``is_device_accessible``,
-    ``is_host_accessible`` and ``device_id``. Its ``deallocate`` runs at teardown from whatever
-    thread drops the buffer, with the recipe's context current and the GIL held only for that
-    call; an exception from it is reported as a :class:`CUDAWarning` (re-raised by an explicit
+    ``is_host_accessible`` and ``device_id`` (read only when asked, never at adoption). Its
+    ``deallocate`` runs at teardown from whatever thread drops the buffer, with the recipe's
+    context current and the GIL held only for that call; a host-only resource
+    (``is_device_accessible`` False) has no recipe: adoption needs no context, any ``stream``
+    given has nothing to order, and ``deallocate`` receives ``default_stream()`` with no
+    context made current; an exception from it is reported as a :class:`CUDAWarning` (re-raised by an explicit
     ``close()``). It is never entered on a thread where a ``deallocate`` call is already
     running: a buffer released inside one (its last reference dropped, a garbage collection, a
     ``close()``) is freed right after that call returns, on the same thread, in its own recipe's
