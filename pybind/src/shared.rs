@@ -17,7 +17,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use handles::{DeallocationRecipe, StreamHandle};
+use handles::{DeallocationRecipe, DefaultStream, StreamHandle};
 use memory::{Buffer, MemoryError};
 use pyo3::Python;
 
@@ -134,10 +134,37 @@ impl SharedBuffer {
 fn close_taken(taken: Option<Arc<Buffer>>) -> Result<(), MemoryError> {
     match taken.map(Arc::try_unwrap) {
         None => Ok(()),
+        Some(Ok(buffer)) if buffer.is_mapped() => close_import(buffer),
         Some(Ok(buffer)) => buffer.close(),
         Some(Err(shared)) => {
             drop(shared);
             Ok(())
         }
     }
+}
+
+/// Closes an imported buffer and waits for its deallocation stream, so that when `close()`
+/// returns this import's part of the unmap has run (and the unmap itself, when it held the
+/// process's mapping last). The driver requires an importing process's free to have *completed*
+/// before the exporting process frees the allocation; with this, a consumer that closes its
+/// imports and then tells the exporter (a queue, a pipe) keeps that rule without knowing which
+/// stream the unmap went to. A stream that carries its context is synchronised; a default-stream
+/// token, its recipe context's legacy stream (which waits for every blocking stream of the
+/// context, docs/driver-facts.md F14).
+///
+/// Driver calls: those of the close, then `cuStreamSynchronize`.
+fn close_import(buffer: Buffer) -> Result<(), MemoryError> {
+    let wait = buffer.handle().recipe().map(|recipe| {
+        let stream = recipe.stream();
+        if stream.context().is_some() {
+            stream.clone()
+        } else {
+            StreamHandle::bound_default_stream(DefaultStream::Legacy, recipe.context())
+        }
+    });
+    buffer.close()?;
+    if let Some(stream) = wait {
+        stream.synchronize()?;
+    }
+    Ok(())
 }

@@ -181,7 +181,10 @@ class Buffer:
         a bad stream leaves the buffer open with its old recipe). A failing free raises
         (:class:`CUDAError`, or what a Python ``deallocate`` raised); the buffer is closed either
         way. May block for memory whose free is synchronous in the driver (pinned, managed,
-        ``cuMemAlloc``); stream-ordered frees do not wait.
+        ``cuMemAlloc``); stream-ordered frees do not wait, except an imported buffer's
+        (``is_mapped``): its close waits for its deallocation stream, so the unmap has run when
+        it returns (the driver requires an importing process's free to have completed before the
+        exporting process frees the allocation: close imports, then tell the exporter).
         """
     def set_deallocation_stream(self, stream: StreamLike) -> None:
         """Records the free on ``stream`` from now on: the whole recipe is replaced atomically,
