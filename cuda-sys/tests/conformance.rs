@@ -98,5 +98,9 @@ mod facts_graph;
 mod facts_reuse;
 #[path = "conformance/ipc.rs"]
 mod ipc;
+#[path = "conformance/ipc_events.rs"]
+mod ipc_events;
 #[path = "conformance/measured.rs"]
 mod measured;
+#[path = "conformance/queries.rs"]
+mod queries;
