@@ -20,7 +20,8 @@ that contradicts them is marked UNEXPECTED. cuda.core's cells are reported, neve
 are the reference, and where they differ from custody that is the point of the table.
 
 Exit status: 0 when every custody cell is as docs/decisions.md decides, 1 when one is not (or a
-scenario crashed), 2 when custody cannot be imported. Python 3.9+, standard library only.
+scenario crashed), 2 when custody cannot be imported. Python 3.11+ (custody's floor), standard
+library only.
 """
 
 import argparse

@@ -21,18 +21,21 @@
 pub use handles;
 pub use memory;
 
+/// The doors through which a raw address or driver handle enters custody (`unsafe`).
+pub use handles::raw;
+
 pub use memory::{
-    Buffer, CaptureMode, DeviceMemoryResource, DeviceMemoryResourceOptions, FillValue, Graph,
-    GraphBuilder, GraphExec, GraphMemoryResource, GraphNode, IpcBufferDescriptor,
-    LegacyPinnedMemoryResource, ManagedBuffer, ManagedMemoryResource, MemoryError, MemoryResource,
-    Ownership, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
-    SynchronousMemoryResource,
+    AdoptError, Buffer, CaptureMode, DeviceMemoryResource, DeviceMemoryResourceOptions,
+    DeviceSlice, DeviceSliceMut, FillValue, Graph, GraphBuilder, GraphExec, GraphMemoryResource,
+    GraphNode, IpcBufferDescriptor, LegacyPinnedMemoryResource, ManagedBuffer,
+    ManagedMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, Pod, PoolMemoryResource, SynchronousMemoryResource, Zeroable,
 };
 
 pub use handles::{
     cleanup_error_count, cleanup_warning_count, deferred_cleanup_pending, device_count,
     drain_deferred_cleanup, reset_cleanup_error_hook, reset_cleanup_warning_hook,
-    set_cleanup_error_hook, set_cleanup_warning_hook, AdoptError, CleanupError, CleanupWarning,
+    set_cleanup_error_hook, set_cleanup_warning_hook, CleanupError, CleanupWarning,
     CleanupWarningKind, ContextHandle, ContextKind, CudaError, CudaErrorCode, DeallocationRecipe,
     Deallocator, DefaultStream, DevicePtrHandle, DeviceRange, EventHandle, HandleError, LoadError,
     MemoryPoolHandle, OwnedAllocation, ReleaseKind, StreamHandle, EVENT_DISABLE_TIMING,

@@ -30,6 +30,7 @@ fn legacy_buffer_dropped_on_a_thread_with_no_context() {
     });
     ContextHandle::clear_current().unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
 
     let (worker, calls, after) = on_fresh_thread(move || {
         let me = tid();
@@ -68,7 +69,7 @@ fn legacy_buffer_dropped_on_a_thread_with_no_context() {
         assert_eq!(free.result, 0);
         assert_eq!(calls[3].context, a.raw() as u64, "the restore ran from A");
     }
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
     assert_no_hazards();
 }
 
@@ -82,6 +83,7 @@ fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let d = cuda_sys::driver().unwrap();
 
     // This thread's stack: [X, B], B current.
@@ -93,7 +95,7 @@ fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
     let from = mark();
     drop(buffer);
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(
             (free.thread, free.context, free.result),
             (me, a.raw() as u64, 0)
@@ -150,6 +152,7 @@ fn created_stream_buffer_dropped_with_no_context_runs_in_the_stream_context() {
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let raw_stream = stream.raw() as u64;
     drop(stream);
     let a2 = a.clone();
@@ -157,7 +160,7 @@ fn created_stream_buffer_dropped_with_no_context_runs_in_the_stream_context() {
         let from = mark();
         drop(buffer);
         with_emulator(|emu| {
-            let free = emu.only_call("cuMemFreeAsync", ptr, from);
+            let free = emu.only_call("cuMemFreeAsync", alloc, from);
             assert_eq!(
                 (free.context, free.stream, free.result),
                 (a2.raw() as u64, Some(raw_stream), 0)
@@ -186,6 +189,7 @@ fn created_context_recipe_is_kept_alive_and_used() {
     let buffer = DevicePtrHandle::alloc_async(128, &stream).unwrap();
     assert_eq!(buffer.recipe().unwrap().context(), &c);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let raw_context = c.raw() as u64;
     drop((c, stream));
     let from = mark();
@@ -199,7 +203,7 @@ fn created_context_recipe_is_kept_alive_and_used() {
     // `cuMemAllocAsync` takes from the device's current pool: device 0's default here.
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!((free.context, free.result), (raw_context, 0));
         let later: Vec<String> = emu
             .calls()
@@ -299,12 +303,13 @@ fn restore_failure_is_reported_after_a_successful_free() {
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     on_fresh_thread(move || {
         // 1st cuCtxSetCurrent activates A, the 2nd (the restore) fails.
         emu.inject_fault("cuCtxSetCurrent", 2, CudaErrorCode::INVALID_VALUE);
         let from = mark();
         drop(buffer);
-        assert_eq!(emu.only_call("cuMemFreeAsync", ptr, from).result, 0);
+        assert_eq!(emu.only_call("cuMemFreeAsync", alloc, from).result, 0);
         ContextHandle::clear_current().unwrap();
     });
     let errors = errors_for(ptr);
@@ -327,6 +332,7 @@ fn activation_failure_skips_the_free_and_reports() {
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     on_fresh_thread(move || {
         emu.inject_fault("cuCtxSetCurrent", 1, CudaErrorCode::INVALID_VALUE);
@@ -334,7 +340,7 @@ fn activation_failure_skips_the_free_and_reports() {
         assert_eq!(current_raw(), 0);
     });
     assert!(
-        emu.calls_for(ptr, from)
+        emu.calls_for(alloc, from)
             .iter()
             .all(|c| c.function != "cuMemFreeAsync"),
         "never freed in the wrong context"
@@ -436,6 +442,7 @@ fn synchronous_free_on_drop_never_blocks_and_is_ordered_by_an_event() {
     let buffer = DevicePtrHandle::alloc(512, &stream).unwrap();
     assert_eq!(buffer.kind(), ReleaseKind::Synchronous);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     assert_eq!(
         attributes(ptr).map(|at| (at.device_ordinal, at.is_managed)),
         Some((0, false)),
@@ -463,9 +470,9 @@ fn synchronous_free_on_drop_never_blocks_and_is_ordered_by_an_event() {
     );
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFree_v2", ptr, from);
+        let free = emu.only_call("cuMemFree_v2", alloc, from);
         assert_eq!((free.context, free.result), (a.raw() as u64, 0));
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(alloc));
     });
     assert_eq!(current_raw(), 0, "the drain restored this thread's binding");
     assert_no_hazards();
@@ -478,6 +485,7 @@ fn synchronous_free_is_done_by_the_worker_without_a_drain() {
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     assert!(attributes(ptr).is_some());
     let from = mark();
     drop(buffer);
@@ -495,7 +503,7 @@ fn synchronous_free_is_done_by_the_worker_without_a_drain() {
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(current_raw(), 0);
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFree_v2", ptr, from);
+        let free = emu.only_call("cuMemFree_v2", alloc, from);
         assert_ne!(free.thread, emu.thread_id(), "freed on the cleanup worker");
         assert_eq!((free.context, free.result), (a.raw() as u64, 0));
     });
@@ -509,6 +517,7 @@ fn synchronous_explicit_release_blocks_and_returns() {
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     assert!(attributes(ptr).is_some());
     let me = tid();
     let from = mark();
@@ -517,7 +526,7 @@ fn synchronous_explicit_release_blocks_and_returns() {
     assert_eq!(attributes(ptr), None, "freed by the time release returned");
     assert_eq!(current_raw(), 0);
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFree_v2", ptr, from);
+        let free = emu.only_call("cuMemFree_v2", alloc, from);
         assert_eq!(
             (free.thread, free.context, free.result),
             (me, a.raw() as u64, 0)
@@ -549,6 +558,7 @@ fn pinned_host_and_managed_frees_go_through_the_worker() {
     let managed = DevicePtrHandle::alloc_managed(256, 1, &stream).unwrap();
     assert_eq!(managed.kind(), ReleaseKind::Managed);
     let (host_ptr, managed_ptr) = (host.ptr(), managed.ptr());
+    let (host_alloc, managed_alloc) = (alloc_of(host_ptr), alloc_of(managed_ptr));
     assert!(attributes(host_ptr).is_some_and(|at| at.memory_type == MemoryType::Host));
     assert!(attributes(managed_ptr).is_some_and(|at| at.is_managed));
     let from = mark();
@@ -561,8 +571,8 @@ fn pinned_host_and_managed_frees_go_through_the_worker() {
     assert_eq!(attributes(managed_ptr), None, "managed memory freed");
     assert!(errors_for(host_ptr).is_empty() && errors_for(managed_ptr).is_empty());
     with_emulator(|emu| {
-        assert_eq!(emu.only_call("cuMemFreeHost", host_ptr, from).result, 0);
-        let managed_free = emu.only_call("cuMemFree_v2", managed_ptr, from);
+        assert_eq!(emu.only_call("cuMemFreeHost", host_alloc, from).result, 0);
+        let managed_free = emu.only_call("cuMemFree_v2", managed_alloc, from);
         assert_eq!(
             (managed_free.context, managed_free.result),
             (a.raw() as u64, 0)

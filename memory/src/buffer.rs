@@ -1,45 +1,19 @@
-//! [`Buffer`] (memory with its deallocation recipe, shareable across threads, closed once) and
-//! [`ManagedBuffer`]; adoption of foreign pointers ([`Buffer::from_handle`], [`Ownership`]);
-//! copies and fills.
+//! [`Buffer`] (memory with its deallocation recipe, an owned value closed by consuming it) and
+//! [`ManagedBuffer`]; adoption of memory allocated elsewhere ([`Buffer::adopt`], taking an
+//! `OwnedAllocation`) and buffers over handles ([`Buffer::from_parts`]: views, owner-kept
+//! memory, a resource's own handles); copies and fills.
 
-use std::any::Any;
 use std::fmt;
-use std::ops::Deref;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
+use bytemuck::Pod;
 use handles::ops::{self, MemoryType};
 use handles::sys_types::CUdeviceptr;
-use handles::{DevicePtrHandle, HandleError, ReleaseKind, StreamHandle};
+use handles::{DevicePtrHandle, OwnedAllocation, ReleaseKind, StreamHandle};
 
-use crate::resource::{
-    check_size, check_stream_device, device_error, stream_device, taken_on_trust,
-};
-use crate::{MemoryError, MemoryResource};
-
-/// Who owns memory handed to [`Buffer::from_handle`], and so what happens when the buffer is
-/// closed or dropped.
-pub enum Ownership {
-    /// Nobody, as far as the buffer knows: nothing happens at close, and the caller keeps the
-    /// memory alive while the buffer is used.
-    Borrowed,
-    /// `owner` keeps the memory alive: it is dropped with the buffer's last reference and
-    /// nothing is freed.
-    Owner(Box<dyn Any + Send + Sync>),
-    /// The buffer owns the memory: the resource frees it at teardown
-    /// (`deallocate(ptr, size, stream)` with the recorded stream, or the resource's own release
-    /// rule; see [`MemoryResource::adopt`]).
-    MemoryResource(Arc<dyn MemoryResource>),
-}
-
-impl fmt::Debug for Ownership {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Ownership::Borrowed => "Borrowed",
-            Ownership::Owner(_) => "Owner(..)",
-            Ownership::MemoryResource(_) => "MemoryResource(..)",
-        })
-    }
-}
+use crate::resource::{check_size, check_stream_device, device_error};
+use crate::slice::{copy, fill, from_host, to_host, Bytes};
+use crate::{AdoptError, DeviceSlice, DeviceSliceMut, MemoryError, MemoryResource};
 
 /// Where memory can be used from, fixed when a buffer is made (from its memory resource) or
 /// read once from the driver's pointer attributes (adopted views).
@@ -87,35 +61,40 @@ pub(crate) enum IpcRole {
     Imported,
 }
 
-/// What an open buffer holds; taken out, whole, by the one close that wins.
-struct Open {
-    handle: DevicePtrHandle,
-    mr: Option<Arc<dyn MemoryResource>>,
-}
-
 /// A range of device, pinned host or managed memory, with the deallocation recipe that will
 /// order and legalise its free (docs/decisions.md D1).
 ///
-/// A buffer is `Send + Sync` and every method takes `&self`, so it can be shared (an `Arc`,
-/// a Python object) and closed from any thread:
+/// A buffer is an owned value, `Send + Sync`:
 ///
-/// - [`Buffer::close`] frees now (when this buffer holds the last reference to the memory)
-///   and returns the free's error. Close is atomic and idempotent: of two concurrent closes
-///   one frees and the other is a no-op; closing a closed buffer is `Ok`.
-/// - Dropping an open buffer frees the same way but never waits on the GPU
-///   (docs/decisions.md D9) and reports a failure through the cleanup-error hook
-///   (`handles::set_cleanup_error_hook`).
+/// - [`Buffer::close`] consumes it and frees now (when it holds the last reference to the
+///   memory), returning the free's error; the buffer is gone either way.
+/// - Dropping it frees the same way but never waits on the GPU (docs/decisions.md D9) and
+///   reports a failure through the cleanup-error hook (`handles::set_cleanup_error_hook`).
 /// - [`Buffer::set_deallocation_stream`] hands the free over to another stream: the recipe is
 ///   replaced atomically, seen by every other holder of the memory (a graph, a clone of the
 ///   [`DevicePtrHandle`]), and nothing is freed or synchronised.
+/// - [`Buffer::as_slice`] and [`Buffer::as_slice_mut`] borrow it as typed views over
+///   element ranges ([`DeviceSlice`], [`DeviceSliceMut`]).
 ///
-/// Copies and fills hold a reference to the memory while they are issued; a buffer closed
-/// meanwhile on another thread is then freed when that reference goes (reported, not
-/// returned). Ordering work on other streams before the free is the caller's job: record an
-/// event, wait on it from the deallocation stream, or hand the free over to the stream that
-/// used the memory last.
+/// Copies and fills on the buffer itself take `&self`, as a queue writes to a shared GPU
+/// buffer in wgpu: the work runs on the GPU in stream order, not through Rust references, and
+/// the memory may be shared with graphs that write it when they run. The typed views add the
+/// borrow checker's exclusivity for Rust code that wants it. Ordering work on other streams
+/// before the free is the caller's job: record an event, wait on it from the deallocation
+/// stream, or hand the free over to the stream that used the memory last.
+///
+/// Closing twice, or using a closed buffer, does not compile:
+///
+/// ```compile_fail
+/// # fn demo(buffer: memory::Buffer) -> Result<(), memory::MemoryError> {
+/// buffer.close()?;
+/// let _ = buffer.size(); // error[E0382]: borrow of moved value: `buffer`
+/// # Ok(())
+/// # }
+/// ```
 pub struct Buffer {
-    state: Mutex<Option<Open>>,
+    handle: DevicePtrHandle,
+    mr: Option<Arc<dyn MemoryResource>>,
     access: OnceLock<Access>,
     ipc: IpcRole,
 }
@@ -134,145 +113,102 @@ impl Buffer {
             let _ = cell.set(access);
         }
         Buffer {
-            state: Mutex::new(Some(Open { handle, mr })),
+            handle,
+            mr,
             access: cell,
             ipc,
         }
     }
 
-    /// Wraps `size` bytes at `ptr`, allocated elsewhere, as a buffer owned as `ownership` says
-    /// (docs/decisions.md D5).
+    /// A buffer over memory `handle` already owns (or borrows), for a memory resource of the
+    /// caller's: its `allocate` makes the handle (any release rule) and returns
+    /// `Buffer::from_parts(handle, Some(self))`. Where the memory can be used comes from `mr`
+    /// when given, else from the driver's pointer attributes, read once when first asked.
     ///
-    /// With [`Ownership::MemoryResource`], the buffer owns the memory and `stream` orders its
-    /// free (`None`: the legacy default stream, bound to the context current now; prefer a
-    /// created stream if the buffer may be freed on another thread). The recipe is recorded and
-    /// checked *before* ownership is taken, so on any error the pointer is still the caller's
-    /// and the resource's `deallocate` has not been called.
+    /// Driver calls: none.
+    pub fn from_parts(handle: DevicePtrHandle, mr: Option<Arc<dyn MemoryResource>>) -> Buffer {
+        let access = mr.as_deref().map(Access::of);
+        Buffer::new(handle, mr, access, IpcRole::None)
+    }
+
+    /// Takes `allocation`, memory allocated elsewhere, into a buffer that owns it: `mr` frees
+    /// it at teardown (its `deallocate` with the recorded stream, or the resource's own release
+    /// rule; see [`MemoryResource::adopt`]) (docs/decisions.md D5). `stream` orders the free
+    /// (`None`: the legacy default stream, bound to the context current now; prefer a created
+    /// stream if the buffer may be freed on another thread).
+    ///
+    /// The [`OwnedAllocation`] is the right to free the memory: safe code cannot make one for
+    /// an address it does not own (`handles::raw::owned_allocation` is `unsafe`). Memory the
+    /// buffer is not to free (a view, or memory an owner object keeps alive) is a handle from
+    /// `handles::raw::borrowed` / `handles::raw::with_owner`, given to [`Buffer::from_parts`].
+    ///
+    /// The recipe is recorded and checked *before* ownership is taken, so on any error the
+    /// allocation comes back in the [`AdoptError`] and `deallocate` has not been called.
     ///
     /// # Errors
-    /// - [`MemoryError::OwnershipConflict`]: a `stream` with [`Ownership::Borrowed`] or
-    ///   [`Ownership::Owner`] (nothing would be freed on it). (A memory resource together
-    ///   with an owner cannot be expressed.)
-    /// - [`MemoryError::InvalidSize`]: an owned range of zero bytes or more than `isize::MAX`.
+    /// - [`MemoryError::InvalidSize`]: zero bytes or more than `isize::MAX`.
     /// - [`MemoryError::WrongDevice`]: a stream of another device than the resource's.
-    /// - [`MemoryError::Handle`]: a null owned pointer ([`handles::HandleError::InvalidArgument`]);
+    /// - [`MemoryError::Handle`]: a null address ([`handles::HandleError::InvalidArgument`]);
     ///   [`handles::HandleError::NoCurrentContext`] for a default-stream token (or `None`) on a
     ///   thread with no current context.
     ///
-    /// On error an [`Ownership::Owner`] is dropped (it frees nothing).
-    ///
-    /// Driver calls: none for views; `cuCtxGetCurrent` for a default-stream token with a
-    /// memory resource.
-    pub fn from_handle(
-        ptr: CUdeviceptr,
-        size: usize,
-        ownership: Ownership,
+    /// Driver calls: `cuCtxGetCurrent` for a default-stream token.
+    pub fn adopt(
+        allocation: OwnedAllocation,
+        mr: Arc<dyn MemoryResource>,
         stream: Option<&StreamHandle>,
-    ) -> Result<Buffer, MemoryError> {
-        Buffer::adopt(ptr, size, ownership, stream, None)
+    ) -> Result<Buffer, AdoptError> {
+        let access = Access::of(mr.as_ref());
+        Buffer::adopt_as(allocation, mr, stream, access)
     }
 
-    fn adopt(
-        ptr: CUdeviceptr,
-        size: usize,
-        ownership: Ownership,
+    fn adopt_as(
+        allocation: OwnedAllocation,
+        mr: Arc<dyn MemoryResource>,
         stream: Option<&StreamHandle>,
-        access: Option<Access>,
-    ) -> Result<Buffer, MemoryError> {
-        match ownership {
-            Ownership::MemoryResource(mr) => {
-                check_size(size)?;
-                let legacy;
-                let stream = match stream {
-                    Some(stream) => stream,
-                    None => {
-                        legacy = StreamHandle::legacy();
-                        &legacy
-                    }
-                };
-                let mr_access = Access::of(mr.as_ref());
-                let handle = Arc::clone(&mr).adopt(ptr, size, stream)?;
-                Ok(Buffer::new(
-                    handle,
-                    Some(mr),
-                    Some(access.unwrap_or(mr_access)),
-                    IpcRole::None,
-                ))
-            }
-            Ownership::Borrowed | Ownership::Owner(_) if stream.is_some() => {
-                Err(MemoryError::OwnershipConflict {
-                    reason: "a deallocation stream needs a memory resource to free with",
-                })
-            }
-            Ownership::Borrowed => Ok(Buffer::new(
-                #[allow(unsafe_code)]
-                // SAFETY: NOT checked here: this safe function passes on its caller's word that
-                // the memory stays valid while the buffer is used (until `from_handle` takes a handle).
-                unsafe {
-                    handles::raw::borrowed(ptr, size)
-                },
-                None,
-                access,
-                IpcRole::None,
-            )),
-            Ownership::Owner(owner) => Ok(Buffer::new(
-                #[allow(unsafe_code)]
-                // SAFETY: NOT checked here: this safe function passes on its caller's word that
-                // `owner` keeps the memory valid (until `from_handle` takes a handle).
-                unsafe {
-                    handles::raw::with_owner(ptr, size, owner)?
-                },
-                None,
-                access,
-                IpcRole::None,
-            )),
+        access: Access,
+    ) -> Result<Buffer, AdoptError> {
+        if let Err(error) = check_size(allocation.size()) {
+            return Err(AdoptError { error, allocation });
         }
+        let legacy;
+        let stream = match stream {
+            Some(stream) => stream,
+            None => {
+                legacy = StreamHandle::legacy();
+                &legacy
+            }
+        };
+        let handle = Arc::clone(&mr).adopt(allocation, stream)?;
+        Ok(Buffer::new(handle, Some(mr), Some(access), IpcRole::None))
     }
 
+    /// The address (a host address for pinned host memory).
     #[inline]
-    fn lock(&self) -> MutexGuard<'_, Option<Open>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The address (a host address for pinned host memory); 0 once closed.
     pub fn ptr(&self) -> CUdeviceptr {
-        self.lock().as_ref().map_or(0, |open| open.handle.ptr())
+        self.handle.ptr()
     }
 
-    /// The size in bytes; 0 once closed.
+    /// The size in bytes.
+    #[inline]
     pub fn size(&self) -> usize {
-        self.lock().as_ref().map_or(0, |open| open.handle.size())
+        self.handle.size()
     }
 
-    /// Whether the buffer was closed.
-    pub fn is_closed(&self) -> bool {
-        self.lock().is_none()
+    /// The resource the memory came from (or that frees it); `None` for views.
+    pub fn memory_resource(&self) -> Option<&Arc<dyn MemoryResource>> {
+        self.mr.as_ref()
     }
 
-    /// The resource the memory came from (or that frees it); `None` for views and once
-    /// closed.
-    pub fn memory_resource(&self) -> Option<Arc<dyn MemoryResource>> {
-        self.lock().as_ref().and_then(|open| open.mr.clone())
-    }
-
-    /// A new reference to the memory (for a graph attachment, say): it keeps the memory alive
-    /// after the buffer is closed and sees every change of recipe.
-    ///
-    /// # Errors
-    /// [`MemoryError::Closed`].
-    pub fn handle(&self) -> Result<DevicePtrHandle, MemoryError> {
-        self.lock()
-            .as_ref()
-            .map(|open| open.handle.clone())
-            .ok_or(MemoryError::Closed)
+    /// The memory's handle. A clone is a new reference (for a graph attachment, say): it keeps
+    /// the memory alive after the buffer is closed and sees every change of recipe.
+    pub fn handle(&self) -> &DevicePtrHandle {
+        &self.handle
     }
 
     /// The stream the free is recorded on now; `None` for views, which free nothing.
-    ///
-    /// # Errors
-    /// [`MemoryError::Closed`].
-    pub fn deallocation_stream(&self) -> Result<Option<StreamHandle>, MemoryError> {
-        Ok(self.handle()?.deallocation_stream())
+    pub fn deallocation_stream(&self) -> Option<StreamHandle> {
+        self.handle.deallocation_stream()
     }
 
     /// Whether the memory was imported from another process.
@@ -284,21 +220,23 @@ impl Buffer {
         self.ipc
     }
 
-    /// Records the free on `stream` from now on (docs/decisions.md D4): the whole recipe (stream,
-    /// context, per-thread-default-stream thread) is replaced in one atomic step that every
-    /// holder of the memory sees. Nothing is freed or synchronised: work queued on the old
+    /// Records the free on `stream` from now on (docs/decisions.md D4): the whole recipe
+    /// (stream, context, per-thread-default-stream thread) is replaced in one atomic step that
+    /// every holder of the memory sees. Nothing is freed or synchronised: work queued on the old
     /// stream must be ordered before the new one by the caller. On error the old recipe
     /// stays. For views, which free nothing, nothing is recorded.
     ///
+    /// `&self`, not `&mut self`: the recipe is shared by every holder of the memory (a graph's
+    /// retention, a clone of the handle), and each sees the new one.
+    ///
     /// # Errors
-    /// - [`MemoryError::Closed`].
     /// - [`MemoryError::WrongDevice`]: a stream of another device than the memory's.
     /// - [`MemoryError::Handle`] with [`handles::HandleError::NoCurrentContext`]: a
     ///   default-stream token on a thread with no current context.
     ///
     /// Driver calls: `cuCtxGetCurrent` (default-stream tokens only).
     pub fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
-        // The old recipe may hold the last handle of a stream: released outside the lock.
+        // The old recipe may hold the last handle of a stream: released after the swap.
         drop(self.replace_deallocation_stream(stream)?);
         Ok(())
     }
@@ -317,57 +255,61 @@ impl Buffer {
         &self,
         stream: &StreamHandle,
     ) -> Result<Option<handles::DeallocationRecipe>, MemoryError> {
-        let guard = self.lock();
-        let open = guard.as_ref().ok_or(MemoryError::Closed)?;
-        let handle_device = open.handle.device();
+        let handle_device = self.handle.device();
         if handle_device.is_none() {
             // Adopted memory: the handle does not know its device, the resource does.
             if let Some(device) = self.access.get().and_then(|a| a.bound_device()) {
                 check_stream_device(stream, device)?;
             }
         }
-        open.handle
+        self.handle
             .replace_deallocation_stream(stream)
             .map_err(device_error)
     }
 
     /// Closes the buffer: when it holds the last reference to the memory, frees it now with
-    /// the recorded recipe and returns the outcome. Closing a closed buffer is `Ok`. Atomic:
-    /// of concurrent closes exactly one releases the memory.
+    /// the recorded recipe and returns the outcome; when others hold it (a graph, a clone of
+    /// the handle), the last of them frees it. The buffer is consumed either way.
+    ///
+    /// `close(stream)` of cuda.core is [`set_deallocation_stream`](Self::set_deallocation_stream)
+    /// then `close()` (docs/decisions.md D4); in Rust the two calls say it, and a failed
+    /// hand-over leaves the buffer open with its old recipe.
     ///
     /// May block: memory whose free is synchronous in the driver (`cuMemAlloc`, pinned host,
-    /// managed) is freed after the deallocation stream has drained. Stream-ordered frees do
-    /// not wait.
+    /// managed) waits for the deallocation stream before the free. Stream-ordered frees do not
+    /// block.
     ///
     /// # Errors
-    /// The free's failure ([`MemoryError::Handle`]: the driver's error, a memory resource's
-    /// `deallocate` error, a context that could not be made current or restored). The buffer is
-    /// closed either way.
+    /// The free's failure ([`MemoryError::Handle`]): a driver error, or the memory resource's
+    /// `deallocate` error for adopted memory. The buffer is closed either way.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (when the recipe's context is not
-    /// current), and the free (`cuMemFreeAsync`; `cuStreamSynchronize` then `cuMemFree_v2` or
-    /// `cuMemFreeHost`; the resource's `deallocate`).
-    pub fn close(&self) -> Result<(), MemoryError> {
-        let open = self.lock().take();
-        let Some(Open { handle, mr }) = open else {
-            return Ok(());
-        };
+    /// Driver calls: as the memory's release rule (`cuMemFreeAsync`; `cuStreamSynchronize` and
+    /// `cuMemFree` / `cuMemFreeHost`; a resource's `deallocate`), in the recipe's context
+    /// (`cuCtxGetCurrent`, `cuCtxSetCurrent` if needed).
+    pub fn close(self) -> Result<(), MemoryError> {
+        let Buffer { handle, mr, .. } = self;
         let result = handle.release();
+        // The resource goes after its memory (a pool outlives its allocations).
         drop(mr);
         Ok(result?)
     }
 
-    /// [`Buffer::set_deallocation_stream`]`(stream)` then [`Buffer::close`] (docs/decisions.md D4).
-    /// If recording the new recipe fails, the buffer stays open with its old recipe.
+    /// The buffer as a typed view of `T`s over all of it (a shared borrow: copies out of it).
     ///
     /// # Errors
-    /// As [`Buffer::set_deallocation_stream`] (including [`MemoryError::Closed`] for a closed
-    /// buffer, like the setter), then as [`Buffer::close`].
+    /// [`MemoryError::Layout`]: the size is not a multiple of `size_of::<T>()`, or the address
+    /// is not aligned to `align_of::<T>()` (or `T` is zero-sized).
+    pub fn as_slice<T: Pod>(&self) -> Result<DeviceSlice<'_, T>, MemoryError> {
+        DeviceSlice::whole(self)
+    }
+
+    /// The buffer as a typed view of `T`s over all of it, borrowed exclusively (copies into
+    /// it, fills).
     ///
-    /// Driver calls: those of both.
-    pub fn close_on(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
-        self.set_deallocation_stream(stream)?;
-        self.close()
+    /// # Errors
+    /// As [`Buffer::as_slice`].
+    pub fn as_slice_mut<T: Pod>(&mut self) -> Result<DeviceSliceMut<'_, T>, MemoryError> {
+        DeviceSliceMut::whole(self)
     }
 
     /// How the memory can be used: from the memory resource, else (once) from the driver.
@@ -406,13 +348,11 @@ impl Buffer {
     /// Whether a device can access the memory.
     ///
     /// # Errors
-    /// [`MemoryError::Closed`]; [`MemoryError::Handle`] when the pointer-attribute query of a
-    /// view fails.
+    /// [`MemoryError::Handle`] when the pointer-attribute query of a view fails.
     ///
     /// Driver calls: `cuPointerGetAttribute`, for views, once.
     pub fn is_device_accessible(&self) -> Result<bool, MemoryError> {
-        let handle = self.handle()?;
-        Ok(self.access(handle.ptr())?.device)
+        Ok(self.access(self.ptr())?.device)
     }
 
     /// Whether the host can access the memory.
@@ -422,8 +362,7 @@ impl Buffer {
     ///
     /// Driver calls: as [`Buffer::is_device_accessible`].
     pub fn is_host_accessible(&self) -> Result<bool, MemoryError> {
-        let handle = self.handle()?;
-        Ok(self.access(handle.ptr())?.host)
+        Ok(self.access(self.ptr())?.host)
     }
 
     /// Whether the memory is managed.
@@ -433,8 +372,7 @@ impl Buffer {
     ///
     /// Driver calls: as [`Buffer::is_device_accessible`].
     pub fn is_managed(&self) -> Result<bool, MemoryError> {
-        let handle = self.handle()?;
-        Ok(self.access(handle.ptr())?.managed)
+        Ok(self.access(self.ptr())?.managed)
     }
 
     /// The device the memory lives on or belongs to; `None` for memory bound to no device
@@ -445,24 +383,32 @@ impl Buffer {
     ///
     /// Driver calls: as [`Buffer::is_device_accessible`].
     pub fn device_id(&self) -> Result<Option<i32>, MemoryError> {
-        let handle = self.handle()?;
-        Ok(self.access(handle.ptr())?.device_id)
+        Ok(self.access(self.ptr())?.device_id)
     }
 
     /// The device whose streams may order work on this memory (`None`: any).
-    fn ops_device(&self, handle: &DevicePtrHandle) -> Result<Option<i32>, MemoryError> {
-        let access = self.access(handle.ptr())?;
+    pub(crate) fn ops_device(&self) -> Result<Option<i32>, MemoryError> {
+        let access = self.access(self.ptr())?;
         if access.host || access.managed {
             return Ok(None);
         }
-        Ok(handle.device().or(access.device_id))
+        Ok(self.handle.device().or(access.device_id))
+    }
+
+    /// All of this buffer, as a byte range for the operations the typed views share.
+    #[inline]
+    pub(crate) fn whole(&self) -> Bytes<'_> {
+        Bytes {
+            buffer: self,
+            offset: 0,
+            len: self.size(),
+        }
     }
 
     /// Copies this buffer into `dst`, ordered on `stream`. Does not block. Both buffers must
     /// stay open (or their frees be ordered after `stream`) until the copy has run.
     ///
     /// # Errors
-    /// - [`MemoryError::Closed`]: either buffer is closed.
     /// - [`MemoryError::SizeMismatch`]: the sizes differ.
     /// - [`MemoryError::WrongDevice`]: both buffers are device memory and the stream is on
     ///   neither's device.
@@ -470,28 +416,7 @@ impl Buffer {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`.
     pub fn copy_to(&self, dst: &Buffer, stream: &StreamHandle) -> Result<(), MemoryError> {
-        let src_handle = self.handle()?;
-        let dst_handle = dst.handle()?;
-        if src_handle.size() != dst_handle.size() {
-            return Err(MemoryError::SizeMismatch {
-                src: src_handle.size(),
-                dst: dst_handle.size(),
-            });
-        }
-        let devices = [self.ops_device(&src_handle)?, dst.ops_device(&dst_handle)?];
-        if let [Some(first), second] | [second, Some(first)] = devices {
-            let found = stream_device(stream)?;
-            if found != first && second != Some(found) {
-                return Err(MemoryError::WrongDevice {
-                    expected: first,
-                    found,
-                });
-            }
-        }
-        src_handle
-            .as_range()
-            .copy_to(&dst_handle.as_range(), stream)?;
-        Ok(())
+        copy(dst.whole(), self.whole(), stream)
     }
 
     /// Copies `src` into this buffer, ordered on `stream`: `src.copy_to(self, stream)`.
@@ -513,9 +438,8 @@ impl Buffer {
     ///
     /// Driver calls: the resource's allocation, then as [`Buffer::copy_to`].
     pub fn copy_to_new(&self, stream: &StreamHandle) -> Result<Buffer, MemoryError> {
-        let mr = self.lock().as_ref().ok_or(MemoryError::Closed)?.mr.clone();
-        let mr = mr.ok_or(MemoryError::NoMemoryResource)?;
-        let new = mr.allocate(self.handle()?.size(), stream)?;
+        let mr = self.mr.clone().ok_or(MemoryError::NoMemoryResource)?;
+        let new = mr.allocate(self.size(), stream)?;
         self.copy_to(&new, stream)?;
         Ok(new)
     }
@@ -524,7 +448,6 @@ impl Buffer {
     /// `stream`. Does not block.
     ///
     /// # Errors
-    /// - [`MemoryError::Closed`].
     /// - [`MemoryError::InvalidFill`]: the size or the address is not a multiple of the
     ///   pattern's width.
     /// - [`MemoryError::WrongDevice`]: device memory and a stream of another device.
@@ -537,46 +460,21 @@ impl Buffer {
         value: impl Into<FillValue>,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        let value = value.into();
-        let handle = self.handle()?;
-        let width = value.width();
-        if handle.size() % width != 0 {
-            return Err(MemoryError::InvalidFill {
-                width,
-                reason: "the buffer's size is not a multiple of the pattern's width",
-            });
-        }
-        if handle.ptr() % width as u64 != 0 {
-            return Err(MemoryError::InvalidFill {
-                width,
-                reason: "the buffer's address is not aligned to the pattern's width",
-            });
-        }
-        if let Some(device) = self.ops_device(&handle)? {
-            check_stream_device(stream, device)?;
-        }
-        let range = handle.as_range();
-        match value {
-            FillValue::U8(v) => range.fill_u8(v, stream)?,
-            FillValue::U16(v) => range.fill_u16(v, stream)?,
-            FillValue::U32(v) => range.fill_u32(v, stream)?,
-        }
-        Ok(())
+        fill(self.whole(), value.into(), stream)
     }
 
     /// Copies the whole buffer into `dst` on the host, ordered on `stream` after the work
     /// queued there, and **blocks** until the bytes have arrived.
     ///
     /// # Errors
-    /// [`MemoryError::Closed`]; [`MemoryError::SizeMismatch`] unless `dst.len()` is the
-    /// buffer's size; [`MemoryError::WrongDevice`] as [`Buffer::fill`];
-    /// [`MemoryError::Handle`] for the driver's failure.
+    /// [`MemoryError::SizeMismatch`] unless `dst.len()` is the buffer's size;
+    /// [`MemoryError::WrongDevice`] as [`Buffer::fill`]; [`MemoryError::Handle`] for the
+    /// driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
     /// `cuStreamSynchronize`.
     pub fn copy_to_host(&self, dst: &mut [u8], stream: &StreamHandle) -> Result<(), MemoryError> {
-        let handle = self.host_copy_checks(dst.len(), stream, true)?;
-        Ok(handle.as_range().copy_to_host(dst, stream)?)
+        to_host(self.whole(), dst, stream)
     }
 
     /// Copies `src` from the host into the whole buffer, ordered on `stream` after the work
@@ -587,49 +485,17 @@ impl Buffer {
     ///
     /// Driver calls: as [`Buffer::copy_to_host`].
     pub fn copy_from_host(&self, src: &[u8], stream: &StreamHandle) -> Result<(), MemoryError> {
-        let handle = self.host_copy_checks(src.len(), stream, false)?;
-        Ok(handle.as_range().copy_from_host(src, stream)?)
-    }
-
-    fn host_copy_checks(
-        &self,
-        host_len: usize,
-        stream: &StreamHandle,
-        to_host: bool,
-    ) -> Result<DevicePtrHandle, MemoryError> {
-        let handle = self.handle()?;
-        if host_len != handle.size() {
-            let (src, dst) = if to_host {
-                (handle.size(), host_len)
-            } else {
-                (host_len, handle.size())
-            };
-            return Err(MemoryError::SizeMismatch { src, dst });
-        }
-        if let Some(device) = self.ops_device(&handle)? {
-            check_stream_device(stream, device)?;
-        }
-        Ok(handle)
+        from_host(self.whole(), src, stream)
     }
 }
 
 impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.lock().as_ref() {
-            None => f.write_str("Buffer(closed)"),
-            Some(open) => {
-                write!(
-                    f,
-                    "Buffer(0x{:x}, {} bytes",
-                    open.handle.ptr(),
-                    open.handle.size()
-                )?;
-                if self.ipc == IpcRole::Imported {
-                    f.write_str(", mapped")?;
-                }
-                f.write_str(")")
-            }
+        write!(f, "Buffer(0x{:x}, {} bytes", self.ptr(), self.size())?;
+        if self.ipc == IpcRole::Imported {
+            f.write_str(", mapped")?;
         }
+        f.write_str(")")
     }
 }
 
@@ -691,7 +557,8 @@ impl From<u32> for FillValue {
 }
 
 /// A [`Buffer`] of managed memory (`cuMemAllocManaged`): accessible from the host and every
-/// device. Dereferences to [`Buffer`].
+/// device. [`ManagedBuffer::as_buffer`] (or `AsRef`) lends the buffer, [`ManagedBuffer::into_buffer`]
+/// (or `From`) gives it up.
 pub struct ManagedBuffer(Buffer);
 
 impl ManagedBuffer {
@@ -699,43 +566,78 @@ impl ManagedBuffer {
         ManagedBuffer(buffer)
     }
 
-    /// Wraps `size` bytes of managed memory at `ptr`, allocated elsewhere, as
-    /// [`Buffer::from_handle`] does; the buffer reports itself managed, host- and
-    /// device-accessible without asking the driver (the caller vouches that the memory is
-    /// managed). A [`crate::ManagedMemoryResource`] as owner releases it like memory it
-    /// allocated (without blocking a drop).
+    /// A managed buffer over memory `handle` names, as [`Buffer::from_parts`]; the buffer
+    /// reports itself managed, host- and device-accessible without asking the driver (the
+    /// handle's maker vouched that the memory is managed).
+    ///
+    /// Driver calls: none.
+    pub fn from_parts(
+        handle: DevicePtrHandle,
+        mr: Option<Arc<dyn MemoryResource>>,
+    ) -> ManagedBuffer {
+        let access = Access {
+            device_id: mr.as_deref().and_then(|mr| mr.device_id()),
+            ..Access::MANAGED
+        };
+        ManagedBuffer(Buffer::new(handle, mr, Some(access), IpcRole::None))
+    }
+
+    /// Takes managed memory allocated elsewhere into a buffer that owns it, as
+    /// [`Buffer::adopt`]; the buffer reports itself managed without asking the driver. A
+    /// [`crate::ManagedMemoryResource`] as `mr` releases it like memory it allocated (without
+    /// blocking a drop).
     ///
     /// # Errors
-    /// As [`Buffer::from_handle`].
+    /// As [`Buffer::adopt`].
     ///
-    /// Driver calls: as [`Buffer::from_handle`].
-    pub fn from_handle(
-        ptr: CUdeviceptr,
-        size: usize,
-        ownership: Ownership,
+    /// Driver calls: as [`Buffer::adopt`].
+    pub fn adopt(
+        allocation: OwnedAllocation,
+        mr: Arc<dyn MemoryResource>,
         stream: Option<&StreamHandle>,
-    ) -> Result<ManagedBuffer, MemoryError> {
-        let access = match &ownership {
-            Ownership::MemoryResource(mr) => Access {
-                device_id: mr.device_id(),
-                ..Access::MANAGED
-            },
-            _ => Access::MANAGED,
+    ) -> Result<ManagedBuffer, AdoptError> {
+        let access = Access {
+            device_id: mr.device_id(),
+            ..Access::MANAGED
         };
-        Buffer::adopt(ptr, size, ownership, stream, Some(access)).map(ManagedBuffer)
+        Buffer::adopt_as(allocation, mr, stream, access).map(ManagedBuffer)
+    }
+
+    /// The buffer.
+    pub fn as_buffer(&self) -> &Buffer {
+        &self.0
+    }
+
+    /// The buffer, borrowed exclusively (for its typed mutable views).
+    pub fn as_buffer_mut(&mut self) -> &mut Buffer {
+        &mut self.0
     }
 
     /// The plain buffer.
     pub fn into_buffer(self) -> Buffer {
         self.0
     }
+
+    /// Closes the buffer ([`Buffer::close`]).
+    ///
+    /// # Errors
+    /// As [`Buffer::close`].
+    ///
+    /// Driver calls: as [`Buffer::close`].
+    pub fn close(self) -> Result<(), MemoryError> {
+        self.0.close()
+    }
 }
 
-impl Deref for ManagedBuffer {
-    type Target = Buffer;
-
-    fn deref(&self) -> &Buffer {
+impl AsRef<Buffer> for ManagedBuffer {
+    fn as_ref(&self) -> &Buffer {
         &self.0
+    }
+}
+
+impl From<ManagedBuffer> for Buffer {
+    fn from(managed: ManagedBuffer) -> Buffer {
+        managed.0
     }
 }
 
@@ -747,14 +649,12 @@ impl fmt::Debug for ManagedBuffer {
 
 /// The release rule matching a synchronous resource's memory, for [`MemoryResource::adopt`].
 pub(crate) fn adopt_synchronous(
-    ptr: CUdeviceptr,
-    size: usize,
+    allocation: OwnedAllocation,
     kind: ReleaseKind,
     device: Option<i32>,
     stream: &StreamHandle,
-) -> Result<DevicePtrHandle, MemoryError> {
-    DevicePtrHandle::adopt_synchronous(taken_on_trust(ptr, size), kind, device, stream)
-        .map_err(|error| device_error(HandleError::from(error)))
+) -> Result<DevicePtrHandle, AdoptError> {
+    DevicePtrHandle::adopt_synchronous(allocation, kind, device, stream).map_err(AdoptError::from)
 }
 
 #[cfg(test)]
@@ -783,37 +683,5 @@ mod tests {
                 Err(MemoryError::InvalidFill { width, .. }) if width == bad.len()
             ));
         }
-    }
-
-    #[test]
-    fn a_stream_without_a_memory_resource_is_a_conflict_and_takes_nothing() {
-        let stream = StreamHandle::legacy();
-        for ownership in [Ownership::Borrowed, Ownership::Owner(Box::new(5u8))] {
-            let error = Buffer::from_handle(0x1000, 64, ownership, Some(&stream)).unwrap_err();
-            assert!(
-                matches!(error, MemoryError::OwnershipConflict { .. }),
-                "{error}"
-            );
-        }
-    }
-
-    #[test]
-    fn views_need_no_driver() {
-        let view = Buffer::from_handle(0x1000, 64, Ownership::Borrowed, None).unwrap();
-        assert_eq!((view.ptr(), view.size()), (0x1000, 64));
-        assert!(view.memory_resource().is_none());
-        assert_eq!(view.deallocation_stream().unwrap().map(|_| ()), None);
-        view.close().unwrap();
-        assert!(view.is_closed());
-        assert_eq!((view.ptr(), view.size()), (0, 0));
-        view.close().unwrap();
-        assert_eq!(
-            view.set_deallocation_stream(&StreamHandle::legacy()),
-            Err(MemoryError::Closed)
-        );
-        assert_eq!(
-            view.fill(1u8, &StreamHandle::legacy()),
-            Err(MemoryError::Closed)
-        );
     }
 }

@@ -40,9 +40,29 @@ pub enum MemoryError {
         /// Why it was rejected.
         reason: &'static str,
     },
-    /// The buffer was closed.
+    /// The buffer was closed. (A Rust [`crate::Buffer`] is consumed by its close, so this comes
+    /// from holders that share one, such as the Python bindings.)
     #[error("the buffer is closed")]
     Closed,
+    /// A typed view whose element type does not fit the buffer: a size that is not a multiple of
+    /// the element size, an address not aligned for it, or a zero-sized element type.
+    #[error("cannot view the buffer as {element_size}-byte elements: {reason}")]
+    Layout {
+        /// `size_of` the element type, in bytes.
+        element_size: usize,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// An element range outside a typed view (`start..end` of a view of `len` elements).
+    #[error("element range {start}..{end} is out of bounds for a view of {len} elements")]
+    OutOfRange {
+        /// The first element asked for (`usize::MAX` when it overflows).
+        start: usize,
+        /// One past the last element asked for (`usize::MAX` when it overflows).
+        end: usize,
+        /// The view's length in elements.
+        len: usize,
+    },
     /// The memory resource was closed ([`crate::PoolMemoryResource::close`]): it allocates,
     /// exports and imports nothing more.
     #[error("the {resource} has been closed")]
@@ -75,8 +95,10 @@ pub enum MemoryError {
         /// What was wrong.
         reason: String,
     },
-    /// [`crate::Buffer::from_handle`] was given a stream but no memory resource to free with:
-    /// a stream orders a free, and without a memory resource nothing is freed.
+    /// A deallocation stream without a memory resource to free with (the bindings' adoption,
+    /// `Buffer.from_handle(ptr, size, stream=...)`): a stream orders a free, and without a
+    /// memory resource nothing is freed. (In Rust, [`crate::Buffer::from_parts`] takes no
+    /// stream.)
     #[error("conflicting ownership: {reason}")]
     OwnershipConflict {
         /// What conflicted.
@@ -140,6 +162,15 @@ mod tests {
                 reason: "a pattern is 1, 2 or 4 bytes wide",
             },
             MemoryError::Closed,
+            MemoryError::Layout {
+                element_size: 4,
+                reason: "the buffer's size is not a multiple of the element size",
+            },
+            MemoryError::OutOfRange {
+                start: 1,
+                end: 9,
+                len: 4,
+            },
             MemoryError::ResourceClosed {
                 resource: "DeviceMemoryResource",
             },

@@ -148,13 +148,13 @@ impl Buffer {
     /// once by [`PoolMemoryResource::export_pool`]).
     ///
     /// # Errors
-    /// [`MemoryError::Closed`]; [`MemoryError::Ipc`] for a buffer that does not come from an
+    /// [`MemoryError::Ipc`] for a buffer that does not come from an
     /// IPC-enabled pool (or was itself imported); [`MemoryError::Handle`] for the driver's
     /// failure.
     ///
     /// Driver calls: `cuMemPoolExportPointer`.
     pub fn ipc_descriptor(&self) -> Result<IpcBufferDescriptor, MemoryError> {
-        let handle = self.handle()?;
+        let handle = self.handle();
         match self.ipc_role() {
             IpcRole::Exportable => {}
             IpcRole::Imported => {
@@ -168,7 +168,7 @@ impl Buffer {
                 ))
             }
         }
-        let export_data = ops::export_pointer(&handle)?;
+        let export_data = ops::export_pointer(handle)?;
         Ok(IpcBufferDescriptor {
             device: handle.pool().and_then(|pool| pool.device()),
             size: handle.size(),

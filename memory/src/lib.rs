@@ -1,10 +1,13 @@
 //! Buffers and memory resources on custody's handles: allocate, adopt, hand over, close.
 //!
-//! - [`Buffer`]: memory with its deallocation recipe (docs/decisions.md D1).
-//!   [`Buffer::close`] frees now and returns the free's error; a drop frees without waiting on
-//!   the GPU and reports a failure (D3, D9); [`Buffer::set_deallocation_stream`] hands the free
-//! over to another   stream, atomically (D4); [`Buffer::from_handle`] adopts memory allocated
-//! elsewhere,   validating before it takes ownership (D5). Copies, fills, host transfers.
+//! - [`Buffer`]: memory with its deallocation recipe (docs/decisions.md D1), an owned value.
+//!   [`Buffer::close`] consumes it, frees now and returns the free's error; a drop frees
+//!   without waiting on the GPU and reports a failure (D3, D9);
+//!   [`Buffer::set_deallocation_stream`] hands the free over to another stream, atomically
+//!   (D4); [`Buffer::adopt`] takes memory allocated elsewhere into custody, validating before
+//!   it takes ownership (D5); [`Buffer::from_parts`] builds a buffer over a handle (a view,
+//!   owner-kept memory, a resource of the caller's). Copies, fills, host transfers; typed views [`DeviceSlice`] and
+//!   [`DeviceSliceMut`] over element ranges.
 //! - [`MemoryResource`]: the object-safe trait every resource implements (Python subclasses
 //!   too, through the bindings), and the built-in resources: [`DeviceMemoryResource`],
 //!   [`PinnedMemoryResource`], [`LegacyPinnedMemoryResource`], [`ManagedMemoryResource`],
@@ -19,9 +22,68 @@
 //! (`handles::DeviceRange` for copies and fills, `handles::ops` for pointer attributes, pool IPC
 //! and capture queries).
 
-// `deny`, not `forbid`, for now: the few places where this crate's safe API still hands a raw
-// address to custody carry an `allow` and say so; once the API takes `handles::OwnedAllocation` /
-// `DevicePtrHandle` values instead, this goes back to `forbid`.
+//!
+//! # Soundness
+//!
+//! Safe code cannot make this crate read, write or free memory it does not own. Every entry
+//! that names memory takes what only an `unsafe` call can make from a raw address: a
+//! [`handles::DevicePtrHandle`] (`handles::raw::borrowed`, `handles::raw::with_owner`, or one
+//! custody allocated) or a [`handles::OwnedAllocation`] (`handles::raw::owned_allocation`).
+//! Copies and fills go through `handles::DeviceRange`s, bounded by the handle's size. So this
+//! program, which overwrote an immutable `Vec` through a safe `Buffer::from_handle`, no longer
+//! compiles:
+//!
+//! ```compile_fail
+//! # fn demo(stream: &handles::StreamHandle) -> Result<(), memory::MemoryError> {
+//! let words = vec![0u8; 16]; // immutable
+//! let view = memory::Buffer::from_handle(words.as_ptr() as u64, 16, memory::Ownership::Borrowed, None)?;
+//! view.copy_from_host(&[0xff; 16], stream)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! nor does its nearest spelling today, without `unsafe`:
+//!
+//! ```compile_fail,E0133
+//! # fn demo(stream: &handles::StreamHandle) -> Result<(), memory::MemoryError> {
+//! let words = vec![0u8; 16];
+//! // error[E0133]: call to unsafe function `handles::raw::borrowed` requires an unsafe block
+//! let view = memory::Buffer::from_parts(handles::raw::borrowed(words.as_ptr() as u64, 16), None);
+//! view.copy_from_host(&[0xff; 16], stream)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! and a memory resource's `deallocate` cannot be handed an arbitrary address either:
+//!
+//! ```compile_fail,E0133
+//! # use memory::MemoryResource;
+//! # fn demo(stream: &handles::StreamHandle) -> Result<(), memory::MemoryError> {
+//! let mr = memory::DeviceMemoryResource::new(0)?;
+//! // error[E0133]: the right to free is made only by an unsafe call
+//! mr.deallocate(handles::raw::owned_allocation(0xdead_0000, 16), stream)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! With `unsafe`, and its promise kept (the bytes outlive the view, and no Rust reference to
+//! them is used while the copy runs), the view works:
+//!
+//! ```
+//! # let stream = handles::StreamHandle::create(&handles::ContextHandle::primary(0)?, 0, 0)?;
+//! let mut words = vec![0u8; 16];
+//! // SAFETY: `words` outlives `view`; nothing reads or writes it until `view` is gone.
+//! let view = unsafe { handles::raw::borrowed(words.as_mut_ptr() as u64, words.len()) };
+//! let view = memory::Buffer::from_parts(view, None);
+//! view.copy_from_host(&[0xff; 16], &stream)?;
+//! view.close()?;
+//! assert_eq!(words, [0xff; 16]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+// `deny`, not `forbid`: one place (an IPC import's per-buffer reference to the process's one
+// mapping, `ipc.rs`) still turns the address of memory custody holds into a token, with an
+// `allow` and a `SAFETY` comment; the handles crate's IPC registry will take that step.
 #![deny(unsafe_code)]
 
 mod buffer;
@@ -30,14 +92,19 @@ mod graph;
 mod ipc;
 mod resource;
 mod resources;
+mod slice;
 
-pub use buffer::{Buffer, FillValue, ManagedBuffer, Ownership};
+pub use buffer::{Buffer, FillValue, ManagedBuffer};
+/// The element types of the typed views: plain bytes (`bytemuck`), derivable for your own
+/// `#[repr(C)]` structs with `bytemuck`'s derive.
+pub use bytemuck::{self, Pod, Zeroable};
 pub use error::MemoryError;
 pub use graph::{CaptureMode, Graph, GraphBuilder, GraphExec, GraphNode};
 pub use ipc::IpcBufferDescriptor;
-pub use resource::MemoryResource;
+pub use resource::{AdoptError, MemoryResource};
 pub use resources::{
     DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
     LegacyPinnedMemoryResource, ManagedMemoryResource, PinnedMemoryResource,
     PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
 };
+pub use slice::{DeviceSlice, DeviceSliceMut};

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use handles::sys_types::CUdeviceptr;
 use handles::{
     ContextHandle, Deallocator, DevicePtrHandle, HandleError, OwnedAllocation, StreamHandle,
 };
@@ -34,20 +33,21 @@ pub trait MemoryResource: Send + Sync + 'static {
     fn allocate(self: Arc<Self>, size: usize, stream: &StreamHandle)
         -> Result<Buffer, MemoryError>;
 
-    /// Frees `size` bytes at `ptr`, which this resource allocated, ordered on `stream`.
+    /// Frees `allocation`, which this resource allocated, ordered on `stream`.
     ///
-    /// Called explicitly, or at teardown for memory adopted with
-    /// [`crate::Ownership::MemoryResource`] (unless the resource's [`MemoryResource::adopt`]
-    /// chose a built-in release rule). Buffers that a resource allocated itself are freed by
-    /// their handle's rule, not through this method.
+    /// Called explicitly, or at teardown for memory adopted with [`Buffer::adopt`] (unless the
+    /// resource's [`MemoryResource::adopt`] chose a built-in release rule). Buffers that a
+    /// resource allocated itself are freed by their handle's rule, not through this method.
+    /// The [`OwnedAllocation`] is the right to free: safe code cannot make one for an address
+    /// it does not own (`handles::raw::owned_allocation` is `unsafe`), so no safe call frees
+    /// arbitrary memory.
     ///
     /// # Errors
     /// The driver's (or the implementation's) failure: returned by an explicit call or
     /// [`Buffer::close`], reported through the cleanup-error hook on a drop.
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError>;
 
@@ -66,8 +66,8 @@ pub trait MemoryResource: Send + Sync + 'static {
         false
     }
 
-    /// Takes ownership of `size` bytes at `ptr` for [`Buffer::from_handle`], to be freed with
-    /// the recipe recorded now for `stream`.
+    /// Takes `allocation` into custody for [`Buffer::adopt`], to be freed with the recipe
+    /// recorded now for `stream`.
     ///
     /// The default frees through [`MemoryResource::deallocate`] at teardown. The built-in
     /// synchronous resources (legacy pinned, managed, synchronous) override it to use the
@@ -78,24 +78,46 @@ pub trait MemoryResource: Send + Sync + 'static {
     /// [`MemoryError::WrongDevice`] for a stream of another device than the resource's
     /// (device-only memory); [`MemoryError::Handle`] when the recipe cannot be recorded
     /// ([`HandleError::NoCurrentContext`] for an unbound token on a thread with no context) or
-    /// `ptr` is null. The recipe is recorded before ownership is taken: on error the pointer
-    /// is still the caller's and `deallocate` has not been called (docs/decisions.md D5).
+    /// the address is null. The recipe is recorded before ownership is taken: on error the
+    /// allocation comes back in the [`AdoptError`] and `deallocate` has not been called
+    /// (docs/decisions.md D5).
     fn adopt(
         self: Arc<Self>,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
-    ) -> Result<DevicePtrHandle, MemoryError> {
+    ) -> Result<DevicePtrHandle, AdoptError> {
         if self.is_device_accessible() && !self.is_host_accessible() && !self.is_managed() {
             if let Some(device) = self.device_id() {
-                check_stream_device(stream, device)?;
+                if let Err(error) = check_stream_device(stream, device) {
+                    return Err(AdoptError { error, allocation });
+                }
             }
         }
         let deallocator: Arc<dyn Deallocator> = Arc::new(MemoryResourceDeallocator(self));
-        Ok(
-            DevicePtrHandle::adopt(taken_on_trust(ptr, size), stream, deallocator)
-                .map_err(HandleError::from)?,
-        )
+        DevicePtrHandle::adopt(allocation, stream, deallocator).map_err(AdoptError::from)
+    }
+}
+
+/// An adoption that was refused ([`Buffer::adopt`], [`MemoryResource::adopt`]), with the
+/// allocation given back: nothing was taken, nothing freed, and the memory is still the
+/// caller's to free or to adopt again.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct AdoptError {
+    /// Why the adoption was refused.
+    #[source]
+    pub error: MemoryError,
+    /// The allocation, still the caller's.
+    pub allocation: OwnedAllocation,
+}
+
+impl From<handles::AdoptError> for AdoptError {
+    fn from(refused: handles::AdoptError) -> AdoptError {
+        let handles::AdoptError { error, allocation } = refused;
+        AdoptError {
+            error: device_error(error),
+            allocation,
+        }
     }
 }
 
@@ -109,24 +131,10 @@ impl<R: MemoryResource + ?Sized> Deallocator for MemoryResourceDeallocator<R> {
         allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), HandleError> {
-        let (ptr, size) = allocation.into_raw();
         self.0
-            .deallocate(ptr, size, stream)
+            .deallocate(allocation, stream)
             .map_err(HandleError::from)
     }
-}
-
-/// The right to free `size` bytes at `ptr`, taken on the word of the caller of one of this
-/// crate's safe functions that still accept a raw address (`Buffer::from_handle`,
-/// `MemoryResource::adopt`, `deallocate`).
-///
-/// This is where this crate is not yet sound: those functions should take an
-/// [`OwnedAllocation`] (or a handle) from their caller instead.
-#[allow(unsafe_code)]
-pub(crate) fn taken_on_trust(ptr: CUdeviceptr, size: usize) -> OwnedAllocation {
-    // SAFETY: NOT upheld here: the safe caller's word that `ptr` is an allocation of `size`
-    // bytes that it gives up is passed on unchecked (see above).
-    unsafe { handles::raw::owned_allocation(ptr, size) }
 }
 
 /// Rejects sizes no allocation can have.

@@ -6,8 +6,11 @@
 
 #![cfg(feature = "gpu")]
 
+mod adopt;
+
 use std::sync::Arc;
 
+use adopt::Ownership;
 use handles::ops::{self, CaptureStatus};
 use handles::sys_types::CUstreamCaptureMode;
 use handles::{
@@ -15,7 +18,7 @@ use handles::{
 };
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
-    LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource, Ownership,
+    LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource,
     PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
     SynchronousMemoryResource,
 };
@@ -65,7 +68,7 @@ fn every_resource_allocates_fills_copies_and_frees() {
             "{name}"
         );
         // What the driver says about the pointer agrees with the resource.
-        let view = Buffer::from_handle(a.ptr(), 4096, Ownership::Borrowed, None).unwrap();
+        let view = adopt::from_handle(a.ptr(), 4096, Ownership::Borrowed, None).unwrap();
         assert_eq!(
             view.is_device_accessible().unwrap(),
             mr.is_device_accessible(),
@@ -150,7 +153,7 @@ fn adoption_failure_leaves_the_pointer_usable_by_the_caller() {
     let s = stream();
     let mr = DeviceMemoryResource::new(0).unwrap();
     let owned = Arc::clone(&mr).allocate(4096, &s).unwrap();
-    let handle = owned.handle().unwrap();
+    let handle = owned.handle().clone();
     let ptr = handle.ptr();
     // Stand-in for memory allocated elsewhere: this handle is given up unreleased.
     std::mem::forget(handle);
@@ -158,18 +161,21 @@ fn adoption_failure_leaves_the_pointer_usable_by_the_caller() {
     s.synchronize().unwrap();
     let for_thread: Arc<dyn MemoryResource> = mr.clone();
     let error = std::thread::spawn(move || {
-        Buffer::from_handle(ptr, 4096, Ownership::MemoryResource(for_thread), None).unwrap_err()
+        adopt::from_handle(ptr, 4096, Ownership::MemoryResource(for_thread), None).unwrap_err()
     })
     .join()
     .unwrap();
     assert_eq!(error, MemoryError::Handle(HandleError::NoCurrentContext));
-    let view = Buffer::from_handle(ptr, 4096, Ownership::Borrowed, None).unwrap();
+    let view = adopt::from_handle(ptr, 4096, Ownership::Borrowed, None).unwrap();
     view.fill(5u8, &s).unwrap();
     assert_eq!(
         read(&view, &s),
         vec![5; 4096],
         "still the caller's, still allocated"
     );
-    mr.deallocate(ptr, 4096, &s).unwrap();
+    drop(view);
+    // SAFETY: the memory was given up above and nothing else frees it.
+    let allocation = unsafe { handles::raw::owned_allocation(ptr, 4096) };
+    mr.deallocate(allocation, &s).unwrap();
     s.synchronize().unwrap();
 }

@@ -182,8 +182,8 @@ fn child(path: &std::ffi::OsStr) {
     let first = Buffer::from_ipc_descriptor(&mr, &descriptor, &s1).unwrap();
     let second = Buffer::from_ipc_descriptor(&mr, &descriptor, &s2).unwrap();
     assert!(first.is_mapped() && second.is_mapped());
-    assert!(first.deallocation_stream().unwrap().unwrap().ptr_eq(&s1));
-    assert!(second.deallocation_stream().unwrap().unwrap().ptr_eq(&s2));
+    assert!(first.deallocation_stream().unwrap().ptr_eq(&s1));
+    assert!(second.deallocation_stream().unwrap().ptr_eq(&s2));
     assert!(matches!(
         first.ipc_descriptor(),
         Err(MemoryError::Ipc { .. })
@@ -211,9 +211,7 @@ fn export_needs_an_ipc_enabled_pool() {
         buffer.ipc_descriptor(),
         Err(MemoryError::Ipc { .. })
     ));
+    // A closed buffer is gone: asking it for a descriptor does not compile (the Rust buffer's
+    // `close` consumes it); the Python layer's closed state is tested by pybind's tests.
     buffer.close().unwrap();
-    assert_eq!(
-        buffer.ipc_descriptor().map(|_| ()),
-        Err(MemoryError::Closed)
-    );
 }

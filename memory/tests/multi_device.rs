@@ -127,10 +127,16 @@ fn switches_and_frees(emu: &Emulator, span: &Span) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// On the emulator: the one call of `function` with `ptr` since `from`, asserted to have run
-/// with `context` current and to have succeeded.
-fn assert_ran_in(emu: &Emulator, function: &str, ptr: u64, from: u64, context: u64) -> Call {
-    let call = emu.only_call(function, ptr, from);
+/// On the emulator: the one call of `function` for allocation `id` since `from`, asserted to
+/// have run with `context` current and to have succeeded.
+fn assert_ran_in(
+    emu: &Emulator,
+    function: &str,
+    id: AllocationId,
+    from: u64,
+    context: u64,
+) -> Call {
+    let call = emu.only_call(function, id, from);
     assert_eq!(
         call.context, context,
         "{function} ran with context 0x{:x} current, not 0x{context:x}",
@@ -170,13 +176,13 @@ fn device_1_buffer(
                 .allocate(SIZE, &StreamHandle::legacy())
                 .unwrap();
             ContextHandle::clear_current().unwrap();
-            let recorded = buffer.deallocation_stream().unwrap().unwrap();
+            let recorded = buffer.deallocation_stream().unwrap();
             (buffer, recorded)
         }
     };
     let recipe = buffer
         .handle()
-        .unwrap()
+        .clone()
         .recipe()
         .expect("a pool buffer has a recipe");
     assert_eq!(
@@ -216,13 +222,12 @@ fn pool_free_under_device_0(how: Recipe, close: bool) {
     let mr = owned_pool(1);
     let (buffer, stream, alloc) = device_1_buffer(&mr, how, 3);
     let ptr = buffer.ptr();
+    let id = alloc_of(ptr);
     assert!(used_on(1, mr.pool()) >= SIZE as u64);
     let from = mark();
     let (closed, span) = under_device_0(move || {
         if close {
-            let result = buffer.close();
-            assert!(buffer.is_closed());
-            result
+            buffer.close()
         } else {
             drop(buffer);
             Ok(())
@@ -241,7 +246,7 @@ fn pool_free_under_device_0(how: Recipe, close: bool) {
     );
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx1.raw() as u64);
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
         assert_eq!(free.thread, span.thread, "freed by the dropping thread");
         assert_eq!(
             free.stream,
@@ -263,7 +268,7 @@ fn pool_free_under_device_0(how: Recipe, close: bool) {
             ],
             "{how:?}: device 1 made current for the free, device 0 restored"
         );
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(id));
     });
     assert_no_hazards();
 }
@@ -295,7 +300,8 @@ fn device_1_pool_buffer_closed_under_device_0_is_freed_in_device_1s_context() {
 fn deferred_free_under_device_0(buffer: Buffer, free_call: &'static str) {
     let (ctx0, ctx1) = (primary(0), primary(1));
     let ptr = buffer.ptr();
-    let stream = buffer.deallocation_stream().unwrap().unwrap();
+    let id = alloc_of(ptr);
+    let stream = buffer.deallocation_stream().unwrap();
     assert!(attributes(ptr).is_some());
     let from = mark();
     let ((), span) = under_device_0(move || drop(buffer));
@@ -348,12 +354,12 @@ fn deferred_free_under_device_0(buffer: Buffer, free_call: &'static str) {
     );
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, free_call, ptr, from, ctx1.raw() as u64);
+        let free = assert_ran_in(emu, free_call, id, from, ctx1.raw() as u64);
         assert_ne!(
             free.thread, dropper,
             "freed by the cleanup worker or a drain"
         );
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(id));
     });
     assert_no_hazards();
 }
@@ -369,11 +375,7 @@ fn device_1_cumemalloc_buffer_dropped_under_device_0_is_freed_later_in_device_1s
     // A created stream of device 1 becomes the recipe's stream.
     let s1 = stream_on(1);
     let on_stream = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
-    assert!(on_stream
-        .deallocation_stream()
-        .unwrap()
-        .unwrap()
-        .ptr_eq(&s1));
+    assert!(on_stream.deallocation_stream().unwrap().ptr_eq(&s1));
     on_stream.copy_from_host(&pattern(5, SIZE), &s1).unwrap();
     assert_eq!(read(&on_stream, &s1), pattern(5, SIZE));
     deferred_free_under_device_0(on_stream, "cuMemFree_v2");
@@ -384,7 +386,7 @@ fn device_1_cumemalloc_buffer_dropped_under_device_0_is_freed_later_in_device_1s
         .unwrap();
     assert_eq!(current_raw(), ctx0.raw() as u64);
     ContextHandle::clear_current().unwrap();
-    let recipe = on_token.handle().unwrap().recipe().unwrap();
+    let recipe = on_token.handle().clone().recipe().unwrap();
     assert_eq!(
         recipe.context().raw(),
         ctx1.raw(),
@@ -395,6 +397,7 @@ fn device_1_cumemalloc_buffer_dropped_under_device_0_is_freed_later_in_device_1s
     // An explicit close under device 0 frees now, in device 1's context.
     let closed = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
     let ptr = closed.ptr();
+    let id = alloc_of(ptr);
     let from = mark();
     let (result, span) = under_device_0(move || closed.close());
     assert_eq!(result, Ok(()));
@@ -405,7 +408,7 @@ fn device_1_cumemalloc_buffer_dropped_under_device_0_is_freed_later_in_device_1s
     );
     assert!(attributes(ptr).is_none(), "freed by the close itself");
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFree_v2", ptr, from, ctx1.raw() as u64);
+        let free = assert_ran_in(emu, "cuMemFree_v2", id, from, ctx1.raw() as u64);
         assert_eq!(
             free.thread, span.thread,
             "the close freed on its own thread"
@@ -435,6 +438,7 @@ fn device_1_pinned_buffers_dropped_under_device_0_are_freed_in_device_1s_context
     let mr = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
     let pooled = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
     let ptr = pooled.ptr();
+    let id = alloc_of(ptr);
     pooled.copy_from_host(&pattern(8, SIZE), &s1).unwrap();
     assert_eq!(read(&pooled, &s1), pattern(8, SIZE));
     assert!(used_on(1, mr.pool()) >= SIZE as u64);
@@ -443,10 +447,10 @@ fn device_1_pinned_buffers_dropped_under_device_0_are_freed_in_device_1s_context
     assert_eq!(span.after, ctx0.raw() as u64);
     assert_eq!(used_on(1, mr.pool()), 0, "back in the host pool");
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx1.raw() as u64);
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
         assert_eq!(free.thread, span.thread);
         assert_eq!(free.stream, Some(s1.raw() as u64));
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(id));
     });
     assert_no_hazards();
 }
@@ -493,7 +497,7 @@ fn each_device_has_its_own_pool_and_usage_is_accounted_on_it() {
     let (own0, own1) = (owned_pool(0), owned_pool(1));
     assert_ne!(own0.pool().raw(), own1.pool().raw());
     let a = Arc::clone(&own1).allocate(SIZE, &s1).unwrap();
-    let a_ptr = a.ptr();
+    let a_id = alloc_of(a.ptr());
     assert!(used_on(1, own1.pool()) >= SIZE as u64);
     assert_eq!(used_on(0, own0.pool()), 0);
     // A pool of device 1 refuses a stream of device 0.
@@ -506,7 +510,7 @@ fn each_device_has_its_own_pool_and_usage_is_accounted_on_it() {
     );
     a.close().unwrap();
     assert_eq!(used_on(1, own1.pool()), 0);
-    with_emulator(|emu| assert!(!emu.is_live(a_ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(a_id)));
     assert_no_hazards();
 }
 
@@ -521,6 +525,7 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
     let mr = owned_pool(1);
     let buffer = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
     let ptr = buffer.ptr();
+    let id = alloc_of(ptr);
     buffer.copy_from_host(&pattern(9, SIZE), &s1).unwrap();
     s1.synchronize().unwrap();
     let from = mark();
@@ -529,7 +534,6 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
         found: 0,
     });
     assert_eq!(buffer.set_deallocation_stream(&s0), wrong);
-    assert_eq!(buffer.close_on(&s0), wrong);
     // A token bound to device 0's context, and an unbound one while device 0 is current.
     let bound0 = StreamHandle::bound_default_stream(handles::DefaultStream::Legacy, &ctx0);
     assert_eq!(buffer.set_deallocation_stream(&bound0), wrong);
@@ -541,22 +545,21 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
     assert_eq!(current_raw(), ctx0.raw() as u64);
     ContextHandle::clear_current().unwrap();
     // Unchanged: open, same recipe, same bytes, still allocated.
-    assert!(!buffer.is_closed());
     assert_eq!(buffer.ptr(), ptr);
-    assert!(buffer.deallocation_stream().unwrap().unwrap().ptr_eq(&s1));
+    assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s1));
     assert_eq!(
-        buffer.handle().unwrap().recipe().unwrap().context().raw(),
+        buffer.handle().clone().recipe().unwrap().context().raw(),
         ctx1.raw()
     );
     assert!(used_on(1, mr.pool()) >= SIZE as u64);
     assert_eq!(read(&buffer, &s1), pattern(9, SIZE));
     with_emulator(|emu| {
         assert_eq!(
-            emu.count_calls("cuMemFreeAsync", ptr, from),
+            emu.count_calls("cuMemFreeAsync", id, from),
             0,
             "nothing freed"
         );
-        assert!(emu.is_live(ptr));
+        assert!(emu.is_live(id));
     });
 
     // The reverse: device 0's memory refuses device 1's stream.
@@ -569,7 +572,7 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
             found: 1
         })
     );
-    assert!(on0.deallocation_stream().unwrap().unwrap().ptr_eq(&s0));
+    assert!(on0.deallocation_stream().unwrap().ptr_eq(&s0));
     on0.close().unwrap();
     assert_eq!(used_on(0, mr0.pool()), 0);
 
@@ -580,17 +583,13 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
     ready.record(&s1).unwrap();
     other1.wait_event(&ready).unwrap();
     buffer.set_deallocation_stream(&other1).unwrap();
-    assert!(buffer
-        .deallocation_stream()
-        .unwrap()
-        .unwrap()
-        .ptr_eq(&other1));
+    assert!(buffer.deallocation_stream().unwrap().ptr_eq(&other1));
     let from = mark();
     let ((), span) = under_device_0(move || drop(buffer));
     assert_eq!(span.after, ctx0.raw() as u64);
     assert_eq!(used_on(1, mr.pool()), 0);
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx1.raw() as u64);
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
         assert_eq!(free.stream, Some(other1.raw() as u64));
     });
     assert_no_hazards();
@@ -659,6 +658,7 @@ fn a_host_pool_is_used_by_both_devices() {
     let shared = Arc::clone(&host).allocate(SIZE, &s1).unwrap();
     assert_eq!(shared.device_id(), Ok(None));
     let ptr = shared.ptr();
+    let id = alloc_of(ptr);
     // Written by device 0's stream, read into device 1's memory on device 1's stream.
     s1.synchronize().unwrap();
     shared.fill(0x3Cu8, &s0).unwrap();
@@ -685,7 +685,7 @@ fn a_host_pool_is_used_by_both_devices() {
     ContextHandle::clear_current().unwrap();
     assert_eq!(used_on(0, host.pool()), 0);
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx0.raw() as u64);
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx0.raw() as u64);
         assert_eq!(free.stream, Some(s0.raw() as u64));
     });
     on1.close().unwrap();
@@ -722,6 +722,7 @@ fn a_device_1_graph_releases_its_buffer_in_device_1s_context_while_device_0_is_c
     let mr = owned_pool(1);
     let buffer = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
     let ptr = buffer.ptr();
+    let id = alloc_of(ptr);
     let graph = Graph::new(1).unwrap();
     assert_eq!(graph.device_id(), 1);
     assert_eq!(graph.context().raw(), ctx1.raw());
@@ -750,8 +751,8 @@ fn a_device_1_graph_releases_its_buffer_in_device_1s_context_while_device_0_is_c
         "retained by the graph"
     );
     with_emulator(|emu| {
-        assert_eq!(emu.count_calls("cuMemFreeAsync", ptr, from), 0);
-        assert!(emu.is_live(ptr));
+        assert_eq!(emu.count_calls("cuMemFreeAsync", id, from), 0);
+        assert!(emu.is_live(id));
     });
     graph.close();
     exec.launch(&s1).unwrap(); // the executable still retains it
@@ -766,13 +767,13 @@ fn a_device_1_graph_releases_its_buffer_in_device_1s_context_while_device_0_is_c
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     ContextHandle::clear_current().unwrap();
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx1.raw() as u64);
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
         assert_eq!(
             free.stream,
             Some(s1.raw() as u64),
             "on the buffer's recipe stream"
         );
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(id));
     });
     assert_no_hazards();
 }
@@ -905,6 +906,7 @@ fn ipc_child(path: &std::ffi::OsStr) {
     import.copy_from_host(&pattern(22, SIZE), &s1).unwrap();
     s1.synchronize().unwrap();
     let ptr = import.ptr();
+    let id = alloc_of(ptr);
     let from = mark();
     let me = tid();
     drop(import);
@@ -917,7 +919,7 @@ fn ipc_child(path: &std::ffi::OsStr) {
     s1.synchronize().unwrap();
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx1.raw() as u64);
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
         assert_eq!(free.thread, me);
         assert_eq!(free.stream, Some(s1.raw() as u64));
         let hazards = emu.hazards();

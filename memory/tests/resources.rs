@@ -5,18 +5,19 @@
 //! pool's used memory or, for `cuMemFree`/`cuMemFreeHost`, in the driver no longer knowing the
 //! address; which thread made which call (a drop that never blocks) only on the emulator.
 
+mod adopt;
 mod common;
 
 use std::sync::Arc;
 
+use adopt::Ownership;
 use common::*;
 use handles::sys_types::MemPoolAttribute;
 use handles::{CudaErrorCode, DevicePtrHandle, HandleError, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, LegacyPinnedMemoryResource,
-    ManagedBuffer, ManagedMemoryResource, MemoryError, MemoryResource, Ownership,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
-    SynchronousMemoryResource,
+    ManagedMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
 };
 
 const BLOCKING: [&str; 4] = [
@@ -113,6 +114,7 @@ fn pinned_pool_memory_is_usable_from_the_host_and_any_device() {
 /// the memory with `free_call`.
 fn drop_on_fresh_thread(buffer: Buffer, free_call: &'static str) {
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     assert!(attributes(ptr).is_some());
     let from = mark();
     let (dropper, left_current) = on_fresh_thread(move || {
@@ -143,13 +145,13 @@ fn drop_on_fresh_thread(buffer: Buffer, free_call: &'static str) {
     assert!(attributes(ptr).is_none(), "freed");
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
-        let free = emu.only_call(free_call, ptr, from);
+        let free = emu.only_call(free_call, alloc, from);
         assert_ne!(
             free.thread, dropper,
             "freed by the cleanup worker or a drain"
         );
         assert_eq!(free.result, 0);
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(alloc));
     });
 }
 
@@ -177,15 +179,15 @@ fn synchronous_resources_never_block_a_drop() {
         );
     });
     assert_eq!(
-        sync.handle().unwrap().kind(),
+        sync.handle().clone().kind(),
         handles::ReleaseKind::Synchronous
     );
     assert_eq!(
-        pinned.handle().unwrap().kind(),
+        pinned.handle().clone().kind(),
         handles::ReleaseKind::PinnedHost
     );
     assert_eq!(
-        managed.handle().unwrap().kind(),
+        managed.handle().clone().kind(),
         handles::ReleaseKind::Managed
     );
     assert_eq!(managed.is_managed(), Ok(true));
@@ -206,6 +208,7 @@ fn explicit_close_of_synchronous_memory_waits_and_frees_before_returning() {
     ] {
         let buffer = mr.allocate(128, &s).unwrap();
         let ptr = buffer.ptr();
+        let alloc = alloc_of(ptr);
         buffer.fill(1u8, &s).unwrap();
         let from = mark();
         buffer.close().unwrap();
@@ -213,7 +216,7 @@ fn explicit_close_of_synchronous_memory_waits_and_frees_before_returning() {
         with_emulator(|emu| {
             let here = emu.calls_named_on("cuStreamSynchronize", emu.thread_id(), from);
             assert_eq!(here.len(), 1, "{here:?}");
-            assert!(!emu.is_live(ptr), "freed before close returned");
+            assert!(!emu.is_live(alloc), "freed before close returned");
         });
     }
     assert_no_hazards();
@@ -226,7 +229,7 @@ fn synchronous_resource_records_its_own_bound_legacy_stream_for_tokens() {
     let mr = SynchronousMemoryResource::new(0).unwrap();
     // A thread with no context, and the per-thread token: allocation needs neither.
     let buffer = on_fresh_thread(move || mr.allocate(64, &StreamHandle::per_thread()).unwrap());
-    let recorded = buffer.deallocation_stream().unwrap().unwrap();
+    let recorded = buffer.deallocation_stream().unwrap();
     assert_eq!(
         recorded.raw() as usize,
         0x1,
@@ -234,6 +237,7 @@ fn synchronous_resource_records_its_own_bound_legacy_stream_for_tokens() {
     );
     assert_eq!(recorded.context(), Some(&a));
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let warnings_before = handles::cleanup_warning_count();
     on_fresh_thread(move || drop(buffer));
     handles::drain_deferred_cleanup();
@@ -243,7 +247,7 @@ fn synchronous_resource_records_its_own_bound_legacy_stream_for_tokens() {
         "no per-thread warning"
     );
     assert!(attributes(ptr).is_none(), "freed");
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
 }
 
 #[test]
@@ -256,7 +260,7 @@ fn memory_adopted_by_a_synchronous_resource_gets_its_non_blocking_rule() {
     let (host_ptr, device_ptr) = (host.ptr(), device.ptr());
     std::mem::forget(host);
     std::mem::forget(device);
-    let pinned = Buffer::from_handle(
+    let pinned = adopt::from_handle(
         host_ptr,
         256,
         Ownership::MemoryResource(LegacyPinnedMemoryResource::new()),
@@ -264,10 +268,10 @@ fn memory_adopted_by_a_synchronous_resource_gets_its_non_blocking_rule() {
     )
     .unwrap();
     assert_eq!(
-        pinned.handle().unwrap().kind(),
+        pinned.handle().clone().kind(),
         handles::ReleaseKind::PinnedHost
     );
-    let sync = Buffer::from_handle(
+    let sync = adopt::from_handle(
         device_ptr,
         256,
         Ownership::MemoryResource(SynchronousMemoryResource::new(0).unwrap()),
@@ -275,10 +279,10 @@ fn memory_adopted_by_a_synchronous_resource_gets_its_non_blocking_rule() {
     )
     .unwrap();
     assert_eq!(
-        sync.handle().unwrap().kind(),
+        sync.handle().clone().kind(),
         handles::ReleaseKind::Synchronous
     );
-    assert_eq!(sync.handle().unwrap().device(), Some(0));
+    assert_eq!(sync.handle().clone().device(), Some(0));
     drop_on_fresh_thread(pinned, "cuMemFreeHost");
     drop_on_fresh_thread(sync, "cuMemFree_v2");
 }
@@ -288,7 +292,8 @@ fn managed_buffers() {
     let _serial = start();
     let s = stream_on(0);
     let mr = ManagedMemoryResource::new();
-    let buffer = mr.allocate_managed(64, &s).unwrap();
+    let managed = mr.allocate_managed(64, &s).unwrap();
+    let buffer = managed.as_buffer();
     assert_eq!(buffer.is_managed(), Ok(true));
     assert_eq!(buffer.is_host_accessible(), Ok(true));
     assert_eq!(buffer.is_device_accessible(), Ok(true));
@@ -302,25 +307,29 @@ fn managed_buffers() {
     buffer.fill(0x0102_0304u32, &other_stream).unwrap();
     other_stream.synchronize().unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
-    let view = ManagedBuffer::from_handle(ptr, 64, Ownership::Borrowed, None).unwrap();
-    assert_eq!(view.is_managed(), Ok(true));
+    let view = adopt::managed_from_handle(ptr, 64, Ownership::Borrowed, None).unwrap();
+    assert_eq!(view.as_buffer().is_managed(), Ok(true));
     with_emulator(|emu| {
         assert_eq!(
-            emu.count_calls("cuPointerGetAttribute", ptr, from),
+            emu.count_calls("cuPointerGetAttribute", alloc, from),
             0,
             "the caller vouched"
         );
     });
-    assert_eq!(read(&view, &s), 0x0102_0304u32.to_ne_bytes().repeat(16));
+    assert_eq!(
+        read(view.as_buffer(), &s),
+        0x0102_0304u32.to_ne_bytes().repeat(16)
+    );
     view.into_buffer().close().unwrap();
     assert!(
         attributes(ptr).is_some_and(|a| a.is_managed),
         "a view frees nothing"
     );
-    buffer.into_buffer().close().unwrap();
+    managed.into_buffer().close().unwrap();
     assert!(attributes(ptr).is_none(), "freed");
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
 }
 
 #[test]
@@ -330,13 +339,15 @@ fn explicit_deallocate_returns_the_driver_error() {
     let mr = DeviceMemoryResource::new(0).unwrap();
     let base = pool_used(mr.pool());
     let ptr = foreign_allocation(0, 256, &s);
+    let alloc = alloc_of(ptr);
     assert!(pool_used(mr.pool()) >= base + 256);
-    mr.deallocate(ptr, 256, &s).unwrap();
+    mr.deallocate(unowned(ptr, 256), &s).unwrap();
     assert_eq!(pool_used(mr.pool()), base, "freed");
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
-    // A second free of the same pointer: CUDA_ERROR_INVALID_VALUE on a real driver too
-    // (cuda-sys conformance, measured_mem_free_async_again_after_synchronize_is_invalid_value).
-    let error = mr.deallocate(ptr, 256, &s).unwrap_err();
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
+    // A second free of the same pointer (a broken promise made with `unsafe`, deliberately):
+    // CUDA_ERROR_INVALID_VALUE on a real driver too (cuda-sys conformance,
+    // measured_mem_free_async_again_after_synchronize_is_invalid_value).
+    let error = mr.deallocate(unowned(ptr, 256), &s).unwrap_err();
     assert_eq!(error.code(), Some(CudaErrorCode::INVALID_VALUE));
     assert_eq!(pool_used(mr.pool()), base, "nothing else was freed");
     with_emulator(|emu| emu.clear_hazards()); // the double free above was deliberate
@@ -392,7 +403,7 @@ fn a_closed_pool_resource_refuses_allocations_and_exports_but_still_frees() {
             resource: "PinnedMemoryResource"
         }
     );
-    pinned.deallocate(ptr, 64, &s).unwrap();
+    pinned.deallocate(unowned(ptr, 64), &s).unwrap();
     s.synchronize().unwrap();
     with_emulator(|emu| {
         assert_eq!(emu.calls_named("cuMemFreeAsync", from).len(), 2);

@@ -18,22 +18,26 @@
 //! `CUSTODY_STRESS_SECONDS` (a thread stops early past this, default 20),
 //! `CUSTODY_STRESS_SEED` (default: from the clock; printed, so a failing run can be repeated).
 
+mod adopt;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use handles::sys_types::{CUdeviceptr, MemPoolAttribute};
+use adopt::Ownership;
+use handles::sys_types::MemPoolAttribute;
 use handles::{
-    ContextHandle, DefaultStream, EventHandle, MemoryPoolHandle, StreamHandle, EVENT_DISABLE_TIMING,
+    ContextHandle, DefaultStream, EventHandle, MemoryPoolHandle, OwnedAllocation, StreamHandle,
+    EVENT_DISABLE_TIMING,
 };
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, GraphExec,
-    LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource, Ownership,
+    LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource,
     PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
     SynchronousMemoryResource,
 };
-use test_support::emu::Emulator;
+use test_support::emu::{AllocationId, Emulator};
 
 // ---------------------------------------------------------------------------------------------
 // Configuration and randomness
@@ -122,21 +126,22 @@ impl MemoryResource for AdoptingResource {
         let ptr = backing.ptr();
         self.allocated.fetch_add(1, Ordering::Relaxed);
         self.live.lock().unwrap().insert(ptr, backing);
-        Buffer::from_handle(ptr, size, Ownership::MemoryResource(self), Some(stream))
+        adopt::from_handle(ptr, size, Ownership::MemoryResource(self), Some(stream))
     }
 
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        _size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
+        // The address is a backing buffer's, which closing frees: the token is given up.
+        let (ptr, _) = allocation.into_raw();
         let backing = self.live.lock().unwrap().remove(&ptr);
         let backing = backing.unwrap_or_else(|| {
             panic!("deallocate(0x{ptr:x}) of a pointer that is not live: a double free")
         });
         self.deallocated.fetch_add(1, Ordering::Relaxed);
-        backing.close_on(stream)
+        close_on(backing, stream)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -448,8 +453,6 @@ impl Worker<'_> {
     fn close_buffer(&mut self) {
         if let Some(held) = self.take_random() {
             held.buffer.close().expect("close");
-            held.buffer.close().expect("a second close is a no-op");
-            assert!(held.buffer.is_closed());
             self.world.count("close", 1);
         }
     }
@@ -458,7 +461,7 @@ impl Worker<'_> {
         if let Some(held) = self.take_random() {
             let to = self.random_stream();
             let _event = order(self.world, &held.stream, &to);
-            held.buffer.close_on(&to).expect("close(stream)");
+            close_on(held.buffer, &to).expect("close(stream)");
             self.world.count("close(stream) after a wait", 1);
         }
     }
@@ -555,9 +558,10 @@ fn random_operations_on_many_threads_lose_nothing() {
     }
     let context = ContextHandle::primary(0).expect("device 0");
     handles::drain_deferred_cleanup();
-    let baseline_live: HashSet<u64> = emu.map_or_else(HashSet::new, |emu| {
+    // By identity: a pool hands freed addresses out again (docs/driver-facts.md F18).
+    let baseline_live: HashSet<AllocationId> = emu.map_or_else(HashSet::new, |emu| {
         emu.clear_hazards();
-        emu.live_allocations().iter().map(|a| a.ptr).collect()
+        emu.live_allocations().iter().map(|a| a.id).collect()
     });
     let errors_before = handles::cleanup_error_count();
     let warnings_before = handles::cleanup_warning_count();
@@ -652,7 +656,7 @@ fn random_operations_on_many_threads_lose_nothing() {
         emu.into_iter().all(|emu| {
             emu.live_allocations()
                 .iter()
-                .all(|a| baseline_live.contains(&a.ptr))
+                .all(|a| baseline_live.contains(&a.id))
         }) && adopting.live.lock().unwrap().is_empty()
     });
     let elapsed = started.elapsed();
@@ -694,7 +698,7 @@ fn random_operations_on_many_threads_lose_nothing() {
         let live: Vec<_> = emu
             .live_allocations()
             .into_iter()
-            .filter(|a| !baseline_live.contains(&a.ptr))
+            .filter(|a| !baseline_live.contains(&a.id))
             .collect();
         eprintln!(
             "stress: emulator: {} hazards, {} live allocations left",
@@ -705,4 +709,11 @@ fn random_operations_on_many_threads_lose_nothing() {
         assert!(live.is_empty(), "live allocations: {live:#?}");
     }
     assert!(ops > 0, "the run did no operation");
+}
+
+/// cuda.core's `close(stream)` in Rust: hand the free over to `stream`, then close
+/// (docs/decisions.md D4).
+fn close_on(buffer: Buffer, stream: &StreamHandle) -> Result<(), MemoryError> {
+    buffer.set_deallocation_stream(stream)?;
+    buffer.close()
 }

@@ -1,19 +1,21 @@
-//! `Buffer` and `ManagedBuffer` (a thin shell around `memory::Buffer`), adoption with
-//! `from_handle`, copies and fills, DLPack, and IPC descriptors.
+//! `Buffer` and `ManagedBuffer` (a thin shell around a `memory::Buffer` shared by the object's
+//! references, [`SharedBuffer`]), adoption with `from_handle`, copies and fills, DLPack, and IPC
+//! descriptors.
 
 use std::sync::{Arc, Weak};
 
 use handles::StreamHandle;
-use memory::{Buffer, FillValue, IpcBufferDescriptor, ManagedBuffer, MemoryError, Ownership};
+use memory::{Buffer, FillValue, IpcBufferDescriptor, ManagedBuffer, MemoryError};
 use pyo3::exceptions::{PyBufferError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple, PyType};
 
 use crate::errors::{closed, expected, Error};
-use crate::ffi::dlpack_capsule;
+use crate::ffi::{dlpack_capsule, owned_allocation, unowned_handle};
 use crate::graph::PyGraphBuilder;
 use crate::report::{finalizing, PyObjRef};
 use crate::resource::{pool_of, resolve};
+use crate::shared::SharedBuffer;
 use crate::stream::{accept_stream, default_stream_handle};
 
 /// `kDLCPU`, `kDLCUDA`, `kDLCUDAHost`, `kDLCUDAManaged`.
@@ -28,7 +30,7 @@ const DL_CUDA_MANAGED: i32 = 13;
 pub struct PyBuffer {
     /// Always `Some` until the object is deallocated (then taken, to drop it with the GIL
     /// released).
-    inner: Option<Buffer>,
+    inner: Option<SharedBuffer>,
     /// The memory resource object, reported while the buffer is open.
     mr: Option<Py<PyAny>>,
     /// The owner given to `from_handle(owner=...)`; the memory's handle holds it strongly.
@@ -49,7 +51,7 @@ impl PyBuffer {
         owner: Option<Weak<PyObjRef>>,
     ) -> PyResult<Py<PyAny>> {
         let base = PyBuffer {
-            inner: Some(buffer),
+            inner: Some(SharedBuffer::new(buffer)),
             mr,
             owner,
         };
@@ -62,7 +64,7 @@ impl PyBuffer {
     }
 
     #[inline]
-    pub(crate) fn buffer(&self) -> &Buffer {
+    pub(crate) fn buffer(&self) -> &SharedBuffer {
         match &self.inner {
             Some(buffer) => buffer,
             None => unreachable!("the buffer is taken only when the object is deallocated"),
@@ -141,30 +143,42 @@ fn adopt(
         (None, Some(_)) => Some(default_stream_handle()),
         (None, None) => None,
     };
-    let (ownership, mr_object, owner_ref) = if let Some(mr) = mr {
-        (
-            Ownership::MemoryResource(resolve(mr)?),
-            Some(mr.clone().unbind()),
-            None,
-        )
-    } else if let Some(owner) = owner {
-        let kept = Arc::new(PyObjRef::new(owner.clone().unbind()));
-        let weak = Arc::downgrade(&kept);
-        (Ownership::Owner(Box::new(kept)), None, Some(weak))
-    } else {
-        (Ownership::Borrowed, None, None)
+    if let Some(mr) = mr {
+        let native = resolve(mr)?;
+        let buffer = py
+            .detach(move || {
+                let allocation = owned_allocation(ptr, size);
+                let adopted = if managed {
+                    ManagedBuffer::adopt(allocation, native, recorded.as_ref())
+                        .map(ManagedBuffer::into_buffer)
+                } else {
+                    Buffer::adopt(allocation, native, recorded.as_ref())
+                };
+                // A refused adoption takes nothing: the pointer stays the caller's.
+                adopted.map_err(|refused| {
+                    let _ = refused.allocation.into_raw();
+                    refused.error
+                })
+            })
+            .map_err(Error::from)?;
+        return PyBuffer::wrap(py, buffer, Some(mr.clone().unbind()), managed, None);
+    }
+    let (owner_box, owner_ref) = match owner {
+        Some(owner) => {
+            let kept = Arc::new(PyObjRef::new(owner.clone().unbind()));
+            let weak = Arc::downgrade(&kept);
+            let owner_box: Box<dyn std::any::Any + Send + Sync> = Box::new(kept);
+            (Some(owner_box), Some(weak))
+        }
+        None => (None, None),
     };
-    let buffer = py
-        .detach(move || {
-            if managed {
-                ManagedBuffer::from_handle(ptr, size, ownership, recorded.as_ref())
-                    .map(ManagedBuffer::into_buffer)
-            } else {
-                Buffer::from_handle(ptr, size, ownership, recorded.as_ref())
-            }
-        })
-        .map_err(Error::from)?;
-    PyBuffer::wrap(py, buffer, mr_object, managed, owner_ref)
+    let handle = unowned_handle(ptr, size, owner_box).map_err(Error::from)?;
+    let buffer = if managed {
+        ManagedBuffer::from_parts(handle, None).into_buffer()
+    } else {
+        Buffer::from_parts(handle, None)
+    };
+    PyBuffer::wrap(py, buffer, None, managed, owner_ref)
 }
 
 /// Copies `src` into `dst` on `stream` (`handle`), or records the copy into a graph builder's
@@ -173,12 +187,13 @@ fn copy(
     py: Python<'_>,
     stream: &Bound<'_, PyAny>,
     handle: &StreamHandle,
-    dst: &Buffer,
-    src: &Buffer,
+    dst: &SharedBuffer,
+    src: &SharedBuffer,
 ) -> PyResult<()> {
     if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
         let builder = builder.get().builder()?;
-        py.detach(|| builder.copy(dst, src)).map_err(Error::from)?;
+        py.detach(|| builder.copy(&*dst.get()?, &*src.get()?))
+            .map_err(Error::from)?;
         return Ok(());
     }
     py.detach(|| src.copy_to(dst, handle))
@@ -391,7 +406,7 @@ impl PyBuffer {
         if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
             // Recorded into the graph, which keeps the buffer alive.
             let builder = builder.get().builder()?;
-            py.detach(|| builder.fill(buffer, value))
+            py.detach(|| builder.fill(&*buffer.get()?, value))
                 .map_err(Error::from)?;
             return Ok(());
         }

@@ -199,3 +199,33 @@ pub(crate) fn wrap_foreign_stream(
     // Rust's guarantees, and a bad handle fails there as it does with cuda.core.
     unsafe { handles::raw::wrap_stream(raw, owner) }
 }
+
+/// The right to free `size` bytes at `ptr`, as a Python caller hands it over: to
+/// `Buffer.from_handle(ptr, size, mr=...)` (the buffer then owns the memory) or to a built-in
+/// resource's `deallocate(ptr, size, stream=...)`.
+pub(crate) fn owned_allocation(ptr: u64, size: usize) -> handles::OwnedAllocation {
+    // SAFETY: the Python caller's word that `ptr` is an allocation of `size` bytes it gives up
+    // (the contract of cuda.core's `Buffer.from_handle` and `MemoryResource.deallocate`, which
+    // these mirror); Python code is outside Rust's guarantees.
+    unsafe { handles::raw::owned_allocation(ptr, size) }
+}
+
+/// A handle over `size` bytes at `ptr` that the buffer does not free (`Buffer.from_handle`
+/// without `mr`): nobody's (`owner` `None`), or kept alive by `owner` (the Python object).
+///
+/// # Errors
+/// [`HandleError::InvalidArgument`] for a null `ptr` with an owner.
+pub(crate) fn unowned_handle(
+    ptr: u64,
+    size: usize,
+    owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+) -> Result<handles::DevicePtrHandle, HandleError> {
+    match owner {
+        // SAFETY: the Python caller's word that the memory stays valid while `owner` lives (as
+        // cuda.core's `Buffer.from_handle(owner=...)`).
+        Some(owner) => unsafe { handles::raw::with_owner(ptr, size, owner) },
+        // SAFETY: the Python caller's word that the memory stays valid while the buffer is used
+        // (as cuda.core's `Buffer.from_handle(ptr, size)`).
+        None => Ok(unsafe { handles::raw::borrowed(ptr, size) }),
+    }
+}

@@ -6,7 +6,8 @@
 //!   thread, interpreter shutdown.
 //! - `stream`: `Stream`, `Event`, `Context`, default streams, device-level functions.
 //! - `resource`: `MemoryResource` (subclassable in Python) and the built-in resources.
-//! - `buffer`: `Buffer`, `ManagedBuffer`, DLPack, IPC descriptors.
+//! - `buffer`: `Buffer`, `ManagedBuffer`, DLPack, IPC descriptors; `shared`: the closable,
+//!   shared state of a Python `Buffer` over the Rust buffer it holds.
 //! - `graph`: `GraphBuilder` (stream capture that retains buffers) and `Graph`.
 //! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor).
 //!
@@ -21,6 +22,7 @@ mod ffi;
 mod graph;
 mod report;
 mod resource;
+mod shared;
 mod stream;
 
 use pyo3::prelude::*;

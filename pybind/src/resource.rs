@@ -12,7 +12,7 @@ use std::os::fd::IntoRawFd;
 use std::sync::Arc;
 
 use handles::sys_types::{CUdeviceptr, CUmemPool_attribute};
-use handles::{HandleError, MemoryPoolHandle, StreamHandle};
+use handles::{HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
     LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource,
@@ -25,7 +25,7 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::buffer::PyBuffer;
 use crate::errors::{expected, stash_deallocate_error, Error};
-use crate::ffi::with_borrowed_fd;
+use crate::ffi::{owned_allocation, with_borrowed_fd};
 use crate::graph::{allocate_in, PyGraphBuilder};
 use crate::report::{with_python, PyObjRef};
 use crate::stream::{accept_stream, PyStream};
@@ -115,7 +115,7 @@ impl PyMemoryResource {
     ) -> PyResult<()> {
         let native = Arc::clone(self.native("deallocate")?);
         let stream = accept_stream(stream)?;
-        py.detach(move || native.deallocate(ptr, size, &stream))
+        py.detach(move || native.deallocate(owned_allocation(ptr, size), &stream))
             .map_err(Error::from)?;
         Ok(())
     }
@@ -232,10 +232,11 @@ impl MemoryResource for PyResourceAdapter {
 
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
+        // The Python resource frees by its own means: it gets the address and size.
+        let (ptr, size) = allocation.into_raw();
         let outcome = with_python(|py| -> Result<(), String> {
             let call = || -> PyResult<()> {
                 let kwargs = PyDict::new(py);

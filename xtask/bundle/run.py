@@ -3,7 +3,8 @@
 
 Built by `cargo xtask gpu-bundle` into gpu-bundle/ (this file, manifest.json, bin/, the emulated
 driver libcuda_emu.so, examples/ and, once pybind exists, python/). Needs only Python 3.9+ and
-its standard library, so it runs on a GPU host with no Rust toolchain and no network.
+its standard library (the Python package's steps: Python 3.11+, with pytest), so it runs on a GPU
+host with no Rust toolchain and no network.
 
 What it does:
   1. prints the host, the GPU (nvidia-smi) and the driver it is about to test;
@@ -12,7 +13,10 @@ What it does:
      marked emulator-only, which run against the bundled emulator instead;
   3. runs the conformance binary a second time against the bundled emulator, so that one run
      compares both drivers case by case;
-  4. runs the bundled pytest suite against the real driver, if the bundle has one;
+  4. runs the bundled pytest suite against the real driver, if the bundle has one, and the
+     install check: pip installs the bundled wheel into a fresh virtual environment (so pip
+     checks its tags against this host's glibc and Python) and runs
+     python/smoke/installed_wheel.py there against the real driver;
   5. runs the demo: the Rust hand-off example against the real driver and the emulator, the
      Python one (examples/handoff.py, with the bundled wheel) likewise, and the differential
      script (examples/differential.py: custody and cuda.core side by side) against the real
@@ -206,6 +210,52 @@ def run_pytest(manifest, env, out_dir):
         if out.returncode == 5:
             return {"status": FAIL, "detail": "pytest collected no tests"}
         return {"status": FAIL, "detail": "%s (see %s)" % (last, log)}
+
+
+def run_install_check(manifest, env, out_dir):
+    """pip installs the bundled wheel into a fresh virtual environment and runs the install check
+    there (isolated: `python -I`, from inside the environment) with `env`'s driver."""
+    python = manifest["python"]
+    check = python.get("install_check")
+    if not check:
+        return {"status": SKIP, "detail": "the bundle has no install check"}
+    log = out_dir / "logs" / "install.real.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    venv = Path(tempfile.mkdtemp(prefix="custody-venv-"))
+    transcript = []
+
+    def step(command, **kwargs):
+        out = subprocess.run([str(c) for c in command], capture_output=True, text=True,
+                             errors="replace", **kwargs)
+        transcript.append("$ %s\n%s%s" % (" ".join(str(c) for c in command), out.stdout, out.stderr))
+        return out
+
+    try:
+        vpy = venv / "bin" / "python"
+        pip = [vpy, "-m", "pip"]
+        if step([sys.executable, "-m", "venv", venv]).returncode != 0:
+            # No ensurepip here (Debian/Ubuntu without python3-venv): an environment without
+            # pip, filled by this interpreter's own pip (22.3+ has --python).
+            shutil.rmtree(venv, ignore_errors=True)
+            if step([sys.executable, "-m", "venv", "--without-pip", venv]).returncode != 0:
+                return {"status": SKIP, "detail": "python3 -m venv does not work on this host"}
+            pip = [sys.executable, "-m", "pip", "--python", vpy]
+        wheels = [HERE / wheel for wheel in python.get("wheels", [])]
+        installed = step(pip + ["install", "--no-index", "--no-deps", "--disable-pip-version-check"]
+                         + wheels)
+        if installed.returncode != 0:
+            last = (installed.stderr.strip().splitlines() or [""])[-1]
+            return {"status": FAIL, "detail": "pip did not install %s: %s (see %s)"
+                    % (", ".join(w.name for w in wheels), last, log)}
+        env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+        ran = step([vpy, "-I", HERE / check], cwd=str(venv), env=env)
+        last = (ran.stdout.strip().splitlines() or [""])[-1]
+        if ran.returncode == 0:
+            return {"status": PASS, "detail": "%s (%s)" % (last, ", ".join(w.name for w in wheels))}
+        return {"status": FAIL, "detail": "%s (see %s)" % (last, log)}
+    finally:
+        log.write_text("\n".join(transcript))
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 def run_program(command, env, timeout, log):
@@ -412,6 +462,13 @@ def main():
     else:
         pytest = run_pytest(manifest, driver_env(driver_path), out_dir)
     print("\n  pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")))
+    if not manifest.get("python"):
+        install = {"status": SKIP, "detail": "the bundle has no Python package"}
+    elif not real_ok:
+        install = {"status": NOT_RUN, "detail": "no real driver"}
+    else:
+        install = run_install_check(manifest, driver_env(driver_path), out_dir)
+    print("  install: %s (%s)" % (install["status"], install.get("detail", "")))
 
     demo = run_demo(manifest, real_ok, driver_path, emulator_path,
                     emulator["loaded"] and not emulator["error"], out_dir,
@@ -452,6 +509,7 @@ def main():
         "bundle_commit": manifest.get("commit"),
         "totals": totals,
         "pytest": pytest,
+        "install": install,
         "demo": demo,
         "tests": [{k: ({kk: vv for kk, vv in v.items() if kk != "output"} if isinstance(v, dict) else v)
                    for k, v in row.items()} for row in rows],
@@ -466,6 +524,7 @@ def main():
              "- emulator: %s" % emulator_path.name,
              "- bundle commit: %s" % manifest.get("commit"),
              "- pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")),
+             "- install check: %s (%s)" % (install["status"], install.get("detail", "")),
              "",
              "| demo | real driver | emulator |",
              "|---|---|---|"]
@@ -514,7 +573,7 @@ def main():
     if not real_ok:
         return 2
     failed = (totals["real"]["failed"] + totals["emulator"]["failed"] + (pytest["status"] == FAIL)
-              + demo_failed + bench_failed)
+              + (install["status"] == FAIL) + demo_failed + bench_failed)
     return 1 if failed else 0
 
 

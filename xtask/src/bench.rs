@@ -256,18 +256,8 @@ fn release_wheel_site(root: &Path, target_dir: &Path) -> Result<PathBuf> {
         }
         fs::create_dir_all(dir)?;
     }
-    cmd::run(
-        crate::test::in_venv(root, root.join(".venv/bin/maturin"))
-            .args([
-                "build",
-                "--release",
-                "--manifest-path",
-                "pybind/Cargo.toml",
-                "--out",
-            ])
-            .arg(&wheels),
-    )
-    .context("building the pybind release wheel")?;
+    crate::wheel::build(root, crate::wheel::Profile::Release, &wheels, None)
+        .context("building the pybind release wheel")?;
     for entry in fs::read_dir(&wheels)? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "whl") {

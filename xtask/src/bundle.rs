@@ -349,40 +349,37 @@ fn bundle_foreign(root: &Path, bundle: &Path) -> Result<Value> {
     Ok(json!({ "script": "foreign/foreign_tests.py" }))
 }
 
-/// When `pybind/` exists: a release wheel built with maturin and the pytest files, under
-/// `python/`. Returns the manifest's `python` entry (`null` without pybind).
+/// When `pybind/` exists: the portable release wheel (`cargo xtask wheel`'s abi3 wheel,
+/// `manylinux_2_28`, which pip installs on the GPU host's glibc and Python 3.11+), the pytest
+/// files and the install check, under `python/`. Returns the manifest's `python` entry (`null`
+/// without pybind).
 fn bundle_python(root: &Path, bundle: &Path) -> Result<Value> {
     if !root.join("pybind/pyproject.toml").is_file() {
         return Ok(Value::Null);
     }
-    crate::test::venv_python(root)?;
     let wheels = bundle.join("python/wheels");
-    fs::create_dir_all(&wheels)?;
-    cmd::run(
-        crate::test::in_venv(root, root.join(".venv/bin/maturin"))
-            .args([
-                "build",
-                "--release",
-                "--manifest-path",
-                "pybind/Cargo.toml",
-                "--out",
-            ])
-            .arg(&wheels),
-    )
-    .context("building the pybind wheel")?;
-    // The tests, and the examples some of them run (`tests/../examples`).
-    for folder in ["tests", "examples"] {
+    let built = crate::wheel::build(root, crate::wheel::Profile::Release, &wheels, None)
+        .context("building the pybind wheel")?;
+    for wheel in &built {
+        crate::wheel::print_wheel(wheel);
+    }
+    // The tests, the examples some of them run (`tests/../examples`) and the install check.
+    for folder in ["tests", "examples", "smoke"] {
         let source = root.join("pybind").join(folder);
         if source.is_dir() {
             copy_tree(&source, &bundle.join("python").join(folder))?;
         }
     }
-    let wheel_files: Vec<String> = fs::read_dir(&wheels)?
-        .filter_map(|e| e.ok())
-        .map(|e| format!("python/wheels/{}", e.file_name().to_string_lossy()))
-        .filter(|name| name.ends_with(".whl"))
+    let wheel_files: Vec<String> = built
+        .iter()
+        .filter_map(|w| w.path.file_name())
+        .map(|name| format!("python/wheels/{}", name.to_string_lossy()))
         .collect();
-    Ok(json!({ "wheels": wheel_files, "tests": "python/tests" }))
+    Ok(json!({
+        "wheels": wheel_files,
+        "tests": "python/tests",
+        "install_check": "python/smoke/installed_wheel.py",
+    }))
 }
 
 fn copy(from: &Path, to: &Path) -> Result<()> {

@@ -180,8 +180,11 @@ fn python_example(root: &Path, driver: &Driver) -> Outcome {
     if !root.join("pybind/pyproject.toml").is_file() {
         return Outcome::Skipped("pybind/pyproject.toml does not exist yet".to_owned());
     }
-    match crate::test::develop_pybind(root) {
-        Ok(python) => {
+    let installed = cmd::metadata()
+        .and_then(|metadata| cmd::target_dir(&metadata))
+        .and_then(|target_dir| crate::test::install_test_wheel(root, &target_dir));
+    match installed {
+        Ok((_, python)) => {
             let mut command = crate::test::in_venv(root, python);
             command.arg(PYTHON_EXAMPLE);
             run_example(&mut command, driver, root)

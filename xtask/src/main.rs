@@ -1,6 +1,8 @@
 //! `cargo xtask`: the project's chores as one Rust program (rust-analyzer's pattern).
 //!
 //! - `cargo xtask test`: every test on this machine, against the emulated driver.
+//! - `cargo xtask wheel`: the Python package's portable manylinux wheels (abi3, and free-threaded
+//!   when an interpreter is named), their tags and glibc floor checked by auditwheel.
 //! - `cargo xtask gpu-bundle`: a self-contained folder of test binaries, the emulator and a
 //!   Python runner for a GPU host that has no Rust toolchain.
 //! - `cargo xtask gpu-test`: the bundle, built and run in place on a machine with a GPU.
@@ -21,6 +23,7 @@ mod cmd;
 mod demo;
 mod foreign;
 mod test;
+mod wheel;
 
 use std::process::ExitCode;
 
@@ -29,7 +32,13 @@ usage: cargo xtask <command>
 
 commands:
   test         build the emulated driver and run every test against it
-               (cargo nextest, or cargo test when nextest is missing; then pytest if pybind exists)
+               (cargo nextest, or cargo test when nextest is missing; then, if pybind exists,
+               pytest and the install check of the wheel in a fresh venv)
+  wheel        build the Python package's manylinux wheels into target/wheels/ (zig-linked for
+               glibc 2.28, checked by maturin and auditwheel; twine check of the metadata) and
+               print their tags and glibc floor; --free-threaded PYTHON (or
+               CUSTODY_FREE_THREADED_PYTHON) adds a wheel for that free-threaded CPython;
+               --debug, --out DIR
   gpu-bundle   build gpu-bundle/: test binaries, the emulated driver and run.py for a GPU host
   gpu-test     build the bundle and run it here (needs a GPU); arguments go to run.py
   demo         the stream hand-off example in Rust and Python: on a real GPU when one is usable,
@@ -56,6 +65,7 @@ fn main() -> ExitCode {
         "test" => no_arguments(&command, &rest).and_then(|()| test::run()),
         "gpu-bundle" => no_arguments(&command, &rest).and_then(|()| bundle::build().map(|_| ())),
         "gpu-test" => bundle::run_in_place(&rest),
+        "wheel" => wheel::run(&rest),
         "demo" => demo::run(&rest),
         "bench" => bench::run(&rest),
         "foreign-tests" => foreign::run(&rest),

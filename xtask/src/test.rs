@@ -1,6 +1,12 @@
 //! `cargo xtask test`: builds the emulated driver, then runs every Rust test of the workspace, the
 //! doctests (every doc example runs on the emulator) and (once `pybind/` exists) the pytest suite
-//! against it, and prints one summary line per suite.
+//! and the install check against it, and prints one summary line per suite.
+//!
+//! The Python package is built once, as the portable wheel `cargo xtask wheel` builds (debug
+//! profile; its glibc floor checked), and that one wheel is both installed into `.venv` for
+//! pytest and installed by pip into a fresh virtual environment for the install check
+//! (`pybind/smoke/installed_wheel.py`), so that a wheel missing its extension, stubs, `py.typed`
+//! or metadata fails here.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,14 +32,12 @@ struct Suite {
 pub fn run() -> Result<()> {
     let root = cmd::workspace_root();
     let metadata = cmd::metadata()?;
-    let emulator = build_emulator(&cmd::target_dir(&metadata)?)?;
+    let target_dir = cmd::target_dir(&metadata)?;
+    let emulator = build_emulator(&target_dir)?;
     eprintln!("xtask test: {DRIVER_ENV}={}", emulator.display());
 
-    let suites = vec![
-        rust_suite(&emulator)?,
-        doc_suite(&emulator)?,
-        python_suite(&root, &emulator)?,
-    ];
+    let mut suites = vec![rust_suite(&emulator)?, doc_suite(&emulator)?];
+    suites.extend(python_suites(&root, &emulator, &target_dir));
 
     println!();
     println!("xtask test summary:");
@@ -133,24 +137,101 @@ fn doc_suite(emulator: &Path) -> Result<Suite> {
     })
 }
 
-fn python_suite(root: &Path, emulator: &Path) -> Result<Suite> {
-    let how = "pytest pybind/tests in .venv".to_owned();
-    if !root.join("pybind/pyproject.toml").is_file() {
-        return Ok(Suite {
-            name: "pytest",
-            how,
-            outcome: Outcome::Skipped("pybind/pyproject.toml does not exist yet".to_owned()),
-        });
-    }
-    let outcome = match run_pytest(root, emulator) {
-        Ok(outcome) => outcome,
-        Err(error) => Outcome::Failed(format!("{error:#}")),
+/// Where `cargo xtask test` builds its (debug) wheel, under the target directory.
+const TEST_WHEEL_DIR: &str = "wheels-debug";
+
+/// The install check's virtual environment, under the target directory (made anew every run).
+const INSTALL_CHECK_VENV: &str = "install-check-venv";
+
+/// The install check's program, relative to the workspace root.
+pub const INSTALL_CHECK: &str = "pybind/smoke/installed_wheel.py";
+
+/// The pytest suite and the install check, sharing one wheel.
+fn python_suites(root: &Path, emulator: &Path, target_dir: &Path) -> Vec<Suite> {
+    let pytest_how = "pytest pybind/tests in .venv (the debug wheel installed)".to_owned();
+    let install_how = format!("pip install of the wheel into a fresh venv, then {INSTALL_CHECK}");
+    let both = |pytest: Outcome, install: Outcome| {
+        vec![
+            Suite {
+                name: "pytest",
+                how: pytest_how.clone(),
+                outcome: pytest,
+            },
+            Suite {
+                name: "install",
+                how: install_how.clone(),
+                outcome: install,
+            },
+        ]
     };
-    Ok(Suite {
-        name: "pytest",
-        how,
-        outcome,
-    })
+    if !root.join("pybind/pyproject.toml").is_file() {
+        let why = "pybind/pyproject.toml does not exist yet";
+        return both(
+            Outcome::Skipped(why.to_owned()),
+            Outcome::Skipped(why.to_owned()),
+        );
+    }
+    let (wheel, python) = match install_test_wheel(root, target_dir) {
+        Ok(built) => built,
+        Err(error) => {
+            let why = format!("building and installing the wheel: {error:#}");
+            return both(Outcome::Failed(why.clone()), Outcome::Failed(why));
+        }
+    };
+    let pytest = run_pytest(root, emulator, &python)
+        .unwrap_or_else(|error| Outcome::Failed(format!("{error:#}")));
+    let install = install_check(
+        root,
+        Path::new("python3"),
+        &wheel.path,
+        &target_dir.join(INSTALL_CHECK_VENV),
+        emulator,
+    )
+    .map_or_else(
+        |error| Outcome::Failed(format!("{error:#}")),
+        |()| Outcome::Passed,
+    );
+    both(pytest, install)
+}
+
+/// Makes a fresh virtual environment `venv` with `base_python`, installs `wheel` into it with
+/// pip (no index: the package has no dependencies) and runs the install check there, isolated
+/// from the source tree (`python -I`, run from inside the environment), against `driver`.
+pub fn install_check(
+    root: &Path,
+    base_python: &Path,
+    wheel: &Path,
+    venv: &Path,
+    driver: &Path,
+) -> Result<()> {
+    if venv.exists() {
+        std::fs::remove_dir_all(venv).with_context(|| format!("removing {}", venv.display()))?;
+    }
+    cmd::run(Command::new(base_python).args(["-m", "venv"]).arg(venv))
+        .context("creating the install check's virtual environment")?;
+    let python = venv.join("bin/python");
+    cmd::run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-index",
+                "--no-deps",
+                "--disable-pip-version-check",
+            ])
+            .arg(wheel),
+    )
+    .context("pip could not install the wheel into a fresh virtual environment")?;
+    cmd::run(
+        Command::new(&python)
+            .arg("-I")
+            .arg(root.join(INSTALL_CHECK))
+            .current_dir(venv)
+            .env(DRIVER_ENV, driver),
+    )
+    .context("the install check failed on the freshly installed wheel")
 }
 
 /// The virtual environment's interpreter, creating `.venv` and installing maturin, pytest and
@@ -199,20 +280,44 @@ pub fn in_venv(root: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
     command
 }
 
-/// Builds pybind and installs it into `.venv` (`maturin develop`), creating the environment
-/// when missing; returns the environment's interpreter.
-pub fn develop_pybind(root: &Path) -> Result<PathBuf> {
+/// Builds the package's wheel as `cargo xtask test` does (`cargo xtask wheel`'s build in the
+/// debug profile, into `target/wheels-debug/`) and installs it into `.venv` (replacing any
+/// earlier build of the package), creating the environment when missing; returns the wheel and
+/// the environment's interpreter.
+pub fn install_test_wheel(
+    root: &Path,
+    target_dir: &Path,
+) -> Result<(crate::wheel::Wheel, PathBuf)> {
+    let mut wheels = crate::wheel::build(
+        root,
+        crate::wheel::Profile::Debug,
+        &target_dir.join(TEST_WHEEL_DIR),
+        None,
+    )?;
+    let wheel = wheels.remove(0);
+    crate::wheel::print_wheel(&wheel);
     let python = venv_python(root)?;
-    let maturin = root.join(".venv/bin/maturin");
-    cmd::run(in_venv(root, &maturin).args(["develop", "--manifest-path", "pybind/Cargo.toml"]))
-        .context("building and installing pybind with maturin develop")?;
-    Ok(python)
+    cmd::run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-index",
+                "--no-deps",
+                "--force-reinstall",
+            ])
+            .arg(&wheel.path),
+    )
+    .context("installing the wheel into .venv")?;
+    Ok((wheel, python))
 }
 
-fn run_pytest(root: &Path, emulator: &Path) -> Result<Outcome> {
-    let python = develop_pybind(root)?;
+/// pytest on the package installed in `.venv`.
+fn run_pytest(root: &Path, emulator: &Path, python: &Path) -> Result<Outcome> {
     let exit = cmd::status(
-        in_venv(root, &python)
+        in_venv(root, python)
             .args(["-m", "pytest", "pybind/tests"])
             .env(DRIVER_ENV, emulator),
     )?;

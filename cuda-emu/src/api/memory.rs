@@ -395,6 +395,8 @@ fn copy(
         }
         let d = st.resolve(dst, n64.max(1), dst_host, function, r)?;
         let sr = st.resolve(src, n64.max(1), src_host, function, r)?;
+        // The call log's pointer is the device side: the source of a device-to-host copy.
+        info.alloc = if dst_host && !src_host { sr.id } else { d.id };
         if n == 0 {
             return Ok(());
         }
@@ -513,6 +515,7 @@ fn memset(
             return Ok(());
         }
         let d = st.resolve(dst, len.max(1), false, function, r)?;
+        info.alloc = d.id;
         if n == 0 {
             return Ok(());
         }
@@ -600,9 +603,10 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     ptr: CUdeviceptr,
 ) -> CUresult {
     let attr = attribute as u32;
-    entry("cuPointerGetAttribute", None, Some(ptr), |_| {
+    entry("cuPointerGetAttribute", None, Some(ptr), |info| {
         need(data)?;
         let st = initialized()?;
+        info.alloc = st.find_live(ptr).and_then(|start| st.alloc_id(start));
         // SAFETY: the caller's storage for the attribute (driver contract).
         unsafe { pointer_attribute(&st, attr, ptr, data) }
     })

@@ -334,8 +334,8 @@ fn set_deallocation_stream(c: &mut Criterion, s: &Settings, setup: &Setup) {
     let other = StreamHandle::create(&setup.ctx, 0, 0).expect("second stream");
     let (stream, other) = (&setup.stream, &other);
     let handle = DevicePtrHandle::alloc_from_pool(SIZE, setup.pool(), stream).unwrap();
-    let buffer: Buffer = Arc::clone(&setup.mr).allocate(SIZE, stream).unwrap();
-    let (handle, buffer) = (&handle, &buffer);
+    let owned: Buffer = Arc::clone(&setup.mr).allocate(SIZE, stream).unwrap();
+    let (handle, buffer) = (&handle, &owned);
     paired::run(
         c,
         s,
@@ -372,7 +372,7 @@ fn set_deallocation_stream(c: &mut Criterion, s: &Settings, setup: &Setup) {
             between: Box::new(|| {}),
         },
     );
-    buffer.close().unwrap();
+    owned.close().unwrap();
     setup.sync();
 }
 

@@ -151,7 +151,7 @@ impl GraphBuilder {
     ///
     /// # Errors
     /// Found before any driver call: [`MemoryError::Graph`] when not building,
-    /// [`MemoryError::Closed`], [`MemoryError::InvalidFill`], [`MemoryError::WrongDevice`]
+    /// [`MemoryError::InvalidFill`], [`MemoryError::WrongDevice`]
     /// (device memory of another device than the stream's). Then [`MemoryError::Handle`] for
     /// the driver's failure; if the retention succeeded and the fill failed, the buffer stays
     /// retained until the graph goes.
@@ -161,7 +161,7 @@ impl GraphBuilder {
     /// `cuUserObjectRelease`, then as [`Buffer::fill`].
     pub fn fill(&self, buffer: &Buffer, value: impl Into<FillValue>) -> Result<(), MemoryError> {
         let value = value.into();
-        let handle = buffer.handle()?;
+        let handle = buffer.handle().clone();
         check_fill(&handle, value)?;
         if let Some(device) = bound_device(buffer)? {
             if device != self.device {
@@ -183,13 +183,13 @@ impl GraphBuilder {
     ///
     /// # Errors
     /// Found before any driver call: [`MemoryError::Graph`] when not building,
-    /// [`MemoryError::Closed`] (either buffer), [`MemoryError::SizeMismatch`],
+    /// [`MemoryError::SizeMismatch`],
     /// [`MemoryError::WrongDevice`] (both device memory and the stream on neither's device).
     /// Then as [`GraphBuilder::fill`].
     ///
     /// Driver calls: as [`GraphBuilder::fill`], then as [`Buffer::copy_to`].
     pub fn copy(&self, dst: &Buffer, src: &Buffer) -> Result<(), MemoryError> {
-        let (dst_handle, src_handle) = (dst.handle()?, src.handle()?);
+        let (dst_handle, src_handle) = (dst.handle().clone(), src.handle().clone());
         if dst_handle.size() != src_handle.size() {
             return Err(MemoryError::SizeMismatch {
                 src: src_handle.size(),

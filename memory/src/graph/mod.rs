@@ -179,7 +179,7 @@ impl Graph {
     ///
     /// # Errors
     /// Found before any driver call: [`MemoryError::Graph`] (graph closed),
-    /// [`MemoryError::Closed`] (buffer closed), [`MemoryError::InvalidFill`] (size or address
+    /// [`MemoryError::InvalidFill`] (size or address
     /// not a multiple of the pattern's width), [`MemoryError::WrongDevice`] (device memory of
     /// another device than the graph's), [`MemoryError::Handle`] for a dependency of another
     /// graph. Then [`MemoryError::Handle`] for the driver's failure (nothing is retained then).
@@ -194,7 +194,7 @@ impl Graph {
         value: impl Into<FillValue>,
     ) -> Result<GraphNode, MemoryError> {
         let value = value.into();
-        let handle = buffer.handle()?;
+        let handle = buffer.handle().clone();
         check_fill(&handle, value)?;
         self.check_device(buffer)?;
         let (pattern, width) = memset_value(value);
@@ -206,8 +206,8 @@ impl Graph {
     /// graph retains both, as [`Graph::add_memset`] does.
     ///
     /// # Errors
-    /// Found before any driver call: [`MemoryError::Graph`], [`MemoryError::Closed`] (either
-    /// buffer), [`MemoryError::SizeMismatch`], [`MemoryError::WrongDevice`] (device memory of
+    /// Found before any driver call: [`MemoryError::Graph`] (graph closed),
+    /// [`MemoryError::SizeMismatch`], [`MemoryError::WrongDevice`] (device memory of
     /// another device than the graph's), [`MemoryError::Handle`] for a dependency of another
     /// graph. Then [`MemoryError::Handle`] for the driver's failure.
     ///
@@ -218,7 +218,7 @@ impl Graph {
         dst: &Buffer,
         src: &Buffer,
     ) -> Result<GraphNode, MemoryError> {
-        let (dst_handle, src_handle) = (dst.handle()?, src.handle()?);
+        let (dst_handle, src_handle) = (dst.handle().clone(), src.handle().clone());
         if dst_handle.size() != src_handle.size() {
             return Err(MemoryError::SizeMismatch {
                 src: src_handle.size(),

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use handles::ops::{self, CaptureStatus};
-use handles::sys_types::CUdeviceptr;
-use handles::{DevicePtrHandle, StreamHandle};
+
+use handles::{DevicePtrHandle, OwnedAllocation, StreamHandle};
 
 use crate::buffer::{Access, IpcRole};
-use crate::resource::{check_bound_stream_device, check_size, device_error, taken_on_trust};
+use crate::resource::{check_bound_stream_device, check_size, device_error};
 use crate::{Buffer, MemoryError, MemoryResource};
 
 /// Graph memory of device `device_id`: `cuMemAllocAsync` on a stream that is being captured,
@@ -66,11 +66,10 @@ impl MemoryResource for GraphMemoryResource {
     /// [`MemoryError::Handle`] for the driver's failure.
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(taken_on_trust(ptr, size).free_async(stream)?)
+        Ok(allocation.free_async(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use handles::ops::{self, CaptureStatus, PoolLocation, PoolSpec};
-use handles::sys_types::CUdeviceptr;
-use handles::{DevicePtrHandle, MemoryPoolHandle, StreamHandle};
+
+use handles::{DevicePtrHandle, MemoryPoolHandle, OwnedAllocation, StreamHandle};
 
 use crate::buffer::{Access, IpcRole};
-use crate::resource::{check_bound_stream_device, check_size, device_error, taken_on_trust};
+use crate::resource::{check_bound_stream_device, check_size, device_error};
 use crate::{Buffer, MemoryError, MemoryResource};
 
 /// What the two pool resources share.
@@ -267,11 +267,10 @@ impl MemoryResource for DeviceMemoryResource {
     /// `CUDA_ERROR_INVALID_CONTEXT`).
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(taken_on_trust(ptr, size).free_async(stream)?)
+        Ok(allocation.free_async(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -405,11 +404,10 @@ impl MemoryResource for PinnedMemoryResource {
     /// [`MemoryError::Handle`] for the driver's failure.
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(taken_on_trust(ptr, size).free_async(stream)?)
+        Ok(allocation.free_async(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {

@@ -10,12 +10,13 @@
 
 use std::sync::Arc;
 
-use handles::sys_types::CUdeviceptr;
-use handles::{ContextHandle, DefaultStream, DevicePtrHandle, ReleaseKind, StreamHandle};
+use handles::{
+    ContextHandle, DefaultStream, DevicePtrHandle, OwnedAllocation, ReleaseKind, StreamHandle,
+};
 
 use crate::buffer::{adopt_synchronous, Access, IpcRole};
-use crate::resource::{check_bound_stream_device, check_size, device_error, taken_on_trust};
-use crate::{Buffer, ManagedBuffer, MemoryError, MemoryResource};
+use crate::resource::{check_bound_stream_device, check_size, device_error};
+use crate::{AdoptError, Buffer, ManagedBuffer, MemoryError, MemoryResource};
 
 const HOST_AND_DEVICE: Access = Access {
     device: true,
@@ -66,11 +67,10 @@ impl MemoryResource for LegacyPinnedMemoryResource {
     /// [`MemoryError::Handle`] for the driver's failure (nothing is freed if the wait fails).
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(taken_on_trust(ptr, size).free_host_sync(stream)?)
+        Ok(allocation.free_host_sync(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -88,11 +88,10 @@ impl MemoryResource for LegacyPinnedMemoryResource {
     /// Adopts with the pinned-host release rule (no blocking in a drop).
     fn adopt(
         self: Arc<Self>,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
-    ) -> Result<DevicePtrHandle, MemoryError> {
-        adopt_synchronous(ptr, size, ReleaseKind::PinnedHost, None, stream)
+    ) -> Result<DevicePtrHandle, AdoptError> {
+        adopt_synchronous(allocation, ReleaseKind::PinnedHost, None, stream)
     }
 }
 
@@ -167,11 +166,10 @@ impl MemoryResource for ManagedMemoryResource {
     /// [`MemoryError::Handle`] for the driver's failure (nothing is freed if the wait fails).
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(taken_on_trust(ptr, size).free_device_sync(stream)?)
+        Ok(allocation.free_device_sync(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -193,11 +191,10 @@ impl MemoryResource for ManagedMemoryResource {
     /// Adopts with the managed release rule (no blocking in a drop).
     fn adopt(
         self: Arc<Self>,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
-    ) -> Result<DevicePtrHandle, MemoryError> {
-        adopt_synchronous(ptr, size, ReleaseKind::Managed, None, stream)
+    ) -> Result<DevicePtrHandle, AdoptError> {
+        adopt_synchronous(allocation, ReleaseKind::Managed, None, stream)
     }
 }
 
@@ -274,11 +271,10 @@ impl MemoryResource for SynchronousMemoryResource {
     /// [`MemoryError::Handle`] for the driver's failure (nothing is freed if the wait fails).
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        Ok(taken_on_trust(ptr, size).free_device_sync(stream)?)
+        Ok(allocation.free_device_sync(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -297,14 +293,15 @@ impl MemoryResource for SynchronousMemoryResource {
     /// token is replaced by the resource's bound legacy stream, as in `allocate`.
     fn adopt(
         self: Arc<Self>,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
-    ) -> Result<DevicePtrHandle, MemoryError> {
-        let recorded = self.recipe_stream(stream)?;
+    ) -> Result<DevicePtrHandle, AdoptError> {
+        let recorded = match self.recipe_stream(stream) {
+            Ok(recorded) => recorded,
+            Err(error) => return Err(AdoptError { error, allocation }),
+        };
         adopt_synchronous(
-            ptr,
-            size,
+            allocation,
             ReleaseKind::Synchronous,
             Some(self.device),
             recorded,

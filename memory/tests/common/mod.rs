@@ -14,14 +14,14 @@
 
 use std::sync::{Arc, Mutex};
 
-pub use test_support::emu::{Call, Emulator, Hazard};
+pub use test_support::emu::{AllocationId, Call, Emulator, Hazard};
 pub use test_support::*;
 
 use handles::sys_types::{CUdeviceptr, MemPoolAttribute};
 use handles::{
     ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle,
 };
-use memory::{Buffer, MemoryError, MemoryResource, Ownership};
+use memory::{Buffer, MemoryError, MemoryResource};
 
 /// A created stream in device `n`'s primary context.
 pub fn stream_on(n: i32) -> StreamHandle {
@@ -108,15 +108,18 @@ impl MemoryResource for RecordingResource {
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
         let ptr = foreign_allocation(self.device, size, stream);
-        Buffer::from_handle(ptr, size, Ownership::MemoryResource(self), Some(stream))
+        Buffer::adopt(unowned(ptr, size), self, Some(stream)).map_err(|refused| {
+            let _ = refused.allocation.into_raw(); // allocated elsewhere: leaked, as a test's
+            refused.error
+        })
     }
 
     fn deallocate(
         &self,
-        ptr: CUdeviceptr,
-        size: usize,
+        allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
+        let (ptr, size) = (allocation.ptr(), allocation.size());
         self.deallocations.lock().unwrap().push(Deallocation {
             ptr,
             size,
@@ -124,9 +127,11 @@ impl MemoryResource for RecordingResource {
             current_context: current_raw(),
         });
         if let Some(message) = self.fail_with.lock().unwrap().clone() {
+            // Freeing nothing: the test frees the memory afterwards (through `unowned`).
+            let _ = allocation.into_raw();
             return Err(MemoryError::Handle(HandleError::deallocator(message)));
         }
-        Ok(unowned(ptr, size).free_async(stream)?)
+        Ok(allocation.free_async(stream)?)
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -149,6 +154,14 @@ pub fn read(buffer: &Buffer, stream: &StreamHandle) -> Vec<u8> {
         .copy_to_host(&mut bytes, stream)
         .expect("copy to host");
     bytes
+}
+
+/// cuda.core's `close(stream)` in Rust: hand the free over to `stream`, then close
+/// (docs/decisions.md D4). When the hand-over fails the buffer is dropped with its old recipe
+/// (tests that check it stays open call `set_deallocation_stream` themselves).
+pub fn close_on(buffer: Buffer, stream: &StreamHandle) -> Result<(), MemoryError> {
+    buffer.set_deallocation_stream(stream)?;
+    buffer.close()
 }
 
 /// The right to free memory at `ptr` that no buffer owns (the test allocated it, or a view or

@@ -1,0 +1,476 @@
+//! Typed views of a [`Buffer`]: [`DeviceSlice`] (a shared borrow: copies out of it) and
+//! [`DeviceSliceMut`] (an exclusive borrow: copies into it, fills), over element ranges; and
+//! the byte-range operations they and the buffer's own copies and fills share.
+//!
+//! Element types are [`bytemuck::Pod`]: plain bytes with no padding and no invalid values, so a
+//! copy between the device and a `&[T]` / `Vec<T>` is a copy of bytes and reading back what a
+//! kernel wrote can never make an invalid value. Ranges, counts and offsets of the views are in
+//! elements; every check happens before the first driver call, so a refused operation changes
+//! nothing.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::{align_of, size_of};
+use std::ops::{Bound, RangeBounds};
+
+use bytemuck::Pod;
+use handles::sys_types::CUdeviceptr;
+use handles::{DeviceRange, StreamHandle};
+
+use crate::resource::{check_stream_device, stream_device};
+use crate::{Buffer, FillValue, MemoryError};
+
+/// A byte range of a buffer: what every copy and fill works on.
+#[derive(Clone, Copy)]
+pub(crate) struct Bytes<'a> {
+    pub(crate) buffer: &'a Buffer,
+    /// From the start of the buffer, in bytes.
+    pub(crate) offset: usize,
+    /// In bytes.
+    pub(crate) len: usize,
+}
+
+impl<'a> Bytes<'a> {
+    #[inline]
+    fn ptr(&self) -> CUdeviceptr {
+        self.buffer.ptr() + self.offset as u64
+    }
+
+    /// The handles crate's checked range for these bytes (the only way to copy or fill).
+    #[inline]
+    fn range(&self) -> Result<DeviceRange<'a>, MemoryError> {
+        Ok(self.buffer.handle().range(self.offset, self.len)?)
+    }
+}
+
+/// Copies `src` into `dst` (equal lengths), ordered on `stream`. Does not block.
+pub(crate) fn copy(
+    dst: Bytes<'_>,
+    src: Bytes<'_>,
+    stream: &StreamHandle,
+) -> Result<(), MemoryError> {
+    if src.len != dst.len {
+        return Err(MemoryError::SizeMismatch {
+            src: src.len,
+            dst: dst.len,
+        });
+    }
+    let devices = [src.buffer.ops_device()?, dst.buffer.ops_device()?];
+    if let [Some(first), second] | [second, Some(first)] = devices {
+        let found = stream_device(stream)?;
+        if found != first && second != Some(found) {
+            return Err(MemoryError::WrongDevice {
+                expected: first,
+                found,
+            });
+        }
+    }
+    src.range()?.copy_to(&dst.range()?, stream)?;
+    Ok(())
+}
+
+/// Fills `dst` with `value`, ordered on `stream`. Does not block.
+pub(crate) fn fill(
+    dst: Bytes<'_>,
+    value: FillValue,
+    stream: &StreamHandle,
+) -> Result<(), MemoryError> {
+    let width = value.width();
+    if !dst.len.is_multiple_of(width) {
+        return Err(MemoryError::InvalidFill {
+            width,
+            reason: "the buffer's size is not a multiple of the pattern's width",
+        });
+    }
+    if !dst.ptr().is_multiple_of(width as u64) {
+        return Err(MemoryError::InvalidFill {
+            width,
+            reason: "the buffer's address is not aligned to the pattern's width",
+        });
+    }
+    if let Some(device) = dst.buffer.ops_device()? {
+        check_stream_device(stream, device)?;
+    }
+    let range = dst.range()?;
+    match value {
+        FillValue::U8(v) => range.fill_u8(v, stream)?,
+        FillValue::U16(v) => range.fill_u16(v, stream)?,
+        FillValue::U32(v) => range.fill_u32(v, stream)?,
+    }
+    Ok(())
+}
+
+/// Copies `src` into host memory `dst` (equal lengths) and blocks until it has arrived.
+pub(crate) fn to_host(
+    src: Bytes<'_>,
+    dst: &mut [u8],
+    stream: &StreamHandle,
+) -> Result<(), MemoryError> {
+    host_checks(src, dst.len(), stream, true)?;
+    Ok(src.range()?.copy_to_host(dst, stream)?)
+}
+
+/// Copies host memory `src` into `dst` (equal lengths) and blocks until it has been read.
+pub(crate) fn from_host(
+    dst: Bytes<'_>,
+    src: &[u8],
+    stream: &StreamHandle,
+) -> Result<(), MemoryError> {
+    host_checks(dst, src.len(), stream, false)?;
+    Ok(dst.range()?.copy_from_host(src, stream)?)
+}
+
+fn host_checks(
+    device: Bytes<'_>,
+    host_len: usize,
+    stream: &StreamHandle,
+    to_host: bool,
+) -> Result<(), MemoryError> {
+    if host_len != device.len {
+        let (src, dst) = if to_host {
+            (device.len, host_len)
+        } else {
+            (host_len, device.len)
+        };
+        return Err(MemoryError::SizeMismatch { src, dst });
+    }
+    if let Some(ordinal) = device.buffer.ops_device()? {
+        check_stream_device(stream, ordinal)?;
+    }
+    Ok(())
+}
+
+/// The byte range of a whole buffer viewed as `T`s, after the layout checks.
+fn whole_as<T: Pod>(buffer: &Buffer) -> Result<(Bytes<'_>, usize), MemoryError> {
+    let element = size_of::<T>();
+    if element == 0 {
+        return Err(MemoryError::Layout {
+            element_size: element,
+            reason: "a zero-sized element type has no device representation",
+        });
+    }
+    if !buffer.size().is_multiple_of(element) {
+        return Err(MemoryError::Layout {
+            element_size: element,
+            reason: "the buffer's size is not a multiple of the element size",
+        });
+    }
+    if !buffer.ptr().is_multiple_of(align_of::<T>() as u64) {
+        return Err(MemoryError::Layout {
+            element_size: element,
+            reason: "the buffer's address is not aligned for the element type",
+        });
+    }
+    Ok((buffer.whole(), buffer.size() / element))
+}
+
+/// The element range `range` of `len` elements, as (start, end).
+fn element_range(
+    range: impl RangeBounds<usize>,
+    len: usize,
+) -> Result<(usize, usize), MemoryError> {
+    let start = match range.start_bound() {
+        Bound::Included(&n) => Some(n),
+        Bound::Excluded(&n) => n.checked_add(1),
+        Bound::Unbounded => Some(0),
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&n) => n.checked_add(1),
+        Bound::Excluded(&n) => Some(n),
+        Bound::Unbounded => Some(len),
+    };
+    match (start, end) {
+        (Some(start), Some(end)) if start <= end && end <= len => Ok((start, end)),
+        _ => Err(MemoryError::OutOfRange {
+            start: start.unwrap_or(usize::MAX),
+            end: end.unwrap_or(usize::MAX),
+            len,
+        }),
+    }
+}
+
+/// A typed, shared view of `len()` elements of a [`Buffer`] (a sub-range or all of it): the
+/// source of copies to the host ([`DeviceSlice::to_vec`], [`DeviceSlice::copy_to_host`]) and
+/// of device-to-device copies ([`DeviceSliceMut::copy_from`]).
+///
+/// Made by [`Buffer::as_slice`] and [`DeviceSlice::slice`]; it borrows the buffer, so the buffer
+/// cannot be closed while the view exists.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use handles::{ContextHandle, StreamHandle};
+/// # use memory::{DeviceMemoryResource, MemoryResource};
+/// # let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let mr = DeviceMemoryResource::new(0)?;
+/// let mut buffer = mr.allocate(4 * 8, &stream)?;
+/// buffer.as_slice_mut::<u32>()?.copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8], &stream)?;
+/// let view = buffer.as_slice::<u32>()?;
+/// assert_eq!(view.len(), 8);
+/// assert_eq!(view.slice(2..5)?.to_vec(&stream)?, [3, 4, 5]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct DeviceSlice<'a, T> {
+    bytes: Bytes<'a>,
+    len: usize,
+    _elements: PhantomData<&'a [T]>,
+}
+
+/// A typed, exclusive view of `len()` elements of a [`Buffer`]: the destination of copies from
+/// the host ([`DeviceSliceMut::copy_from_slice`]) and from other views
+/// ([`DeviceSliceMut::copy_from`]), and of fills ([`DeviceSliceMut::fill`]).
+///
+/// Made by [`Buffer::as_slice_mut`], [`DeviceSliceMut::slice_mut`] and
+/// [`DeviceSliceMut::split_at_mut`] (two disjoint views of one buffer, to copy between them).
+///
+/// ```
+/// # use handles::{ContextHandle, StreamHandle};
+/// # use memory::{DeviceMemoryResource, MemoryResource};
+/// # let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let mut buffer = DeviceMemoryResource::new(0)?.allocate(8 * 2, &stream)?;
+/// let mut all = buffer.as_slice_mut::<u64>()?;
+/// let (mut low, mut high) = all.split_at_mut(1)?;
+/// low.copy_from_slice(&[42], &stream)?;
+/// high.copy_from(&low.as_slice(), &stream)?;
+/// assert_eq!(buffer.as_slice::<u64>()?.to_vec(&stream)?, [42, 42]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct DeviceSliceMut<'a, T> {
+    bytes: Bytes<'a>,
+    len: usize,
+    _elements: PhantomData<&'a mut [T]>,
+}
+
+impl<'a, T: Pod> DeviceSlice<'a, T> {
+    pub(crate) fn whole(buffer: &'a Buffer) -> Result<DeviceSlice<'a, T>, MemoryError> {
+        let (bytes, len) = whole_as::<T>(buffer)?;
+        Ok(DeviceSlice {
+            bytes,
+            len,
+            _elements: PhantomData,
+        })
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device address of the first element (for a kernel launch's argument).
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.bytes.ptr()
+    }
+
+    /// The buffer the view borrows.
+    pub fn buffer(&self) -> &'a Buffer {
+        self.bytes.buffer
+    }
+
+    /// The elements `range` of this view.
+    ///
+    /// # Errors
+    /// [`MemoryError::OutOfRange`] for a range that is not within `0..len()`.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'a, T>, MemoryError> {
+        let (start, end) = element_range(range, self.len)?;
+        Ok(DeviceSlice {
+            bytes: Bytes {
+                buffer: self.bytes.buffer,
+                offset: self.bytes.offset + start * size_of::<T>(),
+                len: (end - start) * size_of::<T>(),
+            },
+            len: end - start,
+            _elements: PhantomData,
+        })
+    }
+
+    /// Copies the view into `dst` on the host, ordered on `stream` after the work queued
+    /// there, and **blocks** until the elements have arrived.
+    ///
+    /// # Errors
+    /// [`MemoryError::SizeMismatch`] (in bytes) unless `dst.len()` is `self.len()`;
+    /// [`MemoryError::WrongDevice`] for device memory and a stream of another device;
+    /// [`MemoryError::Handle`] for the driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
+    /// `cuStreamSynchronize`.
+    pub fn copy_to_host(&self, dst: &mut [T], stream: &StreamHandle) -> Result<(), MemoryError> {
+        to_host(self.bytes, bytemuck::cast_slice_mut(dst), stream)
+    }
+
+    /// The view's elements, copied to the host: [`DeviceSlice::copy_to_host`] into a new
+    /// vector. **Blocks.**
+    ///
+    /// # Errors
+    /// As [`DeviceSlice::copy_to_host`].
+    ///
+    /// Driver calls: as [`DeviceSlice::copy_to_host`].
+    pub fn to_vec(&self, stream: &StreamHandle) -> Result<Vec<T>, MemoryError> {
+        let mut out = vec![T::zeroed(); self.len];
+        self.copy_to_host(&mut out, stream)?;
+        Ok(out)
+    }
+}
+
+impl<'a, T: Pod> DeviceSliceMut<'a, T> {
+    pub(crate) fn whole(buffer: &'a mut Buffer) -> Result<DeviceSliceMut<'a, T>, MemoryError> {
+        let (bytes, len) = whole_as::<T>(buffer)?;
+        Ok(DeviceSliceMut {
+            bytes,
+            len,
+            _elements: PhantomData,
+        })
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device address of the first element (for a kernel launch's argument).
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.bytes.ptr()
+    }
+
+    /// The same elements as a shared view (the source of a copy).
+    pub fn as_slice(&self) -> DeviceSlice<'_, T> {
+        DeviceSlice {
+            bytes: self.bytes,
+            len: self.len,
+            _elements: PhantomData,
+        }
+    }
+
+    /// The elements `range` of this view, borrowed exclusively.
+    ///
+    /// # Errors
+    /// [`MemoryError::OutOfRange`] for a range that is not within `0..len()`.
+    pub fn slice_mut(
+        &mut self,
+        range: impl RangeBounds<usize>,
+    ) -> Result<DeviceSliceMut<'_, T>, MemoryError> {
+        let (start, end) = element_range(range, self.len)?;
+        Ok(self.sub(start, end))
+    }
+
+    /// Two disjoint views, of the elements before `mid` and from `mid` on.
+    ///
+    /// # Errors
+    /// [`MemoryError::OutOfRange`] when `mid > len()`.
+    pub fn split_at_mut(
+        &mut self,
+        mid: usize,
+    ) -> Result<(DeviceSliceMut<'_, T>, DeviceSliceMut<'_, T>), MemoryError> {
+        let (_, mid) = element_range(..mid, self.len)?;
+        Ok((self.sub(0, mid), self.sub(mid, self.len)))
+    }
+
+    fn sub(&self, start: usize, end: usize) -> DeviceSliceMut<'_, T> {
+        DeviceSliceMut {
+            bytes: Bytes {
+                buffer: self.bytes.buffer,
+                offset: self.bytes.offset + start * size_of::<T>(),
+                len: (end - start) * size_of::<T>(),
+            },
+            len: end - start,
+            _elements: PhantomData,
+        }
+    }
+
+    /// Copies `src` from the host into the view, ordered on `stream` after the work queued
+    /// there, and **blocks** until the copy has finished (so `src` may be changed after).
+    ///
+    /// # Errors
+    /// [`MemoryError::SizeMismatch`] (in bytes) unless `src.len()` is `self.len()`; as
+    /// [`DeviceSlice::copy_to_host`] otherwise.
+    ///
+    /// Driver calls: as [`DeviceSlice::copy_to_host`].
+    pub fn copy_from_slice(&mut self, src: &[T], stream: &StreamHandle) -> Result<(), MemoryError> {
+        from_host(self.bytes, bytemuck::cast_slice(src), stream)
+    }
+
+    /// Copies the view `src` (of this buffer or another) into this one, ordered on `stream`.
+    /// Does not block.
+    ///
+    /// # Errors
+    /// [`MemoryError::SizeMismatch`] (in bytes) for views of different lengths;
+    /// [`MemoryError::WrongDevice`] when both are device memory and the stream is on neither's
+    /// device; [`MemoryError::Handle`] for the driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`.
+    pub fn copy_from(
+        &mut self,
+        src: &DeviceSlice<'_, T>,
+        stream: &StreamHandle,
+    ) -> Result<(), MemoryError> {
+        copy(self.bytes, src.bytes, stream)
+    }
+
+    /// Sets every element to `value`, ordered on `stream`. Does not block. `T` must be 1, 2 or
+    /// 4 bytes wide (the driver's memsets).
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidFill`] for an element of another width; as
+    /// [`crate::Buffer::fill`] otherwise.
+    ///
+    /// Driver calls: as [`crate::Buffer::fill`].
+    pub fn fill(&mut self, value: T, stream: &StreamHandle) -> Result<(), MemoryError> {
+        let value = FillValue::from_bytes(bytemuck::bytes_of(&value))?;
+        fill(self.bytes, value, stream)
+    }
+}
+
+impl<T> fmt::Debug for DeviceSlice<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DeviceSlice<{}>(0x{:x}, {} elements)",
+            std::any::type_name::<T>(),
+            self.bytes.ptr(),
+            self.len
+        )
+    }
+}
+
+impl<T> fmt::Debug for DeviceSliceMut<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DeviceSliceMut<{}>(0x{:x}, {} elements)",
+            std::any::type_name::<T>(),
+            self.bytes.ptr(),
+            self.len
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_ranges_are_checked() {
+        assert_eq!(element_range(.., 4), Ok((0, 4)));
+        assert_eq!(element_range(1..=2, 4), Ok((1, 3)));
+        assert_eq!(element_range(4.., 4), Ok((4, 4)));
+        #[allow(clippy::reversed_empty_ranges)]
+        for bad in [
+            element_range(3..2, 4),
+            element_range(0..5, 4),
+            element_range(..=usize::MAX, 4),
+        ] {
+            assert!(
+                matches!(bad, Err(MemoryError::OutOfRange { len: 4, .. })),
+                "{bad:?}"
+            );
+        }
+    }
+}
