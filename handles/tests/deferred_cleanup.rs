@@ -100,9 +100,11 @@ fn destructor_inside_exec_destroy_while_draining_does_not_deadlock() {
     assert_eq!(default_used(&a), base, "the buffer was freed by the drain");
     with_emulator(|emu| {
         let free = emu.only_call("cuMemFreeAsync", alloc, from);
+        // docs/decisions.md D2: a created stream identifies its context (F4), so the free runs
+        // with no context current on the draining thread.
         assert_eq!(
             (free.context, free.stream, free.result),
-            (a.raw() as u64, Some(stream.raw() as u64), 0)
+            (0, Some(stream.raw() as u64), 0)
         );
         let exec_destroys: Vec<_> = emu
             .calls()

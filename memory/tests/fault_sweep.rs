@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use adopt::Ownership;
 use handles::{
-    CleanupError, ContextHandle, CudaErrorCode, EventHandle, HandleError, OwnedAllocation,
-    StreamHandle, EVENT_DISABLE_TIMING,
+    CleanupError, ContextHandle, CudaErrorCode, EventHandle, OwnedAllocation, StreamHandle,
+    EVENT_DISABLE_TIMING,
 };
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, LegacyPinnedMemoryResource,
@@ -297,18 +297,16 @@ fn give_back_leaks(emu: &Emulator, leftover: &Prepared, calls: &[Call]) {
 }
 
 /// The driver failure behind an explicit close's error: (call, code).
+/// (A context switch that failed around the operation names its own call.)
 fn driver_failure(error: &MemoryError) -> Option<(&'static str, CudaErrorCode)> {
     match error {
-        MemoryError::Handle(HandleError::Driver(e)) => Some((e.call, e.code)),
+        MemoryError::Handle(error) => error.driver_error().map(|e| (e.call, e.code)),
         _ => None,
     }
 }
 
 fn report_failure(report: &CleanupError) -> Option<(&'static str, CudaErrorCode)> {
-    match &report.error {
-        HandleError::Driver(e) => Some((e.call, e.code)),
-        _ => None,
-    }
+    report.error.driver_error().map(|e| (e.call, e.code))
 }
 
 /// Figures of one scenario's sweep.
@@ -707,7 +705,7 @@ fn adopted_buffer_of_a_user_memory_resource_dropped() {
         buffer_teardown(
             mr,
             Memory::Pool,
-            &["Deallocator::deallocate"],
+            &["deallocate"],
             Some(other_context()),
             false,
         )
@@ -899,7 +897,7 @@ fn two_ipc_imports_of_one_mapping_dropped() {
             bind: None,
             attributions: vec![
                 Attribution {
-                    operation: "Deallocator::deallocate",
+                    operation: "deallocate",
                     ptr,
                     context: context.raw() as u64,
                 },

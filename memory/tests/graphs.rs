@@ -178,7 +178,9 @@ fn frees_at(calls: &[Call], ptr: u64) -> Vec<Call> {
 
 /// Emulator only: asserts allocation `alloc` was freed exactly once since `from`, successfully
 /// (so not from inside a destructor or host function, where the driver refuses calls), on
-/// `stream`, with `context` current; returns the call.
+/// `stream`: for a default-stream token with `context` current; for a created stream with no
+/// context switch of its own (docs/decisions.md D2: it identifies its context,
+/// docs/driver-facts.md F4, F8). Returns the call.
 fn assert_freed_once(
     emu: &Emulator,
     from: u64,
@@ -191,7 +193,20 @@ fn assert_freed_once(
     let free = frees.into_iter().next().unwrap();
     assert_eq!(free.result, 0, "{free:?}");
     assert_eq!(free.stream, Some(stream.raw() as u64), "{free:?}");
-    assert_eq!(free.context, context.raw() as u64, "{free:?}");
+    if stream.default_kind().is_some() {
+        assert_eq!(free.context, context.raw() as u64, "{free:?}");
+    } else {
+        let before: Vec<String> = emu
+            .calls()
+            .into_iter()
+            .filter(|c| c.thread == free.thread && c.seq < free.seq)
+            .map(|c| c.function)
+            .collect();
+        assert!(
+            !before.ends_with(&["cuCtxGetCurrent".to_owned(), "cuCtxSetCurrent".to_owned()]),
+            "no context switch for a created stream's free: {free:?}"
+        );
+    }
     free
 }
 

@@ -128,6 +128,31 @@ fn switches_and_frees(emu: &Emulator, span: &Span) -> Vec<(String, u64)> {
 }
 
 /// On the emulator: the one call of `function` for allocation `id` since `from`, asserted to
+/// have succeeded without a context switch of its own (docs/decisions.md D2: a free on a created
+/// stream needs no context, docs/driver-facts.md F4, F8): the calls before it on its thread do
+/// not end with custody's switch (`cuCtxGetCurrent`, `cuCtxSetCurrent`).
+fn assert_freed_without_a_switch(
+    emu: &Emulator,
+    function: &str,
+    id: AllocationId,
+    from: u64,
+) -> Call {
+    let call = emu.only_call(function, id, from);
+    assert_eq!(call.result, 0, "{call:?}");
+    let before: Vec<String> = emu
+        .calls()
+        .into_iter()
+        .filter(|c| c.thread == call.thread && c.seq < call.seq)
+        .map(|c| c.function)
+        .collect();
+    assert!(
+        !before.ends_with(&["cuCtxGetCurrent".to_owned(), "cuCtxSetCurrent".to_owned()]),
+        "{function} needed no context switch: {before:?}"
+    );
+    call
+}
+
+/// On the emulator: the one call of `function` for allocation `id` since `from`, asserted to
 /// have run with `context` current and to have succeeded.
 fn assert_ran_in(
     emu: &Emulator,
@@ -246,7 +271,14 @@ fn pool_free_under_device_0(how: Recipe, close: bool) {
     );
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
+        // D2: a created stream's free runs with the dropping thread's own context (device 0's)
+        // and no switch (F8); a token's needs device 1's context made current.
+        let (c0, c1) = (ctx0.raw() as u64, ctx1.raw() as u64);
+        let expected = match how {
+            Recipe::Stream => c0,
+            Recipe::LegacyToken => c1,
+        };
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, expected);
         assert_eq!(free.thread, span.thread, "freed by the dropping thread");
         assert_eq!(
             free.stream,
@@ -258,15 +290,19 @@ fn pool_free_under_device_0(how: Recipe, close: bool) {
             alloc.as_ref().unwrap().resolved_stream,
             "{how:?}: the stream the allocation was ordered on"
         );
-        let (c0, c1) = (ctx0.raw() as u64, ctx1.raw() as u64);
-        assert_eq!(
-            switches_and_frees(emu, &span),
-            [
+        let expected = match how {
+            Recipe::Stream => vec![("cuMemFreeAsync".to_owned(), c0)],
+            Recipe::LegacyToken => vec![
                 ("cuCtxSetCurrent".to_owned(), c0),
                 ("cuMemFreeAsync".to_owned(), c1),
                 ("cuCtxSetCurrent".to_owned(), c1),
             ],
-            "{how:?}: device 1 made current for the free, device 0 restored"
+        };
+        assert_eq!(
+            switches_and_frees(emu, &span),
+            expected,
+            "{how:?}: a token's free makes device 1 current and restores device 0; a created \
+             stream's switches nothing"
         );
         assert!(!emu.is_live(id));
     });
@@ -408,7 +444,10 @@ fn device_1_cumemalloc_buffer_dropped_under_device_0_is_freed_later_in_device_1s
     );
     assert!(attributes(ptr).is_none(), "freed by the close itself");
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFree_v2", id, from, ctx1.raw() as u64);
+        // D2: `cuStreamSynchronize` of a created stream and `cuMemFree` need no context (F5,
+        // F6): device 0's stays current, unswitched.
+        let free = assert_ran_in(emu, "cuMemFree_v2", id, from, ctx0.raw() as u64);
+        assert_freed_without_a_switch(emu, "cuMemFree_v2", id, from);
         assert_eq!(
             free.thread, span.thread,
             "the close freed on its own thread"
@@ -423,7 +462,7 @@ fn device_1_pinned_buffers_dropped_under_device_0_are_freed_in_device_1s_context
     if !two_devices() {
         return;
     }
-    let (ctx0, ctx1) = (primary(0), primary(1));
+    let (ctx0, _ctx1) = (primary(0), primary(1));
     let s1 = stream_on(1);
     // cuMemAllocHost in device 1's context: the deferred cuMemFreeHost runs there too.
     let legacy = LegacyPinnedMemoryResource::new()
@@ -447,7 +486,9 @@ fn device_1_pinned_buffers_dropped_under_device_0_are_freed_in_device_1s_context
     assert_eq!(span.after, ctx0.raw() as u64);
     assert_eq!(used_on(1, mr.pool()), 0, "back in the host pool");
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
+        // D2: on device 1's created stream, with device 0's context current, no switch (F8).
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx0.raw() as u64);
+        assert_freed_without_a_switch(emu, "cuMemFreeAsync", id, from);
         assert_eq!(free.thread, span.thread);
         assert_eq!(free.stream, Some(s1.raw() as u64));
         assert!(!emu.is_live(id));
@@ -589,7 +630,9 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
     assert_eq!(span.after, ctx0.raw() as u64);
     assert_eq!(used_on(1, mr.pool()), 0);
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
+        // D2: a created stream of device 1 needs no switch under device 0 (F8).
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx0.raw() as u64);
+        assert_freed_without_a_switch(emu, "cuMemFreeAsync", id, from);
         assert_eq!(free.stream, Some(other1.raw() as u64));
     });
     assert_no_hazards();
@@ -652,7 +695,7 @@ fn a_host_pool_is_used_by_both_devices() {
     // The memory crate grants every device access to a host pool (cuMemPoolSetAccess when
     // the pool is made) and has no setter for a device pool's peer access, so this is the
     // pool access it offers across devices.
-    let (ctx0, ctx1) = (primary(0), primary(1));
+    let (_ctx0, ctx1) = (primary(0), primary(1));
     let (s0, s1) = (stream_on(0), stream_on(1));
     let host = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
     let shared = Arc::clone(&host).allocate(SIZE, &s1).unwrap();
@@ -685,7 +728,9 @@ fn a_host_pool_is_used_by_both_devices() {
     ContextHandle::clear_current().unwrap();
     assert_eq!(used_on(0, host.pool()), 0);
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx0.raw() as u64);
+        // D2: device 0's created stream needs no switch under device 1 (F8).
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
+        assert_freed_without_a_switch(emu, "cuMemFreeAsync", id, from);
         assert_eq!(free.stream, Some(s0.raw() as u64));
     });
     on1.close().unwrap();
@@ -767,7 +812,9 @@ fn a_device_1_graph_releases_its_buffer_in_device_1s_context_while_device_0_is_c
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     ContextHandle::clear_current().unwrap();
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
+        // D2: freed by the worker or a drain on device 1's created stream, without switching
+        // to device 1's context (F4, F8).
+        let free = assert_freed_without_a_switch(emu, "cuMemFreeAsync", id, from);
         assert_eq!(
             free.stream,
             Some(s1.raw() as u64),

@@ -434,7 +434,7 @@ fn failing_deallocate_is_returned_by_close_and_reported_by_a_drop() {
     drop(dropped);
     let reports = errors_for(p2);
     assert_eq!(reports.len(), 1, "{reports:?}");
-    assert_eq!(reports[0].operation, "Deallocator::deallocate");
+    assert_eq!(reports[0].operation, "deallocate");
     assert_eq!(reports[0].stream, s.raw() as u64);
     assert_eq!(mr.deallocations().len(), 2);
     // The failing resource freed nothing: give the memory back.

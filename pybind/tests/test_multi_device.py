@@ -133,7 +133,11 @@ def test_device_1_pool_buffer_freed_under_device_0(ctx, emu, recorded_warnings, 
     assert cuda_warnings(recorded_warnings) == []
     if emu:
         free = the_free(emu, "cuMemFreeAsync", alloc)
-        assert free["context"] == ctx1, "freed with device 1's context current"
+        if how == "stream":
+            # D2: a created stream's free switches nothing: device 0's context stays current.
+            assert free["context"] == ctx0, "freed without a context switch"
+        else:
+            assert free["context"] == ctx1, "freed with device 1's context current"
         assert not emu.is_live(alloc)
 
 
@@ -241,7 +245,8 @@ def test_another_devices_stream_is_refused_as_deallocation_stream(ctx, emu):
     assert used(mr, 1) == 0
     if emu:
         free = the_free(emu, "cuMemFreeAsync", alloc)
-        assert (free["context"], free["stream"]) == (ctx1, s1.handle)
+        # D2: on a created stream, no switch: device 0's context stays current for the free.
+        assert (free["context"], free["stream"]) == (ctx0, s1.handle)
 
 
 def test_copies_between_devices(ctx, emu):

@@ -99,9 +99,9 @@ def test_same_context_needs_no_switch(device, emu, no_hazards):
         assert len(emu.calls_to("cuMemFreeAsync")) == 1
 
 
-def test_created_stream_free_runs_in_its_context(device, stream, emu, no_hazards):
-    """26, decided by D2: a created stream's free on a thread with no context still makes the
-    stream's context current around the free (cuda.core switched nothing there)."""
+def test_created_stream_free_runs_without_a_context(device, stream, emu, no_hazards):
+    """26, decided by D2 (changed): a created stream identifies its context, so its free on a
+    thread with no context makes no context current (docs/driver-facts.md F4)."""
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=stream)
     ptr = buf.handle
@@ -111,7 +111,7 @@ def test_created_stream_free_runs_in_its_context(device, stream, emu, no_hazards
     assert drop_on_thread(holder) == 0
     if emu:
         (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)
-        assert free["context"] == device.context.handle
+        assert free["context"] == 0
         assert free["stream"] == stream.handle and free["result"] == 0
 
 
