@@ -77,6 +77,58 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) ->
     })
 }
 
+/// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED`.
+const HOST_ALLOC_FLAGS: c_uint = 0x7;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
+    entry("cuMemHostAlloc", None, None, |info| {
+        need(pp)?;
+        if flags & !HOST_ALLOC_FLAGS != 0 {
+            return Err(codes::INVALID_VALUE);
+        }
+        // Pinned host memory, mapped and portable whatever the flags (unified addressing: its
+        // device pointer is its host address), freed with cuMemFreeHost: cuMemAllocHost's.
+        let p = alloc_sync(AllocKind::Host, size, info)?;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(pp, p as *mut c_void) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    pdptr: *mut CUdeviceptr,
+    p: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    entry(
+        "cuMemHostGetDevicePointer_v2",
+        None,
+        Some(p as u64),
+        |info| {
+            need(pdptr)?;
+            if flags != 0 {
+                return Err(codes::INVALID_VALUE); // documented: flags must be 0
+            }
+            let st = initialized()?;
+            st.current_ctx()?;
+            let start = st.find_live(p as u64).ok_or(codes::NOT_HOST_MAPPED)?;
+            let a = &st.allocs[&start];
+            if a.kind != AllocKind::Host {
+                return Err(codes::NOT_HOST_MAPPED);
+            }
+            info.alloc = Some(a.id);
+            // Unified addressing: the device pointer of pinned host memory is its host address.
+            // SAFETY: checked non-null (driver contract).
+            unsafe { put(pdptr, p as u64) }
+        },
+    )
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocManaged(
     dptr: *mut CUdeviceptr,
