@@ -2,24 +2,33 @@
 //! accepted (a `Stream`, or any object with `__cuda_stream__`), and the device-level functions
 //! the Python `Device` class is built on.
 
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use handles::{ContextHandle, DefaultStream, EventHandle, StreamHandle, EVENT_DISABLE_TIMING};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::PyTuple;
 
 use crate::errors::{closed, expected, Error, NO_CONTEXT};
-use crate::report::PyObjRef;
+use crate::report::{release, PyObjRef};
 
 /// `CU_STREAM_NON_BLOCKING`.
 const STREAM_NON_BLOCKING: u32 = 0x1;
 
 /// A CUDA stream: created (owned, destroyed once closed and no longer used by any pending free),
 /// wrapped from another library, or a default-stream token.
+///
+/// A stream wrapped from an object with `__cuda_stream__` keeps that object (in its handle):
+/// while this is the handle's only holder, the collector sees that reference, so an object
+/// that keeps the `Stream` wrapping it is collected (docs/decisions.md D10).
 #[pyclass(frozen, name = "Stream", module = "custody")]
 pub struct PyStream {
+    /// Cloned out (attached, briefly) by every use, so its count is stable while a collection
+    /// runs. No Python object is made or dropped while the lock is held.
     handle: Mutex<Option<StreamHandle>>,
+    /// The `__cuda_stream__` object the handle keeps, if any.
+    protocol: Option<Weak<PyObjRef>>,
     /// The process-wide default-stream singletons cannot be closed.
     singleton: bool,
 }
@@ -28,6 +37,7 @@ impl PyStream {
     pub(crate) fn new(handle: StreamHandle) -> PyStream {
         PyStream {
             handle: Mutex::new(Some(handle)),
+            protocol: None,
             singleton: false,
         }
     }
@@ -74,7 +84,7 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
         ));
     }
     if object.hasattr("__cuda_stream__")? {
-        return wrap_protocol(object);
+        return Ok(wrap_protocol(object)?.0);
     }
     Err(expected(
         "Stream (or an object with __cuda_stream__)",
@@ -82,8 +92,9 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
     ))
 }
 
-/// Wraps an object implementing the `__cuda_stream__` protocol (`(version, handle)`).
-fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle> {
+/// Wraps an object implementing the `__cuda_stream__` protocol (`(version, handle)`); the
+/// handle keeps the object, seen through the returned `Weak`.
+fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<(StreamHandle, Weak<PyObjRef>)> {
     let info = object.call_method0("__cuda_stream__")?;
     let tuple = info.cast::<PyTuple>().map_err(|_| {
         PyTypeError::new_err("__cuda_stream__ must return a (version, handle) tuple")
@@ -100,11 +111,15 @@ fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle> {
         )));
     }
     let raw: usize = tuple.get_item(1)?.extract()?;
-    let owner = PyObjRef::new(object.clone().unbind());
-    Ok(object
+    let owner = Arc::new(PyObjRef::new(object.clone().unbind()));
+    let weak = Arc::downgrade(&owner);
+    let stream = object
         .py()
         .detach(|| crate::ffi::wrap_foreign_stream(raw, Some(Box::new(owner))))
-        .map_err(Error::from)?)
+        .map_err(Error::from)?;
+    // A stream custody made comes back as its own handle, and the owner is dropped: the weak
+    // reference is dead then.
+    Ok((stream, weak))
 }
 
 #[pymethods]
@@ -126,8 +141,9 @@ impl PyStream {
                 "a stream handle (int) is required, got None",
             ));
         }
-        let stream = if handle.hasattr("__cuda_stream__")? {
-            wrap_protocol(handle)?
+        let (stream, protocol) = if handle.hasattr("__cuda_stream__")? {
+            let (stream, protocol) = wrap_protocol(handle)?;
+            (stream, Some(protocol))
         } else {
             let raw: usize = handle.extract().map_err(|e: PyErr| {
                 if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
@@ -136,10 +152,44 @@ impl PyStream {
                     expected("int stream handle", handle)
                 }
             })?;
-            py.detach(|| crate::ffi::wrap_foreign_stream(raw, None))
-                .map_err(Error::from)?
+            let stream = py
+                .detach(|| crate::ffi::wrap_foreign_stream(raw, None))
+                .map_err(Error::from)?;
+            (stream, None)
         };
-        Py::new(py, PyStream::new(stream))
+        let stream = PyStream {
+            protocol,
+            ..PyStream::new(stream)
+        };
+        Py::new(py, stream)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Some(protocol) = &self.protocol else {
+            return Ok(());
+        };
+        let Ok(handle) = self.handle.try_lock() else {
+            return Ok(());
+        };
+        // Only while this object holds the handle alone is its reference this object's.
+        if handle.as_ref().is_some_and(|h| h.handle_count() == 1) {
+            if let Some(object) = protocol.upgrade() {
+                visit.call(object.get())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Breaks a garbage cycle: releases the handle (and with it the object it keeps).
+    fn __clear__(&self, py: Python<'_>) {
+        let taken = self
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(stream) = taken {
+            release(py, move || drop(stream));
+        }
     }
 
     /// `(0, handle)`: the `__cuda_stream__` protocol.
@@ -413,6 +463,7 @@ pub(crate) fn singleton(py: Python<'_>, kind: DefaultStream) -> PyResult<&'stati
         py,
         PyStream {
             handle: Mutex::new(Some(handle)),
+            protocol: None,
             singleton: true,
         },
     )?;
