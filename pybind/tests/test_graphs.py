@@ -343,7 +343,10 @@ def test_without_retain_the_checker_sees_the_graph_read_freed_memory(device, str
     """The negative control of the two tests above: without ``retain`` the close frees the
     memory and the launch reads freed memory, which the emulator's hazard checker reports."""
     if emu is None:
-        pytest.skip("needs the emulator's hazard checker: on a real driver the launch would read freed memory")
+        pytest.skip(
+            "needs the emulator's hazard checker: on a real driver the launch would read freed "
+            "memory"
+        )
     mr = own_pool()
     out = mr.allocate(SIZE, stream=stream)
     used_by_out = used(mr, stream)
@@ -452,7 +455,8 @@ def test_a_cupy_kernel_captured_on_a_custody_stream_reads_a_retained_buffer(
     def launch_on(custody_stream, src_ptr, out_ptr):
         # Raw addresses as 64-bit scalars: CuPy holds no reference to custody's memory.
         with cupy.cuda.ExternalStream(custody_stream.handle, 0):
-            kernel((blocks,), (threads,), (numpy.uint64(src_ptr), numpy.uint64(out_ptr), numpy.int32(n)))
+            args = (numpy.uint64(src_ptr), numpy.uint64(out_ptr), numpy.int32(n))
+            kernel((blocks,), (threads,), args)
 
     # Compile and load the module outside the capture; check the kernel on a plain stream.
     launch_on(stream, src.handle, out.handle)
