@@ -1034,7 +1034,7 @@ fn a_node_the_driver_refuses_gives_its_retention_back() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Explicit keep-alives for work custody does not see (issue 15, item 3): a kernel another library
+// Explicit keep-alives for work custody does not see: a kernel another library
 // captured on the builder's stream, or put into a graph. A copy issued on the capture stream
 // directly (`Buffer::copy_to(.., builder.stream())`) stands in for that kernel: it is captured and
 // retains nothing, as a foreign launch does.

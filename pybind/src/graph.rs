@@ -122,9 +122,8 @@ impl PyGraphBuilder {
     fn retain(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
         let buffer = retained_buffer(buffer)?;
         let builder = self.builder()?;
-        let buffer = buffer.get().buffer();
-        py.detach(|| builder.retain(&*buffer.get()?))
-            .map_err(Error::from)?;
+        let buffer = buffer.get().open(py)?;
+        py.detach(|| builder.retain(&buffer)).map_err(Error::from)?;
         Ok(())
     }
 
@@ -205,9 +204,8 @@ impl PyGraph {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .ok_or_else(|| closed("Graph"))?;
-        let buffer = buffer.get().buffer();
-        py.detach(|| exec.retain(&*buffer.get()?))
-            .map_err(Error::from)?;
+        let buffer = buffer.get().open(py)?;
+        py.detach(|| exec.retain(&buffer)).map_err(Error::from)?;
         Ok(())
     }
 
