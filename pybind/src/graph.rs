@@ -1,6 +1,7 @@
 //! `GraphBuilder` (a graph recorded by stream capture, whose fills and copies retain the buffers
 //! they touch) and `Graph` (its executable form), over `memory::GraphBuilder` / `memory::Graph`
-//! / `memory::GraphExec`.
+//! / `memory::GraphExec`; both have `retain(buffer)` for work custody does not see (a kernel
+//! that CuPy, PyTorch or Numba launched on the captured stream).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -11,7 +12,7 @@ use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::PyTuple;
 
 use crate::buffer::{Kept, PyBuffer};
-use crate::errors::{closed, Error};
+use crate::errors::{closed, expected, Error};
 use crate::stream::{accept_stream, PyContext, PyStream};
 
 /// Records work into a CUDA graph by capturing a stream. Pass it as the `stream` of
@@ -115,6 +116,17 @@ impl PyGraphBuilder {
         visit.call(&self.stream)
     }
 
+    /// Makes the graph being captured keep `buffer`'s memory alive (`memory::GraphBuilder::
+    /// retain`): for captured work custody does not see. Checks, before any driver call: a
+    /// `Buffer` (`TypeError`), the builder open and building, the buffer open (`RuntimeError`).
+    fn retain(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let buffer = retained_buffer(buffer)?;
+        let builder = self.builder()?;
+        let buffer = buffer.get().open(py)?;
+        py.detach(|| builder.retain(&buffer)).map_err(Error::from)?;
+        Ok(())
+    }
+
     /// Whether the builder is capturing.
     #[getter]
     fn is_building(&self) -> PyResult<bool> {
@@ -181,6 +193,22 @@ impl PyGraph {
         Ok(())
     }
 
+    /// Makes this executable keep `buffer`'s memory alive (`memory::GraphExec::retain`) until
+    /// it is closed and its launches are done. Checks: a `Buffer` (`TypeError`), the graph and
+    /// the buffer open (`RuntimeError`). No driver call.
+    fn retain(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let buffer = retained_buffer(buffer)?;
+        let exec = self
+            .exec
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| closed("Graph"))?;
+        let buffer = buffer.get().open(py)?;
+        py.detach(|| exec.retain(&buffer)).map_err(Error::from)?;
+        Ok(())
+    }
+
     /// Releases the executable (what it retains is freed once launches in flight are done,
     /// by the cleanup worker or `drain_deferred_cleanup()`). Idempotent.
     fn close(&self, py: Python<'_>) {
@@ -200,6 +228,14 @@ impl PyGraph {
             .unwrap_or_else(PoisonError::into_inner)
             .is_none()
     }
+}
+
+/// The argument of `retain`: a `Buffer` (or `ManagedBuffer`); `TypeError` otherwise, `None`
+/// included.
+fn retained_buffer<'a, 'py>(buffer: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyBuffer>> {
+    buffer
+        .cast::<PyBuffer>()
+        .map_err(|_| expected("Buffer", buffer))
 }
 
 /// A graph builder capturing a new stream in `context`.

@@ -58,6 +58,12 @@ impl Ret {
     pub fn from_status(call: &'static str, status: CUresult) -> Ret {
         Ret::new(call, status, ())
     }
+
+    /// Wraps the status and out-value of a call a case made directly, through an entry point
+    /// it resolved itself (with `cuGetProcAddress_v2`).
+    pub fn with_value<T>(call: &'static str, status: CUresult, value: T) -> Ret<T> {
+        Ret::new(call, status, value)
+    }
 }
 
 impl<T> Ret<T> {
@@ -811,6 +817,11 @@ pub fn user_object_create_with_flags(
 /// one reference into the graph.
 pub fn graph_retain_user_object_move(graph: CUgraph, object: CUuserObject) -> Ret {
     call!(cuGraphRetainUserObject(graph, object, 1, GRAPH_USER_OBJECT_MOVE) => ())
+}
+
+/// `cuGraphReleaseUserObject(graph, object, 1)`: gives back one reference the graph holds.
+pub fn graph_release_user_object(graph: CUgraph, object: CUuserObject) -> Ret {
+    call!(cuGraphReleaseUserObject(graph, object, 1) => ())
 }
 
 /// `cuUserObjectRelease`.
