@@ -353,6 +353,22 @@ impl GraphExec {
         Ok(handle.launch(stream)?)
     }
 
+    /// Uploads the executable to the device on `stream`, so that the next launch need not.
+    /// Does not block.
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when the executable is closed; [`MemoryError::Handle`] for the
+    /// driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphUpload`.
+    pub fn upload(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
+        let guard = self.lock();
+        let handle = guard.as_ref().ok_or(MemoryError::Graph {
+            reason: "the executable graph is closed",
+        })?;
+        Ok(handle.upload(stream)?)
+    }
+
     /// A new reference to the executable (for its raw `CUgraphExec`).
     ///
     /// # Errors
