@@ -59,6 +59,16 @@ pub(crate) const ZERO_SIZE: CUresult = C::INVALID_VALUE.0;
 /// thread-local and relaxed captures: driver facts F16, conformance `facts_capture::f16_*`).
 /// Nothing is captured and the capture stays valid.
 pub(crate) const CAPTURED_FREE: CUresult = C::INVALID_VALUE.0;
+/// `cuMemHostGetDevicePointer` of a pointer that is not pinned host memory from
+/// `cuMemAllocHost`/`cuMemHostAlloc` (guess).
+pub(crate) const NOT_HOST_MAPPED: CUresult = C::INVALID_VALUE.0;
+/// A stream memory operation (`cuStreamWaitValue*`, `cuStreamWriteValue*`) with unknown flags,
+/// an address not aligned to the value's size, or memory the driver does not know or that is
+/// managed (documented: managed memory cannot be used), or pageable host memory (guess).
+pub(crate) const BAD_MEMOP: CUresult = C::INVALID_VALUE.0;
+/// A stream memory operation on a capturing stream: capturing them as graph nodes is not
+/// emulated, so the call fails and invalidates the capture (a real driver captures it).
+pub(crate) const MEMOP_IN_CAPTURE: CUresult = C::STREAM_CAPTURE_UNSUPPORTED.0;
 /// `cuMemFreeAsync` of host memory from `cuMemAllocHost` (guess).
 pub(crate) const NOT_STREAM_ORDERED: CUresult = C::INVALID_VALUE.0;
 /// An allocation larger than the device (measured: `cuMemAlloc` of 1 PiB), the pool's `maxSize`

@@ -26,12 +26,23 @@
 //!   `CU_STREAM_LEGACY` mean the legacy stream of the calling thread's current context, and
 //!   `CU_STREAM_PER_THREAD` that thread's per-thread stream in it (F1-F3, F7, F12). Priorities
 //!   clamp to [-5, 0]. The legacy stream synchronises with every blocking stream of its context
-//!   in both directions (non-blocking streams are exempt; per-thread streams are blocking).
+//!   in both directions (non-blocking streams are exempt; per-thread streams are blocking):
+//!   work on it waits for every thread's per-thread stream, while a per-thread stream, a created
+//!   blocking stream and a non-blocking stream wait for no other thread's per-thread stream
+//!   (measured: `docs/driver-facts.md` F14, F15). Execution and the hazard checker's clocks
+//!   follow the same rule.
 //! - **Execution** (the `exec` module): each stream runs its operations in order, asynchronously
 //!   to the host. Cheap operations on an idle stream run inline; anything that must wait, and
 //!   every host function and graph launch, runs on a worker thread the stream starts on demand.
 //!   Events record stream positions; `cuStreamWaitEvent` makes a stream wait for one; the
 //!   synchronize calls block; the query calls return `CUDA_ERROR_NOT_READY` while work is pending.
+//!   Stream memory operations (`cuStreamWaitValue32_v2`/`64_v2`, `cuStreamWriteValue32_v2`/
+//!   `64_v2`) on device memory or pinned host memory (`cuMemAllocHost`, `cuMemHostAlloc`; its
+//!   device pointer from `cuMemHostGetDevicePointer_v2` is its host address): a wait holds its
+//!   stream, on the stream's worker thread, which polls the memory until the condition holds
+//!   (whoever writes it: the host, or another stream's write), while the host and the other
+//!   streams go on; a write stores its value when its stream reaches it. Both are uses of
+//!   their memory for the hazard checker.
 //! - **Memory**: real bytes. Device pointers live in a reserved, inaccessible 1 TiB address
 //!   range (so a device pointer is never a host address); host, managed
 //!   and host-pool memory is backed at its own address. `cuMemcpy` treats a pointer the driver
@@ -150,7 +161,10 @@
 //! real driver's opportunistic reuse of memory whose free has completed on the GPU without being
 //! ordered before the new allocation (it depends on timing), and its suballocation of blocks of
 //! other sizes; the real driver's crash on a destroyed stream (F11: an error and a
-//! hazard instead). Concurrent copies into the same bytes race exactly as on a GPU.
+//! hazard instead); stream memory operations in a capture (refused with
+//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, the capture invalidated; a real driver captures
+//! them), their batch form `cuStreamBatchMemOp` and the pre-11.7 names without `_v2`.
+//! Concurrent copies into the same bytes race exactly as on a GPU.
 
 pub(crate) mod api;
 mod clock;

@@ -151,6 +151,12 @@ macro_rules! __driver_function_list {
                 cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
                 cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr);
                 cuUserObjectRetain(object: CUuserObject, count: c_uint);
+                cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, Flags: c_uint);
+                cuMemHostGetDevicePointer_v2(pdptr: *mut CUdeviceptr, p: *mut c_void, Flags: c_uint);
+                cuStreamWaitValue32_v2(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint);
+                cuStreamWaitValue64_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
+                cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint);
+                cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
                 cuDeviceGetUuid(uuid: *mut c_void, dev: CUdevice);
                 cuDeviceGetUuid_v2(uuid: *mut c_void, dev: CUdevice);
                 cuCtxGetStreamPriorityRange(leastPriority: *mut c_int, greatestPriority: *mut c_int);

@@ -25,6 +25,12 @@
 //!   `CUDA_ERROR_INVALID_VALUE`, while a pool allocation can still be freed from another context;
 //! - F12: a per-thread-default-stream allocation freed on another thread with 0x2 succeeds;
 //! - F13: destroying a stream with a live stream-ordered allocation leaves the allocation valid;
+//! - F14, F15 (`facts_ordering::f14_*`, `f15_*`): thread A's per-thread stream held by
+//!   `cuStreamWaitValue32_v2` on a flag in pinned host memory; thread B's
+//!   `cuStreamWriteValue32_v2` of a marker waits for it on the legacy stream (`CU_STREAM_LEGACY`
+//!   or NULL) and does not on B's own per-thread stream, a created blocking stream or a
+//!   non-blocking one; plus (`basic_stream_wait_value*`) the stream memory operations
+//!   themselves, as documented;
 //! - F16 (`facts_capture::f16_*`): `cuMemFreeAsync` during a capture (each mode) of pool memory
 //!   allocated before it fails with `CUDA_ERROR_INVALID_VALUE`, captures nothing and leaves the
 //!   capture valid and the memory allocated; a graph allocation freed in its capture is a free
@@ -94,6 +100,8 @@ mod facts_capture;
 mod facts_free;
 #[path = "conformance/facts_graph.rs"]
 mod facts_graph;
+#[path = "conformance/facts_ordering.rs"]
+mod facts_ordering;
 #[path = "conformance/facts_reuse.rs"]
 mod facts_reuse;
 #[path = "conformance/ipc.rs"]

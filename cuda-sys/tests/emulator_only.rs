@@ -163,6 +163,128 @@ fn legacy_stream_implicit_synchronisation_orders_frees() {
     assert_eq!(kinds(&hazards_for(&emu, id)), ["unordered_free"]);
 }
 
+/// On a new thread with `ctx` current: `n` allocations of 64 bytes on that thread's per-thread
+/// default stream, each filled there; nothing synchronised. Returns them.
+fn used_on_another_threads_per_thread_stream(ctx: CUcontext, n: usize) -> Vec<CUdeviceptr> {
+    let ctx = ctx as u64;
+    std::thread::spawn(move || {
+        let d = cuda_sys::driver().unwrap();
+        ok!(d, cuCtxSetCurrent(ctx as CUcontext));
+        (0..n)
+            .map(|_| {
+                let p = alloc_async(d, 64, CU_STREAM_PER_THREAD);
+                ok!(d, cuMemsetD8Async(p, 1, 64, CU_STREAM_PER_THREAD));
+                p
+            })
+            .collect()
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn legacy_free_is_ordered_after_another_threads_per_thread_stream() {
+    // docs/driver-facts.md F14: the legacy stream waits for every blocking stream of its
+    // context, other threads' per-thread streams included; the checker's clocks agree.
+    let (d, emu, ctx) = setup();
+    for token in [CU_STREAM_LEGACY, CU_STREAM_NULL] {
+        let p = used_on_another_threads_per_thread_stream(ctx, 1)[0];
+        let id = id_at(&emu, p);
+        ok!(d, cuMemFreeAsync(p, token));
+        assert!(hazards_for(&emu, id).is_empty(), "{:?}", emu.hazards());
+    }
+    ok!(d, cuCtxSynchronize());
+}
+
+#[test]
+fn other_streams_free_unordered_after_another_threads_per_thread_stream() {
+    // docs/driver-facts.md F15: the freeing thread's own per-thread stream, a created blocking
+    // stream and a non-blocking one do not wait for another thread's per-thread stream, so a
+    // free there is not ordered after its work.
+    let (d, emu, ctx) = setup();
+    let mut nb: CUstream = std::ptr::null_mut();
+    ok!(d, cuStreamCreate(&mut nb, 1));
+    let frees = [CU_STREAM_PER_THREAD, stream(d), nb];
+    let ptrs = used_on_another_threads_per_thread_stream(ctx, frees.len());
+    for (&p, &s) in ptrs.iter().zip(&frees) {
+        let id = id_at(&emu, p);
+        ok!(d, cuMemFreeAsync(p, s));
+        let hazards = hazards_for(&emu, id);
+        assert_eq!(kinds(&hazards), ["unordered_free"], "{s:?}: {hazards:?}");
+    }
+    ok!(d, cuCtxSynchronize());
+    emu.clear_hazards();
+}
+
+#[test]
+fn stream_memory_operations_refuse_what_they_cannot_do() {
+    let (d, emu, _) = setup();
+    let s = stream(d);
+    let mut host: *mut c_void = std::ptr::null_mut();
+    ok!(d, cuMemHostAlloc(&mut host, 64, 2));
+    let mut dev: CUdeviceptr = 0;
+    ok!(d, cuMemHostGetDevicePointer_v2(&mut dev, host, 0));
+    assert_eq!(dev, host as u64, "unified addressing");
+    let wait32 = |s: CUstream, p: CUdeviceptr, flags: c_uint| {
+        code(cu!(d, cuStreamWaitValue32_v2(s, p, 0, flags)))
+    };
+    // Unknown flags, an unaligned address, managed memory, memory the driver does not know.
+    assert_eq!(wait32(s, dev, 4), CudaErrorCode::INVALID_VALUE);
+    assert_eq!(
+        code(cu!(d, cuStreamWriteValue32_v2(s, dev, 0, 2))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    assert_eq!(wait32(s, dev + 2, 0), CudaErrorCode::INVALID_VALUE);
+    assert_eq!(
+        code(cu!(d, cuStreamWaitValue64_v2(s, dev + 4, 0, 0))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    let mut managed: CUdeviceptr = 0;
+    ok!(d, cuMemAllocManaged(&mut managed, 64, 1));
+    assert_eq!(wait32(s, managed, 0), CudaErrorCode::INVALID_VALUE);
+    let pageable = Box::new(0u64);
+    assert_eq!(
+        wait32(s, &*pageable as *const u64 as u64, 0),
+        CudaErrorCode::INVALID_VALUE
+    );
+    assert_eq!(
+        code(cu!(
+            d,
+            cuMemHostGetDevicePointer_v2(&mut dev, managed as *mut c_void, 0)
+        )),
+        CudaErrorCode::INVALID_VALUE
+    );
+    // Capturing them is not emulated: refused, and the capture is invalidated.
+    ok!(
+        d,
+        cuStreamBeginCapture_v2(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+    );
+    assert_eq!(
+        code(cu!(d, cuStreamWriteValue32_v2(s, host as u64, 1, 0))),
+        CudaErrorCode::STREAM_CAPTURE_UNSUPPORTED
+    );
+    let mut g: CUgraph = std::ptr::null_mut();
+    assert_eq!(
+        code(cu!(d, cuStreamEndCapture(s, &mut g))),
+        CudaErrorCode::STREAM_CAPTURE_INVALIDATED
+    );
+    // A write is a use of its memory: after the free it is a use after free.
+    let p = alloc_async(d, 64, s);
+    let id = id_at(&emu, p);
+    ok!(d, cuStreamWriteValue32_v2(s, p, 9, 0));
+    ok!(d, cuMemFreeAsync(p, s));
+    assert!(hazards_for(&emu, id).is_empty(), "{:?}", emu.hazards());
+    assert_eq!(
+        code(cu!(d, cuStreamWriteValue32_v2(s, p, 9, 0))),
+        CudaErrorCode::INVALID_VALUE
+    );
+    assert_eq!(kinds(&hazards_for(&emu, id)), ["use_after_free"]);
+    ok!(d, cuStreamSynchronize(s));
+    ok!(d, cuMemFree_v2(managed));
+    ok!(d, cuMemFreeHost(host));
+    emu.clear_hazards();
+}
+
 #[test]
 fn use_after_free_is_reported() {
     let (d, emu, _) = setup();

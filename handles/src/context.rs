@@ -1,15 +1,15 @@
-//! [`ContextHandle`] (primary, created, borrowed contexts) and [`ContextScope`], the guard that
-//! makes a context current only when it differs and restores the caller's binding.
+//! [`ContextHandle`]: primary, created and borrowed contexts, the registry of contexts this crate
+//! created, and the per-thread cache that turns "the context current now" into a handle.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
-use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cuda_sys::types::{CUcontext, CUdevice};
 
-use crate::report::{report, CleanupError};
+use crate::report::{report_leak, Subject};
+use crate::scope::run_in;
 use crate::sys::{as_ctx, check, current_context, driver, init};
 use crate::HandleError;
 
@@ -153,10 +153,9 @@ impl ContextHandle {
         if let Some(handle) = lookup_created(raw) {
             return Ok(handle);
         }
-        let scope = ContextScope::enter_raw(raw)?;
-        let device = current_device(d);
-        scope.exit()?;
-        identify(raw, device?)
+        let device =
+            run_in(d, raw, || current_device(d)).into_result("cuCtxGetDevice", raw, drop)?;
+        identify(raw, device)
     }
 
     /// The context current on the calling thread, if any.
@@ -278,13 +277,8 @@ impl Drop for ContextBox {
             }
         };
         if let Err(error) = check(result.0, result.1) {
-            report(CleanupError {
-                operation: result.0,
-                ptr: self.raw as u64,
-                stream: 0,
-                context: self.raw as u64,
-                error,
-            });
+            let raw = self.raw as u64;
+            report_leak(Subject::new("context", result.0, raw, 0, raw), error);
         }
     }
 }
@@ -370,128 +364,4 @@ pub(crate) fn context_for_current(raw: usize) -> Result<ContextHandle, HandleErr
         drop(old);
     }
     Ok(handle)
-}
-
-/// Makes a context current for a while and puts the caller's binding back (docs/decisions.md D2).
-///
-/// [`ContextScope::enter`] reads the current context and, only if it differs from the target,
-/// makes the target current; [`ContextScope::exit`] (or dropping the scope) restores the
-/// previous binding with `cuCtxSetCurrent(previous)`, where a previous NULL returns the thread
-/// to "no context". Restoring replaces the top of the context stack, so deeper entries of the
-/// caller's stack are untouched. The scope never panics: a restore that fails inside `Drop` is
-/// reported through the cleanup-error hook. The scope is bound to its thread (`!Send`).
-#[must_use = "the previous context is restored when the scope ends"]
-pub struct ContextScope {
-    previous: usize,
-    target: usize,
-    switched: bool,
-    done: bool,
-    _thread_bound: PhantomData<*const ()>,
-}
-
-impl ContextScope {
-    /// Makes `target` current on the calling thread if it is not already.
-    ///
-    /// # Errors
-    /// [`HandleError::Driver`] when reading or setting the current context fails; nothing is
-    /// changed then.
-    ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only when the target differs).
-    #[inline]
-    pub fn enter(target: &ContextHandle) -> Result<ContextScope, HandleError> {
-        ContextScope::enter_raw(target.0.raw)
-    }
-
-    #[inline]
-    pub(crate) fn enter_raw(target: usize) -> Result<ContextScope, HandleError> {
-        let d = driver()?;
-        let previous = current_context(d)?;
-        ContextScope::enter_known(target, previous)
-    }
-
-    /// Like [`ContextScope::enter`] when the caller has just read the current context.
-    #[inline]
-    pub(crate) fn enter_known(target: usize, previous: usize) -> Result<ContextScope, HandleError> {
-        let mut scope = ContextScope {
-            previous,
-            target,
-            switched: false,
-            done: false,
-            _thread_bound: PhantomData,
-        };
-        if previous != target {
-            let d = driver()?;
-            // SAFETY: the target is kept alive by the handle the caller holds for the scope.
-            let status = unsafe { (d.cuCtxSetCurrent)(as_ctx(target)) };
-            if let Err(error) = check("cuCtxSetCurrent", status) {
-                scope.done = true;
-                return Err(error);
-            }
-            scope.switched = true;
-        }
-        Ok(scope)
-    }
-
-    /// The context that was current when the scope was entered (NULL for none).
-    pub fn previous(&self) -> CUcontext {
-        as_ctx(self.previous)
-    }
-
-    /// Whether entering changed the current context (and so leaving will restore it).
-    pub fn switched(&self) -> bool {
-        self.switched
-    }
-
-    /// Restores the previous binding now and returns the outcome instead of reporting it.
-    ///
-    /// # Errors
-    /// [`HandleError::Driver`] naming `cuCtxSetCurrent` when the restore fails; the target
-    /// context is then still current.
-    ///
-    /// Driver calls: `cuCtxSetCurrent` (only when entering switched).
-    pub fn exit(mut self) -> Result<(), HandleError> {
-        self.done = true;
-        self.restore()
-    }
-
-    fn restore(&self) -> Result<(), HandleError> {
-        if !self.switched {
-            return Ok(());
-        }
-        let d = driver()?;
-        // SAFETY: `previous` was current when the scope began (or NULL, which unbinds).
-        let status = unsafe { (d.cuCtxSetCurrent)(as_ctx(self.previous)) };
-        if status != 0 {
-            crate::deferred::note_restore_failed();
-        }
-        check("cuCtxSetCurrent", status)
-    }
-}
-
-impl Drop for ContextScope {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        self.done = true;
-        if let Err(error) = self.restore() {
-            report(CleanupError {
-                operation: "ContextScope::restore",
-                ptr: self.previous as u64,
-                stream: 0,
-                context: self.target as u64,
-                error,
-            });
-        }
-    }
-}
-
-impl fmt::Debug for ContextScope {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "ContextScope(previous 0x{:x}, target 0x{:x}, switched {})",
-            self.previous, self.target, self.switched
-        )
-    }
 }

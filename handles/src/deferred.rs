@@ -39,18 +39,8 @@ static AT_EXIT: OnceLock<()> = OnceLock::new();
 thread_local! {
     /// Whether this thread holds [`CONSUMER`] (a nested drain must not take it again).
     static CONSUMING: Cell<bool> = const { Cell::new(false) };
-    /// Whether a context restore failed on this thread since the worker last checked, leaving
-    /// a recipe's context current (set on any thread, read only by the worker).
-    static RESTORE_FAILED: Cell<bool> = const { Cell::new(false) };
     /// Whether this thread is the cleanup worker.
     static IS_WORKER: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Records that restoring the caller's binding failed on this thread (the failure itself is
-/// reported by the caller). The worker then unbinds before its next item (see [`process`]).
-#[cold]
-pub(crate) fn note_restore_failed() {
-    RESTORE_FAILED.with(|f| f.set(true));
 }
 
 /// On the worker only: after a failed restore left a recipe's context current, unbind it, so
@@ -58,14 +48,14 @@ pub(crate) fn note_restore_failed() {
 /// "restore" that stale binding, and once its context is destroyed each such restore would
 /// fail and be reported again. User threads keep whatever the failed restore left (reported).
 fn unbind_worker_after_failed_restore() {
-    if !IS_WORKER.with(Cell::get) || !RESTORE_FAILED.with(Cell::get) {
+    if !IS_WORKER.with(Cell::get) || !crate::scope::take_restore_failed() {
         return;
     }
     if let Ok(d) = crate::sys::driver() {
         // Retrying what failed: its failure was reported already, and if this retry fails
-        // too the flag stays set and the next item tries again.
-        if crate::sys::set_current_raw(d, 0) == 0 {
-            RESTORE_FAILED.with(|f| f.set(false));
+        // too the mark stays and the next item tries again.
+        if crate::sys::set_current_raw(d, 0) != 0 {
+            crate::scope::note_restore_failed();
         }
     }
 }

@@ -8,8 +8,9 @@ use std::ffi::{c_char, c_int};
 
 use cuda_sys::types::CUdevice;
 
-use crate::context::{ContextHandle, ContextScope};
-use crate::sys::{check, driver, init};
+use crate::context::ContextHandle;
+use crate::scope::in_context;
+use crate::sys::{check, init};
 use crate::HandleError;
 
 /// How many devices the driver sees (initialising it on first use).
@@ -33,18 +34,17 @@ impl ContextHandle {
     /// has finished. The caller's context binding is unchanged afterwards.
     ///
     /// # Errors
-    /// [`HandleError::Driver`] when the context switch, the wait or the restore fails.
+    /// [`HandleError::Driver`] when the wait fails; [`HandleError::ContextNotActivated`] or
+    /// [`HandleError::ContextNotRestored`] when the context switch around it does.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (when this context is not current),
     /// `cuCtxSynchronize`.
     pub fn synchronize(&self) -> Result<(), HandleError> {
-        let d = driver()?;
-        let scope = ContextScope::enter(self)?;
-        // SAFETY: takes no arguments; the scope makes this context current.
-        let status = unsafe { (d.cuCtxSynchronize)() };
-        let restored = scope.exit();
-        check("cuCtxSynchronize", status)?;
-        restored
+        in_context(self, "cuCtxSynchronize", |d| {
+            // SAFETY: takes no arguments; `in_context` makes this context current.
+            let status = unsafe { (d.cuCtxSynchronize)() };
+            check("cuCtxSynchronize", status)
+        })
     }
 }
 

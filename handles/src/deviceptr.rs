@@ -3,6 +3,7 @@
 //! recipe (docs/decisions.md D1, D2, D3, D9).
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
@@ -10,20 +11,22 @@ use std::sync::{Arc, Mutex};
 use cuda_sys::types::{c_void, CUdeviceptr, CUmemPoolPtrExportData, CUstream};
 use cuda_sys::Driver;
 
-use crate::context::ContextScope;
 use crate::deferred::{self, Deferred};
 use crate::event::{create_raw, destroy_raw, EVENT_DISABLE_TIMING};
 use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
-use crate::report::{report, warn, CleanupError, CleanupWarning, CleanupWarningKind};
+use crate::report::{
+    report, warn, CleanupStep, CleanupWarning, CleanupWarningKind, Consequence, Subject,
+};
+use crate::scope::{report_restore, run_in, run_in_from, Ran};
 use crate::stream::StreamHandle;
-use crate::sys::{check, current_context_raw, driver, error, set_current_raw};
+use crate::sys::{check, current_context_raw, driver, error};
 use crate::HandleError;
 
 /// Frees memory that custody adopted from elsewhere (a user's memory resource).
 ///
 /// Called once, by whoever drops the last handle, with the recipe's context current (see
-/// [`ContextScope`]) and the recipe's stream; on a thread chosen by the drop, which may be the
+/// [`crate::ContextScope`]) and the recipe's stream; on a thread chosen by the drop, which may be the
 /// cleanup worker. It must not block on a lock that the dropping thread may hold.
 pub trait Deallocator: Send + Sync {
     /// Frees `allocation` (its [`OwnedAllocation::size`] bytes at [`OwnedAllocation::ptr`]),
@@ -90,12 +93,15 @@ impl OwnedAllocation {
     /// # Errors
     /// [`HandleError::NoCurrentContext`] for an unbound default-stream token on a thread with
     /// no context; [`HandleError::Driver`] for the driver's failure (a pointer it does not know
-    /// as stream-ordered memory); the memory is then still allocated, and the token gone.
+    /// as stream-ordered memory); the memory is then still allocated, and the token gone;
+    /// [`HandleError::ContextNotActivated`] / [`HandleError::ContextNotRestored`] for a bound
+    /// token's context switch.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemFreeAsync`.
+    /// Driver calls: `cuMemFreeAsync`; on a created or wrapped stream nothing else (F4, F8), on a
+    /// bound token `cuCtxGetCurrent` and `cuCtxSetCurrent` (if needed) around it.
     pub fn free_async(self, stream: &StreamHandle) -> Result<(), HandleError> {
         let ptr = self.ptr;
-        crate::ops::on_stream(stream, "cuMemFreeAsync", |d, s| {
+        stream.run_free("cuMemFreeAsync", |d, s| {
             // SAFETY: the token is the right to free this allocation, used once (consumed); the
             // stream handle is alive.
             unsafe { (d.cuMemFreeAsync)(ptr, s) }
@@ -110,11 +116,12 @@ impl OwnedAllocation {
     /// As [`OwnedAllocation::free_async`], and the stream's failure, in which case nothing is
     /// freed.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamSynchronize`,
-    /// `cuMemFree_v2`.
+    /// Driver calls: `cuStreamSynchronize`, `cuMemFree_v2`; on a bound token in its context
+    /// (`cuCtxGetCurrent`, `cuCtxSetCurrent` if needed), on a created or wrapped stream with no
+    /// context call (F5, F6).
     pub fn free_device_sync(self, stream: &StreamHandle) -> Result<(), HandleError> {
         let ptr = self.ptr;
-        crate::ops::sync_then(stream, "cuMemFree_v2", |d| {
+        stream.synchronize_then_free("cuMemFree_v2", |d| {
             // SAFETY: the token is the right to free this allocation, used once; the stream has
             // drained.
             unsafe { (d.cuMemFree_v2)(ptr) }
@@ -127,11 +134,11 @@ impl OwnedAllocation {
     /// # Errors
     /// As [`OwnedAllocation::free_device_sync`].
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamSynchronize`,
-    /// `cuMemFreeHost`.
+    /// Driver calls: `cuStreamSynchronize`, `cuMemFreeHost`, with the context rule of
+    /// [`OwnedAllocation::free_device_sync`].
     pub fn free_host_sync(self, stream: &StreamHandle) -> Result<(), HandleError> {
         let ptr = self.ptr;
-        crate::ops::sync_then(stream, "cuMemFreeHost", |d| {
+        stream.synchronize_then_free("cuMemFreeHost", |d| {
             // SAFETY: the token is the right to free this allocation, used once; the stream has
             // drained.
             unsafe { (d.cuMemFreeHost)(ptr as *mut c_void) }
@@ -318,13 +325,17 @@ struct PtrBox {
 /// [`DevicePtrHandle::set_deallocation_stream`] on one is seen by all (a graph attachment
 /// included). The last clone to go frees the memory with the recipe current at that moment:
 ///
-/// - stream-ordered families (pool, async, IPC import): `cuMemFreeAsync` on the recipe stream,
-///   in the recipe context (see [`ContextScope`]);
+/// - stream-ordered families (pool, async, IPC import): `cuMemFreeAsync` on the recipe stream;
+///   on a created or wrapped stream with no context call at all (it identifies its context,
+///   docs/driver-facts.md F4, F8), on a default-stream token (and for IPC imports) in the
+///   recipe's context, made current only if it is not (docs/decisions.md D2);
 /// - synchronous families (`cuMemAlloc`, pinned host, managed): a drop records an event on the
-///   recipe stream and hands (event, pointer, recipe) to the cleanup worker, which waits for
-///   the event and frees; it never blocks the dropping thread (docs/decisions.md D9). An explicit
-///   [`DevicePtrHandle::release`] synchronises the recipe stream and frees before returning;
-/// - adopted pointers: the [`Deallocator`], in the recipe context;
+///   recipe stream (in the recipe's context, which events need) and hands (event, pointer,
+///   recipe) to the cleanup worker, which waits for the event and frees in the recipe's context;
+///   it never blocks the dropping thread (docs/decisions.md D9). An explicit
+///   [`DevicePtrHandle::release`] synchronises the recipe stream and frees before returning,
+///   with no context call on a created or wrapped stream (F5, F6);
+/// - adopted pointers: the [`Deallocator`], always in the recipe context;
 /// - owner-kept and borrowed pointers: nothing is freed.
 ///
 /// A drop whose free fails reports through the cleanup-error hook; an explicit release returns
@@ -332,214 +343,70 @@ struct PtrBox {
 #[derive(Clone)]
 pub struct DevicePtrHandle(Arc<PtrBox>);
 
-/// What an operation run in a recipe's context came to.
-struct Outcome {
-    op: Result<(), HandleError>,
-    restore: Result<(), HandleError>,
-    warning: Option<CleanupWarning>,
-}
-
-impl Outcome {
-    /// Reports everything (drop paths). Call after the context was restored, holding no lock.
-    fn report(self, operation: &'static str, ptr: u64, recipe: &DeallocationRecipe) {
-        if let Some(warning) = self.warning {
-            warn(warning);
-        }
-        for error in [self.op.err(), self.restore.err()].into_iter().flatten() {
-            report(attribute(operation, ptr, recipe, error));
-        }
-    }
-
-    /// Returns the operation's error, or else the restore's (explicit paths); a restore error
-    /// that cannot be returned alongside an operation error is reported.
-    fn into_result(
-        self,
-        operation: &'static str,
-        ptr: u64,
-        recipe: &DeallocationRecipe,
-    ) -> Result<(), HandleError> {
-        if let Some(warning) = self.warning {
-            warn(warning);
-        }
-        match (self.op, self.restore) {
-            (Err(op), Err(restore)) => {
-                report(attribute(operation, ptr, recipe, restore));
-                Err(op)
-            }
-            (Err(error), Ok(())) | (Ok(()), Err(error)) => Err(error),
-            (Ok(()), Ok(())) => Ok(()),
-        }
-    }
-}
-
-fn attribute(
-    operation: &'static str,
-    ptr: u64,
-    recipe: &DeallocationRecipe,
-    error: HandleError,
-) -> CleanupError {
-    CleanupError {
-        operation,
-        ptr,
-        stream: recipe.stream().raw_usize() as u64,
-        context: recipe.context().raw_usize() as u64,
-        error,
-    }
-}
-
-#[cold]
-fn report_restore_failure(
-    operation: &'static str,
-    ptr: u64,
-    recipe: &DeallocationRecipe,
-    status: u32,
-) {
-    report(attribute(
-        operation,
-        ptr,
-        recipe,
-        error("cuCtxSetCurrent", status),
-    ));
-}
-
-/// Runs `op` with the recipe's context current and restores the caller's binding (D2). The
-/// per-thread-default-stream warning, if owed, is returned for emission after the restore.
-#[inline]
-fn run_in_recipe(
-    recipe: &DeallocationRecipe,
-    operation: &'static str,
-    ptr: u64,
-    check_thread: bool,
-    op: impl FnOnce(&'static Driver) -> Result<(), HandleError>,
-) -> Outcome {
-    let warning = if check_thread {
-        recipe.cross_thread_warning(operation, ptr)
-    } else {
-        None
-    };
-    let d = match driver() {
-        Ok(d) => d,
-        Err(error) => {
-            return Outcome {
-                op: Err(error),
-                restore: Ok(()),
-                warning,
-            }
-        }
-    };
-    let scope = match ContextScope::enter(recipe.context()) {
-        Ok(scope) => scope,
-        Err(error) => {
-            // Activation failed: the operation is skipped and the resource leaked (reported).
-            return Outcome {
-                op: Err(error),
-                restore: Ok(()),
-                warning,
-            };
-        }
-    };
-    let op = op(d);
-    let restore = scope.exit();
-    Outcome {
-        op,
-        restore,
-        warning,
-    }
-}
-
-/// Raw statuses of an operation run in a recipe's context: which call failed first (the
-/// operation is skipped when activation failed) and the restore's status.
-struct RawOutcome {
-    /// `cuCtxGetCurrent` or `cuCtxSetCurrent` when activation failed, else `None`.
-    activation_call: Option<&'static str>,
-    /// The activation's or the operation's status.
-    status: u32,
-    /// The restore's status (0 when no restore was needed).
-    restore: u32,
-    /// The driver could not be loaded (never after a handle exists, kept for completeness).
-    load: Option<HandleError>,
-}
-
-impl RawOutcome {
-    #[inline]
-    fn is_clean(&self) -> bool {
-        self.status == 0 && self.restore == 0 && self.load.is_none()
-    }
-
-    /// The structured outcome, with the per-thread-stream warning if one is owed (D6).
+impl Release {
+    /// The resource as its user knows it, for reports (built on error paths only).
     #[cold]
-    fn into_outcome(self, recipe: &DeallocationRecipe, ptr: u64) -> Outcome {
-        let warning = recipe.cross_thread_warning("cuMemFreeAsync", ptr);
-        let op = if let Some(error) = self.load {
-            Err(error)
-        } else if self.status != 0 {
-            Err(error(
-                self.activation_call.unwrap_or("cuMemFreeAsync"),
-                self.status,
-            ))
-        } else {
-            Ok(())
-        };
-        let restore = if self.restore != 0 {
-            Err(error("cuCtxSetCurrent", self.restore))
-        } else {
-            Ok(())
-        };
-        Outcome {
-            op,
-            restore,
-            warning,
-        }
+    fn resource(&self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
+            Release::Pool(_) => "pool allocation",
+            Release::Async => "stream-ordered allocation",
+            Release::Synchronous => "cuMemAlloc allocation",
+            Release::PinnedHost => "pinned host allocation",
+            Release::Managed => "managed allocation",
+            Release::IpcImport(_) => "IPC-imported allocation",
+            Release::Deallocator(deallocator) => return Cow::Owned(deallocator.name().to_owned()),
+            Release::Owner(_) => "owner-kept memory",
+            Release::NonOwning => "borrowed memory",
+        })
     }
 }
 
-/// [`run_in_recipe`] for the stream-ordered frees, with raw statuses: the drop of a pool
-/// allocation makes exactly `cuCtxGetCurrent` and the free when its context is current.
-#[inline]
-fn run_in_recipe_raw(
+/// `operation` on `ptr` with `recipe`, for reports.
+#[cold]
+fn subject(
+    release: &Release,
+    operation: &'static str,
+    ptr: u64,
     recipe: &DeallocationRecipe,
-    op: impl FnOnce(&'static Driver) -> u32,
-) -> RawOutcome {
-    let mut outcome = RawOutcome {
-        activation_call: None,
-        status: 0,
-        restore: 0,
-        load: None,
-    };
-    let d = match driver() {
-        Ok(d) => d,
-        Err(error) => {
-            outcome.load = Some(error);
-            return outcome;
-        }
-    };
-    let previous = match current_context_raw(d) {
-        Ok(previous) => previous,
-        Err(status) => {
-            outcome.activation_call = Some("cuCtxGetCurrent");
-            outcome.status = status;
-            return outcome;
-        }
-    };
-    let target = recipe.context_raw();
-    let switched = previous != target;
-    if switched {
-        let status = set_current_raw(d, target);
-        if status != 0 {
-            // Activation failed: the operation is skipped and the resource leaked (reported).
-            outcome.activation_call = Some("cuCtxSetCurrent");
-            outcome.status = status;
-            return outcome;
-        }
+) -> Subject {
+    Subject::new(
+        release.resource(),
+        operation,
+        ptr,
+        recipe.stream().raw_usize() as u64,
+        recipe.context_raw() as u64,
+    )
+}
+
+/// Hands a release's outcome to its caller: an explicit release returns it (a restore failure
+/// after a failed free is reported, since one error is returned), a drop reports everything.
+/// The per-thread-default-stream warning, if owed, is emitted first, after the restore.
+#[cold]
+#[inline(never)]
+fn finish(
+    ran: Ran<Result<(), HandleError>>,
+    release: &Release,
+    operation: &'static str,
+    ptr: u64,
+    recipe: &DeallocationRecipe,
+    explicit: bool,
+) -> Result<(), HandleError> {
+    if let Some(warning) = recipe.cross_thread_warning(operation, ptr) {
+        warn(warning);
     }
-    outcome.status = op(d);
-    if switched {
-        outcome.restore = set_current_raw(d, previous);
-        if outcome.restore != 0 {
-            deferred::note_restore_failed();
-        }
+    let subject = || subject(release, operation, ptr, recipe);
+    if explicit {
+        ran.into_result_for(operation, recipe.context_raw(), subject, drop)
+    } else {
+        ran.report(subject);
+        Ok(())
     }
-    outcome
+}
+
+/// A driver status as a result for `call`, for the outcome of work run in a context.
+#[inline]
+fn checked(call: &'static str) -> impl FnOnce(u32) -> Result<(), HandleError> {
+    move |status| check(call, status)
 }
 
 fn free_async(d: &Driver, ptr: u64, stream: CUstream) -> Result<(), HandleError> {
@@ -589,10 +456,12 @@ impl DevicePtrHandle {
     /// caller's binding is restored. The handle holds `pool`, so an owned pool outlives it.
     ///
     /// # Errors
-    /// [`HandleError::InvalidArgument`] for a stream whose context is on another device than
-    /// the pool; [`HandleError::NoCurrentContext`] for an unbound token on a thread
-    /// with no context; [`HandleError::Driver`] when the allocation fails. Nothing is allocated
-    /// or leaked on error.
+    /// [`HandleError::WrongDevice`] for a stream whose context is on another device than the
+    /// pool; [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
+    /// [`HandleError::Driver`] when the allocation fails; [`HandleError::ContextNotActivated`]
+    /// when the recipe's context cannot be made current; [`HandleError::ContextNotRestored`]
+    /// when the caller's cannot be put back (the allocation is freed again first). Nothing is
+    /// allocated or leaked on error.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only when the recipe's context is
     /// not current), `cuMemAllocFromPoolAsync`; `cuMemFreeAsync` at release.
@@ -897,33 +766,17 @@ impl DevicePtrHandle {
             Placement::Host => None,
         };
         check_device(device, &recipe)?;
-        let target = recipe.context().raw_usize();
-        let switched = current != target;
-        if switched {
-            let status = set_current_raw(d, target);
-            if status != 0 {
-                return Err(error("cuCtxSetCurrent", status));
-            }
-        }
+        let target = recipe.context_raw();
         let raw_stream = stream.raw();
         let mut ptr = 0u64;
-        let status = alloc(d, raw_stream, &mut ptr);
-        let restored = if switched {
-            set_current_raw(d, current)
-        } else {
-            0
-        };
-        if status != 0 {
-            if restored != 0 {
-                report_restore_failure(alloc_call, 0, &recipe, restored);
-            }
-            return Err(error(alloc_call, status));
-        }
-        if restored != 0 {
-            // The recipe's context is still current: give the memory back before failing.
-            undo(d, ptr, raw_stream);
-            return Err(error("cuCtxSetCurrent", restored));
-        }
+        // The current context was just read (for the recipe): the switch reuses it.
+        run_in_from(d, current, target, || alloc(d, raw_stream, &mut ptr))
+            .map(checked(alloc_call))
+            .into_result(alloc_call, target, |()| {
+                // The recipe's context is still current (the restore failed): give the memory
+                // back before failing.
+                undo(d, ptr, raw_stream)
+            })?;
         Ok(Self::from_parts(ptr, size, device, Some(recipe), release))
     }
 
@@ -991,7 +844,7 @@ impl DevicePtrHandle {
     ///
     /// # Errors
     /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
-    /// [`HandleError::InvalidArgument`] for a stream whose context is on another device than
+    /// [`HandleError::WrongDevice`] for a stream whose context is on another device than
     /// the memory.
     ///
     /// Driver calls: `cuCtxGetCurrent` (unbound tokens only).
@@ -1035,11 +888,14 @@ impl DevicePtrHandle {
     /// frees before returning.
     ///
     /// # Errors
-    /// The free's error ([`HandleError::Driver`], or the [`Deallocator`]'s); a failure to
-    /// activate or restore the context ([`HandleError::Driver`] naming `cuCtxSetCurrent`).
+    /// The free's error ([`HandleError::Driver`], or the [`Deallocator`]'s): nothing was freed;
+    /// [`HandleError::ContextNotActivated`]: the recipe's context could not be made current, so
+    /// the free did not run (the memory has leaked); [`HandleError::ContextNotRestored`]: the
+    /// memory *was* freed, but the caller's context could not be put back.
     ///
-    /// Driver calls: those of the rule (see [`ReleaseKind`]) inside the recipe's context; for
-    /// the synchronous families `cuStreamSynchronize` first.
+    /// Driver calls: those of the rule (see [`ReleaseKind`]), in the recipe's context where
+    /// the rule needs one (see [`DevicePtrHandle`]); for the synchronous families
+    /// `cuStreamSynchronize` first.
     pub fn release(self) -> Result<(), HandleError> {
         match Arc::try_unwrap(self.0) {
             Ok(mut inner) => inner.release_now(true),
@@ -1095,83 +951,116 @@ impl PtrBox {
         let Some(recipe) = recipe else {
             return Ok(()); // owner-kept or borrowed: the owner drops with the box
         };
-        let (operation, outcome) = match &self.release {
+        let d = driver()?;
+        match &self.release {
             Release::Pool(_) | Release::Async => {
                 // The hot path: raw statuses, nothing built unless something went wrong.
-                let stream = recipe.stream().raw();
-                let raw = run_in_recipe_raw(&recipe, |d| {
-                    // SAFETY: the pointer is owned by the box being released and freed once;
-                    // the recipe keeps `stream` alive and its context is current.
-                    unsafe { (d.cuMemFreeAsync)(ptr, stream) }
-                });
-                if raw.is_clean() && recipe.ptds_thread().is_none() {
-                    return Ok(());
+                let stream = recipe.stream();
+                let raw_stream = stream.raw();
+                let free = || {
+                    // SAFETY: the pointer is owned by the box being released and freed once; the
+                    // recipe keeps the stream alive; a created or wrapped stream needs no context
+                    // (F4, F8), for a token the recipe's context is current.
+                    unsafe { (d.cuMemFreeAsync)(ptr, raw_stream) }
+                };
+                let ran = if stream.frees_without_context() {
+                    // D2: no context calls at all.
+                    Ran::Done {
+                        value: free(),
+                        restore: 0,
+                        previous: 0,
+                    }
+                } else {
+                    run_in(d, recipe.context_raw(), free)
+                };
+                if let Ran::Done {
+                    value: 0,
+                    restore: 0,
+                    ..
+                } = ran
+                {
+                    if recipe.ptds_thread().is_none() {
+                        return Ok(());
+                    }
                 }
-                ("cuMemFreeAsync", raw.into_outcome(&recipe, ptr))
+                let ran = ran.map(checked("cuMemFreeAsync"));
+                finish(ran, &self.release, "cuMemFreeAsync", ptr, &recipe, explicit)
             }
             Release::IpcImport(_) => {
-                let stream = recipe.stream().raw();
-                let raw = run_in_recipe_raw(&recipe, |d| {
+                // Kept in the recipe's context: no measurement shows an imported pointer's free
+                // succeeding without one.
+                let raw_stream = recipe.stream().raw();
+                let ran = run_in(d, recipe.context_raw(), || {
                     let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
                     // SAFETY: as above; imports and their frees are serialised by the lock.
-                    unsafe { (d.cuMemFreeAsync)(ptr, stream) }
+                    unsafe { (d.cuMemFreeAsync)(ptr, raw_stream) }
                 });
-                ("cuMemFreeAsync", raw.into_outcome(&recipe, ptr))
+                let ran = ran.map(checked("cuMemFreeAsync"));
+                finish(ran, &self.release, "cuMemFreeAsync", ptr, &recipe, explicit)
             }
             Release::Synchronous | Release::Managed => {
-                return self.release_sync(SyncKind::Device, recipe, explicit);
+                self.release_sync(d, SyncKind::Device, recipe, explicit)
             }
-            Release::PinnedHost => return self.release_sync(SyncKind::Host, recipe, explicit),
+            Release::PinnedHost => self.release_sync(d, SyncKind::Host, recipe, explicit),
             Release::Deallocator(deallocator) => {
+                // Always in the recipe's context: a deallocator is promised it (D2).
                 let size = self.size;
-                let operation = "Deallocator::deallocate";
-                let outcome = run_in_recipe(&recipe, operation, ptr, true, |_| {
+                let ran = run_in(d, recipe.context_raw(), || {
                     let allocation = OwnedAllocation::new(ptr, size);
                     catch_unwind(AssertUnwindSafe(|| {
                         deallocator.deallocate(allocation, recipe.stream())
                     }))
                     .unwrap_or_else(|_| Err(HandleError::deallocator("the deallocator panicked")))
                 });
-                (operation, outcome)
+                finish(ran, &self.release, "deallocate", ptr, &recipe, explicit)
             }
-            Release::Owner(_) | Release::NonOwning => return Ok(()),
-        };
-        if explicit {
-            outcome.into_result(operation, ptr, &recipe)
-        } else {
-            outcome.report(operation, ptr, &recipe);
-            Ok(())
+            Release::Owner(_) | Release::NonOwning => Ok(()),
         }
     }
 
     fn release_sync(
         &mut self,
+        d: &'static Driver,
         kind: SyncKind,
         recipe: DeallocationRecipe,
         explicit: bool,
     ) -> Result<(), HandleError> {
         let ptr = self.ptr;
         let operation = kind.operation();
-        let stream = recipe.stream().raw();
+        let stream = recipe.stream();
+        let raw_stream = stream.raw();
         if explicit {
-            let outcome = run_in_recipe(&recipe, operation, ptr, true, |d| {
-                // SAFETY: the recipe keeps the stream alive and its context is current.
-                let status = unsafe { (d.cuStreamSynchronize)(stream) };
+            let free = || {
+                // SAFETY: the recipe keeps the stream alive; a created or wrapped stream needs
+                // no context (F6), for a token the recipe's context is current.
+                let status = unsafe { (d.cuStreamSynchronize)(raw_stream) };
                 check("cuStreamSynchronize", status)?;
                 kind.free(d, ptr)
-            });
-            return outcome.into_result(operation, ptr, &recipe);
+            };
+            let ran = if stream.frees_without_context() {
+                // D2: `cuStreamSynchronize` of a created stream and the synchronous frees need
+                // no context (F5, F6).
+                Ran::Done {
+                    value: free(),
+                    restore: 0,
+                    previous: 0,
+                }
+            } else {
+                run_in(d, recipe.context_raw(), free)
+            };
+            return finish(ran, &self.release, operation, ptr, &recipe, true);
         }
         if deferred::exiting() {
             return Ok(()); // at exit: leaked, never freed unsafely
         }
-        // D9: order with an event on the caller, free on the cleanup worker.
+        // D9: order with an event on the caller, free on the cleanup worker. The event is made
+        // in the recipe's context (events belong to one).
         let mut event = 0usize;
-        let outcome = run_in_recipe(&recipe, "cuEventRecord", ptr, true, |d| {
+        let ran = run_in(d, recipe.context_raw(), || {
             let raw = create_raw(EVENT_DISABLE_TIMING)?;
             // SAFETY: the event was just created in the current (recipe) context; the recipe
             // keeps the stream alive.
-            let status = unsafe { (d.cuEventRecord)(raw as cuda_sys::types::CUevent, stream) };
+            let status = unsafe { (d.cuEventRecord)(raw as cuda_sys::types::CUevent, raw_stream) };
             if let Err(error) = check("cuEventRecord", status) {
                 destroy_raw(raw);
                 return Err(error);
@@ -1179,7 +1068,15 @@ impl PtrBox {
             event = raw;
             Ok(())
         });
-        let report_recipe = recipe.clone();
+        let clean = matches!(
+            ran,
+            Ran::Done {
+                value: Ok(()),
+                restore: 0,
+                ..
+            }
+        );
+        let report_recipe = (!clean || recipe.ptds_thread().is_some()).then(|| recipe.clone());
         deferred::push(Deferred::SyncFree(SyncFree {
             ptr,
             kind,
@@ -1188,13 +1085,54 @@ impl PtrBox {
         }));
         // Reported after the push: an event failure only means the worker synchronises the
         // whole context instead, but no driver error is treated as success (D3).
-        outcome.report("cuEventRecord", ptr, &report_recipe);
+        if let Some(recipe) = report_recipe {
+            report_ordering(ran, &self.release, ptr, &recipe);
+        }
         Ok(())
     }
 }
 
-/// Runs a deferred synchronous free on the cleanup worker (or a draining thread): wait for the
-/// event (or, without one, the whole context), free, destroy the event; report failures.
+/// Reports what went wrong ordering a deferred synchronous free: the worker will synchronise
+/// the whole context instead of waiting for an event.
+#[cold]
+#[inline(never)]
+fn report_ordering(
+    ran: Ran<Result<(), HandleError>>,
+    release: &Release,
+    ptr: u64,
+    recipe: &DeallocationRecipe,
+) {
+    if let Some(warning) = recipe.cross_thread_warning("cuEventRecord", ptr) {
+        warn(warning);
+    }
+    let subject = || subject(release, "cuEventRecord", ptr, recipe);
+    match ran {
+        Ran::NotActivated(failure) => report(
+            subject(),
+            CleanupStep::ActivateContext,
+            Consequence::OrderedByContextSynchronize,
+            HandleError::Driver(failure.error()),
+        ),
+        Ran::Done { value, restore, .. } => {
+            if let Err(error) = value {
+                report(
+                    subject(),
+                    CleanupStep::Ordering,
+                    Consequence::OrderedByContextSynchronize,
+                    error,
+                );
+            }
+            if restore != 0 {
+                report_restore(subject(), Consequence::ContextNotRestored, restore);
+            }
+        }
+    }
+}
+
+/// Runs a deferred synchronous free on the cleanup worker (or a draining thread), in the
+/// recipe's context (`cuEventSynchronize` and `cuEventDestroy` without one are not measured):
+/// wait for the event (or, without one, the whole context), free, destroy the event; report
+/// failures.
 pub(crate) fn run_sync_free(job: SyncFree) {
     let SyncFree {
         ptr,
@@ -1202,9 +1140,10 @@ pub(crate) fn run_sync_free(job: SyncFree) {
         recipe,
         event,
     } = job;
+    let Ok(d) = driver() else { return };
     let operation = kind.operation();
     let mut destroyed = Ok(());
-    let outcome = run_in_recipe(&recipe, operation, ptr, false, |d| {
+    let ran = run_in(d, recipe.context_raw(), || {
         let waited = if event != 0 {
             // SAFETY: the event was created and recorded at drop time and is owned by this job.
             let status = unsafe { (d.cuEventSynchronize)(event as cuda_sys::types::CUevent) };
@@ -1222,10 +1161,26 @@ pub(crate) fn run_sync_free(job: SyncFree) {
         waited?;
         kind.free(d, ptr)
     });
-    outcome.report(operation, ptr, &recipe);
+    let release = match kind {
+        SyncKind::Device => Release::Synchronous,
+        SyncKind::Host => Release::PinnedHost,
+    };
+    ran.report(|| subject(&release, operation, ptr, &recipe));
     if let Err(error) = destroyed {
-        // Attributed to the pointer whose free the event ordered (the event is internal).
-        report(attribute("cuEventDestroy_v2", ptr, &recipe, error));
+        // The memory was freed (or its wait failed, reported above); the event leaked. Named by
+        // the pointer whose free it ordered (the event is internal).
+        report(
+            Subject::new(
+                "ordering event",
+                "cuEventDestroy_v2",
+                ptr,
+                recipe.stream().raw_usize() as u64,
+                recipe.context_raw() as u64,
+            ),
+            CleanupStep::Operation,
+            Consequence::Leaked,
+            error,
+        );
     }
 }
 

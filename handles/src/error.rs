@@ -47,6 +47,34 @@ pub enum HandleError {
         /// The device of the stream's context.
         found: i32,
     },
+    /// The context `operation` needs could not be made current (`cuCtxGetCurrent` or
+    /// `cuCtxSetCurrent` failed), so `operation` did not run. For a release, the resource was
+    /// not released (its handle is gone: the memory has leaked).
+    #[error("{operation} did not run: making its context 0x{context:x} current failed: {error}")]
+    ContextNotActivated {
+        /// The operation that did not run (`cuMemFreeAsync`, `deallocate`, ...).
+        operation: &'static str,
+        /// The context that could not be made current, as an integer.
+        context: u64,
+        /// The context call's failure.
+        error: CudaError,
+    },
+    /// `operation` ran and succeeded (a release: the resource *was* released), but the calling
+    /// thread's previous context could not be put back afterwards: `context` is still current.
+    #[error(
+        "{operation} succeeded, but the calling thread's previous context 0x{previous:x} was not \
+         restored (context 0x{context:x} is still current): {error}"
+    )]
+    ContextNotRestored {
+        /// The operation that succeeded.
+        operation: &'static str,
+        /// The context that was current before, as an integer (0: none).
+        previous: u64,
+        /// The context left current, as an integer.
+        context: u64,
+        /// `cuCtxSetCurrent`'s failure.
+        error: CudaError,
+    },
     /// A [`Deallocator`](crate::Deallocator) supplied by the caller failed (or panicked).
     #[error("deallocator failed: {source}")]
     Deallocator {
@@ -78,6 +106,37 @@ impl PartialEq for HandleError {
                     found: found2,
                 },
             ) => expected == expected2 && found == found2,
+            (
+                E::ContextNotActivated {
+                    operation,
+                    context,
+                    error,
+                },
+                E::ContextNotActivated {
+                    operation: operation2,
+                    context: context2,
+                    error: error2,
+                },
+            ) => operation == operation2 && context == context2 && error == error2,
+            (
+                E::ContextNotRestored {
+                    operation,
+                    previous,
+                    context,
+                    error,
+                },
+                E::ContextNotRestored {
+                    operation: operation2,
+                    previous: previous2,
+                    context: context2,
+                    error: error2,
+                },
+            ) => {
+                operation == operation2
+                    && previous == previous2
+                    && context == context2
+                    && error == error2
+            }
             (E::Deallocator { source: a }, E::Deallocator { source: b }) => {
                 Arc::ptr_eq(a, b) || a.to_string() == b.to_string()
             }
@@ -89,10 +148,18 @@ impl PartialEq for HandleError {
 impl Eq for HandleError {}
 
 impl HandleError {
-    /// The driver status behind this error, when a driver call failed.
+    /// The driver status behind this error, when a driver call failed (the context call's, for
+    /// [`HandleError::ContextNotActivated`] and [`HandleError::ContextNotRestored`]).
     pub fn code(&self) -> Option<CudaErrorCode> {
+        self.driver_error().map(|error| error.code)
+    }
+
+    /// The failed driver call behind this error, if one failed.
+    pub fn driver_error(&self) -> Option<&CudaError> {
         match self {
-            HandleError::Driver(error) => Some(error.code),
+            HandleError::Driver(error)
+            | HandleError::ContextNotActivated { error, .. }
+            | HandleError::ContextNotRestored { error, .. } => Some(error),
             _ => None,
         }
     }
@@ -101,7 +168,9 @@ impl HandleError {
     /// errors that are not driver statuses (`NoCurrentContext`).
     pub fn name(&self) -> &'static str {
         match self {
-            HandleError::Driver(error) => error.code.name(),
+            HandleError::Driver(error)
+            | HandleError::ContextNotActivated { error, .. }
+            | HandleError::ContextNotRestored { error, .. } => error.code.name(),
             HandleError::Load(_) => "Load",
             HandleError::NoCurrentContext => "NoCurrentContext",
             HandleError::InvalidArgument { .. } => "InvalidArgument",
@@ -140,6 +209,25 @@ mod tests {
                 found: 1,
             },
             HandleError::deallocator("out of memory"),
+            HandleError::ContextNotActivated {
+                operation: "cuMemFreeAsync",
+                context: 0xa,
+                error: CudaError {
+                    call: "cuCtxSetCurrent",
+                    code: CudaErrorCode::INVALID_CONTEXT,
+                    description: "invalid device context".into(),
+                },
+            },
+            HandleError::ContextNotRestored {
+                operation: "cuMemFreeAsync",
+                previous: 0,
+                context: 0xa,
+                error: CudaError {
+                    call: "cuCtxSetCurrent",
+                    code: CudaErrorCode::INVALID_VALUE,
+                    description: "invalid argument".into(),
+                },
+            },
             HandleError::Driver(CudaError {
                 call: "cuMemFreeAsync",
                 code: CudaErrorCode::INVALID_VALUE,

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use cuda_sys::types::CUevent;
 use cuda_sys::CudaErrorCode;
 
-use crate::context::{ContextHandle, ContextScope};
-use crate::report::{report, CleanupError};
+use crate::context::ContextHandle;
+use crate::report::Subject;
+use crate::scope::{in_context, in_context_or_undo, release_in};
 use crate::stream::StreamHandle;
 use crate::sys::{check, driver};
 use crate::HandleError;
@@ -31,19 +32,21 @@ impl EventHandle {
     /// Creates an event in `context` with `flags` (`CU_EVENT_*`).
     ///
     /// # Errors
-    /// [`HandleError::Driver`] when the context switch or the creation fails.
+    /// [`HandleError::Driver`] when the creation fails; [`HandleError::ContextNotActivated`] or
+    /// [`HandleError::ContextNotRestored`] for the switch to `context` (an event made before a
+    /// failed restore is destroyed).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuEventCreate`.
     pub fn create(context: &ContextHandle, flags: u32) -> Result<EventHandle, HandleError> {
-        let scope = ContextScope::enter(context)?;
-        let raw = create_raw(flags);
-        let restored = scope.exit();
-        let raw = raw?;
-        if let Err(error) = restored {
-            // Still in `context`, since the restore failed: destroy what was made.
-            destroy_raw(raw);
-            return Err(error);
-        }
+        let raw = in_context_or_undo(
+            context,
+            "cuEventCreate",
+            |_| create_raw(flags),
+            |_, raw| {
+                // Still in `context`, since the restore failed: destroy what was made.
+                destroy_raw(raw);
+            },
+        )?;
         Ok(EventHandle(Arc::new(EventBox {
             raw,
             context: context.clone(),
@@ -55,55 +58,50 @@ impl EventHandle {
     ///
     /// # Errors
     /// [`HandleError::NoCurrentContext`] when `stream` is an unbound token (resolved in the
-    /// event's context); [`HandleError::Driver`] otherwise.
+    /// event's context); [`HandleError::Driver`] otherwise; [`HandleError::ContextNotActivated`]
+    /// or [`HandleError::ContextNotRestored`] for the switch to the event's context.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuEventRecord`.
     pub fn record(&self, stream: &StreamHandle) -> Result<(), HandleError> {
-        let d = driver()?;
-        let scope = ContextScope::enter(&self.0.context)?;
-        // SAFETY: both handles keep their resources alive; the event's context is current.
-        let status = unsafe { (d.cuEventRecord)(self.raw(), stream.raw()) };
-        let restored = scope.exit();
-        check("cuEventRecord", status)?;
-        restored
+        in_context(&self.0.context, "cuEventRecord", |d| {
+            // SAFETY: both handles keep their resources alive; the event's context is current.
+            let status = unsafe { (d.cuEventRecord)(self.raw(), stream.raw()) };
+            check("cuEventRecord", status)
+        })
     }
 
     /// Blocks the calling thread until the recorded work has finished.
     ///
     /// # Errors
-    /// [`HandleError::Driver`] when the driver reports a failure.
+    /// [`HandleError::Driver`] when the driver reports a failure; as [`EventHandle::record`]
+    /// for the context switch.
     ///
-    /// Driver calls: `cuEventSynchronize`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuEventSynchronize`.
     pub fn synchronize(&self) -> Result<(), HandleError> {
-        let d = driver()?;
-        let scope = ContextScope::enter(&self.0.context)?;
-        // SAFETY: the handle keeps the event alive; its context is current.
-        let status = unsafe { (d.cuEventSynchronize)(self.raw()) };
-        let restored = scope.exit();
-        check("cuEventSynchronize", status)?;
-        restored
+        in_context(&self.0.context, "cuEventSynchronize", |d| {
+            // SAFETY: the handle keeps the event alive; its context is current.
+            let status = unsafe { (d.cuEventSynchronize)(self.raw()) };
+            check("cuEventSynchronize", status)
+        })
     }
 
     /// Whether the recorded work has finished, without blocking.
     ///
     /// # Errors
-    /// [`HandleError::Driver`] for any status other than success or `CUDA_ERROR_NOT_READY`.
+    /// [`HandleError::Driver`] for any status other than success or `CUDA_ERROR_NOT_READY`; as
+    /// [`EventHandle::record`] for the context switch.
     ///
-    /// Driver calls: `cuEventQuery`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuEventQuery`.
     pub fn query(&self) -> Result<bool, HandleError> {
-        let d = driver()?;
-        let scope = ContextScope::enter(&self.0.context)?;
-        // SAFETY: the handle keeps the event alive; its context is current.
-        let status = unsafe { (d.cuEventQuery)(self.raw()) };
-        let restored = scope.exit();
-        let done = if status == CudaErrorCode::NOT_READY.0 {
-            false
-        } else {
-            check("cuEventQuery", status)?;
-            true
-        };
-        restored?;
-        Ok(done)
+        in_context(&self.0.context, "cuEventQuery", |d| {
+            // SAFETY: the handle keeps the event alive; its context is current.
+            let status = unsafe { (d.cuEventQuery)(self.raw()) };
+            if status == CudaErrorCode::NOT_READY.0 {
+                Ok(false)
+            } else {
+                check("cuEventQuery", status).map(|()| true)
+            }
+        })
     }
 
     /// The raw `CUevent`, valid while this handle lives.
@@ -162,23 +160,12 @@ impl EventHandle {
 
 impl Drop for EventBox {
     fn drop(&mut self) {
-        if crate::deferred::exiting() {
-            return;
-        }
-        let outcome = ContextScope::enter(&self.context).and_then(|scope| {
-            let destroyed = check("cuEventDestroy_v2", destroy_raw(self.raw));
-            let restored = scope.exit();
-            destroyed.and(restored)
-        });
-        if let Err(error) = outcome {
-            report(CleanupError {
-                operation: "cuEventDestroy_v2",
-                ptr: self.raw as u64,
-                stream: 0,
-                context: self.context.raw_usize() as u64,
-                error,
-            });
-        }
+        let (raw, context) = (self.raw, self.context.raw_usize());
+        release_in(
+            context,
+            || Subject::new("event", "cuEventDestroy_v2", raw as u64, 0, context as u64),
+            |_| check("cuEventDestroy_v2", destroy_raw(raw)),
+        );
     }
 }
 

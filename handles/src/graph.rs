@@ -8,11 +8,12 @@ use std::sync::Arc;
 
 use cuda_sys::types::{CUgraph, CUgraphExec, CUuserObject};
 
-use crate::context::{ContextHandle, ContextScope};
-use crate::deferred::{ensure_worker, exiting, user_object_destructor};
-use crate::report::{report, CleanupError};
+use crate::context::ContextHandle;
+use crate::deferred::{ensure_worker, user_object_destructor};
+use crate::report::Subject;
+use crate::scope::{in_context, release_in};
 use crate::stream::StreamHandle;
-use crate::sys::{check, driver};
+use crate::sys::check;
 use crate::HandleError;
 
 // Graph nodes and their attachments live in their own file, as a child module so
@@ -26,39 +27,21 @@ const USER_OBJECT_NO_DESTRUCTOR_SYNC: u32 = 1;
 /// `CU_GRAPH_USER_OBJECT_MOVE`.
 const GRAPH_USER_OBJECT_MOVE: u32 = 1;
 
-/// Runs `f` in `context` and returns its result, or the restore's error.
-fn in_context<R>(
-    context: &ContextHandle,
-    f: impl FnOnce(&'static cuda_sys::Driver) -> Result<R, HandleError>,
-) -> Result<R, HandleError> {
-    let d = driver()?;
-    let scope = ContextScope::enter(context)?;
-    let result = f(d);
-    let restored = scope.exit();
-    let value = result?;
-    restored?;
-    Ok(value)
-}
-
-/// Destroys with `destroy` in `context`, reporting a failure (drop paths).
+/// Releases a graph object with `destroy` (returning its status for `operation`) in
+/// `context`, reporting a failure (drop paths).
 fn destroy_in_context(
+    resource: &'static str,
     operation: &'static str,
     raw: usize,
     context: &ContextHandle,
     destroy: impl FnOnce(&'static cuda_sys::Driver) -> u32,
 ) {
-    if exiting() {
-        return;
-    }
-    if let Err(error) = in_context(context, |d| check(operation, destroy(d))) {
-        report(CleanupError {
-            operation,
-            ptr: raw as u64,
-            stream: 0,
-            context: context.raw_usize() as u64,
-            error,
-        });
-    }
+    let context = context.raw_usize();
+    release_in(
+        context,
+        || Subject::new(resource, operation, raw as u64, 0, context as u64),
+        |d| check(operation, destroy(d)),
+    );
 }
 
 struct GraphBox {
@@ -79,7 +62,7 @@ impl GraphHandle {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphCreate`;
     /// `cuGraphDestroy` when the last clone drops.
     pub fn create(context: &ContextHandle) -> Result<GraphHandle, HandleError> {
-        let raw = in_context(context, |d| {
+        let raw = in_context(context, "cuGraphCreate", |d| {
             let mut raw: CUgraph = std::ptr::null_mut();
             // SAFETY: `raw` is a valid out-pointer; flags must be 0.
             let status = unsafe { (d.cuGraphCreate)(&mut raw, 0) };
@@ -105,7 +88,7 @@ impl GraphHandle {
 impl Drop for GraphBox {
     fn drop(&mut self) {
         let raw = self.raw;
-        destroy_in_context("cuGraphDestroy", raw, &self.context, |d| {
+        destroy_in_context("graph", "cuGraphDestroy", raw, &self.context, |d| {
             // SAFETY: this box created the graph and is its last owner.
             unsafe { (d.cuGraphDestroy)(raw as CUgraph) }
         });
@@ -141,7 +124,7 @@ impl GraphExecHandle {
     /// `cuGraphInstantiateWithFlags`; `cuGraphExecDestroy` when the last clone drops.
     pub fn instantiate(graph: &GraphHandle, flags: u64) -> Result<GraphExecHandle, HandleError> {
         let context = graph.context();
-        let raw = in_context(context, |d| {
+        let raw = in_context(context, "cuGraphInstantiateWithFlags", |d| {
             let mut raw: CUgraphExec = std::ptr::null_mut();
             // SAFETY: `raw` is a valid out-pointer; the graph handle is alive.
             let status = unsafe { (d.cuGraphInstantiateWithFlags)(&mut raw, graph.raw(), flags) };
@@ -160,7 +143,7 @@ impl GraphExecHandle {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphLaunch`.
     pub fn launch(&self, stream: &StreamHandle) -> Result<(), HandleError> {
-        in_context(&self.0.context, |d| {
+        in_context(&self.0.context, "cuGraphLaunch", |d| {
             // SAFETY: both handles keep their resources alive.
             let status = unsafe { (d.cuGraphLaunch)(self.raw(), stream.raw()) };
             check("cuGraphLaunch", status)
@@ -193,10 +176,16 @@ impl GraphExecHandle {
 impl Drop for GraphExecBox {
     fn drop(&mut self) {
         let raw = self.raw;
-        destroy_in_context("cuGraphExecDestroy", raw, &self.context, |d| {
-            // SAFETY: this box instantiated the executable and is its last owner.
-            unsafe { (d.cuGraphExecDestroy)(raw as CUgraphExec) }
-        });
+        destroy_in_context(
+            "graph exec",
+            "cuGraphExecDestroy",
+            raw,
+            &self.context,
+            |d| {
+                // SAFETY: this box instantiated the executable and is its last owner.
+                unsafe { (d.cuGraphExecDestroy)(raw as CUgraphExec) }
+            },
+        );
     }
 }
 
@@ -235,7 +224,7 @@ impl UserObjectOwnership {
     ) -> Result<UserObjectOwnership, HandleError> {
         ensure_worker();
         let data = Box::into_raw(Box::new(payload));
-        let created = in_context(context, |d| {
+        let created = in_context(context, "cuUserObjectCreate", |d| {
             let mut raw: CUuserObject = std::ptr::null_mut();
             // SAFETY: `raw` is a valid out-pointer; `data` stays valid until the destructor
             // takes it back, exactly once.
@@ -279,7 +268,7 @@ impl UserObjectOwnership {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphRetainUserObject`.
     pub fn move_into_graph(mut self, graph: &GraphHandle) -> Result<(), HandleError> {
         let raw = self.raw;
-        in_context(&self.context, |d| {
+        in_context(&self.context, "cuGraphRetainUserObject", |d| {
             // SAFETY: we hold one reference to the user object and the graph is alive.
             let status = unsafe {
                 (d.cuGraphRetainUserObject)(
@@ -302,10 +291,16 @@ impl Drop for UserObjectOwnership {
             return;
         }
         let raw = self.raw;
-        destroy_in_context("cuUserObjectRelease", raw, &self.context, |d| {
-            // SAFETY: we hold exactly one reference and give it up.
-            unsafe { (d.cuUserObjectRelease)(raw as CUuserObject, 1) }
-        });
+        destroy_in_context(
+            "user object",
+            "cuUserObjectRelease",
+            raw,
+            &self.context,
+            |d| {
+                // SAFETY: we hold exactly one reference and give it up.
+                unsafe { (d.cuUserObjectRelease)(raw as CUuserObject, 1) }
+            },
+        );
     }
 }
 

@@ -24,10 +24,11 @@ use cuda_sys::types::{
     CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS,
 };
 
-use super::{in_context, GraphBox, GraphHandle, UserObjectOwnership};
+use super::{GraphBox, GraphHandle, UserObjectOwnership};
 use crate::context::ContextHandle;
 use crate::deviceptr::DevicePtrHandle;
-use crate::report::{report, CleanupError};
+use crate::report::{report, CleanupStep, Consequence, Subject};
+use crate::scope::in_context;
 use crate::stream::StreamHandle;
 use crate::sys::{check, check_token};
 use crate::HandleError;
@@ -156,20 +157,25 @@ impl GraphHandle {
         let added = self.add_plain(call, add);
         if added.is_err() {
             let graph = self.raw();
-            let undone = in_context(self.context(), |d| {
+            let undone = in_context(self.context(), "cuGraphReleaseUserObject", |d| {
                 // SAFETY: the graph is alive and holds the one reference moved into it above.
                 let status = unsafe { (d.cuGraphReleaseUserObject)(graph, object_raw, 1) };
                 check("cuGraphReleaseUserObject", status)
             });
             if let Err(error) = undone {
                 // The attachment stays with the graph until the graph goes: kept, not lost.
-                report(CleanupError {
-                    operation: "cuGraphReleaseUserObject",
-                    ptr: object_raw as u64,
-                    stream: 0,
-                    context: self.context().raw_usize() as u64,
+                report(
+                    Subject::new(
+                        "graph attachment",
+                        "cuGraphReleaseUserObject",
+                        object_raw as u64,
+                        0,
+                        self.context().raw_usize() as u64,
+                    ),
+                    CleanupStep::Operation,
+                    Consequence::KeptByGraph,
                     error,
-                });
+                );
             }
         }
         added
@@ -181,7 +187,7 @@ impl GraphHandle {
         call: &'static str,
         add: impl FnOnce(&'static cuda_sys::Driver, &mut CUgraphNode) -> u32,
     ) -> Result<GraphNode, HandleError> {
-        let raw = in_context(self.context(), |d| {
+        let raw = in_context(self.context(), call, |d| {
             let mut node: CUgraphNode = std::ptr::null_mut();
             let status = add(d, &mut node);
             check(call, status).map(|()| node as usize)
@@ -432,7 +438,7 @@ impl GraphHandle {
     /// `cuGraphDestroy` when the copy's last handle drops.
     pub fn clone_graph(&self) -> Result<GraphHandle, HandleError> {
         let original = self.raw();
-        let raw = in_context(self.context(), |d| {
+        let raw = in_context(self.context(), "cuGraphClone", |d| {
             let mut raw: CUgraph = std::ptr::null_mut();
             // SAFETY: `raw` is a valid out-pointer read after success; the graph is alive.
             let status = unsafe { (d.cuGraphClone)(&mut raw, original) };
@@ -473,7 +479,7 @@ pub fn retain_in_capture(
     };
     let token = stream.is_unbound_token();
     let raw_stream = stream.raw();
-    let graph = in_context(&context, |d| {
+    let graph = in_context(&context, "cuStreamGetCaptureInfo_v2", |d| {
         let mut status: u32 = 0;
         let mut graph: CUgraph = std::ptr::null_mut();
         // SAFETY: `status` is 4 bytes of storage for the enum, read as an integer; `graph` is a
@@ -501,7 +507,7 @@ pub fn retain_in_capture(
     let attachment: Box<dyn Any + Send> = Box::new(Attachment::Memory(retained.clone()));
     let object = UserObjectOwnership::new(&context, attachment)?;
     let object_raw = object.raw();
-    in_context(&context, |d| {
+    in_context(&context, "cuGraphRetainUserObject", |d| {
         // SAFETY: the capture graph is alive while the capture runs (the caller does not end
         // it meanwhile), the user object is alive (we hold a reference); flags 0 makes the
         // graph take a reference of its own.

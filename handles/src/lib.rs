@@ -36,10 +36,11 @@ mod range;
 pub mod raw;
 mod recipe;
 mod report;
+mod scope;
 mod stream;
 mod sys;
 
-pub use context::{ContextHandle, ContextKind, ContextScope};
+pub use context::{ContextHandle, ContextKind};
 pub use deferred::{deferred_cleanup_pending, drain_deferred_cleanup, exiting};
 pub use device::{
     device_attribute, device_can_access_peer, device_count, device_name, device_uuid,
@@ -55,8 +56,9 @@ pub use recipe::{DeallocationRecipe, RecipeRemains, ThreadToken};
 pub use report::{
     cleanup_error_count, cleanup_warning_count, reset_cleanup_error_hook,
     reset_cleanup_warning_hook, set_cleanup_error_hook, set_cleanup_warning_hook, CleanupError,
-    CleanupWarning, CleanupWarningKind,
+    CleanupStep, CleanupWarning, CleanupWarningKind, Consequence,
 };
+pub use scope::ContextScope;
 pub use stream::{DefaultStream, StreamHandle};
 
 /// Re-exported so that callers name driver types and errors without a direct `cuda-sys`

@@ -1,10 +1,8 @@
 //! Driver operations beyond allocating and releasing memory, for the `memory` crate: pointer
-//! attributes, pools made with explicit properties, pool IPC and stream capture; and the
-//! stream-context helpers that copies, fills and frees of memory no handle owns
-//! ([`crate::DeviceRange`], [`crate::OwnedAllocation`]) run through.
+//! attributes, pools made with explicit properties, pool IPC and stream capture.
 //!
 //! Every function that takes a stream runs its driver call with the stream's context current
-//! (see [`ContextScope`]) and restores the caller's binding; an unbound default-stream token
+//! (see [`crate::ContextScope`]) and restores the caller's binding; an unbound default-stream token
 //! resolves against the caller's current context, and "no context" is
 //! [`HandleError::NoCurrentContext`] there, as everywhere in this crate. Sizes are in bytes
 //! unless a parameter says elements.
@@ -16,16 +14,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cuda_sys::types::{
     c_void, CUdeviceptr, CUgraph, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType,
     CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemPoolPtrExportData, CUmemoryPool,
-    CUpointer_attribute, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
+    CUpointer_attribute, CUstreamCaptureMode, CUstreamCaptureStatus,
 };
 use cuda_sys::{CudaErrorCode, Driver};
 
-use crate::context::{ContextHandle, ContextScope};
+use crate::context::ContextHandle;
 use crate::deviceptr::DevicePtrHandle;
 use crate::graph::GraphHandle;
 use crate::pool::MemoryPoolHandle;
 use crate::stream::StreamHandle;
-use crate::sys::{check, check_token, driver, init};
+use crate::sys::{check, driver, init};
 use crate::HandleError;
 
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
@@ -38,80 +36,6 @@ const LOCATION_DEVICE: u32 = 1;
 const LOCATION_HOST_NUMA: u32 = 3;
 /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
 const CAPTURE_INVALIDATED: u32 = 901;
-
-/// Runs one driver call on `stream` in the stream's context (an unbound token: in the caller's),
-/// checks its status and restores the caller's binding.
-pub(crate) fn on_stream(
-    stream: &StreamHandle,
-    call: &'static str,
-    f: impl FnOnce(&'static Driver, CUstream) -> u32,
-) -> Result<(), HandleError> {
-    let d = driver()?;
-    match stream.context() {
-        None => check_token(call, f(d, stream.raw()), stream.is_unbound_token()),
-        Some(context) => {
-            let scope = ContextScope::enter(context)?;
-            let status = f(d, stream.raw());
-            let restored = scope.exit();
-            check(call, status)?;
-            restored
-        }
-    }
-}
-
-/// Like [`on_stream`], for a call followed by `cuStreamSynchronize` on the same stream.
-pub(crate) fn on_stream_then_sync(
-    stream: &StreamHandle,
-    call: &'static str,
-    f: impl FnOnce(&'static Driver, CUstream) -> u32,
-) -> Result<(), HandleError> {
-    let token = stream.is_unbound_token();
-    let run = |d: &'static Driver| -> Result<(), HandleError> {
-        check_token(call, f(d, stream.raw()), token)?;
-        // SAFETY: the handle keeps the stream alive; its context is current (or the token
-        // resolves against the caller's).
-        let status = unsafe { (d.cuStreamSynchronize)(stream.raw()) };
-        check_token("cuStreamSynchronize", status, token)
-    };
-    let d = driver()?;
-    match stream.context() {
-        None => run(d),
-        Some(context) => {
-            let scope = ContextScope::enter(context)?;
-            let result = run(d);
-            let restored = scope.exit();
-            result?;
-            restored
-        }
-    }
-}
-
-/// `cuStreamSynchronize(stream)` then `free`, in the stream's context.
-pub(crate) fn sync_then(
-    stream: &StreamHandle,
-    call: &'static str,
-    free: impl FnOnce(&'static Driver) -> u32,
-) -> Result<(), HandleError> {
-    let token = stream.is_unbound_token();
-    let run = |d: &'static Driver| -> Result<(), HandleError> {
-        // SAFETY: the handle keeps the stream alive; its context is current (or the token
-        // resolves against the caller's).
-        let status = unsafe { (d.cuStreamSynchronize)(stream.raw()) };
-        check_token("cuStreamSynchronize", status, token)?;
-        check(call, free(d))
-    };
-    let d = driver()?;
-    match stream.context() {
-        None => run(d),
-        Some(context) => {
-            let scope = ContextScope::enter(context)?;
-            let result = run(d);
-            let restored = scope.exit();
-            result?;
-            restored
-        }
-    }
-}
 
 /// Where the driver says an address points (`CU_POINTER_ATTRIBUTE_MEMORY_TYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -436,7 +360,7 @@ pub fn capture_may_be_active() -> bool {
 /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamIsCapturing`.
 pub fn capture_status(stream: &StreamHandle) -> Result<CaptureStatus, HandleError> {
     let mut status: u32 = 0;
-    on_stream(stream, "cuStreamIsCapturing", |d, s| {
+    stream.run("cuStreamIsCapturing", |d, s| {
         // SAFETY: `status` is 4 bytes of storage for the enum, read as an integer; the stream
         // is alive.
         unsafe {
@@ -458,7 +382,7 @@ pub fn capture_status(stream: &StreamHandle) -> Result<CaptureStatus, HandleErro
 ///
 /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamBeginCapture_v2`.
 pub fn begin_capture(stream: &StreamHandle, mode: CUstreamCaptureMode) -> Result<(), HandleError> {
-    on_stream(stream, "cuStreamBeginCapture_v2", |d, s| {
+    stream.run("cuStreamBeginCapture_v2", |d, s| {
         // SAFETY: the stream is alive and its context current.
         unsafe { (d.cuStreamBeginCapture_v2)(s, mode) }
     })?;
@@ -481,7 +405,7 @@ pub fn end_capture(stream: &StreamHandle) -> Result<GraphHandle, HandleError> {
         None => ContextHandle::current()?.ok_or(HandleError::NoCurrentContext)?,
     };
     let mut graph: CUgraph = std::ptr::null_mut();
-    let result = on_stream(stream, "cuStreamEndCapture", |d, s| {
+    let result = stream.run("cuStreamEndCapture", |d, s| {
         // SAFETY: `graph` is a valid out-pointer read after success; the stream is alive.
         let status = unsafe { (d.cuStreamEndCapture)(s, &mut graph) };
         if status == 0 || status == CAPTURE_INVALIDATED {

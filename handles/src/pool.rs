@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cuda_sys::types::{CUmemLocationType, CUmemPoolProps, CUmemPool_attribute, CUmemoryPool};
 
-use crate::report::{report, CleanupError};
+use crate::report::{report_leak, Subject};
 use crate::sys::{check, driver, init};
 use crate::HandleError;
 
@@ -212,13 +212,11 @@ impl Drop for PoolBox {
             return;
         }
         if let Err(error) = self.destroy() {
-            report(CleanupError {
-                operation: "cuMemPoolDestroy",
-                ptr: self.raw as u64,
-                stream: 0,
-                context: 0,
+            let raw = self.raw as u64;
+            report_leak(
+                Subject::new("memory pool", "cuMemPoolDestroy", raw, 0, 0),
                 error,
-            });
+            );
         }
     }
 }

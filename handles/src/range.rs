@@ -135,16 +135,12 @@ impl<'a> DeviceRange<'a> {
             ));
         }
         let (dst_ptr, src_ptr, len) = (dst.ptr(), self.ptr(), self.len);
-        crate::ops::on_stream(
-            stream,
-            "cuMemcpyAsync",
-            |d: &'static Driver, s: CUstream| {
-                // SAFETY: both ranges lie inside memory their handles name, and the borrows keep
-                // the handles (so the memory) alive for the call; the stream handle is alive and its
-                // context is current.
-                unsafe { (d.cuMemcpyAsync)(dst_ptr, src_ptr, len, s) }
-            },
-        )
+        stream.run("cuMemcpyAsync", |d: &'static Driver, s: CUstream| {
+            // SAFETY: both ranges lie inside memory their handles name, and the borrows keep
+            // the handles (so the memory) alive for the call; the stream handle is alive and its
+            // context is current.
+            unsafe { (d.cuMemcpyAsync)(dst_ptr, src_ptr, len, s) }
+        })
     }
 
     /// Copies this range into `dst` on the host, ordered on `stream` after the work queued
@@ -159,7 +155,7 @@ impl<'a> DeviceRange<'a> {
     pub fn copy_to_host(&self, dst: &mut [u8], stream: &StreamHandle) -> Result<(), HandleError> {
         self.check_host_len(dst.len())?;
         let (host, src, len) = (dst.as_mut_ptr() as CUdeviceptr, self.ptr(), self.len);
-        crate::ops::on_stream_then_sync(stream, "cuMemcpyAsync", |d, s| {
+        stream.run_then_synchronize("cuMemcpyAsync", |d, s| {
             // SAFETY: `dst` is a writable slice of `len` bytes that outlives the call, which
             // returns only after the stream (and so the copy) has finished; the range lies
             // inside memory its borrowed handle keeps alive.
@@ -177,7 +173,7 @@ impl<'a> DeviceRange<'a> {
     pub fn copy_from_host(&self, src: &[u8], stream: &StreamHandle) -> Result<(), HandleError> {
         self.check_host_len(src.len())?;
         let (host, dst, len) = (src.as_ptr() as CUdeviceptr, self.ptr(), self.len);
-        crate::ops::on_stream_then_sync(stream, "cuMemcpyAsync", |d, s| {
+        stream.run_then_synchronize("cuMemcpyAsync", |d, s| {
             // SAFETY: `src` is a readable slice of `len` bytes that outlives the call, which
             // returns only after the copy has finished; the range lies inside memory its
             // borrowed handle keeps alive.
@@ -193,7 +189,7 @@ impl<'a> DeviceRange<'a> {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD8Async`.
     pub fn fill_u8(&self, value: u8, stream: &StreamHandle) -> Result<(), HandleError> {
         let (dst, count) = (self.ptr(), self.len);
-        crate::ops::on_stream(stream, "cuMemsetD8Async", |d, s| {
+        stream.run("cuMemsetD8Async", |d, s| {
             // SAFETY: the range lies inside memory its borrowed handle keeps alive; the stream
             // is alive and its context current.
             unsafe { (d.cuMemsetD8Async)(dst, value, count, s) }
@@ -211,7 +207,7 @@ impl<'a> DeviceRange<'a> {
     pub fn fill_u16(&self, value: u16, stream: &StreamHandle) -> Result<(), HandleError> {
         let count = self.elements(2)?;
         let dst = self.ptr();
-        crate::ops::on_stream(stream, "cuMemsetD16Async", |d, s| {
+        stream.run("cuMemsetD16Async", |d, s| {
             // SAFETY: `count` 2-byte elements fill exactly the range, which lies inside memory
             // its borrowed handle keeps alive; the stream is alive and its context current.
             unsafe { (d.cuMemsetD16Async)(dst, value, count, s) }
@@ -229,7 +225,7 @@ impl<'a> DeviceRange<'a> {
     pub fn fill_u32(&self, value: u32, stream: &StreamHandle) -> Result<(), HandleError> {
         let count = self.elements(4)?;
         let dst = self.ptr();
-        crate::ops::on_stream(stream, "cuMemsetD32Async", |d, s| {
+        stream.run("cuMemsetD32Async", |d, s| {
             // SAFETY: `count` 4-byte elements fill exactly the range, which lies inside memory
             // its borrowed handle keeps alive; the stream is alive and its context current.
             unsafe { (d.cuMemsetD32Async)(dst, value, count, s) }

@@ -1,4 +1,5 @@
-//! The cleanup-error reporter (docs/decisions.md D3) and the cleanup-warning channel (D6).
+//! The cleanup-error reporter (docs/decisions.md D3) and the cleanup-warning channel (D6): one
+//! report path, [`report`], for every failure no caller can receive.
 //!
 //! A failure on a path that cannot return it (a `Drop`, the deferred-cleanup worker) is handed
 //! to a replaceable process-wide hook and counted. The default hook writes one line on stderr.
@@ -6,6 +7,7 @@
 //! of its own, and only after the caller's context binding has been restored, so a hook may call
 //! back into custody (or, in the Python layer, emit a warning) freely.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,17 +17,62 @@ use cuda_sys::CudaErrorCode;
 
 use crate::HandleError;
 
-/// A cleanup that failed where no caller could receive the error, attributed to its resource.
+/// Which step of a cleanup failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CleanupStep {
+    /// Making the context the operation needs current (`cuCtxGetCurrent`, `cuCtxSetCurrent`):
+    /// the operation did not run.
+    ActivateContext,
+    /// The operation itself (the free, the destroy, a deallocator, or a wait it needs first).
+    Operation,
+    /// Putting the thread's previous context back afterwards (`cuCtxSetCurrent`).
+    RestoreContext,
+    /// Recording the event that orders a deferred synchronous free (docs/decisions.md D9).
+    Ordering,
+}
+
+/// What a failed cleanup means for its resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Consequence {
+    /// Nothing was released: the resource has leaked (it stays until the process exits).
+    Leaked,
+    /// The resource was released (freed, destroyed); only a later step failed (with
+    /// [`CleanupStep::RestoreContext`]: the thread was left with the cleanup's context current).
+    Released,
+    /// No resource was involved, and the thread was left with the cleanup's context current
+    /// (a [`crate::ContextScope`] dropped, or an explicit operation that already returned its
+    /// own error).
+    ContextNotRestored,
+    /// The free could not be ordered by an event: it will wait for all work of its context
+    /// (`cuCtxSynchronize`) instead, on the cleanup worker.
+    OrderedByContextSynchronize,
+    /// The resource could not be handed back by a graph: the graph keeps it until the graph is
+    /// destroyed, and it is released then.
+    KeptByGraph,
+}
+
+/// A cleanup that failed where no caller could receive the error: what it was about (the
+/// resource as its user knows it, the operation), which step failed, and what that means
+/// (released, leaked, context not restored).
 ///
 /// Made by drops of the last handle, by the deferred-cleanup worker and by context restores
 /// that failed. `CUDA_ERROR_DEINITIALIZED` (the driver shutting down at exit) is never
 /// reported.
 #[derive(Debug, Clone)]
 pub struct CleanupError {
-    /// What was being done: the driver function (`cuMemFreeAsync`, `cuStreamDestroy`) or
-    /// `Deallocator::deallocate`. When the failure came from activating or restoring the
-    /// context around it, [`HandleError::Driver`] names `cuCtxSetCurrent` as the call.
+    /// The resource: a [`Deallocator`](crate::Deallocator)'s
+    /// [`name`](crate::Deallocator::name) (a memory resource's class), or what custody made
+    /// (`pool allocation`, `pinned host allocation`, `stream`, `event`, `graph`, ...).
+    pub resource: Cow<'static, str>,
+    /// The operation: the driver function (`cuMemFreeAsync`, `cuStreamDestroy_v2`) or
+    /// `deallocate`.
     pub operation: &'static str,
+    /// Which step failed; [`CleanupError::error`] names the driver call.
+    pub step: CleanupStep,
+    /// What the failure means for the resource.
+    pub consequence: Consequence,
     /// The address being freed, or the raw handle being released (a stream, event, pool,
     /// graph or user object), as an integer.
     pub ptr: u64,
@@ -42,15 +89,87 @@ impl CleanupError {
     pub fn error_name(&self) -> &'static str {
         self.error.name()
     }
+
+    /// Whether the resource was released despite the failure.
+    pub fn released(&self) -> bool {
+        self.consequence == Consequence::Released
+    }
+
+    /// Whether the thread's context binding is as it was before the cleanup.
+    pub fn context_restored(&self) -> bool {
+        self.step != CleanupStep::RestoreContext
+    }
 }
 
 impl fmt::Display for CleanupError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}(0x{:x}) failed during cleanup (stream 0x{:x}, context 0x{:x}); the resource may have leaked: {}",
-            self.operation, self.ptr, self.stream, self.context, self.error
-        )
+            "{}(0x{:x}) [{}] on stream 0x{:x} in context 0x{:x}",
+            self.operation, self.ptr, self.resource, self.stream, self.context
+        )?;
+        f.write_str(match self.step {
+            CleanupStep::ActivateContext => ": making its context current failed",
+            CleanupStep::Operation => " failed",
+            CleanupStep::RestoreContext => ": restoring the thread's previous context failed",
+            CleanupStep::Ordering => ": recording the event that orders the free failed",
+        })?;
+        write!(f, ": {}; ", self.error)?;
+        match self.consequence {
+            Consequence::Leaked => f.write_str("nothing was released: it has leaked"),
+            Consequence::Released if self.step == CleanupStep::RestoreContext => write!(
+                f,
+                "it was released, but the thread was left with context 0x{:x} current",
+                self.context
+            ),
+            Consequence::Released => f.write_str("it was released"),
+            Consequence::ContextNotRestored => write!(
+                f,
+                "the thread was left with context 0x{:x} current",
+                self.context
+            ),
+            Consequence::OrderedByContextSynchronize => f.write_str(
+                "the free will wait for all work of the context instead, on the cleanup worker",
+            ),
+            Consequence::KeptByGraph => f.write_str(
+                "the graph keeps it until the graph is destroyed, and it is released then",
+            ),
+        }
+    }
+}
+
+/// What a cleanup was about, for reporting it: built only on the error paths.
+#[derive(Debug, Clone)]
+pub(crate) struct Subject {
+    pub(crate) resource: Cow<'static, str>,
+    pub(crate) operation: &'static str,
+    pub(crate) ptr: u64,
+    pub(crate) stream: u64,
+    pub(crate) context: u64,
+}
+
+impl Subject {
+    #[cold]
+    pub(crate) fn new(
+        resource: impl Into<Cow<'static, str>>,
+        operation: &'static str,
+        ptr: u64,
+        stream: u64,
+        context: u64,
+    ) -> Subject {
+        Subject {
+            resource: resource.into(),
+            operation,
+            ptr,
+            stream,
+            context,
+        }
+    }
+
+    /// A context binding left behind by `operation` in `context`.
+    #[cold]
+    pub(crate) fn context(operation: &'static str, context: usize) -> Subject {
+        Subject::new("context binding", operation, 0, 0, context as u64)
     }
 }
 
@@ -171,12 +290,37 @@ pub fn cleanup_warning_count() -> u64 {
     WARNING_COUNT.load(Ordering::Relaxed)
 }
 
-/// Reports a cleanup failure: counts it and calls the hook, unless the driver is shutting down
-/// (`CUDA_ERROR_DEINITIALIZED`). Must not be called while holding any lock of this crate.
-pub(crate) fn report(error: CleanupError) {
-    if error.error.code() == Some(CudaErrorCode::DEINITIALIZED) {
+/// Reports a cleanup failure of `subject` at `step`, with its `consequence`: counts it and calls
+/// the hook, unless the driver is shutting down (`CUDA_ERROR_DEINITIALIZED`). The one report
+/// path of this crate. Must not be called while holding any lock of this crate.
+#[cold]
+#[inline(never)]
+pub(crate) fn report(
+    subject: Subject,
+    step: CleanupStep,
+    consequence: Consequence,
+    error: HandleError,
+) {
+    if error.code() == Some(CudaErrorCode::DEINITIALIZED) {
         return;
     }
+    let Subject {
+        resource,
+        operation,
+        ptr,
+        stream,
+        context,
+    } = subject;
+    let error = CleanupError {
+        resource,
+        operation,
+        step,
+        consequence,
+        ptr,
+        stream,
+        context,
+        error,
+    };
     ERROR_COUNT.fetch_add(1, Ordering::Relaxed);
     let hook = ERROR_HOOK.read().unwrap_or_else(|e| e.into_inner()).clone();
     let outcome = catch_unwind(AssertUnwindSafe(|| match hook {
@@ -186,6 +330,13 @@ pub(crate) fn report(error: CleanupError) {
     if outcome.is_err() {
         eprintln!("custody: the cleanup-error hook panicked while reporting: {error}");
     }
+}
+
+/// Reports that releasing `subject` failed and it leaked: the drop paths of resources released
+/// without a context switch (contexts, pools).
+#[cold]
+pub(crate) fn report_leak(subject: Subject, error: HandleError) {
+    report(subject, CleanupStep::Operation, Consequence::Leaked, error);
 }
 
 /// Reports a cleanup warning. Must not be called while holding any lock of this crate.
@@ -209,27 +360,91 @@ mod tests {
     use super::*;
     use cuda_sys::CudaError;
 
-    fn sample(code: CudaErrorCode) -> CleanupError {
+    fn sample(code: CudaErrorCode) -> Subject {
+        let _ = code;
+        Subject::new("pool allocation", "cuMemFreeAsync", 0x1000, 0x1, 0xabc)
+    }
+
+    fn error(code: CudaErrorCode) -> HandleError {
+        HandleError::Driver(CudaError {
+            call: "cuMemFreeAsync",
+            code,
+            description: "test".into(),
+        })
+    }
+
+    fn made(step: CleanupStep, consequence: Consequence, call: &'static str) -> CleanupError {
+        let Subject {
+            resource,
+            operation,
+            ptr,
+            stream,
+            context,
+        } = sample(CudaErrorCode::INVALID_VALUE);
         CleanupError {
-            operation: "cuMemFreeAsync",
-            ptr: 0x1000,
-            stream: 0x1,
-            context: 0xabc,
+            resource,
+            operation,
+            step,
+            consequence,
+            ptr,
+            stream,
+            context,
             error: HandleError::Driver(CudaError {
-                call: "cuMemFreeAsync",
-                code,
-                description: "test".into(),
+                call,
+                code: CudaErrorCode::INVALID_CONTEXT,
+                description: "invalid device context".into(),
             }),
         }
     }
 
     #[test]
-    fn display_names_operation_pointer_stream_context_and_error() {
-        let text = sample(CudaErrorCode::INVALID_VALUE).to_string();
-        assert!(text.starts_with("cuMemFreeAsync(0x1000) failed"), "{text}");
-        assert!(text.contains("stream 0x1"), "{text}");
-        assert!(text.contains("context 0xabc"), "{text}");
-        assert!(text.contains("CUDA_ERROR_INVALID_VALUE"), "{text}");
+    fn display_names_resource_operation_step_error_and_consequence() {
+        let text = made(
+            CleanupStep::Operation,
+            Consequence::Leaked,
+            "cuMemFreeAsync",
+        )
+        .to_string();
+        assert!(
+            text.starts_with(
+                "cuMemFreeAsync(0x1000) [pool allocation] on stream 0x1 in context 0xabc failed: "
+            ),
+            "{text}"
+        );
+        assert!(text.contains("CUDA_ERROR_INVALID_CONTEXT"), "{text}");
+        assert!(
+            text.ends_with("nothing was released: it has leaked"),
+            "{text}"
+        );
+
+        let activation = made(
+            CleanupStep::ActivateContext,
+            Consequence::Leaked,
+            "cuCtxSetCurrent",
+        );
+        let text = activation.to_string();
+        assert!(
+            text.contains("making its context current failed: cuCtxSetCurrent"),
+            "{text}"
+        );
+        assert!(text.ends_with("it has leaked"), "{text}");
+        assert!(!activation.released() && activation.context_restored());
+
+        let restore = made(
+            CleanupStep::RestoreContext,
+            Consequence::Released,
+            "cuCtxSetCurrent",
+        );
+        let text = restore.to_string();
+        assert!(
+            text.contains("restoring the thread's previous context failed"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("it was released, but the thread was left with context 0xabc current"),
+            "{text}"
+        );
+        assert!(restore.released() && !restore.context_restored());
     }
 
     #[test]
@@ -237,7 +452,12 @@ mod tests {
         // Only this test touches the counter inside the unit-test binary's reporter checks, and
         // DEINITIALIZED must leave it untouched whatever else runs.
         let before = cleanup_error_count();
-        report(sample(CudaErrorCode::DEINITIALIZED));
+        report(
+            sample(CudaErrorCode::DEINITIALIZED),
+            CleanupStep::Operation,
+            Consequence::Leaked,
+            error(CudaErrorCode::DEINITIALIZED),
+        );
         assert_eq!(cleanup_error_count(), before);
     }
 }

@@ -8,9 +8,12 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cuda_sys::types::{CUcontext, CUstream};
 
-use crate::context::{context_for_current, ContextHandle, ContextScope};
+use cuda_sys::Driver;
+
+use crate::context::{context_for_current, ContextHandle};
 use crate::event::EventHandle;
-use crate::report::{report, CleanupError};
+use crate::report::Subject;
+use crate::scope::{in_context, in_context_or_undo, release_in};
 use crate::sys::{check, check_token, driver, init};
 use crate::HandleError;
 
@@ -116,8 +119,9 @@ impl StreamHandle {
     /// The calling thread's binding is unchanged afterwards.
     ///
     /// # Errors
-    /// [`HandleError::Driver`] when switching to the context, creating the stream or restoring
-    /// the caller's context fails; a stream created before a failed restore is destroyed.
+    /// [`HandleError::Driver`] when the creation fails; [`HandleError::ContextNotActivated`]
+    /// when `context` cannot be made current; [`HandleError::ContextNotRestored`] when the
+    /// caller's context cannot be put back (the stream just created is destroyed first).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (when `context` is not current),
     /// `cuStreamCreateWithPriority`; `cuStreamDestroy_v2` when the last clone drops.
@@ -126,24 +130,22 @@ impl StreamHandle {
         flags: u32,
         priority: i32,
     ) -> Result<StreamHandle, HandleError> {
-        let d = driver()?;
-        let scope = ContextScope::enter(context)?;
-        let mut raw: CUstream = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out-pointer; the scope makes `context` current.
-        let status = unsafe { (d.cuStreamCreateWithPriority)(&mut raw, flags, priority) };
-        let created = check("cuStreamCreateWithPriority", status);
-        if created.is_ok() {
-            if let Err(error) = scope.exit() {
-                // SAFETY: the stream was created above and is owned by nobody else; its context
-                // is still current because the restore failed.
+        let raw = in_context_or_undo(
+            context,
+            "cuStreamCreateWithPriority",
+            |d| {
+                let mut raw: CUstream = std::ptr::null_mut();
+                // SAFETY: `raw` is a valid out-pointer; `in_context_or_undo` makes `context`
+                // current.
+                let status = unsafe { (d.cuStreamCreateWithPriority)(&mut raw, flags, priority) };
+                check("cuStreamCreateWithPriority", status).map(|()| raw)
+            },
+            |d, raw| {
+                // SAFETY: the stream was just created and is owned by nobody else; its context is
+                // still current, because restoring the caller's failed.
                 let _ = unsafe { (d.cuStreamDestroy_v2)(raw) };
-                return Err(error);
-            }
-        } else {
-            // Restoring after a failed creation: the creation error is what the caller needs.
-            let _ = scope.exit();
-        }
-        created?;
+            },
+        )?;
         let handle = StreamHandle(Arc::new(StreamBox {
             raw: raw as usize,
             context: Some(context.clone()),
@@ -282,36 +284,42 @@ impl StreamHandle {
         self.0.context.is_none()
     }
 
-    /// Runs `f` with the stream's context current (or, for an unbound token, the caller's).
-    fn in_context<R>(
+    /// Runs `f` with the stream's context current (for an unbound token: the caller's, not
+    /// switched), as an explicit operation named `operation`.
+    #[inline]
+    pub(crate) fn in_own_context<R>(
         &self,
-        f: impl FnOnce(&'static cuda_sys::Driver) -> Result<R, HandleError>,
+        operation: &'static str,
+        f: impl FnOnce(&'static Driver) -> Result<R, HandleError>,
     ) -> Result<R, HandleError> {
-        let d = driver()?;
         match &self.0.context {
-            None => f(d),
-            Some(context) => {
-                let scope = ContextScope::enter(context)?;
-                let result = f(d);
-                let restored = scope.exit();
-                let value = result?;
-                restored?;
-                Ok(value)
-            }
+            None => f(driver()?),
+            Some(context) => in_context(context, operation, f),
         }
     }
 
-    /// Blocks the calling thread until all work queued on the stream has finished.
-    ///
-    /// # Errors
-    /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
-    /// [`HandleError::Driver`] otherwise.
-    ///
-    /// Driver calls: `cuStreamSynchronize` (inside the stream's context, see
-    /// [`ContextScope`]).
-    pub fn synchronize(&self) -> Result<(), HandleError> {
+    /// Runs one driver call `call` on this stream (given the raw stream) in the stream's context
+    /// and checks its status; for an unbound token, in the caller's context, where "no context"
+    /// is [`HandleError::NoCurrentContext`].
+    #[inline]
+    pub(crate) fn run(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&'static Driver, CUstream) -> u32,
+    ) -> Result<(), HandleError> {
         let token = self.is_unbound_token();
-        self.in_context(|d| {
+        self.in_own_context(call, |d| check_token(call, f(d, self.raw()), token))
+    }
+
+    /// [`StreamHandle::run`] followed by `cuStreamSynchronize` on the same stream.
+    pub(crate) fn run_then_synchronize(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&'static Driver, CUstream) -> u32,
+    ) -> Result<(), HandleError> {
+        let token = self.is_unbound_token();
+        self.in_own_context(call, |d| {
+            check_token(call, f(d, self.raw()), token)?;
             // SAFETY: the handle keeps the stream alive; its context is current (or the token
             // resolves against the caller's).
             let status = unsafe { (d.cuStreamSynchronize)(self.raw()) };
@@ -319,20 +327,82 @@ impl StreamHandle {
         })
     }
 
+    /// Whether a free ordered on this stream needs no context current: a created or wrapped
+    /// stream identifies its context, so `cuMemFreeAsync` on it, `cuStreamSynchronize` of it
+    /// and the synchronous frees succeed with no context or another one current
+    /// (docs/driver-facts.md F4, F5, F6, F8; docs/decisions.md D2). Every token, bound or not,
+    /// means something only against a current context (F1-F3).
+    #[inline]
+    pub(crate) fn frees_without_context(&self) -> bool {
+        !matches!(self.0.release, StreamRelease::Token(_))
+    }
+
+    /// A free `call` ordered on this stream: on a created or wrapped stream with no context
+    /// calls at all ([`StreamHandle::frees_without_context`]), otherwise as
+    /// [`StreamHandle::run`].
+    #[inline]
+    pub(crate) fn run_free(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&'static Driver, CUstream) -> u32,
+    ) -> Result<(), HandleError> {
+        if self.frees_without_context() {
+            check(call, f(driver()?, self.raw()))
+        } else {
+            self.run(call, f)
+        }
+    }
+
+    /// `cuStreamSynchronize` of this stream, then the synchronous free `call`, with the context
+    /// rule of [`StreamHandle::run_free`]. Nothing is freed when the wait fails.
+    pub(crate) fn synchronize_then_free(
+        &self,
+        call: &'static str,
+        free: impl FnOnce(&'static Driver) -> u32,
+    ) -> Result<(), HandleError> {
+        let token = self.is_unbound_token();
+        let run = |d: &'static Driver| -> Result<(), HandleError> {
+            // SAFETY: the handle keeps the stream alive; a created stream needs no context
+            // (F6), a token resolves in the context current here.
+            let status = unsafe { (d.cuStreamSynchronize)(self.raw()) };
+            check_token("cuStreamSynchronize", status, token)?;
+            check(call, free(d))
+        };
+        if self.frees_without_context() {
+            run(driver()?)
+        } else {
+            self.in_own_context(call, run)
+        }
+    }
+
+    /// Blocks the calling thread until all work queued on the stream has finished.
+    ///
+    /// # Errors
+    /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
+    /// [`HandleError::Driver`] otherwise; [`HandleError::ContextNotActivated`] or
+    /// [`HandleError::ContextNotRestored`] when the switch to the stream's context fails.
+    ///
+    /// Driver calls: `cuStreamSynchronize` (inside the stream's context, see
+    /// [`crate::ContextScope`]).
+    pub fn synchronize(&self) -> Result<(), HandleError> {
+        self.run("cuStreamSynchronize", |d, s| {
+            // SAFETY: the handle keeps the stream alive; its context is current (or the token
+            // resolves against the caller's).
+            unsafe { (d.cuStreamSynchronize)(s) }
+        })
+    }
+
     /// Makes all future work on this stream wait for `event`'s last recorded work. Does not
     /// block the host.
     ///
     /// # Errors
-    /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
-    /// [`HandleError::Driver`] otherwise.
+    /// As [`StreamHandle::synchronize`].
     ///
-    /// Driver calls: `cuStreamWaitEvent`.
+    /// Driver calls: `cuStreamWaitEvent` (inside the stream's context).
     pub fn wait_event(&self, event: &EventHandle) -> Result<(), HandleError> {
-        let token = self.is_unbound_token();
-        self.in_context(|d| {
+        self.run("cuStreamWaitEvent", |d, s| {
             // SAFETY: both handles keep their resources alive.
-            let status = unsafe { (d.cuStreamWaitEvent)(self.raw(), event.raw(), 0) };
-            check_token("cuStreamWaitEvent", status, token)
+            unsafe { (d.cuStreamWaitEvent)(s, event.raw(), 0) }
         })
     }
 
@@ -340,13 +410,22 @@ impl StreamHandle {
     /// stream and returns the outcome instead of reporting it.
     ///
     /// # Errors
-    /// [`HandleError::Driver`] when `cuStreamDestroy` fails (the handle is gone either way).
+    /// [`HandleError::Driver`] when `cuStreamDestroy` fails (the handle is gone either way);
+    /// [`HandleError::ContextNotActivated`] or [`HandleError::ContextNotRestored`] for the
+    /// switch to the stream's context.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamDestroy_v2`.
     pub fn close(self) -> Result<(), HandleError> {
         match Arc::try_unwrap(self.0) {
             Ok(mut stream) => {
-                let result = stream.destroy();
+                let result = if stream.unregister() {
+                    let raw = stream.raw;
+                    in_context(stream.owned_context(), "cuStreamDestroy_v2", |d| {
+                        check("cuStreamDestroy_v2", destroy(d, raw))
+                    })
+                } else {
+                    Ok(())
+                };
                 stream.release = StreamRelease::Foreign(None);
                 result
             }
@@ -355,45 +434,58 @@ impl StreamHandle {
     }
 }
 
+/// `cuStreamDestroy_v2(raw)`: the status.
+fn destroy(d: &Driver, raw: usize) -> u32 {
+    // SAFETY: the caller is the box that created the stream and its last owner; its context is
+    // current.
+    unsafe { (d.cuStreamDestroy_v2)(raw as CUstream) }
+}
+
 impl StreamBox {
-    fn destroy(&mut self) -> Result<(), HandleError> {
+    /// For an owned stream: removes it from the registry (so no wrapper finds it any more) and
+    /// says that it must be destroyed; `false` for every other kind.
+    fn unregister(&mut self) -> bool {
         if !matches!(self.release, StreamRelease::Owned) {
-            return Ok(());
+            return false;
         }
+        let mut registry = owned_registry().lock().unwrap_or_else(|e| e.into_inner());
+        if registry
+            .get(&self.raw)
+            .is_some_and(|w| w.strong_count() == 0)
         {
-            let mut registry = owned_registry().lock().unwrap_or_else(|e| e.into_inner());
-            if registry
-                .get(&self.raw)
-                .is_some_and(|w| w.strong_count() == 0)
-            {
-                registry.remove(&self.raw);
-            }
+            registry.remove(&self.raw);
         }
-        let d = driver()?;
-        let context = self.context.as_ref().map_or(0, ContextHandle::raw_usize);
-        let scope = ContextScope::enter_raw(context)?;
-        // SAFETY: this box created the stream and is its last owner.
-        let status = unsafe { (d.cuStreamDestroy_v2)(self.raw as CUstream) };
-        let restored = scope.exit();
-        check("cuStreamDestroy_v2", status)?;
-        restored
+        true
+    }
+
+    /// An owned stream's context (every owned stream has one).
+    fn owned_context(&self) -> &ContextHandle {
+        match &self.context {
+            Some(context) => context,
+            None => unreachable!("an owned stream embeds its context"),
+        }
     }
 }
 
 impl Drop for StreamBox {
     fn drop(&mut self) {
-        if !matches!(self.release, StreamRelease::Owned) || crate::deferred::exiting() {
+        if crate::deferred::exiting() || !self.unregister() {
             return;
         }
-        if let Err(error) = self.destroy() {
-            report(CleanupError {
-                operation: "cuStreamDestroy_v2",
-                ptr: self.raw as u64,
-                stream: self.raw as u64,
-                context: self.context.as_ref().map_or(0, |c| c.raw_usize() as u64),
-                error,
-            });
-        }
+        let (raw, context) = (self.raw, self.owned_context().raw_usize());
+        release_in(
+            context,
+            || {
+                Subject::new(
+                    "stream",
+                    "cuStreamDestroy_v2",
+                    raw as u64,
+                    raw as u64,
+                    context as u64,
+                )
+            },
+            |d| check("cuStreamDestroy_v2", destroy(d, raw)),
+        );
     }
 }
 

@@ -36,6 +36,7 @@ fn graph_retained_buffer_is_freed_with_its_recipe_after_the_executable_goes() {
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
     ContextHandle::clear_current().unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let marker = Arc::new(());
     let (graph, exec) = graph_owning(&a, Box::new((buffer, marker.clone())));
     let from = mark();
@@ -50,7 +51,7 @@ fn graph_retained_buffer_is_freed_with_its_recipe_after_the_executable_goes() {
         default_used(&a) >= base + POOL_BUFFER,
         "nothing freed while the executable lives"
     );
-    with_emulator(|emu| assert!(emu.calls_for(ptr, from).is_empty()));
+    with_emulator(|emu| assert!(emu.calls_for(alloc, from).is_empty()));
 
     b.make_current().unwrap();
     drop(exec);
@@ -64,7 +65,7 @@ fn graph_retained_buffer_is_freed_with_its_recipe_after_the_executable_goes() {
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(default_used(&a), base, "the buffer went back to the pool");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(
             (free.context, free.stream, free.result),
             (a.raw() as u64, Some(0x1), 0)
@@ -82,6 +83,7 @@ fn destructor_inside_exec_destroy_while_draining_does_not_deadlock() {
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     // Inner: a graph executable whose user object owns the buffer.
     let (inner_graph, inner_exec) = graph_owning(&a, Box::new(buffer));
     drop(inner_graph);
@@ -97,10 +99,12 @@ fn destructor_inside_exec_destroy_while_draining_does_not_deadlock() {
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(default_used(&a), base, "the buffer was freed by the drain");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
+        // docs/decisions.md D2: a created stream identifies its context (F4), so the free runs
+        // with no context current on the draining thread.
         assert_eq!(
             (free.context, free.stream, free.result),
-            (a.raw() as u64, Some(stream.raw() as u64), 0)
+            (0, Some(stream.raw() as u64), 0)
         );
         let exec_destroys: Vec<_> = emu
             .calls()

@@ -80,12 +80,13 @@ fn imported_pointer_is_freed_with_its_recipe_and_holds_its_pool() {
     assert_eq!(view.kind(), ReleaseKind::IpcImport);
     assert_eq!(view.pool().as_ref(), Some(&imported));
     let ptr = view.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     let after = on_fresh_thread(move || {
         drop(view);
         current_raw()
     });
-    let free = emu.only_call("cuMemFreeAsync", ptr, from);
+    let free = emu.only_call("cuMemFreeAsync", alloc, from);
     assert_eq!(
         (free.context, free.stream, free.result),
         (a.raw() as u64, Some(stream.raw() as u64), 0)

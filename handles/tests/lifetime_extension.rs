@@ -31,6 +31,7 @@ fn stream_whose_last_user_handle_dropped_still_orders_the_pending_free() {
     let raw = stream.raw() as u64;
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     drop(stream);
     with_emulator(|emu| {
@@ -49,7 +50,7 @@ fn stream_whose_last_user_handle_dropped_still_orders_the_pending_free() {
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!((free.stream, free.result), (Some(raw), 0));
         let destroys = stream_destroys(emu, raw, from);
         assert_eq!(destroys.len(), 1);
@@ -149,9 +150,10 @@ fn owned_pool_lives_until_its_last_allocation_is_freed() {
     );
     drop(held);
     let ptr = second.ptr();
+    let alloc = alloc_of(ptr);
     second.release().unwrap();
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         let destroys = emu.seq_of("cuMemPoolDestroy", from);
         assert_eq!(destroys.len(), 1);
         assert!(destroys[0] > free.seq);
@@ -213,6 +215,7 @@ fn created_context_outlives_its_handles_while_a_recipe_needs_it() {
         .expect("the recipe's context is still alive");
     drop(recipe_context);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     // Activating a destroyed context fails: the free would be skipped and reported.
     let after = on_fresh_thread(move || {
         drop(buffer);
@@ -222,7 +225,7 @@ fn created_context_outlives_its_handles_while_a_recipe_needs_it() {
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         let destroys = emu.seq_of("cuCtxDestroy_v2", from);
         assert_eq!(destroys.len(), 1);
         assert!(destroys[0] > free.seq);
@@ -241,6 +244,7 @@ fn clones_share_one_box_and_the_last_one_frees() {
     assert!(clone.ptr_eq(&buffer));
     assert_eq!(buffer.handle_count(), 2);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     buffer.release().unwrap();
     assert_eq!(clone.handle_count(), 1);
@@ -248,10 +252,10 @@ fn clones_share_one_box_and_the_last_one_frees() {
         default_used(&a) >= base + POOL_BUFFER,
         "not the last handle: nothing freed"
     );
-    with_emulator(|emu| assert!(emu.calls_for(ptr, from).is_empty()));
+    with_emulator(|emu| assert!(emu.calls_for(alloc, from).is_empty()));
     drop(clone);
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(default_used(&a), base, "the last handle freed");
-    with_emulator(|emu| assert_eq!(emu.only_call("cuMemFreeAsync", ptr, from).result, 0));
+    with_emulator(|emu| assert_eq!(emu.only_call("cuMemFreeAsync", alloc, from).result, 0));
     assert_no_hazards();
 }

@@ -25,6 +25,7 @@ fn per_thread_buffer_dropped_on_its_recording_thread_warns_nothing() {
             .unwrap()
     });
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     ContextHandle::clear_current().unwrap();
     drop(buffer);
@@ -33,7 +34,7 @@ fn per_thread_buffer_dropped_on_its_recording_thread_warns_nothing() {
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(
             (
                 free.thread,
@@ -64,6 +65,7 @@ fn per_thread_buffer_dropped_on_another_thread_warns_once_and_frees_there() {
         (buffer, ThreadToken::current())
     });
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let before = cleanup_warning_count();
     let from = mark();
     let (dropper, after) = on_fresh_thread(move || {
@@ -89,7 +91,7 @@ fn per_thread_buffer_dropped_on_another_thread_warns_once_and_frees_there() {
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(default_used(&a), base, "freed, on the dropping thread");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(
             (free.context, free.stream, free.result),
             (a.raw() as u64, Some(0x2), 0)
@@ -115,13 +117,14 @@ fn unbound_legacy_token_caches_no_context_but_a_recipe_keeps_its_own() {
     assert_eq!(b_buffer.recipe().unwrap().context(), &b);
     assert_eq!(buffer.recipe().unwrap().context(), &a);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     drop(buffer);
     assert_eq!(current_raw(), b.raw() as u64);
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
         assert_eq!(
-            emu.only_call("cuMemFreeAsync", ptr, from).context,
+            emu.only_call("cuMemFreeAsync", alloc, from).context,
             a.raw() as u64
         );
     });
@@ -148,6 +151,7 @@ fn legacy_buffer_freed_on_its_token_in_the_recorded_context_from_a_bare_thread()
     let buffer = pool_buffer(&StreamHandle::default_stream(DefaultStream::Legacy)).unwrap();
     ContextHandle::clear_current().unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     let after = on_fresh_thread(move || {
         drop(buffer);
@@ -158,7 +162,7 @@ fn legacy_buffer_freed_on_its_token_in_the_recorded_context_from_a_bare_thread()
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(
             (free.context, free.stream, free.result),
             (a.raw() as u64, Some(0x1), 0)
@@ -181,13 +185,14 @@ fn null_token_is_legacy_style_and_records_no_thread() {
     drop(recipe);
     ContextHandle::clear_current().unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     on_fresh_thread(move || drop(buffer));
     assert!(warnings_for(ptr).is_empty());
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(
             (free.context, free.stream, free.result),
             (a.raw() as u64, Some(0), 0)
@@ -202,18 +207,18 @@ fn bound_token_needs_no_current_context() {
     let a = primary(0);
     let base = default_used(&a);
     let bound = StreamHandle::bound_default_stream(DefaultStream::Legacy, &a);
-    let (ptr, used_while_held) = on_fresh_thread(move || {
+    let (alloc, used_while_held) = on_fresh_thread(move || {
         let buffer = pool_buffer(&bound).unwrap();
         assert_eq!(current_raw(), 0);
         assert_eq!(buffer.recipe().unwrap().context(), &a);
         let used = default_used(&a);
-        let ptr = buffer.ptr();
+        let alloc = alloc_of(buffer.ptr());
         buffer.release().unwrap();
         assert_eq!(current_raw(), 0);
-        (ptr, used)
+        (alloc, used)
     });
     assert!(used_while_held >= base + POOL_BUFFER);
     assert_eq!(default_used(&primary(0)), base, "released");
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
     assert_no_hazards();
 }

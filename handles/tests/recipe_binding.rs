@@ -52,12 +52,13 @@ fn legacy_token_binds_the_current_context_and_no_thread() {
     );
     assert_eq!(recipe.ptds_thread(), None);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     buffer.release().unwrap();
     assert_eq!(current_raw(), a.raw() as u64);
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(
             (free.context, free.stream, free.result),
             (a.raw() as u64, Some(1), 0)
@@ -286,6 +287,7 @@ fn foreign_stream_gets_its_context_from_the_driver_when_wrapped() {
     let buffer = pool_buffer(&wrapped).unwrap();
     assert_eq!(buffer.recipe().unwrap().context(), &a);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     drop(buffer);
     assert_eq!(current_raw(), 0);
@@ -293,11 +295,9 @@ fn foreign_stream_gets_its_context_from_the_driver_when_wrapped() {
     wrapped.synchronize().unwrap();
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
-        assert_eq!(
-            (free.context, free.stream),
-            (a.raw() as u64, Some(raw as u64))
-        );
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
+        // D2: a wrapped stream identifies its context (F4): no context is made current.
+        assert_eq!((free.context, free.stream), (0, Some(raw as u64)));
     });
     drop(wrapped);
     a.make_current().unwrap();
@@ -323,6 +323,7 @@ fn set_deallocation_stream_moves_the_free_and_every_clone_sees_it() {
     event.record(&s1).unwrap();
     s2.wait_event(&event).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     drop(buffer);
     let from = mark();
     drop(attachment);
@@ -330,7 +331,7 @@ fn set_deallocation_stream_moves_the_free_and_every_clone_sees_it() {
     s2.synchronize().unwrap();
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(free.stream, Some(s2.raw() as u64));
     });
     assert_no_hazards();
@@ -352,12 +353,13 @@ fn failed_set_deallocation_stream_keeps_the_old_recipe() {
     assert_eq!(error, HandleError::NoCurrentContext);
     assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s1));
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     buffer.release().unwrap();
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
         assert_eq!(
-            emu.only_call("cuMemFreeAsync", ptr, from).stream,
+            emu.only_call("cuMemFreeAsync", alloc, from).stream,
             Some(s1.raw() as u64)
         );
     });
@@ -373,6 +375,7 @@ fn release_on_is_set_then_release() {
     let buffer = pool_buffer(&s1).unwrap();
     s1.synchronize().unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     buffer.release_on(&s2).unwrap();
     assert_eq!(current_raw(), 0);
@@ -380,7 +383,7 @@ fn release_on_is_set_then_release() {
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
         assert_eq!(
-            emu.only_call("cuMemFreeAsync", ptr, from).stream,
+            emu.only_call("cuMemFreeAsync", alloc, from).stream,
             Some(s2.raw() as u64)
         );
     });
@@ -524,14 +527,14 @@ fn owner_and_borrowed_pointers_free_nothing() {
     );
     // A free of these made-up addresses would fail and be reported.
     assert!(errors_for(0xdead0).is_empty());
-    with_emulator(|emu| assert!(emu.calls_for(0xdead0, from).is_empty()));
+    with_emulator(|emu| assert!(emu.calls_at(0xdead0, from).is_empty()));
     owner.fetch_add(1, Ordering::Relaxed);
 
     let from = mark();
     // SAFETY: nothing reads or writes through the handle: the test only drops it.
     drop(unsafe { handles::raw::borrowed(0xbeef0, 16) });
     assert!(errors_for(0xbeef0).is_empty());
-    with_emulator(|emu| assert!(emu.calls_for(0xbeef0, from).is_empty()));
+    with_emulator(|emu| assert!(emu.calls_at(0xbeef0, from).is_empty()));
 }
 
 #[test]

@@ -10,8 +10,9 @@ use common::*;
 use cuda_sys::CudaErrorCode;
 use handles::ops::MemoryType;
 use handles::{
-    cleanup_error_count, drain_deferred_cleanup, ContextHandle, ContextScope, Deallocator,
-    DevicePtrHandle, HandleError, OwnedAllocation, ReleaseKind, StreamHandle,
+    cleanup_error_count, drain_deferred_cleanup, CleanupStep, Consequence, ContextHandle,
+    ContextScope, Deallocator, DevicePtrHandle, HandleError, OwnedAllocation, ReleaseKind,
+    StreamHandle,
 };
 
 #[test]
@@ -30,6 +31,7 @@ fn legacy_buffer_dropped_on_a_thread_with_no_context() {
     });
     ContextHandle::clear_current().unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
 
     let (worker, calls, after) = on_fresh_thread(move || {
         let me = tid();
@@ -68,7 +70,7 @@ fn legacy_buffer_dropped_on_a_thread_with_no_context() {
         assert_eq!(free.result, 0);
         assert_eq!(calls[3].context, a.raw() as u64, "the restore ran from A");
     }
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
     assert_no_hazards();
 }
 
@@ -82,6 +84,7 @@ fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let d = cuda_sys::driver().unwrap();
 
     // This thread's stack: [X, B], B current.
@@ -93,7 +96,7 @@ fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
     let from = mark();
     drop(buffer);
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(
             (free.thread, free.context, free.result),
             (me, a.raw() as u64, 0)
@@ -142,25 +145,36 @@ fn drop_with_the_recorded_context_current_switches_nothing() {
     assert_no_hazards();
 }
 
+/// docs/decisions.md D2: a created stream identifies its context (docs/driver-facts.md F4),
+/// so its free makes no context call at all: exactly one driver call, with no context current.
 #[test]
-fn created_stream_buffer_dropped_with_no_context_runs_in_the_stream_context() {
+fn created_stream_buffer_dropped_with_no_context_frees_without_context_calls() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let raw_stream = stream.raw() as u64;
     drop(stream);
-    let a2 = a.clone();
     let after = on_fresh_thread(move || {
+        let me = tid();
         let from = mark();
         drop(buffer);
         with_emulator(|emu| {
-            let free = emu.only_call("cuMemFreeAsync", ptr, from);
+            // The free comes first, with no context call before it; the recipe held the
+            // stream's last reference, so its destruction follows (in the stream's context).
+            let names = emu.names_on(me, from);
+            assert_eq!(names[0], "cuMemFreeAsync", "no context call: {names:?}");
+            assert!(
+                names.contains(&"cuStreamDestroy_v2".to_string()),
+                "{names:?}"
+            );
+            let free = emu.only_call("cuMemFreeAsync", alloc, from);
             assert_eq!(
                 (free.context, free.stream, free.result),
-                (a2.raw() as u64, Some(raw_stream), 0)
+                (0, Some(raw_stream), 0)
             );
         });
         current_raw()
@@ -186,7 +200,7 @@ fn created_context_recipe_is_kept_alive_and_used() {
     let buffer = DevicePtrHandle::alloc_async(128, &stream).unwrap();
     assert_eq!(buffer.recipe().unwrap().context(), &c);
     let ptr = buffer.ptr();
-    let raw_context = c.raw() as u64;
+    let alloc = alloc_of(ptr);
     drop((c, stream));
     let from = mark();
     // Activating a destroyed context fails: the free would be skipped and reported.
@@ -199,8 +213,11 @@ fn created_context_recipe_is_kept_alive_and_used() {
     // `cuMemAllocAsync` takes from the device's current pool: device 0's default here.
     assert_eq!(default_used(&a), base, "freed");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
-        assert_eq!((free.context, free.result), (raw_context, 0));
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
+        // Freed on the created context's stream with no context current (D2, F4): the stream,
+        // and through it the context, was still alive.
+        assert_eq!((free.context, free.result), (0, 0));
+        assert_eq!(free.resolved_stream.map(|_| ()), Some(()));
         let later: Vec<String> = emu
             .calls()
             .into_iter()
@@ -296,25 +313,92 @@ fn restore_failure_is_reported_after_a_successful_free() {
         return;
     };
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
-    let buffer = pool_buffer(&stream).unwrap();
+    // A token recipe: its free needs the context switch (a created stream's would make none).
+    let buffer = legacy_buffer_of(&a);
     let ptr = buffer.ptr();
-    on_fresh_thread(move || {
+    let alloc = alloc_of(ptr);
+    let left = on_fresh_thread(move || {
         // 1st cuCtxSetCurrent activates A, the 2nd (the restore) fails.
         emu.inject_fault("cuCtxSetCurrent", 2, CudaErrorCode::INVALID_VALUE);
         let from = mark();
         drop(buffer);
-        assert_eq!(emu.only_call("cuMemFreeAsync", ptr, from).result, 0);
+        assert_eq!(emu.only_call("cuMemFreeAsync", alloc, from).result, 0);
+        let left = current_raw();
         ContextHandle::clear_current().unwrap();
+        left
     });
+    assert_eq!(left, a.raw() as u64, "the failed restore left A current");
     let errors = errors_for(ptr);
     assert_eq!(errors.len(), 1, "{errors:?}");
-    assert_eq!(errors[0].operation, "cuMemFreeAsync");
-    assert!(
-        matches!(&errors[0].error, HandleError::Driver(e) if e.call == "cuCtxSetCurrent"),
-        "{:?}",
-        errors[0]
+    let report = &errors[0];
+    assert_eq!(
+        (report.resource.as_ref(), report.operation),
+        ("pool allocation", "cuMemFreeAsync")
     );
+    assert_eq!(
+        (report.step, report.consequence),
+        (CleanupStep::RestoreContext, Consequence::Released),
+        "the free succeeded; only the restore failed"
+    );
+    assert!(report.released() && !report.context_restored());
+    assert!(
+        matches!(&report.error, HandleError::Driver(e) if e.call == "cuCtxSetCurrent"),
+        "{report:?}"
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains("restoring the thread's previous context failed"),
+        "{text}"
+    );
+    assert!(text.contains("it was released"), "{text}");
+}
+
+/// A pool buffer of A's on the legacy token (bound to A), allocated with A current; the calling
+/// thread is left with no context.
+fn legacy_buffer_of(a: &ContextHandle) -> DevicePtrHandle {
+    a.make_current().unwrap();
+    let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
+    ContextHandle::clear_current().unwrap();
+    buffer
+}
+
+/// docs/decisions.md D3: an explicit release whose free succeeded but
+/// whose restore failed returns an error saying exactly that.
+#[test]
+fn explicit_release_whose_restore_fails_says_the_free_succeeded() {
+    let _serial = start();
+    let Some(emu) = emulator_or_skip("fault injection to make a context restore fail") else {
+        return;
+    };
+    let a = primary(0);
+    let base = default_used(&a);
+    let buffer = legacy_buffer_of(&a);
+    let ptr = buffer.ptr();
+    let error = on_fresh_thread(move || {
+        emu.inject_fault("cuCtxSetCurrent", 2, CudaErrorCode::INVALID_VALUE);
+        let error = buffer.release().unwrap_err();
+        ContextHandle::clear_current().unwrap();
+        error
+    });
+    match &error {
+        HandleError::ContextNotRestored {
+            operation,
+            previous,
+            context,
+            error: cause,
+        } => {
+            assert_eq!(*operation, "cuMemFreeAsync");
+            assert_eq!((*previous, *context), (0, a.raw() as u64));
+            assert_eq!(cause.call, "cuCtxSetCurrent");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(error.code(), Some(CudaErrorCode::INVALID_VALUE));
+    let text = error.to_string();
+    assert!(text.starts_with("cuMemFreeAsync succeeded"), "{text}");
+    assert!(text.contains("was not restored"), "{text}");
+    assert!(errors_for(ptr).is_empty(), "returned, not reported");
+    assert_eq!(default_used(&a), base, "freed");
 }
 
 #[test]
@@ -324,9 +408,10 @@ fn activation_failure_skips_the_free_and_reports() {
         return;
     };
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
-    let buffer = pool_buffer(&stream).unwrap();
+    let base = default_used(&a);
+    let buffer = legacy_buffer_of(&a);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     on_fresh_thread(move || {
         emu.inject_fault("cuCtxSetCurrent", 1, CudaErrorCode::INVALID_VALUE);
@@ -334,12 +419,65 @@ fn activation_failure_skips_the_free_and_reports() {
         assert_eq!(current_raw(), 0);
     });
     assert!(
-        emu.calls_for(ptr, from)
+        emu.calls_for(alloc, from)
             .iter()
             .all(|c| c.function != "cuMemFreeAsync"),
         "never freed in the wrong context"
     );
-    assert_eq!(errors_for(ptr).len(), 1);
+    let errors = errors_for(ptr);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let report = &errors[0];
+    assert_eq!(
+        (report.step, report.consequence),
+        (CleanupStep::ActivateContext, Consequence::Leaked)
+    );
+    assert_eq!(report.resource, "pool allocation");
+    let text = report.to_string();
+    assert!(text.contains("making its context current failed"), "{text}");
+    assert!(text.contains("leaked"), "{text}");
+    // The leaked memory is the test's now: give it back.
+    give_back(ptr, &a);
+    assert_eq!(default_used(&a), base);
+}
+
+/// An explicit release whose context cannot be made current says the free did not run.
+#[test]
+fn explicit_release_whose_activation_fails_says_nothing_ran() {
+    let _serial = start();
+    let Some(emu) = emulator_or_skip("fault injection to make a context activation fail") else {
+        return;
+    };
+    let a = primary(0);
+    let base = default_used(&a);
+    let buffer = legacy_buffer_of(&a);
+    let ptr = buffer.ptr();
+    let error = on_fresh_thread(move || {
+        emu.inject_fault("cuCtxSetCurrent", 1, CudaErrorCode::INVALID_VALUE);
+        buffer.release().unwrap_err()
+    });
+    assert!(
+        matches!(&error, HandleError::ContextNotActivated { operation: "cuMemFreeAsync", context, .. }
+            if *context == a.raw() as u64),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().starts_with("cuMemFreeAsync did not run"),
+        "{error}"
+    );
+    assert!(errors_for(ptr).is_empty(), "returned, not reported");
+    give_back(ptr, &a);
+    assert_eq!(default_used(&a), base);
+}
+
+/// Frees pool memory at `ptr` that custody leaked (a test made it leak), on a created stream of
+/// `a`.
+fn give_back(ptr: u64, a: &ContextHandle) {
+    let stream = StreamHandle::create(a, 0, 0).unwrap();
+    // SAFETY: the handle that owned `ptr` is gone without freeing it (the test made the free
+    // fail before it ran); nothing else frees or uses it.
+    let leaked = unsafe { handles::raw::owned_allocation(ptr, POOL_BUFFER as usize) };
+    leaked.free_async(&stream).unwrap();
+    stream.synchronize().unwrap();
 }
 
 /// Records every `deallocate` call's current context, then fails it.
@@ -436,6 +574,7 @@ fn synchronous_free_on_drop_never_blocks_and_is_ordered_by_an_event() {
     let buffer = DevicePtrHandle::alloc(512, &stream).unwrap();
     assert_eq!(buffer.kind(), ReleaseKind::Synchronous);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     assert_eq!(
         attributes(ptr).map(|at| (at.device_ordinal, at.is_managed)),
         Some((0, false)),
@@ -463,9 +602,9 @@ fn synchronous_free_on_drop_never_blocks_and_is_ordered_by_an_event() {
     );
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFree_v2", ptr, from);
+        let free = emu.only_call("cuMemFree_v2", alloc, from);
         assert_eq!((free.context, free.result), (a.raw() as u64, 0));
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(alloc));
     });
     assert_eq!(current_raw(), 0, "the drain restored this thread's binding");
     assert_no_hazards();
@@ -478,6 +617,7 @@ fn synchronous_free_is_done_by_the_worker_without_a_drain() {
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     assert!(attributes(ptr).is_some());
     let from = mark();
     drop(buffer);
@@ -495,7 +635,7 @@ fn synchronous_free_is_done_by_the_worker_without_a_drain() {
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(current_raw(), 0);
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFree_v2", ptr, from);
+        let free = emu.only_call("cuMemFree_v2", alloc, from);
         assert_ne!(free.thread, emu.thread_id(), "freed on the cleanup worker");
         assert_eq!((free.context, free.result), (a.raw() as u64, 0));
     });
@@ -509,6 +649,7 @@ fn synchronous_explicit_release_blocks_and_returns() {
     let stream = StreamHandle::create(&a, 0, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     assert!(attributes(ptr).is_some());
     let me = tid();
     let from = mark();
@@ -517,14 +658,15 @@ fn synchronous_explicit_release_blocks_and_returns() {
     assert_eq!(attributes(ptr), None, "freed by the time release returned");
     assert_eq!(current_raw(), 0);
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFree_v2", ptr, from);
+        let free = emu.only_call("cuMemFree_v2", alloc, from);
+        // D2: on a created stream, `cuStreamSynchronize` and `cuMemFree` need no context (F5,
+        // F6): none is made current.
+        assert_eq!((free.thread, free.context, free.result), (me, 0, 0));
         assert_eq!(
-            (free.thread, free.context, free.result),
-            (me, a.raw() as u64, 0)
+            emu.names_on(me, from)[..2],
+            ["cuStreamSynchronize", "cuMemFree_v2"],
+            "no context call before the free"
         );
-        assert!(emu
-            .names_on(me, from)
-            .contains(&"cuStreamSynchronize".to_string()));
 
         // A failing free is returned.
         let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
@@ -549,6 +691,7 @@ fn pinned_host_and_managed_frees_go_through_the_worker() {
     let managed = DevicePtrHandle::alloc_managed(256, 1, &stream).unwrap();
     assert_eq!(managed.kind(), ReleaseKind::Managed);
     let (host_ptr, managed_ptr) = (host.ptr(), managed.ptr());
+    let (host_alloc, managed_alloc) = (alloc_of(host_ptr), alloc_of(managed_ptr));
     assert!(attributes(host_ptr).is_some_and(|at| at.memory_type == MemoryType::Host));
     assert!(attributes(managed_ptr).is_some_and(|at| at.is_managed));
     let from = mark();
@@ -561,8 +704,8 @@ fn pinned_host_and_managed_frees_go_through_the_worker() {
     assert_eq!(attributes(managed_ptr), None, "managed memory freed");
     assert!(errors_for(host_ptr).is_empty() && errors_for(managed_ptr).is_empty());
     with_emulator(|emu| {
-        assert_eq!(emu.only_call("cuMemFreeHost", host_ptr, from).result, 0);
-        let managed_free = emu.only_call("cuMemFree_v2", managed_ptr, from);
+        assert_eq!(emu.only_call("cuMemFreeHost", host_alloc, from).result, 0);
+        let managed_free = emu.only_call("cuMemFree_v2", managed_alloc, from);
         assert_eq!(
             (managed_free.context, managed_free.result),
             (a.raw() as u64, 0)
@@ -577,6 +720,10 @@ impl Deallocator for FailingDeallocator {
     fn deallocate(&self, allocation: OwnedAllocation, _: &StreamHandle) -> Result<(), HandleError> {
         let _ = allocation.into_raw();
         Err(HandleError::deallocator("pool exhausted"))
+    }
+
+    fn name(&self) -> &str {
+        "FailingResource"
     }
 }
 
@@ -594,8 +741,23 @@ fn deallocator_failure_is_reported_on_drop_and_returned_on_release() {
     drop(dropped);
     let errors = errors_for(0x3000);
     assert_eq!(errors.len(), 1);
-    assert_eq!(errors[0].operation, "Deallocator::deallocate");
+    assert_eq!(
+        (errors[0].resource.as_ref(), errors[0].operation),
+        ("FailingResource", "deallocate"),
+        "named as its user knows it"
+    );
+    assert_eq!(
+        (errors[0].step, errors[0].consequence),
+        (CleanupStep::Operation, Consequence::Leaked)
+    );
     assert_eq!(errors[0].context, a.raw() as u64);
+    assert!(
+        errors[0]
+            .to_string()
+            .starts_with("deallocate(0x3000) [FailingResource]"),
+        "{}",
+        errors[0]
+    );
 
     let released = DevicePtrHandle::adopt(
         test_allocation(0x3100, 8),

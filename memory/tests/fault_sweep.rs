@@ -25,15 +25,15 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use adopt::Ownership;
 use handles::{
-    CleanupError, ContextHandle, CudaErrorCode, EventHandle, HandleError, OwnedAllocation,
-    StreamHandle, EVENT_DISABLE_TIMING,
+    CleanupError, ContextHandle, CudaErrorCode, EventHandle, OwnedAllocation, StreamHandle,
+    EVENT_DISABLE_TIMING,
 };
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, LegacyPinnedMemoryResource,
     ManagedMemoryResource, MemoryError, MemoryResource, PoolMemoryResource,
     SynchronousMemoryResource,
 };
-use test_support::emu::{Call, Emulator};
+use test_support::emu::{AllocationId, Call, Emulator};
 
 // ---------------------------------------------------------------------------------------------
 // Support
@@ -148,8 +148,9 @@ struct Prepared {
     bind: Option<ContextHandle>,
     /// The teardown itself; an explicit close returns its error.
     teardown: Box<dyn FnOnce() -> Result<(), MemoryError> + Send>,
-    /// Memory the teardown frees.
-    memory: Vec<(u64, Memory)>,
+    /// Memory the teardown frees: address, kind and identity (the address alone does not
+    /// name an allocation: a pool hands freed addresses out again, docs/driver-facts.md F18).
+    memory: Vec<(u64, Memory, AllocationId)>,
     /// Reports the teardown may make, by operation.
     attributions: Vec<Attribution>,
     /// Raw graphs and executables the teardown destroys (destroyed here if a failure leaked
@@ -238,10 +239,17 @@ fn run(
     )
 }
 
-fn succeeded_frees(calls: &[Call], ptr: u64) -> usize {
+/// `ptr`, `kind` and the identity of the live allocation at `ptr`, for [`Prepared::memory`].
+fn held(ptr: u64, kind: Memory) -> (u64, Memory, AllocationId) {
+    let emu = Emulator::get().expect("the fault sweep runs on the emulator");
+    let alloc = emu.allocation_at(ptr).expect("a live allocation").id;
+    (ptr, kind, alloc)
+}
+
+fn succeeded_frees(calls: &[Call], alloc: AllocationId) -> usize {
     calls
         .iter()
-        .filter(|c| FREES.contains(&c.function.as_str()) && c.ptr == Some(ptr) && c.result == 0)
+        .filter(|c| FREES.contains(&c.function.as_str()) && c.alloc == Some(alloc) && c.result == 0)
         .count()
 }
 
@@ -271,8 +279,8 @@ fn give_back_leaks(emu: &Emulator, leftover: &Prepared, calls: &[Call]) {
     finish_deferred();
     let context = primary(0);
     let stream = stream_in(&context);
-    for &(ptr, kind) in &leftover.memory {
-        if !emu.live_allocations().iter().any(|a| a.ptr == ptr) {
+    for &(ptr, kind, alloc) in &leftover.memory {
+        if !emu.allocation_is_live(alloc) {
             continue;
         }
         // SAFETY: the emulator still holds this allocation and no buffer or handle does (the
@@ -289,18 +297,16 @@ fn give_back_leaks(emu: &Emulator, leftover: &Prepared, calls: &[Call]) {
 }
 
 /// The driver failure behind an explicit close's error: (call, code).
+/// (A context switch that failed around the operation names its own call.)
 fn driver_failure(error: &MemoryError) -> Option<(&'static str, CudaErrorCode)> {
     match error {
-        MemoryError::Handle(HandleError::Driver(e)) => Some((e.call, e.code)),
+        MemoryError::Handle(error) => error.driver_error().map(|e| (e.call, e.code)),
         _ => None,
     }
 }
 
 fn report_failure(report: &CleanupError) -> Option<(&'static str, CudaErrorCode)> {
-    match &report.error {
-        HandleError::Driver(e) => Some((e.call, e.code)),
-        _ => None,
-    }
+    report.error.driver_error().map(|e| (e.call, e.code))
 }
 
 /// Figures of one scenario's sweep.
@@ -319,7 +325,7 @@ fn sweep(name: &str, prepare: impl Fn() -> Prepared) {
         return;
     };
     let _serial = start(&emu);
-    let baseline: Vec<u64> = emu.live_allocations().iter().map(|a| a.ptr).collect();
+    let baseline: Vec<AllocationId> = emu.live_allocations().iter().map(|a| a.id).collect();
     // A teardown may release the last handle of a primary context (a recipe's or a stream's).
     let primaries: Vec<Attribution> = (0..handles::device_count().expect("cuDeviceGetCount"))
         .map(|n| {
@@ -337,9 +343,9 @@ fn sweep(name: &str, prepare: impl Fn() -> Prepared) {
     assert!(clean.result.is_ok(), "{name}: {:?}", clean.result);
     assert!(clean.reports.is_empty(), "{name}: {:#?}", clean.reports);
     assert!(emu.hazards().is_empty(), "{name}: {:#?}", emu.hazards());
-    for &(ptr, _) in &leftover.memory {
+    for &(ptr, _, alloc) in &leftover.memory {
         assert_eq!(
-            succeeded_frees(&clean.calls, ptr),
+            succeeded_frees(&clean.calls, alloc),
             1,
             "{name}: 0x{ptr:x} freed once"
         );
@@ -426,12 +432,12 @@ fn sweep(name: &str, prepare: impl Fn() -> Prepared) {
             // No crash got here; nothing freed twice or unordered.
             let hazards = emu.hazards();
             assert!(hazards.is_empty(), "{what}: hazards {hazards:#?}");
-            let live: Vec<u64> = emu.live_allocations().iter().map(|a| a.ptr).collect();
-            for &(ptr, _) in &leftover.memory {
-                let frees = succeeded_frees(&run.calls, ptr);
+            let live: Vec<AllocationId> = emu.live_allocations().iter().map(|a| a.id).collect();
+            for &(ptr, _, alloc) in &leftover.memory {
+                let frees = succeeded_frees(&run.calls, alloc);
                 assert!(frees <= 1, "{what}: 0x{ptr:x} freed {frees} times");
                 assert_eq!(
-                    live.contains(&ptr),
+                    live.contains(&alloc),
                     frees == 0,
                     "{what}: 0x{ptr:x} is allocated exactly when no free of it succeeded"
                 );
@@ -462,8 +468,8 @@ fn sweep(name: &str, prepare: impl Fn() -> Prepared) {
     let left: Vec<u64> = emu
         .live_allocations()
         .iter()
+        .filter(|a| !baseline.contains(&a.id))
         .map(|a| a.ptr)
-        .filter(|p| !baseline.contains(p))
         .collect();
     assert!(left.is_empty(), "{name}: still allocated {left:x?}");
     eprintln!(
@@ -522,7 +528,7 @@ fn buffer_teardown(
             .iter()
             .map(|op| free_attribution(op, &buffer, &context))
             .collect(),
-        memory: vec![(ptr, memory)],
+        memory: vec![held(ptr, memory)],
         graphs: Vec::new(),
         recipe_context: context.raw() as u64,
         teardown: Box::new(move || {
@@ -699,7 +705,7 @@ fn adopted_buffer_of_a_user_memory_resource_dropped() {
         buffer_teardown(
             mr,
             Memory::Pool,
-            &["Deallocator::deallocate"],
+            &["deallocate"],
             Some(other_context()),
             false,
         )
@@ -743,7 +749,7 @@ fn buffer_retained_by_a_graph_freed_by_deferred_cleanup() {
                     context: ctx,
                 },
             ],
-            memory: vec![(ptr, Memory::Pool)],
+            memory: vec![held(ptr, Memory::Pool)],
             graphs: vec![
                 (exec_raw, "cuGraphExecDestroy"),
                 (graph_raw, "cuGraphDestroy"),
@@ -782,7 +788,7 @@ fn stream_released_with_the_last_recipe_that_held_it() {
                     context: ctx,
                 },
             ],
-            memory: vec![(ptr, Memory::Pool)],
+            memory: vec![held(ptr, Memory::Pool)],
             graphs: Vec::new(),
             recipe_context: ctx,
             teardown: Box::new(move || {
@@ -821,7 +827,7 @@ fn created_context_released_with_its_last_stream_and_buffer() {
                     context: ctx,
                 },
             ],
-            memory: vec![(ptr, Memory::Pool)],
+            memory: vec![held(ptr, Memory::Pool)],
             graphs: Vec::new(),
             recipe_context: ctx,
             teardown: Box::new(move || {
@@ -891,7 +897,7 @@ fn two_ipc_imports_of_one_mapping_dropped() {
             bind: None,
             attributions: vec![
                 Attribution {
-                    operation: "Deallocator::deallocate",
+                    operation: "deallocate",
                     ptr,
                     context: context.raw() as u64,
                 },
@@ -902,7 +908,7 @@ fn two_ipc_imports_of_one_mapping_dropped() {
                     context: context.raw() as u64,
                 },
             ],
-            memory: vec![(ptr, Memory::Pool)],
+            memory: vec![held(ptr, Memory::Pool)],
             graphs: Vec::new(),
             recipe_context: context.raw() as u64,
             teardown: Box::new(move || {

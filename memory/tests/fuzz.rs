@@ -23,7 +23,7 @@ use memory::{
     PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
 };
 use proptest::prelude::*;
-use test_support::emu::Emulator;
+use test_support::emu::{AllocationId, Emulator};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -60,7 +60,7 @@ fn stream() -> StreamHandle {
 /// What must be back where it was after a case: the emulator's live allocations and the
 /// device's current pool's used memory.
 struct Baseline {
-    live: HashSet<u64>,
+    live: HashSet<AllocationId>,
     used: u64,
     pool: DeviceMemoryResource,
 }
@@ -79,7 +79,7 @@ impl Baseline {
             .unwrap_or_else(|_| unreachable!("a new resource has one owner"));
         Baseline {
             live: emulator().map_or_else(HashSet::new, |emu| {
-                emu.live_allocations().iter().map(|a| a.ptr).collect()
+                emu.live_allocations().iter().map(|a| a.id).collect()
             }),
             used: used_now(&pool),
             pool,
@@ -99,8 +99,8 @@ impl Baseline {
             let leaked: Vec<u64> = emu
                 .live_allocations()
                 .iter()
+                .filter(|a| !self.live.contains(&a.id))
                 .map(|a| a.ptr)
-                .filter(|p| !self.live.contains(p))
                 .collect();
             prop_assert!(leaked.is_empty(), "still allocated: {:x?}", leaked);
             let hazards = emu.hazards();

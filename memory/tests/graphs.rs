@@ -22,7 +22,7 @@ use memory::{
     Buffer, CaptureMode, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, GraphBuilder,
     MemoryError, MemoryResource, PoolMemoryResource,
 };
-use test_support::emu::{Call, Emulator};
+use test_support::emu::{AllocationId, Call, Emulator};
 
 // ---------------------------------------------------------------------------------------------
 // Support
@@ -40,11 +40,23 @@ fn start() -> MutexGuard<'static, ()> {
         ContextHandle::clear_current().expect("cuCtxSetCurrent(NULL)");
     }
     handles::drain_deferred_cleanup();
+    // Warnings are found by pointer, and a pool hands an address out again
+    // (docs/driver-facts.md F18): only this test's warnings may match its pointers.
+    warnings().lock().unwrap().clear();
     if let Some(emu) = Emulator::get() {
         emu.clear_faults();
         emu.clear_hazards();
     }
     guard
+}
+
+/// The identity of the live allocation at `ptr` (`AllocationId(0)` without the emulator:
+/// then nothing reads it). Allocations are followed by identity: a pool hands a freed address
+/// out again (docs/driver-facts.md F18).
+fn alloc_of(ptr: u64) -> AllocationId {
+    Emulator::get().map_or(AllocationId(0), |emu| {
+        emu.allocation_at(ptr).expect("a live allocation").id
+    })
 }
 
 /// The raw context current on the calling thread, 0 for none.
@@ -145,8 +157,18 @@ fn calls_since(emu: &Emulator, from: u64) -> Vec<Call> {
     emu.calls().into_iter().filter(|c| c.seq >= from).collect()
 }
 
-/// Emulator only: the `cuMemFreeAsync` calls for `ptr` among `calls`.
-fn frees_of(calls: &[Call], ptr: u64) -> Vec<Call> {
+/// Emulator only: the `cuMemFreeAsync` calls of allocation `alloc` among `calls`.
+fn frees_of(calls: &[Call], alloc: AllocationId) -> Vec<Call> {
+    calls
+        .iter()
+        .filter(|c| c.function == "cuMemFreeAsync" && c.alloc == Some(alloc))
+        .cloned()
+        .collect()
+}
+
+/// Emulator only: the `cuMemFreeAsync` calls of address `ptr` among `calls`: for a graph
+/// allocation being captured, which has no identity until its graph runs.
+fn frees_at(calls: &[Call], ptr: u64) -> Vec<Call> {
     calls
         .iter()
         .filter(|c| c.function == "cuMemFreeAsync" && c.ptr == Some(ptr))
@@ -154,27 +176,42 @@ fn frees_of(calls: &[Call], ptr: u64) -> Vec<Call> {
         .collect()
 }
 
-/// Emulator only: asserts `ptr` was freed exactly once since `from`, successfully (so not from
-/// inside a destructor or host function, where the driver refuses calls), on `stream`, with
-/// `context` current; returns the call.
+/// Emulator only: asserts allocation `alloc` was freed exactly once since `from`, successfully
+/// (so not from inside a destructor or host function, where the driver refuses calls), on
+/// `stream`: for a default-stream token with `context` current; for a created stream with no
+/// context switch of its own (docs/decisions.md D2: it identifies its context,
+/// docs/driver-facts.md F4, F8). Returns the call.
 fn assert_freed_once(
     emu: &Emulator,
     from: u64,
-    ptr: u64,
+    alloc: AllocationId,
     stream: &StreamHandle,
     context: &ContextHandle,
 ) -> Call {
-    let frees = frees_of(&calls_since(emu, from), ptr);
-    assert_eq!(frees.len(), 1, "one free of 0x{ptr:x}: {frees:#?}");
+    let frees = frees_of(&calls_since(emu, from), alloc);
+    assert_eq!(frees.len(), 1, "one free of {alloc}: {frees:#?}");
     let free = frees.into_iter().next().unwrap();
     assert_eq!(free.result, 0, "{free:?}");
     assert_eq!(free.stream, Some(stream.raw() as u64), "{free:?}");
-    assert_eq!(free.context, context.raw() as u64, "{free:?}");
+    if stream.default_kind().is_some() {
+        assert_eq!(free.context, context.raw() as u64, "{free:?}");
+    } else {
+        let before: Vec<String> = emu
+            .calls()
+            .into_iter()
+            .filter(|c| c.thread == free.thread && c.seq < free.seq)
+            .map(|c| c.function)
+            .collect();
+        assert!(
+            !before.ends_with(&["cuCtxGetCurrent".to_owned(), "cuCtxSetCurrent".to_owned()]),
+            "no context switch for a created stream's free: {free:?}"
+        );
+    }
     free
 }
 
-fn is_live(emu: &Emulator, ptr: u64) -> bool {
-    emu.live_allocations().iter().any(|a| a.ptr == ptr)
+fn is_live(emu: &Emulator, alloc: AllocationId) -> bool {
+    emu.allocation_is_live(alloc)
 }
 
 fn assert_no_hazards(emu: &Emulator) {
@@ -247,6 +284,7 @@ fn a_closed_buffer_retained_by_a_node_stays_valid_for_launches_until_the_graph_g
     let used_by_out = used(&mr, &s);
     let buffer = alloc(&mr, SIZE, &s);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let graph = Graph::new(0).unwrap();
     let set = graph.add_memset(&[], &buffer, 0x5au8).unwrap();
     graph.add_memcpy(&[set], &out, &buffer).unwrap();
@@ -273,7 +311,7 @@ fn a_closed_buffer_retained_by_a_node_stays_valid_for_launches_until_the_graph_g
     assert_eq!(read(&out, &s), vec![0x5a; SIZE]);
     assert_eq!(used(&mr, &s), used_by_both);
     if let Some(emu) = &emu {
-        assert!(is_live(emu, ptr));
+        assert!(is_live(emu, alloc));
     }
 
     let from = emu.as_ref().map(mark);
@@ -285,8 +323,8 @@ fn a_closed_buffer_retained_by_a_node_stays_valid_for_launches_until_the_graph_g
             drains, 1,
             "the destructor ran inside cuGraphExecDestroy (G2)"
         );
-        assert_freed_once(emu, from, ptr, &s, &primary());
-        assert!(!is_live(emu, ptr));
+        assert_freed_once(emu, from, alloc, &s, &primary());
+        assert!(!is_live(emu, alloc));
         assert_no_failed_calls(emu, from);
         assert_no_hazards(emu);
     }
@@ -300,6 +338,7 @@ fn the_deferred_free_runs_in_the_recipe_context_and_the_caller_keeps_its_own() {
     let (s, mr) = (stream(), owned_pool());
     let buffer = alloc(&mr, SIZE, &s);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let graph = Graph::new(0).unwrap();
     graph.add_memset(&[], &buffer, 0x01u8).unwrap();
     let exec = graph.instantiate().unwrap();
@@ -328,7 +367,7 @@ fn the_deferred_free_runs_in_the_recipe_context_and_the_caller_keeps_its_own() {
     if let (Some(emu), Some(from)) = (&emu, from) {
         assert_eq!(drains, 1);
         // The free ran with the recipe's (primary) context current, not the caller's.
-        assert_freed_once(emu, from, ptr, &s, &primary());
+        assert_freed_once(emu, from, alloc, &s, &primary());
         assert_no_failed_calls(emu, from);
         assert_no_hazards(emu);
     }
@@ -345,6 +384,7 @@ fn a_destructor_inside_exec_destruction_inside_a_drain_neither_deadlocks_nor_los
     let (s, mr) = (stream(), owned_pool());
     let buffer = alloc(&mr, SIZE, &s);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
 
     // The inner executable retains the buffer; the outer graph's host function owns the inner
     // executable. When the outer graph goes, the cleanup worker (or the drain) drops the
@@ -377,7 +417,7 @@ fn a_destructor_inside_exec_destruction_inside_a_drain_neither_deadlocks_nor_los
             drains, 1,
             "one drain freed what the nested destruction queued"
         );
-        assert_freed_once(emu, from, ptr, &s, &primary());
+        assert_freed_once(emu, from, alloc, &s, &primary());
         let destroys = calls_since(emu, from)
             .into_iter()
             .filter(|c| c.function == "cuGraphExecDestroy")
@@ -398,6 +438,7 @@ fn a_destructor_after_an_in_flight_launch_frees_only_once_the_launch_is_done() {
     let used_by_out = used(&mr, &s);
     let buffer = alloc(&mr, SIZE, &s);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let gate = Arc::new(Gate::default());
     let ran_on = Arc::new(Mutex::new(None));
 
@@ -434,8 +475,8 @@ fn a_destructor_after_an_in_flight_launch_frees_only_once_the_launch_is_done() {
         "nothing freed while the launch is in flight"
     );
     if let (Some(emu), Some(from)) = (&emu, from) {
-        assert!(is_live(emu, ptr));
-        assert!(frees_of(&calls_since(emu, from), ptr).is_empty());
+        assert!(is_live(emu, alloc));
+        assert!(frees_of(&calls_since(emu, from), alloc).is_empty());
     }
 
     gate.open();
@@ -456,7 +497,7 @@ fn a_destructor_after_an_in_flight_launch_frees_only_once_the_launch_is_done() {
         // synchronisation in `read` returned.
         assert_eq!(drains, 1);
         let calls = calls_since(emu, from);
-        let free = assert_freed_once(emu, from, ptr, &s, &primary());
+        let free = assert_freed_once(emu, from, alloc, &s, &primary());
         let destroy = calls
             .iter()
             .find(|c| c.function == "cuGraphExecDestroy")
@@ -476,7 +517,20 @@ fn ten_thousand_attachments_released_at_once_are_all_freed_after_one_drain() {
     let (s, mr) = (stream(), owned_pool());
     let graph = Graph::new(0).unwrap();
     let buffers: Vec<Buffer> = (0..COUNT).map(|_| alloc(&mr, 256, &s)).collect();
-    let ptrs: Vec<u64> = buffers.iter().map(Buffer::ptr).collect();
+    // One query for all ten thousand identities (the buffers are live, so their addresses
+    // name them now).
+    let live_now: std::collections::HashMap<u64, AllocationId> = Emulator::get()
+        .map(|emu| {
+            emu.live_allocations()
+                .iter()
+                .map(|a| (a.ptr, a.id))
+                .collect()
+        })
+        .unwrap_or_default();
+    let allocs: Vec<AllocationId> = buffers
+        .iter()
+        .map(|b| live_now.get(&b.ptr()).copied().unwrap_or(AllocationId(0)))
+        .collect();
     for buffer in &buffers {
         graph.add_memset(&[], buffer, 0xeeu8).unwrap();
     }
@@ -496,19 +550,19 @@ fn ten_thousand_attachments_released_at_once_are_all_freed_after_one_drain() {
     assert_eq!(handles::deferred_cleanup_pending(), 0);
     assert_eq!(used(&mr, &s), 0, "every attachment was freed");
     if let (Some(emu), Some(from)) = (&emu, from) {
-        let live: std::collections::HashSet<u64> =
-            emu.live_allocations().iter().map(|a| a.ptr).collect();
-        assert!(ptrs.iter().all(|p| !live.contains(p)));
+        let live: std::collections::HashSet<AllocationId> =
+            emu.live_allocations().iter().map(|a| a.id).collect();
+        assert!(allocs.iter().all(|a| !live.contains(a)));
         let calls = calls_since(emu, from);
-        let frees: std::collections::HashMap<u64, usize> = calls
+        let frees: std::collections::HashMap<Option<AllocationId>, usize> = calls
             .iter()
             .filter(|c| c.function == "cuMemFreeAsync")
             .fold(std::collections::HashMap::new(), |mut m, c| {
-                *m.entry(c.ptr.unwrap_or(0)).or_default() += 1;
+                *m.entry(c.alloc).or_default() += 1;
                 m
             });
         assert!(
-            ptrs.iter().all(|p| frees.get(p) == Some(&1)),
+            allocs.iter().all(|a| frees.get(&Some(*a)) == Some(&1)),
             "each freed once"
         );
         assert_no_failed_calls(emu, from);
@@ -526,6 +580,7 @@ fn set_deallocation_stream_before_close_moves_the_graph_retained_free() {
     let (s1, s2, mr) = (stream(), stream(), owned_pool());
     let buffer = alloc(&mr, SIZE, &s1);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let graph = Graph::new(0).unwrap();
     graph.add_memset(&[], &buffer, 0x03u8).unwrap();
     let exec = graph.instantiate().unwrap();
@@ -539,7 +594,7 @@ fn set_deallocation_stream_before_close_moves_the_graph_retained_free() {
     let drains = drain_until(|| used(&mr, &s2) == 0);
     if let (Some(emu), Some(from)) = (&emu, from) {
         assert_eq!(drains, 1);
-        assert_freed_once(emu, from, ptr, &s2, &primary());
+        assert_freed_once(emu, from, alloc, &s2, &primary());
         assert_no_failed_calls(emu, from);
         assert_no_hazards(emu);
     }
@@ -622,6 +677,7 @@ fn a_clone_keeps_what_the_original_retained_and_refuses_the_original_nodes() {
     let used_by_out = used(&mr, &s);
     let buffer = alloc(&mr, SIZE, &s);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let graph = Graph::new(0).unwrap();
     let set = graph.add_memset(&[], &buffer, 0x06u8).unwrap();
     graph
@@ -658,7 +714,7 @@ fn a_clone_keeps_what_the_original_retained_and_refuses_the_original_nodes() {
     let drains = drain_until(|| used(&mr, &s) == used_by_out);
     if let (Some(emu), Some(from)) = (&emu, from) {
         assert_eq!(drains, 1);
-        assert_freed_once(emu, from, ptr, &s, &primary());
+        assert_freed_once(emu, from, alloc, &s, &primary());
         assert_no_hazards(emu);
     }
     out.close().unwrap();
@@ -671,6 +727,7 @@ fn a_host_function_owning_a_buffer_keeps_it_until_the_graph_goes() {
     let (s, mr) = (stream(), owned_pool());
     let buffer = alloc(&mr, SIZE, &s);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let used_by_buffer = used(&mr, &s);
     let runs = Arc::new(AtomicUsize::new(0));
     let graph = Graph::new(0).unwrap();
@@ -702,7 +759,7 @@ fn a_host_function_owning_a_buffer_keeps_it_until_the_graph_goes() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     if let (Some(emu), Some(from)) = (&emu, from) {
         assert_eq!(drains, 1);
-        assert_freed_once(emu, from, ptr, &s, &primary());
+        assert_freed_once(emu, from, alloc, &s, &primary());
         assert_no_failed_calls(emu, from);
         assert_no_hazards(emu);
     }
@@ -723,7 +780,7 @@ fn a_builder_retains_the_buffers_it_fills_and_copies_but_not_its_graph_allocatio
     let src = alloc(&mr, SIZE, &s);
     src.copy_from_host(&[0x11; SIZE], &s).unwrap();
     let filled = alloc(&mr, SIZE, &s);
-    let (src_ptr, filled_ptr) = (src.ptr(), filled.ptr());
+    let (src_alloc, filled_alloc) = (alloc_of(src.ptr()), alloc_of(filled.ptr()));
 
     let builder = GraphBuilder::new(&s).unwrap();
     builder.begin_building(CaptureMode::ThreadLocal).unwrap();
@@ -740,7 +797,7 @@ fn a_builder_retains_the_buffers_it_fills_and_copies_but_not_its_graph_allocatio
     let before_close = emu.as_ref().map(mark);
     scratch.close().unwrap();
     if let (Some(emu), Some(from)) = (&emu, before_close) {
-        let frees = frees_of(&calls_since(emu, from), scratch_ptr);
+        let frees = frees_at(&calls_since(emu, from), scratch_ptr);
         assert_eq!(frees.len(), 1, "a free node: {frees:#?}");
     }
     let graph = builder.end_building().unwrap();
@@ -768,9 +825,9 @@ fn a_builder_retains_the_buffers_it_fills_and_copies_but_not_its_graph_allocatio
     let drains = drain_until(|| used(&mr, &s) == used_by_outputs);
     if let (Some(emu), Some(from)) = (&emu, from) {
         assert_eq!(drains, 1);
-        assert_freed_once(emu, from, src_ptr, &s, &primary());
-        assert_freed_once(emu, from, filled_ptr, &s, &primary());
-        assert!(frees_of(&calls_since(emu, from), scratch_ptr).is_empty());
+        assert_freed_once(emu, from, src_alloc, &s, &primary());
+        assert_freed_once(emu, from, filled_alloc, &s, &primary());
+        assert!(frees_at(&calls_since(emu, from), scratch_ptr).is_empty());
         assert_no_failed_calls(emu, from);
         assert_no_hazards(emu);
     }

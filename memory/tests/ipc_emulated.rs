@@ -89,13 +89,14 @@ fn imports_of_one_descriptor_share_the_mapping_and_keep_their_own_recipes() {
     assert_eq!(imports_since(&emu, from).len(), 1, "one driver import");
     assert_eq!(first.ptr(), second.ptr());
     let ptr = first.ptr();
+    let alloc = alloc_of(ptr);
     assert_eq!(read(&first, &s1), vec![0x33; 4096]);
     first.fill(0x44u8, &s1).unwrap();
 
     // The first to go leaves an event on its stream, and frees nothing.
     let closed_first = mark();
     first.close().unwrap();
-    assert_eq!(emu.count_calls("cuMemFreeAsync", ptr, closed_first), 0);
+    assert_eq!(emu.count_calls("cuMemFreeAsync", alloc, closed_first), 0);
     let records = emu.calls_named("cuEventRecord", closed_first);
     assert_eq!(records.len(), 1, "{records:#?}");
     assert_eq!(records[0].stream, Some(s1.raw() as u64));
@@ -106,10 +107,10 @@ fn imports_of_one_descriptor_share_the_mapping_and_keep_their_own_recipes() {
     let waits = emu.calls_named("cuStreamWaitEvent", closed_second);
     assert_eq!(waits.len(), 1, "{waits:#?}");
     assert_eq!(waits[0].stream, Some(s2.raw() as u64));
-    let free = emu.only_call("cuMemFreeAsync", ptr, closed_second);
+    let free = emu.only_call("cuMemFreeAsync", alloc, closed_second);
     assert_eq!((free.stream, free.result), (Some(s2.raw() as u64), 0));
     assert!(free.seq > waits[0].seq);
-    assert!(!emu.is_live(ptr));
+    assert!(!emu.is_live(alloc));
     s2.synchronize().unwrap();
     assert_eq!(read(&e.buffer, &s0), vec![0x44; 4096], "one memory");
     e.buffer.close().unwrap();
@@ -150,7 +151,11 @@ fn an_import_needs_an_imported_pool_and_a_truthful_descriptor() {
     let undone = emu.calls_named("cuMemFreeAsync", from);
     assert_eq!(undone.len(), 1, "{undone:#?}");
     assert_eq!(undone[0].stream, Some(s1.raw() as u64));
-    assert!(!emu.is_live(undone[0].ptr.unwrap()));
+    assert!(!emu.is_live(
+        undone[0]
+            .alloc
+            .expect("the undone import freed an allocation")
+    ));
     // A truthful import afterwards works.
     let good = Buffer::from_ipc_descriptor(&e.imported, &e.descriptor, &s1).unwrap();
     assert_eq!(read(&good, &s1), vec![0x33; 4096]);

@@ -127,10 +127,41 @@ fn switches_and_frees(emu: &Emulator, span: &Span) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// On the emulator: the one call of `function` with `ptr` since `from`, asserted to have run
-/// with `context` current and to have succeeded.
-fn assert_ran_in(emu: &Emulator, function: &str, ptr: u64, from: u64, context: u64) -> Call {
-    let call = emu.only_call(function, ptr, from);
+/// On the emulator: the one call of `function` for allocation `id` since `from`, asserted to
+/// have succeeded without a context switch of its own (docs/decisions.md D2: a free on a created
+/// stream needs no context, docs/driver-facts.md F4, F8): the calls before it on its thread do
+/// not end with custody's switch (`cuCtxGetCurrent`, `cuCtxSetCurrent`).
+fn assert_freed_without_a_switch(
+    emu: &Emulator,
+    function: &str,
+    id: AllocationId,
+    from: u64,
+) -> Call {
+    let call = emu.only_call(function, id, from);
+    assert_eq!(call.result, 0, "{call:?}");
+    let before: Vec<String> = emu
+        .calls()
+        .into_iter()
+        .filter(|c| c.thread == call.thread && c.seq < call.seq)
+        .map(|c| c.function)
+        .collect();
+    assert!(
+        !before.ends_with(&["cuCtxGetCurrent".to_owned(), "cuCtxSetCurrent".to_owned()]),
+        "{function} needed no context switch: {before:?}"
+    );
+    call
+}
+
+/// On the emulator: the one call of `function` for allocation `id` since `from`, asserted to
+/// have run with `context` current and to have succeeded.
+fn assert_ran_in(
+    emu: &Emulator,
+    function: &str,
+    id: AllocationId,
+    from: u64,
+    context: u64,
+) -> Call {
+    let call = emu.only_call(function, id, from);
     assert_eq!(
         call.context, context,
         "{function} ran with context 0x{:x} current, not 0x{context:x}",
@@ -216,6 +247,7 @@ fn pool_free_under_device_0(how: Recipe, close: bool) {
     let mr = owned_pool(1);
     let (buffer, stream, alloc) = device_1_buffer(&mr, how, 3);
     let ptr = buffer.ptr();
+    let id = alloc_of(ptr);
     assert!(used_on(1, mr.pool()) >= SIZE as u64);
     let from = mark();
     let (closed, span) = under_device_0(move || {
@@ -239,7 +271,14 @@ fn pool_free_under_device_0(how: Recipe, close: bool) {
     );
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx1.raw() as u64);
+        // D2: a created stream's free runs with the dropping thread's own context (device 0's)
+        // and no switch (F8); a token's needs device 1's context made current.
+        let (c0, c1) = (ctx0.raw() as u64, ctx1.raw() as u64);
+        let expected = match how {
+            Recipe::Stream => c0,
+            Recipe::LegacyToken => c1,
+        };
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, expected);
         assert_eq!(free.thread, span.thread, "freed by the dropping thread");
         assert_eq!(
             free.stream,
@@ -251,17 +290,21 @@ fn pool_free_under_device_0(how: Recipe, close: bool) {
             alloc.as_ref().unwrap().resolved_stream,
             "{how:?}: the stream the allocation was ordered on"
         );
-        let (c0, c1) = (ctx0.raw() as u64, ctx1.raw() as u64);
-        assert_eq!(
-            switches_and_frees(emu, &span),
-            [
+        let expected = match how {
+            Recipe::Stream => vec![("cuMemFreeAsync".to_owned(), c0)],
+            Recipe::LegacyToken => vec![
                 ("cuCtxSetCurrent".to_owned(), c0),
                 ("cuMemFreeAsync".to_owned(), c1),
                 ("cuCtxSetCurrent".to_owned(), c1),
             ],
-            "{how:?}: device 1 made current for the free, device 0 restored"
+        };
+        assert_eq!(
+            switches_and_frees(emu, &span),
+            expected,
+            "{how:?}: a token's free makes device 1 current and restores device 0; a created \
+             stream's switches nothing"
         );
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(id));
     });
     assert_no_hazards();
 }
@@ -293,6 +336,7 @@ fn device_1_pool_buffer_closed_under_device_0_is_freed_in_device_1s_context() {
 fn deferred_free_under_device_0(buffer: Buffer, free_call: &'static str) {
     let (ctx0, ctx1) = (primary(0), primary(1));
     let ptr = buffer.ptr();
+    let id = alloc_of(ptr);
     let stream = buffer.deallocation_stream().unwrap();
     assert!(attributes(ptr).is_some());
     let from = mark();
@@ -346,12 +390,12 @@ fn deferred_free_under_device_0(buffer: Buffer, free_call: &'static str) {
     );
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, free_call, ptr, from, ctx1.raw() as u64);
+        let free = assert_ran_in(emu, free_call, id, from, ctx1.raw() as u64);
         assert_ne!(
             free.thread, dropper,
             "freed by the cleanup worker or a drain"
         );
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(id));
     });
     assert_no_hazards();
 }
@@ -389,6 +433,7 @@ fn device_1_cumemalloc_buffer_dropped_under_device_0_is_freed_later_in_device_1s
     // An explicit close under device 0 frees now, in device 1's context.
     let closed = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
     let ptr = closed.ptr();
+    let id = alloc_of(ptr);
     let from = mark();
     let (result, span) = under_device_0(move || closed.close());
     assert_eq!(result, Ok(()));
@@ -399,7 +444,10 @@ fn device_1_cumemalloc_buffer_dropped_under_device_0_is_freed_later_in_device_1s
     );
     assert!(attributes(ptr).is_none(), "freed by the close itself");
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFree_v2", ptr, from, ctx1.raw() as u64);
+        // D2: `cuStreamSynchronize` of a created stream and `cuMemFree` need no context (F5,
+        // F6): device 0's stays current, unswitched.
+        let free = assert_ran_in(emu, "cuMemFree_v2", id, from, ctx0.raw() as u64);
+        assert_freed_without_a_switch(emu, "cuMemFree_v2", id, from);
         assert_eq!(
             free.thread, span.thread,
             "the close freed on its own thread"
@@ -414,7 +462,7 @@ fn device_1_pinned_buffers_dropped_under_device_0_are_freed_in_device_1s_context
     if !two_devices() {
         return;
     }
-    let (ctx0, ctx1) = (primary(0), primary(1));
+    let (ctx0, _ctx1) = (primary(0), primary(1));
     let s1 = stream_on(1);
     // cuMemAllocHost in device 1's context: the deferred cuMemFreeHost runs there too.
     let legacy = LegacyPinnedMemoryResource::new()
@@ -429,6 +477,7 @@ fn device_1_pinned_buffers_dropped_under_device_0_are_freed_in_device_1s_context
     let mr = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
     let pooled = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
     let ptr = pooled.ptr();
+    let id = alloc_of(ptr);
     pooled.copy_from_host(&pattern(8, SIZE), &s1).unwrap();
     assert_eq!(read(&pooled, &s1), pattern(8, SIZE));
     assert!(used_on(1, mr.pool()) >= SIZE as u64);
@@ -437,10 +486,12 @@ fn device_1_pinned_buffers_dropped_under_device_0_are_freed_in_device_1s_context
     assert_eq!(span.after, ctx0.raw() as u64);
     assert_eq!(used_on(1, mr.pool()), 0, "back in the host pool");
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx1.raw() as u64);
+        // D2: on device 1's created stream, with device 0's context current, no switch (F8).
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx0.raw() as u64);
+        assert_freed_without_a_switch(emu, "cuMemFreeAsync", id, from);
         assert_eq!(free.thread, span.thread);
         assert_eq!(free.stream, Some(s1.raw() as u64));
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(id));
     });
     assert_no_hazards();
 }
@@ -487,7 +538,7 @@ fn each_device_has_its_own_pool_and_usage_is_accounted_on_it() {
     let (own0, own1) = (owned_pool(0), owned_pool(1));
     assert_ne!(own0.pool().raw(), own1.pool().raw());
     let a = Arc::clone(&own1).allocate(SIZE, &s1).unwrap();
-    let a_ptr = a.ptr();
+    let a_id = alloc_of(a.ptr());
     assert!(used_on(1, own1.pool()) >= SIZE as u64);
     assert_eq!(used_on(0, own0.pool()), 0);
     // A pool of device 1 refuses a stream of device 0.
@@ -500,7 +551,7 @@ fn each_device_has_its_own_pool_and_usage_is_accounted_on_it() {
     );
     a.close().unwrap();
     assert_eq!(used_on(1, own1.pool()), 0);
-    with_emulator(|emu| assert!(!emu.is_live(a_ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(a_id)));
     assert_no_hazards();
 }
 
@@ -515,6 +566,7 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
     let mr = owned_pool(1);
     let buffer = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
     let ptr = buffer.ptr();
+    let id = alloc_of(ptr);
     buffer.copy_from_host(&pattern(9, SIZE), &s1).unwrap();
     s1.synchronize().unwrap();
     let from = mark();
@@ -544,11 +596,11 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
     assert_eq!(read(&buffer, &s1), pattern(9, SIZE));
     with_emulator(|emu| {
         assert_eq!(
-            emu.count_calls("cuMemFreeAsync", ptr, from),
+            emu.count_calls("cuMemFreeAsync", id, from),
             0,
             "nothing freed"
         );
-        assert!(emu.is_live(ptr));
+        assert!(emu.is_live(id));
     });
 
     // The reverse: device 0's memory refuses device 1's stream.
@@ -578,7 +630,9 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
     assert_eq!(span.after, ctx0.raw() as u64);
     assert_eq!(used_on(1, mr.pool()), 0);
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx1.raw() as u64);
+        // D2: a created stream of device 1 needs no switch under device 0 (F8).
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx0.raw() as u64);
+        assert_freed_without_a_switch(emu, "cuMemFreeAsync", id, from);
         assert_eq!(free.stream, Some(other1.raw() as u64));
     });
     assert_no_hazards();
@@ -641,12 +695,13 @@ fn a_host_pool_is_used_by_both_devices() {
     // The memory crate grants every device access to a host pool (cuMemPoolSetAccess when
     // the pool is made) and has no setter for a device pool's peer access, so this is the
     // pool access it offers across devices.
-    let (ctx0, ctx1) = (primary(0), primary(1));
+    let (_ctx0, ctx1) = (primary(0), primary(1));
     let (s0, s1) = (stream_on(0), stream_on(1));
     let host = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
     let shared = Arc::clone(&host).allocate(SIZE, &s1).unwrap();
     assert_eq!(shared.device_id(), Ok(None));
     let ptr = shared.ptr();
+    let id = alloc_of(ptr);
     // Written by device 0's stream, read into device 1's memory on device 1's stream.
     s1.synchronize().unwrap();
     shared.fill(0x3Cu8, &s0).unwrap();
@@ -673,7 +728,9 @@ fn a_host_pool_is_used_by_both_devices() {
     ContextHandle::clear_current().unwrap();
     assert_eq!(used_on(0, host.pool()), 0);
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx0.raw() as u64);
+        // D2: device 0's created stream needs no switch under device 1 (F8).
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
+        assert_freed_without_a_switch(emu, "cuMemFreeAsync", id, from);
         assert_eq!(free.stream, Some(s0.raw() as u64));
     });
     on1.close().unwrap();
@@ -710,6 +767,7 @@ fn a_device_1_graph_releases_its_buffer_in_device_1s_context_while_device_0_is_c
     let mr = owned_pool(1);
     let buffer = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
     let ptr = buffer.ptr();
+    let id = alloc_of(ptr);
     let graph = Graph::new(1).unwrap();
     assert_eq!(graph.device_id(), 1);
     assert_eq!(graph.context().raw(), ctx1.raw());
@@ -738,8 +796,8 @@ fn a_device_1_graph_releases_its_buffer_in_device_1s_context_while_device_0_is_c
         "retained by the graph"
     );
     with_emulator(|emu| {
-        assert_eq!(emu.count_calls("cuMemFreeAsync", ptr, from), 0);
-        assert!(emu.is_live(ptr));
+        assert_eq!(emu.count_calls("cuMemFreeAsync", id, from), 0);
+        assert!(emu.is_live(id));
     });
     graph.close();
     exec.launch(&s1).unwrap(); // the executable still retains it
@@ -754,13 +812,15 @@ fn a_device_1_graph_releases_its_buffer_in_device_1s_context_while_device_0_is_c
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     ContextHandle::clear_current().unwrap();
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx1.raw() as u64);
+        // D2: freed by the worker or a drain on device 1's created stream, without switching
+        // to device 1's context (F4, F8).
+        let free = assert_freed_without_a_switch(emu, "cuMemFreeAsync", id, from);
         assert_eq!(
             free.stream,
             Some(s1.raw() as u64),
             "on the buffer's recipe stream"
         );
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(id));
     });
     assert_no_hazards();
 }
@@ -893,6 +953,7 @@ fn ipc_child(path: &std::ffi::OsStr) {
     import.copy_from_host(&pattern(22, SIZE), &s1).unwrap();
     s1.synchronize().unwrap();
     let ptr = import.ptr();
+    let id = alloc_of(ptr);
     let from = mark();
     let me = tid();
     drop(import);
@@ -905,7 +966,7 @@ fn ipc_child(path: &std::ffi::OsStr) {
     s1.synchronize().unwrap();
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
-        let free = assert_ran_in(emu, "cuMemFreeAsync", ptr, from, ctx1.raw() as u64);
+        let free = assert_ran_in(emu, "cuMemFreeAsync", id, from, ctx1.raw() as u64);
         assert_eq!(free.thread, me);
         assert_eq!(free.stream, Some(s1.raw() as u64));
         let hazards = emu.hazards();

@@ -28,21 +28,22 @@ fn buffer_on(stream: &StreamHandle) -> Buffer {
     buffer
 }
 
-/// On the emulator, asserts that `ptr`'s one free since `from` ran on `stream`.
-fn assert_freed_on(ptr: u64, from: u64, stream: &StreamHandle) {
+/// On the emulator, asserts that allocation `alloc`'s one free since `from` ran on `stream`.
+fn assert_freed_on(alloc: AllocationId, from: u64, stream: &StreamHandle) {
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(free.stream, Some(stream.raw() as u64));
     });
 }
 
-/// Asserts that `ptr` has not been freed since `from`: on any driver the device pool's used
-/// memory is still above `base` by `size`; on the emulator, no free and a live allocation.
-fn assert_not_freed(ptr: u64, from: u64, base: u64, size: u64) {
+/// Asserts that allocation `alloc` has not been freed since `from`: on any driver the device
+/// pool's used memory is still above `base` by `size`; on the emulator, no free and a live
+/// allocation.
+fn assert_not_freed(alloc: AllocationId, from: u64, base: u64, size: u64) {
     assert!(device_used() >= base + size, "still allocated");
     with_emulator(|emu| {
-        assert_eq!(emu.count_calls("cuMemFreeAsync", ptr, from), 0);
-        assert!(emu.is_live(ptr));
+        assert_eq!(emu.count_calls("cuMemFreeAsync", alloc, from), 0);
+        assert!(emu.is_live(alloc));
     });
 }
 
@@ -53,13 +54,14 @@ fn set_then_drop_frees_on_the_new_stream() {
     let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     buffer.set_deallocation_stream(&s2).unwrap();
     assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s2));
     let from = mark();
     drop(buffer);
     assert_eq!(device_used(), base, "freed");
-    assert_freed_on(ptr, from, &s2);
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    assert_freed_on(alloc, from, &s2);
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
     assert_no_hazards();
 }
 
@@ -70,12 +72,13 @@ fn set_then_close_frees_on_the_new_stream() {
     let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     buffer.set_deallocation_stream(&s2).unwrap();
     assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s2));
     let from = mark();
     buffer.close().unwrap();
     assert_eq!(device_used(), base, "freed");
-    assert_freed_on(ptr, from, &s2);
+    assert_freed_on(alloc, from, &s2);
     assert_no_hazards();
 }
 
@@ -86,10 +89,11 @@ fn close_on_is_set_then_close() {
     let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     close_on(buffer, &s2).unwrap();
     assert_eq!(device_used(), base, "freed");
-    assert_freed_on(ptr, from, &s2);
+    assert_freed_on(alloc, from, &s2);
     assert_no_hazards();
 }
 
@@ -100,11 +104,12 @@ fn close_keeps_the_recorded_recipe() {
     let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s1));
     let from = mark();
     buffer.close().unwrap();
     assert_eq!(device_used(), base, "freed");
-    assert_freed_on(ptr, from, &s1);
+    assert_freed_on(alloc, from, &s1);
 }
 
 #[test]
@@ -118,6 +123,7 @@ fn failed_hand_over_before_close_leaves_the_buffer_open_with_its_old_recipe() {
     let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     // close(stream) is set_deallocation_stream(stream) then close(): the first step fails.
     assert_eq!(
@@ -129,10 +135,10 @@ fn failed_hand_over_before_close_leaves_the_buffer_open_with_its_old_recipe() {
     );
     assert_eq!(buffer.ptr(), ptr);
     assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s1));
-    assert_not_freed(ptr, from, base, 256);
+    assert_not_freed(alloc, from, base, 256);
     buffer.close().unwrap();
     assert_eq!(device_used(), base, "freed");
-    assert_freed_on(ptr, from, &s1);
+    assert_freed_on(alloc, from, &s1);
 }
 
 #[test]
@@ -146,6 +152,7 @@ fn a_closed_buffer_is_gone_and_nothing_touches_its_memory_again() {
     let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     buffer.close().unwrap();
     assert_eq!(device_used(), base, "freed");
     let from = mark();
@@ -153,7 +160,7 @@ fn a_closed_buffer_is_gone_and_nothing_touches_its_memory_again() {
     assert_eq!(device_used(), base, "nothing was freed twice or allocated");
     with_emulator(|emu| {
         assert!(
-            emu.calls_for(ptr, from).is_empty(),
+            emu.calls_for(alloc, from).is_empty(),
             "nothing touched the freed memory"
         );
     });
@@ -166,6 +173,7 @@ fn token_with_no_current_context_is_rejected_and_a_created_stream_needs_none() {
     let base = device_used();
     let buffer = Arc::new(buffer_on(&s1));
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let on_thread = Arc::clone(&buffer);
     let s2_on_thread = s2.clone();
     let (token, created) = on_fresh_thread(move || {
@@ -185,14 +193,14 @@ fn token_with_no_current_context_is_rejected_and_a_created_stream_needs_none() {
     buffer.close().unwrap();
     assert_eq!(device_used(), base, "freed");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_ne!(
             free.stream,
             Some(1),
             "the failed token recipe was never installed"
         );
     });
-    assert_freed_on(ptr, from, &s2);
+    assert_freed_on(alloc, from, &s2);
 }
 
 #[test]
@@ -202,26 +210,27 @@ fn every_holder_of_the_memory_sees_the_new_recipe() {
     let base = device_used();
     let buffer = buffer_on(&s1);
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let attachment = buffer.handle().clone(); // as a graph node would hold it
     buffer.set_deallocation_stream(&s2).unwrap();
     assert!(attachment.deallocation_stream().unwrap().ptr_eq(&s2));
     let from = mark();
     buffer.close().unwrap();
-    assert_not_freed(ptr, from, base, 256); // still held
+    assert_not_freed(alloc, from, base, 256); // still held
     drop(attachment);
     assert_eq!(device_used(), base, "freed by the last holder");
-    assert_freed_on(ptr, from, &s2);
+    assert_freed_on(alloc, from, &s2);
 }
 
 /// The hand-off: a producer fills, records an event; a consumer waits on it and copies the
 /// buffer out; `fill` and `copy` are on different streams.
-fn hand_off(set_consumer_as_deallocation_stream: bool) -> (u64, Vec<u8>) {
+fn hand_off(set_consumer_as_deallocation_stream: bool) -> (AllocationId, Vec<u8>) {
     let a = primary(0);
     let (producer, consumer) = (stream_on(0), stream_on(0));
     let mr = device_mr();
     let buffer = Arc::clone(&mr).allocate(4096, &producer).unwrap();
     let out = Arc::clone(&mr).allocate(4096, &consumer).unwrap();
-    let ptr = buffer.ptr();
+    let alloc = alloc_of(buffer.ptr());
     buffer.fill(0x5au8, &producer).unwrap();
     let filled = EventHandle::create(&a, EVENT_DISABLE_TIMING).unwrap();
     filled.record(&producer).unwrap();
@@ -233,19 +242,19 @@ fn hand_off(set_consumer_as_deallocation_stream: bool) -> (u64, Vec<u8>) {
     buffer.close().unwrap();
     let bytes = read(&out, &consumer);
     out.close().unwrap();
-    (ptr, bytes)
+    (alloc, bytes)
 }
 
 #[test]
 fn handing_the_free_to_the_consumer_orders_it_after_the_consumer_copy() {
     let _serial = start();
-    let (ptr, bytes) = hand_off(true);
+    let (alloc, bytes) = hand_off(true);
     assert_eq!(
         bytes,
         vec![0x5a; 4096],
         "the consumer read what the producer wrote"
     );
-    with_emulator(|emu| assert_eq!(emu.hazards_for(ptr), vec![]));
+    with_emulator(|emu| assert_eq!(emu.hazards_for(alloc), vec![]));
     assert_no_hazards();
 }
 
@@ -257,8 +266,8 @@ fn without_the_hand_off_the_checker_reports_the_unordered_free() {
     let Some(emu) = emulator_or_skip("hazard checker to see the unordered free") else {
         return;
     };
-    let (ptr, _) = hand_off(false);
-    let hazards = emu.hazards_for(ptr);
+    let (alloc, _) = hand_off(false);
+    let hazards = emu.hazards_for(alloc);
     assert!(
         hazards.iter().any(|h| h.kind == "unordered_free"),
         "{hazards:#?}"
@@ -272,6 +281,7 @@ fn view_frees_nothing_and_its_recipe_is_inert() {
     let s = stream_on(0);
     let base = device_used();
     let ptr = foreign_allocation(0, 512, &s);
+    let alloc = alloc_of(ptr);
     let view = adopt::from_handle(ptr, 512, Ownership::Borrowed, None).unwrap();
     assert!(view.memory_resource().is_none());
     view.set_deallocation_stream(&s).unwrap();
@@ -281,10 +291,10 @@ fn view_frees_nothing_and_its_recipe_is_inert() {
     );
     let from = mark();
     view.close().unwrap();
-    assert_not_freed(ptr, from, base, 512);
+    assert_not_freed(alloc, from, base, 512);
     unowned(ptr, 0).free_async(&s).unwrap(); // the caller's memory, the caller's free
     assert_eq!(device_used(), base, "freed by the caller");
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
 }
 
 #[test]
@@ -293,6 +303,7 @@ fn owner_is_kept_alive_until_close_and_nothing_is_freed() {
     let s = stream_on(0);
     let base = device_used();
     let ptr = foreign_allocation(0, 512, &s);
+    let alloc = alloc_of(ptr);
     let owner = Arc::new(());
     let buffer = adopt::from_handle(
         ptr,
@@ -305,7 +316,7 @@ fn owner_is_kept_alive_until_close_and_nothing_is_freed() {
     let from = mark();
     buffer.close().unwrap();
     assert_eq!(Arc::strong_count(&owner), 1, "released at close");
-    assert_not_freed(ptr, from, base, 512);
+    assert_not_freed(alloc, from, base, 512);
     unowned(ptr, 0).free_async(&s).unwrap();
     assert_eq!(device_used(), base, "freed by the caller");
 }
@@ -318,6 +329,7 @@ fn adopted_memory_is_deallocated_by_its_resource_with_the_recorded_stream_in_its
     let mr = RecordingResource::new(0);
     let base = device_used();
     let ptr = foreign_allocation(0, 1024, &s);
+    let alloc = alloc_of(ptr);
     let dyn_mr: Arc<dyn MemoryResource> = mr.clone();
     let buffer =
         adopt::from_handle(ptr, 1024, Ownership::MemoryResource(dyn_mr), Some(&s)).unwrap();
@@ -335,7 +347,7 @@ fn adopted_memory_is_deallocated_by_its_resource_with_the_recorded_stream_in_its
         }]
     );
     assert_eq!(device_used(), base, "freed by the resource");
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
 }
 
 #[test]
@@ -346,6 +358,7 @@ fn default_token_binds_the_context_current_at_adoption_and_deallocate_runs_in_it
     let mr = RecordingResource::new(0);
     let base = device_used();
     let ptr = foreign_allocation(0, 1024, &s);
+    let alloc = alloc_of(ptr);
     s.synchronize().unwrap();
     a.make_current().unwrap();
     let buffer =
@@ -357,7 +370,7 @@ fn default_token_binds_the_context_current_at_adoption_and_deallocate_runs_in_it
     assert_eq!(seen[0].stream, 0x1, "the legacy default stream");
     assert_eq!(seen[0].current_context, a.raw() as u64);
     assert_eq!(device_used(), base, "freed by the resource");
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
 }
 
 #[test]
@@ -367,6 +380,7 @@ fn adoption_failure_leaves_the_pointer_with_the_caller() {
     let mr = RecordingResource::new(0);
     let base = device_used();
     let ptr = foreign_allocation(0, 1024, &s);
+    let alloc = alloc_of(ptr);
     s.synchronize().unwrap();
     let from = mark();
     // No context on a fresh thread: the default token cannot be bound (docs/decisions.md D5).
@@ -397,10 +411,10 @@ fn adoption_failure_leaves_the_pointer_with_the_caller() {
         assert!(adopt::from_handle(p, n, Ownership::MemoryResource(mr.clone()), Some(&s)).is_err());
     }
     assert!(mr.deallocations().is_empty(), "deallocate was never called");
-    assert_not_freed(ptr, from, base, 1024); // the pointer is still the caller's
+    assert_not_freed(alloc, from, base, 1024); // the pointer is still the caller's
     unowned(ptr, 0).free_async(&s).unwrap();
     assert_eq!(device_used(), base, "freed by the caller");
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
 }
 
 #[test]
@@ -413,19 +427,20 @@ fn failing_deallocate_is_returned_by_close_and_reported_by_a_drop() {
     let closed = Arc::clone(&mr).allocate(256, &s).unwrap();
     let dropped = Arc::clone(&mr).allocate(256, &s).unwrap();
     let (p1, p2) = (closed.ptr(), dropped.ptr());
+    let (a1, a2) = (alloc_of(p1), alloc_of(p2));
     let expected = MemoryError::Handle(HandleError::deallocator("out of luck"));
     assert_eq!(closed.close(), Err(expected));
     assert!(errors_for(p1).is_empty(), "returned, not reported");
     drop(dropped);
     let reports = errors_for(p2);
     assert_eq!(reports.len(), 1, "{reports:?}");
-    assert_eq!(reports[0].operation, "Deallocator::deallocate");
+    assert_eq!(reports[0].operation, "deallocate");
     assert_eq!(reports[0].stream, s.raw() as u64);
     assert_eq!(mr.deallocations().len(), 2);
     // The failing resource freed nothing: give the memory back.
     assert!(device_used() >= base + 512, "nothing was freed");
-    for ptr in [p1, p2] {
-        with_emulator(|emu| assert!(emu.is_live(ptr)));
+    for (ptr, alloc) in [(p1, a1), (p2, a2)] {
+        with_emulator(|emu| assert!(emu.is_live(alloc)));
         unowned(ptr, 0).free_async(&s).unwrap();
     }
     assert_eq!(device_used(), base, "freed by the caller");

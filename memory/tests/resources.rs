@@ -114,6 +114,7 @@ fn pinned_pool_memory_is_usable_from_the_host_and_any_device() {
 /// the memory with `free_call`.
 fn drop_on_fresh_thread(buffer: Buffer, free_call: &'static str) {
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     assert!(attributes(ptr).is_some());
     let from = mark();
     let (dropper, left_current) = on_fresh_thread(move || {
@@ -144,13 +145,13 @@ fn drop_on_fresh_thread(buffer: Buffer, free_call: &'static str) {
     assert!(attributes(ptr).is_none(), "freed");
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     with_emulator(|emu| {
-        let free = emu.only_call(free_call, ptr, from);
+        let free = emu.only_call(free_call, alloc, from);
         assert_ne!(
             free.thread, dropper,
             "freed by the cleanup worker or a drain"
         );
         assert_eq!(free.result, 0);
-        assert!(!emu.is_live(ptr));
+        assert!(!emu.is_live(alloc));
     });
 }
 
@@ -207,6 +208,7 @@ fn explicit_close_of_synchronous_memory_waits_and_frees_before_returning() {
     ] {
         let buffer = mr.allocate(128, &s).unwrap();
         let ptr = buffer.ptr();
+        let alloc = alloc_of(ptr);
         buffer.fill(1u8, &s).unwrap();
         let from = mark();
         buffer.close().unwrap();
@@ -214,7 +216,7 @@ fn explicit_close_of_synchronous_memory_waits_and_frees_before_returning() {
         with_emulator(|emu| {
             let here = emu.calls_named_on("cuStreamSynchronize", emu.thread_id(), from);
             assert_eq!(here.len(), 1, "{here:?}");
-            assert!(!emu.is_live(ptr), "freed before close returned");
+            assert!(!emu.is_live(alloc), "freed before close returned");
         });
     }
     assert_no_hazards();
@@ -235,6 +237,7 @@ fn synchronous_resource_records_its_own_bound_legacy_stream_for_tokens() {
     );
     assert_eq!(recorded.context(), Some(&a));
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let warnings_before = handles::cleanup_warning_count();
     on_fresh_thread(move || drop(buffer));
     handles::drain_deferred_cleanup();
@@ -244,7 +247,7 @@ fn synchronous_resource_records_its_own_bound_legacy_stream_for_tokens() {
         "no per-thread warning"
     );
     assert!(attributes(ptr).is_none(), "freed");
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
 }
 
 #[test]
@@ -304,12 +307,13 @@ fn managed_buffers() {
     buffer.fill(0x0102_0304u32, &other_stream).unwrap();
     other_stream.synchronize().unwrap();
     let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
     let from = mark();
     let view = adopt::managed_from_handle(ptr, 64, Ownership::Borrowed, None).unwrap();
     assert_eq!(view.as_buffer().is_managed(), Ok(true));
     with_emulator(|emu| {
         assert_eq!(
-            emu.count_calls("cuPointerGetAttribute", ptr, from),
+            emu.count_calls("cuPointerGetAttribute", alloc, from),
             0,
             "the caller vouched"
         );
@@ -325,7 +329,7 @@ fn managed_buffers() {
     );
     managed.into_buffer().close().unwrap();
     assert!(attributes(ptr).is_none(), "freed");
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
 }
 
 #[test]
@@ -335,10 +339,11 @@ fn explicit_deallocate_returns_the_driver_error() {
     let mr = DeviceMemoryResource::new(0).unwrap();
     let base = pool_used(mr.pool());
     let ptr = foreign_allocation(0, 256, &s);
+    let alloc = alloc_of(ptr);
     assert!(pool_used(mr.pool()) >= base + 256);
     mr.deallocate(unowned(ptr, 256), &s).unwrap();
     assert_eq!(pool_used(mr.pool()), base, "freed");
-    with_emulator(|emu| assert!(!emu.is_live(ptr)));
+    with_emulator(|emu| assert!(!emu.is_live(alloc)));
     // A second free of the same pointer (a broken promise made with `unsafe`, deliberately):
     // CUDA_ERROR_INVALID_VALUE on a real driver too (cuda-sys conformance,
     // measured_mem_free_async_again_after_synchronize_is_invalid_value).

@@ -153,7 +153,7 @@ fn bad_layouts_ranges_and_lengths_are_refused_before_any_driver_call() {
     );
     with_emulator(|emu| {
         assert!(
-            emu.calls_for(ptr, from).is_empty(),
+            emu.calls_for(emu.alloc_id(ptr), from).is_empty(),
             "no driver call touched the buffer"
         );
     });
@@ -232,7 +232,7 @@ fn a_resource_of_the_callers_builds_buffers_from_parts() {
     let base = device_used();
     let mr: Arc<dyn MemoryResource> = Arc::new(Renamed { inner: device_mr() });
     let buffer = Arc::clone(&mr).allocate(256, &s).unwrap();
-    let ptr = buffer.ptr();
+    let alloc = alloc_of(buffer.ptr());
     assert!(Arc::ptr_eq(buffer.memory_resource().unwrap(), &mr));
     assert_eq!(buffer.is_device_accessible(), Ok(true));
     assert_eq!(buffer.device_id(), Ok(Some(0)));
@@ -247,7 +247,7 @@ fn a_resource_of_the_callers_builds_buffers_from_parts() {
     buffer.close().unwrap();
     assert_eq!(device_used(), base, "freed by the handle's own rule");
     with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", ptr, from);
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(free.stream, Some(s.raw() as u64));
     });
     assert_no_hazards();

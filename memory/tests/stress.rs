@@ -37,7 +37,7 @@ use memory::{
     PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
     SynchronousMemoryResource,
 };
-use test_support::emu::Emulator;
+use test_support::emu::{AllocationId, Emulator};
 
 // ---------------------------------------------------------------------------------------------
 // Configuration and randomness
@@ -558,9 +558,10 @@ fn random_operations_on_many_threads_lose_nothing() {
     }
     let context = ContextHandle::primary(0).expect("device 0");
     handles::drain_deferred_cleanup();
-    let baseline_live: HashSet<u64> = emu.map_or_else(HashSet::new, |emu| {
+    // By identity: a pool hands freed addresses out again (docs/driver-facts.md F18).
+    let baseline_live: HashSet<AllocationId> = emu.map_or_else(HashSet::new, |emu| {
         emu.clear_hazards();
-        emu.live_allocations().iter().map(|a| a.ptr).collect()
+        emu.live_allocations().iter().map(|a| a.id).collect()
     });
     let errors_before = handles::cleanup_error_count();
     let warnings_before = handles::cleanup_warning_count();
@@ -655,7 +656,7 @@ fn random_operations_on_many_threads_lose_nothing() {
         emu.into_iter().all(|emu| {
             emu.live_allocations()
                 .iter()
-                .all(|a| baseline_live.contains(&a.ptr))
+                .all(|a| baseline_live.contains(&a.id))
         }) && adopting.live.lock().unwrap().is_empty()
     });
     let elapsed = started.elapsed();
@@ -697,7 +698,7 @@ fn random_operations_on_many_threads_lose_nothing() {
         let live: Vec<_> = emu
             .live_allocations()
             .into_iter()
-            .filter(|a| !baseline_live.contains(&a.ptr))
+            .filter(|a| !baseline_live.contains(&a.id))
             .collect();
         eprintln!(
             "stress: emulator: {} hazards, {} live allocations left",

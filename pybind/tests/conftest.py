@@ -95,6 +95,8 @@ class Emulator:
         return self._query("allocations")
 
     def live_pointers(self) -> set:
+        """The addresses live now. Not an identity across time (a pool hands a freed address out
+        again): to follow an allocation, use ``alloc_id`` and ``is_live``."""
         return {a["ptr"] for a in self.allocations()}
 
     def alloc_id(self, ptr: int) -> int:
@@ -103,6 +105,10 @@ class Emulator:
         (docs/driver-facts.md F18), so an address alone does not say which allocation it was."""
         (alloc,) = [a["id"] for a in self.allocations() if a["ptr"] == ptr]
         return alloc
+
+    def live_ids(self) -> set:
+        """The identities of every live allocation (compare these, not addresses, across time)."""
+        return {a["id"] for a in self.allocations()}
 
     def is_live(self, alloc: int) -> bool:
         """Whether the allocation with identity ``alloc`` (see ``alloc_id``) is still live."""

@@ -115,12 +115,13 @@ def test_unconsumed_capsule_keeps_the_memory_until_collected(device, stream, emu
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=stream)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     capsule = buf.__dlpack__()
     buf.close()
-    assert ptr in emu.live_pointers(), "the capsule holds a reference"
+    assert emu.is_live(alloc), "the capsule holds a reference"
     del capsule
     gc.collect()
-    assert ptr not in emu.live_pointers()
+    assert not emu.is_live(alloc)
 
 
 @needs_emulator
@@ -130,16 +131,17 @@ def test_consumer_calls_the_deleter(device, stream, emu):
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=stream)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     capsule = buf.__dlpack__()
     managed = tensor_of(capsule)
     assert api.PyCapsule_SetName(capsule, b"used_dltensor") == 0
     del capsule
     gc.collect()
     buf.close()
-    assert ptr in emu.live_pointers(), "the consumer still owns the tensor"
+    assert emu.is_live(alloc), "the consumer still owns the tensor"
     managed.contents.deleter(managed)
-    assert ptr not in emu.live_pointers()
-    assert len(emu.calls_to("cuMemFreeAsync", ptr)) == 1
+    assert not emu.is_live(alloc)
+    assert len(emu.calls_to("cuMemFreeAsync", alloc=alloc)) == 1
 
 
 def test_versioned_capsule_is_dlpack_1_and_writable(device, stream):

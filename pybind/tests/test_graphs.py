@@ -33,6 +33,7 @@ def test_graph_keeps_a_closed_buffer_alive_and_drain_frees_it(device, stream, em
     pool = custody.DeviceMemoryResource(0)
     buf = pool.allocate(4096, stream=stream)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     gb = device.create_graph_builder()
     assert isinstance(gb.stream, custody.Stream)
     gb.begin_building()
@@ -44,8 +45,8 @@ def test_graph_keeps_a_closed_buffer_alive_and_drain_frees_it(device, stream, em
     buf.close()
     assert buf.is_closed
     if emu:
-        assert emu.calls_to("cuMemFreeAsync", ptr) == []
-        assert ptr in emu.live_pointers()
+        assert emu.calls_to("cuMemFreeAsync", alloc=alloc) == []
+        assert emu.is_live(alloc)
     graph.launch(stream)
     assert read(ptr, 4096, stream) == b"\x42" * 4096
     graph.close()
@@ -58,10 +59,11 @@ def test_graph_keeps_a_closed_buffer_alive_and_drain_frees_it(device, stream, em
 
     assert run_in_thread(drain) == 0
     if emu:
-        drain_until(lambda: ptr not in emu.live_pointers())
-        (free,) = emu.calls_to("cuMemFreeAsync", ptr)
-        assert free["context"] == device.context.handle and free["result"] == 0
-        assert ptr not in emu.live_pointers()
+        drain_until(lambda: not emu.is_live(alloc))
+        (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)
+        # D2: a created stream's free makes no context current (the draining thread has none).
+        assert free["context"] == 0 and free["result"] == 0
+        assert not emu.is_live(alloc)
 
 
 def test_set_deallocation_stream_to_a_builder_records_its_stream(device, stream, emu):
@@ -69,12 +71,13 @@ def test_set_deallocation_stream_to_a_builder_records_its_stream(device, stream,
     pool = custody.DeviceMemoryResource(0)
     buf = pool.allocate(64, stream=stream)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     gb = device.create_graph_builder()
     gb.stream.wait(stream)
     buf.set_deallocation_stream(gb)
     buf.close()
     if emu:
-        (free,) = emu.calls_to("cuMemFreeAsync", ptr)
+        (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)
         assert free["stream"] == gb.stream.handle
     gb.close()
 

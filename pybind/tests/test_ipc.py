@@ -44,10 +44,11 @@ CHILD = textwrap.dedent(
     s.sync()
     data = ctypes.string_at(staging.handle, buf.size)
     ptr = buf.handle
+    alloc = EMU.alloc_id(ptr) if EMU else None
     buf.close()
     staging.close()
     if EMU is not None:
-        (free,) = EMU.calls_to("cuMemFreeAsync", ptr)
+        (free,) = EMU.calls_to("cuMemFreeAsync", alloc=alloc)
         assert free["stream"] == s.handle and free["result"] == 0, free
         assert EMU.hazards() == [], EMU.hazards()
     print(data.hex())

@@ -180,8 +180,10 @@ def _run_child(inbox):
             c for c in calls if c["function"] == "cuMemPoolImportPointer" and c["result"] == 0
         ]
         report["imports"] = len(imports)  # mappings made (the import call logs no pointer)
+        # By identity (the allocation each import made), not by address.
+        mapped = {c.get("alloc") for c in imports}
         report["frees"] = [
-            c for c in calls if c["function"] == "cuMemFreeAsync" and c["ptr"] in addresses
+            c for c in calls if c["function"] == "cuMemFreeAsync" and c.get("alloc") in mapped
         ]
         report["live_ipc"] = [a for a in EMU.allocations() if a["kind"] == "ipc"]
         report["hazards"] = EMU.hazards()

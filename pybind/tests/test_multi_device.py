@@ -80,8 +80,9 @@ def used(mr, device_id: int) -> int:
     return mr.attributes.used_mem_current
 
 
-def the_free(emu, function: str, ptr: int):
-    (call,) = emu.calls_to(function, ptr)
+def the_free(emu, function: str, alloc: int):
+    """The one successful ``function`` call that freed allocation ``alloc`` (its identity)."""
+    (call,) = emu.calls_to(function, alloc=alloc)
     assert call["result"] == 0, call
     return call
 
@@ -114,6 +115,7 @@ def test_device_1_pool_buffer_freed_under_device_0(ctx, emu, recorded_warnings, 
     assert host_bytes(buf, s1) == pattern(3)
     assert used(mr, 1) >= SIZE
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     holder = [buf]
     del buf
     if emu:
@@ -130,9 +132,13 @@ def test_device_1_pool_buffer_freed_under_device_0(ctx, emu, recorded_warnings, 
     assert used(mr, 1) == 0, "freed into device 1's pool"
     assert cuda_warnings(recorded_warnings) == []
     if emu:
-        free = the_free(emu, "cuMemFreeAsync", ptr)
-        assert free["context"] == ctx1, "freed with device 1's context current"
-        assert ptr not in emu.live_pointers()
+        free = the_free(emu, "cuMemFreeAsync", alloc)
+        if how == "stream":
+            # D2: a created stream's free switches nothing: device 0's context stays current.
+            assert free["context"] == ctx0, "freed without a context switch"
+        else:
+            assert free["context"] == ctx1, "freed with device 1's context current"
+        assert not emu.is_live(alloc)
 
 
 @pytest.mark.parametrize("kind", ["synchronous", "legacy_pinned"])
@@ -147,6 +153,7 @@ def test_device_1_synchronous_memory_dropped_under_device_0(ctx, emu, recorded_w
     write(buf, pattern(5), s1)
     assert host_bytes(buf, s1) == pattern(5)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     holder = [buf]
     del buf
     if emu:
@@ -165,9 +172,9 @@ def test_device_1_synchronous_memory_dropped_under_device_0(ctx, emu, recorded_w
     if emu:
         (record,) = [c for c in emu.calls_to("cuEventRecord") if c["stream"] == s1.handle]
         assert record["context"] == ctx1, "the drop's event is device 1's"
-        free = the_free(emu, free_call, ptr)
+        free = the_free(emu, free_call, alloc)
         assert free["context"] == ctx1, "freed with device 1's context current"
-        assert ptr not in emu.live_pointers()
+        assert not emu.is_live(alloc)
 
 
 def test_python_resource_deallocates_in_device_1s_context(ctx, emu, recorded_warnings):
@@ -216,6 +223,7 @@ def test_another_devices_stream_is_refused_as_deallocation_stream(ctx, emu):
     buf = mr.allocate(SIZE, stream=s1)
     write(buf, pattern(9), s1)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     if emu:
         emu.clear_calls()
     with pytest.raises(ValueError, match="wrong device"):
@@ -231,13 +239,14 @@ def test_another_devices_stream_is_refused_as_deallocation_stream(ctx, emu):
     assert host_bytes(buf, s1) == pattern(9)
     assert used(mr, 1) >= SIZE
     if emu:
-        assert emu.calls_to("cuMemFreeAsync", ptr) == []
+        assert emu.calls_to("cuMemFreeAsync", alloc=alloc) == []
     # The old recipe is still in force: closed under device 0, freed on s1 in device 1.
     under_device_0(buf.close)
     assert used(mr, 1) == 0
     if emu:
-        free = the_free(emu, "cuMemFreeAsync", ptr)
-        assert (free["context"], free["stream"]) == (ctx1, s1.handle)
+        free = the_free(emu, "cuMemFreeAsync", alloc)
+        # D2: on a created stream, no switch: device 0's context stays current for the free.
+        assert (free["context"], free["stream"]) == (ctx0, s1.handle)
 
 
 def test_copies_between_devices(ctx, emu):

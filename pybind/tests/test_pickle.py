@@ -35,14 +35,16 @@ def _child(queue, results):
             closed_error = str(error)
         else:
             closed_error = None
-        ptr, mapped, mr_mapped = buf.handle, buf.is_mapped, buf.memory_resource.is_mapped
+        mapped, mr_mapped = buf.is_mapped, buf.memory_resource.is_mapped
+        # The imported allocation's identity (a pool hands freed addresses out again).
+        alloc = EMU.alloc_id(buf.handle) if EMU is not None else None
         buf.close()
         second.close()
         staging.close()
         free = None
         hazards = []
         if EMU is not None:
-            (free,) = EMU.calls_to("cuMemFreeAsync", ptr)
+            (free,) = EMU.calls_to("cuMemFreeAsync", alloc=alloc)
             hazards = EMU.hazards()
         results.put(
             ("ok", before, ctx, data, same_mr, mapped, mr_mapped, free, hazards, closed_error)

@@ -18,8 +18,9 @@ from conftest import (
 )
 
 
-def free_calls(emu, ptr):
-    return emu.calls_to("cuMemFreeAsync", ptr)
+def free_calls(emu, alloc):
+    """The frees of allocation ``alloc`` (its identity: a pool hands freed addresses out again)."""
+    return emu.calls_to("cuMemFreeAsync", alloc=alloc)
 
 
 def test_legacy_token_binds_the_current_context(device, emu, no_hazards):
@@ -27,12 +28,13 @@ def test_legacy_token_binds_the_current_context(device, emu, no_hazards):
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(256, stream=custody.LEGACY_DEFAULT_STREAM)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     ctx = device.context.handle
     assert current_context() == ctx
     assert run_in_thread(lambda: (buf.close(), current_context())[1]) == 0
     assert buf.is_closed and buf.size == 0 and buf.handle == 0
     if emu:
-        (free,) = free_calls(emu, ptr)
+        (free,) = free_calls(emu, alloc)
         assert free["stream"] == 0x1 and free["context"] == ctx and free["result"] == 0
 
 
@@ -41,11 +43,12 @@ def test_per_thread_token_binds_context_and_thread(device, emu, recorded_warning
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=custody.PER_THREAD_DEFAULT_STREAM)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     del buf
     gc.collect()
     assert [w for w in recorded_warnings if issubclass(w.category, custody.CUDAWarning)] == []
     if emu:
-        (free,) = free_calls(emu, ptr)
+        (free,) = free_calls(emu, alloc)
         assert free["stream"] == 0x2 and free["context"] == device.context.handle
 
 
@@ -57,12 +60,13 @@ def test_created_stream_recipe_needs_no_context_lookup(device, stream, emu, no_h
         emu.clear_calls()
     buf = mr.allocate(64, stream=stream)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     if emu:
         names = [c["function"] for c in emu.calls()]
         assert names.count("cuCtxGetCurrent") <= 1, names
     buf.close()
     if emu:
-        (free,) = free_calls(emu, ptr)
+        (free,) = free_calls(emu, alloc)
         assert free["stream"] == stream.handle
 
 
@@ -167,6 +171,7 @@ def test_foreign_ptds_wrapper_binds_like_the_token(device, emu, recorded_warning
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(32, stream=wrapper)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
 
     def drop():
         nonlocal buf
@@ -177,7 +182,7 @@ def test_foreign_ptds_wrapper_binds_like_the_token(device, emu, recorded_warning
     ptds = [w for w in recorded_warnings if "per-thread default stream" in str(w.message)]
     assert len(ptds) == 1, [str(w.message) for w in recorded_warnings]
     if emu:
-        (free,) = free_calls(emu, ptr)
+        (free,) = free_calls(emu, alloc)
         assert free["stream"] == 0x2 and free["context"] == device.context.handle
 
 
@@ -190,13 +195,14 @@ def test_wrapping_an_owned_stream_reuses_it(device, emu):
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(32, stream=wrapper)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     s.close()
     wrapper.close()
     if emu:
         assert emu.calls_to("cuStreamDestroy_v2") == []
     buf.close()
     if emu:
-        assert free_calls(emu, ptr)[0]["result"] == 0
+        assert free_calls(emu, alloc)[0]["result"] == 0
         assert len(emu.calls_to("cuStreamDestroy_v2")) == 1
         assert emu.hazards() == []
 
@@ -208,6 +214,7 @@ def test_set_deallocation_stream_moves_the_free(device, emu, no_hazards, how):
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(128, stream=s1)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     s2.wait(s1)
     buf.set_deallocation_stream(s2)
     if how == "gc":
@@ -216,7 +223,7 @@ def test_set_deallocation_stream_moves_the_free(device, emu, no_hazards, how):
     else:
         buf.close()
     if emu:
-        (free,) = free_calls(emu, ptr)
+        (free,) = free_calls(emu, alloc)
         assert free["stream"] == s2.handle
     s1.close()
     s2.close()
@@ -227,11 +234,12 @@ def test_close_with_stream_is_setter_then_close(device, stream, emu, no_hazards)
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(128, stream=custody.LEGACY_DEFAULT_STREAM)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     stream.wait(custody.LEGACY_DEFAULT_STREAM)
     buf.close(stream=stream)
     assert buf.is_closed
     if emu:
-        assert free_calls(emu, ptr)[0]["stream"] == stream.handle
+        assert free_calls(emu, alloc)[0]["stream"] == stream.handle
 
 
 def test_setter_rejects_none_and_keeps_the_recipe(device, stream, emu):
@@ -240,6 +248,7 @@ def test_setter_rejects_none_and_keeps_the_recipe(device, stream, emu):
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=stream)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     with pytest.raises(TypeError):
         buf.set_deallocation_stream(None)
     with pytest.raises(TypeError):
@@ -247,7 +256,7 @@ def test_setter_rejects_none_and_keeps_the_recipe(device, stream, emu):
     assert not buf.is_closed
     buf.close(None)
     if emu:
-        assert free_calls(emu, ptr)[0]["stream"] == stream.handle
+        assert free_calls(emu, alloc)[0]["stream"] == stream.handle
 
 
 def test_closed_buffer_rules(device, stream):
@@ -270,6 +279,7 @@ def test_closed_stream_is_rejected_and_the_old_recipe_stays(device, emu):
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=s1)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     s2.close()
     with pytest.raises(RuntimeError, match="Stream has been closed"):
         buf.set_deallocation_stream(s2)
@@ -278,7 +288,7 @@ def test_closed_stream_is_rejected_and_the_old_recipe_stays(device, emu):
     assert not buf.is_closed
     buf.close()
     if emu:
-        assert free_calls(emu, ptr)[0]["stream"] == s1.handle
+        assert free_calls(emu, alloc)[0]["stream"] == s1.handle
     s1.close()
 
 
@@ -335,6 +345,7 @@ def test_legacy_singleton_does_not_cache_its_context(device, emu):
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=custody.LEGACY_DEFAULT_STREAM)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     a = device.context
     assert custody.LEGACY_DEFAULT_STREAM.context == a
     b = custody.Device(1)
@@ -343,7 +354,7 @@ def test_legacy_singleton_does_not_cache_its_context(device, emu):
     buf.close()
     assert current_context() == b.context.handle
     if emu:
-        assert free_calls(emu, ptr)[0]["context"] == a.handle
+        assert free_calls(emu, alloc)[0]["context"] == a.handle
 
 
 def test_views_free_nothing(device, stream, emu):
@@ -351,6 +362,7 @@ def test_views_free_nothing(device, stream, emu):
     succeeds (it is inert)."""
     mr = custody.DeviceMemoryResource(0)
     owner = mr.allocate(64, stream=stream)
+    alloc = emu.alloc_id(owner.handle) if emu else None
     view = custody.Buffer.from_handle(owner.handle, 64)
     assert view.memory_resource is None
     view.set_deallocation_stream(stream)
@@ -359,7 +371,7 @@ def test_views_free_nothing(device, stream, emu):
     del view2
     gc.collect()
     if emu:
-        assert owner.handle in emu.live_pointers()
+        assert emu.is_live(alloc)
     owner.close()
 
 
@@ -411,10 +423,11 @@ def test_context_manager_closes_and_does_not_swallow(device, stream, emu):
     with pytest.raises(Boom):
         with mr.allocate(64, stream=stream) as b:
             ptr = b.handle
+            alloc = emu.alloc_id(ptr) if emu else None
             raise Boom()
     assert b.is_closed
     if emu:
-        assert free_calls(emu, ptr)[0]["stream"] == stream.handle
+        assert free_calls(emu, alloc)[0]["stream"] == stream.handle
 
 
 def test_a_second_holder_sees_the_new_recipe(device, emu):
@@ -423,17 +436,18 @@ def test_a_second_holder_sees_the_new_recipe(device, emu):
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=s1)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     capsule = buf.__dlpack__()
     buf.close()
     if emu:
-        assert free_calls(emu, ptr) == [], "the capsule still holds the memory"
-        assert ptr in emu.live_pointers()
+        assert free_calls(emu, alloc) == [], "the capsule still holds the memory"
+        assert emu.is_live(alloc)
     # The buffer is closed; a new buffer cannot reach the memory, but the capsule's holder
     # frees it with the recipe last recorded (s1 here).
     del capsule
     gc.collect()
     if emu:
-        (free,) = free_calls(emu, ptr)
+        (free,) = free_calls(emu, alloc)
         assert free["stream"] == s1.handle
     s1.close()
     s2.close()

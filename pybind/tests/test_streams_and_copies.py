@@ -79,6 +79,7 @@ def test_cuda_stream_protocol_provided_and_accepted(device, stream, emu):
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=foreign)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     buf.fill(7, stream=foreign)
     wrapped = custody.Stream.from_handle(foreign)
     assert wrapped.handle == stream.handle
@@ -86,7 +87,7 @@ def test_cuda_stream_protocol_provided_and_accepted(device, stream, emu):
     assert wrapped2.handle == stream.handle
     buf.close(stream=foreign)
     if emu:
-        (free,) = emu.calls_to("cuMemFreeAsync", ptr)
+        (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)
         assert free["stream"] == stream.handle
 
 
@@ -159,12 +160,13 @@ def test_graph_memory_resource_needs_capture(device, stream):
 def test_managed_buffer_from_handle(device, stream, emu):
     mr = custody.ManagedMemoryResource()
     backing = mr.allocate(256, stream=stream)
+    alloc = emu.alloc_id(backing.handle) if emu else None
     view = custody.ManagedBuffer.from_handle(backing.handle, 256)
     assert isinstance(view, custody.ManagedBuffer) and view.is_managed
     assert view.is_host_accessible and view.is_device_accessible
     view.close()
     if emu:
-        assert backing.handle in emu.live_pointers()
+        assert emu.is_live(alloc)
     backing.close()
 
 

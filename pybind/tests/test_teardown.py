@@ -36,6 +36,7 @@ def test_cross_thread_drop_without_context(device, emu, no_hazards, recorded_war
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(512, stream=custody.LEGACY_DEFAULT_STREAM)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     a = device.context.handle
     holder = [buf]
     del buf
@@ -46,9 +47,9 @@ def test_cross_thread_drop_without_context(device, emu, no_hazards, recorded_war
     if emu:
         calls = [c for c in emu.calls() if c["function"] in ("cuCtxSetCurrent", "cuMemFreeAsync")]
         assert [c["function"] for c in calls] == ["cuCtxSetCurrent", "cuMemFreeAsync", "cuCtxSetCurrent"]
-        assert calls[1]["context"] == a and calls[1]["ptr"] == ptr and calls[1]["result"] == 0
+        assert calls[1]["context"] == a and calls[1]["alloc"] == alloc and calls[1]["result"] == 0
         assert calls[2]["context"] == a  # restoring NULL happens while A is current
-        assert ptr not in emu.live_pointers()
+        assert not emu.is_live(alloc)
 
 
 @needs_two_devices
@@ -58,6 +59,7 @@ def test_drop_under_another_context_restores_it(device, emu, no_hazards):
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=custody.LEGACY_DEFAULT_STREAM)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     a = device.context.handle
     b = custody.Device(1).context.handle
     holder = [buf]
@@ -79,7 +81,7 @@ def test_drop_under_another_context_restores_it(device, emu, no_hazards):
     after, below = run_in_thread(on_thread)
     assert (after, below) == (b, a)
     if emu:
-        (free,) = emu.calls_to("cuMemFreeAsync", ptr)
+        (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)
         assert free["context"] == a
 
 
@@ -97,18 +99,19 @@ def test_same_context_needs_no_switch(device, emu, no_hazards):
         assert len(emu.calls_to("cuMemFreeAsync")) == 1
 
 
-def test_created_stream_free_runs_in_its_context(device, stream, emu, no_hazards):
-    """26, decided by D2: a created stream's free on a thread with no context still makes the
-    stream's context current around the free (cuda.core switched nothing there)."""
+def test_created_stream_free_runs_without_a_context(device, stream, emu, no_hazards):
+    """26, decided by D2 (changed): a created stream identifies its context, so its free on a
+    thread with no context makes no context current (docs/driver-facts.md F4)."""
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=stream)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     holder = [buf]
     del buf
     assert drop_on_thread(holder) == 0
     if emu:
-        (free,) = emu.calls_to("cuMemFreeAsync", ptr)
-        assert free["context"] == device.context.handle
+        (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)
+        assert free["context"] == 0
         assert free["stream"] == stream.handle and free["result"] == 0
 
 
@@ -119,6 +122,7 @@ def test_ptds_freed_on_another_thread_warns_once(device, emu, recorded_warnings)
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=custody.PER_THREAD_DEFAULT_STREAM)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     holder = [buf]
     del buf
     assert drop_on_thread(holder) == 0
@@ -126,7 +130,7 @@ def test_ptds_freed_on_another_thread_warns_once(device, emu, recorded_warnings)
     assert len(warned) == 1
     assert "per-thread default stream" in str(warned[0].message)
     if emu:
-        (free,) = emu.calls_to("cuMemFreeAsync", ptr)
+        (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)
         assert free["stream"] == 0x2 and free["context"] == device.context.handle
         assert free["result"] == 0
 
@@ -143,6 +147,7 @@ def test_synchronous_resource_needs_no_context(device, emu, recorded_warnings):
 
     buf = run_in_thread(allocate)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     assert buf.is_device_accessible and buf.device_id == 0
     holder = [buf]
     del buf
@@ -152,10 +157,10 @@ def test_synchronous_resource_needs_no_context(device, emu, recorded_warnings):
     custody.drain_deferred_cleanup()
     assert cuda_warnings(recorded_warnings) == []
     if emu:
-        (free,) = emu.calls_to("cuMemFree_v2", ptr)
+        (free,) = emu.calls_to("cuMemFree_v2", alloc=alloc)
         assert free["context"] == device.context.handle and free["result"] == 0
         assert emu.calls_to("cuStreamSynchronize") == [], "a drop never waits on the GPU"
-        assert ptr not in emu.live_pointers()
+        assert not emu.is_live(alloc)
 
 
 @pytest.mark.parametrize("recorded", ["token", "created"])
@@ -190,6 +195,7 @@ def test_legacy_pinned_dropped_without_context(device, emu, no_hazards):
     mr = custody.LegacyPinnedMemoryResource()
     buf = mr.allocate(4096, stream=custody.LEGACY_DEFAULT_STREAM)
     ptr = buf.handle
+    alloc = emu.alloc_id(ptr) if emu else None
     assert buf.is_host_accessible and buf.is_device_accessible
     assert buf.__dlpack_device__() == (3, 0)
     holder = [buf]
@@ -197,7 +203,7 @@ def test_legacy_pinned_dropped_without_context(device, emu, no_hazards):
     assert drop_on_thread(holder) == 0
     custody.drain_deferred_cleanup()
     if emu:
-        (free,) = emu.calls_to("cuMemFreeHost", ptr)
+        (free,) = emu.calls_to("cuMemFreeHost", alloc=alloc)
         assert free["context"] == device.context.handle and free["result"] == 0
 
 
@@ -205,7 +211,7 @@ def test_cyclic_gc_on_a_thread_without_context(device, emu, no_hazards, recorded
     """67: a GC collection on a context-less thread that collects cycles holding buffers frees
     them like case 23."""
     mr = custody.DeviceMemoryResource(0)
-    pointers = []
+    allocs = []
 
     class Node:
         pass
@@ -214,7 +220,7 @@ def test_cyclic_gc_on_a_thread_without_context(device, emu, no_hazards, recorded
         a, b = Node(), Node()
         a.other, b.other = b, a
         a.buf = mr.allocate(128, stream=custody.LEGACY_DEFAULT_STREAM)
-        pointers.append(a.buf.handle)
+        allocs.append(emu.alloc_id(a.buf.handle) if emu else None)
         del a, b
 
     def collect():
@@ -224,10 +230,9 @@ def test_cyclic_gc_on_a_thread_without_context(device, emu, no_hazards, recorded
     assert run_in_thread(collect) == 0
     assert cuda_warnings(recorded_warnings) == []
     if emu:
-        live = emu.live_pointers()
-        assert not (set(pointers) & live)
-        for ptr in pointers:
-            (free,) = emu.calls_to("cuMemFreeAsync", ptr)
+        assert not any(emu.is_live(alloc) for alloc in allocs)
+        for alloc in allocs:
+            (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)
             assert free["context"] == device.context.handle
 
 

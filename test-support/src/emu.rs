@@ -98,8 +98,11 @@ pub struct Call {
     /// The device pointer argument, if the function takes one.
     pub ptr: Option<u64>,
     /// The identity ([`Allocation::id`]) of the allocation the call made (the allocation
-    /// calls, `cuMemPoolImportPointer`) or the live allocation its pointer argument was in (the
-    /// frees), whether or not the call succeeded; `None` for other calls.
+    /// calls, `cuMemPoolImportPointer`), or of the live allocation its pointer argument [`ptr`]
+    /// was in when the call was made (frees, fills, copies, pointer attributes, pointer
+    /// export), whether or not the call succeeded; `None` when there was none.
+    ///
+    /// [`ptr`]: Call::ptr
     #[serde(default)]
     pub alloc: Option<AllocationId>,
     /// The returned status.

@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use handles::ops::{self, PointerAttributes};
 use handles::{CleanupError, CleanupWarning, ContextHandle};
 
-use crate::emu::{Call, Emulator, Hazard};
+use crate::emu::{AllocationId, Call, Emulator, Hazard};
 
 /// Set (to anything but `0`) to make the tests treat the emulator as a real driver.
 pub const PRETEND_REAL_DRIVER: &str = "CUSTODY_TEST_PRETEND_REAL_DRIVER";
@@ -101,33 +101,50 @@ pub fn mark() -> u64 {
     with_emulator(|emu| emu.calls().last().map_or(0, |c| c.seq + 1)).unwrap_or(0)
 }
 
+/// The identity of the live allocation at `ptr` (`AllocationId(0)` without the emulator: then
+/// nothing reads it). Take it while the allocation is live and follow the allocation by it from
+/// then on: a pool hands a freed address out again (docs/driver-facts.md F18), so the address
+/// alone does not say which allocation a call, a hazard or a live entry belongs to.
+///
+/// # Panics
+/// On the emulator, when no live allocation starts at `ptr`.
+pub fn alloc_of(ptr: u64) -> AllocationId {
+    with_emulator(|emu| emu.alloc_id(ptr)).unwrap_or(AllocationId(0))
+}
+
 /// Queries of the emulator's call log, hazards and allocations, for use inside
-/// [`with_emulator`].
+/// [`with_emulator`]. Allocations are named by identity ([`alloc_of`]), never by address.
 pub trait EmuLog {
     /// Calls since `from` (any thread).
     fn calls_since(&self, from: u64) -> Vec<Call>;
     /// Calls made since `from` on thread `thread`, in order.
     fn calls_on(&self, thread: u64, from: u64) -> Vec<Call>;
-    /// Calls since `from` (any thread) whose pointer argument is `ptr`.
-    fn calls_for(&self, ptr: u64, from: u64) -> Vec<Call>;
+    /// The identity of the live allocation at `ptr`.
+    fn alloc_id(&self, ptr: u64) -> AllocationId;
+    /// Calls since `from` (any thread) that made allocation `alloc` or whose pointer argument
+    /// was in it.
+    fn calls_for(&self, alloc: AllocationId, from: u64) -> Vec<Call>;
+    /// Calls since `from` (any thread) whose pointer argument was `ptr`: a question about an
+    /// address (one that was never allocated, say), not about an allocation.
+    fn calls_at(&self, ptr: u64, from: u64) -> Vec<Call>;
     /// Calls of `function` since `from` on `thread`.
     fn calls_named_on(&self, function: &str, thread: u64, from: u64) -> Vec<Call>;
     /// Calls of `function` since `from` (any thread).
     fn calls_named(&self, function: &str, from: u64) -> Vec<Call>;
     /// The calls since `from` on `thread`, as function names.
     fn names_on(&self, thread: u64, from: u64) -> Vec<String>;
-    /// The one call of `function` with pointer `ptr` since `from`.
-    fn only_call(&self, function: &str, ptr: u64, from: u64) -> Call;
+    /// The one call of `function` for allocation `alloc` since `from`.
+    fn only_call(&self, function: &str, alloc: AllocationId, from: u64) -> Call;
     /// The one call of `function` on `thread` since `from`.
     fn one_call_on(&self, thread: u64, function: &str, from: u64) -> Call;
-    /// How many calls of `function` with pointer `ptr` since `from`.
-    fn count_calls(&self, function: &str, ptr: u64, from: u64) -> usize;
+    /// How many calls of `function` for allocation `alloc` since `from`.
+    fn count_calls(&self, function: &str, alloc: AllocationId, from: u64) -> usize;
     /// The sequence numbers of the calls of `function` since `from` (any thread).
     fn seq_of(&self, function: &str, from: u64) -> Vec<u64>;
-    /// The hazards the checker saw for `ptr` since [`start`].
-    fn hazards_for(&self, ptr: u64) -> Vec<Hazard>;
-    /// Whether the emulator still holds an allocation at `ptr`.
-    fn is_live(&self, ptr: u64) -> bool;
+    /// The hazards the checker saw for allocation `alloc` since [`start`].
+    fn hazards_for(&self, alloc: AllocationId) -> Vec<Hazard>;
+    /// Whether allocation `alloc` is still live.
+    fn is_live(&self, alloc: AllocationId) -> bool;
 }
 
 impl EmuLog for Emulator {
@@ -142,10 +159,16 @@ impl EmuLog for Emulator {
             .collect()
     }
 
-    fn calls_for(&self, ptr: u64, from: u64) -> Vec<Call> {
+    fn alloc_id(&self, ptr: u64) -> AllocationId {
+        self.allocation_at(ptr)
+            .unwrap_or_else(|| panic!("no live allocation at {ptr:#x}"))
+            .id
+    }
+
+    fn calls_for(&self, alloc: AllocationId, from: u64) -> Vec<Call> {
         self.calls()
             .into_iter()
-            .filter(|c| c.ptr == Some(ptr) && c.seq >= from)
+            .filter(|c| c.alloc == Some(alloc) && c.seq >= from)
             .collect()
     }
 
@@ -170,16 +193,23 @@ impl EmuLog for Emulator {
             .collect()
     }
 
-    fn only_call(&self, function: &str, ptr: u64, from: u64) -> Call {
+    fn calls_at(&self, ptr: u64, from: u64) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.ptr == Some(ptr) && c.seq >= from)
+            .collect()
+    }
+
+    fn only_call(&self, function: &str, alloc: AllocationId, from: u64) -> Call {
         let calls: Vec<Call> = self
-            .calls_for(ptr, from)
+            .calls_for(alloc, from)
             .into_iter()
             .filter(|c| c.function == function)
             .collect();
         assert_eq!(
             calls.len(),
             1,
-            "expected one {function}(0x{ptr:x}), got {calls:#?}"
+            "expected one {function} of {alloc}, got {calls:#?}"
         );
         calls.into_iter().next().unwrap()
     }
@@ -198,8 +228,8 @@ impl EmuLog for Emulator {
         calls.into_iter().next().unwrap()
     }
 
-    fn count_calls(&self, function: &str, ptr: u64, from: u64) -> usize {
-        self.calls_for(ptr, from)
+    fn count_calls(&self, function: &str, alloc: AllocationId, from: u64) -> usize {
+        self.calls_for(alloc, from)
             .iter()
             .filter(|c| c.function == function)
             .count()
@@ -213,15 +243,15 @@ impl EmuLog for Emulator {
             .collect()
     }
 
-    fn hazards_for(&self, ptr: u64) -> Vec<Hazard> {
+    fn hazards_for(&self, alloc: AllocationId) -> Vec<Hazard> {
         self.hazards()
             .into_iter()
-            .filter(|h| h.ptr == ptr)
+            .filter(|h| h.alloc == Some(alloc))
             .collect()
     }
 
-    fn is_live(&self, ptr: u64) -> bool {
-        self.live_allocations().iter().any(|a| a.ptr == ptr)
+    fn is_live(&self, alloc: AllocationId) -> bool {
+        self.allocation_is_live(alloc)
     }
 }
 

@@ -164,13 +164,6 @@ pub fn build(
     out: &Path,
     free_threaded: Option<&Path>,
 ) -> Result<Vec<Wheel>> {
-    let python = build_tools(root)?;
-    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    for old in custody_wheels(out)? {
-        fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
-    }
-    maturin_build(root, profile, out, &python)
-        .context("building the abi3 wheel (cargo xtask wheel)")?;
     if let Some(interpreter) = free_threaded {
         ensure!(
             cmd::succeeds(
@@ -183,12 +176,23 @@ pub fn build(
             "{} is not a free-threaded CPython ({FREE_THREADED_ENV} / --free-threaded)",
             interpreter.display()
         );
-        maturin_build(root, profile, out, interpreter).with_context(|| {
-            format!(
-                "building the free-threaded wheel for {}",
-                interpreter.display()
-            )
-        })?;
+    }
+    let python = build_tools(root)?;
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    for old in custody_wheels(out)? {
+        fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
+    }
+    maturin_build(root, profile, out, &python, Abi::Stable)
+        .context("building the abi3 wheel (cargo xtask wheel)")?;
+    if let Some(interpreter) = free_threaded {
+        maturin_build(root, profile, out, interpreter, Abi::VersionSpecific).with_context(
+            || {
+                format!(
+                    "building the free-threaded wheel for {}",
+                    interpreter.display()
+                )
+            },
+        )?;
     }
     let paths = custody_wheels(out)?;
     let expected = 1 + usize::from(free_threaded.is_some());
@@ -198,16 +202,75 @@ pub fn build(
         paths.len(),
         out.display()
     );
-    paths.into_iter().map(|path| audit(root, path)).collect()
+    let wheels: Vec<Wheel> = paths
+        .into_iter()
+        .map(|path| audit(root, path))
+        .collect::<Result<_>>()?;
+    check_abis(&wheels, free_threaded.is_some())?;
+    Ok(wheels)
 }
 
-fn maturin_build(root: &Path, profile: Profile, out: &Path, interpreter: &Path) -> Result<()> {
+/// Which ABI a build targets.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Abi {
+    /// pybind's default `abi3` feature: one wheel for CPython 3.11+.
+    Stable,
+    /// `--no-default-features`: the interpreter's own ABI (a free-threaded one has no stable
+    /// ABI before 3.15).
+    VersionSpecific,
+}
+
+/// Fails unless there is exactly one `abi3` wheel and, with `free_threaded`, exactly one wheel
+/// whose ABI tag is a free-threaded one (`cp314t`).
+fn check_abis(wheels: &[Wheel], free_threaded: bool) -> Result<()> {
+    let abis = |wheel: &Wheel| -> Vec<String> {
+        wheel
+            .tags
+            .iter()
+            .filter_map(|tag| tag.split('-').nth(1).map(str::to_owned))
+            .collect()
+    };
+    let all = |wheel: &Wheel, ok: fn(&str) -> bool| {
+        let abis = abis(wheel);
+        !abis.is_empty() && abis.iter().all(|abi| ok(abi))
+    };
+    let stable = wheels
+        .iter()
+        .filter(|w| all(w, |abi| abi == "abi3"))
+        .count();
+    let threaded = wheels
+        .iter()
+        .filter(|w| all(w, |abi| abi.starts_with("cp") && abi.ends_with('t')))
+        .count();
+    let tags: Vec<&Vec<String>> = wheels.iter().map(|w| &w.tags).collect();
+    ensure!(
+        stable == 1,
+        "expected one abi3 wheel, found {stable}: {tags:?}"
+    );
+    ensure!(
+        threaded == usize::from(free_threaded),
+        "expected {} free-threaded (cp3XYt) wheel(s), found {threaded}: {tags:?}",
+        usize::from(free_threaded)
+    );
+    Ok(())
+}
+
+fn maturin_build(
+    root: &Path,
+    profile: Profile,
+    out: &Path,
+    interpreter: &Path,
+    abi: Abi,
+) -> Result<()> {
     let compatibility = format!("manylinux_{}_{}", GLIBC_FLOOR.0, GLIBC_FLOOR.1);
     let libgcc_s = system_libgcc_s()?;
     let mut command = in_venv(root, root.join(".venv/bin/maturin"));
     command.arg("build");
     if profile == Profile::Release {
         command.arg("--release");
+    }
+    if abi == Abi::VersionSpecific {
+        command.arg("--no-default-features");
     }
     command
         .args(["--zig", "--compatibility", &compatibility])
@@ -466,6 +529,30 @@ mod tests {
             Some("manylinux_2_28_x86_64")
         );
         assert_eq!(audited_platform_tag("nothing useful"), None);
+    }
+
+    #[test]
+    fn the_abi_check_wants_one_abi3_wheel_and_one_free_threaded_one_when_asked() {
+        let abi3 = || {
+            wheel(
+                &["cp311-abi3-manylinux_2_28_x86_64"],
+                "manylinux_2_28_x86_64",
+            )
+        };
+        let ft = wheel(
+            &["cp314-cp314t-manylinux_2_28_x86_64"],
+            "manylinux_2_28_x86_64",
+        );
+        let gil = wheel(
+            &["cp314-cp314-manylinux_2_28_x86_64"],
+            "manylinux_2_28_x86_64",
+        );
+        assert!(check_abis(&[abi3()], false).is_ok());
+        assert!(check_abis(&[abi3(), ft], true).is_ok());
+        // A free-threaded build that came out abi3, or for the GIL build, is refused.
+        assert!(check_abis(&[abi3()], true).is_err());
+        assert!(check_abis(&[abi3(), abi3()], true).is_err());
+        assert!(check_abis(&[abi3(), gil], true).is_err());
     }
 
     #[test]

@@ -77,6 +77,58 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) ->
     })
 }
 
+/// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED`.
+const HOST_ALLOC_FLAGS: c_uint = 0x7;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
+    entry("cuMemHostAlloc", None, None, |info| {
+        need(pp)?;
+        if flags & !HOST_ALLOC_FLAGS != 0 {
+            return Err(codes::INVALID_VALUE);
+        }
+        // Pinned host memory, mapped and portable whatever the flags (unified addressing: its
+        // device pointer is its host address), freed with cuMemFreeHost: cuMemAllocHost's.
+        let p = alloc_sync(AllocKind::Host, size, info)?;
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(pp, p as *mut c_void) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    pdptr: *mut CUdeviceptr,
+    p: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    entry(
+        "cuMemHostGetDevicePointer_v2",
+        None,
+        Some(p as u64),
+        |info| {
+            need(pdptr)?;
+            if flags != 0 {
+                return Err(codes::INVALID_VALUE); // documented: flags must be 0
+            }
+            let st = initialized()?;
+            st.current_ctx()?;
+            let start = st.find_live(p as u64).ok_or(codes::NOT_HOST_MAPPED)?;
+            let a = &st.allocs[&start];
+            if a.kind != AllocKind::Host {
+                return Err(codes::NOT_HOST_MAPPED);
+            }
+            info.alloc = Some(a.id);
+            // Unified addressing: the device pointer of pinned host memory is its host address.
+            // SAFETY: checked non-null (driver contract).
+            unsafe { put(pdptr, p as u64) }
+        },
+    )
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocManaged(
     dptr: *mut CUdeviceptr,
@@ -395,6 +447,8 @@ fn copy(
         }
         let d = st.resolve(dst, n64.max(1), dst_host, function, r)?;
         let sr = st.resolve(src, n64.max(1), src_host, function, r)?;
+        // The call log's pointer is the device side: the source of a device-to-host copy.
+        info.alloc = if dst_host && !src_host { sr.id } else { d.id };
         if n == 0 {
             return Ok(());
         }
@@ -513,6 +567,7 @@ fn memset(
             return Ok(());
         }
         let d = st.resolve(dst, len.max(1), false, function, r)?;
+        info.alloc = d.id;
         if n == 0 {
             return Ok(());
         }
@@ -600,9 +655,10 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     ptr: CUdeviceptr,
 ) -> CUresult {
     let attr = attribute as u32;
-    entry("cuPointerGetAttribute", None, Some(ptr), |_| {
+    entry("cuPointerGetAttribute", None, Some(ptr), |info| {
         need(data)?;
         let st = initialized()?;
+        info.alloc = st.find_live(ptr).and_then(|start| st.alloc_id(start));
         // SAFETY: the caller's storage for the attribute (driver contract).
         unsafe { pointer_attribute(&st, attr, ptr, data) }
     })

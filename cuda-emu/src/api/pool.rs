@@ -425,10 +425,11 @@ pub unsafe extern "C" fn cuMemPoolExportPointer(
     share_out: *mut CUmemPoolPtrExportData,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    entry("cuMemPoolExportPointer", None, Some(ptr), |_| {
+    entry("cuMemPoolExportPointer", None, Some(ptr), |info| {
         need(share_out)?;
         let st = initialized()?;
         let a = st.allocs.get(&ptr).ok_or(codes::BAD_POINTER)?;
+        info.alloc = Some(a.id);
         let offset = a.ipc_offset.ok_or(codes::INVALID_VALUE)?;
         let pool = a
             .pool

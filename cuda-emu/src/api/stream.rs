@@ -250,6 +250,194 @@ pub unsafe extern "C" fn cuLaunchHostFunc(s: CUstream, f: CUhostFn, data: *mut c
     })
 }
 
+/// `CU_STREAM_WAIT_VALUE_GEQ`, `_EQ`, `_AND`, `_NOR`; `_FLUSH` may be or-ed in.
+const WAIT_CONDITION: u32 = 0x3;
+const WAIT_FLUSH: u32 = 1 << 30;
+/// `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`.
+const WRITE_NO_MEMORY_BARRIER: u32 = 1;
+
+/// Whether `current` satisfies wait condition `condition` against `value`, in `bits`-bit
+/// arithmetic (GEQ is the driver's cyclic comparison: `(int)(*addr - value) >= 0`).
+fn wait_satisfied(current: u64, value: u64, condition: u32, bits: u32) -> bool {
+    let mask = if bits == 64 {
+        u64::MAX
+    } else {
+        (1 << bits) - 1
+    };
+    let (current, value) = (current & mask, value & mask);
+    match condition {
+        0 => {
+            let diff = current.wrapping_sub(value) & mask;
+            diff >> (bits - 1) == 0
+        }
+        1 => current == value,
+        2 => current & value != 0,
+        _ => !(current | value) & mask != 0,
+    }
+}
+
+/// Reads (or writes) the `bits`-bit value at `ptr` atomically.
+///
+/// # Safety
+/// `ptr` is valid for `bits / 8` bytes and aligned to them, for the whole call.
+unsafe fn load_value(ptr: *mut u8, bits: u32) -> u64 {
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+    if bits == 64 {
+        // SAFETY: per this function's contract.
+        unsafe { AtomicU64::from_ptr(ptr.cast()) }.load(SeqCst)
+    } else {
+        // SAFETY: per this function's contract.
+        u64::from(unsafe { AtomicU32::from_ptr(ptr.cast()) }.load(SeqCst))
+    }
+}
+
+/// See [`load_value`].
+///
+/// # Safety
+/// As [`load_value`].
+unsafe fn store_value(ptr: *mut u8, value: u64, bits: u32) {
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+    if bits == 64 {
+        // SAFETY: per this function's contract.
+        unsafe { AtomicU64::from_ptr(ptr.cast()) }.store(value, SeqCst);
+    } else {
+        // SAFETY: per this function's contract; the value is truncated to 32 bits by design.
+        unsafe { AtomicU32::from_ptr(ptr.cast()) }.store(value as u32, SeqCst);
+    }
+}
+
+/// A stream memory operation on `s`: a wait (`wait`) blocks the stream's later work until the
+/// condition holds on the `bits`-bit value at `addr`, polled on the stream's worker thread (so
+/// the host and other streams go on; the host releases it by writing the memory, another
+/// stream by a write operation); a write stores `value` when the stream reaches it.
+#[allow(clippy::too_many_arguments)]
+fn memory_operation(
+    function: &'static str,
+    s: u64,
+    addr: u64,
+    value: u64,
+    flags: u32,
+    bits: u32,
+    wait: bool,
+    info: &mut crate::log::CallInfo,
+) -> Res {
+    let valid_flags = if wait {
+        WAIT_CONDITION | WAIT_FLUSH
+    } else {
+        WRITE_NO_MEMORY_BARRIER
+    };
+    if flags & !valid_flags != 0 || !addr.is_multiple_of(u64::from(bits / 8)) {
+        return Err(codes::BAD_MEMOP);
+    }
+    let mut st = initialized()?;
+    let r = st.resolve_stream(s)?;
+    info.resolved_stream = Some(r);
+    if st.enqueue_check(r)? {
+        let id = st.streams[&r].capture.expect("capturing");
+        st.invalidate_capture(id);
+        return Err(codes::MEMOP_IN_CAPTURE);
+    }
+    let target = st
+        .resolve(addr, u64::from(bits / 8), false, function, r)
+        .map_err(|_| codes::BAD_MEMOP)?;
+    let managed = target
+        .alloc
+        .and_then(|start| st.allocs.get(&start))
+        .is_some_and(|a| a.kind == crate::memory::AllocKind::Managed);
+    if managed {
+        return Err(codes::BAD_MEMOP);
+    }
+    info.alloc = target.id;
+    let (deps, time) = st.prepare(r);
+    st.record_use(target.alloc, r, time);
+    let mem = target.mem;
+    let condition = flags & WAIT_CONDITION;
+    let run: Box<dyn FnOnce() + Send> = if wait {
+        Box::new(move || {
+            let mut polls = 0u32;
+            loop {
+                // SAFETY: `mem` keeps the allocation's bytes alive; the address was
+                // range-checked and is aligned to the value's size (checked above).
+                let current = unsafe { load_value(mem.ptr(), bits) };
+                if wait_satisfied(current, value, condition, bits) {
+                    break;
+                }
+                polls = polls.saturating_add(1);
+                if polls < 64 {
+                    std::hint::spin_loop();
+                } else if polls < 1024 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                }
+            }
+        })
+    } else {
+        // SAFETY: as for the wait.
+        Box::new(move || unsafe { store_value(mem.ptr(), value, bits) })
+    };
+    // A wait always runs on the stream's worker thread, which it may hold for as long as the
+    // memory says; a write may run at once when the stream is idle.
+    st.submit(r, deps, Some(run), wait);
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWaitValue32_v2(
+    s: CUstream,
+    addr: CUdeviceptr,
+    value: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    const F: &str = "cuStreamWaitValue32_v2";
+    let s = s as u64;
+    entry(F, Some(s), Some(addr), |info| {
+        memory_operation(F, s, addr, u64::from(value), flags, 32, true, info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWaitValue64_v2(
+    s: CUstream,
+    addr: CUdeviceptr,
+    value: cuuint64_t,
+    flags: c_uint,
+) -> CUresult {
+    const F: &str = "cuStreamWaitValue64_v2";
+    let s = s as u64;
+    entry(F, Some(s), Some(addr), |info| {
+        memory_operation(F, s, addr, value, flags, 64, true, info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWriteValue32_v2(
+    s: CUstream,
+    addr: CUdeviceptr,
+    value: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    const F: &str = "cuStreamWriteValue32_v2";
+    let s = s as u64;
+    entry(F, Some(s), Some(addr), |info| {
+        memory_operation(F, s, addr, u64::from(value), flags, 32, false, info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWriteValue64_v2(
+    s: CUstream,
+    addr: CUdeviceptr,
+    value: cuuint64_t,
+    flags: c_uint,
+) -> CUresult {
+    const F: &str = "cuStreamWriteValue64_v2";
+    let s = s as u64;
+    entry(F, Some(s), Some(addr), |info| {
+        memory_operation(F, s, addr, value, flags, 64, false, info)
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
     entry("cuEventCreate", None, None, |_| {
@@ -518,4 +706,34 @@ pub(crate) unsafe fn node_handles(deps: *const CUgraphNode, n: usize) -> Res<Vec
         .into_iter()
         .map(|h| h as u64)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wait_satisfied;
+
+    #[test]
+    fn wait_conditions_follow_the_driver_documentation() {
+        // GEQ is cyclic: (int32_t)(*addr - value) >= 0.
+        assert!(wait_satisfied(5, 5, 0, 32));
+        assert!(wait_satisfied(6, 5, 0, 32));
+        assert!(!wait_satisfied(4, 5, 0, 32));
+        assert!(
+            wait_satisfied(1, u64::from(u32::MAX), 0, 32),
+            "wraps around"
+        );
+        assert!(!wait_satisfied(u64::from(u32::MAX), 1, 0, 32));
+        assert!(wait_satisfied(1, u64::MAX, 0, 64));
+        // EQ, AND, NOR.
+        assert!(wait_satisfied(7, 7, 1, 32) && !wait_satisfied(7, 8, 1, 32));
+        assert!(wait_satisfied(0b0110, 0b0100, 2, 32) && !wait_satisfied(0b0010, 0b0100, 2, 32));
+        assert!(wait_satisfied(0, 0, 3, 32), "~(0 | 0) != 0");
+        assert!(!wait_satisfied(u64::from(u32::MAX), 0, 3, 32));
+        assert!(
+            wait_satisfied(u64::from(u32::MAX), 0, 3, 64),
+            "the high bits are clear"
+        );
+        // A 32-bit wait ignores the high bits of the value.
+        assert!(wait_satisfied(3, (1 << 32) | 3, 1, 32));
+    }
 }

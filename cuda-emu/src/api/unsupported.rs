@@ -306,9 +306,7 @@ not_supported! {
     cuMemGetAllocationPropertiesFromHandle
     cuMemGetHandleForAddressRange
     cuMemGetInfo
-    cuMemHostAlloc
     cuMemHostGetDevicePointer
-    cuMemHostGetDevicePointer_v2
     cuMemHostGetFlags
     cuMemHostRegister
     cuMemHostRegister_v2
@@ -438,13 +436,9 @@ not_supported! {
     cuStreamUpdateCaptureDependencies
     cuStreamUpdateCaptureDependencies_v2
     cuStreamWaitValue32
-    cuStreamWaitValue32_v2
     cuStreamWaitValue64
-    cuStreamWaitValue64_v2
     cuStreamWriteValue32
-    cuStreamWriteValue32_v2
     cuStreamWriteValue64
-    cuStreamWriteValue64_v2
     cuSurfObjectCreate
     cuSurfObjectDestroy
     cuSurfObjectGetResourceDesc

@@ -393,6 +393,48 @@ pub fn mem_free_host(p: *mut c_void) -> Ret {
     call!(cuMemFreeHost(p) => ())
 }
 
+/// `CU_MEMHOSTALLOC_PORTABLE`: pinned memory usable from every context.
+pub const MEMHOSTALLOC_PORTABLE: c_uint = 0x1;
+/// `CU_MEMHOSTALLOC_DEVICEMAP`: pinned memory mapped into the device's address space.
+pub const MEMHOSTALLOC_DEVICEMAP: c_uint = 0x2;
+
+/// `cuMemHostAlloc`.
+pub fn mem_host_alloc(bytes: usize, flags: c_uint) -> Ret<*mut c_void> {
+    let mut p = ptr::null_mut();
+    call!(cuMemHostAlloc(&mut p, bytes, flags) => p)
+}
+
+/// `cuMemHostGetDevicePointer_v2` with flags 0: the device pointer of mapped pinned memory.
+pub fn mem_host_get_device_pointer(p: *mut c_void) -> Ret<CUdeviceptr> {
+    let mut dptr = 0;
+    call!(cuMemHostGetDevicePointer_v2(&mut dptr, p, 0) => dptr)
+}
+
+/// `CU_STREAM_WAIT_VALUE_GEQ`: wait until `(int32_t)(*addr - value) >= 0`.
+pub const STREAM_WAIT_VALUE_GEQ: c_uint = 0;
+/// `CU_STREAM_WAIT_VALUE_EQ`: wait until `*addr == value`.
+pub const STREAM_WAIT_VALUE_EQ: c_uint = 1;
+
+/// `cuStreamWaitValue32_v2`.
+pub fn stream_wait_value32(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) -> Ret {
+    call!(cuStreamWaitValue32_v2(stream, addr, value, flags) => ())
+}
+
+/// `cuStreamWriteValue32_v2` with flags 0.
+pub fn stream_write_value32(stream: CUstream, addr: CUdeviceptr, value: u32) -> Ret {
+    call!(cuStreamWriteValue32_v2(stream, addr, value, 0) => ())
+}
+
+/// `cuStreamWaitValue64_v2`.
+pub fn stream_wait_value64(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> Ret {
+    call!(cuStreamWaitValue64_v2(stream, addr, value, flags) => ())
+}
+
+/// `cuStreamWriteValue64_v2` with flags 0.
+pub fn stream_write_value64(stream: CUstream, addr: CUdeviceptr, value: u64) -> Ret {
+    call!(cuStreamWriteValue64_v2(stream, addr, value, 0) => ())
+}
+
 /// `CU_MEM_ATTACH_GLOBAL`.
 pub const MEM_ATTACH_GLOBAL: c_uint = 1;
 

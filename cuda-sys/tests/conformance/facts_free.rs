@@ -3,15 +3,23 @@
 //! F11 (`cuMemFreeAsync` on a destroyed stream) kills the process on a real driver and has no
 //! case here. Each case allocates from a pool of its own, so that `USED_MEM_CURRENT` tells
 //! exactly whether its free happened.
+//!
+//! The `*_not_yet_measured_*` cases extend F5 and F8 to `cuMemFreeHost` and to managed memory's
+//! `cuMemFree`, which custody makes with no context calls (docs/decisions.md D2); no GPU run has
+//! shown them yet, and the GPU bundle settles them.
 
-use cuda_sys::types::{CUstream, CU_STREAM_LEGACY, CU_STREAM_NULL, CU_STREAM_PER_THREAD};
+use cuda_sys::types::{c_void, CUstream, CU_STREAM_LEGACY, CU_STREAM_NULL, CU_STREAM_PER_THREAD};
+
+/// `CU_MEM_ATTACH_GLOBAL`.
+const MEM_ATTACH_GLOBAL: u32 = 1;
 use cuda_sys::CudaErrorCode;
 
 use crate::driver::{
     ctx_create, ctx_destroy, ctx_get_current, ctx_synchronize, init, mem_alloc,
-    mem_alloc_from_pool_async, mem_free, mem_free_async, mem_pool_destroy, memcpy_dtoh, memset_d8,
-    memset_d8_async, pointer_context, stream_create, stream_destroy, stream_get_ctx,
-    stream_synchronize, STREAM_NON_BLOCKING,
+    mem_alloc_from_pool_async, mem_alloc_host, mem_alloc_managed, mem_free, mem_free_async,
+    mem_free_host, mem_pool_destroy, memcpy_dtoh, memset_d8, memset_d8_async, pointer_context,
+    pointer_memory_type, stream_create, stream_destroy, stream_get_ctx, stream_synchronize,
+    STREAM_NON_BLOCKING,
 };
 use crate::support::{
     device0, new_pool, on_fresh_thread, primary_current, used, Primary, Shared, N,
@@ -188,6 +196,73 @@ fn f08_mem_free_with_other_context_current() {
         mem_free(p).check();
         ctx_destroy(other).check();
     });
+}
+
+/// Which synchronous free a [`synchronous_free_without_its_context`] case makes.
+#[derive(Clone, Copy, Debug)]
+enum SyncFree {
+    /// `cuMemAllocHost` memory, freed with `cuMemFreeHost`.
+    PinnedHost,
+    /// `cuMemAllocManaged` memory, freed with `cuMemFree_v2`.
+    Managed,
+}
+
+/// F5/F8 for the other synchronous frees custody makes without a context (docs/decisions.md
+/// D2): the owner allocates with device 0's primary context current; the memory is then freed
+/// on a fresh thread with no context current (`other: false`), or on the owner's thread with a
+/// newly created context current (`other: true`). The free succeeds, binds nothing, and the
+/// driver no longer knows the address.
+fn synchronous_free_without_its_context(kind: SyncFree, other: bool) {
+    on_fresh_thread("owner", move || {
+        init();
+        let primary = primary_current();
+        let p = match kind {
+            SyncFree::PinnedHost => mem_alloc_host(N).check() as u64,
+            SyncFree::Managed => mem_alloc_managed(N, MEM_ATTACH_GLOBAL).check(),
+        };
+        let free = move || match kind {
+            SyncFree::PinnedHost => mem_free_host(p as *mut c_void).check(),
+            SyncFree::Managed => mem_free(p).check(),
+        };
+        if other {
+            let other = ctx_create(device0()).check(); // now current
+            assert_ne!(other, primary.ctx());
+            free();
+            assert_eq!(ctx_get_current().check(), other, "the binding is unchanged");
+            ctx_destroy(other).check();
+        } else {
+            on_fresh_thread("no-context", move || {
+                init();
+                assert!(ctx_get_current().check().is_null());
+                free();
+                assert!(
+                    ctx_get_current().check().is_null(),
+                    "the free bound no context to the thread"
+                );
+            });
+        }
+        pointer_memory_type(p).fails_with(CudaErrorCode::INVALID_VALUE);
+    });
+}
+
+#[test]
+fn f05_not_yet_measured_mem_free_host_without_context() {
+    synchronous_free_without_its_context(SyncFree::PinnedHost, false);
+}
+
+#[test]
+fn f05_not_yet_measured_mem_free_of_managed_memory_without_context() {
+    synchronous_free_without_its_context(SyncFree::Managed, false);
+}
+
+#[test]
+fn f08_not_yet_measured_mem_free_host_with_other_context_current() {
+    synchronous_free_without_its_context(SyncFree::PinnedHost, true);
+}
+
+#[test]
+fn f08_not_yet_measured_mem_free_of_managed_memory_with_other_context_current() {
+    synchronous_free_without_its_context(SyncFree::Managed, true);
 }
 
 #[test]

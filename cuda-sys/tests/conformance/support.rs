@@ -268,3 +268,174 @@ pub fn position(labels: &[&'static str], label: &str) -> usize {
         .position(|l| *l == label)
         .unwrap_or_else(|| panic!("no mark {label:?} in {labels:?}"))
 }
+
+/// Eight bytes of pinned, device-mapped host memory (`cuMemHostAlloc` with
+/// `CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE`, zeroed), for stream memory
+/// operations: the host reads and writes it through its host address, streams through
+/// [`HostWord::dev`]. Freed by [`HostWord::free`] once no stream uses it (never by a drop, so
+/// that a failing case cannot free memory a blocked stream still polls).
+pub struct HostWord {
+    host: *mut std::ffi::c_void,
+    dev: cuda_sys::types::CUdeviceptr,
+}
+
+// SAFETY: pinned host memory is valid on every thread until `cuMemFreeHost`, which only
+// `HostWord::free(self)` calls; all accesses through the struct are atomic.
+unsafe impl Send for HostWord {}
+// SAFETY: as above.
+unsafe impl Sync for HostWord {}
+
+impl HostWord {
+    /// Allocates and zeroes the word; needs a current context.
+    #[track_caller]
+    pub fn new() -> HostWord {
+        use crate::driver::{
+            mem_host_alloc, mem_host_get_device_pointer, MEMHOSTALLOC_DEVICEMAP,
+            MEMHOSTALLOC_PORTABLE,
+        };
+        let host = mem_host_alloc(64, MEMHOSTALLOC_DEVICEMAP | MEMHOSTALLOC_PORTABLE).check();
+        assert!(!host.is_null(), "cuMemHostAlloc returned NULL");
+        let dev = mem_host_get_device_pointer(host).check();
+        assert_ne!(dev, 0, "cuMemHostGetDevicePointer returned 0");
+        let word = HostWord { host, dev };
+        word.write64(0);
+        word
+    }
+
+    /// The device pointer streams use.
+    pub fn dev(&self) -> cuda_sys::types::CUdeviceptr {
+        self.dev
+    }
+
+    fn atomic32(&self) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: the allocation is 64 bytes, page-aligned, and lives until `free(self)`.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host.cast()) }
+    }
+
+    fn atomic64(&self) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: as for `atomic32`.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.host.cast()) }
+    }
+
+    /// The low 32 bits, as the host sees them now.
+    pub fn read(&self) -> u32 {
+        self.atomic32().load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// All 64 bits, as the host sees them now.
+    pub fn read64(&self) -> u64 {
+        self.atomic64().load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Stores all 64 bits from the host.
+    pub fn write64(&self, value: u64) {
+        self.atomic64()
+            .store(value, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// `cuMemFreeHost`, once no stream uses the word any more.
+    #[track_caller]
+    pub fn free(self) {
+        crate::driver::mem_free_host(self.host).check();
+    }
+}
+
+/// A flag that releases what waits on it: the case sets it with [`Flag::release`], and so do
+/// a drop (also when the case fails, so that no stream stays blocked) and a watchdog thread
+/// after [`LIVENESS_BOUND`] (so that a driver that never gets there cannot hang the case, which
+/// then fails on [`Flag::watchdog_fired`]). Not a timing assertion: the watchdog only turns a
+/// hang into a failure.
+pub struct Flag {
+    word: Arc<HostWord>,
+    /// What releasing writes (all 64 bits).
+    released_value: u64,
+    state: Arc<(Mutex<bool>, Condvar)>,
+    fired: Arc<std::sync::atomic::AtomicBool>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Flag {
+    /// A new flag at 0 that releasing sets to 1, its watchdog started.
+    #[track_caller]
+    pub fn new() -> Flag {
+        Flag::releasing_to(1)
+    }
+
+    /// A new flag at 0 that releasing sets to `released_value` (64 bits), its watchdog started.
+    #[track_caller]
+    pub fn releasing_to(released_value: u64) -> Flag {
+        let word = Arc::new(HostWord::new());
+        let state = Arc::new((Mutex::new(false), Condvar::new()));
+        let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watchdog = {
+            let (word, state, fired) = (Arc::clone(&word), Arc::clone(&state), Arc::clone(&fired));
+            std::thread::spawn(move || {
+                let (released, changed) = &*state;
+                let guard = lock(released);
+                let (guard, timeout) = changed
+                    .wait_timeout_while(guard, LIVENESS_BOUND, |released| !*released)
+                    .unwrap_or_else(PoisonError::into_inner);
+                drop(guard);
+                if timeout.timed_out() {
+                    fired.store(true, std::sync::atomic::Ordering::SeqCst);
+                    word.write64(released_value);
+                }
+            })
+        };
+        Flag {
+            word,
+            released_value,
+            state,
+            fired,
+            watchdog: Some(watchdog),
+        }
+    }
+
+    /// The device pointer a `cuStreamWaitValue32(.., 1, GEQ)` waits on.
+    pub fn dev(&self) -> cuda_sys::types::CUdeviceptr {
+        self.word.dev()
+    }
+
+    /// Stores `value` (64 bits) from the host without releasing the flag.
+    pub fn write64(&self, value: u64) {
+        self.word.write64(value);
+    }
+
+    /// Writes the released value from the host, which satisfies the waits, and stops the
+    /// watchdog.
+    pub fn release(&self) {
+        self.word.write64(self.released_value);
+        let (released, changed) = &*self.state;
+        *lock(released) = true;
+        changed.notify_all();
+    }
+
+    /// Whether the watchdog had to release the flag (the case waited [`LIVENESS_BOUND`]).
+    pub fn watchdog_fired(&self) -> bool {
+        self.fired.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Releases the flag, joins the watchdog and frees the word; every stream waiting on it
+    /// must have finished (synchronise them first).
+    #[track_caller]
+    pub fn free(mut self) {
+        self.release();
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.join().expect("the watchdog thread");
+        }
+        let word = Arc::clone(&self.word);
+        drop(self);
+        Arc::try_unwrap(word)
+            .unwrap_or_else(|_| panic!("the flag's word is still shared"))
+            .free();
+    }
+}
+
+impl Drop for Flag {
+    fn drop(&mut self) {
+        self.release();
+        if let Some(watchdog) = self.watchdog.take() {
+            let _ = watchdog.join();
+        }
+    }
+}

@@ -12,7 +12,7 @@
 
 #![allow(dead_code, unused_imports)]
 
-pub use test_support::emu::{Call, Emulator, Hazard};
+pub use test_support::emu::{AllocationId, Call, Emulator, Hazard};
 pub use test_support::*;
 
 use handles::sys_types::CUmemPool_attribute;

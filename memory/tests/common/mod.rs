@@ -14,7 +14,7 @@
 
 use std::sync::{Arc, Mutex};
 
-pub use test_support::emu::{Call, Emulator, Hazard};
+pub use test_support::emu::{AllocationId, Call, Emulator, Hazard};
 pub use test_support::*;
 
 use handles::sys_types::{CUdeviceptr, MemPoolAttribute};

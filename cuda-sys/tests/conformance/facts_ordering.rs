@@ -1,0 +1,276 @@
+//! docs/driver-facts.md F14 and F15: what work of thread B waits for work pending on thread A's
+//! per-thread default stream, observed as the facts were measured, with stream memory
+//! operations: A's per-thread stream is held by `cuStreamWaitValue32` on a flag in pinned,
+//! device-mapped host memory; B issues `cuStreamWriteValue32` of a marker on the stream under
+//! test; the host looks at the marker before it releases the flag.
+//!
+//! - F14 (`f14_*`): on `CU_STREAM_LEGACY` or the NULL stream, B's write waits: `cuStreamQuery`
+//!   says `CUDA_ERROR_NOT_READY` and the marker is unwritten while A is held; once the flag is
+//!   released, `cuStreamSynchronize` returns and the marker is there.
+//! - F15 (`f15_*`): on B's own `CU_STREAM_PER_THREAD`, a created blocking stream or a created
+//!   non-blocking stream, B's write does not wait: `cuStreamSynchronize` of that stream returns
+//!   and the marker is written while A is still held.
+//!
+//! Nothing here depends on timing: each observation is made while the flag is provably unset
+//! (only the case sets it), and the flag is released at the end whatever happens (the `Flag`'s
+//! drop, and a watchdog that fails the case instead of letting a wrong driver hang it).
+//!
+//! Also here (`basic_stream_*_value*`): the stream memory operations themselves, as documented:
+//! a wait holds its stream's later work until the memory satisfies it; a write stores its value
+//! when its stream reaches it.
+
+use std::sync::mpsc;
+
+use cuda_sys::types::{
+    CUcontext, CUstream, CU_STREAM_LEGACY, CU_STREAM_NULL, CU_STREAM_PER_THREAD,
+};
+use cuda_sys::CudaErrorCode;
+
+use crate::driver::{
+    ctx_set_current, init, stream_create, stream_destroy, stream_query, stream_synchronize,
+    stream_wait_value32, stream_wait_value64, stream_write_value32, stream_write_value64,
+    STREAM_NON_BLOCKING, STREAM_WAIT_VALUE_EQ, STREAM_WAIT_VALUE_GEQ,
+};
+use crate::support::{on_fresh_thread, primary_current, Flag, HostWord, Shared};
+
+/// What B writes.
+const MARKER: u32 = 0xC0FF_EE01;
+
+/// Thread A: its per-thread default stream, in context `ctx`, held by a wait on a [`Flag`] this
+/// value owns. Started by [`HeldPerThreadStream::start`], which returns once the wait is issued
+/// and A has seen its stream pending; [`HeldPerThreadStream::finish`] (or a drop, when a case
+/// fails) releases the flag, lets A synchronise its stream and joins it.
+struct HeldPerThreadStream {
+    flag: Option<Flag>,
+    done: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HeldPerThreadStream {
+    #[track_caller]
+    fn start(ctx: CUcontext) -> HeldPerThreadStream {
+        let flag = Flag::new();
+        let (ctx, dev) = (Shared(ctx), Shared(flag.dev()));
+        let (held_tx, held_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("A".to_owned())
+            .spawn(move || {
+                init();
+                ctx_set_current(ctx.get()).check();
+                let issued =
+                    stream_wait_value32(CU_STREAM_PER_THREAD, dev.get(), 1, STREAM_WAIT_VALUE_GEQ);
+                let pending = stream_query(CU_STREAM_PER_THREAD).code;
+                let _ = held_tx.send((issued.code, pending));
+                // Until the case is done (or gone: a failed case drops the sender).
+                let _ = done_rx.recv();
+                stream_synchronize(CU_STREAM_PER_THREAD).check();
+            })
+            .expect("spawning thread A");
+        let held = HeldPerThreadStream {
+            flag: Some(flag),
+            done: Some(done_tx),
+            thread: Some(thread),
+        };
+        let (issued, pending) = held_rx.recv().expect("thread A reports its wait");
+        assert_eq!(issued, CudaErrorCode::SUCCESS, "A's cuStreamWaitValue32_v2");
+        assert_eq!(
+            pending,
+            CudaErrorCode::NOT_READY,
+            "A's per-thread stream is held by its wait while the flag is unset"
+        );
+        held
+    }
+
+    /// Releases A's stream: the host writes the flag.
+    fn release(&self) {
+        if let Some(flag) = &self.flag {
+            flag.release();
+        }
+    }
+
+    /// Whether the flag's watchdog had to release A (see [`Flag`]).
+    fn watchdog_fired(&self) -> bool {
+        self.flag.as_ref().is_some_and(Flag::watchdog_fired)
+    }
+
+    /// Releases the flag, lets A synchronise its per-thread stream, joins it and frees the flag.
+    #[track_caller]
+    fn finish(mut self) {
+        self.join();
+        if let Some(flag) = self.flag.take() {
+            flag.free();
+        }
+    }
+
+    fn join(&mut self) {
+        self.release();
+        self.done.take();
+        if let Some(thread) = self.thread.take() {
+            if let Err(panic) = thread.join() {
+                if !std::thread::panicking() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for HeldPerThreadStream {
+    fn drop(&mut self) {
+        self.join();
+    }
+}
+
+/// F14 with B's write on `x` (the legacy stream, by token `CU_STREAM_LEGACY` or NULL).
+fn legacy_waits_for_another_threads_per_thread_stream(x: CUstream) {
+    let x = Shared(x);
+    on_fresh_thread("f14", move || {
+        init();
+        let primary = primary_current();
+        let marker = HostWord::new();
+        let held = HeldPerThreadStream::start(primary.ctx());
+
+        let (ctx, m) = (Shared(primary.ctx()), Shared(marker.dev()));
+        on_fresh_thread("B", move || {
+            init();
+            ctx_set_current(ctx.get()).check();
+            stream_write_value32(x.get(), m.get(), MARKER).check();
+            stream_query(x.get()).fails_with(CudaErrorCode::NOT_READY);
+        });
+        assert_eq!(
+            marker.read(),
+            0,
+            "B's write on the legacy stream waited for A's per-thread stream"
+        );
+        assert!(!held.watchdog_fired());
+
+        held.release();
+        stream_synchronize(x.get()).check(); // the context's legacy stream, B's write included
+        assert_eq!(marker.read(), MARKER, "written once A's stream went on");
+        held.finish();
+        marker.free();
+    });
+}
+
+#[test]
+fn f14_legacy_token_waits_for_another_threads_per_thread_stream() {
+    legacy_waits_for_another_threads_per_thread_stream(CU_STREAM_LEGACY);
+}
+
+#[test]
+fn f14_null_stream_waits_for_another_threads_per_thread_stream() {
+    legacy_waits_for_another_threads_per_thread_stream(CU_STREAM_NULL);
+}
+
+/// The stream B writes on in an F15 case.
+#[derive(Clone, Copy, Debug)]
+enum Other {
+    /// B's own `CU_STREAM_PER_THREAD`.
+    OwnPerThread,
+    /// A stream B creates with `flags`.
+    Created(u32),
+}
+
+/// F15 with B's write on `other`.
+fn does_not_wait_for_another_threads_per_thread_stream(other: Other) {
+    on_fresh_thread("f15", move || {
+        init();
+        let primary = primary_current();
+        let marker = HostWord::new();
+        let held = HeldPerThreadStream::start(primary.ctx());
+
+        let (ctx, m) = (Shared(primary.ctx()), Shared(marker.dev()));
+        on_fresh_thread("B", move || {
+            init();
+            ctx_set_current(ctx.get()).check();
+            let x = match other {
+                Other::OwnPerThread => CU_STREAM_PER_THREAD,
+                Other::Created(flags) => stream_create(flags).check(),
+            };
+            stream_write_value32(x, m.get(), MARKER).check();
+            // Returns at once under F15; a driver that orders it after A's stream returns only
+            // when the watchdog releases A, and the case fails below.
+            stream_synchronize(x).check();
+            if let Other::Created(_) = other {
+                stream_destroy(x).check();
+            }
+        });
+        assert!(
+            !held.watchdog_fired(),
+            "{other:?}: B's stream waited for A's per-thread stream (the watchdog released it)"
+        );
+        assert_eq!(
+            marker.read(),
+            MARKER,
+            "{other:?}: B's write ran while A's per-thread stream was held"
+        );
+
+        held.finish();
+        marker.free();
+    });
+}
+
+#[test]
+fn f15_own_per_thread_stream_does_not_wait_for_another_threads_per_thread_stream() {
+    does_not_wait_for_another_threads_per_thread_stream(Other::OwnPerThread);
+}
+
+#[test]
+fn f15_created_blocking_stream_does_not_wait_for_another_threads_per_thread_stream() {
+    does_not_wait_for_another_threads_per_thread_stream(Other::Created(0));
+}
+
+#[test]
+fn f15_created_non_blocking_stream_does_not_wait_for_another_threads_per_thread_stream() {
+    does_not_wait_for_another_threads_per_thread_stream(Other::Created(STREAM_NON_BLOCKING));
+}
+
+/// Documented: a wait holds the stream's later work until the host writes the memory; a write
+/// on the same stream after it then stores its value.
+#[test]
+fn basic_stream_wait_value32_holds_later_work_until_the_host_writes() {
+    on_fresh_thread("wait-value32", || {
+        init();
+        let _primary = primary_current();
+        let (flag, marker) = (Flag::new(), HostWord::new());
+        let s = stream_create(STREAM_NON_BLOCKING).check();
+        stream_wait_value32(s, flag.dev(), 1, STREAM_WAIT_VALUE_GEQ).check();
+        stream_write_value32(s, marker.dev(), MARKER).check();
+        stream_query(s).fails_with(CudaErrorCode::NOT_READY);
+        assert_eq!(marker.read(), 0, "the write waits behind the wait");
+        flag.release();
+        stream_synchronize(s).check();
+        assert!(!flag.watchdog_fired());
+        assert_eq!(marker.read(), MARKER);
+        stream_query(s).check();
+        stream_destroy(s).check();
+        flag.free();
+        marker.free();
+    });
+}
+
+/// Documented: the 64-bit operations, an equality wait satisfied by a value the host writes in
+/// two steps (the first does not satisfy it).
+#[test]
+fn basic_stream_wait_value64_eq_waits_for_the_exact_value() {
+    on_fresh_thread("wait-value64", || {
+        init();
+        let _primary = primary_current();
+        let want: u64 = 0x1234_5678_9abc_def0;
+        let (flag, marker) = (Flag::releasing_to(want), HostWord::new());
+        let s = stream_create(STREAM_NON_BLOCKING).check();
+        stream_wait_value64(s, flag.dev(), want, STREAM_WAIT_VALUE_EQ).check();
+        stream_write_value64(s, marker.dev(), u64::MAX - 1).check();
+        flag.write64(want - 1);
+        stream_query(s).fails_with(CudaErrorCode::NOT_READY);
+        assert_eq!(marker.read64(), 0, "not equal yet: still waiting");
+        flag.release();
+        stream_synchronize(s).check();
+        assert!(!flag.watchdog_fired());
+        assert_eq!(marker.read64(), u64::MAX - 1);
+        stream_destroy(s).check();
+        flag.free();
+        marker.free();
+    });
+}

@@ -1,0 +1,488 @@
+//! The one context primitive: [`run_in`] runs driver work with a context current and puts the
+//! calling thread's binding back (docs/decisions.md D2), and [`ContextScope`], the public guard
+//! built on the same two steps. Every driver call of this crate that needs a particular
+//! context goes through here; the error paths are cold.
+
+use std::cell::Cell;
+use std::fmt;
+use std::marker::PhantomData;
+
+use cuda_sys::types::CUcontext;
+use cuda_sys::{CudaError, CudaErrorCode, Driver};
+
+use crate::context::ContextHandle;
+use crate::report::{report, CleanupStep, Consequence, Subject};
+use crate::sys::{as_ctx, current_context_raw, driver, set_current_raw};
+use crate::HandleError;
+
+thread_local! {
+    /// Whether restoring a binding failed on this thread since the cleanup worker last looked,
+    /// leaving some context current (set on any thread, read only by the worker).
+    static RESTORE_FAILED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Takes (and clears) this thread's "a restore failed" mark: the cleanup worker then unbinds
+/// whatever the failed restore left current, so that it never carries a context into its next
+/// item.
+pub(crate) fn take_restore_failed() -> bool {
+    RESTORE_FAILED.with(|flag| flag.replace(false))
+}
+
+/// Marks this thread's restore as failed again (the worker's unbind failed too).
+pub(crate) fn note_restore_failed() {
+    RESTORE_FAILED.with(|flag| flag.set(true));
+}
+
+/// A step of a context switch that failed, as the raw status of the call that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SwitchFailure {
+    /// `cuCtxGetCurrent` or `cuCtxSetCurrent`.
+    pub(crate) call: &'static str,
+    pub(crate) status: u32,
+}
+
+impl SwitchFailure {
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn error(self) -> CudaError {
+        CudaError::new(self.call, CudaErrorCode(self.status))
+    }
+}
+
+/// The binding to put back: the context current before, and whether it was replaced.
+#[derive(Debug, Clone, Copy)]
+struct Switch {
+    previous: usize,
+    switched: bool,
+}
+
+/// Makes `target` current unless it already is. The only place that does.
+#[inline]
+fn activate(d: &Driver, target: usize) -> Result<Switch, SwitchFailure> {
+    let previous = current_context_raw(d).map_err(|status| SwitchFailure {
+        call: "cuCtxGetCurrent",
+        status,
+    })?;
+    activate_from(d, previous, target)
+}
+
+/// [`activate`] when the caller has just read the current context (`previous`).
+#[inline]
+fn activate_from(d: &Driver, previous: usize, target: usize) -> Result<Switch, SwitchFailure> {
+    if previous == target {
+        return Ok(Switch {
+            previous,
+            switched: false,
+        });
+    }
+    let status = set_current_raw(d, target);
+    if status != 0 {
+        return Err(SwitchFailure {
+            call: "cuCtxSetCurrent",
+            status,
+        });
+    }
+    Ok(Switch {
+        previous,
+        switched: true,
+    })
+}
+
+/// Puts the binding `switch` replaced back (`cuCtxSetCurrent(previous)`, NULL meaning none);
+/// the status, 0 when nothing needed restoring. The only place that restores.
+#[inline]
+fn restore(d: &Driver, switch: Switch) -> u32 {
+    if !switch.switched {
+        return 0;
+    }
+    let status = set_current_raw(d, switch.previous);
+    if status != 0 {
+        note_restore_failed();
+    }
+    status
+}
+
+/// [`run_in`] when the caller has just read the current context (`previous`, 0 for none), as an
+/// allocation does to bind its recipe: the read is not repeated.
+///
+/// Driver calls: `cuCtxSetCurrent` twice when `target` is not `previous`.
+#[inline]
+pub(crate) fn run_in_from<R>(
+    d: &'static Driver,
+    previous: usize,
+    target: usize,
+    f: impl FnOnce() -> R,
+) -> Ran<R> {
+    run_switched(d, activate_from(d, previous, target), f)
+}
+
+/// Runs `f` between a switch (unless it failed) and its restore.
+#[inline]
+fn run_switched<R>(
+    d: &'static Driver,
+    switch: Result<Switch, SwitchFailure>,
+    f: impl FnOnce() -> R,
+) -> Ran<R> {
+    match switch {
+        Err(failure) => Ran::NotActivated(failure),
+        Ok(switch) => {
+            let value = f();
+            let restore = restore(d, switch);
+            Ran::Done {
+                value,
+                restore,
+                previous: switch.previous,
+            }
+        }
+    }
+}
+
+/// What [`run_in`] came to, in raw statuses: nothing is built unless something failed.
+#[must_use]
+pub(crate) enum Ran<R> {
+    /// The context could not be made current: the work did not run.
+    NotActivated(SwitchFailure),
+    /// The work ran and gave `value`; `restore` is the status of putting the previous binding
+    /// (`previous`) back, 0 when that worked or was not needed.
+    Done {
+        value: R,
+        restore: u32,
+        previous: usize,
+    },
+}
+
+/// Runs `f` with the context whose raw value is `target` current on the calling thread: reads
+/// the current context, makes `target` current only if it differs, runs `f`, restores the
+/// previous binding (docs/decisions.md D2). The switch is skipped entirely when `target` is
+/// current already. Reports nothing: the caller decides (see [`Ran`]'s methods).
+///
+/// Driver calls: `cuCtxGetCurrent`; `cuCtxSetCurrent` twice when `target` was not current.
+#[inline]
+pub(crate) fn run_in<R>(d: &'static Driver, target: usize, f: impl FnOnce() -> R) -> Ran<R> {
+    run_switched(d, activate(d, target), f)
+}
+
+impl<R> Ran<R> {
+    /// The same outcome with the work's value mapped.
+    #[inline]
+    pub(crate) fn map<T>(self, f: impl FnOnce(R) -> T) -> Ran<T> {
+        match self {
+            Ran::NotActivated(failure) => Ran::NotActivated(failure),
+            Ran::Done {
+                value,
+                restore,
+                previous,
+            } => Ran::Done {
+                value: f(value),
+                restore,
+                previous,
+            },
+        }
+    }
+}
+
+impl<R> Ran<Result<R, HandleError>> {
+    /// For explicit operations, which return what happened: activation failing is
+    /// [`HandleError::ContextNotActivated`]; the operation's own error comes next (a restore
+    /// failing after it is reported, since only one error can be returned); a restore failing
+    /// after success is [`HandleError::ContextNotRestored`], and `undo` (if given) runs first,
+    /// still in the target context, to give back what the operation made.
+    #[inline]
+    pub(crate) fn into_result(
+        self,
+        operation: &'static str,
+        target: usize,
+        undo: impl FnOnce(R),
+    ) -> Result<R, HandleError> {
+        self.into_result_for(
+            operation,
+            target,
+            || Subject::context(operation, target),
+            undo,
+        )
+    }
+
+    /// [`Ran::into_result`], with a restore failure after a failed operation reported as
+    /// `subject`'s.
+    #[inline]
+    pub(crate) fn into_result_for(
+        self,
+        operation: &'static str,
+        target: usize,
+        subject: impl FnOnce() -> Subject,
+        undo: impl FnOnce(R),
+    ) -> Result<R, HandleError> {
+        match self {
+            Ran::Done {
+                value: Ok(value),
+                restore: 0,
+                ..
+            } => Ok(value),
+            other => other.failed(operation, target, subject, undo),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn failed(
+        self,
+        operation: &'static str,
+        target: usize,
+        subject: impl FnOnce() -> Subject,
+        undo: impl FnOnce(R),
+    ) -> Result<R, HandleError> {
+        match self {
+            Ran::NotActivated(failure) => Err(HandleError::ContextNotActivated {
+                operation,
+                context: target as u64,
+                error: failure.error(),
+            }),
+            Ran::Done {
+                value: Err(error),
+                restore,
+                ..
+            } => {
+                if restore != 0 {
+                    report_restore(subject(), Consequence::ContextNotRestored, restore);
+                }
+                Err(error)
+            }
+            Ran::Done {
+                value: Ok(value),
+                restore,
+                previous,
+            } => {
+                undo(value);
+                Err(HandleError::ContextNotRestored {
+                    operation,
+                    previous: previous as u64,
+                    context: target as u64,
+                    error: CudaError::new("cuCtxSetCurrent", CudaErrorCode(restore)),
+                })
+            }
+        }
+    }
+}
+
+impl Ran<Result<(), HandleError>> {
+    /// For drops, which cannot return: reports what failed, attributed to `subject`, through
+    /// the one report path; a restore failure is reported after the operation's own.
+    #[inline]
+    pub(crate) fn report(self, subject: impl FnOnce() -> Subject) {
+        if !matches!(
+            self,
+            Ran::Done {
+                value: Ok(()),
+                restore: 0,
+                ..
+            }
+        ) {
+            self.report_failed(subject());
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn report_failed(self, subject: Subject) {
+        match self {
+            Ran::NotActivated(failure) => report(
+                subject,
+                CleanupStep::ActivateContext,
+                Consequence::Leaked,
+                HandleError::Driver(failure.error()),
+            ),
+            Ran::Done { value, restore, .. } => {
+                let released = value.is_ok();
+                if let Err(error) = value {
+                    report(
+                        subject.clone(),
+                        CleanupStep::Operation,
+                        Consequence::Leaked,
+                        error,
+                    );
+                }
+                if restore != 0 {
+                    let consequence = if released {
+                        Consequence::Released
+                    } else {
+                        Consequence::Leaked
+                    };
+                    report_restore(subject, consequence, restore);
+                }
+            }
+        }
+    }
+}
+
+/// Reports that putting the previous binding back failed after work on `subject` (whose outcome
+/// is `consequence`): the thread keeps the target context current.
+#[cold]
+#[inline(never)]
+pub(crate) fn report_restore(subject: Subject, consequence: Consequence, status: u32) {
+    report(
+        subject,
+        CleanupStep::RestoreContext,
+        consequence,
+        HandleError::Driver(CudaError::new("cuCtxSetCurrent", CudaErrorCode(status))),
+    );
+}
+
+/// Runs fallible driver work `f` in `context` for an explicit operation (see
+/// [`Ran::into_result`]).
+#[inline]
+pub(crate) fn in_context<R>(
+    context: &ContextHandle,
+    operation: &'static str,
+    f: impl FnOnce(&'static Driver) -> Result<R, HandleError>,
+) -> Result<R, HandleError> {
+    let d = driver()?;
+    let target = context.raw_usize();
+    run_in(d, target, || f(d)).into_result(operation, target, drop)
+}
+
+/// [`in_context`] for work that makes something (a stream, an event): when the restore fails,
+/// `undo` gives it back in `context`, which is still current, before the error returns.
+#[inline]
+pub(crate) fn in_context_or_undo<R>(
+    context: &ContextHandle,
+    operation: &'static str,
+    f: impl FnOnce(&'static Driver) -> Result<R, HandleError>,
+    undo: impl FnOnce(&'static Driver, R),
+) -> Result<R, HandleError> {
+    let d = driver()?;
+    let target = context.raw_usize();
+    run_in(d, target, || f(d)).into_result(operation, target, |value| undo(d, value))
+}
+
+/// Runs a release `f` in the context whose raw value is `context`, reporting any failure,
+/// attributed to `subject` (drop paths). Nothing runs once the process is exiting.
+pub(crate) fn release_in(
+    context: usize,
+    subject: impl FnOnce() -> Subject,
+    f: impl FnOnce(&'static Driver) -> Result<(), HandleError>,
+) {
+    if crate::deferred::exiting() {
+        return;
+    }
+    let Ok(d) = driver() else { return };
+    run_in(d, context, || f(d)).report(subject);
+}
+
+/// Makes a context current for a while and puts the caller's binding back (docs/decisions.md
+/// D2), for code outside this crate; this crate uses the same two steps through `run_in`.
+///
+/// [`ContextScope::enter`] reads the current context and, only if it differs from the target,
+/// makes the target current; [`ContextScope::exit`] (or dropping the scope) restores the
+/// previous binding with `cuCtxSetCurrent(previous)`, where a previous NULL returns the thread
+/// to "no context". Restoring replaces the top of the context stack, so deeper entries of the
+/// caller's stack are untouched. The scope never panics: a restore that fails inside `Drop` is
+/// reported through the cleanup-error hook.
+///
+/// The scope borrows the context it made current, so the context outlives it; one entered on a
+/// temporary does not compile:
+///
+/// ```compile_fail
+/// # fn main() -> Result<(), handles::HandleError> {
+/// let scope = handles::ContextScope::enter(&handles::ContextHandle::primary(0)?)?;
+/// // error[E0716]: temporary value dropped while borrowed
+/// scope.exit()
+/// # }
+/// ```
+///
+/// ```no_run
+/// # fn main() -> Result<(), handles::HandleError> {
+/// let context = handles::ContextHandle::primary(0)?;
+/// let scope = handles::ContextScope::enter(&context)?;
+/// // ... driver work that needs `context` current ...
+/// scope.exit()
+/// # }
+/// ```
+///
+/// The scope is bound to its thread (`!Send`).
+#[must_use = "the previous context is restored when the scope ends"]
+pub struct ContextScope<'ctx> {
+    switch: Switch,
+    target: &'ctx ContextHandle,
+    done: bool,
+    _thread_bound: PhantomData<*const ()>,
+}
+
+impl<'ctx> ContextScope<'ctx> {
+    /// Makes `target` current on the calling thread if it is not already.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when reading or setting the current context fails; nothing is
+    /// changed then.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only when the target differs).
+    #[inline]
+    pub fn enter(target: &'ctx ContextHandle) -> Result<ContextScope<'ctx>, HandleError> {
+        let d = driver()?;
+        let switch = activate(d, target.raw_usize()).map_err(|f| HandleError::Driver(f.error()))?;
+        Ok(ContextScope {
+            switch,
+            target,
+            done: false,
+            _thread_bound: PhantomData,
+        })
+    }
+
+    /// The context that was current when the scope was entered (NULL for none).
+    pub fn previous(&self) -> CUcontext {
+        as_ctx(self.switch.previous)
+    }
+
+    /// Whether entering changed the current context (and so leaving will restore it).
+    pub fn switched(&self) -> bool {
+        self.switch.switched
+    }
+
+    /// Restores the previous binding now and returns the outcome instead of reporting it.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] naming `cuCtxSetCurrent` when the restore fails; the target
+    /// context is then still current.
+    ///
+    /// Driver calls: `cuCtxSetCurrent` (only when entering switched).
+    pub fn exit(mut self) -> Result<(), HandleError> {
+        self.done = true;
+        let d = driver()?;
+        match restore(d, self.switch) {
+            0 => Ok(()),
+            status => Err(HandleError::Driver(CudaError::new(
+                "cuCtxSetCurrent",
+                CudaErrorCode(status),
+            ))),
+        }
+    }
+}
+
+impl Drop for ContextScope<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let Ok(d) = driver() else { return };
+        let status = restore(d, self.switch);
+        if status != 0 {
+            report_restore(
+                Subject::context("ContextScope", self.target.raw_usize()),
+                Consequence::ContextNotRestored,
+                status,
+            );
+        }
+    }
+}
+
+impl fmt::Debug for ContextScope<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ContextScope(previous 0x{:x}, target 0x{:x}, switched {})",
+            self.switch.previous,
+            self.target.raw_usize(),
+            self.switch.switched
+        )
+    }
+}
