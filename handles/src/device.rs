@@ -165,16 +165,14 @@ pub fn device_uuid(ordinal: i32) -> Result<[u8; 16], HandleError> {
 ///
 /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuCtxGetStreamPriorityRange`.
 pub fn stream_priority_range(context: &ContextHandle) -> Result<(i32, i32), HandleError> {
-    let d = driver()?;
-    let range = d.cuCtxGetStreamPriorityRange().map_err(HandleError::Load)?;
-    let scope = ContextScope::enter(context)?;
-    let (mut least, mut greatest): (c_int, c_int) = (0, 0);
-    // SAFETY: both are valid out-pointers; the scope makes `context` current.
-    let status = unsafe { range(&mut least, &mut greatest) };
-    let restored = scope.exit();
-    check("cuCtxGetStreamPriorityRange", status)?;
-    restored?;
-    Ok((least, greatest))
+    in_context(context, "cuCtxGetStreamPriorityRange", |d| {
+        let range = d.cuCtxGetStreamPriorityRange().map_err(HandleError::Load)?;
+        let (mut least, mut greatest): (c_int, c_int) = (0, 0);
+        // SAFETY: both are valid out-pointers; `context` is current.
+        let status = unsafe { range(&mut least, &mut greatest) };
+        check("cuCtxGetStreamPriorityRange", status)?;
+        Ok((least, greatest))
+    })
 }
 
 /// Graph memory attribute number `attribute` (a `CUgraphMem_attribute`: 0 used, 1 used high

@@ -145,16 +145,14 @@ impl EventHandle {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuEventElapsedTime`.
     pub fn elapsed_since(&self, start: &EventHandle) -> Result<f32, HandleError> {
-        let d = driver()?;
-        let elapsed = d.cuEventElapsedTime().map_err(HandleError::Load)?;
-        let scope = ContextScope::enter(&self.0.context)?;
-        let mut ms: f32 = 0.0;
-        // SAFETY: both handles keep their events alive; `ms` is a valid out-pointer.
-        let status = unsafe { elapsed(&mut ms, start.raw(), self.raw()) };
-        let restored = scope.exit();
-        check("cuEventElapsedTime", status)?;
-        restored?;
-        Ok(ms)
+        in_context(&self.0.context, "cuEventElapsedTime", |d| {
+            let elapsed = d.cuEventElapsedTime().map_err(HandleError::Load)?;
+            let mut ms: f32 = 0.0;
+            // SAFETY: both handles keep their events alive; `ms` is a valid out-pointer.
+            let status = unsafe { elapsed(&mut ms, start.raw(), self.raw()) };
+            check("cuEventElapsedTime", status)?;
+            Ok(ms)
+        })
     }
 }
 

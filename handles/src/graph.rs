@@ -159,7 +159,7 @@ impl GraphExecHandle {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphUpload`.
     pub fn upload(&self, stream: &StreamHandle) -> Result<(), HandleError> {
-        in_context(&self.0.context, |d| {
+        in_context(&self.0.context, "cuGraphUpload", |d| {
             let upload = d.cuGraphUpload().map_err(HandleError::Load)?;
             // SAFETY: both handles keep their resources alive.
             let status = unsafe { upload(self.raw(), stream.raw()) };

@@ -503,7 +503,7 @@ impl StreamHandle {
     /// Driver calls: `cuStreamGetFlags` (inside the stream's context).
     pub fn flags(&self) -> Result<u32, HandleError> {
         let token = self.is_unbound_token();
-        self.in_context(|d| {
+        self.in_own_context("cuStreamGetFlags", |d| {
             let get = d.cuStreamGetFlags().map_err(HandleError::Load)?;
             let mut flags: std::ffi::c_uint = 0;
             // SAFETY: the handle keeps the stream alive; `flags` is a valid out-pointer.
@@ -522,7 +522,7 @@ impl StreamHandle {
     /// Driver calls: `cuStreamGetPriority` (inside the stream's context).
     pub fn priority(&self) -> Result<i32, HandleError> {
         let token = self.is_unbound_token();
-        self.in_context(|d| {
+        self.in_own_context("cuStreamGetPriority", |d| {
             let get = d.cuStreamGetPriority().map_err(HandleError::Load)?;
             let mut priority: std::ffi::c_int = 0;
             // SAFETY: the handle keeps the stream alive; `priority` is a valid out-pointer.
