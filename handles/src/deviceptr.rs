@@ -16,7 +16,8 @@ use crate::event::{create_raw, destroy_raw, EVENT_DISABLE_TIMING};
 use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
 use crate::report::{
-    report, warn, CleanupStep, CleanupWarning, CleanupWarningKind, Consequence, Subject,
+    report, report_leak, warn, CleanupStep, CleanupWarning, CleanupWarningKind, Consequence,
+    Subject,
 };
 use crate::scope::{report_restore, run_in, run_in_from, Ran};
 use crate::stream::StreamHandle;
@@ -194,6 +195,10 @@ pub enum ReleaseKind {
     IpcImport,
     /// Adopted with a [`Deallocator`], which frees it.
     Deallocator,
+    /// Host memory adopted with a [`Deallocator`] (a host-only resource's): no device work can
+    /// touch it, so no recipe orders or legalises its free. The deallocator receives the
+    /// legacy default-stream token, unbound, and no context is made current.
+    HostDeallocator,
     /// Kept alive by an owner object, dropped with the last handle; nothing is freed.
     Owner,
     /// Not owned: nothing happens at release.
@@ -240,6 +245,7 @@ enum Release {
     Managed,
     IpcImport(PoolRef),
     Deallocator(Arc<dyn Deallocator>),
+    HostDeallocator(Arc<dyn Deallocator>),
     Owner(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
     NonOwning,
 }
@@ -254,6 +260,7 @@ impl Release {
             Release::Managed => ReleaseKind::Managed,
             Release::IpcImport(_) => ReleaseKind::IpcImport,
             Release::Deallocator(_) => ReleaseKind::Deallocator,
+            Release::HostDeallocator(_) => ReleaseKind::HostDeallocator,
             Release::Owner(_) => ReleaseKind::Owner,
             Release::NonOwning => ReleaseKind::NonOwning,
         }
@@ -354,7 +361,9 @@ impl Release {
             Release::PinnedHost => "pinned host allocation",
             Release::Managed => "managed allocation",
             Release::IpcImport(_) => "IPC-imported allocation",
-            Release::Deallocator(deallocator) => return Cow::Owned(deallocator.name().to_owned()),
+            Release::Deallocator(deallocator) | Release::HostDeallocator(deallocator) => {
+                return Cow::Owned(deallocator.name().to_owned())
+            }
             Release::Owner(_) => "owner-kept memory",
             Release::NonOwning => "borrowed memory",
         })
@@ -695,6 +704,37 @@ impl DevicePtrHandle {
         ))
     }
 
+    /// Takes host memory (`allocation`) into custody, to be freed by `deallocator` with no
+    /// recipe ([`ReleaseKind::HostDeallocator`]): for a host-only resource, whose memory no
+    /// device work can touch. No driver call, now or at release: the deallocator receives the
+    /// legacy default-stream token, unbound, with whatever context the releasing thread has;
+    /// [`DevicePtrHandle::set_deallocation_stream`] records nothing for it.
+    ///
+    /// # Errors
+    /// [`HandleError::InvalidArgument`] for a null address; the allocation is given back.
+    pub fn adopt_host(
+        allocation: OwnedAllocation,
+        deallocator: Arc<dyn Deallocator>,
+    ) -> Result<DevicePtrHandle, AdoptError> {
+        if allocation.ptr == 0 {
+            return Err(AdoptError {
+                error: HandleError::invalid(
+                    "ptr",
+                    "a null pointer cannot be owned by a deallocator",
+                ),
+                allocation,
+            });
+        }
+        let (ptr, size) = allocation.into_raw();
+        Ok(Self::from_parts(
+            ptr,
+            size,
+            None,
+            None,
+            Release::HostDeallocator(deallocator),
+        ))
+    }
+
     /// Wraps `size` bytes at `ptr` that `owner` keeps alive: the owner is dropped with the last
     /// handle and nothing is freed. No driver call. For [`crate::raw::with_owner`].
     ///
@@ -867,7 +907,10 @@ impl DevicePtrHandle {
         &self,
         stream: &StreamHandle,
     ) -> Result<Option<DeallocationRecipe>, HandleError> {
-        if matches!(self.0.release, Release::Owner(_) | Release::NonOwning) {
+        if matches!(
+            self.0.release,
+            Release::Owner(_) | Release::NonOwning | Release::HostDeallocator(_)
+        ) {
             return Ok(None);
         }
         let recipe = DeallocationRecipe::record(stream)?;
@@ -949,6 +992,9 @@ impl PtrBox {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         let Some(recipe) = recipe else {
+            if let Release::HostDeallocator(deallocator) = &self.release {
+                return release_host(deallocator.as_ref(), ptr, self.size, explicit);
+            }
             return Ok(()); // owner-kept or borrowed: the owner drops with the box
         };
         let d = driver()?;
@@ -1014,7 +1060,7 @@ impl PtrBox {
                 });
                 finish(ran, &self.release, "deallocate", ptr, &recipe, explicit)
             }
-            Release::Owner(_) | Release::NonOwning => Ok(()),
+            Release::HostDeallocator(_) | Release::Owner(_) | Release::NonOwning => Ok(()),
         }
     }
 
@@ -1089,6 +1135,36 @@ impl PtrBox {
             report_ordering(ran, &self.release, ptr, &recipe);
         }
         Ok(())
+    }
+}
+
+/// Frees host memory through its deallocator, with no recipe: the legacy default-stream token,
+/// no context change. `explicit`: return the error; otherwise report it (leaked).
+fn release_host(
+    deallocator: &dyn Deallocator,
+    ptr: u64,
+    size: usize,
+    explicit: bool,
+) -> Result<(), HandleError> {
+    let stream = StreamHandle::legacy();
+    let allocation = OwnedAllocation::new(ptr, size);
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        deallocator.deallocate(allocation, &stream)
+    }))
+    .unwrap_or_else(|_| Err(HandleError::deallocator("the deallocator panicked")));
+    match result {
+        Err(error) if !explicit => {
+            let subject = Subject::new(
+                deallocator.name().to_owned(),
+                "deallocate",
+                ptr,
+                stream.raw_usize() as u64,
+                0,
+            );
+            report_leak(subject, error);
+            Ok(())
+        }
+        result => result,
     }
 }
 

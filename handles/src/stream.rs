@@ -255,6 +255,12 @@ impl StreamHandle {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
+    /// How many handles share this stream (recipes recorded on it included); for a binding
+    /// that must know whether it holds the only one (a garbage collector's traversal).
+    pub fn handle_count(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+
     #[inline]
     pub(crate) fn raw_usize(&self) -> usize {
         self.0.raw

@@ -769,3 +769,95 @@ fn deallocator_failure_is_reported_on_drop_and_returned_on_release() {
     assert_eq!(error.to_string(), "deallocator failed: pool exhausted");
     assert!(errors_for(0x3100).is_empty());
 }
+
+/// Records each call's stream (raw) and the context current during it; fails when told to.
+struct HostRecordingDeallocator {
+    seen: std::sync::Mutex<Vec<(usize, u64)>>,
+    fail: bool,
+}
+
+impl Deallocator for HostRecordingDeallocator {
+    fn deallocate(
+        &self,
+        allocation: OwnedAllocation,
+        stream: &StreamHandle,
+    ) -> Result<(), HandleError> {
+        let _ = allocation.into_raw();
+        let current = ContextHandle::current()
+            .ok()
+            .flatten()
+            .map_or(0, |c| c.raw() as u64);
+        self.seen
+            .lock()
+            .unwrap()
+            .push((stream.raw() as usize, current));
+        if self.fail {
+            return Err(HandleError::deallocator("host free refused"));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn host_deallocator_has_no_recipe_and_needs_no_context() {
+    let _serial = start();
+    let a = primary(0);
+    let created = StreamHandle::create(&a, 0, 0).unwrap();
+    let deallocator = Arc::new(HostRecordingDeallocator {
+        seen: Default::default(),
+        fail: false,
+    });
+    let seen = on_fresh_thread({
+        let deallocator = deallocator.clone();
+        move || {
+            let handle =
+                DevicePtrHandle::adopt_host(test_allocation(0x5000, 16), deallocator.clone())
+                    .unwrap();
+            assert_eq!(handle.kind(), ReleaseKind::HostDeallocator);
+            assert!(handle.recipe().is_none());
+            // Nothing to order for host-only memory: recorded nowhere, no "no context" error.
+            handle
+                .set_deallocation_stream(&StreamHandle::legacy())
+                .unwrap();
+            handle.set_deallocation_stream(&created).unwrap();
+            assert!(handle.recipe().is_none());
+            handle.release().unwrap();
+            let dropped =
+                DevicePtrHandle::adopt_host(test_allocation(0x5100, 8), deallocator.clone())
+                    .unwrap();
+            drop(dropped);
+            current_raw()
+        }
+    });
+    assert_eq!(seen, 0);
+    // The legacy token, with no context current (the thread never had one).
+    assert_eq!(*deallocator.seen.lock().unwrap(), vec![(1, 0), (1, 0)]);
+    let refused = DevicePtrHandle::adopt_host(test_allocation(0, 8), deallocator.clone());
+    assert!(matches!(
+        refused,
+        Err(handles::AdoptError {
+            error: HandleError::InvalidArgument { what: "ptr", .. },
+            ..
+        })
+    ));
+}
+
+#[test]
+fn host_deallocator_failure_is_reported_on_drop_and_returned_on_release() {
+    let _serial = start();
+    let failing = Arc::new(HostRecordingDeallocator {
+        seen: Default::default(),
+        fail: true,
+    });
+    drop(DevicePtrHandle::adopt_host(test_allocation(0x5200, 8), failing.clone()).unwrap());
+    let errors = errors_for(0x5200);
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].operation, "deallocate");
+    assert!(errors[0].resource.contains("HostRecordingDeallocator"));
+    assert_eq!(errors[0].consequence, handles::Consequence::Leaked);
+    assert_eq!((errors[0].stream, errors[0].context), (1, 0));
+    let released = DevicePtrHandle::adopt_host(test_allocation(0x5300, 8), failing).unwrap();
+    let error = released.release().unwrap_err();
+    assert_eq!(error.to_string(), "deallocator failed: host free refused");
+    assert!(errors_for(0x5300).is_empty());
+}

@@ -69,7 +69,10 @@ pub trait MemoryResource: Send + Sync + 'static {
     /// Takes `allocation` into custody for [`Buffer::adopt`], to be freed with the recipe
     /// recorded now for `stream`.
     ///
-    /// The default frees through [`MemoryResource::deallocate`] at teardown. The built-in
+    /// The default frees through [`MemoryResource::deallocate`] at teardown. A host-only
+    /// resource (`is_device_accessible()` false) records no recipe: its memory is host memory
+    /// no device work touches, so `stream` is not recorded, no context is needed, and
+    /// `deallocate` receives the legacy default-stream token (unbound). The built-in
     /// synchronous resources (legacy pinned, managed, synchronous) override it to use the
     /// matching built-in release rule instead, whose drop never blocks on the GPU
     /// (docs/decisions.md D9), where their `deallocate` must synchronise.
@@ -86,6 +89,13 @@ pub trait MemoryResource: Send + Sync + 'static {
         allocation: OwnedAllocation,
         stream: &StreamHandle,
     ) -> Result<DevicePtrHandle, AdoptError> {
+        if !self.is_device_accessible() {
+            // Host-only memory: no device work can touch it, so nothing orders or legalises
+            // its free; `stream` is not recorded and `deallocate` gets the legacy default
+            // stream, with no context needed (docs/decisions.md D5).
+            let deallocator: Arc<dyn Deallocator> = Arc::new(MemoryResourceDeallocator(self));
+            return DevicePtrHandle::adopt_host(allocation, deallocator).map_err(AdoptError::from);
+        }
         if self.is_device_accessible() && !self.is_host_accessible() && !self.is_managed() {
             if let Some(device) = self.device_id() {
                 if let Err(error) = check_stream_device(stream, device) {

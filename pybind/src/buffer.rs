@@ -2,13 +2,13 @@
 //! references, [`SharedBuffer`]), adoption with `from_handle`, copies and fills, DLPack, and IPC
 //! descriptors.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use handles::StreamHandle;
 use memory::{Buffer, FillValue, IpcBufferDescriptor, ManagedBuffer, MemoryError};
 use pyo3::exceptions::{PyBufferError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::pyclass::CompareOp;
+use pyo3::pyclass::{CompareOp, PyTraverseError, PyVisit};
 use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple, PyType};
 
 use crate::errors::{closed, expected, Error};
@@ -16,8 +16,8 @@ use crate::ffi::{
     dlpack_capsule, dlpack_capsule_versioned, owned_allocation, unowned_handle, DLPACK_VERSION,
 };
 use crate::graph::PyGraphBuilder;
-use crate::report::{finalizing, PyObjRef};
-use crate::resource::{pool_of, resolve};
+use crate::report::{release, PyObjRef};
+use crate::resource::{pool_of, python_device_id, resolve};
 use crate::shared::SharedBuffer;
 use crate::stream::{accept_stream, default_stream_handle};
 
@@ -29,18 +29,37 @@ const DL_CUDA_MANAGED: i32 = 13;
 
 /// Memory with the deallocation recipe that will order and legalise its free (docs/decisions.md
 /// D1).
+///
+/// Takes part in cyclic garbage collection (docs/decisions.md D10): it reports the Python
+/// objects it holds to the collector (its memory resource object, and, while it alone holds
+/// the memory, the owner or the Python resource that the memory's handle keeps); memory whose
+/// free calls a Python `deallocate` is freed by `__del__`, which CPython runs on every object
+/// of a garbage cycle before it clears any, so `deallocate` finds its resource intact; any
+/// other memory is freed by `__clear__` (the free first, with its recipe and its resource, then
+/// the memory resource object is let go).
 #[pyclass(frozen, subclass, weakref, name = "Buffer", module = "custody")]
 pub struct PyBuffer {
     /// Always `Some` until the object is deallocated (then taken, to drop it with the GIL
     /// released).
     inner: Option<SharedBuffer>,
-    /// The memory resource object, reported while the buffer is open.
-    mr: Option<Py<PyAny>>,
-    /// The owner given to `from_handle(owner=...)`; the memory's handle holds it strongly.
-    owner: Option<Weak<PyObjRef>>,
+    /// The memory resource object, reported while the buffer is open; let go by `__clear__`
+    /// after the free. Never made or dropped under the lock.
+    mr: Mutex<Option<Py<PyAny>>>,
+    /// The Python objects the memory's handle holds strongly.
+    kept: Kept,
     /// `(address, size)` when made: what equality and the hash compare (kept after `close()`,
     /// so that the hash never changes).
     identity: (u64, usize),
+}
+
+/// The Python objects a buffer's memory handle holds, seen through `Weak`s: for the `owner`
+/// property and for the collector.
+#[derive(Default)]
+pub(crate) struct Kept {
+    /// The owner given to `from_handle(owner=...)`.
+    pub(crate) owner: Option<Weak<PyObjRef>>,
+    /// The Python memory resource whose `deallocate` frees the memory.
+    pub(crate) resource: Option<Weak<PyObjRef>>,
 }
 
 /// A `Buffer` of managed memory.
@@ -54,13 +73,13 @@ impl PyBuffer {
         buffer: Buffer,
         mr: Option<Py<PyAny>>,
         managed: bool,
-        owner: Option<Weak<PyObjRef>>,
+        kept: Kept,
     ) -> PyResult<Py<PyAny>> {
         let base = PyBuffer {
             identity: (buffer.ptr(), buffer.size()),
             inner: Some(SharedBuffer::new(buffer)),
-            mr,
-            owner,
+            mr: Mutex::new(mr),
+            kept,
         };
         if managed {
             let init = PyClassInitializer::from(base).add_subclass(PyManagedBuffer);
@@ -78,22 +97,22 @@ impl PyBuffer {
         managed: bool,
     ) -> PyResult<Py<PyAny>> {
         let handle = unowned_handle(0, 0, None).map_err(Error::from)?;
-        PyBuffer::wrap(py, Buffer::from_parts(handle, None), mr, managed, None)
+        PyBuffer::wrap(
+            py,
+            Buffer::from_parts(handle, None),
+            mr,
+            managed,
+            Kept::default(),
+        )
     }
 
-    /// The memory resource whose properties describe this buffer's memory, when the buffer
-    /// cannot say itself: an empty buffer (no memory), or memory adopted from a Python resource
-    /// (whose properties are its own, read when asked, as cuda.core does).
-    fn describing_mr<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
-        let mr = self.mr.as_ref()?.bind(py).clone();
-        if self.identity.1 == 0 && !self.buffer().is_closed() {
-            return Some(mr);
+    /// The memory resource of an empty buffer (`allocate(0)`), which describes its (absent)
+    /// memory.
+    fn empty_of<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
+        if self.identity.1 != 0 || self.buffer().is_closed() {
+            return None;
         }
-        let native = mr
-            .cast::<crate::resource::PyMemoryResource>()
-            .ok()
-            .is_some_and(|base| base.get().native.is_some());
-        (!native).then_some(mr)
+        Some(self.memory_resource_object(py)?.into_bound(py))
     }
 
     #[inline]
@@ -104,48 +123,77 @@ impl PyBuffer {
         }
     }
 
-    fn open_handle(&self) -> PyResult<handles::DevicePtrHandle> {
-        self.buffer().handle().map_err(|_| closed("Buffer"))
+    /// The open Rust buffer, for an operation that may release the GIL.
+    ///
+    /// # Errors
+    /// `RuntimeError("Buffer has been closed")`.
+    #[inline]
+    pub(crate) fn open(&self, py: Python<'_>) -> PyResult<Arc<Buffer>> {
+        self.buffer().get(py).map_err(|_| closed("Buffer"))
+    }
+
+    fn open_handle(&self, py: Python<'_>) -> PyResult<handles::DevicePtrHandle> {
+        Ok(self.open(py)?.handle().clone())
+    }
+
+    /// The memory resource object (a new reference).
+    fn memory_resource_object(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        lock(&self.mr).as_ref().map(|mr| mr.clone_ref(py))
+    }
+
+    /// The memory's device: a Python resource that frees it is asked now (its `device_id` is
+    /// read only when asked); otherwise what the memory knows. `None` for no device.
+    fn device_of(&self, py: Python<'_>, buffer: &Buffer) -> PyResult<Option<i32>> {
+        if let Some(mr) = self.empty_of(py) {
+            let id: Option<i32> = mr.getattr("device_id")?.extract()?;
+            return Ok(id.filter(|&id| id >= 0));
+        }
+        if self.kept.resource.is_some() {
+            if let Some(mr) = self.memory_resource_object(py) {
+                let id = python_device_id(mr.bind(py))?;
+                return Ok((id >= 0).then_some(id));
+            }
+        }
+        Ok(py.detach(|| buffer.device_id()).map_err(Error::from)?)
     }
 
     fn dlpack_device_of(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
-        let buffer = self.buffer();
-        let (device, host, managed, id) = match self.describing_mr(py) {
-            Some(mr) => {
-                // A Python resource (or an empty buffer): where the memory can be used is the
-                // resource's word; whether it is managed, the driver's.
-                let device: bool = mr.getattr("is_device_accessible")?.extract()?;
-                let host: bool = mr.getattr("is_host_accessible")?.extract()?;
-                let ptr = buffer.ptr();
-                let managed = device
-                    && host
-                    && ptr != 0
-                    && py
-                        .detach(|| handles::ops::pointer_attributes(ptr))
-                        .map_err(Error::from)?
-                        .is_some_and(|a| a.is_managed);
-                let id = if device && !host {
-                    mr.getattr("device_id")?.extract::<Option<i32>>()?
-                } else {
-                    None
-                };
-                (device, host, managed, id)
-            }
+        let buffer = self.open(py)?;
+        let (device, host, mut managed) = match self.empty_of(py) {
+            Some(mr) => (
+                mr.getattr("is_device_accessible")?.extract()?,
+                mr.getattr("is_host_accessible")?.extract()?,
+                mr.getattr("is_managed")
+                    .and_then(|v| v.extract())
+                    .unwrap_or(false),
+            ),
             None => py
                 .detach(|| -> Result<_, MemoryError> {
                     Ok((
                         buffer.is_device_accessible()?,
                         buffer.is_host_accessible()?,
                         buffer.is_managed()?,
-                        buffer.device_id()?,
                     ))
                 })
                 .map_err(Error::from)?,
         };
+        if device && host && !managed && self.kept.resource.is_some() {
+            // A Python resource's memory: whether it is managed, the driver says.
+            let ptr = buffer.ptr();
+            managed = py
+                .detach(|| handles::ops::pointer_attributes(ptr))
+                .map_err(Error::from)?
+                .is_some_and(|attributes| attributes.is_managed);
+        }
+        let id = if device || managed {
+            self.device_of(py, &buffer)?
+        } else {
+            None
+        };
         Ok(match (device, host, managed) {
-            (_, _, true) => (DL_CUDA_MANAGED, id.unwrap_or(0).max(0)),
+            (_, _, true) => (DL_CUDA_MANAGED, id.unwrap_or(0)),
             (true, true, false) => (DL_CUDA_HOST, 0),
-            (true, false, false) => (DL_CUDA, id.unwrap_or(0).max(0)),
+            (true, false, false) => (DL_CUDA, id.unwrap_or(0)),
             (false, true, false) => (DL_CPU, 0),
             (false, false, false) => {
                 return Err(PyBufferError::new_err(
@@ -156,19 +204,22 @@ impl PyBuffer {
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl Drop for PyBuffer {
     fn drop(&mut self) {
         let Some(buffer) = self.inner.take() else {
             return;
         };
-        if buffer.is_closed() || finalizing() {
-            // Nothing to free, or the interpreter is shutting down (no GIL release then: a
-            // thread that re-attaches during finalization may be stopped by CPython).
+        if buffer.is_closed() {
             drop(buffer);
             return;
         }
-        // Deallocation always runs attached; the free itself runs with the GIL released.
-        Python::attach(|py| py.detach(move || drop(buffer)));
+        // Deallocation always runs attached; the free itself runs with the GIL released
+        // (except on a thread that may not attach again once the interpreter is exiting).
+        Python::attach(|py| release(py, move || drop(buffer)));
     }
 }
 
@@ -204,7 +255,11 @@ fn adopt(
         (None, None) => None,
     };
     if let Some(mr) = mr {
-        let native = resolve(mr)?;
+        let (native, python) = resolve(mr)?;
+        let kept = Kept {
+            owner: None,
+            resource: python,
+        };
         let buffer = py
             .detach(move || {
                 let allocation = owned_allocation(ptr, size);
@@ -221,16 +276,19 @@ fn adopt(
                 })
             })
             .map_err(Error::from)?;
-        return PyBuffer::wrap(py, buffer, Some(mr.clone().unbind()), managed, None);
+        return PyBuffer::wrap(py, buffer, Some(mr.clone().unbind()), managed, kept);
     }
-    let (owner_box, owner_ref) = match owner {
+    let (owner_box, kept) = match owner {
         Some(owner) => {
-            let kept = Arc::new(PyObjRef::new(owner.clone().unbind()));
-            let weak = Arc::downgrade(&kept);
-            let owner_box: Box<dyn std::any::Any + Send + Sync> = Box::new(kept);
-            (Some(owner_box), Some(weak))
+            let held = Arc::new(PyObjRef::new(owner.clone().unbind()));
+            let kept = Kept {
+                owner: Some(Arc::downgrade(&held)),
+                resource: None,
+            };
+            let owner_box: Box<dyn std::any::Any + Send + Sync> = Box::new(held);
+            (Some(owner_box), kept)
         }
-        None => (None, None),
+        None => (None, Kept::default()),
     };
     let handle = unowned_handle(ptr, size, owner_box).map_err(Error::from)?;
     let buffer = if managed {
@@ -238,7 +296,7 @@ fn adopt(
     } else {
         Buffer::from_parts(handle, None)
     };
-    PyBuffer::wrap(py, buffer, None, managed, owner_ref)
+    PyBuffer::wrap(py, buffer, None, managed, kept)
 }
 
 /// Copies `src` into `dst` on `stream` (`handle`), or records the copy into a graph builder's
@@ -247,16 +305,17 @@ fn copy(
     py: Python<'_>,
     stream: &Bound<'_, PyAny>,
     handle: &StreamHandle,
-    dst: &SharedBuffer,
-    src: &SharedBuffer,
+    dst: &PyBuffer,
+    src: &PyBuffer,
 ) -> PyResult<()> {
+    let (dst, src) = (dst.open(py)?, src.open(py)?);
     if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
         let builder = builder.get().builder()?;
-        py.detach(|| builder.copy(&*dst.get()?, &*src.get()?))
+        py.detach(|| builder.copy(&dst, &src))
             .map_err(Error::from)?;
         return Ok(());
     }
-    py.detach(|| src.copy_to(dst, handle))
+    py.detach(|| src.copy_to(&dst, handle))
         .map_err(Error::from)?;
     Ok(())
 }
@@ -371,7 +430,13 @@ impl PyBuffer {
                 MemoryError::Ipc { .. } => PyValueError::new_err(error.to_string()),
                 other => Error::from(other).into(),
             })?;
-        PyBuffer::wrap(py, buffer, Some(mr.clone().unbind()), false, None)
+        PyBuffer::wrap(
+            py,
+            buffer,
+            Some(mr.clone().unbind()),
+            false,
+            Kept::default(),
+        )
     }
 
     /// Closes the buffer: when it holds the last reference to the memory, frees it now.
@@ -382,8 +447,7 @@ impl PyBuffer {
             Some(stream) => Some(accept_stream(stream)?),
             None => None,
         };
-        drop(crate::errors::take_deallocate_error());
-        let result = py.detach(|| match &stream {
+        let result = release(py, || match &stream {
             Some(stream) => buffer.close_on(stream),
             None => buffer.close(),
         });
@@ -427,11 +491,11 @@ impl PyBuffer {
         stream: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
         let handle = accept_stream(stream)?;
-        let size = self.open_handle()?.size();
+        let size = self.open_handle(py)?.size();
         let dst = match dst.filter(|d| !d.is_none()) {
             Some(dst) => dst.clone(),
             None => {
-                let mr = self.mr.as_ref().ok_or_else(|| {
+                let mr = self.memory_resource_object(py).ok_or_else(|| {
                     PyValueError::new_err(
                         "copy_to() without dst allocates from the buffer's memory_resource, \
                          and this buffer has none",
@@ -446,9 +510,7 @@ impl PyBuffer {
         let target = dst
             .cast::<PyBuffer>()
             .map_err(|_| expected("Buffer", &dst))?;
-        let source = self.buffer();
-        let destination = target.get().buffer();
-        copy(py, stream, &handle, destination, source)?;
+        copy(py, stream, &handle, target.get(), self)?;
         Ok(dst.unbind())
     }
 
@@ -464,9 +526,7 @@ impl PyBuffer {
         let source = src
             .cast::<PyBuffer>()
             .map_err(|_| expected("Buffer", src))?;
-        let source = source.get().buffer();
-        let destination = self.buffer();
-        copy(py, stream, &handle, destination, source)
+        copy(py, stream, &handle, self, source.get())
     }
 
     /// Fills the buffer with a repeated 8-, 16- or 32-bit pattern, ordered on `stream`.
@@ -478,11 +538,11 @@ impl PyBuffer {
         stream: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let value = fill_value(value)?;
-        let buffer = self.buffer();
+        let buffer = self.open(py)?;
         if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
             // Recorded into the graph, which keeps the buffer alive.
             let builder = builder.get().builder()?;
-            py.detach(|| builder.fill(&*buffer.get()?, value))
+            py.detach(|| builder.fill(&buffer, value))
                 .map_err(Error::from)?;
             return Ok(());
         }
@@ -517,7 +577,7 @@ impl PyBuffer {
         if self.buffer().is_closed() {
             return None;
         }
-        self.mr.as_ref().map(|mr| mr.clone_ref(py))
+        self.memory_resource_object(py)
     }
 
     /// The owner given to `from_handle(owner=...)`; `None` otherwise and once closed.
@@ -526,17 +586,17 @@ impl PyBuffer {
         if self.buffer().is_closed() {
             return None;
         }
-        let kept = self.owner.as_ref()?.upgrade()?;
+        let kept = self.kept.owner.as_ref()?.upgrade()?;
         Some(kept.get().clone_ref(py))
     }
 
     /// Whether a device can access the memory.
     #[getter]
     fn is_device_accessible(&self, py: Python<'_>) -> PyResult<bool> {
-        if let Some(mr) = self.describing_mr(py) {
+        if let Some(mr) = self.empty_of(py) {
             return mr.getattr("is_device_accessible")?.extract();
         }
-        let buffer = self.buffer();
+        let buffer = self.open(py)?;
         Ok(py
             .detach(|| buffer.is_device_accessible())
             .map_err(Error::from)?)
@@ -545,10 +605,10 @@ impl PyBuffer {
     /// Whether the host can access the memory.
     #[getter]
     fn is_host_accessible(&self, py: Python<'_>) -> PyResult<bool> {
-        if let Some(mr) = self.describing_mr(py) {
+        if let Some(mr) = self.empty_of(py) {
             return mr.getattr("is_host_accessible")?.extract();
         }
-        let buffer = self.buffer();
+        let buffer = self.open(py)?;
         Ok(py
             .detach(|| buffer.is_host_accessible())
             .map_err(Error::from)?)
@@ -557,31 +617,21 @@ impl PyBuffer {
     /// Whether the memory is managed.
     #[getter]
     fn is_managed(&self, py: Python<'_>) -> PyResult<bool> {
-        if self.identity.1 == 0 {
-            if let Some(mr) = self.describing_mr(py) {
-                return Ok(mr
-                    .getattr("is_managed")
-                    .and_then(|v| v.extract())
-                    .unwrap_or(false));
-            }
+        if let Some(mr) = self.empty_of(py) {
+            return Ok(mr
+                .getattr("is_managed")
+                .and_then(|v| v.extract())
+                .unwrap_or(false));
         }
-        let buffer = self.buffer();
+        let buffer = self.open(py)?;
         Ok(py.detach(|| buffer.is_managed()).map_err(Error::from)?)
     }
 
-    /// The device the memory belongs to; -1 for memory bound to no device. For memory of a
-    /// Python memory resource, that resource's `device_id`.
+    /// The device the memory belongs to; -1 for memory bound to no device.
     #[getter]
     fn device_id(&self, py: Python<'_>) -> PyResult<i32> {
-        if let Some(mr) = self.describing_mr(py) {
-            let id: Option<i32> = mr.getattr("device_id")?.extract()?;
-            return Ok(id.unwrap_or(-1));
-        }
-        let buffer = self.buffer();
-        Ok(py
-            .detach(|| buffer.device_id())
-            .map_err(Error::from)?
-            .unwrap_or(-1))
+        let buffer = self.open(py)?;
+        Ok(self.device_of(py, &buffer)?.unwrap_or(-1))
     }
 
     /// Whether the buffer was imported from another process.
@@ -593,10 +643,7 @@ impl PyBuffer {
     /// The descriptor another process needs to import this buffer.
     #[getter]
     fn ipc_descriptor(&self, py: Python<'_>) -> PyResult<PyIpcBufferDescriptor> {
-        let buffer = self.buffer();
-        if buffer.is_closed() {
-            return Err(closed("Buffer"));
-        }
+        let buffer = self.open(py)?;
         let inner = py.detach(|| buffer.ipc_descriptor()).map_err(Error::from)?;
         Ok(PyIpcBufferDescriptor::of(&inner))
     }
@@ -635,7 +682,7 @@ impl PyBuffer {
         if copy == Some(true) {
             return Err(PyBufferError::new_err("Sorry, not supported: copy=True"));
         }
-        let handle = self.open_handle()?;
+        let handle = self.open_handle(py)?;
         let (device_type, device_id) = self.dlpack_device_of(py)?;
         if let Some(requested) = dl_device.filter(|d| !d.is_none()) {
             // The buffer's own device is what it gives anyway; anything else would be a copy.
@@ -655,8 +702,54 @@ impl PyBuffer {
     /// `(device_type, device_id)` in DLPack's terms: kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3)
     /// or kDLCUDAManaged (13).
     fn __dlpack_device__(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
-        self.open_handle()?;
+        self.open(py)?;
         self.dlpack_device_of(py)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(mr) = self.mr.try_lock() {
+            if let Some(mr) = mr.as_ref() {
+                visit.call(mr)?;
+            }
+        }
+        let Some(buffer) = &self.inner else {
+            return Ok(());
+        };
+        // The handle's references are this object's only while it alone holds the memory.
+        if buffer.held_alone() {
+            for kept in [&self.kept.owner, &self.kept.resource]
+                .into_iter()
+                .flatten()
+            {
+                // Alive: the memory's handle, which only this object holds, holds it.
+                if let Some(kept) = kept.upgrade() {
+                    visit.call(kept.get())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Breaks a garbage cycle: frees the memory (with its recipe, and its resource still
+    /// alive), then lets go of the memory resource object.
+    fn __clear__(&self, py: Python<'_>) {
+        if let Some(buffer) = self.inner.as_ref().and_then(SharedBuffer::take) {
+            release(py, move || drop(buffer));
+        }
+        let mr = lock(&self.mr).take();
+        drop(mr);
+    }
+
+    /// Run by the collector on every object of a garbage cycle before it clears any (and by
+    /// the deallocation of a Python subclass's instances): frees memory whose free calls a
+    /// Python `deallocate` now, while that resource and what it refers to are intact.
+    fn __del__(&self, py: Python<'_>) {
+        if self.kept.resource.is_none() {
+            return;
+        }
+        if let Some(buffer) = self.inner.as_ref().and_then(SharedBuffer::take) {
+            release(py, move || drop(buffer));
+        }
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -695,9 +788,9 @@ impl PyBuffer {
         )
     }
 
-    fn __repr__(&self) -> String {
+    fn __repr__(&self, py: Python<'_>) -> String {
         let buffer = self.buffer();
-        match buffer.handle() {
+        match self.open_handle(py) {
             Err(_) => "<Buffer closed>".to_owned(),
             Ok(handle) => {
                 let mapped = if buffer.is_mapped() {
@@ -915,6 +1008,13 @@ impl PyIpcBufferDescriptor {
 /// Registers the buffer classes on the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBuffer>()?;
+    // pyo3 defines `__del__` as a plain method; assigning it again makes CPython install it as
+    // the type's finalizer (`tp_finalize`), which the collector runs on garbage cycles (pyo3's
+    // deallocation does not call it, so an ordinary drop pays nothing for it). Subclasses
+    // (`ManagedBuffer`, Python subclasses) inherit it.
+    let buffer_type = m.py().get_type::<PyBuffer>();
+    let finalizer = buffer_type.getattr("__del__")?;
+    buffer_type.setattr("__del__", finalizer)?;
     m.add_class::<PyManagedBuffer>()?;
     m.add_class::<PyIpcBufferDescriptor>()?;
     Ok(())

@@ -8,12 +8,10 @@
 //! | `HandleError::NoCurrentContext` | `RuntimeError("no CUDA context is current ...")` |
 //! | `MemoryError::Closed` | `RuntimeError("Buffer has been closed")` |
 //! | `MemoryError::ResourceClosed` | `RuntimeError("DeviceMemoryResource has been closed")` (or Pinned...) |
-//! | `HandleError::Deallocator` | the exception the Python memory resource's `deallocate` raised, when it raised on this thread; else `RuntimeError` |
+//! | `HandleError::Deallocator` | the exception the Python memory resource's `deallocate` raised (it travels as the error's source); else `RuntimeError` |
 //! | `MemoryError::InvalidSize` | `ValueError` (zero bytes) or `OverflowError` (more than `isize::MAX`) |
 //! | `SizeMismatch`, `InvalidFill`, `WrongDevice`, `OwnershipConflict`, `NoMemoryResource`, `HandleError::InvalidArgument`, `HandleError::WrongDevice` | `ValueError` |
 //! | `NotCapturing`, `StreamCapturing`, `Ipc`, `Graph` | `RuntimeError` |
-
-use std::cell::RefCell;
 
 use handles::HandleError;
 use memory::MemoryError;
@@ -56,29 +54,6 @@ impl From<HandleError> for Error {
     fn from(error: HandleError) -> Error {
         Error(MemoryError::Handle(error))
     }
-}
-
-thread_local! {
-    /// The exception a Python memory resource's `deallocate` raised on this thread, kept until
-    /// the error it caused is converted (explicit close) or reported (a drop).
-    static DEALLOCATE_ERROR: RefCell<Option<PyErr>> = const { RefCell::new(None) };
-}
-
-/// Keeps the exception a Python `deallocate` raised, for the error it becomes.
-pub(crate) fn stash_deallocate_error(error: PyErr) {
-    let old = DEALLOCATE_ERROR
-        .try_with(|slot| slot.borrow_mut().replace(error))
-        .ok()
-        .flatten();
-    drop(old);
-}
-
-/// Takes the exception kept by [`stash_deallocate_error`], if any.
-pub(crate) fn take_deallocate_error() -> Option<PyErr> {
-    DEALLOCATE_ERROR
-        .try_with(|slot| slot.borrow_mut().take())
-        .ok()
-        .flatten()
 }
 
 fn cuda_error(name: &'static str, code: u32, message: String) -> PyErr {
@@ -128,8 +103,15 @@ fn handle_error(error: HandleError) -> PyErr {
         HandleError::InvalidArgument { .. } | HandleError::WrongDevice { .. } => {
             PyValueError::new_err(error.to_string())
         }
-        HandleError::Deallocator { source } => take_deallocate_error()
-            .unwrap_or_else(|| PyRuntimeError::new_err(format!("deallocate failed: {source}"))),
+        HandleError::Deallocator { source } => {
+            // A Python deallocate's own exception travels in the error: re-raised as it was.
+            let raised = source
+                .downcast_ref::<crate::nested::Failure>()
+                .and_then(crate::nested::Failure::exception)
+                .map(|exception| Python::attach(|py| exception.clone_ref(py)));
+            raised
+                .unwrap_or_else(|| PyRuntimeError::new_err(format!("deallocate failed: {source}")))
+        }
         other => PyRuntimeError::new_err(other.to_string()),
     }
 }

@@ -14,7 +14,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
-use crate::report::with_python;
+use crate::report::{release, with_python};
 
 /// `DLDevice`.
 #[repr(C)]
@@ -234,7 +234,7 @@ fn release_from_capsule(handle: Option<DevicePtrHandle>) {
     let mut slot = Some(handle);
     let released = with_python(|py| {
         let handle = slot.take();
-        py.detach(move || drop(handle));
+        release(py, move || drop(handle));
     });
     if released.is_none() {
         // Interpreter shutting down: release on this thread as it is.

@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use memory::{CaptureMode, Graph, GraphBuilder, GraphExec};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::PyTuple;
 
-use crate::buffer::PyBuffer;
+use crate::buffer::{Kept, PyBuffer};
 use crate::errors::{closed, Error};
 use crate::stream::{accept_stream, PyContext, PyStream};
 
@@ -168,6 +169,13 @@ impl PyGraphBuilder {
             .is_none()
     }
 
+    /// The collector sees the captured stream's object (it holds no Python object, so it closes
+    /// no cycle and nothing needs clearing). What the builder retains is Rust-held and shared
+    /// with the buffers it retained, so it is not reported.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.stream)
+    }
+
     /// Whether the builder is capturing.
     #[getter]
     fn is_building(&self) -> PyResult<bool> {
@@ -320,7 +328,7 @@ pub(crate) fn allocate_in(
 ) -> PyResult<Py<PyAny>> {
     let inner = builder.builder()?;
     let buffer = py.detach(|| inner.allocate(size)).map_err(Error::from)?;
-    PyBuffer::wrap(py, buffer, Some(mr), false, None)
+    PyBuffer::wrap(py, buffer, Some(mr), false, Kept::default())
 }
 
 /// Registers the graph classes on the module.

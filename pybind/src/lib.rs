@@ -6,6 +6,7 @@
 //!   thread, interpreter shutdown.
 //! - `stream`: `Stream`, `Event`, `Context`, default streams, device-level functions.
 //! - `resource`: `MemoryResource` (subclassable in Python) and the built-in resources.
+//! - `nested`: one Python `deallocate` at a time per thread (a release inside one is queued).
 //! - `buffer`: `Buffer`, `ManagedBuffer`, DLPack, IPC descriptors; `shared`: the closable,
 //!   shared state of a Python `Buffer` over the Rust buffer it holds.
 //! - `graph`: `GraphBuilder` (stream capture that retains buffers) and `Graph`.
@@ -20,6 +21,7 @@ mod buffer;
 mod errors;
 mod ffi;
 mod graph;
+mod nested;
 mod report;
 mod resource;
 mod shared;
@@ -55,6 +57,7 @@ fn _custody(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(drain_deferred_cleanup, m)?)?;
     m.add_function(wrap_pyfunction!(_cleanup_report_counts, m)?)?;
     m.add_function(wrap_pyfunction!(report::at_python_exit, m)?)?;
+    report::init(py)?;
     report::install_hooks();
     let at_exit = m.getattr("at_python_exit")?;
     py.import("atexit")?.call_method1("register", (at_exit,))?;

@@ -8,52 +8,112 @@
 //! - [`with_python`]: attach to the interpreter for one short call, unless it is shutting down.
 //! - [`PyObjRef`]: a strong reference to a Python object that any thread may drop.
 //!
-//! Shutdown is detected by an `atexit` callback registered at import ([`at_python_exit`]): it
-//! runs before the interpreter starts finalizing, after non-daemon threads were joined. From then
-//! on no thread that is not already attached attaches again (a thread that attaches during
-//! finalization may be stopped by CPython, in the middle of our code); the callback then waits,
-//! with the GIL released, for threads inside [`with_python`] to leave.
+//! Shutdown: an `atexit` callback registered at import ([`at_python_exit`]) marks the start of
+//! the interpreter's exit. `atexit` runs callbacks last-registered first, so handlers registered
+//! before `import custody` run after it, with the interpreter still fully alive; what they free
+//! through a Python memory resource must still be freed. After the callback:
+//!
+//! - the thread that ran it (the interpreter's exit thread, which runs every `atexit` handler
+//!   and then the finalization) still runs Python through custody, until `sys.is_finalizing()`
+//!   says the interpreter is finalizing;
+//! - no other thread does: a thread running Python code with custody's frames below it can be
+//!   stopped by CPython once finalization begins (it is made to exit when it next takes the
+//!   GIL, which Python code gives up at any switch interval), and that unwinding through Rust
+//!   frames aborts the process. What such a thread would free through Python is skipped and
+//!   reported on stderr; what it would report goes to stderr; its native frees run without
+//!   releasing the GIL ([`release`]).
+//!
+//! The callback waits, with the GIL released, for threads inside [`with_python`] to leave, so
+//! that none is running Python through custody when finalization starts.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use pyo3::marker::Ungil;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::errors::{take_deallocate_error, CUDAWarning};
+use crate::errors::CUDAWarning;
 
-/// Set by the `atexit` callback: the interpreter is about to finalize.
-static FINALIZING: AtomicBool = AtomicBool::new(false);
+/// Set by the `atexit` callback: the interpreter has begun to exit.
+static EXIT_STARTED: AtomicBool = AtomicBool::new(false);
 /// Threads inside [`with_python`] (attached or about to attach).
 static IN_PYTHON: AtomicUsize = AtomicUsize::new(0);
+/// `sys.is_finalizing`, looked up at import (no import machinery is needed to call it late).
+static IS_FINALIZING: OnceLock<Py<PyAny>> = OnceLock::new();
 
-/// Whether the interpreter is shutting down (the `atexit` callback has run).
+thread_local! {
+    /// Whether this thread ran the `atexit` callback (the interpreter's exit thread).
+    static EXIT_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+fn on_exit_thread() -> bool {
+    EXIT_THREAD.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Remembers `sys.is_finalizing` (called once, at import).
+pub(crate) fn init(py: Python<'_>) -> PyResult<()> {
+    let is_finalizing = py.import("sys")?.getattr("is_finalizing")?.unbind();
+    let _ = IS_FINALIZING.set(is_finalizing);
+    Ok(())
+}
+
+/// Whether the interpreter is finalizing (past every `atexit` handler); an error reads as yes.
+fn interpreter_finalizing(py: Python<'_>) -> bool {
+    match IS_FINALIZING.get() {
+        Some(is_finalizing) => is_finalizing
+            .bind(py)
+            .call0()
+            .and_then(|answer| answer.is_truthy())
+            .unwrap_or(true),
+        None => false,
+    }
+}
+
+/// Whether this thread may release the GIL and attach again later: always until the interpreter
+/// begins to exit, then only on its exit thread.
 #[inline]
-pub(crate) fn finalizing() -> bool {
-    FINALIZING.load(Ordering::SeqCst)
+pub(crate) fn may_detach() -> bool {
+    !EXIT_STARTED.load(Ordering::SeqCst) || on_exit_thread()
+}
+
+/// Runs a release (a free that may call the driver or a Python memory resource) with the GIL
+/// released, or, on a thread that may not attach again ([`may_detach`]), without releasing it.
+pub(crate) fn release<R: Ungil>(py: Python<'_>, f: impl Ungil + FnOnce() -> R) -> R {
+    if may_detach() {
+        py.detach(f)
+    } else {
+        f()
+    }
 }
 
 /// Runs `f` attached to the interpreter (attaching for the call if this thread is not), unless
-/// the interpreter is shutting down: then `None`, and `f` does not run. (The limited API cannot
-/// tell whether this thread is attached, so during shutdown even an attached thread skips:
-/// what `f` would release is leaked, what it would report goes to stderr.)
+/// the interpreter is exiting and this thread may not run Python any more (see the module
+/// documentation): then `None`, and `f` does not run; what `f` would release is leaked, what it
+/// would report goes to stderr.
 pub(crate) fn with_python<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
     IN_PYTHON.fetch_add(1, Ordering::SeqCst);
-    let result = if finalizing() {
-        None
-    } else {
+    let result = if !EXIT_STARTED.load(Ordering::SeqCst) {
         Python::try_attach(f)
+    } else if on_exit_thread() {
+        Python::try_attach(|py| (!interpreter_finalizing(py)).then(|| f(py))).flatten()
+    } else {
+        None
     };
     IN_PYTHON.fetch_sub(1, Ordering::SeqCst);
     result
 }
 
-/// The `atexit` callback (registered by the module at import): marks the interpreter as shutting
-/// down, then waits (GIL released, at most 5 seconds) for threads inside [`with_python`] to
-/// leave, so that none of them is attached when finalization starts.
+/// The `atexit` callback (registered by the module at import): marks the start of the
+/// interpreter's exit and its exit thread, then waits (GIL released, at most 5 seconds) for
+/// threads inside [`with_python`] to leave, so that no other thread is attached, or about to
+/// attach, through custody when finalization starts.
 #[pyfunction]
 pub(crate) fn at_python_exit(py: Python<'_>) {
-    FINALIZING.store(true, Ordering::SeqCst);
+    EXIT_THREAD.with(|flag| flag.set(true));
+    EXIT_STARTED.store(true, Ordering::SeqCst);
     py.detach(|| {
         let deadline = Instant::now() + Duration::from_secs(5);
         while IN_PYTHON.load(Ordering::SeqCst) != 0 && Instant::now() < deadline {
@@ -64,7 +124,7 @@ pub(crate) fn at_python_exit(py: Python<'_>) {
 
 /// A strong reference to a Python object that any thread may drop: the reference is released
 /// attached to the interpreter right away (so `sys.getrefcount` sees it go when the buffer is
-/// closed), and leaked once the interpreter is shutting down.
+/// closed), and leaked where [`with_python`] refuses (the interpreter shutting down).
 pub(crate) struct PyObjRef(Option<Py<PyAny>>);
 
 impl PyObjRef {
@@ -101,8 +161,6 @@ impl Drop for PyObjRef {
 /// stderr.
 pub(crate) fn report(message: &str) {
     let delivered = with_python(|py| {
-        // The exception a Python `deallocate` raised is in the message already.
-        drop(take_deallocate_error());
         let pending = PyErr::take(py);
         if let Err(error) = warn(py, message) {
             error.write_unraisable(py, None);

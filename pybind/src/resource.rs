@@ -9,7 +9,7 @@
 //! the built-in rule.
 
 use std::os::fd::IntoRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use handles::sys_types::{CUdeviceptr, CUmemPool_attribute};
 use handles::{HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle};
@@ -23,12 +23,13 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::buffer::PyBuffer;
-use crate::errors::{expected, stash_deallocate_error, Error};
+use crate::buffer::{Kept, PyBuffer};
+use crate::errors::{expected, Error};
 use crate::ffi::{owned_allocation, with_borrowed_fd};
 use crate::graph::{allocate_in, PyGraphBuilder};
-use crate::report::{with_python, PyObjRef};
-use crate::stream::{accept_stream, default_stream_handle, PyStream};
+use crate::nested;
+use crate::report::PyObjRef;
+use crate::stream::{accept_stream, default_stream_handle};
 
 /// The base class of memory resources. Subclass it in Python and implement `allocate`,
 /// `deallocate`, `is_device_accessible`, `is_host_accessible` and `device_id`.
@@ -129,7 +130,7 @@ impl PyMemoryResource {
         let buffer = py
             .detach(move || native.allocate(size, &stream))
             .map_err(|e| allocation_error(slf, e))?;
-        PyBuffer::wrap(py, buffer, mr(), this.managed, None)
+        PyBuffer::wrap(py, buffer, mr(), this.managed, Kept::default())
     }
 
     /// Frees `size` bytes at `ptr`, which this resource allocated, ordered on `stream`.
@@ -272,14 +273,15 @@ fn allocate_arguments<'py>(
 }
 
 /// A Python memory resource seen from Rust: `deallocate` calls the object's `deallocate`
-/// (attached to the interpreter for that call only); where the memory can be used is read once,
-/// when the buffer is adopted.
+/// (attached to the interpreter for that call only); whether the memory is device-, host- or
+/// managed memory is read once, when the buffer is adopted. `device_id` is not read then (it
+/// may raise, or not be known yet): the adapter reports none, so no stream is checked against
+/// it, and `Buffer.device_id` asks the Python object when asked.
 pub(crate) struct PyResourceAdapter {
-    object: PyObjRef,
-    type_name: String,
+    object: Arc<PyObjRef>,
+    type_name: Arc<str>,
     device: bool,
     host: bool,
-    device_id: Option<i32>,
     managed: bool,
 }
 
@@ -302,31 +304,22 @@ impl MemoryResource for PyResourceAdapter {
     ) -> Result<(), MemoryError> {
         // The Python resource frees by its own means: it gets the address and size.
         let (ptr, size) = allocation.into_raw();
-        let outcome = with_python(|py| -> Result<(), String> {
-            let call = || -> PyResult<()> {
-                let kwargs = PyDict::new(py);
-                kwargs.set_item("stream", PyStream::new(stream.clone()))?;
-                self.object
-                    .get()
-                    .bind(py)
-                    .call_method("deallocate", (ptr, size), Some(&kwargs))?;
-                Ok(())
-            };
-            call().map_err(|error| {
-                let text = format!(
-                    "{}.deallocate(0x{ptr:x}, {size}) raised {error}",
-                    self.type_name
-                );
-                stash_deallocate_error(error);
-                text
-            })
-        });
-        match outcome {
-            // Interpreter shutting down: the memory is leaked, never freed by half a Python.
-            None => Ok(()),
-            Some(Ok(())) => Ok(()),
-            Some(Err(message)) => Err(MemoryError::Handle(HandleError::deallocator(message))),
-        }
+        // Queued instead when a Python deallocate is running on this thread (D10).
+        nested::deallocate(nested::Deallocate {
+            resource: Arc::clone(&self.object),
+            type_name: Arc::clone(&self.type_name),
+            ptr,
+            size,
+            // Host-only memory has no recipe: its deallocate gets `default_stream()`, as in
+            // cuda.core, and no context is made current for it.
+            stream: self.device.then(|| stream.clone()),
+        })
+        .map_err(|failure| {
+            // Raised: the exception travels in the error, for an explicit close to re-raise.
+            // Skipped: the interpreter is finalizing (or this thread may not attach any more),
+            // the memory is leaked, never freed by half a Python, and the skip is reported.
+            MemoryError::Handle(HandleError::deallocator(failure))
+        })
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -338,7 +331,7 @@ impl MemoryResource for PyResourceAdapter {
     }
 
     fn device_id(&self) -> Option<i32> {
-        self.device_id
+        None
     }
 
     fn is_managed(&self) -> bool {
@@ -346,12 +339,16 @@ impl MemoryResource for PyResourceAdapter {
     }
 }
 
+/// What [`resolve`] finds: the Rust resource, and for an adapter a `Weak` to its Python object.
+pub(crate) type Resolved = (Arc<dyn MemoryResource>, Option<Weak<PyObjRef>>);
+
 /// The Rust resource that will own memory adopted with `mr=`: a built-in's own (unless a Python
-/// subclass overrides `deallocate`), or an adapter calling the Python object.
+/// subclass overrides `deallocate`), or an adapter calling the Python object, with a `Weak` to
+/// the reference the adapter holds (for the collector).
 ///
 /// # Errors
 /// `TypeError` when `mr` is not a `MemoryResource`; what reading its properties raises.
-pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Arc<dyn MemoryResource>> {
+pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Resolved> {
     let py = mr.py();
     let base = mr
         .cast::<PyMemoryResource>()
@@ -360,38 +357,40 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Arc<dyn MemoryResource>
         let own = mr.get_type().getattr("deallocate")?;
         let builtin = py.get_type::<PyMemoryResource>().getattr("deallocate")?;
         if own.is(&builtin) {
-            return Ok(Arc::clone(native));
+            return Ok((Arc::clone(native), None));
         }
     }
     let device: bool = mr.getattr("is_device_accessible")?.extract()?;
     let host: bool = mr.getattr("is_host_accessible")?.extract()?;
-    // A resource bound to no device may raise here (cuda.core's host resources do): its memory
-    // is then bound to no device.
-    let device_id: Option<i64> = match mr.getattr("device_id") {
-        Ok(value) => value.extract()?,
-        Err(error) if error.is_instance_of::<pyo3::exceptions::PyRuntimeError>(py) => None,
-        Err(error) => return Err(error),
-    };
-    let device_id = match device_id {
-        None => None,
-        Some(id) if id < 0 => None,
-        Some(id) => Some(
-            i32::try_from(id)
-                .map_err(|_| PyValueError::new_err(format!("invalid device_id {id}")))?,
-        ),
-    };
     let managed: bool = match mr.getattr("is_managed") {
         Ok(value) => value.extract()?,
         Err(_) => false,
     };
-    Ok(Arc::new(PyResourceAdapter {
-        object: PyObjRef::new(mr.clone().unbind()),
-        type_name: mr.get_type().name()?.to_string(),
+    let object = Arc::new(PyObjRef::new(mr.clone().unbind()));
+    let weak = Arc::downgrade(&object);
+    let adapter: Arc<dyn MemoryResource> = Arc::new(PyResourceAdapter {
+        object,
+        type_name: Arc::from(mr.get_type().name()?.to_string()),
         device,
         host,
-        device_id,
         managed,
-    }))
+    });
+    Ok((adapter, Some(weak)))
+}
+
+/// A Python memory resource's `device_id`, read now: -1 for none (negative or `None`).
+///
+/// # Errors
+/// What reading the property raises; `TypeError` for a non-int; `ValueError` out of range.
+pub(crate) fn python_device_id(mr: &Bound<'_, PyAny>) -> PyResult<i32> {
+    let id: Option<i64> = mr.getattr("device_id")?.extract()?;
+    match id {
+        None => Ok(-1),
+        Some(id) if id < 0 => Ok(-1),
+        Some(id) => {
+            i32::try_from(id).map_err(|_| PyValueError::new_err(format!("invalid device_id {id}")))
+        }
+    }
 }
 
 /// A device ordinal given as an `int` or a `Device`.

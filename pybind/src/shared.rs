@@ -8,11 +8,18 @@
 //! takes the buffer out, and the memory is freed when the operation's reference goes (reported,
 //! not returned), as the handle's release rule says. Of concurrent closes exactly one takes the
 //! buffer; the others are no-ops.
+//!
+//! The clone is taken attached to the interpreter ([`SharedBuffer::get`] asks for the `Python`
+//! token, which code running with the GIL released does not have), so while a garbage collection
+//! runs the `Arc`'s count does not grow: [`SharedBuffer::held_alone`] is then a stable answer to
+//! "does the Python object alone hold this memory", which its traversal needs. Nothing here makes
+//! or drops a Python object under the lock.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use handles::{DeallocationRecipe, DevicePtrHandle, StreamHandle};
-use memory::{Buffer, FillValue, IpcBufferDescriptor, MemoryError};
+use handles::{DeallocationRecipe, DefaultStream, StreamHandle};
+use memory::{Buffer, MemoryError};
+use pyo3::Python;
 
 /// A buffer shared by the references to one Python object; see the module header.
 pub(crate) struct SharedBuffer {
@@ -34,13 +41,28 @@ impl SharedBuffer {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The open buffer, for one operation.
+    /// The open buffer, for one operation (which may then release the GIL).
     ///
     /// # Errors
     /// [`MemoryError::Closed`].
     #[inline]
-    pub(crate) fn get(&self) -> Result<Arc<Buffer>, MemoryError> {
+    pub(crate) fn get(&self, _attached: Python<'_>) -> Result<Arc<Buffer>, MemoryError> {
         self.lock().clone().ok_or(MemoryError::Closed)
+    }
+
+    /// Takes the buffer out for a release that reports instead of returning (a deallocation,
+    /// the garbage collector): dropping it frees the memory when nothing else holds it.
+    pub(crate) fn take(&self) -> Option<Arc<Buffer>> {
+        self.lock().take()
+    }
+
+    /// Whether the buffer is open, no operation holds it and nothing else holds its memory
+    /// (no graph, DLPack capsule or import shares the handle). Stable while a collection runs
+    /// (see the module header): other holders only let go then.
+    pub(crate) fn held_alone(&self) -> bool {
+        self.lock().as_ref().is_some_and(|buffer| {
+            Arc::strong_count(buffer) == 1 && buffer.handle().handle_count() == 1
+        })
     }
 
     /// Closes the buffer: frees now when nothing else holds the memory and returns the
@@ -59,9 +81,11 @@ impl SharedBuffer {
     pub(crate) fn close_on(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
         let mut guard = self.lock();
         let buffer = guard.as_ref().ok_or(MemoryError::Closed)?;
-        buffer.set_deallocation_stream(stream)?;
+        let old = buffer.replace_deallocation_stream(stream)?;
         let taken = guard.take();
         drop(guard);
+        // The old recipe may hold the last reference to a wrapped stream's Python object.
+        drop(old);
         close_taken(taken)
     }
 
@@ -83,21 +107,13 @@ impl SharedBuffer {
         self.mapped
     }
 
-    /// A new reference to the memory (DLPack, graph attachments).
-    ///
-    /// # Errors
-    /// [`MemoryError::Closed`].
-    pub(crate) fn handle(&self) -> Result<DevicePtrHandle, MemoryError> {
-        Ok(self.get()?.handle().clone())
-    }
-
     /// # Errors
     /// [`MemoryError::Closed`]; as `Buffer::set_deallocation_stream`.
     pub(crate) fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
-        self.lock()
-            .as_ref()
-            .ok_or(MemoryError::Closed)?
-            .set_deallocation_stream(stream)
+        // The old recipe is dropped after the lock: it may hold the last reference to a
+        // wrapped stream's Python object.
+        drop(self.replace_deallocation_stream(stream)?);
+        Ok(())
     }
 
     /// # Errors
@@ -111,53 +127,6 @@ impl SharedBuffer {
             .ok_or(MemoryError::Closed)?
             .replace_deallocation_stream(stream)
     }
-
-    /// # Errors
-    /// [`MemoryError::Closed`]; as `Buffer::is_device_accessible`.
-    pub(crate) fn is_device_accessible(&self) -> Result<bool, MemoryError> {
-        self.get()?.is_device_accessible()
-    }
-
-    /// # Errors
-    /// [`MemoryError::Closed`]; as `Buffer::is_host_accessible`.
-    pub(crate) fn is_host_accessible(&self) -> Result<bool, MemoryError> {
-        self.get()?.is_host_accessible()
-    }
-
-    /// # Errors
-    /// [`MemoryError::Closed`]; as `Buffer::is_managed`.
-    pub(crate) fn is_managed(&self) -> Result<bool, MemoryError> {
-        self.get()?.is_managed()
-    }
-
-    /// # Errors
-    /// [`MemoryError::Closed`]; as `Buffer::device_id`.
-    pub(crate) fn device_id(&self) -> Result<Option<i32>, MemoryError> {
-        self.get()?.device_id()
-    }
-
-    /// # Errors
-    /// [`MemoryError::Closed`] (either buffer); as `Buffer::copy_to`.
-    pub(crate) fn copy_to(
-        &self,
-        dst: &SharedBuffer,
-        stream: &StreamHandle,
-    ) -> Result<(), MemoryError> {
-        let (src, dst) = (self.get()?, dst.get()?);
-        src.copy_to(&dst, stream)
-    }
-
-    /// # Errors
-    /// [`MemoryError::Closed`]; as `Buffer::fill`.
-    pub(crate) fn fill(&self, value: FillValue, stream: &StreamHandle) -> Result<(), MemoryError> {
-        self.get()?.fill(value, stream)
-    }
-
-    /// # Errors
-    /// [`MemoryError::Closed`]; as `Buffer::ipc_descriptor`.
-    pub(crate) fn ipc_descriptor(&self) -> Result<IpcBufferDescriptor, MemoryError> {
-        self.get()?.ipc_descriptor()
-    }
 }
 
 /// Closes a buffer taken out of the state: when an operation in flight still holds it, its
@@ -165,10 +134,37 @@ impl SharedBuffer {
 fn close_taken(taken: Option<Arc<Buffer>>) -> Result<(), MemoryError> {
     match taken.map(Arc::try_unwrap) {
         None => Ok(()),
+        Some(Ok(buffer)) if buffer.is_mapped() => close_import(buffer),
         Some(Ok(buffer)) => buffer.close(),
         Some(Err(shared)) => {
             drop(shared);
             Ok(())
         }
     }
+}
+
+/// Closes an imported buffer and waits for its deallocation stream, so that when `close()`
+/// returns this import's part of the unmap has run (and the unmap itself, when it held the
+/// process's mapping last). The driver requires an importing process's free to have *completed*
+/// before the exporting process frees the allocation; with this, a consumer that closes its
+/// imports and then tells the exporter (a queue, a pipe) keeps that rule without knowing which
+/// stream the unmap went to. A stream that carries its context is synchronised; a default-stream
+/// token, its recipe context's legacy stream (which waits for every blocking stream of the
+/// context, docs/driver-facts.md F14).
+///
+/// Driver calls: those of the close, then `cuStreamSynchronize`.
+fn close_import(buffer: Buffer) -> Result<(), MemoryError> {
+    let wait = buffer.handle().recipe().map(|recipe| {
+        let stream = recipe.stream();
+        if stream.context().is_some() {
+            stream.clone()
+        } else {
+            StreamHandle::bound_default_stream(DefaultStream::Legacy, recipe.context())
+        }
+    });
+    buffer.close()?;
+    if let Some(stream) = wait {
+        stream.synchronize()?;
+    }
+    Ok(())
 }

@@ -8,16 +8,16 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use handles::{ContextHandle, DefaultStream, EventHandle, StreamHandle};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::pyclass::CompareOp;
+use pyo3::pyclass::{CompareOp, PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyTuple, PyType};
 
 use crate::errors::{closed, expected, Error, NO_CONTEXT};
-use crate::report::PyObjRef;
+use crate::report::{release, PyObjRef};
 
 /// `CU_STREAM_NON_BLOCKING`.
 const STREAM_NON_BLOCKING: u32 = 0x1;
@@ -38,9 +38,17 @@ pub(crate) fn hash_of(kind: &str, raw: u64) -> u64 {
 
 /// A CUDA stream: created (owned, destroyed once closed and no longer used by any pending free),
 /// wrapped from another library, or a default-stream token.
+///
+/// A stream wrapped from an object with `__cuda_stream__` keeps that object (in its handle):
+/// while this is the handle's only holder, the collector sees that reference, so an object
+/// that keeps the `Stream` wrapping it is collected (docs/decisions.md D10).
 #[pyclass(frozen, subclass, weakref, name = "Stream", module = "custody")]
 pub struct PyStream {
+    /// Cloned out (attached, briefly) by every use, so its count is stable while a collection
+    /// runs. No Python object is made or dropped while the lock is held.
     handle: Mutex<Option<StreamHandle>>,
+    /// The `__cuda_stream__` object the handle keeps, if any.
+    protocol: Option<Weak<PyObjRef>>,
     /// The raw `CUstream`, kept after `close()` so that the hash never changes.
     raw: usize,
     /// The process-wide default-stream singletons cannot be closed.
@@ -52,6 +60,7 @@ pub struct PyStream {
 #[pyclass(frozen, name = "_StreamInit", module = "custody._custody")]
 pub struct PyStreamInit {
     handle: Mutex<Option<StreamHandle>>,
+    protocol: Option<Weak<PyObjRef>>,
 }
 
 impl PyStream {
@@ -59,7 +68,16 @@ impl PyStream {
         PyStream {
             raw: handle.raw() as usize,
             handle: Mutex::new(Some(handle)),
+            protocol: None,
             singleton: false,
+        }
+    }
+
+    /// A stream object for `handle`, which keeps the `__cuda_stream__` object `protocol` sees.
+    fn with_protocol(handle: StreamHandle, protocol: Option<Weak<PyObjRef>>) -> PyStream {
+        PyStream {
+            protocol,
+            ..PyStream::new(handle)
         }
     }
 
@@ -92,11 +110,13 @@ impl PyStream {
     }
 }
 
-/// A `Stream` object of class `cls` (the `Stream` class itself when `None`) for `handle`.
+/// A `Stream` object of class `cls` (the `Stream` class itself when `None`) for `handle`
+/// (which keeps the `__cuda_stream__` object `protocol` sees, if any).
 fn stream_of_class<'py>(
     py: Python<'py>,
     cls: Option<&Bound<'py, PyType>>,
     handle: StreamHandle,
+    protocol: Option<Weak<PyObjRef>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     match cls {
         Some(cls) if !cls.is(py.get_type::<PyStream>()) => {
@@ -104,11 +124,12 @@ fn stream_of_class<'py>(
                 py,
                 PyStreamInit {
                     handle: Mutex::new(Some(handle)),
+                    protocol,
                 },
             )?;
             cls.call1((init,))
         }
-        _ => Ok(Bound::new(py, PyStream::new(handle))?.into_any()),
+        _ => Ok(Bound::new(py, PyStream::with_protocol(handle, protocol))?.into_any()),
     }
 }
 
@@ -132,7 +153,7 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
         ));
     }
     if object.hasattr("__cuda_stream__")? {
-        return wrap_protocol(object);
+        return Ok(wrap_protocol(object)?.0);
     }
     Err(expected(
         "Stream (or an object with __cuda_stream__)",
@@ -140,8 +161,9 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
     ))
 }
 
-/// Wraps an object implementing the `__cuda_stream__` protocol (`(version, handle)`).
-fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle> {
+/// Wraps an object implementing the `__cuda_stream__` protocol (`(version, handle)`); the
+/// handle keeps the object, seen through the returned `Weak`.
+fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<(StreamHandle, Weak<PyObjRef>)> {
     let info = object.call_method0("__cuda_stream__")?;
     let tuple = info.cast::<PyTuple>().map_err(|_| {
         PyTypeError::new_err("__cuda_stream__ must return a (version, handle) tuple")
@@ -158,22 +180,31 @@ fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle> {
         )));
     }
     let raw: usize = tuple.get_item(1)?.extract()?;
-    let owner = PyObjRef::new(object.clone().unbind());
-    Ok(object
+    let owner = Arc::new(PyObjRef::new(object.clone().unbind()));
+    let weak = Arc::downgrade(&owner);
+    let stream = object
         .py()
         .detach(|| crate::ffi::wrap_foreign_stream(raw, Some(Box::new(owner))))
-        .map_err(Error::from)?)
+        .map_err(Error::from)?;
+    // A stream custody made comes back as its own handle, and the owner is dropped: the weak
+    // reference is dead then.
+    Ok((stream, weak))
 }
 
-/// Wraps a stream given as an `int` handle or an object with `__cuda_stream__`.
-fn stream_from_handle(py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<StreamHandle> {
+/// Wraps a stream given as an `int` handle or an object with `__cuda_stream__` (then also the
+/// `Weak` through which the handle's reference to it is seen).
+fn stream_from_handle(
+    py: Python<'_>,
+    handle: &Bound<'_, PyAny>,
+) -> PyResult<(StreamHandle, Option<Weak<PyObjRef>>)> {
     if handle.is_none() {
         return Err(PyTypeError::new_err(
             "a stream handle (int) is required, got None",
         ));
     }
     if handle.hasattr("__cuda_stream__")? {
-        return wrap_protocol(handle);
+        let (stream, protocol) = wrap_protocol(handle)?;
+        return Ok((stream, Some(protocol)));
     }
     let raw: usize = handle.extract().map_err(|e: PyErr| {
         if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
@@ -182,9 +213,10 @@ fn stream_from_handle(py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Str
             expected("int stream handle", handle)
         }
     })?;
-    Ok(py
+    let stream = py
         .detach(|| crate::ffi::wrap_foreign_stream(raw, None))
-        .map_err(Error::from)?)
+        .map_err(Error::from)?;
+    Ok((stream, None))
 }
 
 /// Reads option `name` (a bool) from an options dataclass or a dict; `None` reads as `false`.
@@ -235,7 +267,7 @@ impl PyStream {
                     .unwrap_or_else(PoisonError::into_inner)
                     .take();
                 if let Some(handle) = handle {
-                    return Ok(PyStream::new(handle));
+                    return Ok(PyStream::with_protocol(handle, init.get().protocol.clone()));
                 }
             }
         }
@@ -258,12 +290,13 @@ impl PyStream {
         ctx: Option<&Bound<'py, PyContext>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = cls.py();
-        let handle = match obj.filter(|o| !o.is_none()) {
+        let (handle, protocol) = match obj.filter(|o| !o.is_none()) {
             Some(obj) => {
                 if !obj.hasattr("__cuda_stream__")? {
                     return Err(expected("an object with __cuda_stream__", obj));
                 }
-                wrap_protocol(obj)?
+                let (handle, protocol) = wrap_protocol(obj)?;
+                (handle, Some(protocol))
             }
             None => {
                 let context = match (ctx, device_id) {
@@ -276,10 +309,10 @@ impl PyStream {
                         .map_err(Error::from)?
                         .ok_or_else(|| PyRuntimeError::new_err(NO_CONTEXT))?,
                 };
-                create_stream_handle(py, &context, options)?
+                (create_stream_handle(py, &context, options)?, None)
             }
         };
-        stream_of_class(py, Some(cls), handle)
+        stream_of_class(py, Some(cls), handle, protocol)
     }
 
     /// The legacy default stream as an object of this class (`LEGACY_DEFAULT_STREAM` itself
@@ -293,7 +326,7 @@ impl PyStream {
                 .clone()
                 .into_any());
         }
-        stream_of_class(py, Some(cls), StreamHandle::legacy())
+        stream_of_class(py, Some(cls), StreamHandle::legacy(), None)
     }
 
     /// The per-thread default stream as an object of this class (`PER_THREAD_DEFAULT_STREAM`
@@ -307,14 +340,42 @@ impl PyStream {
                 .clone()
                 .into_any());
         }
-        stream_of_class(py, Some(cls), StreamHandle::per_thread())
+        stream_of_class(py, Some(cls), StreamHandle::per_thread(), None)
     }
 
     /// Wraps a stream made elsewhere: an `int` handle, or an object with `__cuda_stream__`.
     #[staticmethod]
     fn from_handle(py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Py<PyStream>> {
-        let stream = stream_from_handle(py, handle)?;
-        Py::new(py, PyStream::new(stream))
+        let (stream, protocol) = stream_from_handle(py, handle)?;
+        Py::new(py, PyStream::with_protocol(stream, protocol))
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Some(protocol) = &self.protocol else {
+            return Ok(());
+        };
+        let Ok(handle) = self.handle.try_lock() else {
+            return Ok(());
+        };
+        // Only while this object holds the handle alone is its reference this object's.
+        if handle.as_ref().is_some_and(|h| h.handle_count() == 1) {
+            if let Some(object) = protocol.upgrade() {
+                visit.call(object.get())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Breaks a garbage cycle: releases the handle (and with it the object it keeps).
+    fn __clear__(&self, py: Python<'_>) {
+        let taken = self
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(stream) = taken {
+            release(py, move || drop(stream));
+        }
     }
 
     /// `(0, handle)`: the `__cuda_stream__` protocol.
@@ -935,6 +996,7 @@ pub(crate) fn singleton(py: Python<'_>, kind: DefaultStream) -> PyResult<&'stati
         PyStream {
             raw: handle.raw() as usize,
             handle: Mutex::new(Some(handle)),
+            protocol: None,
             singleton: true,
         },
     )?;

@@ -45,11 +45,16 @@ CHILD = textwrap.dedent(
     data = ctypes.string_at(staging.handle, buf.size)
     ptr = buf.handle
     alloc = EMU.alloc_id(ptr) if EMU else None
-    buf.close()
     staging.close()
+    buf.close()
     if EMU is not None:
         (free,) = EMU.calls_to("cuMemFreeAsync", alloc=alloc)
         assert free["stream"] == s.handle and free["result"] == 0, free
+        # close() of an import returns once the unmap has run (the exporter may free then).
+        calls = EMU.calls()
+        at = calls.index(free)
+        assert any(c["function"] == "cuStreamSynchronize" and c["stream"] == s.handle
+                   for c in calls[at + 1:]), "close() did not wait for the unmap"
         assert EMU.hazards() == [], EMU.hazards()
     print(data.hex())
     """

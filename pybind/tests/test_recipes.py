@@ -13,7 +13,6 @@ import custody
 from conftest import (
     RecordingResource,
     current_context,
-    needs_emulator,
     run_in_thread,
 )
 
@@ -451,34 +450,3 @@ def test_a_second_holder_sees_the_new_recipe(device, emu):
         assert free["stream"] == s1.handle
     s1.close()
     s2.close()
-
-
-@needs_emulator
-def test_host_only_python_resource_records_a_recipe_like_any_other(device, stream):
-    """Section 6 item 8, decided by D1: adoption by a host-only resource records a recipe too
-    (so a default token needs a context); with a created stream no context is needed, and
-    deallocate receives that stream in its context."""
-
-    class HostMR(custody.MemoryResource):
-        def __init__(self):
-            self.calls = []
-
-        def deallocate(self, ptr, size, *, stream):
-            self.calls.append((ptr, size, stream.handle, current_context()))
-
-        is_device_accessible = property(lambda self: False)
-        is_host_accessible = property(lambda self: True)
-        device_id = property(lambda self: -1)
-
-    mr = HostMR()
-
-    def on_thread():
-        with pytest.raises(RuntimeError, match="no CUDA context is current"):
-            custody.Buffer.from_handle(0x5000, 16, mr=mr)
-        buf = custody.Buffer.from_handle(0x5000, 16, mr=mr, stream=stream)
-        assert buf.is_host_accessible and not buf.is_device_accessible
-        buf.close()
-        return current_context()
-
-    assert run_in_thread(on_thread) == 0
-    assert mr.calls == [(0x5000, 16, stream.handle, device.context.handle)]

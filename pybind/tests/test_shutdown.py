@@ -1,6 +1,8 @@
 """Interpreter shutdown, in subprocesses: live buffers, a Python memory resource, queued deferred
-cleanup and a failing free at exit give a clean exit, no hang, and (for the failure) one line on
-stderr (docs/reference-notes.md section 5, scenarios 58, 72; docs/decisions.md D3, D7)."""
+cleanup and a failing free at exit give a clean exit, no hang, and (for the failure, and for
+each free through Python that finalization makes impossible) one line on stderr; an ``atexit``
+handler registered before ``import custody`` still frees through Python
+(docs/reference-notes.md section 5, scenarios 58, 72; docs/decisions.md D3, D7)."""
 
 import os
 import subprocess
@@ -127,3 +129,74 @@ def test_drain_before_exit_frees_everything(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+ATEXIT_FIRST = textwrap.dedent(
+    """
+    import atexit, gc, sys
+
+    def late():
+        # Registered before custody was imported, so it runs after custody's own atexit
+        # callback: the interpreter is still fully alive, and Python deallocates still run.
+        buf.close()
+        print("closed", buf.is_closed, len(mr.calls), flush=True)
+        global dropped
+        del dropped
+        gc.collect()
+        print("dropped", len(mr.calls), flush=True)
+        # Native frees run too: the handles crate stops calling the driver only at the C
+        # library's exit, after the interpreter has finalized.
+        native_ptr = native.handle
+        native.close()
+        print("native", EMU is None or native_ptr not in EMU.live_pointers(), flush=True)
+
+    atexit.register(late)
+
+    sys.path.insert(0, {tests!r})
+    import custody
+    from conftest import EMU, RecordingResource
+
+    dev = custody.Device(0)
+    dev.set_current()
+    s = dev.create_stream()
+    native = custody.DeviceMemoryResource(0).allocate(64, stream=s)
+    mr = RecordingResource()
+    buf = mr.allocate(64, stream=s)
+    dropped = mr.allocate(64, stream=s)
+    # Still alive when the interpreter finalizes: its deallocate cannot run then, and the
+    # skipped free is reported on stderr.
+    leaked = mr.allocate(64, stream=s)
+    print("leaked", hex(leaked.handle), flush=True)
+
+    # Kept in a cycle through this module's globals (MainMR.deallocate refers to them, and the
+    # buffers' resource holds the class): only the collector, at finalization, finds them;
+    # their skipped frees are reported too.
+    class MainMR(RecordingResource):
+        def deallocate(self, ptr, size, *, stream):
+            assert gc is not None
+            super().deallocate(ptr, size, stream=stream)
+
+    kept = [MainMR().allocate(32, stream=s) for _ in range(3)]
+    """
+)
+
+
+def test_atexit_handler_registered_before_import_still_frees(tmp_path):
+    """An atexit handler registered before ``import custody`` closes and drops buffers of a
+    Python memory resource: both deallocates run (the interpreter is alive during atexit
+    handlers). A buffer still alive when the interpreter finalizes is not freed through Python
+    then, and that skipped free is reported on stderr, naming the resource and the pointer."""
+    script = ATEXIT_FIRST.format(tests=os.path.dirname(__file__))
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    leaked = lines[0].split()[1]
+    assert lines[1:4] == ["closed True 1", "dropped 2", "native True"], out.stdout + out.stderr
+    skipped = [l for l in out.stderr.splitlines() if f"RecordingResource.deallocate({leaked}" in l]
+    assert len(skipped) == 1, out.stderr
+    assert "shutting down" in skipped[0] and "leaked" in skipped[0], skipped
+    cycle = [l for l in out.stderr.splitlines() if "MainMR.deallocate(0x" in l]
+    assert len(cycle) == 3 and all("leaked" in l for l in cycle), out.stderr
+    assert "Traceback" not in out.stderr, out.stderr

@@ -222,6 +222,11 @@ class Buffer:
     directly (``RuntimeError``). Any thread may use, close or drop it. Closed objects raise
     ``RuntimeError("Buffer has been closed")`` except for ``close()``, ``handle``, ``size``,
     ``is_closed``, ``memory_resource``, ``owner``, ``is_mapped`` and ``repr``.
+
+    A reference cycle through a buffer (an ``owner=`` or a memory resource that holds the
+    buffer) is collected by ``gc.collect()``; a free through a Python ``deallocate`` then runs
+    before any object of the cycle is cleared, with the recorded stream and the recipe's
+    context.
     """
 
     @staticmethod
@@ -267,7 +272,10 @@ class Buffer:
         a bad stream leaves the buffer open with its old recipe). A failing free raises
         (:class:`CUDAError`, or what a Python ``deallocate`` raised); the buffer is closed either
         way. May block for memory whose free is synchronous in the driver (pinned, managed,
-        ``cuMemAlloc``); stream-ordered frees do not wait.
+        ``cuMemAlloc``); stream-ordered frees do not wait, except an imported buffer's
+        (``is_mapped``): its close waits for its deallocation stream, so the unmap has run when
+        it returns (the driver requires an importing process's free to have completed before the
+        exporting process frees the allocation: close imports, then tell the exporter).
         """
     def set_deallocation_stream(self, stream: StreamLike) -> None:
         """Records the free on ``stream`` from now on: the whole recipe is replaced atomically,
@@ -316,7 +324,8 @@ class Buffer:
         """Whether the memory is managed."""
     @property
     def device_id(self) -> int:
-        """The device the memory belongs to; -1 for memory bound to no device."""
+        """The device the memory belongs to; -1 for memory bound to no device. For memory a
+        Python resource frees, that resource's ``device_id``, read now (it may raise)."""
     @property
     def is_mapped(self) -> bool:
         """Whether the buffer was imported from another process."""
@@ -428,10 +437,18 @@ class MemoryResource:
 
     A subclass implements ``allocate`` (usually returning ``Buffer.from_handle(ptr, size,
     mr=self, stream=stream)``), ``deallocate``, ``is_device_accessible``,
-    ``is_host_accessible`` and ``device_id``. Its ``deallocate`` runs at teardown from whatever
-    thread drops the buffer, with the recipe's context current and the GIL held only for that
-    call; an exception from it is reported as a :class:`CUDAWarning` (re-raised by an explicit
-    ``close()``). During interpreter shutdown it is not called (the memory is leaked).
+    ``is_host_accessible`` and ``device_id`` (read only when asked, never at adoption). Its
+    ``deallocate`` runs at teardown from whatever thread drops the buffer, with the recipe's
+    context current and the GIL held only for that call; a host-only resource
+    (``is_device_accessible`` False) has no recipe: adoption needs no context, any ``stream``
+    given has nothing to order, and ``deallocate`` receives ``default_stream()`` with no
+    context made current; an exception from it is reported as a :class:`CUDAWarning` (re-raised by an explicit
+    ``close()``). It is never entered on a thread where a ``deallocate`` call is already
+    running: a buffer released inside one (its last reference dropped, a garbage collection, a
+    ``close()``) is freed right after that call returns, on the same thread, in its own recipe's
+    context (a failure then is a :class:`CUDAWarning`). Once the interpreter is finalizing it is
+    not called: the memory is leaked and that is reported on stderr (``atexit`` handlers still
+    free through it).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -1,0 +1,208 @@
+//! One Python `deallocate` at a time on each thread (docs/decisions.md D10): a Python memory
+//! resource's `deallocate` is never entered on a thread where one is already running there.
+//!
+//! A release can start inside a running `deallocate`: the call drops the last reference to
+//! another buffer, runs the cyclic garbage collector (or an allocation does), or closes a buffer
+//! explicitly. Entering the resource's `deallocate` again there would re-enter user code that
+//! may hold a non-reentrant lock (a deadlock) or be half-way through changing its state. Such a
+//! nested call is queued on the thread instead, with the context that the release made current
+//! for it (its recipe's), and run when the running call returns, on the same thread:
+//!
+//! - in the order the releases happened, each with its recipe's context current (made current
+//!   and restored around the call, as a release does) and on its own recorded stream; a queued
+//!   call that releases more queues those behind it;
+//! - a nested release returns at once, as if freed: a nested explicit `close()` cannot return
+//!   the free's error, so a queued call that fails (raises, or cannot have its context made
+//!   current) is reported as a `CUDAWarning`, naming the resource and the pointer, and the
+//!   others still run;
+//! - the running call's own outcome is unchanged (returned to its explicit `close()` or reported
+//!   by its drop); the queued calls run before that outcome is delivered, so their reports come
+//!   first.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use handles::{ContextHandle, ContextScope, StreamHandle};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::report::{report, with_python, PyObjRef};
+use crate::stream::{default_stream, PyStream};
+
+/// One call of a Python memory resource's `deallocate(ptr, size, stream=...)`.
+pub(crate) struct Deallocate {
+    /// The Python memory resource.
+    pub(crate) resource: Arc<PyObjRef>,
+    /// Its class's name, for messages.
+    pub(crate) type_name: Arc<str>,
+    pub(crate) ptr: u64,
+    pub(crate) size: usize,
+    /// The recipe's stream; `None` for host-only memory, which has no recipe: `deallocate`
+    /// then gets `default_stream()`.
+    pub(crate) stream: Option<StreamHandle>,
+}
+
+/// A queued call and the context its release made current for it (`None`: none was).
+struct Queued {
+    call: Deallocate,
+    context: Option<ContextHandle>,
+}
+
+thread_local! {
+    /// Whether a Python `deallocate` is running on this thread.
+    static RUNNING: Cell<bool> = const { Cell::new(false) };
+    /// Calls released while one was running, in order.
+    static QUEUE: RefCell<VecDeque<Queued>> = const { RefCell::new(VecDeque::new()) };
+}
+
+/// Why a call did not free: the error a Python memory resource's deallocation carries through
+/// the handles crate (`HandleError::Deallocator`'s source).
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The Python call raised: the text names the resource, the pointer and the exception, and
+    /// the exception itself travels along, for an explicit close to re-raise.
+    Raised { text: String, exception: PyErr },
+    /// Python could not be reached (the interpreter is shutting down): not called, leaked.
+    Skipped { text: String },
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Raised { text, .. } | Failure::Skipped { text } => f.write_str(text),
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl Failure {
+    /// The exception the Python `deallocate` raised, if it ran and raised.
+    pub(crate) fn exception(&self) -> Option<&PyErr> {
+        match self {
+            Failure::Raised { exception, .. } => Some(exception),
+            Failure::Skipped { .. } => None,
+        }
+    }
+}
+
+impl Deallocate {
+    /// `<Class>.deallocate(0x<ptr>, <size>)`.
+    fn name(&self) -> String {
+        format!(
+            "{}.deallocate(0x{:x}, {})",
+            self.type_name, self.ptr, self.size
+        )
+    }
+
+    /// Calls the Python `deallocate`, attached for the call.
+    fn invoke(&self) -> Result<(), Failure> {
+        let outcome = with_python(|py| -> PyResult<()> {
+            let kwargs = PyDict::new(py);
+            match &self.stream {
+                Some(stream) => kwargs.set_item("stream", PyStream::new(stream.clone()))?,
+                None => kwargs.set_item("stream", default_stream(py)?)?,
+            }
+            self.resource.get().bind(py).call_method(
+                "deallocate",
+                (self.ptr, self.size),
+                Some(&kwargs),
+            )?;
+            Ok(())
+        });
+        match outcome {
+            Some(Ok(())) => Ok(()),
+            Some(Err(exception)) => Err(Failure::Raised {
+                text: format!("{} raised {exception}", self.name()),
+                exception,
+            }),
+            None => Err(Failure::Skipped {
+                text: format!(
+                    "{} was not called: the interpreter is shutting down, so the memory is \
+                     leaked",
+                    self.name()
+                ),
+            }),
+        }
+    }
+}
+
+/// Resets [`RUNNING`] when the outermost call ends, even by a panic.
+struct Running;
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = RUNNING.try_with(|running| running.set(false));
+    }
+}
+
+/// Runs `call` now, or queues it when a Python `deallocate` is running on this thread (see the
+/// module documentation). A queued call returns `Ok(())` at once.
+///
+/// Driver calls: `cuCtxGetCurrent` when queueing; for each queued call run afterwards,
+/// `cuCtxGetCurrent` and `cuCtxSetCurrent` (when its context is not current) around it.
+pub(crate) fn deallocate(call: Deallocate) -> Result<(), Failure> {
+    let running = RUNNING.try_with(|running| running.replace(true));
+    match running {
+        // Thread-local storage is gone (the thread is exiting): nothing can be queued.
+        Err(_) => return call.invoke(),
+        Ok(true) => {
+            // The release made the recipe's context current for this call: keep it (host-only
+            // memory has no recipe, and needs no context).
+            let context = match call.stream {
+                Some(_) => ContextHandle::current().ok().flatten(),
+                None => None,
+            };
+            let queued = Queued { call, context };
+            let _ = QUEUE.try_with(|queue| queue.borrow_mut().push_back(queued));
+            return Ok(());
+        }
+        Ok(false) => {}
+    }
+    let running = Running;
+    let outcome = call.invoke();
+    while let Some(next) = QUEUE
+        .try_with(|queue| queue.borrow_mut().pop_front())
+        .ok()
+        .flatten()
+    {
+        run_queued(next);
+    }
+    drop(running);
+    outcome
+}
+
+/// Runs a queued call in its context and reports what went wrong (after the restore).
+fn run_queued(queued: Queued) {
+    let Queued { call, context } = queued;
+    let scope = match context.as_ref().map(ContextScope::enter).transpose() {
+        Ok(scope) => scope,
+        Err(error) => {
+            report(&format!(
+                "{} was not called: its recipe's context 0x{:x} could not be made current \
+                 ({error}), so the memory is leaked",
+                call.name(),
+                context.as_ref().map_or(0, |c| c.raw() as usize)
+            ));
+            return;
+        }
+    };
+    let outcome = call.invoke();
+    let restored = scope.map_or(Ok(()), ContextScope::exit);
+    match outcome {
+        Ok(()) => {}
+        Err(Failure::Raised { text, .. }) => report(&format!(
+            "{text} (a release made inside another deallocate call on this thread, run after \
+             it returned); the memory may have leaked"
+        )),
+        Err(Failure::Skipped { text }) => report(&text),
+    }
+    if let Err(error) = restored {
+        report(&format!(
+            "{} ran, but the caller's context could not be restored afterwards ({error}); \
+             the recipe's context is still current",
+            call.name()
+        ));
+    }
+}
