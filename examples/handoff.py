@@ -105,7 +105,10 @@ class Demo:
         print("    stream   %s%s (emulator's call log)" % (
             self.stream(passed),
             ", which the driver resolved to 0x%x" % resolved if resolved not in (None, passed) else ""))
-        print("    context  %s (emulator's call log)" % self.ctx(free["context"]))
+        owner = free.get("stream_context")
+        print("    context  %s current%s (emulator's call log)" % (
+            self.ctx(free["context"]),
+            "; the stream belongs to %s" % self.ctx(owner) if owner not in (None, free["context"]) else ""))
         on_thread = [c for c in window if c["thread"] == free["thread"]]
         steps = []
         for i, c in enumerate(on_thread):
@@ -126,7 +129,17 @@ class Demo:
                                    "none (the checker saw the free ordered after every use)"))
         self.check(free["result"] == 0, "the free succeeded")
         self.check(passed == stream, "freed on the recorded stream %s" % self.stream(stream))
-        self.check(free["context"] == context, "freed in the recorded context %s" % self.ctx(context))
+        if stream in (0, 1, 2):
+            # A token means "the current context's stream": custody makes the recorded context
+            # current for the call (docs/decisions.md D2).
+            self.check(free["context"] == context, "freed with the recorded context %s current" % self.ctx(context))
+        else:
+            # A created stream names its context: the free is ordered there with whatever context
+            # the thread has, so custody switches none (docs/decisions.md D2, docs/driver-facts.md F4, F8).
+            self.check(free.get("stream_context") == context,
+                       "freed on a stream of the recorded context %s" % self.ctx(context))
+            self.check(not any(c["function"] == "cuCtxSetCurrent" for c in on_thread),
+                       "no context switch for a free on a created stream")
         self.check(free["thread"] == seen["emu_thread"], "freed on the releasing thread (%s)" % seen["thread"])
         self.check(not hazards, "no stream-order hazard")
 

@@ -59,8 +59,19 @@ fn in_callback() -> bool {
 pub(crate) struct CallInfo {
     /// The stream the call resolved to, if it takes one.
     pub(crate) resolved_stream: Option<u64>,
+    /// The context that owns that stream: the one a stream-ordered call is ordered in, whatever
+    /// context is current (docs/driver-facts.md F4, F8).
+    pub(crate) stream_context: Option<u64>,
     /// The identity of the allocation the call made, freed or imported.
     pub(crate) alloc: Option<u64>,
+}
+
+impl CallInfo {
+    /// Records that the call resolved its stream argument to `r`, and `r`'s context.
+    pub(crate) fn resolved(&mut self, st: &crate::state::State, r: u64) {
+        self.resolved_stream = Some(r);
+        self.stream_context = st.streams.get(&r).map(|s| s.ctx);
+    }
 }
 
 /// One logged call, serialised as `test_support::emu::Call`.
@@ -72,6 +83,7 @@ pub(crate) struct CallRecord {
     context: u64,
     stream: Option<u64>,
     resolved_stream: Option<u64>,
+    stream_context: Option<u64>,
     ptr: Option<u64>,
     alloc: Option<u64>,
     result: CUresult,
@@ -231,6 +243,7 @@ pub(crate) fn entry(
             context,
             stream,
             resolved_stream: info.resolved_stream,
+            stream_context: info.stream_context,
             ptr,
             alloc: info.alloc,
             result,

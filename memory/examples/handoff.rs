@@ -410,8 +410,14 @@ impl Demo {
             }
         );
         println!(
-            "    context  {} (emulator's call log)",
-            self.ctx(free.context)
+            "    context  {} current{} (emulator's call log)",
+            self.ctx(free.context),
+            match free.stream_context {
+                Some(owner) if owner != free.context => {
+                    format!("; the stream belongs to {}", self.ctx(owner))
+                }
+                _ => String::new(),
+            }
         );
         // The thread's calls in the window; a cuCtxSetCurrent's target is the context the
         // thread's next call saw (the last one's, the context found after the release).
@@ -464,10 +470,32 @@ impl Demo {
             passed == stream_raw,
             format!("freed on the recorded stream {}", self.stream(stream_raw)),
         );
-        self.check(
-            free.context == context_raw,
-            format!("freed in the recorded context {}", self.ctx(context_raw)),
-        );
+        if stream.default_kind().is_some() {
+            // A token means "the current context's stream": custody makes the recorded context
+            // current for the call (docs/decisions.md D2).
+            self.check(
+                free.context == context_raw,
+                format!(
+                    "freed with the recorded context {} current",
+                    self.ctx(context_raw)
+                ),
+            );
+        } else {
+            // A created stream names its context: the free is ordered there with whatever
+            // context the thread has, so custody switches none (docs/decisions.md D2,
+            // docs/driver-facts.md F4, F8).
+            self.check(
+                free.stream_context == Some(context_raw),
+                format!(
+                    "freed on a stream of the recorded context {}",
+                    self.ctx(context_raw)
+                ),
+            );
+            self.check(
+                !on_thread.iter().any(|c| c.function == "cuCtxSetCurrent"),
+                "no context switch for a free on a created stream",
+            );
+        }
         self.check(
             Some(free.thread) == seen.emu_thread,
             format!("freed on the releasing thread ({})", seen.thread),

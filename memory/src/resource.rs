@@ -66,6 +66,13 @@ pub trait MemoryResource: Send + Sync + 'static {
         false
     }
 
+    /// The resource as its user knows it, for cleanup reports about memory it frees (a binding's
+    /// resource: its class's name). Default: the Rust type's name without its module path.
+    fn name(&self) -> &str {
+        let full = std::any::type_name::<Self>();
+        full.rsplit("::").next().unwrap_or(full)
+    }
+
     /// Takes `allocation` into custody for [`Buffer::adopt`], to be freed with the recipe
     /// recorded now for `stream`.
     ///
@@ -144,6 +151,10 @@ impl<R: MemoryResource + ?Sized> Deallocator for MemoryResourceDeallocator<R> {
         self.0
             .deallocate(allocation, stream)
             .map_err(HandleError::from)
+    }
+
+    fn name(&self) -> &str {
+        self.0.name()
     }
 }
 

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `HandleError::Driver` (a driver call failed), `HandleError::Load` | `CUDAError` (a `RuntimeError`), message naming the call and the driver's error name; `.name` and `.code` attributes |
 //! | `HandleError::NoCurrentContext` | `RuntimeError("no CUDA context is current ...")` |
+//! | `HandleError::ContextNotActivated`, `HandleError::ContextNotRestored` | `CUDAError` whose text says what happened (did not run; or succeeded, the caller's context not restored, which is current), `.name`/`.code` the context call's |
 //! | `MemoryError::Closed` | `RuntimeError("Buffer has been closed")` |
 //! | `MemoryError::ResourceClosed` | `RuntimeError("DeviceMemoryResource has been closed")` (or Pinned...) |
 //! | `HandleError::Deallocator` | the exception the Python memory resource's `deallocate` raised (it travels as the error's source); else `RuntimeError` |
@@ -100,6 +101,17 @@ fn handle_error(error: HandleError) -> PyErr {
             format!("no CUDA driver: {load}"),
         ),
         HandleError::NoCurrentContext => PyRuntimeError::new_err(NO_CONTEXT),
+        // The text says what happened (did not run and leaked / succeeded but the context was
+        // not restored); `.name` and `.code` are the context call's.
+        HandleError::ContextNotActivated {
+            error: ref driver, ..
+        }
+        | HandleError::ContextNotRestored {
+            error: ref driver, ..
+        } => {
+            let (name, code) = (driver.code.name(), driver.code.0);
+            cuda_error(name, code, error.to_string())
+        }
         HandleError::InvalidArgument { .. } | HandleError::WrongDevice { .. } => {
             PyValueError::new_err(error.to_string())
         }

@@ -337,6 +337,11 @@ impl MemoryResource for PyResourceAdapter {
     fn is_managed(&self) -> bool {
         self.managed
     }
+
+    /// The Python class's name: what reports call the resource.
+    fn name(&self) -> &str {
+        &self.type_name
+    }
 }
 
 /// What [`resolve`] finds: the Rust resource, and for an adapter a `Weak` to its Python object.

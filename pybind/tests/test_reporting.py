@@ -11,8 +11,10 @@ import pytest
 import custody
 from conftest import (
     CUDA_ERROR_DEINITIALIZED,
+    CUDA_ERROR_INVALID_CONTEXT,
     CUDA_ERROR_INVALID_VALUE,
     RecordingResource,
+    clear_current,
     cuda_warnings,
     current_context,
     needs_emulator,
@@ -203,3 +205,85 @@ def test_keyboard_interrupt_in_deallocate_is_reported(device, recorded_warnings)
 def test_cudawarning_is_a_runtime_warning():
     assert issubclass(custody.CUDAWarning, RuntimeWarning)
     assert issubclass(custody.CUDAError, RuntimeError)
+
+
+def _no_rust_names(text: str):
+    assert "::" not in text and "Deallocator" not in text, text
+
+
+def test_python_deallocate_failure_names_the_python_class(device, recorded_warnings):
+    """A drop whose Python deallocate raised: the CUDAWarning names the resource by its Python
+    class (not an internal Rust item), the operation, the exception and the consequence."""
+    rec = RecordingResource(fail=ValueError("boom"))
+    buf = rec.allocate(64, stream=custody.LEGACY_DEFAULT_STREAM)
+    ptr = buf.handle
+    del buf
+    gc.collect()
+    (message,) = [str(w.message) for w in cuda_warnings(recorded_warnings)]
+    assert message.startswith(f"deallocate(0x{ptr:x}) [RecordingResource]"), message
+    assert "ValueError: boom" in message and "leaked" in message, message
+    _no_rust_names(message)
+    rec.release_all()
+
+
+@needs_emulator
+def test_activation_failure_on_drop_says_it_leaked(device, emu, recorded_warnings):
+    """A drop whose recipe context cannot be made current: the warning names the Python class,
+    says the activation failed and that the memory was leaked; deallocate was not called."""
+    rec = RecordingResource()
+    buf = rec.allocate(64, stream=custody.LEGACY_DEFAULT_STREAM)
+    ptr = buf.handle
+    holder = [buf]
+    del buf
+
+    def drop():
+        emu.inject_fault("cuCtxSetCurrent", 1, CUDA_ERROR_INVALID_CONTEXT)
+        holder.clear()
+        return current_context()
+
+    assert run_in_thread(drop) == 0
+    (message,) = [str(w.message) for w in cuda_warnings(recorded_warnings)]
+    assert message.startswith(f"deallocate(0x{ptr:x}) [RecordingResource]"), message
+    assert "making its context current failed" in message, message
+    assert "CUDA_ERROR_INVALID_CONTEXT" in message and "leaked" in message, message
+    _no_rust_names(message)
+    assert rec.calls == []
+    rec.release_all()
+
+
+@needs_emulator
+@pytest.mark.parametrize("resource", ["pool", "python"])
+def test_close_whose_restore_failed_says_the_free_succeeded(device, emu, resource):
+    """An explicit close whose free succeeded but whose restore of the caller's context failed
+    raises a CUDAError that says so (freed; the caller's context not restored, which one is
+    current); the buffer is closed and the memory is not freed twice."""
+    rec = RecordingResource() if resource == "python" else None
+    mr = rec if rec is not None else custody.DeviceMemoryResource(0)
+    buf = mr.allocate(64, stream=custody.LEGACY_DEFAULT_STREAM)
+    ptr = buf.handle
+    alloc = emu.alloc_id(ptr)
+    a = device.context.handle
+
+    def close():
+        emu.inject_fault("cuCtxSetCurrent", 2, CUDA_ERROR_INVALID_CONTEXT)
+        try:
+            buf.close()
+        except custody.CUDAError as error:
+            left = current_context()
+            clear_current()
+            return error, left
+        raise AssertionError("the failed restore was not raised")
+
+    error, left = run_in_thread(close)
+    text = str(error)
+    operation = "deallocate" if rec is not None else "cuMemFreeAsync"
+    assert text.startswith(f"{operation} succeeded, but"), text
+    assert "was not restored" in text and f"0x{a:x} is still current" in text, text
+    assert error.name == "CUDA_ERROR_INVALID_CONTEXT" and error.code == CUDA_ERROR_INVALID_CONTEXT
+    assert left == a
+    assert buf.is_closed
+    if rec is not None:
+        assert [c["ptr"] for c in rec.calls] == [ptr]
+        rec.release_all()
+    else:
+        assert len(emu.calls_to("cuMemFreeAsync", alloc=alloc)) == 1

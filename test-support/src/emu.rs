@@ -95,6 +95,11 @@ pub struct Call {
     pub stream: Option<u64>,
     /// The stream the call resolved to (a token resolved against the thread's context).
     pub resolved_stream: Option<u64>,
+    /// The context that owns [`resolved_stream`](Call::resolved_stream): the one a
+    /// stream-ordered call is ordered in, whichever context is current (`None` when the call
+    /// resolved no stream, or destroyed it).
+    #[serde(default)]
+    pub stream_context: Option<u64>,
     /// The device pointer argument, if the function takes one.
     pub ptr: Option<u64>,
     /// The identity ([`Allocation::id`]) of the allocation the call made (the allocation

@@ -118,7 +118,7 @@ pub unsafe extern "C" fn cuGraphLaunch(exec: CUgraphExec, s: CUstream) -> CUresu
         let mut st = initialized()?;
         st.execs.get(&exec).ok_or(codes::BAD_HANDLE)?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         st.launch(exec, r)
     })
 }

@@ -407,7 +407,7 @@ pub unsafe extern "C" fn cuGraphUpload(exec: CUgraphExec, s: CUstream) -> CUresu
         let mut st = initialized()?;
         st.execs.get(&exec).ok_or(codes::BAD_HANDLE)?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         // Nothing to upload: the launch reads the graph where it is.
         Ok(())
     })

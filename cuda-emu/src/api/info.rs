@@ -142,7 +142,7 @@ pub unsafe extern "C" fn cuStreamGetId(s: CUstream, id: *mut c_ulonglong) -> CUr
         need(id)?;
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         // SAFETY: checked non-null (driver contract).
         unsafe { put(id, r) }
     })
@@ -155,7 +155,7 @@ pub unsafe extern "C" fn cuStreamGetDevice(s: CUstream, device: *mut CUdevice) -
         need(device)?;
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         // SAFETY: checked non-null (driver contract).
         unsafe { put(device, st.streams[&r].device) }
     })
@@ -172,7 +172,7 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
         need(pctx)?;
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         // No green contexts: the green context is NULL (documented for a stream of a context).
         // SAFETY: checked non-null; the green context out-pointer is optional (driver contract).
         unsafe {

@@ -229,7 +229,7 @@ fn alloc_async(
     need(dptr)?;
     let mut st = initialized()?;
     let r = st.resolve_stream(s)?;
-    info.resolved_stream = Some(r);
+    info.resolved(&st, r);
     let pool = match pool {
         Some(p) => p,
         None => st.device(st.streams[&r].device)?.current_pool,
@@ -307,7 +307,7 @@ fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
         return Err(codes::BAD_HANDLE);
     }
     let r = st.resolve_stream(s)?;
-    info.resolved_stream = Some(r);
+    info.resolved(&st, r);
     if addr == 0 {
         // Freeing NULL does nothing and succeeds (measured on an H200).
         return Ok(());
@@ -387,7 +387,7 @@ fn op_stream(st: &mut State, s: Option<u64>, info: &mut CallInfo) -> Res<u64> {
             st.resolve_stream(0)?
         }
     };
-    info.resolved_stream = Some(r);
+    info.resolved(&st, r);
     Ok(r)
 }
 

@@ -360,7 +360,7 @@ fn prefetch(
 ) -> Res {
     let mut st = initialized()?;
     let r = st.resolve_stream(s)?;
-    info.resolved_stream = Some(r);
+    info.resolved(&st, r);
     let (start, backing) = managed_range(&st, ptr, count)?;
     check_location(&st, loc)?;
     if st.enqueue_check(r)? {

@@ -74,7 +74,7 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
             Some(stream) if stream.kind == StreamKind::Created => {}
             _ => return Err(codes::BAD_HANDLE),
         }
-        info.resolved_stream = Some(s);
+        info.resolved(&st, s);
         // Queued work still runs; async allocations stay valid (F13).
         st.destroy_stream_entry(s);
         Ok(())
@@ -88,7 +88,7 @@ pub unsafe extern "C" fn cuStreamGetCtx(s: CUstream, pctx: *mut CUcontext) -> CU
         need(pctx)?;
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         // SAFETY: checked non-null (driver contract).
         unsafe { put(pctx, st.streams[&r].ctx as CUcontext) }
     })
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn cuStreamGetFlags(s: CUstream, flags: *mut c_uint) -> CU
         need(flags)?;
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         // SAFETY: checked non-null (driver contract).
         unsafe { put(flags, st.streams[&r].flags) }
     })
@@ -114,7 +114,7 @@ pub unsafe extern "C" fn cuStreamGetPriority(s: CUstream, priority: *mut c_int) 
         need(priority)?;
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         // SAFETY: checked non-null (driver contract).
         unsafe { put(priority, st.streams[&r].priority) }
     })
@@ -127,7 +127,7 @@ pub unsafe extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
         let (dep, clock) = {
             let mut st = initialized()?;
             let r = st.resolve_stream(s)?;
-            info.resolved_stream = Some(r);
+            info.resolved(&st, r);
             if let Some(id) = st.streams[&r].capture {
                 st.invalidate_capture(id);
                 return Err(codes::CAPTURE_UNSUPPORTED);
@@ -151,7 +151,7 @@ pub unsafe extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
     entry("cuStreamQuery", Some(s), None, |info| {
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         if let Some(id) = st.streams[&r].capture {
             st.invalidate_capture(id);
             return Err(codes::CAPTURE_UNSUPPORTED);
@@ -171,7 +171,7 @@ pub unsafe extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uin
     entry("cuStreamWaitEvent", Some(s), None, |info| {
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         if flags > 1 {
             return Err(codes::INVALID_VALUE);
         }
@@ -239,7 +239,7 @@ pub unsafe extern "C" fn cuLaunchHostFunc(s: CUstream, f: CUhostFn, data: *mut c
         };
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         if st.enqueue_check(r)? {
             st.capture_node(r, NodeKind::Host(cb))?;
             return Ok(());
@@ -331,7 +331,7 @@ fn memory_operation(
     }
     let mut st = initialized()?;
     let r = st.resolve_stream(s)?;
-    info.resolved_stream = Some(r);
+    info.resolved(&st, r);
     if st.enqueue_check(r)? {
         let id = st.streams[&r].capture.expect("capturing");
         st.invalidate_capture(id);
@@ -479,7 +479,7 @@ pub unsafe extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
         let mut st = initialized()?;
         let ev_ctx = st.events.get(&e).ok_or(codes::BAD_HANDLE)?.ctx;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         if st.streams[&r].ctx != ev_ctx {
             return Err(codes::EVENT_CONTEXT_MISMATCH);
         }
@@ -559,7 +559,7 @@ pub unsafe extern "C" fn cuStreamBeginCapture_v2(
     entry("cuStreamBeginCapture_v2", Some(s), None, |info| {
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         if mode > MODE_RELAXED {
             return Err(codes::INVALID_VALUE);
         }
@@ -597,7 +597,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, ph: *mut CUgraph) -> CU
         need(ph)?;
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         let result = st.end_capture(r);
         let g = *result.as_ref().unwrap_or(&0);
         // SAFETY: checked non-null (driver contract).
@@ -645,7 +645,7 @@ pub unsafe extern "C" fn cuStreamIsCapturing(
         need(status)?;
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         check_legacy_query(&st, r)?;
         // SAFETY: checked non-null; the value is a valid enumerator (driver contract).
         unsafe { put(status.cast::<u32>(), capture_status(&st, r)) }
@@ -666,7 +666,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
         need(status)?;
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
-        info.resolved_stream = Some(r);
+        info.resolved(&st, r);
         check_legacy_query(&st, r)?;
         let code = capture_status(&st, r);
         // SAFETY: checked non-null; the value is a valid enumerator (driver contract).
