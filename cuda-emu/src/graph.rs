@@ -1,7 +1,9 @@
 //! Graphs, graph execs, stream capture and user objects.
 //!
-//! A graph is a list of nodes in creation order, which is a topological order because a node's
-//! dependencies must exist when it is added. A launch is one stream operation that runs the
+//! A graph is a list of nodes in creation order, which is a topological order as long as edges
+//! come only with a node (its dependencies must exist when it is added); `cuGraphAddDependencies`
+//! can add an edge to an older node, so instantiation orders the nodes by their dependencies
+//! (creation order among nodes free to go). A launch is one stream operation that runs the
 //! nodes in that order on the stream's worker thread. Hazard bookkeeping for the nodes' memory
 //! happens when the launch is enqueued, like any other operation.
 //!
@@ -417,11 +419,20 @@ impl State {
     }
 
     /// Instantiates graph `g`.
+    /// Instantiates graph `g`; a graph whose edges form a cycle is refused with
+    /// `CUDA_ERROR_INVALID_VALUE` (a guess: no driver was asked).
     pub(crate) fn instantiate(&mut self, g: u64, flags: u64) -> Res<u64> {
         let (nodes, refs) = {
             let graph = self.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
             let refs: Vec<(u64, u64)> = graph.user_objects.iter().map(|(&u, &n)| (u, n)).collect();
-            (graph.nodes.iter().map(|n| n.kind).collect::<Vec<_>>(), refs)
+            let order = dependency_order(&graph.nodes).ok_or(codes::INVALID_VALUE)?;
+            (
+                order
+                    .iter()
+                    .map(|&i| graph.nodes[i].kind)
+                    .collect::<Vec<_>>(),
+                refs,
+            )
         };
         for &(uo, n) in &refs {
             self.retain_user_object(uo, n)?;
@@ -751,4 +762,18 @@ impl State {
         }
         Ok(c.graph)
     }
+}
+
+/// The nodes' indices in an order that runs every node after its dependencies, earliest-created
+/// first among those ready; `None` when the edges form a cycle.
+pub(crate) fn dependency_order(nodes: &[Node]) -> Option<Vec<usize>> {
+    let mut done = vec![false; nodes.len()];
+    let mut order = Vec::with_capacity(nodes.len());
+    while order.len() < nodes.len() {
+        let next = (0..nodes.len())
+            .find(|&i| !done[i] && nodes[i].deps.iter().all(|&d| d < nodes.len() && done[d]))?;
+        done[next] = true;
+        order.push(next);
+    }
+    Some(order)
 }

@@ -152,3 +152,122 @@ pub(crate) fn decode_export(data: &[u8; 64]) -> Option<(u64, u64, u64)> {
         u64::from_le_bytes(data[24..32].try_into().ok()?),
     ))
 }
+
+// ---------------------------------------------------------------------------------------------
+// Interprocess events
+
+const EVENT_MAGIC: &[u8; 8] = b"CUEMUEV1";
+/// Bytes of an interprocess event's shared page: magic, id, records begun, records completed.
+const EVENT_PAGE: usize = 4096;
+const RECORDED: usize = 16;
+const COMPLETED: usize = 24;
+
+/// The part of an interprocess event (`CU_EVENT_INTERPROCESS`) that other processes see: a page
+/// of a memfd holding two counters, the number of records begun and the highest record number
+/// whose stream has reached it. The exporting process keeps the memfd open for the event's
+/// life; an importing process opens it through `/proc/<pid>/fd/<fd>`, which the 64 bytes of
+/// `CUipcEventHandle` name (with the event's id, checked against the page, so that a reused
+/// descriptor number is not taken for the event).
+pub(crate) struct IpcEvent {
+    map: SharedMap,
+    id: u64,
+}
+
+impl IpcEvent {
+    /// A new event's shared page, no record begun.
+    pub(crate) fn create() -> std::io::Result<Arc<IpcEvent>> {
+        let map = SharedMap::create("cuda-emu-event", EVENT_PAGE)?;
+        let id = arena_id();
+        let mut header = [0u8; 16];
+        header[..8].copy_from_slice(EVENT_MAGIC);
+        header[8..16].copy_from_slice(&id.to_le_bytes());
+        // SAFETY: the mapping is EVENT_PAGE bytes long and nobody else uses it yet.
+        unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), map.ptr(), header.len()) };
+        Ok(Arc::new(IpcEvent { map, id }))
+    }
+
+    fn counter(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: `offset` is 8-aligned inside the page-aligned mapping, which lives as long as
+        // `self`; every process touches these bytes only through atomics.
+        unsafe {
+            &*self
+                .map
+                .ptr()
+                .add(offset)
+                .cast::<std::sync::atomic::AtomicU64>()
+        }
+    }
+
+    /// Begins a record: its number, for [`IpcEvent::complete`] once its stream reaches it.
+    pub(crate) fn begin_record(&self) -> u64 {
+        use std::sync::atomic::Ordering;
+        self.counter(RECORDED).fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Record `number` has been reached by its stream.
+    pub(crate) fn complete(&self, number: u64) {
+        use std::sync::atomic::Ordering;
+        self.counter(COMPLETED).fetch_max(number, Ordering::SeqCst);
+    }
+
+    /// The latest record begun so far (0: never recorded), what a wait or query is about.
+    pub(crate) fn latest(&self) -> u64 {
+        use std::sync::atomic::Ordering;
+        self.counter(RECORDED).load(Ordering::SeqCst)
+    }
+
+    /// Whether record `number` (and so every earlier one) has been reached.
+    pub(crate) fn reached(&self, number: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        self.counter(COMPLETED).load(Ordering::SeqCst) >= number
+    }
+
+    /// Blocks until record `number` has been reached. Another process's progress wakes no
+    /// condition variable here, so this polls, backing off to a millisecond.
+    pub(crate) fn wait(&self, number: u64) {
+        let mut pause = std::time::Duration::from_micros(20);
+        while !self.reached(number) {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// The 64 bytes of `CUipcEventHandle`: magic, this process's id, the memfd's descriptor
+    /// number, the event's id.
+    pub(crate) fn encode(&self) -> [u8; 64] {
+        use std::os::fd::AsRawFd;
+        let mut out = [0u8; 64];
+        out[..8].copy_from_slice(EVENT_MAGIC);
+        out[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+        out[12..16].copy_from_slice(&self.map.file().as_raw_fd().to_le_bytes());
+        out[16..24].copy_from_slice(&self.id.to_le_bytes());
+        out
+    }
+
+    /// Opens the event a handle names (`None`: not an emulator event handle, or its exporting
+    /// process or event is gone).
+    pub(crate) fn open(handle: &[u8; 64]) -> Option<Arc<IpcEvent>> {
+        if &handle[..8] != EVENT_MAGIC {
+            return None;
+        }
+        let pid = u32::from_le_bytes(handle[8..12].try_into().ok()?);
+        let fd = i32::from_le_bytes(handle[12..16].try_into().ok()?);
+        let id = u64::from_le_bytes(handle[16..24].try_into().ok()?);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{fd}"))
+            .ok()?;
+        let map = SharedMap::map(file).ok()?;
+        if map.len() < EVENT_PAGE {
+            return None;
+        }
+        let mut header = [0u8; 16];
+        // SAFETY: the mapping is at least EVENT_PAGE bytes long.
+        unsafe { std::ptr::copy_nonoverlapping(map.ptr(), header.as_mut_ptr(), header.len()) };
+        if &header[..8] != EVENT_MAGIC || header[8..16] != id.to_le_bytes() {
+            return None;
+        }
+        Some(Arc::new(IpcEvent { map, id }))
+    }
+}

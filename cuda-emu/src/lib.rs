@@ -107,14 +107,20 @@
 //!   which each record's stream reached it), `cuPointerGetAttributes` (an unknown pointer reads
 //!   as NULL values, no error), address ranges, pools by location (`cuMemGetMemPool` and
 //!   friends), managed pools, managed memory advice, prefetch and range attributes (bookkeeping
-//!   only: all memory is one host memory), graph event record/wait nodes, node and edge
-//!   queries, `cuGraphInstantiateWithParams`, upload and the graph memory attributes. **Every
-//!   other entry point returns `CUDA_ERROR_NOT_SUPPORTED`** without reading its arguments
+//!   only: all memory is one host memory), the managed pool of no preferred location, graph
+//!   event record/wait nodes, node and edge queries, edges added and removed
+//!   (`cuGraphAddDependencies`), `cuGraphInstantiateWithParams`, upload, the graph memory
+//!   attributes (freed graph memory counts until `cuDeviceGraphMemTrim`) and IPC events
+//!   (`cuIpcGetEventHandle`/`cuIpcOpenEventHandle`: an interprocess event's records are counted
+//!   on a shared memfd page that another process opens through `/proc/<pid>/fd`). **Every other
+//!   entry point returns `CUDA_ERROR_NOT_SUPPORTED`** without reading its arguments
 //!   (`api::unsupported`; `CUSTODY_EMU_WARN_UNSUPPORTED=1` names each on stderr the first time
-//!   it is called): kernels, modules and libraries, textures and arrays, graphics interop,
-//!   virtual memory management, external resources, green contexts, multicast, IPC events and
-//!   legacy IPC memory handles, `cuGetExportTable` (the private interface of the CUDA runtime,
-//!   so the runtime API, `cudart`, does not work on the emulator).
+//!   it is called, and `CUSTODY_EMU_UNSUPPORTED_LOG=FILE` appends a line `PID NAME` per call,
+//!   child processes included): kernels, modules and libraries, textures and arrays, graphics
+//!   interop, virtual memory management, external resources, green contexts, multicast, legacy
+//!   IPC memory handles, and `cuGetExportTable`, the driver's private tables through which the
+//!   CUDA runtime (`cudart`) starts: they are undocumented, so the runtime API does not work
+//!   on the emulator (the table id asked for goes with the report).
 //! - **`cuGetProcAddress`**: a name of the driver API resolves to the variant its requested
 //!   version means (at most 13000, the version this driver reports): our implementation, or the
 //!   variant's `CUDA_ERROR_NOT_SUPPORTED` export. `cuGetProcAddress_v2` succeeds for a name it
@@ -151,13 +157,20 @@
 //! - `CUSTODY_EMU_CALL_LOG_LIMIT`: most recent calls kept in the log (default 262,144; 0 turns
 //!   the log off).
 //! - `CUSTODY_EMU_HAZARD_STDERR`: when set, every hazard is also printed on stderr.
+//! - `CUSTODY_EMU_WARN_UNSUPPORTED`: when set, the first call of each entry point the emulator
+//!   does not serve is named on stderr.
+//! - `CUSTODY_EMU_UNSUPPORTED_LOG`: a file to which every call of such an entry point appends
+//!   `PID NAME[ id=HEX]\n` (one write per line, so processes can share it); the differential
+//!   harness (`xtask/foreign/foreign_tests.py`) classes tests by it.
 //!
 //! # Not emulated
 //! Kernels, modules, textures and arrays; peer copies between contexts (all memory is one host
 //! memory); `_ptds` entry points (the `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM` flag is
 //! ignored); the effect of memory advice and prefetch (recorded, reported, not acted on); event
 //! timing on the device's clock (host time stands in); virtual memory management; child graph
-//! nodes, node removal and graph launches into a capture; graph exec update; IPC events; the
+//! nodes, node removal and graph launches into a capture; graph exec update; conditional
+//! graph nodes; an interprocess event recorded in the importing process is seen there but not
+//! by the exporter, which follows its own records; the
 //! real driver's opportunistic reuse of memory whose free has completed on the GPU without being
 //! ordered before the new allocation (it depends on timing), and its suballocation of blocks of
 //! other sizes; the real driver's crash on a destroyed stream (F11: an error and a

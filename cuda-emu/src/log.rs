@@ -254,15 +254,38 @@ pub(crate) fn entry(
 
 /// The body of every entry point the emulator does not serve (`api::unsupported`): logged like
 /// any call, and `CUDA_ERROR_NOT_SUPPORTED`. With `CUSTODY_EMU_WARN_UNSUPPORTED` set, the first
-/// call of each such function is also reported on stderr.
+/// call of each such function is also reported on stderr; with `CUSTODY_EMU_UNSUPPORTED_LOG`
+/// naming a file, every call appends a line to it (see [`note_unsupported`]).
 pub(crate) fn not_supported(function: &'static str) -> CUresult {
+    note_unsupported(function, "");
+    entry(function, None, None, |_| Err(codes::NOT_SUPPORTED))
+}
+
+/// Reports a call of an entry point the emulator does not serve: on stderr the first time
+/// (`CUSTODY_EMU_WARN_UNSUPPORTED`), and as a line `PID NAME[ DETAIL]` appended to the file
+/// named by `CUSTODY_EMU_UNSUPPORTED_LOG` every time (one `write` of one line to a file opened
+/// for appending, so the lines of several processes sharing the file do not interleave).
+/// The differential harness (`xtask/foreign/foreign_tests.py`) reads that file to say which
+/// unsupported entry points each test called.
+pub(crate) fn note_unsupported(function: &'static str, detail: &str) {
     static WARNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
     if std::env::var_os("CUSTODY_EMU_WARN_UNSUPPORTED").is_some() {
         let mut warned = lock(&WARNED);
         if !warned.contains(&function) {
             warned.push(function);
-            eprintln!("cuda-emu: {function} is not emulated (CUDA_ERROR_NOT_SUPPORTED)");
+            eprintln!("cuda-emu: {function} is not emulated (CUDA_ERROR_NOT_SUPPORTED){detail}");
         }
     }
-    entry(function, None, None, |_| Err(codes::NOT_SUPPORTED))
+    if let Some(path) = std::env::var_os("CUSTODY_EMU_UNSUPPORTED_LOG") {
+        use std::io::Write;
+        let line = format!("{} {function}{detail}\n", std::process::id());
+        if let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            // A log for tools: a failed write loses a line, never the call.
+            let _ = file.write_all(line.as_bytes());
+        }
+    }
 }

@@ -496,6 +496,10 @@ impl State {
         if a.kind == AllocKind::Device {
             *self.device_direct.entry(a.device).or_insert(0) += a.size;
         }
+        if self.is_graph_allocation(&a) {
+            // A graph allocation made again at its address takes its cached memory back.
+            self.graph_cached.remove(&a.addr);
+        }
         self.allocs.insert(a.addr, a);
         id
     }
@@ -512,6 +516,10 @@ impl State {
             if let Some(n) = self.device_direct.get_mut(&a.device) {
                 *n = n.saturating_sub(a.size);
             }
+        }
+        if self.is_graph_allocation(&a) {
+            // Freed graph memory stays with the graphs until cuDeviceGraphMemTrim.
+            self.graph_cached.insert(a.addr, (a.device, a.size));
         }
         Some(a)
     }

@@ -99,6 +99,25 @@ pub(crate) struct Event {
     pub(crate) record: Option<(Dep, VectorClock)>,
     /// Set when last recorded in a capture: (capture id, captured nodes).
     pub(crate) captured: Option<(u64, Vec<usize>)>,
+    /// An interprocess event's shared page (`CU_EVENT_INTERPROCESS`, or opened with
+    /// `cuIpcOpenEventHandle`): every record also counts there, for other processes to see.
+    pub(crate) ipc: Option<Arc<crate::ipc::IpcEvent>>,
+    /// Opened with `cuIpcOpenEventHandle`: waits and queries that find no record made in this
+    /// process follow the shared page (the exporting process's records).
+    pub(crate) imported: bool,
+}
+
+impl Event {
+    /// For an imported event not recorded in this process: the latest record the shared page
+    /// shows, to wait for or query (`None`: the local record, if any, is what counts).
+    pub(crate) fn shared_target(&self) -> Option<(Arc<crate::ipc::IpcEvent>, u64)> {
+        match &self.ipc {
+            Some(ipc) if self.imported && self.record.is_none() && self.captured.is_none() => {
+                Some((ipc.clone(), ipc.latest()))
+            }
+            _ => None,
+        }
+    }
 }
 
 pub(crate) struct State {
@@ -115,6 +134,9 @@ pub(crate) struct State {
     pub(crate) freed_order: VecDeque<u64>,
     /// Address ranges that graph allocation nodes hand out when their graph runs.
     pub(crate) graph_reserved: BTreeMap<u64, u64>,
+    /// Graph allocations freed since the last `cuDeviceGraphMemTrim` of their device: address
+    /// -> (device, bytes). Their memory still counts as the graphs' (used and reserved).
+    pub(crate) graph_cached: BTreeMap<u64, (i32, u64)>,
     pub(crate) graphs: HashMap<u64, Graph>,
     /// Node handle -> (graph, index in the graph).
     pub(crate) nodes: HashMap<u64, (u64, usize)>,
@@ -153,6 +175,7 @@ impl State {
             freed: BTreeMap::new(),
             freed_order: VecDeque::new(),
             graph_reserved: BTreeMap::new(),
+            graph_cached: BTreeMap::new(),
             graphs: HashMap::new(),
             nodes: HashMap::new(),
             execs: HashMap::new(),

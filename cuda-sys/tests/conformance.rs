@@ -106,5 +106,9 @@ mod facts_ordering;
 mod facts_reuse;
 #[path = "conformance/ipc.rs"]
 mod ipc;
+#[path = "conformance/ipc_events.rs"]
+mod ipc_events;
 #[path = "conformance/measured.rs"]
 mod measured;
+#[path = "conformance/queries.rs"]
+mod queries;

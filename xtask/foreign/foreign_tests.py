@@ -15,6 +15,17 @@ Outcomes: passed, failed, error (setup, teardown or collection failed), skipped,
 xpassed, crash (the process died during the test), timeout, missing (not run on that side).
 Two outcomes agree when they are equal, with failed and error counted as one ("fails").
 
+Scope: every test is classed in or out of scope by what it used on the emulator (SCOPE_RULES):
+the plugin records, per test, the driver entry points the emulator does not serve that the
+test called (the emulator appends each such call to the file CUSTODY_EMU_UNSUPPORTED_LOG
+names, child processes included), its calls through cuda-bindings' non-driver modules
+(runtime, NVRTC, NVML, ...) and the NVIDIA libraries it asked cuda.pathfinder for. A test is
+out of scope when one of those belongs to a family the emulator does not emulate by design:
+the CUDA runtime, kernels (NVRTC, NVVM, nvJitLink, modules, libraries, launches), NVML, virtual
+memory management. Everything else is in scope, unsupported calls of other families included
+(they are emulator gaps, and the report lists them). The report gives agreement over the
+in-scope tests and over all, per file and in total, and the reason for every test out of scope.
+
 Each file runs in its own pytest process (a crash or a hang costs one file, not the run), with
 a plugin (custody_outcomes.py, beside this file) that writes every outcome as it happens. Needs
 only Python 3.9+ and its standard library; the tests' Python (--python, or --venv, which this
@@ -53,17 +64,75 @@ PRESETS = {
     "cuda-core": [
         "test_memory.py", "memory", "memory_ipc", "test_stream.py", "test_event.py",
         "graph/test_graph_memory_resource.py", "graph/test_graph_builder.py",
-        "test_cuda_utils.py", "test_utils_enum_explanations_helpers.py",
+        "test_managed_memory_warning.py", "test_cuda_utils.py", "test_utils_enum_explanations_helpers.py",
     ],
     "cuda-core-next": ["test_device.py", "test_context.py", "test_object_protocols.py"],
 }
 PRESETS["cuda-core-all"] = PRESETS["cuda-core"] + PRESETS["cuda-core-next"]
 
 # What --venv installs when the environment cannot import them: NVIDIA's cuda.core 1.2 with the
-# CUDA 13 bindings (the GPU host's versions), numpy and pytest.
-DEFAULT_INSTALL = ["cuda-core==1.2.0", "cuda-bindings==13.3.*", "numpy", "pytest"]
+# CUDA 13 bindings (the GPU host's versions), numpy and pytest, and what cuda.core's tests use
+# when present (cloudpickle: the pickling tests; psutil: the IPC leak tests), so that they run
+# instead of skipping.
+DEFAULT_INSTALL = ["cuda-core==1.2.0", "cuda-bindings==13.3.*", "numpy", "pytest", "cloudpickle", "psutil"]
 
 FAILS = ("failed", "error")
+
+# What the emulator does not emulate by design (docs/testing.md, "Foreign clients"): a test that
+# used any of these on the emulator is out of scope. Each rule: (reason, predicate on one
+# recorded call: "driver:NAME", "runtime:NAME", "nvml:NAME", "library:NAME", ...).
+_KERNEL_DRIVER_PREFIXES = ("cuModule", "cuLibrary", "cuKernel", "cuFunc", "cuLaunch", "cuLink",
+                           "cuOccupancy", "cuTensorMap")
+_VMM_DRIVER_NAMES = ("cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemMapArrayAsync", "cuMemUnmap",
+                     "cuMemAddressReserve", "cuMemAddressFree", "cuMemSetAccess", "cuMemGetAccess",
+                     "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
+                     "cuMemGetAllocationGranularity", "cuMemGetAllocationPropertiesFromHandle",
+                     "cuMemRetainAllocationHandle", "cuMemGetHandleForAddressRange")
+
+
+def _driver(call):
+    name = call.split(":", 1)[1] if call.startswith("driver:") else None
+    return name.split("_v")[0] if name else None
+
+
+SCOPE_RULES = [
+    ("needs the CUDA runtime (cudart, which starts through the driver's private export tables)",
+     lambda c: c.startswith("runtime:") or c == "library:cudart" or _driver(c) == "cuGetExportTable"),
+    ("kernels (NVRTC, NVVM, nvJitLink, modules, libraries, launches)",
+     lambda c: c.split(":", 1)[0] in ("nvrtc", "nvvm", "nvjitlink", "nvfatbin")
+     or c in ("library:nvrtc", "library:nvvm", "library:nvJitLink", "library:nvfatbin")
+     or (_driver(c) or "").startswith(_KERNEL_DRIVER_PREFIXES)),
+    ("NVML (system management)", lambda c: c.startswith("nvml:") or c == "library:nvml"),
+    ("virtual memory management", lambda c: (_driver(c) or "") in _VMM_DRIVER_NAMES
+     or (_driver(c) or "").startswith("cuMulticast")),
+]
+
+
+# Tests that stop before reaching any library because what a kernel needs is missing from the
+# machine: (reason, text of the skip message). cuda.core's kernel helpers skip when no CUDA
+# headers are installed (where they are, the test compiles its kernel and calls the driver's
+# module entry points, which the rules above class).
+SKIP_RULES = [
+    ("kernels (NVRTC, NVVM, nvJitLink, modules, libraries, launches)", "need CUDA header"),
+]
+
+
+def scope_of(calls, outcome=None):
+    """(in scope?, reason): out of scope when a recorded call falls under one of SCOPE_RULES, or
+    the test skipped for a reason in SKIP_RULES."""
+    if outcome and outcome.get("outcome") == "skipped":
+        for reason, text in SKIP_RULES:
+            if text in outcome.get("message", ""):
+                return False, "%s: skipped (%s)" % (reason, text)
+    for reason, rule in SCOPE_RULES:
+        hits = sorted(c for c in calls if rule(c))
+        if hits:
+            shown = ", ".join(hits[:3]) + (", ..." if len(hits) > 3 else "")
+            return False, "%s: %s" % (reason, shown)
+    unsupported = sorted(c for c in calls if c.startswith("driver:"))
+    if unsupported:
+        return True, "in scope; called entry points the emulator does not serve: %s" % ", ".join(unsupported)
+    return True, ""
 
 
 def coarse(outcome):
@@ -150,7 +219,7 @@ def ensure_venv(venv, install):
     if not python.is_file():
         print("foreign-tests: creating %s" % venv, flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    probe = "import cuda.core, pytest, numpy"
+    probe = "import cuda.core, pytest, numpy, cloudpickle, psutil"
     if subprocess.run([str(python), "-c", probe], capture_output=True).returncode != 0:
         print("foreign-tests: installing %s into %s" % (" ".join(install), venv), flush=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet"] + install, check=True)
@@ -203,6 +272,13 @@ def run_file(python, tests, rel, env, timeout, out_dir, column):
         outcomes_file.unlink()
     env = dict(env)
     env["CUSTODY_OUTCOMES_FILE"] = str(outcomes_file)
+    if column == "emulator":
+        unsupported_log = out_dir / column / (slug + ".unsupported.log")
+        if unsupported_log.exists():
+            unsupported_log.unlink()
+        env["CUSTODY_EMU_UNSUPPORTED_LOG"] = str(unsupported_log)
+    else:
+        env.pop("CUSTODY_EMU_UNSUPPORTED_LOG", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
     env.setdefault("PYTHONFAULTHANDLER", "1")
     command = [str(python), "-m", "pytest", "-p", "custody_outcomes", "-p", "no:cacheprovider",
@@ -261,7 +337,8 @@ def read_outcomes(path):
             started.append(record["nodeid"])
         elif record.get("event") == "outcome":
             results[record["nodeid"]] = {"outcome": record["outcome"],
-                                         "message": record.get("message", "")}
+                                         "message": record.get("message", ""),
+                                         "calls": record.get("calls", [])}
     return results, [n for n in started if n not in results]
 
 
@@ -338,7 +415,28 @@ def agree(a, b):
     return coarse(a) == coarse(b)
 
 
-def summarise(rows, files):
+def _tally(rows):
+    """(compared, agree, in-scope compared, in-scope agree) over `rows`."""
+    both = [r for r in rows if r["emulator"]["outcome"] != "missing" and r["real"]["outcome"] != "missing"]
+    inside = [r for r in both if r["scope"]["in"]]
+    return (len(both), sum(1 for r in both if r["agree"]), len(inside), sum(1 for r in inside if r["agree"]))
+
+
+def _percent(part, whole):
+    return (100.0 * part / whole) if whole else None
+
+
+def _totals(rows):
+    compared, agreed, in_compared, in_agreed = _tally(rows)
+    return {"tests": len(rows), "compared": compared, "agree": agreed,
+            "agreement": _percent(agreed, compared),
+            "in_scope": sum(1 for r in rows if r["scope"]["in"]),
+            "in_scope_compared": in_compared, "in_scope_agree": in_agreed,
+            "in_scope_agreement": _percent(in_agreed, in_compared)}
+
+
+def summarise(rows, files, groups):
+    """Per-file entries, totals over everything, and totals per named group of files."""
     per_file = []
     for rel in files:
         mine = [r for r in rows if r["file"] == rel]
@@ -349,14 +447,14 @@ def summarise(rows, files):
                 o = r[column]["outcome"]
                 counts[o] = counts.get(o, 0) + 1
             entry[column] = counts
-        both = [r for r in mine if r["emulator"]["outcome"] != "missing" and r["real"]["outcome"] != "missing"]
-        entry["compared"] = len(both)
-        entry["agree"] = sum(1 for r in both if r["agree"])
+        entry.update({k: v for k, v in _totals(mine).items() if k != "tests"})
         per_file.append(entry)
-    compared = sum(f["compared"] for f in per_file)
-    agreed = sum(f["agree"] for f in per_file)
-    return per_file, {"tests": len(rows), "compared": compared, "agree": agreed,
-                      "agreement": (100.0 * agreed / compared) if compared else None}
+    by_group = {}
+    for name, members in groups.items():
+        mine = [r for r in rows if r["file"] in members]
+        if mine:
+            by_group[name] = dict(_totals(mine), files=sorted(set(r["file"] for r in mine)))
+    return per_file, _totals(rows), by_group
 
 
 def counts_text(counts):
@@ -364,32 +462,59 @@ def counts_text(counts):
     return ", ".join("%d %s" % (counts[o], o) for o in order if counts.get(o))
 
 
-def write_reports(out_dir, meta, rows, per_file, totals):
+def ratio(part, whole):
+    return "%d/%d" % (part, whole) if whole else "-"
+
+
+def totals_line(label, t):
+    if not t["compared"]:
+        return "%s: nothing compared (no real-driver outcomes)" % label
+    return ("%s: in scope %d of %d compared tests agree (%s); all %d of %d (%.1f%%); %d of %d tests in scope"
+            % (label, t["in_scope_agree"], t["in_scope_compared"],
+               "%.1f%%" % t["in_scope_agreement"] if t["in_scope_agreement"] is not None else "-",
+               t["agree"], t["compared"], t["agreement"], t["in_scope"], t["tests"]))
+
+
+def write_reports(out_dir, meta, rows, per_file, totals, groups):
     data = dict(meta)
-    data.update({"files": per_file, "totals": totals, "tests": rows})
+    data.update({"scope_rules": [reason for reason, _ in SCOPE_RULES], "files": per_file,
+                 "totals": totals, "groups": groups, "tests": rows})
     (out_dir / "results.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = ["# Differential run: %s" % meta["tests_dir"], "",
              "- when: %s" % meta["when"],
              "- python: %s" % json.dumps(meta["python_versions"]),
              "- emulator: %s (%s devices)" % (meta["emulator"]["path"], meta["emulator_devices"]),
              "- real driver: %s" % meta["real_description"], "",
-             "| file | tests | emulator | real driver | agree |", "|---|---|---|---|---|"]
+             "Out of scope (a test that used one of these on the emulator): %s." %
+             "; ".join(reason for reason, _ in SCOPE_RULES), "",
+             "| file | tests | emulator | real driver | in scope | agree in scope | agree all |",
+             "|---|---|---|---|---|---|---|"]
     for f in per_file:
-        pct = "%d/%d" % (f["agree"], f["compared"]) if f["compared"] else "-"
-        lines.append("| %s | %d | %s | %s | %s |" % (f["file"], f["tests"], counts_text(f["emulator"]),
-                                                  counts_text(f["real"]), pct))
-    if totals["agreement"] is not None:
-        lines += ["", "Agreement: %d of %d compared tests (%.1f%%)." % (totals["agree"], totals["compared"],
-                                                                   totals["agreement"])]
-    else:
-        lines += ["", "No real-driver outcomes: nothing compared (emulator outcomes only)."]
+        lines.append("| %s | %d | %s | %s | %d | %s | %s |" % (
+            f["file"], f["tests"], counts_text(f["emulator"]), counts_text(f["real"]), f["in_scope"],
+            ratio(f["in_scope_agree"], f["in_scope_compared"]), ratio(f["agree"], f["compared"])))
+    lines.append("")
+    for name, t in sorted(groups.items()):
+        lines.append("- " + totals_line("preset %s" % name, t))
+    lines.append("- " + totals_line("everything run", totals))
     disagreements = [r for r in rows if not r["agree"] and r["real"]["outcome"] != "missing"
                      and r["emulator"]["outcome"] != "missing"]
-    if disagreements:
-        lines += ["", "## Disagreements", "", "| test | emulator | real driver | emulator says |", "|---|---|---|---|"]
-        for r in disagreements:
-            lines.append("| %s | %s | %s | %s |" % (r["nodeid"], r["emulator"]["outcome"], r["real"]["outcome"],
-                                                    r["emulator"].get("message", "").replace("|", "\\|")))
+    for title, chosen in (("in scope", [r for r in disagreements if r["scope"]["in"]]),
+                          ("out of scope", [r for r in disagreements if not r["scope"]["in"]])):
+        if not chosen:
+            continue
+        lines += ["", "## Disagreements %s (%d)" % (title, len(chosen)), "",
+                  "| test | emulator | real driver | emulator says | scope |", "|---|---|---|---|---|"]
+        for r in chosen:
+            lines.append("| %s | %s | %s | %s | %s |" % (
+                r["nodeid"], r["emulator"]["outcome"], r["real"]["outcome"],
+                r["emulator"].get("message", "").replace("|", "\\|"), r["scope"]["reason"].replace("|", "\\|")))
+    agreeing_out = [r for r in rows if r["agree"] and not r["scope"]["in"]]
+    if agreeing_out:
+        lines += ["", "## Out of scope, agreeing anyway (%d)" % len(agreeing_out), "",
+                  "| test | outcome | scope |", "|---|---|---|"]
+        for r in agreeing_out:
+            lines.append("| %s | %s | %s |" % (r["nodeid"], r["emulator"]["outcome"], r["scope"]["reason"]))
     (out_dir / "results.md").write_text("\n".join(lines) + "\n")
 
 
@@ -412,7 +537,8 @@ def main(argv=None):
                         help="devices the emulator shows (default: as many as the real driver, else 1)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per file and driver (default 900)")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a named list of paths")
-    parser.add_argument("--min-agreement", type=float, help="exit 1 below this percentage")
+    parser.add_argument("--min-agreement", type=float,
+                        help="exit 1 when the in-scope agreement is below this percentage")
     parser.add_argument("--quiet", action="store_true", help="print only the tests that disagree or were not compared")
     parser.add_argument("paths", nargs="*", help="files or folders under --tests")
     args = parser.parse_args(argv)
@@ -500,32 +626,42 @@ def main(argv=None):
                 e = emu_results.get(n, {"outcome": "missing", "message": ""})
                 r = real_results.get(n, {"outcome": "missing", "message": ""})
                 same = agree(e["outcome"], r["outcome"])
-                rows.append({"file": rel, "nodeid": n, "emulator": e, "real": r, "agree": same})
+                inside, reason = scope_of(e.get("calls", []), e)
+                rows.append({"file": rel, "nodeid": n, "emulator": e, "real": r, "agree": same,
+                             "scope": {"in": inside, "reason": reason}})
                 compared = "missing" not in (e["outcome"], r["outcome"])
                 mark = ("agree" if same else "DIFFER") if compared else "-"
                 if not (args.quiet and same):
-                    print("  %-8s %-8s %-6s %s" % (e["outcome"], r["outcome"], mark, n))
+                    print("  %-8s %-8s %-6s %-3s %s" % (e["outcome"], r["outcome"], mark,
+                                                         "in" if inside else "out", n))
+                    if reason:
+                        print("           scope: %s" % reason)
                 if compared and not same and e.get("message"):
                     print("           emulator: %s" % e["message"])
             print("  [%s] emulator: %s" % (rel, emu_info["status"]), flush=True)
         meta["runs"] = runs
-        per_file, totals = summarise(rows, files)
-        write_reports(out_dir, meta, rows, per_file, totals)
+        groups = {name: set(test_files(tests, [p for p in paths_of if (tests / p).exists()]))
+                  for name, paths_of in PRESETS.items()
+                  if not name.endswith("-all") and any((tests / p).exists() for p in paths_of)}
+        per_file, totals, by_group = summarise(rows, files, groups)
+        write_reports(out_dir, meta, rows, per_file, totals, by_group)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print("\n%-50s %6s  %-40s %-40s %s" % ("file", "tests", "emulator", "real driver", "agree"))
+    print("\n%-42s %5s  %-34s %-34s %5s %9s %9s" % ("file", "tests", "emulator", "real driver", "in",
+                                                    "agree-in", "agree-all"))
     for f in per_file:
-        print("%-50s %6d  %-40s %-40s %s" % (f["file"], f["tests"], counts_text(f["emulator"]),
-                                             counts_text(f["real"]),
-                                             "%d/%d" % (f["agree"], f["compared"]) if f["compared"] else "-"))
+        print("%-42s %5d  %-34s %-34s %5d %9s %9s" % (
+            f["file"], f["tests"], counts_text(f["emulator"]), counts_text(f["real"]), f["in_scope"],
+            ratio(f["in_scope_agree"], f["in_scope_compared"]), ratio(f["agree"], f["compared"])))
+    print()
+    for name, t in sorted(by_group.items()):
+        print(totals_line("preset %s" % name, t))
+    print(totals_line("everything run", totals))
     if totals["agreement"] is None:
-        print("\nno real-driver outcomes: %s" % real_description)
-    else:
-        print("\nagreement: %d of %d compared tests (%.1f%%)" % (totals["agree"], totals["compared"],
-                                                                totals["agreement"]))
+        print("no real-driver outcomes: %s" % real_description)
     print("results in %s (results.md, results.json, emulator/, real/)" % out_dir)
-    if args.min_agreement is not None and (totals["agreement"] or 0.0) < args.min_agreement:
+    if args.min_agreement is not None and (totals["in_scope_agreement"] or 0.0) < args.min_agreement:
         return 1
     return 0
 

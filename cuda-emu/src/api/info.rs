@@ -275,3 +275,27 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
         elapsed(ms, start as u64, end as u64)
     })
 }
+
+/// The driver's private export tables (what the CUDA runtime, `cudart`, initialises through):
+/// not emulated, as they are undocumented. Answers `CUDA_ERROR_NOT_SUPPORTED` and writes nothing;
+/// the table id asked for (16 bytes, printed as hex) goes with the unsupported-call report
+/// (`CUSTODY_EMU_WARN_UNSUPPORTED`, `CUSTODY_EMU_UNSUPPORTED_LOG`), so that a program's need of
+/// the runtime can be told apart from its other unsupported calls.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetExportTable(
+    _table: *mut *const c_void,
+    id: *const [u8; 16],
+) -> CUresult {
+    let detail = if id.is_null() {
+        String::from(" id=null")
+    } else {
+        // SAFETY: the caller's 16-byte CUuuid (driver contract for a non-null id).
+        let bytes = unsafe { id.read_unaligned() };
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        format!(" id={hex}")
+    };
+    crate::log::note_unsupported("cuGetExportTable", &detail);
+    entry("cuGetExportTable", None, None, |_| {
+        Err(codes::NOT_SUPPORTED)
+    })
+}

@@ -122,6 +122,11 @@ extra_exports! {
     cuEventElapsedTime
     cuEventElapsedTime_v2
     cuEventRecordWithFlags
+    cuGetExportTable
+    cuIpcGetEventHandle
+    cuIpcOpenEventHandle
+    cuGraphAddDependencies
+    cuGraphAddDependencies_v2
     cuGraphAddEventRecordNode
     cuGraphAddEventWaitNode
     cuGraphEventRecordNodeGetEvent
@@ -137,6 +142,8 @@ extra_exports! {
     cuGraphNodeGetDependentNodes
     cuGraphNodeGetDependentNodes_v2
     cuGraphNodeGetType
+    cuGraphRemoveDependencies
+    cuGraphRemoveDependencies_v2
     cuGraphUpload
     cuMemAdvise
     cuMemAdvise_v2

@@ -11,7 +11,7 @@ use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
 use super::memory::pointer_attribute;
-use super::pool::{RawLocation, LOCATION_DEVICE, LOCATION_HOST, LOCATION_HOST_NUMA};
+use super::pool::{RawLocation, LOCATION_DEVICE, LOCATION_HOST, LOCATION_HOST_NUMA, LOCATION_NONE};
 use super::{get, get_slice, need, put};
 use crate::codes::{self, Res};
 use crate::log::{entry, lock};
@@ -115,7 +115,10 @@ const ALLOCATION_PINNED: u32 = 1;
 const ALLOCATION_MANAGED: u32 = 2;
 
 /// The pool `cuMemGetMemPool`/`cuMemGetDefaultMemPool` name for a location: a device's current
-/// or default pool, or the host's default pool (created on first use, like the driver's).
+/// or default pool, or the host's default pool (created on first use, like the driver's). For
+/// managed memory the location may also be `CU_MEM_LOCATION_TYPE_NONE` (documented: the managed
+/// pool of no preferred location; its id is ignored), which cuda.core's `ManagedMemoryResource()`
+/// asks for.
 fn pool_for(st: &mut State, loc: RawLocation, kind: u32, current: bool) -> Res<u64> {
     if kind != ALLOCATION_PINNED && kind != ALLOCATION_MANAGED {
         return Err(codes::INVALID_VALUE);
@@ -129,12 +132,9 @@ fn pool_for(st: &mut State, loc: RawLocation, kind: u32, current: bool) -> Res<u
                 d.default_pool
             })
         }
-        LOCATION_DEVICE | LOCATION_HOST | LOCATION_HOST_NUMA => {
-            let key = (
-                loc.kind,
-                if loc.kind == LOCATION_HOST { 0 } else { loc.id },
-                kind,
-            );
+        LOCATION_NONE if kind != ALLOCATION_MANAGED => Err(codes::INVALID_VALUE),
+        LOCATION_DEVICE | LOCATION_HOST | LOCATION_HOST_NUMA | LOCATION_NONE => {
+            let key = (loc.kind, location_key_id(loc), kind);
             if loc.kind == LOCATION_DEVICE {
                 st.device(loc.id).map_err(|_| codes::INVALID_VALUE)?;
             }
@@ -152,6 +152,16 @@ fn pool_for(st: &mut State, loc: RawLocation, kind: u32, current: bool) -> Res<u
             Ok(pool)
         }
         _ => Err(codes::INVALID_VALUE),
+    }
+}
+
+/// The id part of a location's key: the host and "no location" have one pool each, whatever
+/// id the caller passed.
+fn location_key_id(loc: RawLocation) -> i32 {
+    if loc.kind == LOCATION_HOST || loc.kind == LOCATION_NONE {
+        0
+    } else {
+        loc.id
     }
 }
 
@@ -217,11 +227,7 @@ pub unsafe extern "C" fn cuMemSetMemPool(
             return if r == codes::SUCCESS { Ok(()) } else { Err(r) };
         }
         pool_for(&mut st, loc, kind as u32, false)?;
-        let key = (
-            loc.kind,
-            if loc.kind == LOCATION_HOST { 0 } else { loc.id },
-            kind as u32,
-        );
+        let key = (loc.kind, location_key_id(loc), kind as u32);
         if let Some(entry) = lock(&LOCATION_POOLS).get_mut(&key) {
             entry.1 = pool;
         }

@@ -10,6 +10,7 @@ use crate::clock::VectorClock;
 use crate::codes::{self, Res};
 use crate::exec::StreamCore;
 use crate::graph::{Callback, Capture, Graph, NodeKind, MODE_RELAXED};
+use crate::ipc::IpcEvent;
 use crate::log::{entry, thread_id};
 use crate::state::{
     initialized, Event, Stream, StreamKind, GREATEST_PRIORITY, LEAST_PRIORITY, STREAM_NON_BLOCKING,
@@ -175,9 +176,9 @@ pub unsafe extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uin
         if flags > 1 {
             return Err(codes::INVALID_VALUE);
         }
-        let (record, captured) = {
+        let (record, captured, shared) = {
             let ev = st.events.get(&e).ok_or(codes::BAD_HANDLE)?;
-            (ev.record.clone(), ev.captured.clone())
+            (ev.record.clone(), ev.captured.clone(), ev.shared_target())
         };
         if let Some((id, nodes)) = captured {
             // A capture fork or join.
@@ -211,6 +212,13 @@ pub unsafe extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uin
         }
         if st.enqueue_check(r)? {
             // Waiting during capture on an event recorded outside it adds nothing (guess).
+            return Ok(());
+        }
+        if let Some((ipc, number)) = shared {
+            // Another process's record: the stream waits (on its worker thread) until the
+            // shared page shows it reached.
+            let (deps, _) = st.prepare(r);
+            st.submit(r, deps, Some(Box::new(move || ipc.wait(number))), true);
             return Ok(());
         }
         let Some((dep, clock)) = record else {
@@ -447,6 +455,11 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
         }
         let mut st = initialized()?;
         let ctx = st.current_ctx()?;
+        let ipc = if flags & EVENT_INTERPROCESS != 0 {
+            Some(IpcEvent::create().map_err(|_| codes::OUT_OF_MEMORY)?)
+        } else {
+            None
+        };
         let handle = st.new_handle();
         st.events.insert(
             handle,
@@ -456,10 +469,82 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
                 recorded_at: Default::default(),
                 record: None,
                 captured: None,
+                ipc,
+                imported: false,
             },
         );
         // SAFETY: checked non-null (driver contract).
         unsafe { put(ph, handle as CUevent) }
+    })
+}
+
+/// `CU_EVENT_DISABLE_TIMING`.
+const EVENT_DISABLE_TIMING: u32 = 0x2;
+/// `CU_EVENT_INTERPROCESS`.
+const EVENT_INTERPROCESS: u32 = 0x4;
+
+/// `CUipcEventHandle` (`CU_IPC_HANDLE_SIZE`, 64 opaque bytes), passed by value to
+/// `cuIpcOpenEventHandle`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IpcEventHandle {
+    bytes: [u8; 64],
+}
+
+/// The handle of an interprocess event for another process to open. Documented: the event must
+/// have been created with `CU_EVENT_INTERPROCESS` (which goes with `CU_EVENT_DISABLE_TIMING`);
+/// any other event is refused with `CUDA_ERROR_INVALID_VALUE` (the documented code; not measured).
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcGetEventHandle(out: *mut IpcEventHandle, e: CUevent) -> CUresult {
+    let e = e as u64;
+    entry("cuIpcGetEventHandle", None, None, |_| {
+        need(out)?;
+        let st = initialized()?;
+        let ev = st.events.get(&e).ok_or(codes::BAD_HANDLE)?;
+        let Some(ipc) = ev
+            .ipc
+            .as_ref()
+            .filter(|_| ev.flags & EVENT_INTERPROCESS != 0)
+        else {
+            return Err(codes::INVALID_VALUE);
+        };
+        let bytes = ipc.encode();
+        // SAFETY: the caller's 64-byte CUipcEventHandle (driver contract).
+        unsafe { put(out, IpcEventHandle { bytes }) }
+    })
+}
+
+/// Opens an event another process exported with `cuIpcGetEventHandle`, in the current context.
+/// Documented: the result behaves like a local event created with `CU_EVENT_DISABLE_TIMING`
+/// (here: `CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS`), and is destroyed with
+/// `cuEventDestroy`; waiting for it or querying it follows the exporting process's latest record.
+/// A handle that names no live emulator event is refused with `CUDA_ERROR_INVALID_VALUE` (not
+/// measured).
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcOpenEventHandle(
+    ph: *mut CUevent,
+    handle: IpcEventHandle,
+) -> CUresult {
+    entry("cuIpcOpenEventHandle", None, None, |_| {
+        need(ph)?;
+        let mut st = initialized()?;
+        let ctx = st.current_ctx()?;
+        let ipc = IpcEvent::open(&handle.bytes).ok_or(codes::INVALID_VALUE)?;
+        let event = st.new_handle();
+        st.events.insert(
+            event,
+            Event {
+                ctx,
+                flags: EVENT_DISABLE_TIMING | EVENT_INTERPROCESS,
+                recorded_at: Default::default(),
+                record: None,
+                captured: None,
+                ipc: Some(ipc),
+                imported: true,
+            },
+        );
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(ph, event as CUevent) }
     })
 }
 
@@ -495,7 +580,17 @@ pub unsafe extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
         // A fresh slot per record: a later record never changes what an earlier one saw.
         let slot: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>> = Default::default();
         let stamp = slot.clone();
-        let run = move || *crate::log::lock(&stamp) = Some(std::time::Instant::now());
+        // An interprocess event counts the record on its shared page too.
+        let shared = st.events[&e]
+            .ipc
+            .clone()
+            .map(|ipc| (ipc.begin_record(), ipc));
+        let run = move || {
+            *crate::log::lock(&stamp) = Some(std::time::Instant::now());
+            if let Some((number, ipc)) = shared {
+                ipc.complete(number);
+            }
+        };
         let seq = st.submit(r, deps, Some(Box::new(run)), false);
         let core = st.streams[&r].core.clone();
         let clock = st.streams[&r].clock.clone();
@@ -519,6 +614,11 @@ pub unsafe extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
                 st.invalidate_capture(id);
                 return Err(codes::CAPTURED_EVENT_SYNCHRONIZE);
             }
+            if let Some((ipc, number)) = ev.shared_target() {
+                drop(st);
+                ipc.wait(number);
+                return Ok(());
+            }
             ev.record.clone()
         };
         if let Some((dep, clock)) = record {
@@ -538,6 +638,13 @@ pub unsafe extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
             // Measured from another thread (F17): refused, and the capture is invalidated.
             st.invalidate_capture(id);
             return Err(codes::CAPTURED_EVENT_QUERY);
+        }
+        if let Some((ipc, number)) = ev.shared_target() {
+            return if ipc.reached(number) {
+                Ok(())
+            } else {
+                Err(codes::NOT_READY)
+            };
         }
         if let Some((dep, clock)) = ev.record.clone() {
             if !dep.done() {

@@ -143,11 +143,8 @@ not_supported! {
     cuGLUnmapBufferObject
     cuGLUnmapBufferObjectAsync
     cuGLUnregisterBufferObject
-    cuGetExportTable
     cuGraphAddBatchMemOpNode
     cuGraphAddChildGraphNode
-    cuGraphAddDependencies
-    cuGraphAddDependencies_v2
     cuGraphAddExternalSemaphoresSignalNode
     cuGraphAddExternalSemaphoresWaitNode
     cuGraphAddKernelNode
@@ -207,8 +204,6 @@ not_supported! {
     cuGraphNodeGetToolsId
     cuGraphNodeSetEnabled
     cuGraphNodeSetParams
-    cuGraphRemoveDependencies
-    cuGraphRemoveDependencies_v2
     cuGraphicsEGLRegisterImage
     cuGraphicsGLRegisterBuffer
     cuGraphicsGLRegisterImage
@@ -234,9 +229,7 @@ not_supported! {
     cuImportExternalMemory
     cuImportExternalSemaphore
     cuIpcCloseMemHandle
-    cuIpcGetEventHandle
     cuIpcGetMemHandle
-    cuIpcOpenEventHandle
     cuIpcOpenMemHandle
     cuIpcOpenMemHandle_v2
     cuKernelGetAttribute

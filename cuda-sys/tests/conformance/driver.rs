@@ -58,6 +58,12 @@ impl Ret {
     pub fn from_status(call: &'static str, status: CUresult) -> Ret {
         Ret::new(call, status, ())
     }
+
+    /// Wraps the status and out-value of a call a case made directly, through an entry point
+    /// it resolved itself (with `cuGetProcAddress_v2`).
+    pub fn with_value<T>(call: &'static str, status: CUresult, value: T) -> Ret<T> {
+        Ret::new(call, status, value)
+    }
 }
 
 impl<T> Ret<T> {
