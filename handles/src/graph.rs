@@ -20,6 +20,7 @@ use crate::HandleError;
 // they reach the graph box.
 #[path = "graph_nodes.rs"]
 mod nodes;
+use nodes::ExecAttachments;
 pub use nodes::{retain_in_capture, GraphNode};
 
 /// `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`.
@@ -104,6 +105,10 @@ impl fmt::Debug for GraphHandle {
 struct GraphExecBox {
     raw: usize,
     context: ContextHandle,
+    /// What [`GraphExecHandle::retain`] attached: the payload of a user object that only this
+    /// executable references. This box's reference is given up before the executable is
+    /// destroyed, so the payload's own is the last and the memory is freed by deferred cleanup.
+    kept: Option<Arc<ExecAttachments>>,
 }
 
 /// An executable graph, owned; destroyed in its context when the last clone drops.
@@ -117,22 +122,42 @@ pub struct GraphExecHandle(Arc<GraphExecBox>);
 impl GraphExecHandle {
     /// Instantiates `graph` with `flags` (`CUDA_GRAPH_INSTANTIATE_FLAG_*`).
     ///
-    /// # Errors
-    /// [`HandleError::Driver`] when instantiation fails.
+    /// The executable also gets a user object of its own, for what [`GraphExecHandle::retain`]
+    /// attaches later: a driver attaches user objects to graph definitions only, and an
+    /// executable takes its references when it is instantiated, so the object is moved into
+    /// `graph` for the instantiation and the graph's reference is given back right after. A
+    /// copy or executable made from `graph` by another thread meanwhile would hold it too
+    /// (keeping this executable's attachments longer, never shorter); the memory crate's
+    /// `Graph` serialises these calls.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
-    /// `cuGraphInstantiateWithFlags`; `cuGraphExecDestroy` when the last clone drops.
+    /// # Errors
+    /// [`HandleError::Driver`] when the user object cannot be made or attached, or the
+    /// instantiation fails (nothing is left attached to `graph` then). If the graph's reference
+    /// cannot be given back, that is reported (`Consequence::KeptByGraph`: `graph` keeps an
+    /// empty attachment until it goes), not returned.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`,
+    /// `cuGraphRetainUserObject`, `cuGraphInstantiateWithFlags`, `cuGraphReleaseUserObject`;
+    /// `cuGraphExecDestroy` when the last clone drops.
     pub fn instantiate(graph: &GraphHandle, flags: u64) -> Result<GraphExecHandle, HandleError> {
         let context = graph.context();
-        let raw = in_context(context, "cuGraphInstantiateWithFlags", |d| {
+        let kept = Arc::new(ExecAttachments::default());
+        let payload: Box<dyn Any + Send> = Box::new(Arc::clone(&kept));
+        let object = UserObjectOwnership::new(context, payload)?;
+        let object_raw = object.raw();
+        object.move_into_graph(graph)?;
+        let made = in_context(context, "cuGraphInstantiateWithFlags", |d| {
             let mut raw: CUgraphExec = std::ptr::null_mut();
             // SAFETY: `raw` is a valid out-pointer; the graph handle is alive.
             let status = unsafe { (d.cuGraphInstantiateWithFlags)(&mut raw, graph.raw(), flags) };
             check("cuGraphInstantiateWithFlags", status).map(|()| raw as usize)
-        })?;
+        });
+        // The executable (if made) holds its own reference now; the graph gives its back.
+        graph.give_back(object_raw);
         Ok(GraphExecHandle(Arc::new(GraphExecBox {
-            raw,
+            raw: made?,
             context: context.clone(),
+            kept: Some(kept),
         })))
     }
 
@@ -175,6 +200,9 @@ impl GraphExecHandle {
 
 impl Drop for GraphExecBox {
     fn drop(&mut self) {
+        // First, so that the user object's payload holds the last reference to what `retain`
+        // attached: it is freed by deferred cleanup after the launches in flight (G2, G3).
+        drop(self.kept.take());
         let raw = self.raw;
         destroy_in_context(
             "graph exec",

@@ -1,6 +1,7 @@
 //! Graph nodes that keep what they touch alive: [`GraphNode`], the memset, memcpy,
-//! host-function and empty nodes of a [`GraphHandle`], [`GraphHandle::clone_graph`], and
-//! [`retain_in_capture`] for work recorded by stream capture.
+//! host-function and empty nodes of a [`GraphHandle`], [`GraphHandle::clone_graph`], and the
+//! explicit keep-alives for work custody does not see (a kernel another library captured or
+//! added): [`retain_in_capture`], [`GraphHandle::retain`], [`GraphExecHandle::retain`].
 //!
 //! Every node that touches memory, and every host-function node, owns one CUDA user object
 //! whose payload holds what the node needs: clones of the [`DevicePtrHandle`]s it reads or
@@ -17,14 +18,14 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use cuda_sys::types::{
-    CUgraph, CUgraphNode, CUmemorytype, CUstreamCaptureStatus, CUDA_HOST_NODE_PARAMS,
+    CUgraph, CUgraphNode, CUmemorytype, CUstreamCaptureStatus, CUuserObject, CUDA_HOST_NODE_PARAMS,
     CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS,
 };
 
-use super::{GraphBox, GraphHandle, UserObjectOwnership};
+use super::{GraphBox, GraphExecHandle, GraphHandle, UserObjectOwnership};
 use crate::context::ContextHandle;
 use crate::deviceptr::DevicePtrHandle;
 use crate::report::{report, CleanupStep, Consequence, Subject};
@@ -81,6 +82,12 @@ enum Attachment {
     Memory(Vec<DevicePtrHandle>),
     HostFunction(Box<HostFunction>),
 }
+
+/// What [`GraphExecHandle::retain`] attached to one executable: the one payload that grows after
+/// it was made, because a driver attaches user objects to graph definitions only (the
+/// executable's user object is made at instantiation). Each allocation once. A leaf lock: held
+/// to push a clone, never across a driver call.
+pub(super) type ExecAttachments = Mutex<Vec<DevicePtrHandle>>;
 
 /// A host function as a graph node runs it: behind one more box, so that the node's user data
 /// is a thin pointer whose target never moves while the attachment lives.
@@ -156,29 +163,67 @@ impl GraphHandle {
         object.move_into_graph(self)?;
         let added = self.add_plain(call, add);
         if added.is_err() {
-            let graph = self.raw();
-            let undone = in_context(self.context(), "cuGraphReleaseUserObject", |d| {
-                // SAFETY: the graph is alive and holds the one reference moved into it above.
-                let status = unsafe { (d.cuGraphReleaseUserObject)(graph, object_raw, 1) };
-                check("cuGraphReleaseUserObject", status)
-            });
-            if let Err(error) = undone {
-                // The attachment stays with the graph until the graph goes: kept, not lost.
-                report(
-                    Subject::new(
-                        "graph attachment",
-                        "cuGraphReleaseUserObject",
-                        object_raw as u64,
-                        0,
-                        self.context().raw_usize() as u64,
-                    ),
-                    CleanupStep::Operation,
-                    Consequence::KeptByGraph,
-                    error,
-                );
-            }
+            self.give_back(object_raw);
         }
         added
+    }
+
+    /// Gives back the one reference to user object `object` that was moved into this graph
+    /// (`cuGraphReleaseUserObject`); a failure is reported: the graph then keeps the
+    /// attachment until it goes (kept, not lost).
+    pub(super) fn give_back(&self, object: CUuserObject) {
+        let graph = self.raw();
+        let undone = in_context(self.context(), "cuGraphReleaseUserObject", |d| {
+            // SAFETY: the graph is alive and holds the one reference moved into it by the
+            // caller, which gives up that reference here.
+            let status = unsafe { (d.cuGraphReleaseUserObject)(graph, object, 1) };
+            check("cuGraphReleaseUserObject", status)
+        });
+        if let Err(error) = undone {
+            report(
+                Subject::new(
+                    "graph attachment",
+                    "cuGraphReleaseUserObject",
+                    object as u64,
+                    0,
+                    self.context().raw_usize() as u64,
+                ),
+                CleanupStep::Operation,
+                Consequence::KeptByGraph,
+                error,
+            );
+        }
+    }
+
+    /// Makes this graph retain `ptrs` without adding a node: for work on that memory that
+    /// custody does not see, such as a kernel another library added to the graph or captured
+    /// into it. One user object owning clones of the handles is moved into the graph, as a
+    /// node's is; its clones, the executables instantiated from it afterwards and their
+    /// launches hold it too (executables made before do not: use [`GraphExecHandle::retain`]).
+    /// The memory is freed with its recipe as it is when the last of them goes, by deferred
+    /// cleanup. Retaining the same memory again adds one more reference, no second free. When
+    /// a recipe is on the per-thread default stream, one warning is reported per allocation
+    /// (docs/decisions.md D6). An empty `ptrs` does nothing (no driver call).
+    ///
+    /// Memory allocated by a graph (a graph allocation) must not be retained: its free belongs
+    /// to the graph or to its stream.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the user object cannot be made or moved into the graph;
+    /// nothing is retained then.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`,
+    /// `cuGraphRetainUserObject`.
+    pub fn retain(&self, ptrs: &[&DevicePtrHandle]) -> Result<(), HandleError> {
+        let retained = distinct(ptrs);
+        if retained.is_empty() {
+            return Ok(());
+        }
+        let attachment: Box<dyn Any + Send> = Box::new(Attachment::Memory(retained.clone()));
+        let object = UserObjectOwnership::new(self.context(), attachment)?;
+        object.move_into_graph(self)?;
+        warn_per_thread(&retained);
+        Ok(())
     }
 
     /// Adds one node that retains nothing.
@@ -448,6 +493,35 @@ impl GraphHandle {
             raw,
             context: self.context().clone(),
         })))
+    }
+}
+
+impl GraphExecHandle {
+    /// Makes this executable retain `ptrs`: for work on that memory that custody does not see
+    /// (a kernel another library put into the graph). Clones of the handles join the
+    /// executable's own attachment (made by [`GraphExecHandle::instantiate`]), which this
+    /// executable and its launches in flight hold, and no graph definition, copy or other
+    /// executable does: the memory is freed with its recipe as it is when the executable is
+    /// destroyed and its last launch has finished (docs/driver-facts.md G2, G3), by deferred
+    /// cleanup. Each allocation is held once, however often it is retained. When a recipe is on
+    /// the per-thread default stream, one warning is reported per call and allocation
+    /// (docs/decisions.md D6).
+    ///
+    /// Launches queued before the call are covered too: they hold the same attachment. A
+    /// retention orders nothing; it only keeps the memory allocated.
+    ///
+    /// Cannot fail. Driver calls: none.
+    pub fn retain(&self, ptrs: &[&DevicePtrHandle]) {
+        let retained = distinct(ptrs);
+        if let Some(kept) = &self.0.kept {
+            let mut kept = kept.lock().unwrap_or_else(PoisonError::into_inner);
+            for ptr in &retained {
+                if !kept.iter().any(|seen| seen.ptr_eq(ptr)) {
+                    kept.push(ptr.clone());
+                }
+            }
+        }
+        warn_per_thread(&retained);
     }
 }
 

@@ -1,6 +1,7 @@
 //! `GraphBuilder` (a graph recorded by stream capture, whose fills and copies retain the buffers
 //! they touch) and `Graph` (its executable form), over `memory::GraphBuilder` / `memory::Graph`
-//! / `memory::GraphExec`.
+//! / `memory::GraphExec`; both have `retain(buffer)` for work custody does not see (a kernel
+//! that CuPy, PyTorch or Numba launched on the captured stream).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -11,7 +12,7 @@ use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::PyTuple;
 
 use crate::buffer::{Kept, PyBuffer};
-use crate::errors::{closed, Error};
+use crate::errors::{closed, expected, Error};
 use crate::stream::{accept_stream, PyContext, PyStream};
 
 /// Records work into a CUDA graph by capturing a stream. Pass it as the `stream` of
@@ -36,14 +37,6 @@ impl PyGraphBuilder {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .ok_or_else(|| PyRuntimeError::new_err("Graph builder has been closed."))
-    }
-
-    /// Whether a capture has ended (a graph was recorded).
-    fn ended(&self) -> bool {
-        self.graph
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
     }
 
     /// The captured stream's handle.
@@ -75,7 +68,8 @@ impl PyGraphBuilder {
     }
 
     /// Starts capturing (`mode`: "global", "thread_local" or "relaxed", as cuda.core's default
-    /// "relaxed"); returns the builder. A builder captures once.
+    /// "relaxed"); returns the builder. A builder may capture again after `end_building()` (the
+    /// next `end_building()` replaces the recorded graph; cuda.core refuses to resume).
     #[pyo3(signature = (mode = "relaxed"))]
     fn begin_building<'py>(slf: &Bound<'py, Self>, mode: &str) -> PyResult<Bound<'py, Self>> {
         let mode = mode_of(mode)?;
@@ -85,11 +79,6 @@ impl PyGraphBuilder {
         if builder.is_building() {
             return Err(PyRuntimeError::new_err(
                 "Graph builder is already building. Call end_building() before beginning again.",
-            ));
-        }
-        if this.ended() {
-            return Err(PyRuntimeError::new_err(
-                "Cannot resume building after building has ended. Use a new graph builder.",
             ));
         }
         py.detach(|| builder.begin_building(mode))
@@ -174,6 +163,17 @@ impl PyGraphBuilder {
     /// with the buffers it retained, so it is not reported.
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.stream)
+    }
+
+    /// Makes the graph being captured keep `buffer`'s memory alive (`memory::GraphBuilder::
+    /// retain`): for captured work custody does not see. Checks, before any driver call: a
+    /// `Buffer` (`TypeError`), the builder open and building, the buffer open (`RuntimeError`).
+    fn retain(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let buffer = retained_buffer(buffer)?;
+        let builder = self.builder()?;
+        let buffer = buffer.get().open(py)?;
+        py.detach(|| builder.retain(&buffer)).map_err(Error::from)?;
+        Ok(())
     }
 
     /// Whether the builder is capturing.
@@ -267,6 +267,22 @@ impl PyGraph {
             .map_or(0, |handle| handle.raw() as usize)
     }
 
+    /// Makes this executable keep `buffer`'s memory alive (`memory::GraphExec::retain`) until
+    /// it is closed and its launches are done. Checks: a `Buffer` (`TypeError`), the graph and
+    /// the buffer open (`RuntimeError`). No driver call.
+    fn retain(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let buffer = retained_buffer(buffer)?;
+        let exec = self
+            .exec
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| closed("Graph"))?;
+        let buffer = buffer.get().open(py)?;
+        py.detach(|| exec.retain(&buffer)).map_err(Error::from)?;
+        Ok(())
+    }
+
     /// Releases the executable (what it retains is freed once launches in flight are done,
     /// by the cleanup worker or `drain_deferred_cleanup()`). Idempotent.
     fn close(&self, py: Python<'_>) {
@@ -286,6 +302,14 @@ impl PyGraph {
             .unwrap_or_else(PoisonError::into_inner)
             .is_none()
     }
+}
+
+/// The argument of `retain`: a `Buffer` (or `ManagedBuffer`); `TypeError` otherwise, `None`
+/// included.
+fn retained_buffer<'a, 'py>(buffer: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyBuffer>> {
+    buffer
+        .cast::<PyBuffer>()
+        .map_err(|_| expected("Buffer", buffer))
 }
 
 /// A graph builder capturing a new stream in `context`.

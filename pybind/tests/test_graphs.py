@@ -206,3 +206,297 @@ def test_exit_with_graph_cleanup_queued():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "exiting"
     assert "Traceback" not in out.stderr, out.stderr
+
+
+# -------------------------------------------------------------------------------------------
+# Explicit keep-alives for work custody does not see: a kernel another library
+# launched on the captured stream. Here a copy issued on ``gb.stream`` (a plain Stream, not the
+# builder) stands in for it: captured, and retaining nothing, as a foreign launch does. The CuPy
+# test at the end runs a real foreign kernel on a GPU.
+
+SIZE = 4096
+PATTERN = bytes((i * 7 + 3) % 256 for i in range(SIZE))
+
+
+def write(buf, data, stream):
+    """Writes ``data`` into ``buf`` through pinned staging memory."""
+    staging = custody.LegacyPinnedMemoryResource().allocate(len(data), stream=stream)
+    ctypes.memmove(staging.handle, data, len(data))
+    buf.copy_from(staging, stream=stream)
+    stream.sync()
+    staging.close()
+
+
+def used(mr, stream):
+    """The pool's used memory in bytes once the work queued on ``stream`` has run."""
+    stream.sync()
+    return mr.attributes.used_mem_current
+
+
+def own_pool():
+    """A resource with a pool of its own: only this test changes its used memory."""
+    return custody.DeviceMemoryResource(0, custody.DeviceMemoryResourceOptions())
+
+
+def record_foreign_read(device, src, out, retain):
+    """A builder whose capture reads ``src`` into ``out`` with work custody does not see;
+    ``retain`` decides whether the builder is told to keep ``src``. Returns (builder, graph)."""
+    gb = device.create_graph_builder()
+    gb.begin_building()
+    src.copy_to(out, stream=gb.stream)  # issued on the stream, not the builder: retains nothing
+    if retain:
+        gb.retain(src)
+        gb.retain(src)  # twice: harmless
+    gb.end_building()
+    return gb, gb.complete()
+
+
+def launch_and_check(graph, out, stream, expected=PATTERN):
+    for launch in range(3):
+        out.fill(0, stream=stream)
+        graph.launch(stream)
+        assert read(out.handle, SIZE, stream) == expected, f"launch {launch}"
+
+
+def test_builder_retain_keeps_a_closed_buffer_for_captured_foreign_work(
+    device, stream, emu, recorded_warnings
+):
+    """The capture retains ``src``; the user closes it; every launch reads the right bytes; the
+    memory is freed once, in deferred cleanup, after the builder and the graph are closed."""
+    mr = own_pool()
+    out = mr.allocate(SIZE, stream=stream)
+    used_by_out = used(mr, stream)
+    src = mr.allocate(SIZE, stream=stream)
+    write(src, PATTERN, stream)
+    alloc = emu.alloc_id(src.handle) if emu else None
+    used_by_both = used(mr, stream)
+
+    gb, graph = record_foreign_read(device, src, out, retain=True)
+    src.close()
+    assert used(mr, stream) == used_by_both, "closing a retained buffer frees nothing"
+    if emu:
+        assert emu.is_live(alloc)
+    launch_and_check(graph, out, stream)
+    gb.close()  # the recorded graph goes; the executable holds what it inherited
+    custody.drain_deferred_cleanup()
+    launch_and_check(graph, out, stream)
+    assert used(mr, stream) == used_by_both
+    if emu:
+        assert emu.is_live(alloc)
+        assert emu.hazards() == []
+        assert emu.calls_to("cuMemFreeAsync", alloc=alloc) == []
+
+    graph.close()
+    assert drain_until(lambda: used(mr, stream) == used_by_out)
+    assert cuda_warnings(recorded_warnings) == [], "nothing was reported"
+    if emu:
+        assert not emu.is_live(alloc)
+        (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)  # retained twice, freed once
+        assert free["result"] == 0 and free["stream"] == stream.handle
+    out.close()
+    mr.close()
+
+
+def test_graph_retain_keeps_a_closed_buffer_until_the_executable_goes(
+    device, stream, emu, recorded_warnings
+):
+    """``Graph.retain`` (on the executable): launches queued before it are covered; the free
+    runs on the stream set by ``set_deallocation_stream`` before the close, once the graph is
+    closed, while the builder's recorded graph (which never retained it) is still open."""
+    mr = own_pool()
+    other = device.create_stream()
+    out = mr.allocate(SIZE, stream=stream)
+    used_by_out = used(mr, stream)
+    src = mr.allocate(SIZE, stream=stream)
+    write(src, PATTERN, stream)
+    alloc = emu.alloc_id(src.handle) if emu else None
+    used_by_both = used(mr, stream)
+
+    gb, graph = record_foreign_read(device, src, out, retain=False)
+    out.fill(0, stream=stream)
+    graph.launch(stream)
+    graph.retain(src)
+    graph.retain(src)  # twice: held once
+    src.set_deallocation_stream(other)
+    src.close()
+    assert read(out.handle, SIZE, stream) == PATTERN
+    assert used(mr, stream) == used_by_both
+    launch_and_check(graph, out, stream)
+    if emu:
+        assert emu.is_live(alloc)
+        assert emu.hazards() == []
+
+    graph.close()
+    assert drain_until(lambda: used(mr, other) == used_by_out)
+    assert cuda_warnings(recorded_warnings) == []
+    if emu:
+        (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)
+        assert free["result"] == 0 and free["stream"] == other.handle
+    gb.close()
+    out.close()
+    other.close()
+    mr.close()
+
+
+@pytest.mark.expect_hazards("use_after_free")
+def test_without_retain_the_checker_sees_the_graph_read_freed_memory(device, stream, emu):
+    """The negative control of the two tests above: without ``retain`` the close frees the
+    memory and the launch reads freed memory, which the emulator's hazard checker reports."""
+    if emu is None:
+        pytest.skip(
+            "needs the emulator's hazard checker: on a real driver the launch would read freed "
+            "memory"
+        )
+    mr = own_pool()
+    out = mr.allocate(SIZE, stream=stream)
+    used_by_out = used(mr, stream)
+    src = mr.allocate(SIZE, stream=stream)
+    write(src, PATTERN, stream)
+    alloc = emu.alloc_id(src.handle)
+    gb, graph = record_foreign_read(device, src, out, retain=False)
+    src.close()
+    assert used(mr, stream) == used_by_out, "nothing kept it: freed at close"
+    graph.launch(stream)
+    stream.sync()
+    assert [h["alloc"] for h in emu.hazards() if h["kind"] == "use_after_free"] == [alloc]
+    graph.close()
+    gb.close()
+    out.close()
+    mr.close()
+
+
+def test_retain_bad_input_is_refused_and_changes_nothing(device, stream, emu):
+    """TypeError for a non-buffer and None; RuntimeError for a builder not building, a closed
+    buffer, a closed builder, a closed graph; no driver call and no retention in any case."""
+    mr = own_pool()
+    buf = mr.allocate(SIZE, stream=stream)
+    closed_buf = mr.allocate(SIZE, stream=stream)
+    closed_buf.close()
+    gb = device.create_graph_builder()
+    gb.begin_building()
+    gb.end_building()
+    graph = gb.complete()
+    if emu:
+        emu.clear_calls()
+    for bad in (None, 17, stream, bytearray(8)):
+        with pytest.raises(TypeError, match="Buffer expected"):
+            gb.retain(bad)
+        with pytest.raises(TypeError, match="Buffer expected"):
+            graph.retain(bad)
+    with pytest.raises(RuntimeError, match="not building"):
+        gb.retain(buf)
+    if emu:
+        assert emu.calls() == [], "no driver call"
+    gb.begin_building()
+    if emu:
+        emu.clear_calls()
+    with pytest.raises(RuntimeError, match="Buffer has been closed"):
+        gb.retain(closed_buf)
+    with pytest.raises(RuntimeError, match="Buffer has been closed"):
+        graph.retain(closed_buf)
+    if emu:
+        assert emu.calls() == [], "no driver call"
+    gb.end_building()
+    graph.close()
+    with pytest.raises(RuntimeError, match="Graph has been closed"):
+        graph.retain(buf)
+    gb.close()
+    with pytest.raises(RuntimeError, match="Graph builder has been closed"):
+        gb.retain(buf)
+    # Nothing holds the buffer: closing it frees it now.
+    buf.close()
+    assert used(mr, stream) == 0
+    mr.close()
+
+
+CUPY_KERNEL = r"""
+extern "C" __global__ void twice_plus_one(const unsigned int* src, unsigned int* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        out[i] = src[i] * 2u + 1u;
+    }
+}
+"""
+
+
+def test_a_cupy_kernel_captured_on_a_custody_stream_reads_a_retained_buffer(
+    device, stream, emu, recorded_warnings
+):
+    """A real foreign kernel: CuPy's RawKernel, launched on the builder's stream (a CuPy
+    ExternalStream of its handle) during a thread-local capture, reads a custody buffer the
+    builder retains; the user closes the buffer; every launch of the graph computes the right
+    result; the memory is freed once the graph is gone (the pool's used memory is back, nothing
+    reported). A second buffer kept alive only by ``Graph.retain`` covers the executable's own
+    attachment the same way."""
+    if emu is not None:
+        pytest.skip("needs a GPU: the emulator does not run kernels")
+    try:
+        import cupy
+        import numpy
+    except ImportError as error:
+        pytest.skip(f"needs CuPy for a foreign kernel: {error}")
+    import struct
+
+    n = SIZE // 4
+    words = [(i * 2654435761) & 0xFFFF_FFFF for i in range(n)]
+    source = struct.pack(f"<{n}I", *words)
+    expected = struct.pack(f"<{n}I", *[(w * 2 + 1) & 0xFFFF_FFFF for w in words])
+    mr = own_pool()
+    out = mr.allocate(SIZE, stream=stream)
+    used_by_out = used(mr, stream)
+    src = mr.allocate(SIZE, stream=stream)
+    write(src, source, stream)
+    used_by_both = used(mr, stream)
+
+    kernel = cupy.RawKernel(CUPY_KERNEL, "twice_plus_one")
+    try:
+        # Compiles (NVRTC) and loads the module outside the capture.
+        kernel.compile()
+    except Exception as error:  # noqa: BLE001 - any compiler problem: the host cannot run it
+        pytest.skip(f"CuPy cannot compile a kernel on this host: {error!r}")
+    threads = 128
+    blocks = (n + threads - 1) // threads
+
+    def launch_on(custody_stream, src_ptr, out_ptr):
+        # Raw addresses as 64-bit scalars: CuPy holds no reference to custody's memory.
+        with cupy.cuda.ExternalStream(custody_stream.handle, 0):
+            args = (numpy.uint64(src_ptr), numpy.uint64(out_ptr), numpy.int32(n))
+            kernel((blocks,), (threads,), args)
+
+    # The kernel on a plain stream first: what every graph launch must reproduce.
+    launch_on(stream, src.handle, out.handle)
+    assert read(out.handle, SIZE, stream) == expected
+
+    gb = device.create_graph_builder()
+    gb.begin_building()  # thread_local, the builder's default
+    launch_on(gb.stream, src.handle, out.handle)
+    gb.retain(src)
+    gb.end_building()
+    graph = gb.complete()
+    gb.close()
+    src.close()
+    custody.drain_deferred_cleanup()
+    assert used(mr, stream) == used_by_both, "closing the retained buffer freed nothing"
+    launch_and_check(graph, out, stream, expected)
+    graph.close()
+    assert drain_until(lambda: used(mr, stream) == used_by_out), "freed after the graph went"
+
+    # The executable's own attachment, with the same kernel.
+    src = mr.allocate(SIZE, stream=stream)
+    write(src, source, stream)
+    gb = device.create_graph_builder()
+    gb.begin_building()
+    launch_on(gb.stream, src.handle, out.handle)
+    gb.end_building()
+    graph = gb.complete()
+    gb.close()
+    graph.retain(src)
+    src.close()
+    custody.drain_deferred_cleanup()
+    assert used(mr, stream) == used_by_both
+    launch_and_check(graph, out, stream, expected)
+    graph.close()
+    assert drain_until(lambda: used(mr, stream) == used_by_out)
+    assert cuda_warnings(recorded_warnings) == [], "nothing was reported"
+    out.close()
+    mr.close()

@@ -819,6 +819,11 @@ pub fn graph_retain_user_object_move(graph: CUgraph, object: CUuserObject) -> Re
     call!(cuGraphRetainUserObject(graph, object, 1, GRAPH_USER_OBJECT_MOVE) => ())
 }
 
+/// `cuGraphReleaseUserObject(graph, object, 1)`: gives back one reference the graph holds.
+pub fn graph_release_user_object(graph: CUgraph, object: CUuserObject) -> Ret {
+    call!(cuGraphReleaseUserObject(graph, object, 1) => ())
+}
+
 /// `cuUserObjectRelease`.
 pub fn user_object_release(object: CUuserObject, count: c_uint) -> Ret {
     call!(cuUserObjectRelease(object, count) => ())

@@ -13,9 +13,9 @@ use cuda_sys::CudaErrorCode;
 
 use crate::driver::{
     ctx_get_current, graph_add_empty_node, graph_create, graph_destroy, graph_exec_destroy,
-    graph_instantiate, graph_launch, graph_retain_user_object_move, init, launch_host_func,
-    mem_alloc, mem_free, stream_create, stream_destroy, stream_synchronize, user_object_create,
-    STREAM_NON_BLOCKING,
+    graph_instantiate, graph_launch, graph_release_user_object, graph_retain_user_object_move,
+    init, launch_host_func, mem_alloc, mem_free, stream_create, stream_destroy, stream_synchronize,
+    user_object_create, STREAM_NON_BLOCKING,
 };
 use crate::support::{block_stream, on_fresh_thread, position, primary_current, Probe, Shared};
 
@@ -119,6 +119,54 @@ fn g3_destructor_deferred_behind_pending_launch_to_driver_thread() {
             std::thread::current().id(),
             "a deferred destructor runs on a driver thread, not the caller"
         );
+        stream_destroy(s).check();
+    });
+}
+
+/// G1 with the graph's reference given back by `cuGraphReleaseUserObject` instead of
+/// `cuGraphDestroy`, the graph staying alive: the executable keeps its own reference, and a
+/// launch in flight keeps it after the executable is destroyed (G3). handles'
+/// `GraphExecHandle::instantiate` rests on this for the executable's own attachment (what
+/// `GraphExecHandle::retain` adds). Read from the CUDA documentation (an executable holds
+/// references of its own to its graph's user objects); no GPU run has shown it yet.
+#[test]
+fn g1_not_yet_measured_graph_release_after_instantiate_keeps_user_object_for_exec_and_launch() {
+    on_fresh_thread("g1-release", || {
+        init();
+        let _primary = primary_current();
+        let s = stream_create(STREAM_NON_BLOCKING).check();
+        let probe = Probe::new();
+        let graph = graph_create().check();
+        graph_add_empty_node(graph).check();
+        let object = user_object_create(mark_destructor(&probe)).check();
+        graph_retain_user_object_move(graph, object).check();
+        let exec = graph_instantiate(graph).check();
+        graph_release_user_object(graph, object).check();
+        assert!(
+            probe.find("destructor").is_none(),
+            "the destructor ran although the executable was instantiated holding a reference"
+        );
+
+        block_stream(s, &probe).check();
+        graph_launch(exec, s).check(); // queued behind the gate
+        graph_exec_destroy(exec).check();
+        probe.mark("exec_destroy_returned");
+        assert!(
+            probe.find("destructor").is_none(),
+            "the destructor ran although a launch was pending: {:?}",
+            probe.labels()
+        );
+        probe.open_gate();
+        stream_synchronize(s).check();
+        probe
+            .wait_for("destructor")
+            .unwrap_or_else(|| panic!("the destructor never ran: {:?}", probe.labels()));
+        let labels = probe.labels();
+        assert!(
+            position(&labels, "gate_released") < position(&labels, "destructor"),
+            "the destructor ran before the launch completed: {labels:?}"
+        );
+        graph_destroy(graph).check();
         stream_destroy(s).check();
     });
 }

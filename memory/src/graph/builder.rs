@@ -51,8 +51,9 @@ struct Building {
 /// item 56), the builder's [`GraphBuilder::fill`] and [`GraphBuilder::copy`] make the graph
 /// retain the buffers they touch, as explicit nodes do ([`Graph::add_memset`]): the buffers
 /// stay allocated until the graph, its clones, executables and launches are gone. Work issued
-/// on the stream directly (`Buffer::fill(value, builder.stream())`) is captured but retains
-/// nothing. Graph allocations ([`GraphBuilder::allocate`]) belong to the graph and are not
+/// on the stream directly (`Buffer::fill(value, builder.stream())`, or a kernel another library
+/// launches there) is captured but retains nothing: [`GraphBuilder::retain`] keeps the buffers it
+/// uses alive. Graph allocations ([`GraphBuilder::allocate`]) belong to the graph and are not
 /// retained: closing one during the capture adds its free to the graph.
 ///
 /// `Send + Sync`; operations are serialised under the builder's lock (so the attach-time
@@ -214,6 +215,41 @@ impl GraphBuilder {
             handles::retain_in_capture(&self.stream, &retained)?;
         }
         src.copy_to(dst, &self.stream)
+    }
+
+    /// Makes the graph being built retain `buffer`'s memory: for captured work that custody
+    /// does not see, such as a kernel another library (CuPy, PyTorch, Numba, cudarc) launched
+    /// on [`GraphBuilder::stream`] that reads or writes the buffer, or anything issued on the
+    /// stream directly (`Buffer::fill(value, builder.stream())`), which retains nothing. The
+    /// capture graph takes the retention, and the graph [`GraphBuilder::end_building`] returns
+    /// inherits it, as it inherits [`GraphBuilder::fill`]'s: the memory stays allocated,
+    /// whatever happens to `buffer` ([`Buffer::close`] frees nothing), until that graph, its
+    /// clones, executables and launches are gone, and is then freed once by the cleanup worker
+    /// (or [`handles::drain_deferred_cleanup`]) with its recipe as it is then
+    /// ([`Buffer::set_deallocation_stream`] before the close still moves the free). Retain
+    /// before or after the foreign launch, any time before the capture ends; retaining the
+    /// same buffer again is harmless (one more reference, still one free). A graph allocation
+    /// of this capture ([`GraphBuilder::allocate`]) is the graph's own memory and is not
+    /// retained (`Ok`, nothing attached). Memory of any device (and host memory) may be
+    /// retained: a kernel may read a peer's memory, and the free runs in the buffer's own
+    /// context. One warning is reported when its recipe is on the per-thread default stream
+    /// (docs/decisions.md D6). A retention orders nothing.
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when not building (no driver call); [`MemoryError::Handle`]
+    /// for the driver's failure (`InvalidArgument` when the capture was invalidated, by the
+    /// foreign code, say). Nothing is retained on an error.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
+    /// `cuStreamGetCaptureInfo_v2`, `cuUserObjectCreate`, `cuGraphRetainUserObject`,
+    /// `cuUserObjectRelease`.
+    pub fn retain(&self, buffer: &Buffer) -> Result<(), MemoryError> {
+        let handle = buffer.handle().clone();
+        let state = self.building()?;
+        if Self::must_retain(&state, &handle) {
+            handles::retain_in_capture(&self.stream, &[&handle])?;
+        }
+        Ok(())
     }
 
     /// The lock, when building.

@@ -13,6 +13,11 @@
 //! context (docs/decisions.md D7): [`Buffer::set_deallocation_stream`] before [`Buffer::close`]
 //! moves that free to another stream. A buffer whose recipe is on the per-thread default stream
 //! reports one warning when a graph retains it (D6).
+//!
+//! Work custody does not see (a kernel that another library, such as CuPy, PyTorch, Numba or
+//! cudarc, captured on the builder's stream or added to the graph) retains nothing by itself:
+//! [`GraphBuilder::retain`], [`Graph::retain`] and [`GraphExec::retain`] attach a buffer the
+//! same way, through a user object, so that closing it before the graph is gone frees nothing.
 
 mod builder;
 
@@ -160,6 +165,34 @@ impl Graph {
         }
     }
 
+    /// Makes the graph retain `buffer`'s memory without adding a node: for nodes custody does
+    /// not see that use it (a kernel another library added to this graph, or captured into it
+    /// before [`GraphBuilder::end_building`] returned it). The memory stays allocated, whatever
+    /// happens to `buffer` (a [`Buffer::close`] frees nothing), until this graph, its clones,
+    /// the executables instantiated from it *afterwards* and their launches are gone; then the
+    /// cleanup worker (or [`handles::drain_deferred_cleanup`]) frees it once, with its recipe
+    /// as it is then: [`Buffer::set_deallocation_stream`] before the close still moves the
+    /// free. An executable instantiated earlier does not hold it: use [`GraphExec::retain`].
+    /// Retaining the same buffer again is harmless (one more reference, still one free). Memory
+    /// of any device (and host memory) may be retained: a kernel may read a peer's memory,
+    /// and the free runs in the buffer's own context. One warning is reported when its recipe
+    /// is on the per-thread default stream (docs/decisions.md D6). A graph allocation must not
+    /// be retained (its free belongs to its graph or its stream).
+    ///
+    /// A retention orders nothing: the foreign work must be ordered with custody's by its
+    /// place in the graph, as usual.
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when the graph is closed (no driver call);
+    /// [`MemoryError::Handle`] for the driver's failure. Nothing is retained on an error.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`,
+    /// `cuGraphRetainUserObject`.
+    pub fn retain(&self, buffer: &Buffer) -> Result<(), MemoryError> {
+        let handle = buffer.handle().clone();
+        self.with_open(|graph| Ok(graph.retain(&[&handle])?))
+    }
+
     /// Adds a node that does nothing, after `deps` (a join point).
     ///
     /// # Errors
@@ -269,14 +302,16 @@ impl Graph {
     }
 
     /// Instantiates the graph. The executable holds its own references to what the graph
-    /// retains (docs/driver-facts.md G1), so this graph may be closed while it lives.
+    /// retains (docs/driver-facts.md G1), so this graph may be closed while it lives, and has
+    /// an attachment of its own for [`GraphExec::retain`].
     ///
     /// # Errors
     /// [`MemoryError::Graph`] when the graph is closed; [`MemoryError::Handle`] for the
     /// driver's failure.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
-    /// `cuGraphInstantiateWithFlags`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`,
+    /// `cuGraphRetainUserObject`, `cuGraphInstantiateWithFlags`, `cuGraphReleaseUserObject`
+    /// (the executable's own attachment: [`handles::GraphExecHandle::instantiate`]).
     pub fn instantiate(&self) -> Result<GraphExec, MemoryError> {
         self.with_open(|graph| {
             Ok(GraphExec::from_handle(GraphExecHandle::instantiate(
@@ -367,6 +402,31 @@ impl GraphExec {
             reason: "the executable graph is closed",
         })?;
         Ok(handle.upload(stream)?)
+    }
+
+    /// Makes this executable retain `buffer`'s memory: for work in the graph that custody does
+    /// not see (a kernel another library captured or added) when the buffer may be closed
+    /// while the executable lives. The memory stays allocated, whatever happens to `buffer`,
+    /// until this executable is closed (or dropped) and its last launch has finished, launches
+    /// queued before this call included; then the cleanup worker (or
+    /// [`handles::drain_deferred_cleanup`]) frees it once, with its recipe as it is then. The
+    /// graph it was instantiated from, its clones and other executables do not hold it (use
+    /// [`Graph::retain`] before instantiating for those). Retaining the same buffer again is
+    /// harmless (it is held once). Any device's memory may be retained, as
+    /// [`Graph::retain`] explains. One warning is reported when its recipe is on the
+    /// per-thread default stream (docs/decisions.md D6). A retention orders nothing.
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when the executable is closed; nothing is retained then.
+    ///
+    /// Driver calls: none.
+    pub fn retain(&self, buffer: &Buffer) -> Result<(), MemoryError> {
+        let guard = self.lock();
+        let handle = guard.as_ref().ok_or(MemoryError::Graph {
+            reason: "the executable graph is closed",
+        })?;
+        handle.retain(&[buffer.handle()]);
+        Ok(())
     }
 
     /// A new reference to the executable (for its raw `CUgraphExec`).

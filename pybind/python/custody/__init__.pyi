@@ -654,20 +654,38 @@ class GraphBuilder:
     then keeps those buffers' memory alive, even after they are closed, until the graph and
     every executable made from it are gone; the free then runs with the buffer's recipe, on the
     cleanup worker or in ``drain_deferred_cleanup()``), of ``GraphMemoryResource.allocate``, and
-    of ``Buffer.set_deallocation_stream`` (the captured stream). A buffer whose free is recorded
-    on the per-thread default stream warns when a graph retains it. A builder captures once.
-    Cannot be instantiated directly.
+    of ``Buffer.set_deallocation_stream`` (the captured stream). Work issued on ``stream``
+    directly, such as a kernel that CuPy, PyTorch or Numba launches there, is captured but keeps
+    nothing alive: :meth:`retain` the buffers it uses. A buffer whose free is recorded on the
+    per-thread default stream warns when a graph retains it. Cannot be instantiated directly.
     """
 
     def begin_building(self, mode: str = "relaxed") -> "GraphBuilder":
         """Starts capturing (``"global"``, ``"thread_local"`` or ``"relaxed"``); returns self.
         ``ValueError`` for another mode; ``RuntimeError`` when already building ("Graph builder
-        is already building") or after a capture ended ("Cannot resume building")."""
+        is already building"). A builder may capture again after ``end_building()`` (cuda.core
+        refuses); the next ``end_building()`` replaces the recorded graph."""
     def end_building(self) -> "GraphBuilder":
         """Ends capturing and keeps the recorded graph; returns self."""
     def complete(self, options: Optional[GraphCompleteOptions] = None) -> "Graph":
         """Instantiates the recorded graph (``RuntimeError("Graph has not finished building.")``
         before ``end_building()``); ``options`` as :class:`GraphCompleteOptions` says."""
+    def retain(self, buffer: Buffer) -> None:
+        """Makes the graph being captured keep ``buffer``'s memory allocated, for captured work
+        custody does not see (a kernel another library launched on :attr:`stream` that reads or
+        writes it). Call it any time between ``begin_building()`` and ``end_building()``. The
+        graph ``end_building()`` records inherits the retention: after ``buffer.close()`` the
+        memory stays allocated until that graph and every executable and launch made from it
+        are gone (``close()`` of this builder and of each :class:`Graph`), and is then freed
+        once, by the cleanup worker or in ``drain_deferred_cleanup()``, with the buffer's
+        recipe as it is then (``set_deallocation_stream`` before ``close`` still moves the
+        free). Retaining a buffer twice is harmless; a ``GraphMemoryResource`` buffer of this
+        capture is the graph's own and is not retained; any device's memory may be retained.
+        It orders nothing. Errors, all before any driver call and changing nothing:
+        ``TypeError`` for anything but a ``Buffer`` (``None`` included); ``RuntimeError`` for a
+        closed buffer, a closed builder, or a builder that is not building. Driver calls:
+        ``cuStreamGetCaptureInfo_v2``, ``cuUserObjectCreate``, ``cuGraphRetainUserObject``,
+        ``cuUserObjectRelease``."""
     @property
     def is_building(self) -> bool:
         """Whether the builder is capturing."""
@@ -695,6 +713,17 @@ class Graph:
     @property
     def handle(self) -> int:
         """The raw ``CUgraphExec`` as an int; 0 once closed."""
+    def retain(self, buffer: Buffer) -> None:
+        """Makes this executable keep ``buffer``'s memory allocated, for work in the graph that
+        custody does not see (a kernel another library captured into it). After
+        ``buffer.close()`` the memory stays allocated until this graph is closed and its
+        launches, including those queued before this call, have finished; it is then freed
+        once, by the cleanup worker or in ``drain_deferred_cleanup()``, with the buffer's
+        recipe as it is then. Only this executable holds it (not the builder's recorded graph
+        or other executables). Retaining a buffer twice is harmless; any device's memory may
+        be retained; it orders nothing. Errors, changing nothing: ``TypeError`` for anything
+        but a ``Buffer`` (``None`` included); ``RuntimeError`` for a closed buffer or a closed
+        graph. No driver call."""
     def close(self) -> None:
         """Releases the executable; what it retains is freed by the cleanup worker once it is
         gone. Idempotent."""
