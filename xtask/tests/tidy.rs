@@ -489,3 +489,25 @@ custody = {{ package = "cuda-custody", path = "{}", default-features = false, fe
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// The "no CUDA driver" error (`cuda-sys/src/loader.rs`) tells its reader which command builds
+/// the emulated driver: the package name it gives is the emulator's (`cuda-emu/Cargo.toml`), so
+/// renaming the package cannot leave the advice stale.
+#[test]
+fn the_no_driver_error_names_the_emulators_package() {
+    let root = workspace_root();
+    let manifest =
+        fs::read_to_string(root.join("cuda-emu/Cargo.toml")).expect("cuda-emu/Cargo.toml");
+    let package = manifest
+        .lines()
+        .find_map(|line| line.strip_prefix("name = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("cuda-emu/Cargo.toml names its package first");
+    assert_eq!(package, EMU);
+    let loader = fs::read_to_string(root.join("cuda-sys/src/loader.rs")).expect("loader.rs");
+    let command = format!("cargo build -p {package}");
+    assert!(
+        loader.contains(&command),
+        "cuda-sys/src/loader.rs's no-driver advice must say `{command}`"
+    );
+}
