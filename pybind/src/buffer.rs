@@ -27,16 +27,26 @@ const DL_CUDA: i32 = 2;
 const DL_CUDA_HOST: i32 = 3;
 const DL_CUDA_MANAGED: i32 = 13;
 
-/// Memory with the deallocation recipe that will order and legalise its free (docs/decisions.md
-/// D1).
+/// Memory with the deallocation recipe (stream and context) that will order and legalise
+/// its free.
 ///
-/// Takes part in cyclic garbage collection (docs/decisions.md D10): it reports the Python
-/// objects it holds to the collector (its memory resource object, and, while it alone holds
-/// the memory, the owner or the Python resource that the memory's handle keeps); memory whose
-/// free calls a Python `deallocate` is freed by `__del__`, which CPython runs on every object
-/// of a garbage cycle before it clears any, so `deallocate` finds its resource intact; any
-/// other memory is freed by `__clear__` (the free first, with its recipe and its resource, then
-/// the memory resource object is let go).
+/// Made by ``MemoryResource.allocate`` or ``Buffer.from_handle``; cannot be instantiated
+/// directly (``RuntimeError``). Any thread may use, close or drop it. Closed objects raise
+/// ``RuntimeError("Buffer has been closed")`` except for ``close()``, ``handle``, ``size``,
+/// ``is_closed``, ``memory_resource``, ``owner``, ``is_mapped`` and ``repr``.
+///
+/// A reference cycle through a buffer (an ``owner=`` or a memory resource that holds the
+/// buffer) is collected by ``gc.collect()``; a free through a Python ``deallocate`` then runs
+/// before any object of the cycle is cleared, with the recorded stream and the recipe's
+/// context.
+//
+// The recipe is docs/decisions.md D1. Cyclic garbage collection (D10): the object reports the
+// Python objects it holds to the collector (its memory resource object, and, while it alone
+// holds the memory, the owner or the Python resource that the memory's handle keeps); memory
+// whose free calls a Python `deallocate` is freed by `__del__`, which CPython runs on every
+// object of a garbage cycle before it clears any, so `deallocate` finds its resource intact;
+// any other memory is freed by `__clear__` (the free first, with its recipe and its resource,
+// then the memory resource object is let go).
 #[pyclass(frozen, subclass, weakref, name = "Buffer", module = "custody")]
 pub struct PyBuffer {
     /// Always `Some` until the object is deallocated (then taken, to drop it with the GIL

@@ -36,12 +36,15 @@ pub(crate) fn hash_of(kind: &str, raw: u64) -> u64 {
     hasher.finish()
 }
 
-/// A CUDA stream: created (owned, destroyed once closed and no longer used by any pending free),
-/// wrapped from another library, or a default-stream token.
+/// A CUDA stream: created (``Device.create_stream()``), wrapped from another library
+/// (``Stream.from_handle``), or a default-stream singleton.
 ///
-/// A stream wrapped from an object with `__cuda_stream__` keeps that object (in its handle):
-/// while this is the handle's only holder, the collector sees that reference, so an object
-/// that keeps the `Stream` wrapping it is collected (docs/decisions.md D10).
+/// A created stream lives at least as long as any pending free recorded on it, even after
+/// ``close()``. Cannot be instantiated directly (``RuntimeError``).
+//
+// A stream wrapped from an object with `__cuda_stream__` keeps that object (in its handle):
+// while this is the handle's only holder, the collector sees that reference, so an object that
+// keeps the `Stream` wrapping it is collected (docs/decisions.md D10).
 #[pyclass(frozen, subclass, weakref, name = "Stream", module = "custody")]
 pub struct PyStream {
     /// Cloned out (attached, briefly) by every use, so its count is stable while a collection
