@@ -19,6 +19,7 @@ import inspect
 import os
 import re
 import sys
+import types
 
 import pytest
 
@@ -212,6 +213,23 @@ KNOWN_DRIFT = frozenset({
     "Graph.launch", "Graph.close", "Graph.is_closed", "_System", "Device", "Device.context",
     "Device.set_current", "Device.memory_resource", "Device.create_stream", "Device.sync",
     "Device.__int__", "Device.__index__",
+    # Added with the cuda.core-compatible names:
+    "Context.is_closed", "Event.device", "Event.is_timing_enabled", "Event.is_blocking_sync",
+    "Event.is_ipc_enabled", "Event.is_closed", "Event.ipc_descriptor",
+    "Event.from_ipc_descriptor", "Stream", "Stream._init", "Stream._legacy_default",
+    "Stream._per_thread_default", "Stream.is_nonblocking", "Stream.priority",
+    "Stream.create_graph_builder", "IPCBufferDescriptor._init", "IPCBufferDescriptor.device_id",
+    "MemoryPoolAttributes.reuse_follow_event_dependencies",
+    "MemoryPoolAttributes.reuse_allow_opportunistic",
+    "MemoryPoolAttributes.reuse_allow_internal_dependencies", "GraphMemoryResource.attributes",
+    "GraphMemoryResource.trim", "GraphMemoryResource.close", "StreamOptions", "EventOptions",
+    "GraphBuilder.retain", "GraphBuilder.is_closed", "Graph.upload", "Graph.handle",
+    "Graph.retain", "Device.uuid", "Device.compute_capability", "Device.arch",
+    "Device.can_access_peer", "Device.create_event", "IPCEventDescriptor",
+    "IPCEventDescriptor._init", "IPCEventDescriptor.is_blocking_sync",
+    "GraphMemoryResourceAttributes", "GraphMemoryResourceAttributes.reserved_mem_high",
+    "GraphMemoryResourceAttributes.used_mem_high", "GraphCompleteOptions", "ComputeCapability",
+    "DLDeviceType", "DeviceProperties",
 })
 
 KNOWN_CONSTRUCTOR_DOCS = frozenset({
@@ -221,6 +239,7 @@ KNOWN_CONSTRUCTOR_DOCS = frozenset({
     "DeviceMemoryResourceOptions.__init__", "PinnedMemoryResourceOptions.__init__",
     "ManagedMemoryResourceOptions.__init__", "StreamOptions.__init__", "EventOptions.__init__",
     "Device.__new__",
+    "GraphMemoryResource.__new__", "GraphCompleteOptions.__init__",
 })
 
 
@@ -229,6 +248,11 @@ def is_setter(node):
 
 
 CONSTRUCTORS = ("__init__", "__new__")
+
+
+def is_protocol(node):
+    """Whether a stub class is a typing device (a ``Protocol``), which has no runtime class."""
+    return any(getattr(base, "id", None) == "Protocol" for base in node.bases)
 
 
 def runtime_doc(obj):
@@ -240,13 +264,13 @@ def runtime_doc(obj):
 def documented_pairs():
     """``(qualified name, stub node, runtime docstring)`` for every stubbed class, method,
     property and function whose docstring Python shows at run time: not variables or fields
-    (no runtime docstring), setters (the property's), constructors (the class's) or the
-    ``__cuda_stream__`` typing protocol."""
+    (no runtime docstring), setters (the property's), constructors (the class's), C slots
+    such as ``__sub__`` (CPython's text) or typing protocols."""
     pairs = []
     for node in stub_tree().body:
         if isinstance(node, ast.FunctionDef):
             pairs.append((node.name, node, getattr(custody, node.name).__doc__))
-        if not isinstance(node, ast.ClassDef) or node.name == "_CudaStreamLike":
+        if not isinstance(node, ast.ClassDef) or is_protocol(node):
             continue
         cls = getattr(custody, node.name)
         pairs.append((node.name, node, cls.__doc__))
@@ -261,6 +285,8 @@ def documented_pairs():
             except AttributeError:
                 pairs.append((name, member, None))
                 continue
+            if isinstance(obj, types.WrapperDescriptorType):
+                continue  # a C slot (`__sub__`): CPython's own text, which no extension sets
             pairs.append((name, member, runtime_doc(obj)))
     return pairs
 
@@ -329,8 +355,7 @@ REPOSITORY_REFERENCE = re.compile(
 def runtime_docstrings():
     """``(name, docstring)`` for the package, its extension module and everything they define:
     every class and every member its ``__dict__`` holds, every function, public or not."""
-    from custody import _custody
-
+    modules = [m for n, m in sorted(sys.modules.items()) if n == "custody" or n.startswith("custody.")]
     seen = set()
     out = []
 
@@ -340,11 +365,11 @@ def runtime_docstrings():
             seen.add(id(obj))
             out.append((name, doc))
 
-    for module in (custody, _custody):
+    for module in modules:
         add(module.__name__, module)
         for attr, value in vars(module).items():
             where = f"{module.__name__}.{attr}"
-            if inspect.isclass(value) and value.__module__ in ("custody", "custody._custody"):
+            if inspect.isclass(value) and value.__module__.split(".")[0] == "custody":
                 add(where, value)
                 for member, obj in vars(value).items():
                     if member in ("__doc__", "__module__", "__dict__", "__weakref__"):
@@ -353,7 +378,7 @@ def runtime_docstrings():
                     if isinstance(obj, property):
                         add(f"{where}.{member}", obj.fget)
             elif inspect.isfunction(value) or inspect.isbuiltin(value):
-                if getattr(value, "__module__", None) in ("custody", "custody._custody"):
+                if (getattr(value, "__module__", None) or "").split(".")[0] == "custody":
                     add(where, value)
     return out
 

@@ -192,7 +192,8 @@ def _property(name: str, number: int, kind: type) -> property:
         return self._read(name, number, kind)
 
     read.__name__ = name
-    read.__doc__ = f"``CU_DEVICE_ATTRIBUTE_{name.upper()}`` ({number}), as {kind.__name__}."
+    article = "an" if kind is int else "a"
+    read.__doc__ = f"``CU_DEVICE_ATTRIBUTE_{name.upper()}`` ({number}), as {article} {kind.__name__}."
     return property(read)
 
 
