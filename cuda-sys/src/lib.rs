@@ -39,9 +39,11 @@ macro_rules! with_driver_functions {
 /// *Required*: the entry points the product calls (the `handles` crate) and the loader's own
 /// `cuDriverGetVersion`; a driver without one of them does not load ([`LoadError::MissingSymbol`]).
 /// *Optional*: the ones only tests and diagnostics call (the conformance suite's raw sequences,
-/// error descriptions); each is an `Option` in [`Driver`], and a driver without it loads, its
-/// absence an error only where it is used. A new entry point goes under `optional` unless the
-/// product calls it.
+/// error descriptions), and the queries behind features that are not about memory lifetimes
+/// (device attributes, names and UUIDs, stream flags, event timing, graph memory attributes,
+/// graph upload: what the Python bindings' cuda.core surface reports); each is an `Option` in
+/// [`Driver`], and a driver without it loads, its absence an error only where it is used. A new
+/// entry point goes under `optional` unless the product's memory handling calls it.
 #[macro_export]
 macro_rules! with_driver_functions_by_need {
     ($m:ident) => {
@@ -155,6 +157,14 @@ macro_rules! __driver_function_list {
                 cuStreamWaitValue64_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
                 cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint);
                 cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
+                cuDeviceGetUuid(uuid: *mut c_void, dev: CUdevice);
+                cuDeviceGetUuid_v2(uuid: *mut c_void, dev: CUdevice);
+                cuCtxGetStreamPriorityRange(leastPriority: *mut c_int, greatestPriority: *mut c_int);
+                cuEventElapsedTime(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
+                cuGraphUpload(hGraphExec: CUgraphExec, hStream: CUstream);
+                cuDeviceGetGraphMemAttribute(device: CUdevice, attr: c_uint, value: *mut c_void);
+                cuDeviceSetGraphMemAttribute(device: CUdevice, attr: c_uint, value: *mut c_void);
+                cuDeviceGraphMemTrim(device: CUdevice);
             }
         }
     };

@@ -133,6 +133,29 @@ pub(crate) fn destroy_raw(raw: usize) -> u32 {
     unsafe { (d.cuEventDestroy_v2)(raw as CUevent) }
 }
 
+/// Event timing, for the Python bindings' `Event.__sub__`.
+impl EventHandle {
+    /// The time in milliseconds from `start`'s completion to this event's, as the driver
+    /// measured it (both created with timing, recorded and completed).
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`]: `CUDA_ERROR_INVALID_HANDLE` when either event was created
+    /// without timing or never recorded, `CUDA_ERROR_NOT_READY` when either has not completed;
+    /// [`HandleError::Load`] when the driver lacks `cuEventElapsedTime`.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuEventElapsedTime`.
+    pub fn elapsed_since(&self, start: &EventHandle) -> Result<f32, HandleError> {
+        in_context(&self.0.context, "cuEventElapsedTime", |d| {
+            let elapsed = d.cuEventElapsedTime().map_err(HandleError::Load)?;
+            let mut ms: f32 = 0.0;
+            // SAFETY: both handles keep their events alive; `ms` is a valid out-pointer.
+            let status = unsafe { elapsed(&mut ms, start.raw(), self.raw()) };
+            check("cuEventElapsedTime", status)?;
+            Ok(ms)
+        })
+    }
+}
+
 impl Drop for EventBox {
     fn drop(&mut self) {
         let (raw, context) = (self.raw, self.context.raw_usize());

@@ -175,6 +175,23 @@ impl GraphExecHandle {
         })
     }
 
+    /// Uploads the executable to the device on `stream`, so that a later launch need not (the
+    /// Python bindings' `Graph.upload`). Does not block.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the upload fails; [`HandleError::Load`] when the driver lacks
+    /// `cuGraphUpload`.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphUpload`.
+    pub fn upload(&self, stream: &StreamHandle) -> Result<(), HandleError> {
+        in_context(&self.0.context, "cuGraphUpload", |d| {
+            let upload = d.cuGraphUpload().map_err(HandleError::Load)?;
+            // SAFETY: both handles keep their resources alive.
+            let status = unsafe { upload(self.raw(), stream.raw()) };
+            check("cuGraphUpload", status)
+        })
+    }
+
     /// The raw `CUgraphExec`, valid while this handle lives.
     pub fn raw(&self) -> CUgraphExec {
         self.0.raw as CUgraphExec

@@ -21,7 +21,8 @@
 
 mod context;
 mod deferred;
-/// Device count and context synchronisation (what the Python bindings' `Device` needs).
+/// Device count, attributes and names, and context synchronisation (what the Python bindings'
+/// `Device` needs).
 mod device;
 mod deviceptr;
 mod error;
@@ -41,7 +42,10 @@ mod sys;
 
 pub use context::{ContextHandle, ContextKind};
 pub use deferred::{deferred_cleanup_pending, drain_deferred_cleanup, exiting};
-pub use device::device_count;
+pub use device::{
+    device_attribute, device_can_access_peer, device_count, device_name, device_uuid,
+    graph_mem_attribute, graph_mem_trim, set_graph_mem_attribute, stream_priority_range,
+};
 pub use deviceptr::{AdoptError, Deallocator, DevicePtrHandle, OwnedAllocation, ReleaseKind};
 pub use error::{DeallocatorSource, HandleError};
 pub use event::{EventHandle, EVENT_DISABLE_TIMING};

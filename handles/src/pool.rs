@@ -143,6 +143,29 @@ impl MemoryPoolHandle {
         Ok(value)
     }
 
+    /// Reads an `int` pool attribute (the `CU_MEMPOOL_ATTR_REUSE_*` flags), for the Python
+    /// bindings' `MemoryPoolAttributes`.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the driver rejects the attribute.
+    ///
+    /// Driver calls: `cuMemPoolGetAttribute`.
+    pub fn attribute_i32(&self, attribute: CUmemPool_attribute) -> Result<i32, HandleError> {
+        let d = driver()?;
+        let mut value: std::ffi::c_int = 0;
+        // SAFETY: the handle keeps the pool alive; `value` is the `int` out-buffer the
+        // driver writes for these attributes.
+        let status = unsafe {
+            (d.cuMemPoolGetAttribute)(
+                self.raw(),
+                attribute,
+                (&mut value as *mut std::ffi::c_int).cast(),
+            )
+        };
+        check("cuMemPoolGetAttribute", status)?;
+        Ok(value)
+    }
+
     /// Releases this handle now; when it is the last one of an owned pool, destroys the pool
     /// and returns the outcome instead of reporting it.
     ///

@@ -495,6 +495,50 @@ impl Drop for StreamBox {
     }
 }
 
+/// What a stream was created with, for the Python bindings' `Stream.is_nonblocking` and
+/// `Stream.priority`.
+impl StreamHandle {
+    /// The stream's creation flags (`CU_STREAM_NON_BLOCKING` is 0x1). For an unbound token,
+    /// those of the token in the caller's context.
+    ///
+    /// # Errors
+    /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
+    /// [`HandleError::Driver`] otherwise; [`HandleError::Load`] when the driver lacks
+    /// `cuStreamGetFlags`.
+    ///
+    /// Driver calls: `cuStreamGetFlags` (inside the stream's context).
+    pub fn flags(&self) -> Result<u32, HandleError> {
+        let token = self.is_unbound_token();
+        self.in_own_context("cuStreamGetFlags", |d| {
+            let get = d.cuStreamGetFlags().map_err(HandleError::Load)?;
+            let mut flags: std::ffi::c_uint = 0;
+            // SAFETY: the handle keeps the stream alive; `flags` is a valid out-pointer.
+            let status = unsafe { get(self.raw(), &mut flags) };
+            check_token("cuStreamGetFlags", status, token)?;
+            Ok(flags)
+        })
+    }
+
+    /// The stream's priority (lower numbers are higher priorities; the driver clamps what it
+    /// was created with to the device's range).
+    ///
+    /// # Errors
+    /// As [`StreamHandle::flags`], for `cuStreamGetPriority`.
+    ///
+    /// Driver calls: `cuStreamGetPriority` (inside the stream's context).
+    pub fn priority(&self) -> Result<i32, HandleError> {
+        let token = self.is_unbound_token();
+        self.in_own_context("cuStreamGetPriority", |d| {
+            let get = d.cuStreamGetPriority().map_err(HandleError::Load)?;
+            let mut priority: std::ffi::c_int = 0;
+            // SAFETY: the handle keeps the stream alive; `priority` is a valid out-pointer.
+            let status = unsafe { get(self.raw(), &mut priority) };
+            check_token("cuStreamGetPriority", status, token)?;
+            Ok(priority)
+        })
+    }
+}
+
 impl fmt::Debug for StreamHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.0.release {

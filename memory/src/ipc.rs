@@ -58,6 +58,29 @@ impl IpcBufferDescriptor {
         self.size
     }
 
+    /// A descriptor from its parts: the driver's export data for the pointer
+    /// (`CUmemPoolPtrExportData`), the buffer's size in bytes and its pool's device (`None` for
+    /// a pinned host pool).
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidSize`] for a size of zero or more than `isize::MAX`;
+    /// [`MemoryError::Ipc`] for a device below 0.
+    pub fn from_parts(
+        export_data: [u8; 64],
+        size: usize,
+        device: Option<i32>,
+    ) -> Result<IpcBufferDescriptor, MemoryError> {
+        check_size(size)?;
+        if device.is_some_and(|d| d < 0) {
+            return Err(MemoryError::ipc(format!("invalid device {device:?}")));
+        }
+        Ok(IpcBufferDescriptor {
+            device,
+            size,
+            export_data,
+        })
+    }
+
     /// The driver's export data for the pointer.
     pub fn export_data(&self) -> &[u8; 64] {
         &self.export_data
@@ -356,7 +379,8 @@ fn acquire(
 fn check_extent(claimed: usize, extent: usize) -> Result<(), MemoryError> {
     if extent < claimed {
         return Err(MemoryError::ipc(format!(
-            "the descriptor claims {claimed} bytes but the imported allocation holds {extent}"
+            "the descriptor's size ({claimed} bytes) exceeds the mapped allocation extent \
+             ({extent} bytes)"
         )));
     }
     Ok(())

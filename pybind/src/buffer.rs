@@ -8,11 +8,13 @@ use handles::StreamHandle;
 use memory::{Buffer, FillValue, IpcBufferDescriptor, ManagedBuffer, MemoryError};
 use pyo3::exceptions::{PyBufferError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::pyclass::{PyTraverseError, PyVisit};
+use pyo3::pyclass::{CompareOp, PyTraverseError, PyVisit};
 use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple, PyType};
 
 use crate::errors::{closed, expected, Error};
-use crate::ffi::{dlpack_capsule, owned_allocation, unowned_handle};
+use crate::ffi::{
+    dlpack_capsule, dlpack_capsule_versioned, owned_allocation, unowned_handle, DLPACK_VERSION,
+};
 use crate::graph::PyGraphBuilder;
 use crate::report::{release, PyObjRef};
 use crate::resource::{pool_of, python_device_id, resolve};
@@ -25,17 +27,27 @@ const DL_CUDA: i32 = 2;
 const DL_CUDA_HOST: i32 = 3;
 const DL_CUDA_MANAGED: i32 = 13;
 
-/// Memory with the deallocation recipe that will order and legalise its free (docs/decisions.md
-/// D1).
+/// Memory with the deallocation recipe (stream and context) that will order and legalise
+/// its free.
 ///
-/// Takes part in cyclic garbage collection (docs/decisions.md D10): it reports the Python
-/// objects it holds to the collector (its memory resource object, and, while it alone holds
-/// the memory, the owner or the Python resource that the memory's handle keeps); memory whose
-/// free calls a Python `deallocate` is freed by `__del__`, which CPython runs on every object
-/// of a garbage cycle before it clears any, so `deallocate` finds its resource intact; any
-/// other memory is freed by `__clear__` (the free first, with its recipe and its resource, then
-/// the memory resource object is let go).
-#[pyclass(frozen, subclass, name = "Buffer", module = "custody")]
+/// Made by ``MemoryResource.allocate`` or ``Buffer.from_handle``; cannot be instantiated
+/// directly (``RuntimeError``). Any thread may use, close or drop it. Closed objects raise
+/// ``RuntimeError("Buffer has been closed")`` except for ``close()``, ``handle``, ``size``,
+/// ``is_closed``, ``memory_resource``, ``owner``, ``is_mapped`` and ``repr``.
+///
+/// A reference cycle through a buffer (an ``owner=`` or a memory resource that holds the
+/// buffer) is collected by ``gc.collect()``; a free through a Python ``deallocate`` then runs
+/// before any object of the cycle is cleared, with the recorded stream and the recipe's
+/// context.
+//
+// The recipe is docs/decisions.md D1. Cyclic garbage collection (D10): the object reports the
+// Python objects it holds to the collector (its memory resource object, and, while it alone
+// holds the memory, the owner or the Python resource that the memory's handle keeps); memory
+// whose free calls a Python `deallocate` is freed by `__del__`, which CPython runs on every
+// object of a garbage cycle before it clears any, so `deallocate` finds its resource intact;
+// any other memory is freed by `__clear__` (the free first, with its recipe and its resource,
+// then the memory resource object is let go).
+#[pyclass(frozen, subclass, weakref, name = "Buffer", module = "custody")]
 pub struct PyBuffer {
     /// Always `Some` until the object is deallocated (then taken, to drop it with the GIL
     /// released).
@@ -45,6 +57,9 @@ pub struct PyBuffer {
     mr: Mutex<Option<Py<PyAny>>>,
     /// The Python objects the memory's handle holds strongly.
     kept: Kept,
+    /// `(address, size)` when made: what equality and the hash compare (kept after `close()`,
+    /// so that the hash never changes).
+    identity: (u64, usize),
 }
 
 /// The Python objects a buffer's memory handle holds, seen through `Weak`s: for the `owner`
@@ -71,6 +86,7 @@ impl PyBuffer {
         kept: Kept,
     ) -> PyResult<Py<PyAny>> {
         let base = PyBuffer {
+            identity: (buffer.ptr(), buffer.size()),
             inner: Some(SharedBuffer::new(buffer)),
             mr: Mutex::new(mr),
             kept,
@@ -81,6 +97,32 @@ impl PyBuffer {
         } else {
             Ok(Py::new(py, base)?.into_any())
         }
+    }
+
+    /// A buffer of zero bytes from `mr` (address 0; no driver call, nothing to free), as
+    /// `allocate(0)` returns. Where its memory could be used is `mr`'s.
+    pub(crate) fn empty(
+        py: Python<'_>,
+        mr: Option<Py<PyAny>>,
+        managed: bool,
+    ) -> PyResult<Py<PyAny>> {
+        let handle = unowned_handle(0, 0, None).map_err(Error::from)?;
+        PyBuffer::wrap(
+            py,
+            Buffer::from_parts(handle, None),
+            mr,
+            managed,
+            Kept::default(),
+        )
+    }
+
+    /// The memory resource of an empty buffer (`allocate(0)`), which describes its (absent)
+    /// memory.
+    fn empty_of<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
+        if self.identity.1 != 0 || self.buffer().is_closed() {
+            return None;
+        }
+        Some(self.memory_resource_object(py)?.into_bound(py))
     }
 
     #[inline]
@@ -112,6 +154,10 @@ impl PyBuffer {
     /// The memory's device: a Python resource that frees it is asked now (its `device_id` is
     /// read only when asked); otherwise what the memory knows. `None` for no device.
     fn device_of(&self, py: Python<'_>, buffer: &Buffer) -> PyResult<Option<i32>> {
+        if let Some(mr) = self.empty_of(py) {
+            let id: Option<i32> = mr.getattr("device_id")?.extract()?;
+            return Ok(id.filter(|&id| id >= 0));
+        }
         if self.kept.resource.is_some() {
             if let Some(mr) = self.memory_resource_object(py) {
                 let id = python_device_id(mr.bind(py))?;
@@ -123,15 +169,32 @@ impl PyBuffer {
 
     fn dlpack_device_of(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
         let buffer = self.open(py)?;
-        let (device, host, managed) = py
-            .detach(|| -> Result<_, MemoryError> {
-                Ok((
-                    buffer.is_device_accessible()?,
-                    buffer.is_host_accessible()?,
-                    buffer.is_managed()?,
-                ))
-            })
-            .map_err(Error::from)?;
+        let (device, host, mut managed) = match self.empty_of(py) {
+            Some(mr) => (
+                mr.getattr("is_device_accessible")?.extract()?,
+                mr.getattr("is_host_accessible")?.extract()?,
+                mr.getattr("is_managed")
+                    .and_then(|v| v.extract())
+                    .unwrap_or(false),
+            ),
+            None => py
+                .detach(|| -> Result<_, MemoryError> {
+                    Ok((
+                        buffer.is_device_accessible()?,
+                        buffer.is_host_accessible()?,
+                        buffer.is_managed()?,
+                    ))
+                })
+                .map_err(Error::from)?,
+        };
+        if device && host && !managed && self.kept.resource.is_some() {
+            // A Python resource's memory: whether it is managed, the driver says.
+            let ptr = buffer.ptr();
+            managed = py
+                .detach(|| handles::ops::pointer_attributes(ptr))
+                .map_err(Error::from)?
+                .is_some_and(|attributes| attributes.is_managed);
+        }
         let id = if device || managed {
             self.device_of(py, &buffer)?
         } else {
@@ -141,7 +204,12 @@ impl PyBuffer {
             (_, _, true) => (DL_CUDA_MANAGED, id.unwrap_or(0)),
             (true, true, false) => (DL_CUDA_HOST, 0),
             (true, false, false) => (DL_CUDA, id.unwrap_or(0)),
-            (false, _, false) => (DL_CPU, 0),
+            (false, true, false) => (DL_CPU, 0),
+            (false, false, false) => {
+                return Err(PyBufferError::new_err(
+                    "buffer is neither device-accessible nor host-accessible",
+                ))
+            }
         })
     }
 }
@@ -262,21 +330,33 @@ fn copy(
     Ok(())
 }
 
-/// An address given as an int (or anything with `__index__`).
+/// An address given as a pointer-like value, as cuda.core accepts it: an `int`, or an object
+/// with `__index__` or `__int__` (`cuda.bindings.driver.CUdeviceptr`, a NumPy integer); not a
+/// `float`.
 fn address(object: &Bound<'_, PyAny>) -> PyResult<u64> {
     if object.is_none() {
         return Err(PyTypeError::new_err(
             "a pointer (int) is required, got None",
         ));
     }
-    object.extract::<u64>().map_err(|error| {
-        if error.is_instance_of::<PyOverflowError>(object.py()) {
+    let py = object.py();
+    let value = if object.is_instance_of::<PyInt>() {
+        object.clone()
+    } else if object.hasattr("__index__")? {
+        object.call_method0("__index__")?
+    } else if object.hasattr("__int__")? && !object.is_instance_of::<pyo3::types::PyFloat>() {
+        object.call_method0("__int__")?
+    } else {
+        return Err(expected("pointer (int, or an object with __int__)", object));
+    };
+    value.extract::<u64>().map_err(|error| {
+        if error.is_instance_of::<PyOverflowError>(py) {
             PyOverflowError::new_err(format!(
                 "a pointer is an unsigned 64-bit int, got {}",
                 object.repr().map(|r| r.to_string()).unwrap_or_default()
             ))
         } else {
-            expected("int pointer", object)
+            expected("pointer (int, or an object with __int__)", object)
         }
     })
 }
@@ -352,10 +432,14 @@ impl PyBuffer {
                  (open one with from_allocation_handle)",
             ));
         }
-        let descriptor = descriptor_of(ipc_descriptor)?;
+        let descriptor = descriptor_of(ipc_descriptor, pool.device())?;
         let buffer = py
             .detach(|| pool.import_buffer(&descriptor, &stream))
-            .map_err(Error::from)?;
+            .map_err(|error| match error {
+                // The descriptor does not fit the pool (its size exceeds what was mapped).
+                MemoryError::Ipc { .. } => PyValueError::new_err(error.to_string()),
+                other => Error::from(other).into(),
+            })?;
         PyBuffer::wrap(
             py,
             buffer,
@@ -519,6 +603,9 @@ impl PyBuffer {
     /// Whether a device can access the memory.
     #[getter]
     fn is_device_accessible(&self, py: Python<'_>) -> PyResult<bool> {
+        if let Some(mr) = self.empty_of(py) {
+            return mr.getattr("is_device_accessible")?.extract();
+        }
         let buffer = self.open(py)?;
         Ok(py
             .detach(|| buffer.is_device_accessible())
@@ -528,6 +615,9 @@ impl PyBuffer {
     /// Whether the host can access the memory.
     #[getter]
     fn is_host_accessible(&self, py: Python<'_>) -> PyResult<bool> {
+        if let Some(mr) = self.empty_of(py) {
+            return mr.getattr("is_host_accessible")?.extract();
+        }
         let buffer = self.open(py)?;
         Ok(py
             .detach(|| buffer.is_host_accessible())
@@ -537,6 +627,12 @@ impl PyBuffer {
     /// Whether the memory is managed.
     #[getter]
     fn is_managed(&self, py: Python<'_>) -> PyResult<bool> {
+        if let Some(mr) = self.empty_of(py) {
+            return Ok(mr
+                .getattr("is_managed")
+                .and_then(|v| v.extract())
+                .unwrap_or(false));
+        }
         let buffer = self.open(py)?;
         Ok(py.detach(|| buffer.is_managed()).map_err(Error::from)?)
     }
@@ -559,10 +655,13 @@ impl PyBuffer {
     fn ipc_descriptor(&self, py: Python<'_>) -> PyResult<PyIpcBufferDescriptor> {
         let buffer = self.open(py)?;
         let inner = py.detach(|| buffer.ipc_descriptor()).map_err(Error::from)?;
-        Ok(PyIpcBufferDescriptor { inner })
+        Ok(PyIpcBufferDescriptor::of(&inner))
     }
 
-    /// A DLPack capsule: a 1-D uint8 tensor of `size` elements over this memory.
+    /// A DLPack capsule: a 1-D uint8 tensor of `size` elements over this memory. With
+    /// `max_version` at least `(1, 0)`, a versioned capsule (`"dltensor_versioned"`, DLPack 1.0,
+    /// writable); else the unversioned `"dltensor"`. `dl_device` may only name the buffer's own
+    /// device; `copy=True` is refused.
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__<'py>(
         &self,
@@ -575,34 +674,43 @@ impl PyBuffer {
         // The consumer orders its use after the producer's work: `stream` is accepted and not
         // used (the memory's own stream is not known to be the last writer).
         let _ = stream;
+        let mut versioned = false;
         if let Some(version) = max_version.filter(|v| !v.is_none()) {
-            let _: (i64, i64) = version.extract().map_err(|_| {
-                PyBufferError::new_err("max_version must be a (major, minor) tuple of ints")
-            })?;
+            let (major, _minor): (i64, i64) = version
+                .cast::<PyTuple>()
+                .ok()
+                .filter(|t| t.len() == 2)
+                .and_then(|t| t.extract().ok())
+                .ok_or_else(|| {
+                    PyBufferError::new_err(format!(
+                        "Expected max_version tuple[int, int], got {}",
+                        version.repr().map(|r| r.to_string()).unwrap_or_default()
+                    ))
+                })?;
+            versioned = major >= i64::from(DLPACK_VERSION.0);
+        }
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err("Sorry, not supported: copy=True"));
         }
         let handle = self.open_handle(py)?;
         let (device_type, device_id) = self.dlpack_device_of(py)?;
         if let Some(requested) = dl_device.filter(|d| !d.is_none()) {
-            let requested: (i32, i32) = requested
-                .extract()
-                .map_err(|_| PyBufferError::new_err("dl_device must be a (type, id) tuple"))?;
-            if requested != (device_type, device_id) {
-                return Err(PyBufferError::new_err(format!(
-                    "the buffer is on DLPack device {:?}; copying to {requested:?} is not supported",
-                    (device_type, device_id)
-                )));
+            // The buffer's own device is what it gives anyway; anything else would be a copy.
+            if requested.extract::<(i32, i32)>().ok() != Some((device_type, device_id)) {
+                return Err(PyBufferError::new_err(
+                    "Sorry, not supported: dl_device other than None",
+                ));
             }
         }
-        if copy == Some(true) {
-            return Err(PyBufferError::new_err(
-                "copy=True is not supported: the capsule views the buffer's memory",
-            ));
+        if versioned {
+            Ok(dlpack_capsule_versioned(py, handle, device_type, device_id)?.into_any())
+        } else {
+            Ok(dlpack_capsule(py, handle, device_type, device_id)?.into_any())
         }
-        Ok(dlpack_capsule(py, handle, device_type, device_id)?.into_any())
     }
 
-    /// `(device_type, device_id)` in DLPack's terms: kDLCUDA (2), kDLCUDAHost (3) or
-    /// kDLCUDAManaged (13).
+    /// `(device_type, device_id)` in DLPack's terms: kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3)
+    /// or kDLCUDAManaged (13).
     fn __dlpack_device__(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
         self.open(py)?;
         self.dlpack_device_of(py)
@@ -664,6 +772,32 @@ impl PyBuffer {
         Ok(false)
     }
 
+    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
+        let py = other.py();
+        let Ok(other) = other.cast::<PyBuffer>() else {
+            return Ok(py.NotImplemented());
+        };
+        let other = other.get();
+        // Two open buffers over the same bytes are equal (a view of a buffer equals it); a
+        // closed buffer equals only itself.
+        let equal = std::ptr::eq(self, other)
+            || (self.identity == other.identity
+                && !self.buffer().is_closed()
+                && !other.buffer().is_closed());
+        match op {
+            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
+            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
+            _ => Ok(py.NotImplemented()),
+        }
+    }
+
+    fn __hash__(&self) -> u64 {
+        crate::stream::hash_of(
+            "Buffer",
+            self.identity.0 ^ (self.identity.1 as u64).rotate_left(32),
+        )
+    }
+
     fn __repr__(&self, py: Python<'_>) -> String {
         let buffer = self.buffer();
         match self.open_handle(py) {
@@ -713,79 +847,170 @@ impl PyManagedBuffer {
     }
 }
 
-/// What another process needs to import one buffer: `bytes(descriptor)` (96 bytes) and back
-/// with `IPCBufferDescriptor.from_bytes`; picklable.
-#[pyclass(frozen, eq, name = "IPCBufferDescriptor", module = "custody")]
-#[derive(PartialEq)]
+/// What another process needs to import one buffer: the pool's export data for it (the
+/// *payload*: the driver's 64-byte `CUmemPoolPtrExportData`, then the pool's device as 4 bytes,
+/// little-endian, -1 for a pinned host pool) and its size in bytes. Picklable
+/// (`IPCBufferDescriptor._init(payload, size)`, as cuda.core's); `bytes(descriptor)` (96 bytes)
+/// and back with `IPCBufferDescriptor.from_bytes`. A payload of exactly 64 bytes (cuda.core's
+/// form) names no device: the importing pool's is taken.
+#[pyclass(frozen, name = "IPCBufferDescriptor", module = "custody")]
 pub struct PyIpcBufferDescriptor {
-    inner: IpcBufferDescriptor,
+    payload: Vec<u8>,
+    size: usize,
 }
 
-fn descriptor_of(object: &Bound<'_, PyAny>) -> PyResult<IpcBufferDescriptor> {
+impl PyIpcBufferDescriptor {
+    fn of(descriptor: &IpcBufferDescriptor) -> PyIpcBufferDescriptor {
+        let mut payload = descriptor.export_data().to_vec();
+        payload.extend_from_slice(&descriptor.device_id().unwrap_or(-1).to_le_bytes());
+        PyIpcBufferDescriptor {
+            payload,
+            size: descriptor.size(),
+        }
+    }
+
+    /// The device the payload names: `Some(None)` for a pinned host pool, `None` when it names
+    /// none.
+    fn named_device(&self) -> Option<Option<i32>> {
+        let bytes: [u8; 4] = self.payload.get(64..68)?.try_into().ok()?;
+        let device = i32::from_le_bytes(bytes);
+        Some((device >= 0).then_some(device))
+    }
+
+    /// The descriptor for an import into a pool of `pool_device`.
+    ///
+    /// # Errors
+    /// `ValueError` for a payload shorter than 64 bytes or a bad size.
+    fn resolve(&self, pool_device: Option<i32>) -> PyResult<IpcBufferDescriptor> {
+        let export: [u8; 64] = self
+            .payload
+            .get(..64)
+            .and_then(|bytes| bytes.try_into().ok())
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "invalid IPC buffer descriptor: its payload is {} bytes; expected at least 64",
+                    self.payload.len()
+                ))
+            })?;
+        let device = self.named_device().unwrap_or(pool_device);
+        IpcBufferDescriptor::from_parts(export, self.size, device).map_err(descriptor_error)
+    }
+}
+
+/// The descriptor argument of an import: an `IPCBufferDescriptor`, or its 96-byte form.
+fn descriptor_of(
+    object: &Bound<'_, PyAny>,
+    pool_device: Option<i32>,
+) -> PyResult<IpcBufferDescriptor> {
     if let Ok(descriptor) = object.cast::<PyIpcBufferDescriptor>() {
-        return Ok(descriptor.get().inner.clone());
+        return descriptor.get().resolve(pool_device);
     }
-    if object.is_none() {
-        return Err(PyTypeError::new_err(
-            "an IPCBufferDescriptor is required, got None",
-        ));
+    if object.is_instance_of::<PyBytes>() {
+        let bytes: Vec<u8> = object.extract()?;
+        return parse_descriptor(&bytes);
     }
-    let bytes: Vec<u8> = object
-        .extract::<Vec<u8>>()
-        .ok()
-        .filter(|_| object.is_instance_of::<PyBytes>())
-        .ok_or_else(|| expected("IPCBufferDescriptor or bytes", object))?;
-    parse_descriptor(&bytes)
+    let name = object
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default();
+    Err(PyTypeError::new_err(format!(
+        "Argument 'ipc_descriptor' has incorrect type (expected IPCBufferDescriptor or bytes, \
+         got {name})"
+    )))
 }
 
-fn parse_descriptor(bytes: &[u8]) -> PyResult<IpcBufferDescriptor> {
-    IpcBufferDescriptor::from_bytes(bytes).map_err(|error| match error {
+fn descriptor_error(error: MemoryError) -> PyErr {
+    match error {
         MemoryError::InvalidSize { .. } | MemoryError::Ipc { .. } => {
             PyValueError::new_err(format!("invalid IPC buffer descriptor: {error}"))
         }
         other => Error(other).into(),
-    })
+    }
+}
+
+fn parse_descriptor(bytes: &[u8]) -> PyResult<IpcBufferDescriptor> {
+    IpcBufferDescriptor::from_bytes(bytes).map_err(descriptor_error)
 }
 
 #[pymethods]
 impl PyIpcBufferDescriptor {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        Err(PyRuntimeError::new_err(
+            "IPCBufferDescriptor objects cannot be instantiated directly. Use \
+             Buffer.ipc_descriptor or IPCBufferDescriptor.from_bytes().",
+        ))
+    }
+
+    /// A descriptor from its payload and size (what pickling stores); checked when imported.
+    #[staticmethod]
+    fn _init(reserved: Vec<u8>, size: usize) -> PyIpcBufferDescriptor {
+        PyIpcBufferDescriptor {
+            payload: reserved,
+            size,
+        }
+    }
+
     /// Parses the 96-byte serialised form.
     #[staticmethod]
     fn from_bytes(data: &[u8]) -> PyResult<Self> {
-        Ok(PyIpcBufferDescriptor {
-            inner: parse_descriptor(data)?,
-        })
+        Ok(PyIpcBufferDescriptor::of(&parse_descriptor(data)?))
     }
 
-    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.inner.to_bytes())
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let descriptor = self.resolve(None)?;
+        Ok(PyBytes::new(py, &descriptor.to_bytes()))
     }
 
     /// The buffer's size in bytes.
     #[getter]
     fn size(&self) -> usize {
-        self.inner.size()
+        self.size
     }
 
-    /// The pool's device; -1 for a pinned host pool.
+    /// The pool's device; -1 for a pinned host pool or a descriptor that names none.
     #[getter]
     fn device_id(&self) -> i32 {
-        self.inner.device_id().unwrap_or(-1)
+        self.named_device().flatten().unwrap_or(-1)
+    }
+
+    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
+        let py = other.py();
+        let Ok(other) = other.cast::<PyIpcBufferDescriptor>() else {
+            return Ok(py.NotImplemented());
+        };
+        let other = other.get();
+        let equal = self.payload == other.payload && self.size == other.size;
+        match op {
+            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
+            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
+            _ => Ok(py.NotImplemented()),
+        }
+    }
+
+    fn __hash__(&self) -> u64 {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&self.payload, &mut hasher);
+        std::hash::Hash::hash(&self.size, &mut hasher);
+        std::hash::Hasher::finish(&hasher)
     }
 
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
-    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>,))> {
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>, usize))> {
         let py = slf.py();
-        let from_bytes = slf.get_type().getattr("from_bytes")?;
-        Ok((from_bytes, (slf.get().__bytes__(py),)))
+        let init = slf.get_type().getattr("_init")?;
+        let this = slf.get();
+        Ok((init, (PyBytes::new(py, &this.payload), this.size)))
     }
 
     fn __repr__(&self) -> String {
         format!(
             "<IPCBufferDescriptor size={} device_id={}>",
-            self.inner.size(),
-            self.inner.device_id().unwrap_or(-1)
+            self.size,
+            self.device_id()
         )
     }
 }

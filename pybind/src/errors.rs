@@ -4,7 +4,8 @@
 //!
 //! | Rust error | Python exception |
 //! |---|---|
-//! | `HandleError::Driver` (a driver call failed), `HandleError::Load` | `CUDAError` (a `RuntimeError`), message naming the call and the driver's error name; `.name` and `.code` attributes |
+//! | `HandleError::Driver` (a driver call failed) | `CUDAError` (a `RuntimeError`), message naming the call and the driver's error name; `.name` and `.code` attributes |
+//! | `HandleError::Load` (no driver loaded) | `CUDAError` with the loader's text (what was tried; `CUSTODY_CUDA_DRIVER` and how to build the emulated driver) |
 //! | `HandleError::NoCurrentContext` | `RuntimeError("no CUDA context is current ...")` |
 //! | `HandleError::ContextNotActivated`, `HandleError::ContextNotRestored` | `CUDAError` whose text says what happened (did not run; or succeeded, the caller's context not restored, which is current), `.name`/`.code` the context call's |
 //! | `MemoryError::Closed` | `RuntimeError("Buffer has been closed")` |
@@ -95,11 +96,9 @@ fn handle_error(error: HandleError) -> PyErr {
             let message = driver.to_string();
             cuda_error(driver.code.name(), driver.code.0, message)
         }
-        HandleError::Load(load) => cuda_error(
-            "CUDA_ERROR_NOT_FOUND",
-            500,
-            format!("no CUDA driver: {load}"),
-        ),
+        // The loader's text says what was tried and, when nothing loaded, how to name a driver
+        // (`CUSTODY_CUDA_DRIVER`) and where the emulated one comes from.
+        HandleError::Load(load) => cuda_error("CUDA_ERROR_NOT_FOUND", 500, load.to_string()),
         HandleError::NoCurrentContext => PyRuntimeError::new_err(NO_CONTEXT),
         // The text says what happened (did not run and leaked / succeeded but the context was
         // not restored); `.name` and `.code` are the context call's.

@@ -1,5 +1,6 @@
 //! The one module of the bindings with `unsafe` code: DLPack capsules (a `DLManagedTensor`
-//! handed to a consumer through a `PyCapsule` named `"dltensor"`), borrowing a file
+//! handed to a consumer through a `PyCapsule` named `"dltensor"`, or DLPack 1.0's
+//! `DLManagedTensorVersioned` through one named `"dltensor_versioned"`), borrowing a file
 //! descriptor given as a Python `int` (pool IPC), and wrapping a stream handle given as a Python
 //! `int` (`Stream.from_handle`). Every `unsafe` block names its invariant.
 #![allow(unsafe_code)]
@@ -58,6 +59,37 @@ struct Manager {
     shape: [i64; 1],
     handle: Option<DevicePtrHandle>,
 }
+
+/// `DLPackVersion`.
+#[repr(C)]
+struct DlPackVersion {
+    major: u32,
+    minor: u32,
+}
+
+/// `DLManagedTensorVersioned` (DLPack 1.0's ABI, capsule name `"dltensor_versioned"`).
+#[repr(C)]
+struct DlManagedTensorVersioned {
+    version: DlPackVersion,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensorVersioned)>,
+    /// `DLPACK_FLAG_BITMASK_*`: 0, since custody's memory is writable and never a copy.
+    flags: u64,
+    dl_tensor: DlTensor,
+}
+
+/// What a versioned capsule owns, laid out as [`Manager`] is.
+#[repr(C)]
+struct VersionedManager {
+    tensor: DlManagedTensorVersioned,
+    shape: [i64; 1],
+    handle: Option<DevicePtrHandle>,
+}
+
+const DLTENSOR_VERSIONED: &std::ffi::CStr = c"dltensor_versioned";
+
+/// The DLPack version of the versioned capsules (what custody implements of the standard).
+pub(crate) const DLPACK_VERSION: (u32, u32) = (1, 0);
 
 /// `kDLUInt`.
 const DL_UINT: u8 = 1;
@@ -127,6 +159,120 @@ pub(crate) fn dlpack_capsule<'py>(
     capsule
 }
 
+/// A `PyCapsule` named `"dltensor_versioned"` holding a `DLManagedTensorVersioned` (DLPack
+/// 1.0) over `handle`'s memory, as [`dlpack_capsule`] describes it, with no flags set: the
+/// memory is writable and not a copy.
+///
+/// # Errors
+/// As [`dlpack_capsule`].
+pub(crate) fn dlpack_capsule_versioned<'py>(
+    py: Python<'py>,
+    handle: DevicePtrHandle,
+    device_type: i32,
+    device_id: i32,
+) -> PyResult<Bound<'py, PyCapsule>> {
+    let size = i64::try_from(handle.size())
+        .map_err(|_| PyValueError::new_err("the buffer is too large for a DLPack shape"))?;
+    let data = handle.ptr() as usize as *mut c_void;
+    let manager = Box::into_raw(Box::new(VersionedManager {
+        tensor: DlManagedTensorVersioned {
+            version: DlPackVersion {
+                major: DLPACK_VERSION.0,
+                minor: DLPACK_VERSION.1,
+            },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(dlpack_deleter_versioned),
+            flags: 0,
+            dl_tensor: DlTensor {
+                data,
+                device: DlDevice {
+                    device_type,
+                    device_id,
+                },
+                ndim: 1,
+                dtype: DlDataType {
+                    code: DL_UINT,
+                    bits: 8,
+                    lanes: 1,
+                },
+                shape: std::ptr::null_mut(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            },
+        },
+        shape: [size],
+        handle: Some(handle),
+    }));
+    // SAFETY: as in `dlpack_capsule`: exclusively ours, and the shape lives in the same box.
+    unsafe {
+        (*manager).tensor.dl_tensor.shape = (*manager).shape.as_mut_ptr();
+        (*manager).tensor.manager_ctx = manager.cast();
+    }
+    let pointer = NonNull::new(manager.cast::<c_void>()).expect("Box::into_raw is never null");
+    // SAFETY: `pointer` is a live `VersionedManager` whose first field is the
+    // `DLManagedTensorVersioned` a consumer reads; `capsule_destructor_versioned` frees it
+    // exactly once unless a consumer took it over (renamed the capsule).
+    let capsule = unsafe {
+        PyCapsule::new_with_pointer_and_destructor(
+            py,
+            pointer,
+            DLTENSOR_VERSIONED,
+            Some(capsule_destructor_versioned),
+        )
+    };
+    if capsule.is_err() {
+        // SAFETY: the capsule was not made, so nobody else holds the manager.
+        unsafe { dlpack_deleter_versioned(manager.cast()) };
+    }
+    capsule
+}
+
+/// Releases a memory reference a capsule held, with the GIL released when the calling thread
+/// holds it (the release may free the memory: a driver call).
+fn release_from_capsule(handle: Option<DevicePtrHandle>) {
+    let Some(handle) = handle else { return };
+    let mut slot = Some(handle);
+    let released = with_python(|py| {
+        let handle = slot.take();
+        release(py, move || drop(handle));
+    });
+    if released.is_none() {
+        // Interpreter shutting down: release on this thread as it is.
+        drop(slot);
+    }
+}
+
+/// The versioned tensor's deleter (as [`dlpack_deleter`]).
+unsafe extern "C" fn dlpack_deleter_versioned(tensor: *mut DlManagedTensorVersioned) {
+    if tensor.is_null() {
+        return;
+    }
+    // SAFETY: every versioned tensor this module hands out is the first field of a boxed
+    // `VersionedManager`, and DLPack calls the deleter exactly once.
+    let mut manager = unsafe { Box::from_raw(tensor.cast::<VersionedManager>()) };
+    let handle = manager.handle.take();
+    drop(manager);
+    release_from_capsule(handle);
+}
+
+/// The versioned capsule's destructor: runs the deleter if no consumer took the tensor over
+/// (a consumer renames the capsule `"used_dltensor_versioned"` and calls the deleter itself).
+unsafe extern "C" fn capsule_destructor_versioned(capsule: *mut pyo3::ffi::PyObject) {
+    // SAFETY: CPython calls a capsule's destructor with the capsule, attached; both calls only
+    // read the capsule and set no exception for a matching name.
+    let tensor = unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule, DLTENSOR_VERSIONED.as_ptr()) != 1 {
+            return;
+        }
+        pyo3::ffi::PyCapsule_GetPointer(capsule, DLTENSOR_VERSIONED.as_ptr())
+    };
+    if !tensor.is_null() {
+        // SAFETY: an unconsumed "dltensor_versioned" capsule of ours holds a live tensor whose
+        // deleter has not run.
+        unsafe { dlpack_deleter_versioned(tensor.cast()) };
+    }
+}
+
 /// The tensor's deleter: frees the manager and releases the memory reference, with the GIL
 /// released when the calling thread holds it (the release may free the memory: a driver call).
 unsafe extern "C" fn dlpack_deleter(tensor: *mut DlManagedTensor) {
@@ -138,16 +284,7 @@ unsafe extern "C" fn dlpack_deleter(tensor: *mut DlManagedTensor) {
     let mut manager = unsafe { Box::from_raw(tensor.cast::<Manager>()) };
     let handle = manager.handle.take();
     drop(manager);
-    let Some(handle) = handle else { return };
-    let mut slot = Some(handle);
-    let released = with_python(|py| {
-        let handle = slot.take();
-        release(py, move || drop(handle));
-    });
-    if released.is_none() {
-        // Interpreter shutting down: release on this thread as it is.
-        drop(slot);
-    }
+    release_from_capsule(handle);
 }
 
 /// The capsule's destructor: runs the tensor's deleter if no consumer took the tensor over

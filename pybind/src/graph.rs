@@ -18,7 +18,7 @@ use crate::stream::{accept_stream, PyContext, PyStream};
 /// Records work into a CUDA graph by capturing a stream. Pass it as the `stream` of
 /// `Buffer.fill`, `copy_to`, `copy_from` (the graph then keeps those buffers alive) and of
 /// `GraphMemoryResource.allocate`.
-#[pyclass(frozen, name = "GraphBuilder", module = "custody")]
+#[pyclass(frozen, weakref, name = "GraphBuilder", module = "custody")]
 pub struct PyGraphBuilder {
     /// Cloned out before any driver call: no lock of ours is held while the GIL is released
     /// (a thread re-attaching while holding it could deadlock with one waiting on it).
@@ -30,13 +30,13 @@ pub struct PyGraphBuilder {
 }
 
 impl PyGraphBuilder {
-    /// The builder; `RuntimeError` once closed.
+    /// The builder; `RuntimeError("Graph builder has been closed.")` once closed.
     pub(crate) fn builder(&self) -> PyResult<Arc<GraphBuilder>> {
         self.builder
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-            .ok_or_else(|| closed("GraphBuilder"))
+            .ok_or_else(|| PyRuntimeError::new_err("Graph builder has been closed."))
     }
 
     /// The captured stream's handle.
@@ -67,12 +67,20 @@ impl PyGraphBuilder {
         ))
     }
 
-    /// Starts capturing (`mode`: "global", "thread_local" or "relaxed"); returns the builder.
-    #[pyo3(signature = (mode = "thread_local"))]
+    /// Starts capturing (`mode`: "global", "thread_local" or "relaxed", as cuda.core's default
+    /// "relaxed"); returns the builder. A builder may capture again after `end_building()` (the
+    /// next `end_building()` replaces the recorded graph; cuda.core refuses to resume).
+    #[pyo3(signature = (mode = "relaxed"))]
     fn begin_building<'py>(slf: &Bound<'py, Self>, mode: &str) -> PyResult<Bound<'py, Self>> {
         let mode = mode_of(mode)?;
         let py = slf.py();
-        let builder = slf.get().builder()?;
+        let this = slf.get();
+        let builder = this.builder()?;
+        if builder.is_building() {
+            return Err(PyRuntimeError::new_err(
+                "Graph builder is already building. Call end_building() before beginning again.",
+            ));
+        }
         py.detach(|| builder.begin_building(mode))
             .map_err(Error::from)?;
         Ok(slf.clone())
@@ -93,20 +101,61 @@ impl PyGraphBuilder {
         Ok(slf.clone())
     }
 
-    /// Instantiates the recorded graph as an executable `Graph`.
-    fn complete(&self, py: Python<'_>) -> PyResult<PyGraph> {
+    /// Instantiates the recorded graph as an executable `Graph`. `options`
+    /// (`GraphCompleteOptions` or a dict): `upload_stream` uploads it there at once;
+    /// `auto_free_on_launch`, `device_launch` and `use_node_priority` are not supported
+    /// (`NotImplementedError` when set).
+    #[pyo3(signature = (options = None))]
+    fn complete(&self, py: Python<'_>, options: Option<&Bound<'_, PyAny>>) -> PyResult<PyGraph> {
+        self.builder()?;
+        let options = options.filter(|o| !o.is_none());
+        for name in ["auto_free_on_launch", "device_launch", "use_node_priority"] {
+            if crate::resource::option(options, name, false)? {
+                return Err(pyo3::exceptions::PyNotImplementedError::new_err(format!(
+                    "GraphCompleteOptions.{name} is not supported by custody"
+                )));
+            }
+        }
+        let upload = match options {
+            Some(options) => {
+                let stream = if let Ok(dict) = options.cast::<pyo3::types::PyDict>() {
+                    dict.get_item("upload_stream")?
+                } else {
+                    options.getattr("upload_stream").ok()
+                };
+                match stream.filter(|s| !s.is_none()) {
+                    Some(stream) => Some(accept_stream(&stream)?),
+                    None => None,
+                }
+            }
+            None => None,
+        };
         let graph = self
             .graph
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .ok_or_else(|| {
-                PyRuntimeError::new_err("nothing was recorded: call end_building() first")
+                PyRuntimeError::new_err(
+                    "Graph has not finished building. Call end_building() before complete().",
+                )
             })?;
         let exec = py.detach(|| graph.instantiate()).map_err(Error::from)?;
+        if let Some(stream) = upload {
+            py.detach(|| exec.upload(&stream)).map_err(Error::from)?;
+        }
         Ok(PyGraph {
             exec: Mutex::new(Some(Arc::new(exec))),
         })
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn is_closed(&self) -> bool {
+        self.builder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
     }
 
     /// The collector sees the captured stream's object (it holds no Python object, so it closes
@@ -165,9 +214,19 @@ impl PyGraphBuilder {
 }
 
 /// An executable graph (`GraphBuilder.complete()`).
-#[pyclass(frozen, name = "Graph", module = "custody")]
+#[pyclass(frozen, weakref, name = "Graph", module = "custody")]
 pub struct PyGraph {
     exec: Mutex<Option<Arc<GraphExec>>>,
+}
+
+impl PyGraph {
+    fn exec(&self) -> PyResult<Arc<GraphExec>> {
+        self.exec
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| closed("Graph"))
+    }
 }
 
 #[pymethods]
@@ -183,14 +242,29 @@ impl PyGraph {
     /// Launches the graph on `stream`. Does not block.
     fn launch(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         let stream = accept_stream(stream)?;
-        let exec = self
-            .exec
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| closed("Graph"))?;
+        let exec = self.exec()?;
         py.detach(|| exec.launch(&stream)).map_err(Error::from)?;
         Ok(())
+    }
+
+    /// Uploads the graph to the device on `stream`, so that the next launch need not. Does not
+    /// block.
+    fn upload(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        let stream = accept_stream(stream)?;
+        let exec = self.exec()?;
+        py.detach(|| exec.upload(&stream)).map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// The raw `CUgraphExec` as an int; 0 once closed.
+    #[getter]
+    fn handle(&self) -> usize {
+        self.exec
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|exec| exec.handle().ok())
+            .map_or(0, |handle| handle.raw() as usize)
     }
 
     /// Makes this executable keep `buffer`'s memory alive (`memory::GraphExec::retain`) until
@@ -249,10 +323,21 @@ pub(crate) fn _create_graph_builder(
     let stream = py
         .detach(|| handles::StreamHandle::create(&handle, 0x1, 0))
         .map_err(Error::from)?;
+    let object = Py::new(py, PyStream::new(stream.clone()))?;
+    builder_on(py, stream, object)
+}
+
+/// A graph builder capturing `stream`, whose Python object is `object` (`Stream.create_graph_builder`).
+pub(crate) fn builder_on(
+    py: Python<'_>,
+    stream: handles::StreamHandle,
+    object: Py<PyStream>,
+) -> PyResult<PyGraphBuilder> {
+    let _ = py;
     let builder = GraphBuilder::new(&stream).map_err(Error::from)?;
     Ok(PyGraphBuilder {
         builder: Mutex::new(Some(Arc::new(builder))),
-        stream: Py::new(py, PyStream::new(stream))?,
+        stream: object,
         graph: Mutex::new(None),
     })
 }

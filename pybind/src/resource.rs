@@ -29,16 +29,19 @@ use crate::ffi::{owned_allocation, with_borrowed_fd};
 use crate::graph::{allocate_in, PyGraphBuilder};
 use crate::nested;
 use crate::report::PyObjRef;
-use crate::stream::accept_stream;
+use crate::stream::{accept_stream, default_stream_handle};
 
 /// The base class of memory resources. Subclass it in Python and implement `allocate`,
 /// `deallocate`, `is_device_accessible`, `is_host_accessible` and `device_id`.
-#[pyclass(frozen, subclass, name = "MemoryResource", module = "custody")]
+#[pyclass(frozen, subclass, weakref, name = "MemoryResource", module = "custody")]
 pub struct PyMemoryResource {
     /// The Rust resource of a built-in; `None` for a Python subclass of this class.
     pub(crate) native: Option<Arc<dyn MemoryResource>>,
     /// Whether `allocate` returns `ManagedBuffer`s.
     managed: bool,
+    /// Whether `allocate` takes no stream (the resource allocates synchronously; the free is
+    /// then ordered on the default stream).
+    stream_optional: bool,
 }
 
 fn not_implemented(what: &str) -> PyErr {
@@ -56,6 +59,16 @@ impl PyMemoryResource {
         PyClassInitializer::from(PyMemoryResource {
             native: Some(native),
             managed,
+            stream_optional: false,
+        })
+    }
+
+    /// A built-in whose `allocate` takes an optional stream (a synchronous allocator).
+    fn synchronous(native: Arc<dyn MemoryResource>) -> PyClassInitializer<Self> {
+        PyClassInitializer::from(PyMemoryResource {
+            native: Some(native),
+            managed: false,
+            stream_optional: true,
         })
     }
 }
@@ -68,10 +81,12 @@ impl PyMemoryResource {
         PyMemoryResource {
             native: None,
             managed: false,
+            stream_optional: false,
         }
     }
 
-    /// Allocates `size` bytes ordered on `stream`, which also orders the eventual free.
+    /// Allocates `size` bytes ordered on `stream`, which also orders the eventual free. Zero
+    /// bytes give an empty buffer (address 0, no driver call) of this resource.
     ///
     /// The arguments `(size, *, stream)` are parsed by hand ([`allocate_arguments`]): under the
     /// abi3-py39 ABI pyo3's generic extraction copies every keyword name into a new UTF-8
@@ -82,27 +97,40 @@ impl PyMemoryResource {
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
-        let (size, stream) = allocate_arguments(args, kwargs)?;
-        let stream = &stream;
         let this = slf.get();
+        let (size, stream) = allocate_arguments(slf, args, kwargs, this.stream_optional)?;
         let native = Arc::clone(this.native("allocate")?);
         let py = slf.py();
-        if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
-            if slf.is_instance_of::<PyGraphMemoryResource>() {
-                return allocate_in(py, builder.get(), size, slf.clone().into_any().unbind());
+        let mr = || Some(slf.clone().into_any().unbind());
+        let stream = match stream {
+            Some(stream) => {
+                if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
+                    if slf.is_instance_of::<PyGraphMemoryResource>() {
+                        if size == 0 {
+                            builder.get().builder()?;
+                            return PyBuffer::empty(py, mr(), this.managed);
+                        }
+                        return allocate_in(
+                            py,
+                            builder.get(),
+                            size,
+                            slf.clone().into_any().unbind(),
+                        );
+                    }
+                }
+                accept_stream(&stream)?
             }
+            // Resources whose memory is allocated synchronously: the free is ordered on the
+            // default stream, bound to the current context.
+            None => default_stream_handle(),
+        };
+        if size == 0 {
+            return PyBuffer::empty(py, mr(), this.managed);
         }
-        let stream = accept_stream(stream)?;
         let buffer = py
             .detach(move || native.allocate(size, &stream))
-            .map_err(Error::from)?;
-        PyBuffer::wrap(
-            py,
-            buffer,
-            Some(slf.clone().into_any().unbind()),
-            this.managed,
-            Kept::default(),
-        )
+            .map_err(|e| allocation_error(slf, e))?;
+        PyBuffer::wrap(py, buffer, mr(), this.managed, Kept::default())
     }
 
     /// Frees `size` bytes at `ptr`, which this resource allocated, ordered on `stream`.
@@ -146,19 +174,50 @@ impl PyMemoryResource {
     }
 }
 
+/// The class name the user called a method on (`DeviceMemoryResource`, a Python subclass).
+fn type_name(object: &Bound<'_, PyAny>) -> String {
+    object
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "MemoryResource".to_owned())
+}
+
+/// An allocation's error, with the capture-state errors in cuda.core's words, naming the class
+/// called.
+fn allocation_error(mr: &Bound<'_, PyMemoryResource>, error: MemoryError) -> PyErr {
+    match error {
+        MemoryError::StreamCapturing => pyo3::exceptions::PyRuntimeError::new_err(format!(
+            "{} cannot perform memory operations on a capturing stream (consider using \
+             GraphMemoryResource).",
+            type_name(mr.as_any())
+        )),
+        MemoryError::NotCapturing => pyo3::exceptions::PyRuntimeError::new_err(format!(
+            "{} cannot perform memory operations on a non-capturing stream. Allocate from a \
+             graph memory resource only while a stream is being captured.",
+            type_name(mr.as_any())
+        )),
+        other => Error::from(other).into(),
+    }
+}
+
 /// `MemoryResource.allocate`'s arguments `(size, *, stream)`, with the errors and messages of
-/// pyo3's own extraction. Keyword names are looked up as interned strings (a pointer comparison
-/// for the usual call `allocate(n, stream=s)`).
+/// pyo3's own extraction, naming the class called. Keyword names are looked up as interned
+/// strings (a pointer comparison for the usual call `allocate(n, stream=s)`). A missing or
+/// `None` stream is `None` when `stream_optional`.
 fn allocate_arguments<'py>(
+    mr: &Bound<'py, PyMemoryResource>,
     args: &Bound<'py, PyTuple>,
     kwargs: Option<&Bound<'py, PyDict>>,
-) -> PyResult<(usize, Bound<'py, PyAny>)> {
-    const NAME: &str = "MemoryResource.allocate()";
+    stream_optional: bool,
+) -> PyResult<(usize, Option<Bound<'py, PyAny>>)> {
+    let name = || format!("{}.allocate()", type_name(mr.as_any()));
     let py = args.py();
     let positional = args.len();
     if positional > 1 {
         return Err(PyTypeError::new_err(format!(
-            "{NAME} takes 1 positional arguments but {positional} were given"
+            "{} takes 1 positional arguments but {positional} were given",
+            name()
         )));
     }
     let mut size = if positional == 1 {
@@ -174,7 +233,8 @@ fn allocate_arguments<'py>(
         if let Some(value) = kwargs.get_item(pyo3::intern!(py, "size"))? {
             if size.is_some() {
                 return Err(PyTypeError::new_err(format!(
-                    "{NAME} got multiple values for argument 'size'"
+                    "{} got multiple values for argument 'size'",
+                    name()
                 )));
             }
             size = Some(value);
@@ -187,7 +247,8 @@ fn allocate_arguments<'py>(
                     .is_ok_and(|k| &*k == "stream" || &*k == "size");
                 if !known {
                     return Err(PyTypeError::new_err(format!(
-                        "{NAME} got an unexpected keyword argument '{key}'"
+                        "{} got an unexpected keyword argument '{key}'",
+                        name()
                     )));
                 }
             }
@@ -195,14 +256,18 @@ fn allocate_arguments<'py>(
     }
     let Some(size) = size else {
         return Err(PyTypeError::new_err(format!(
-            "{NAME} missing 1 required positional argument: 'size'"
+            "{} missing 1 required positional argument: 'size'",
+            name()
         )));
     };
-    let Some(stream) = stream else {
+    if stream_optional {
+        stream = stream.filter(|s| !s.is_none());
+    } else if stream.is_none() {
         return Err(PyTypeError::new_err(format!(
-            "{NAME} missing 1 required keyword argument: 'stream'"
+            "{} missing 1 required keyword argument: 'stream'",
+            name()
         )));
-    };
+    }
     let size: usize = size.extract()?;
     Ok((size, stream))
 }
@@ -358,7 +423,7 @@ fn device_ordinal(device: &Bound<'_, PyAny>) -> PyResult<i32> {
 }
 
 /// Reads option `name` from an options object (attribute) or a dict (key).
-fn option<'py, T: pyo3::conversion::FromPyObjectOwned<'py>>(
+pub(crate) fn option<'py, T: pyo3::conversion::FromPyObjectOwned<'py>>(
     options: Option<&Bound<'py, PyAny>>,
     name: &str,
     default: T,
@@ -449,10 +514,15 @@ impl PoolAccess {
     pub(crate) fn is_mapped(&self) -> bool {
         self.0.as_pool().is_mapped()
     }
+
+    /// The pool's device; `None` for a pinned host pool.
+    pub(crate) fn device(&self) -> Option<i32> {
+        self.0.as_pool().pool().device()
+    }
 }
 
 /// A memory pool's attributes (`cuMemPoolGetAttribute`), in bytes.
-#[pyclass(frozen, name = "MemoryPoolAttributes", module = "custody")]
+#[pyclass(frozen, weakref, name = "MemoryPoolAttributes", module = "custody")]
 pub struct PyPoolAttributes {
     pool: MemoryPoolHandle,
 }
@@ -463,6 +533,14 @@ impl PyPoolAttributes {
         Ok(py
             .detach(move || pool.attribute_u64(attribute))
             .map_err(Error::from)?)
+    }
+
+    fn flag(&self, py: Python<'_>, attribute: CUmemPool_attribute) -> PyResult<bool> {
+        let pool = self.pool.clone();
+        Ok(py
+            .detach(move || pool.attribute_i32(attribute))
+            .map_err(Error::from)?
+            != 0)
     }
 }
 
@@ -499,6 +577,62 @@ impl PyPoolAttributes {
     #[getter]
     fn release_threshold(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+    }
+
+    /// Whether memory freed on one stream may be reused on another that waits on an event
+    /// recorded after the free (`CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES`).
+    #[getter]
+    fn reuse_follow_event_dependencies(&self, py: Python<'_>) -> PyResult<bool> {
+        self.flag(
+            py,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+        )
+    }
+
+    /// Whether memory whose free has completed may be reused without a dependency
+    /// (`CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC`).
+    #[getter]
+    fn reuse_allow_opportunistic(&self, py: Python<'_>) -> PyResult<bool> {
+        self.flag(
+            py,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+        )
+    }
+
+    /// Whether the driver may insert dependencies between streams to reuse memory
+    /// (`CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`).
+    #[getter]
+    fn reuse_allow_internal_dependencies(&self, py: Python<'_>) -> PyResult<bool> {
+        self.flag(
+            py,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+        )
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "MemoryPoolAttributes(release_threshold={}, reserved_mem_current={}, \
+             reserved_mem_high={}, reuse_allow_internal_dependencies={}, \
+             reuse_allow_opportunistic={}, reuse_follow_event_dependencies={}, \
+             used_mem_current={}, used_mem_high={})",
+            self.release_threshold(py)?,
+            self.reserved_mem_current(py)?,
+            self.reserved_mem_high(py)?,
+            py_bool(self.reuse_allow_internal_dependencies(py)?),
+            py_bool(self.reuse_allow_opportunistic(py)?),
+            py_bool(self.reuse_follow_event_dependencies(py)?),
+            self.used_mem_current(py)?,
+            self.used_mem_high(py)?,
+        ))
+    }
+}
+
+/// `True` / `False`, as Python writes a bool.
+fn py_bool(value: bool) -> &'static str {
+    if value {
+        "True"
+    } else {
+        "False"
     }
 }
 
@@ -562,7 +696,7 @@ macro_rules! pool_methods {
 
 /// Device memory from a stream-ordered memory pool: the device's current pool, or (with options)
 /// a pool of its own.
-#[pyclass(frozen, extends = PyMemoryResource, subclass, weakref, name = "DeviceMemoryResource", module = "custody")]
+#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "DeviceMemoryResource", module = "custody")]
 pub struct PyDeviceMemoryResource {
     inner: Arc<DeviceMemoryResource>,
 }
@@ -628,7 +762,7 @@ fn fd_of(object: &Bound<'_, PyAny>) -> PyResult<i32> {
 }
 
 /// Pinned host memory from a stream-ordered host-located pool of its own.
-#[pyclass(frozen, extends = PyMemoryResource, subclass, weakref, name = "PinnedMemoryResource", module = "custody")]
+#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "PinnedMemoryResource", module = "custody")]
 pub struct PyPinnedMemoryResource {
     inner: Arc<PinnedMemoryResource>,
 }
@@ -675,7 +809,7 @@ pub struct PyLegacyPinnedMemoryResource;
 impl PyLegacyPinnedMemoryResource {
     #[new]
     fn py_new() -> PyClassInitializer<Self> {
-        PyMemoryResource::builtin(LegacyPinnedMemoryResource::new(), false).add_subclass(Self)
+        PyMemoryResource::synchronous(LegacyPinnedMemoryResource::new()).add_subclass(Self)
     }
 }
 
@@ -707,7 +841,7 @@ impl PySynchronousMemoryResource {
         let inner = py
             .detach(|| SynchronousMemoryResource::new(ordinal))
             .map_err(Error::from)?;
-        Ok(PyMemoryResource::builtin(inner, false).add_subclass(Self))
+        Ok(PyMemoryResource::synchronous(inner).add_subclass(Self))
     }
 }
 
@@ -718,9 +852,131 @@ pub struct PyGraphMemoryResource;
 #[pymethods]
 impl PyGraphMemoryResource {
     #[new]
-    fn py_new(device_id: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
+    #[pyo3(signature = (device_id, *_args, **_kwargs))]
+    fn py_new(
+        device_id: &Bound<'_, PyAny>,
+        _args: &Bound<'_, PyTuple>,
+        _kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
         let ordinal = device_ordinal(device_id)?;
         Ok(PyMemoryResource::builtin(GraphMemoryResource::new(ordinal), false).add_subclass(Self))
+    }
+
+    /// The device's graph memory use, in bytes (`cuDeviceGetGraphMemAttribute`).
+    #[getter]
+    fn attributes(slf: &Bound<'_, Self>) -> PyResult<PyGraphMemoryAttributes> {
+        let base = slf.as_super().get();
+        let device = base.native("attributes")?.device_id().unwrap_or(0);
+        Ok(PyGraphMemoryAttributes { device })
+    }
+
+    /// Returns the graph memory the device keeps cached, and no graph uses, to the OS
+    /// (`cuDeviceGraphMemTrim`).
+    fn trim(slf: &Bound<'_, Self>, py: Python<'_>) -> PyResult<()> {
+        let device = slf
+            .as_super()
+            .get()
+            .native("trim")?
+            .device_id()
+            .unwrap_or(0);
+        py.detach(|| handles::graph_mem_trim(device))
+            .map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// Does nothing: the device's graph memory belongs to its graphs (kept for cuda.core's
+    /// interface).
+    fn close(&self) {}
+}
+
+/// `CUgraphMem_attribute` numbers.
+const GRAPH_MEM_USED: u32 = 0;
+const GRAPH_MEM_USED_HIGH: u32 = 1;
+const GRAPH_MEM_RESERVED: u32 = 2;
+const GRAPH_MEM_RESERVED_HIGH: u32 = 3;
+
+/// A device's graph memory use (`GraphMemoryResource.attributes`), in bytes, read when asked.
+/// The two high water marks can be reset to 0.
+#[pyclass(frozen, name = "GraphMemoryResourceAttributes", module = "custody")]
+pub struct PyGraphMemoryAttributes {
+    device: i32,
+}
+
+impl PyGraphMemoryAttributes {
+    fn read(&self, py: Python<'_>, attribute: u32) -> PyResult<u64> {
+        let device = self.device;
+        Ok(py
+            .detach(|| handles::graph_mem_attribute(device, attribute))
+            .map_err(Error::from)?)
+    }
+
+    fn reset(&self, py: Python<'_>, name: &str, attribute: u32, value: u64) -> PyResult<()> {
+        if value != 0 {
+            return Err(pyo3::exceptions::PyAttributeError::new_err(format!(
+                "Attribute '{name}' may only be set to zero (got {value})."
+            )));
+        }
+        let device = self.device;
+        py.detach(|| handles::set_graph_mem_attribute(device, attribute, 0))
+            .map_err(Error::from)?;
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl PyGraphMemoryAttributes {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        Err(pyo3::exceptions::PyRuntimeError::new_err(
+            "GraphMemoryResourceAttributes cannot be instantiated directly. Use \
+             GraphMemoryResource(device).attributes.",
+        ))
+    }
+
+    /// Bytes of graph memory the device holds from the driver.
+    #[getter]
+    fn reserved_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
+        self.read(py, GRAPH_MEM_RESERVED)
+    }
+
+    /// The high water mark of `reserved_mem_current`; can be reset to 0.
+    #[getter]
+    fn reserved_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
+        self.read(py, GRAPH_MEM_RESERVED_HIGH)
+    }
+
+    #[setter]
+    fn set_reserved_mem_high(&self, py: Python<'_>, value: u64) -> PyResult<()> {
+        self.reset(py, "reserved_mem_high", GRAPH_MEM_RESERVED_HIGH, value)
+    }
+
+    /// Bytes of graph memory in use by graphs.
+    #[getter]
+    fn used_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
+        self.read(py, GRAPH_MEM_USED)
+    }
+
+    /// The high water mark of `used_mem_current`; can be reset to 0.
+    #[getter]
+    fn used_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
+        self.read(py, GRAPH_MEM_USED_HIGH)
+    }
+
+    #[setter]
+    fn set_used_mem_high(&self, py: Python<'_>, value: u64) -> PyResult<()> {
+        self.reset(py, "used_mem_high", GRAPH_MEM_USED_HIGH, value)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "GraphMemoryResourceAttributes(reserved_mem_current={}, reserved_mem_high={}, \
+             used_mem_current={}, used_mem_high={})",
+            self.reserved_mem_current(py)?,
+            self.reserved_mem_high(py)?,
+            self.used_mem_current(py)?,
+            self.used_mem_high(py)?,
+        ))
     }
 }
 
@@ -734,5 +990,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySynchronousMemoryResource>()?;
     m.add_class::<PyGraphMemoryResource>()?;
     m.add_class::<PyPoolAttributes>()?;
+    m.add_class::<PyGraphMemoryAttributes>()?;
     Ok(())
 }

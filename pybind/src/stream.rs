@@ -1,44 +1,86 @@
 //! `Stream`, `Event` and `Context`, the default-stream singletons, how a stream argument is
 //! accepted (a `Stream`, or any object with `__cuda_stream__`), and the device-level functions
 //! the Python `Device` class is built on.
+//!
+//! The object protocols follow cuda.core 1.2: streams, events and contexts are weak-referenceable,
+//! compare equal when they wrap the same driver handle and hash by it; `Stream` can be
+//! subclassed in Python (`MyStream._init(...)`, `MyStream._legacy_default()`).
 
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
-use handles::{ContextHandle, DefaultStream, EventHandle, StreamHandle, EVENT_DISABLE_TIMING};
+use handles::{ContextHandle, DefaultStream, EventHandle, StreamHandle};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::pyclass::{PyTraverseError, PyVisit};
-use pyo3::types::PyTuple;
+use pyo3::pyclass::{CompareOp, PyTraverseError, PyVisit};
+use pyo3::types::{PyDict, PyTuple, PyType};
 
 use crate::errors::{closed, expected, Error, NO_CONTEXT};
 use crate::report::{release, PyObjRef};
 
 /// `CU_STREAM_NON_BLOCKING`.
 const STREAM_NON_BLOCKING: u32 = 0x1;
+/// `CU_EVENT_BLOCKING_SYNC`.
+pub(crate) const EVENT_BLOCKING_SYNC: u32 = 0x1;
+/// `CU_EVENT_DISABLE_TIMING`.
+pub(crate) const EVENT_DISABLE_TIMING: u32 = 0x2;
+/// `CU_EVENT_INTERPROCESS`.
+pub(crate) const EVENT_INTERPROCESS: u32 = 0x4;
 
-/// A CUDA stream: created (owned, destroyed once closed and no longer used by any pending free),
-/// wrapped from another library, or a default-stream token.
+/// A hash of `(kind, raw)`: objects of different kinds that wrap equal raw values hash apart.
+pub(crate) fn hash_of(kind: &str, raw: u64) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    kind.hash(&mut hasher);
+    raw.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A CUDA stream: created (``Device.create_stream()``), wrapped from another library
+/// (``Stream.from_handle``), or a default-stream singleton.
 ///
-/// A stream wrapped from an object with `__cuda_stream__` keeps that object (in its handle):
-/// while this is the handle's only holder, the collector sees that reference, so an object
-/// that keeps the `Stream` wrapping it is collected (docs/decisions.md D10).
-#[pyclass(frozen, name = "Stream", module = "custody")]
+/// A created stream lives at least as long as any pending free recorded on it, even after
+/// ``close()``. Cannot be instantiated directly (``RuntimeError``).
+//
+// A stream wrapped from an object with `__cuda_stream__` keeps that object (in its handle):
+// while this is the handle's only holder, the collector sees that reference, so an object that
+// keeps the `Stream` wrapping it is collected (docs/decisions.md D10).
+#[pyclass(frozen, subclass, weakref, name = "Stream", module = "custody")]
 pub struct PyStream {
     /// Cloned out (attached, briefly) by every use, so its count is stable while a collection
     /// runs. No Python object is made or dropped while the lock is held.
     handle: Mutex<Option<StreamHandle>>,
     /// The `__cuda_stream__` object the handle keeps, if any.
     protocol: Option<Weak<PyObjRef>>,
+    /// The raw `CUstream`, kept after `close()` so that the hash never changes.
+    raw: usize,
     /// The process-wide default-stream singletons cannot be closed.
     singleton: bool,
+}
+
+/// What a `Stream` (or a Python subclass of it) is made from: the only argument its constructor
+/// accepts. Made by custody only (`Stream._init`, `_legacy_default`, `_per_thread_default`).
+#[pyclass(frozen, name = "_StreamInit", module = "custody._custody")]
+pub struct PyStreamInit {
+    handle: Mutex<Option<StreamHandle>>,
+    protocol: Option<Weak<PyObjRef>>,
 }
 
 impl PyStream {
     pub(crate) fn new(handle: StreamHandle) -> PyStream {
         PyStream {
+            raw: handle.raw() as usize,
             handle: Mutex::new(Some(handle)),
             protocol: None,
             singleton: false,
+        }
+    }
+
+    /// A stream object for `handle`, which keeps the `__cuda_stream__` object `protocol` sees.
+    fn with_protocol(handle: StreamHandle, protocol: Option<Weak<PyObjRef>>) -> PyStream {
+        PyStream {
+            protocol,
+            ..PyStream::new(handle)
         }
     }
 
@@ -62,6 +104,36 @@ impl PyStream {
                 .ok_or_else(|| PyRuntimeError::new_err(NO_CONTEXT)),
         }
     }
+
+    fn is_open(&self) -> bool {
+        self.handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+}
+
+/// A `Stream` object of class `cls` (the `Stream` class itself when `None`) for `handle`
+/// (which keeps the `__cuda_stream__` object `protocol` sees, if any).
+fn stream_of_class<'py>(
+    py: Python<'py>,
+    cls: Option<&Bound<'py, PyType>>,
+    handle: StreamHandle,
+    protocol: Option<Weak<PyObjRef>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match cls {
+        Some(cls) if !cls.is(py.get_type::<PyStream>()) => {
+            let init = Bound::new(
+                py,
+                PyStreamInit {
+                    handle: Mutex::new(Some(handle)),
+                    protocol,
+                },
+            )?;
+            cls.call1((init,))
+        }
+        _ => Ok(Bound::new(py, PyStream::with_protocol(handle, protocol))?.into_any()),
+    }
 }
 
 /// Accepts a stream argument: a `Stream`, a `GraphBuilder` (its captured stream), or an object
@@ -79,8 +151,8 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
     }
     if object.is_none() {
         return Err(PyTypeError::new_err(
-            "a Stream is required, got None (pass a Stream explicitly, e.g. \
-             Device().create_stream() or custody.default_stream())",
+            "stream is required and must not be None: pass a Stream explicitly, e.g. \
+             Device().create_stream() or custody.default_stream()",
         ));
     }
     if object.hasattr("__cuda_stream__")? {
@@ -122,46 +194,163 @@ fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<(StreamHandle, Weak<PyOb
     Ok((stream, weak))
 }
 
+/// Wraps a stream given as an `int` handle or an object with `__cuda_stream__` (then also the
+/// `Weak` through which the handle's reference to it is seen).
+fn stream_from_handle(
+    py: Python<'_>,
+    handle: &Bound<'_, PyAny>,
+) -> PyResult<(StreamHandle, Option<Weak<PyObjRef>>)> {
+    if handle.is_none() {
+        return Err(PyTypeError::new_err(
+            "a stream handle (int) is required, got None",
+        ));
+    }
+    if handle.hasattr("__cuda_stream__")? {
+        let (stream, protocol) = wrap_protocol(handle)?;
+        return Ok((stream, Some(protocol)));
+    }
+    let raw: usize = handle.extract().map_err(|e: PyErr| {
+        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+            e
+        } else {
+            expected("int stream handle", handle)
+        }
+    })?;
+    let stream = py
+        .detach(|| crate::ffi::wrap_foreign_stream(raw, None))
+        .map_err(Error::from)?;
+    Ok((stream, None))
+}
+
+/// Reads option `name` (a bool) from an options dataclass or a dict; `None` reads as `false`.
+fn bool_option(options: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<bool> {
+    crate::resource::option(options, name, false)
+}
+
+/// The `CU_EVENT_*` flags for `EventOptions` (`timing_enabled`, `blocking_sync`,
+/// `ipc_enabled`; a dataclass or a dict; `None` for the defaults).
+///
+/// # Errors
+/// `TypeError` when `ipc_enabled` and `timing_enabled` are both set (the driver does not time
+/// interprocess events) or an option has the wrong type.
+pub(crate) fn event_flags(options: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
+    let options = options.filter(|o| !o.is_none());
+    let timing = bool_option(options, "timing_enabled")?;
+    let blocking = bool_option(options, "blocking_sync")?;
+    let ipc = bool_option(options, "ipc_enabled")?;
+    if ipc && timing {
+        return Err(PyTypeError::new_err(
+            "IPC-enabled events cannot use timing: set timing_enabled=False with ipc_enabled=True",
+        ));
+    }
+    let mut flags = 0;
+    if !timing {
+        flags |= EVENT_DISABLE_TIMING;
+    }
+    if blocking {
+        flags |= EVENT_BLOCKING_SYNC;
+    }
+    if ipc {
+        flags |= EVENT_INTERPROCESS;
+    }
+    Ok(flags)
+}
+
 #[pymethods]
 impl PyStream {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
-    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    #[pyo3(signature = (*args, **_kwargs))]
+    fn py_new(args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        if args.len() == 1 {
+            if let Ok(init) = args.get_item(0)?.cast::<PyStreamInit>() {
+                let handle = init
+                    .get()
+                    .handle
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                if let Some(handle) = handle {
+                    return Ok(PyStream::with_protocol(handle, init.get().protocol.clone()));
+                }
+            }
+        }
         Err(PyRuntimeError::new_err(
-            "Stream objects cannot be instantiated directly: use Device.create_stream(), \
-             Stream.from_handle() or custody.default_stream()",
+            "Stream objects cannot be instantiated directly. Use Device.create_stream(), \
+             Stream.from_handle() or custody.default_stream().",
         ))
+    }
+
+    /// A new stream of this class (subclasses included): a wrapper of `obj` (an object with
+    /// `__cuda_stream__`) if given, else a stream created with `options` in `ctx`, or in device
+    /// `device_id`'s primary context, or in the current context.
+    #[classmethod]
+    #[pyo3(signature = (obj = None, options = None, device_id = None, ctx = None))]
+    fn _init<'py>(
+        cls: &Bound<'py, PyType>,
+        obj: Option<&Bound<'py, PyAny>>,
+        options: Option<&Bound<'py, PyAny>>,
+        device_id: Option<i32>,
+        ctx: Option<&Bound<'py, PyContext>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = cls.py();
+        let (handle, protocol) = match obj.filter(|o| !o.is_none()) {
+            Some(obj) => {
+                if !obj.hasattr("__cuda_stream__")? {
+                    return Err(expected("an object with __cuda_stream__", obj));
+                }
+                let (handle, protocol) = wrap_protocol(obj)?;
+                (handle, Some(protocol))
+            }
+            None => {
+                let context = match (ctx, device_id) {
+                    (Some(ctx), _) => ctx.get().handle.clone(),
+                    (None, Some(id)) => py
+                        .detach(|| ContextHandle::primary(id))
+                        .map_err(Error::from)?,
+                    (None, None) => py
+                        .detach(ContextHandle::current)
+                        .map_err(Error::from)?
+                        .ok_or_else(|| PyRuntimeError::new_err(NO_CONTEXT))?,
+                };
+                (create_stream_handle(py, &context, options)?, None)
+            }
+        };
+        stream_of_class(py, Some(cls), handle, protocol)
+    }
+
+    /// The legacy default stream as an object of this class (`LEGACY_DEFAULT_STREAM` itself
+    /// for `Stream`).
+    #[classmethod]
+    fn _legacy_default<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+        let py = cls.py();
+        if cls.is(py.get_type::<PyStream>()) {
+            return Ok(singleton(py, DefaultStream::Legacy)?
+                .bind(py)
+                .clone()
+                .into_any());
+        }
+        stream_of_class(py, Some(cls), StreamHandle::legacy(), None)
+    }
+
+    /// The per-thread default stream as an object of this class (`PER_THREAD_DEFAULT_STREAM`
+    /// itself for `Stream`).
+    #[classmethod]
+    fn _per_thread_default<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+        let py = cls.py();
+        if cls.is(py.get_type::<PyStream>()) {
+            return Ok(singleton(py, DefaultStream::PerThread)?
+                .bind(py)
+                .clone()
+                .into_any());
+        }
+        stream_of_class(py, Some(cls), StreamHandle::per_thread(), None)
     }
 
     /// Wraps a stream made elsewhere: an `int` handle, or an object with `__cuda_stream__`.
     #[staticmethod]
     fn from_handle(py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Py<PyStream>> {
-        if handle.is_none() {
-            return Err(PyTypeError::new_err(
-                "a stream handle (int) is required, got None",
-            ));
-        }
-        let (stream, protocol) = if handle.hasattr("__cuda_stream__")? {
-            let (stream, protocol) = wrap_protocol(handle)?;
-            (stream, Some(protocol))
-        } else {
-            let raw: usize = handle.extract().map_err(|e: PyErr| {
-                if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
-                    e
-                } else {
-                    expected("int stream handle", handle)
-                }
-            })?;
-            let stream = py
-                .detach(|| crate::ffi::wrap_foreign_stream(raw, None))
-                .map_err(Error::from)?;
-            (stream, None)
-        };
-        let stream = PyStream {
-            protocol,
-            ..PyStream::new(stream)
-        };
-        Py::new(py, stream)
+        let (stream, protocol) = stream_from_handle(py, handle)?;
+        Py::new(py, PyStream::with_protocol(stream, protocol))
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -206,30 +395,45 @@ impl PyStream {
     /// Whether `close()` was called.
     #[getter]
     fn is_closed(&self) -> bool {
-        self.handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_none()
+        !self.is_open()
     }
 
-    /// Records an event on the stream (a new one unless `event` is given) and returns it.
+    /// Whether the stream does not synchronise with the legacy default stream
+    /// (`CU_STREAM_NON_BLOCKING`).
+    #[getter]
+    fn is_nonblocking(&self, py: Python<'_>) -> PyResult<bool> {
+        let stream = self.handle()?;
+        let flags = py.detach(|| stream.flags()).map_err(Error::from)?;
+        Ok(flags & STREAM_NON_BLOCKING != 0)
+    }
+
+    /// The stream's priority (lower numbers run first).
+    #[getter]
+    fn priority(&self, py: Python<'_>) -> PyResult<i32> {
+        let stream = self.handle()?;
+        Ok(py.detach(|| stream.priority()).map_err(Error::from)?)
+    }
+
+    /// Records an event on the stream (a new one made with `options` unless `event` is given)
+    /// and returns it.
     #[pyo3(signature = (event = None, options = None))]
     fn record(
         &self,
         py: Python<'_>,
-        event: Option<&Bound<'_, PyEvent>>,
+        event: Option<&Bound<'_, PyAny>>,
         options: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyEvent>> {
-        let _ = options;
         let stream = self.handle()?;
-        let event = match event {
-            Some(event) => event.clone().unbind(),
+        let event = match event.filter(|e| !e.is_none()) {
+            Some(event) => event
+                .cast::<PyEvent>()
+                .map_err(|_| expected("Event", event))?
+                .clone()
+                .unbind(),
             None => {
+                let flags = event_flags(options)?;
                 let context = PyStream::context_handle(py, &stream)?;
-                let handle = py
-                    .detach(|| EventHandle::create(&context, EVENT_DISABLE_TIMING))
-                    .map_err(Error::from)?;
-                Py::new(py, PyEvent::new(handle))?
+                Py::new(py, PyEvent::create(py, &context, flags)?)?
             }
         };
         let handle = event.get().handle()?;
@@ -250,7 +454,15 @@ impl PyStream {
         } else {
             let other = accept_stream(event_or_stream).map_err(|error| {
                 if error.is_instance_of::<PyTypeError>(py) {
-                    expected("Event or Stream", event_or_stream)
+                    let name = event_or_stream
+                        .get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default();
+                    PyValueError::new_err(format!(
+                        "only an Event, a Stream or an object with __cuda_stream__ can be \
+                         waited on, got {name}"
+                    ))
                 } else {
                     error
                 }
@@ -306,41 +518,111 @@ impl PyStream {
     #[getter]
     fn device<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let device = self.context(py)?.handle.device();
-        py.import("custody")?.getattr("Device")?.call1((device,))
+        device_object(py, device)
     }
 
-    fn __repr__(&self) -> String {
-        match self
+    /// A `GraphBuilder` that captures this stream.
+    fn create_graph_builder(
+        slf: &Bound<'_, Self>,
+        py: Python<'_>,
+    ) -> PyResult<crate::graph::PyGraphBuilder> {
+        let stream = slf.get().handle()?;
+        crate::graph::builder_on(py, stream, slf.clone().unbind())
+    }
+
+    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
+        let py = other.py();
+        let Ok(other) = other.cast::<PyStream>() else {
+            return Ok(py.NotImplemented());
+        };
+        let other = other.get();
+        let equal = std::ptr::eq(self, other)
+            || (self.raw == other.raw && self.is_open() && other.is_open());
+        match op {
+            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
+            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
+            _ => Ok(py.NotImplemented()),
+        }
+    }
+
+    fn __hash__(&self) -> u64 {
+        hash_of("Stream", self.raw as u64)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let stream = self
             .handle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            Some(stream) => format!("<Stream handle=0x{:x}>", stream.raw() as usize),
+            .clone();
+        match stream {
+            Some(stream) => {
+                let context = match stream.context() {
+                    Some(context) => Some(context.raw() as usize),
+                    None => py
+                        .detach(ContextHandle::current)
+                        .ok()
+                        .flatten()
+                        .map(|c| c.raw() as usize),
+                };
+                match context {
+                    Some(context) => format!(
+                        "<Stream handle=0x{:x} context=0x{context:x}>",
+                        stream.raw() as usize
+                    ),
+                    None => format!("<Stream handle=0x{:x} context=None>", stream.raw() as usize),
+                }
+            }
             None => "<Stream closed>".to_owned(),
         }
     }
 }
 
+/// `custody.Device(ordinal)`.
+pub(crate) fn device_object(py: Python<'_>, ordinal: i32) -> PyResult<Bound<'_, PyAny>> {
+    py.import("custody")?.getattr("Device")?.call1((ordinal,))
+}
+
 /// A CUDA event.
-#[pyclass(frozen, name = "Event", module = "custody")]
+#[pyclass(frozen, weakref, name = "Event", module = "custody")]
 pub struct PyEvent {
     handle: Mutex<Option<EventHandle>>,
+    /// The raw `CUevent`, kept after `close()` so that the hash never changes.
+    raw: usize,
+    /// The `CU_EVENT_*` flags it was created with.
+    flags: u32,
 }
 
 impl PyEvent {
-    fn new(handle: EventHandle) -> PyEvent {
+    /// A new event in `context` with `flags` (`CU_EVENT_*`).
+    pub(crate) fn create(py: Python<'_>, context: &ContextHandle, flags: u32) -> PyResult<PyEvent> {
+        let handle = py
+            .detach(|| EventHandle::create(context, flags))
+            .map_err(Error::from)?;
+        Ok(PyEvent::wrap(handle, flags))
+    }
+
+    pub(crate) fn wrap(handle: EventHandle, flags: u32) -> PyEvent {
         PyEvent {
+            raw: handle.raw() as usize,
             handle: Mutex::new(Some(handle)),
+            flags,
         }
     }
 
-    fn handle(&self) -> PyResult<EventHandle> {
+    pub(crate) fn handle(&self) -> PyResult<EventHandle> {
         self.handle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .ok_or_else(|| closed("Event"))
+    }
+
+    fn is_open(&self) -> bool {
+        self.handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
     }
 }
 
@@ -350,7 +632,8 @@ impl PyEvent {
     #[pyo3(signature = (*_args, **_kwargs))]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
-            "Event objects cannot be instantiated directly: use Stream.record()",
+            "Event objects cannot be instantiated directly. Use Stream.record() or \
+             Device.create_event().",
         ))
     }
 
@@ -382,6 +665,37 @@ impl PyEvent {
         })
     }
 
+    /// The `Device` of the event's context.
+    #[getter]
+    fn device<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let device = self.handle()?.context().device();
+        device_object(py, device)
+    }
+
+    /// Whether the event records timing data (`EventOptions.timing_enabled`).
+    #[getter]
+    fn is_timing_enabled(&self) -> bool {
+        self.flags & EVENT_DISABLE_TIMING == 0
+    }
+
+    /// Whether `sync()` blocks (yields) instead of spinning (`EventOptions.blocking_sync`).
+    #[getter]
+    fn is_blocking_sync(&self) -> bool {
+        self.flags & EVENT_BLOCKING_SYNC != 0
+    }
+
+    /// Whether the event can be shared with other processes (`EventOptions.ipc_enabled`).
+    #[getter]
+    fn is_ipc_enabled(&self) -> bool {
+        self.flags & EVENT_INTERPROCESS != 0
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn is_closed(&self) -> bool {
+        !self.is_open()
+    }
+
     /// Releases the event (destroyed when no other reference holds it). Idempotent.
     fn close(&self, py: Python<'_>) {
         let taken = self
@@ -390,6 +704,126 @@ impl PyEvent {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         py.detach(move || drop(taken));
+    }
+
+    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
+        let py = other.py();
+        let Ok(other) = other.cast::<PyEvent>() else {
+            return Ok(py.NotImplemented());
+        };
+        let other = other.get();
+        let equal = std::ptr::eq(self, other)
+            || (self.raw == other.raw && self.is_open() && other.is_open());
+        match op {
+            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
+            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
+            _ => Ok(py.NotImplemented()),
+        }
+    }
+
+    fn __hash__(&self) -> u64 {
+        hash_of("Event", self.raw as u64)
+    }
+
+    /// `end - start`: the milliseconds between the two events' completions (both created with
+    /// `timing_enabled=True`, recorded and completed), from `cuEventElapsedTime`.
+    fn __sub__(&self, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let py = other.py();
+        let Ok(start) = other.cast::<PyEvent>() else {
+            return Ok(py.NotImplemented());
+        };
+        let start = start.get();
+        if !self.is_timing_enabled() || !start.is_timing_enabled() {
+            return Err(PyRuntimeError::new_err(
+                "Both Events must be created with timing enabled to be subtracted: create them \
+                 with EventOptions(timing_enabled=True)",
+            ));
+        }
+        let (end, begin) = (self.handle()?, start.handle()?);
+        match py.detach(|| end.elapsed_since(&begin)) {
+            Ok(ms) => Ok(f64::from(ms).into_pyobject(py)?.into_any().unbind()),
+            Err(handles::HandleError::Driver(error))
+                if error.code == handles::CudaErrorCode::INVALID_HANDLE =>
+            {
+                Err(PyRuntimeError::new_err(
+                    "Both Events must be recorded before they can be subtracted: record each \
+                     on a stream with Stream.record()",
+                ))
+            }
+            Err(handles::HandleError::Driver(error))
+                if error.code == handles::CudaErrorCode::NOT_READY =>
+            {
+                Err(PyRuntimeError::new_err(
+                    "One or both events have not completed. Wait for them (Event.sync(), \
+                     Stream.sync() or Device.sync()) before subtracting them.",
+                ))
+            }
+            Err(error) => Err(Error::from(error).into()),
+        }
+    }
+
+    /// In-place subtraction is not defined for events: `NotImplemented` for every operand
+    /// (pyo3 answers so when the operand is not a [`NoOperand`], which none is), so that
+    /// `a -= b` falls back to `a - b`.
+    fn __isub__(&self, _other: PyRef<'_, NoOperand>) {}
+
+    /// Subtracting an event from something else is not defined.
+    fn __rsub__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
+        other.py().NotImplemented()
+    }
+
+    /// The descriptor another process needs to open this event (`Event.from_ipc_descriptor`).
+    #[getter]
+    fn ipc_descriptor(&self, py: Python<'_>) -> PyResult<PyIpcEventDescriptor> {
+        let event = self.handle()?;
+        if self.flags & EVENT_INTERPROCESS == 0 {
+            return Err(PyRuntimeError::new_err(
+                "Event is not IPC-enabled: create it with EventOptions(ipc_enabled=True)",
+            ));
+        }
+        let _ = (py, event);
+        Err(pyo3::exceptions::PyNotImplementedError::new_err(
+            "sharing events between processes (cuIpcGetEventHandle) is not available yet",
+        ))
+    }
+
+    /// Opens an event another process shared (`Event.ipc_descriptor` there), in the context
+    /// current on the calling thread.
+    #[classmethod]
+    fn from_ipc_descriptor(
+        _cls: &Bound<'_, PyType>,
+        py: Python<'_>,
+        ipc_descriptor: &Bound<'_, PyAny>,
+    ) -> PyResult<PyEvent> {
+        let descriptor = ipc_descriptor
+            .cast::<PyIpcEventDescriptor>()
+            .map_err(|_| expected("IPCEventDescriptor", ipc_descriptor))?;
+        let descriptor = descriptor.get();
+        let reserved: [u8; 64] = descriptor
+            .reserved
+            .get(..64)
+            .and_then(|bytes| bytes.try_into().ok())
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "invalid IPC event descriptor: its reserved field is {} bytes; expected at \
+                     least 64",
+                    descriptor.reserved.len()
+                ))
+            })?;
+        let _ = (py, reserved);
+        Err(pyo3::exceptions::PyNotImplementedError::new_err(
+            "sharing events between processes (cuIpcOpenEventHandle) is not available yet",
+        ))
+    }
+
+    /// Pickles an IPC-enabled event as its descriptor (for `multiprocessing`).
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (PyIpcEventDescriptor,))> {
+        let py = slf.py();
+        let descriptor = slf.get().ipc_descriptor(py)?;
+        let from = slf.get_type().getattr("from_ipc_descriptor")?;
+        Ok((from, (descriptor,)))
     }
 
     fn __repr__(&self) -> String {
@@ -405,27 +839,104 @@ impl PyEvent {
     }
 }
 
+/// A type no Python value has (it cannot be made from Python): the operand type of
+/// `Event.__isub__`, so that pyo3 answers `NotImplemented` for any operand.
+#[pyclass(frozen, name = "_NoOperand", module = "custody._custody")]
+pub struct NoOperand;
+
+/// What another process needs to open an IPC-enabled event: the driver's 64-byte
+/// `CUipcEventHandle` and whether the event blocks on `sync()`. Picklable; compares by the
+/// handle bytes.
+#[pyclass(frozen, name = "IPCEventDescriptor", module = "custody")]
+pub struct PyIpcEventDescriptor {
+    reserved: Vec<u8>,
+    blocking_sync: bool,
+}
+
+#[pymethods]
+impl PyIpcEventDescriptor {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        Err(PyRuntimeError::new_err(
+            "IPCEventDescriptor objects cannot be instantiated directly. Use \
+             Event.ipc_descriptor.",
+        ))
+    }
+
+    /// A descriptor from its parts (`reserved`: the driver's `CUipcEventHandle` bytes), as
+    /// unpickling makes it.
+    #[staticmethod]
+    fn _init(reserved: Vec<u8>, is_blocking_sync: bool) -> PyIpcEventDescriptor {
+        PyIpcEventDescriptor {
+            reserved,
+            blocking_sync: is_blocking_sync,
+        }
+    }
+
+    /// Whether the event blocks (yields) on `sync()`.
+    #[getter]
+    fn is_blocking_sync(&self) -> bool {
+        self.blocking_sync
+    }
+
+    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
+        let py = other.py();
+        let Ok(other) = other.cast::<PyIpcEventDescriptor>() else {
+            return Ok(py.NotImplemented());
+        };
+        let equal = self.reserved == other.get().reserved;
+        match op {
+            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
+            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
+            _ => Ok(py.NotImplemented()),
+        }
+    }
+
+    fn __hash__(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        self.reserved.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, pyo3::types::PyBytes>, bool))> {
+        let py = slf.py();
+        let init = slf.get_type().getattr("_init")?;
+        let this = slf.get();
+        Ok((
+            init,
+            (
+                pyo3::types::PyBytes::new(py, &this.reserved),
+                this.blocking_sync,
+            ),
+        ))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<IPCEventDescriptor blocking_sync={}>", self.blocking_sync)
+    }
+}
+
 /// A CUDA context (a device's primary context, retained while this object lives, or a context
 /// made elsewhere).
-#[pyclass(frozen, name = "Context", module = "custody", eq, hash)]
+#[pyclass(frozen, weakref, name = "Context", module = "custody")]
 pub struct PyContext {
     pub(crate) handle: ContextHandle,
 }
 
-impl PartialEq for PyContext {
-    fn eq(&self, other: &Self) -> bool {
-        self.handle == other.handle
-    }
-}
-
-impl std::hash::Hash for PyContext {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        (self.handle.raw() as usize).hash(state);
-    }
-}
-
 #[pymethods]
 impl PyContext {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        Err(PyRuntimeError::new_err(
+            "Context objects cannot be instantiated directly. Use Device.context or \
+             Stream.context.",
+        ))
+    }
+
     /// The raw `CUcontext` as an int.
     #[getter]
     fn handle(&self) -> usize {
@@ -438,9 +949,33 @@ impl PyContext {
         self.handle.device()
     }
 
+    /// Always `False`: a `Context` object keeps its context (a primary context stays retained)
+    /// for as long as it lives.
+    #[getter]
+    fn is_closed(&self) -> bool {
+        false
+    }
+
+    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
+        let py = other.py();
+        let Ok(other) = other.cast::<PyContext>() else {
+            return Ok(py.NotImplemented());
+        };
+        let equal = self.handle == other.get().handle;
+        match op {
+            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
+            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
+            _ => Ok(py.NotImplemented()),
+        }
+    }
+
+    fn __hash__(&self) -> u64 {
+        hash_of("Context", self.handle.raw() as u64)
+    }
+
     fn __repr__(&self) -> String {
         format!(
-            "<Context handle=0x{:x} device_id={}>",
+            "<Context handle=0x{:x} device={}>",
             self.handle.raw() as usize,
             self.handle.device()
         )
@@ -462,6 +997,7 @@ pub(crate) fn singleton(py: Python<'_>, kind: DefaultStream) -> PyResult<&'stati
     let stream = Py::new(
         py,
         PyStream {
+            raw: handle.raw() as usize,
             handle: Mutex::new(Some(handle)),
             protocol: None,
             singleton: true,
@@ -507,10 +1043,63 @@ pub(crate) fn default_stream(py: Python<'_>) -> PyResult<Py<PyStream>> {
     Ok(singleton(py, kind)?.clone_ref(py))
 }
 
+/// A stream argument as a `Stream` object: a `Stream` as it is, anything else accepted as a
+/// stream (a `GraphBuilder`, an object with `__cuda_stream__`) wrapped in a new one.
+///
+/// # Errors
+/// As for any stream argument: `TypeError` for `None` ("stream is required and must not be
+/// None") or a non-stream.
+#[pyfunction]
+#[pyo3(signature = (arg, allow_stream_protocol = false))]
+pub(crate) fn _stream_accept<'py>(
+    arg: &Bound<'py, PyAny>,
+    allow_stream_protocol: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let _ = allow_stream_protocol;
+    if arg.cast::<PyStream>().is_ok() {
+        return Ok(arg.clone());
+    }
+    let handle = accept_stream(arg)?;
+    Ok(Bound::new(arg.py(), PyStream::new(handle))?.into_any())
+}
+
 /// How many devices the driver sees.
 #[pyfunction]
 pub(crate) fn _device_count(py: Python<'_>) -> PyResult<i32> {
     Ok(py.detach(handles::device_count).map_err(Error::from)?)
+}
+
+/// Device `device_id`'s attribute number `attribute` (`cuDeviceGetAttribute`).
+#[pyfunction]
+pub(crate) fn _device_attribute(py: Python<'_>, device_id: i32, attribute: u32) -> PyResult<i32> {
+    Ok(py
+        .detach(|| handles::device_attribute(device_id, attribute))
+        .map_err(Error::from)?)
+}
+
+/// Device `device_id`'s UUID, 16 bytes (`cuDeviceGetUuid`).
+#[pyfunction]
+pub(crate) fn _device_uuid(py: Python<'_>, device_id: i32) -> PyResult<Vec<u8>> {
+    Ok(py
+        .detach(|| handles::device_uuid(device_id))
+        .map_err(Error::from)?
+        .to_vec())
+}
+
+/// Device `device_id`'s name (`cuDeviceGetName`).
+#[pyfunction]
+pub(crate) fn _device_name(py: Python<'_>, device_id: i32) -> PyResult<String> {
+    Ok(py
+        .detach(|| handles::device_name(device_id))
+        .map_err(Error::from)?)
+}
+
+/// Whether device `device_id` can access device `peer`'s memory (`cuDeviceCanAccessPeer`).
+#[pyfunction]
+pub(crate) fn _can_access_peer(py: Python<'_>, device_id: i32, peer: i32) -> PyResult<bool> {
+    Ok(py
+        .detach(|| handles::device_can_access_peer(device_id, peer))
+        .map_err(Error::from)?)
 }
 
 /// Device `device_id`'s primary context, retained while the returned object lives.
@@ -545,6 +1134,38 @@ pub(crate) fn _synchronize_context(py: Python<'_>, context: &Bound<'_, PyContext
     Ok(())
 }
 
+/// A new stream in `context` made with `options` (`StreamOptions` or a dict: `nonblocking`,
+/// default true; `priority`, default 0, `ValueError` outside the context's range).
+fn create_stream_handle(
+    py: Python<'_>,
+    context: &ContextHandle,
+    options: Option<&Bound<'_, PyAny>>,
+) -> PyResult<StreamHandle> {
+    let options = options.filter(|o| !o.is_none());
+    let nonblocking: bool = crate::resource::option(options, "nonblocking", true)?;
+    let priority: Option<i32> = crate::resource::option(options, "priority", None)?;
+    let priority = match priority {
+        None => 0,
+        Some(priority) => {
+            // The driver clamps a priority out of range; cuda.core refuses it.
+            let (least, greatest) = py
+                .detach(|| handles::stream_priority_range(context))
+                .map_err(Error::from)?;
+            if !(greatest..=least).contains(&priority) {
+                return Err(PyValueError::new_err(format!(
+                    "stream priority must be in [{greatest}, {least}] (lower runs first), got \
+                     {priority}"
+                )));
+            }
+            priority
+        }
+    };
+    let flags = if nonblocking { STREAM_NON_BLOCKING } else { 0 };
+    Ok(py
+        .detach(|| StreamHandle::create(context, flags, priority))
+        .map_err(Error::from)?)
+}
+
 /// A new stream in `context` (non-blocking unless `nonblocking` is false).
 #[pyfunction]
 #[pyo3(signature = (context, nonblocking = true, priority = 0))]
@@ -562,11 +1183,25 @@ pub(crate) fn _create_stream(
     Ok(PyStream::new(stream))
 }
 
+/// A new event in `context`, not recorded, made with `options` (`EventOptions` or a dict).
+#[pyfunction]
+#[pyo3(signature = (context, options = None))]
+pub(crate) fn _create_event(
+    py: Python<'_>,
+    context: &Bound<'_, PyContext>,
+    options: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyEvent> {
+    let flags = event_flags(options)?;
+    PyEvent::create(py, &context.get().handle, flags)
+}
+
 /// Registers the stream classes and functions on the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<PyStream>()?;
+    m.add_class::<PyStreamInit>()?;
     m.add_class::<PyEvent>()?;
+    m.add_class::<PyIpcEventDescriptor>()?;
     m.add_class::<PyContext>()?;
     m.add(
         "LEGACY_DEFAULT_STREAM",
@@ -577,11 +1212,17 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         singleton(py, DefaultStream::PerThread)?.clone_ref(py),
     )?;
     m.add_function(wrap_pyfunction!(default_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(_stream_accept, m)?)?;
     m.add_function(wrap_pyfunction!(_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(_device_attribute, m)?)?;
+    m.add_function(wrap_pyfunction!(_device_name, m)?)?;
+    m.add_function(wrap_pyfunction!(_device_uuid, m)?)?;
+    m.add_function(wrap_pyfunction!(_can_access_peer, m)?)?;
     m.add_function(wrap_pyfunction!(_primary_context, m)?)?;
     m.add_function(wrap_pyfunction!(_set_current, m)?)?;
     m.add_function(wrap_pyfunction!(_current_context, m)?)?;
     m.add_function(wrap_pyfunction!(_synchronize_context, m)?)?;
     m.add_function(wrap_pyfunction!(_create_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(_create_event, m)?)?;
     Ok(())
 }

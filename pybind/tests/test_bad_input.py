@@ -55,7 +55,6 @@ def check(exc, pattern, fn):
         (-1, OverflowError, ""),
         (HUGE, OverflowError, ""),
         (ABOVE_ISIZE, OverflowError, "isize::MAX"),
-        (0, ValueError, "at least one byte"),
     ],
 )
 @pytest.mark.parametrize(
@@ -78,7 +77,7 @@ def test_allocate_sizes(device, stream, make, size, exc, pattern):
 @pytest.mark.parametrize(
     "stream_arg, exc, pattern",
     [
-        (None, TypeError, "Stream is required, got None"),
+        (None, TypeError, "stream is required and must not be None"),
         (object(), TypeError, "Stream .* expected, got object"),
         (1, TypeError, "expected, got int"),
     ],
@@ -97,7 +96,7 @@ def test_deallocate_arguments(pool, stream):
     check(TypeError, "NoneType", lambda: pool.deallocate(None, 8, stream=stream))
     check(OverflowError, "", lambda: pool.deallocate(-1, 8, stream=stream))
     check(OverflowError, "", lambda: pool.deallocate(0x1000, -8, stream=stream))
-    check(TypeError, "Stream is required", lambda: pool.deallocate(0x1000, 8, stream=None))
+    check(TypeError, "stream is required", lambda: pool.deallocate(0x1000, 8, stream=None))
 
 
 @pytest.mark.parametrize(
@@ -112,7 +111,7 @@ def test_deallocate_arguments(pool, stream):
         (lambda: custody.DeviceMemoryResource(0, {"ipc_enabled": "yes"}), TypeError, "ipc_enabled"),
         (lambda: custody.SynchronousMemoryResource(None), TypeError, "got None"),
         (lambda: custody.SynchronousMemoryResource(99), custody.CUDAError, "CUDA_ERROR_INVALID_DEVICE"),
-        (lambda: custody.GraphMemoryResource(-1), ValueError, "not negative"),
+        (lambda: custody.GraphMemoryResource(-1), ValueError, "within"),
         (lambda: custody.PinnedMemoryResource({"max_size": "big"}), TypeError, "max_size"),
     ],
 )
@@ -155,7 +154,7 @@ def test_buffer_methods_bad_arguments(buf, stream, pool):
     check(TypeError, "expected, got int", lambda: buf.set_deallocation_stream(1))
     check(TypeError, "expected, got str", lambda: buf.close(stream="x"))
     check(TypeError, "Buffer expected, got str", lambda: buf.copy_to("x", stream=stream))
-    check(TypeError, "Stream is required", lambda: buf.copy_to(stream=None))
+    check(TypeError, "stream is required", lambda: buf.copy_to(stream=None))
     check(TypeError, "stream", lambda: buf.copy_to())
     check(TypeError, "Buffer expected, got NoneType", lambda: buf.copy_from(None, stream=stream))
     other = pool.allocate(32, stream=stream)
@@ -168,7 +167,7 @@ def test_buffer_methods_bad_arguments(buf, stream, pool):
     check(ValueError, "1, 2 or 4 bytes", lambda: buf.fill(b"\x01\x02\x03", stream=stream))
     check(TypeError, "got None", lambda: buf.fill(None, stream=stream))
     check(TypeError, "expected, got float", lambda: buf.fill(1.5, stream=stream))
-    check(TypeError, "Stream is required", lambda: buf.fill(1, stream=None))
+    check(TypeError, "stream is required", lambda: buf.fill(1, stream=None))
     odd = pool.allocate(3, stream=stream)
     check(ValueError, "multiple of the pattern", lambda: odd.fill(b"\x01\x02", stream=stream))
     odd.close()
@@ -198,7 +197,7 @@ def test_closed_buffer_raises_runtime_error(closed_buf, buf, stream):
 
 
 def test_dlpack_bad_arguments(buf):
-    check(BufferError, "copy", lambda: buf.__dlpack__(dl_device=(1, 0)))
+    check(BufferError, "dl_device other than None", lambda: buf.__dlpack__(dl_device=(1, 0)))
     check(BufferError, "copy=True", lambda: buf.__dlpack__(copy=True))
     check(BufferError, "max_version", lambda: buf.__dlpack__(max_version="x"))
     check(BufferError, "dl_device", lambda: buf.__dlpack__(dl_device="x"))
@@ -209,7 +208,7 @@ def test_stream_and_event_bad_input(device, closed_stream, stream):
     check(TypeError, "expected, got str", lambda: custody.Stream.from_handle("x"))
     check(OverflowError, "", lambda: custody.Stream.from_handle(-1))
     check(TypeError, "got None", lambda: stream.wait(None))
-    check(TypeError, "Event or Stream expected, got str", lambda: stream.wait("x"))
+    check(ValueError, "can be waited on, got str", lambda: stream.wait("x"))
     for attempt in (
         lambda: closed_stream.sync(),
         lambda: closed_stream.record(),
@@ -251,7 +250,7 @@ def test_ipc_bad_input(device, stream, pool):
           lambda: custody.Buffer.from_ipc_descriptor(None, b"", stream=stream))
     check(TypeError, "expected, got LegacyPinnedMemoryResource",
           lambda: custody.Buffer.from_ipc_descriptor(custody.LegacyPinnedMemoryResource(), b"", stream=stream))
-    check(TypeError, "Stream is required",
+    check(TypeError, "stream is required",
           lambda: custody.Buffer.from_ipc_descriptor(pool, b"", stream=None))
     check(TypeError, "stream", lambda: custody.Buffer.from_ipc_descriptor(pool, b""))
     check(RuntimeError, "not a pool imported",

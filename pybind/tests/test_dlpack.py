@@ -1,8 +1,12 @@
-"""DLPack: __dlpack__ returns a "dltensor" capsule of a 1-D uint8 tensor over the buffer; its
-deleter releases a reference to the memory; __dlpack_device__ classifies the memory."""
+"""DLPack: __dlpack__ returns a "dltensor" capsule of a 1-D uint8 tensor over the buffer, or with
+max_version >= (1, 0) a "dltensor_versioned" one (DLPack 1.0, writable); its deleter releases a
+reference to the memory; __dlpack_device__ classifies the memory (managed memory as
+kDLCUDAManaged, 13, also when adopted)."""
 
 import ctypes
 import gc
+
+import pytest
 
 import custody
 from conftest import needs_emulator
@@ -38,6 +42,22 @@ DLManagedTensor._fields_ = [
     ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))),
 ]
 
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    pass
+
+
+DLManagedTensorVersioned._fields_ = [
+    ("version", DLPackVersion),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensorVersioned))),
+    ("flags", ctypes.c_uint64),
+    ("dl_tensor", DLTensor),
+]
+
 api = ctypes.pythonapi
 api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
@@ -53,10 +73,16 @@ def tensor_of(capsule):
     return ctypes.cast(address, ctypes.POINTER(DLManagedTensor))
 
 
+def versioned_tensor_of(capsule):
+    assert api.PyCapsule_IsValid(capsule, b"dltensor_versioned") == 1
+    address = api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+    return ctypes.cast(address, ctypes.POINTER(DLManagedTensorVersioned))
+
+
 def test_capsule_describes_the_buffer(device, stream):
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(1000, stream=stream)
-    capsule = buf.__dlpack__(stream=stream, max_version=(1, 0), dl_device=(2, 0), copy=False)
+    capsule = buf.__dlpack__(stream=stream, max_version=None, dl_device=(2, 0), copy=False)
     t = tensor_of(capsule).contents.dl_tensor
     assert t.data == buf.handle
     assert (t.device.device_type, t.device.device_id) == (2, 0)
@@ -116,3 +142,70 @@ def test_consumer_calls_the_deleter(device, stream, emu):
     managed.contents.deleter(managed)
     assert not emu.is_live(alloc)
     assert len(emu.calls_to("cuMemFreeAsync", alloc=alloc)) == 1
+
+
+def test_versioned_capsule_is_dlpack_1_and_writable(device, stream):
+    """max_version >= (1, 0): a DLManagedTensorVersioned, version 1.0, no flags (so consumers
+    such as numpy.from_dlpack make writable arrays of pinned or managed memory)."""
+    for mr in (custody.PinnedMemoryResource(), custody.ManagedMemoryResource()):
+        buf = mr.allocate(256, stream=stream)
+        capsule = buf.__dlpack__(max_version=(1, 0))
+        assert api.PyCapsule_IsValid(capsule, b"dltensor") == 0
+        managed = versioned_tensor_of(capsule).contents
+        assert (managed.version.major, managed.version.minor) == (1, 0)
+        assert managed.flags == 0, "neither read-only nor a copy"
+        t = managed.dl_tensor
+        assert t.data == buf.handle and t.shape[0] == 256
+        assert (t.device.device_type, t.device.device_id) == buf.__dlpack_device__()
+        del capsule
+        buf.close()
+    # A newer major version is answered with the newest this producer has.
+    buf = custody.DeviceMemoryResource(0).allocate(8, stream=stream)
+    assert versioned_tensor_of(buf.__dlpack__(max_version=(2, 3))).contents.version.major == 1
+    buf.close()
+
+
+def test_dlpack_argument_errors_name_what_was_wrong(device, stream):
+    buf = custody.DeviceMemoryResource(0).allocate(8, stream=stream)
+    for bad in [(), (9, 8, 7), "x"]:
+        with pytest.raises(BufferError, match=r"^Expected max_version tuple\[int, int\], got "):
+            buf.__dlpack__(max_version=bad)
+    with pytest.raises(BufferError, match=r"^Sorry, not supported: dl_device other than None$"):
+        buf.__dlpack__(dl_device=(1, 0))
+    with pytest.raises(BufferError, match=r"^Sorry, not supported: copy=True$"):
+        buf.__dlpack__(copy=True)
+    buf.close()
+
+
+def test_adopted_managed_memory_reports_the_managed_device_type(device, stream):
+    """Memory adopted with from_handle (owner=, or a Python resource) is classified by the
+    driver: managed memory is kDLCUDAManaged (13), not kDLCUDAHost."""
+    owner = custody.ManagedMemoryResource().allocate(64, stream=stream)
+    view = custody.Buffer.from_handle(owner.handle, 64, owner=owner)
+    assert view.__dlpack_device__() == (13, 0)
+    assert versioned_tensor_of(view.__dlpack__(max_version=(1, 0))).contents.dl_tensor.device.device_type == 13
+    view.close()
+    owner.close()
+
+
+def test_neither_accessible_is_a_buffer_error(device, stream):
+    class Nowhere(custody.MemoryResource):
+        def allocate(self, size, *, stream=None):
+            raise NotImplementedError
+
+        def deallocate(self, ptr, size, *, stream=None):
+            pass
+
+        is_device_accessible = False
+        is_host_accessible = False
+        device_id = -1
+
+    pool = custody.DeviceMemoryResource(0)
+    backing = pool.allocate(16, stream=stream)
+    buf = custody.Buffer.from_handle(backing.handle, 16, mr=Nowhere(), stream=stream)
+    with pytest.raises(BufferError, match="neither device-accessible nor host-accessible"):
+        buf.__dlpack_device__()
+    with pytest.raises(BufferError, match="neither device-accessible nor host-accessible"):
+        buf.__dlpack__()
+    buf.close()
+    backing.close()

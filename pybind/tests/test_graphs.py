@@ -141,7 +141,7 @@ def test_pool_allocation_while_capturing_is_refused(device):
     GraphMemoryResource."""
     gb = device.create_graph_builder()
     gb.begin_building()
-    with pytest.raises(RuntimeError, match="graph memory resource"):
+    with pytest.raises(RuntimeError, match="consider using GraphMemoryResource"):
         custody.DeviceMemoryResource(0).allocate(64, stream=gb)
     gb.end_building()
     gb.close()
@@ -167,7 +167,7 @@ def test_builder_bad_input(device):
     with pytest.raises(RuntimeError, match="Graph has been closed"):
         graph.launch(custody.LEGACY_DEFAULT_STREAM)
     gb.close()
-    with pytest.raises(RuntimeError, match="GraphBuilder has been closed"):
+    with pytest.raises(RuntimeError, match="Graph builder has been closed"):
         gb.begin_building()
     with pytest.raises(RuntimeError, match="cannot be instantiated"):
         custody.GraphBuilder()
@@ -401,7 +401,7 @@ def test_retain_bad_input_is_refused_and_changes_nothing(device, stream, emu):
     with pytest.raises(RuntimeError, match="Graph has been closed"):
         graph.retain(buf)
     gb.close()
-    with pytest.raises(RuntimeError, match="GraphBuilder has been closed"):
+    with pytest.raises(RuntimeError, match="Graph builder has been closed"):
         gb.retain(buf)
     # Nothing holds the buffer: closing it frees it now.
     buf.close()

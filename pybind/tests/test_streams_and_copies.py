@@ -153,7 +153,7 @@ def test_graph_memory_resource_needs_capture(device, stream):
     """69: GraphMemoryResource.allocate on a stream that is not capturing -> RuntimeError."""
     gmr = custody.GraphMemoryResource(0)
     assert gmr.device_id == 0 and gmr.is_device_accessible
-    with pytest.raises(RuntimeError, match="not capturing"):
+    with pytest.raises(RuntimeError, match="non-capturing stream"):
         gmr.allocate(64, stream=stream)
 
 

@@ -489,3 +489,248 @@ custody = {{ package = "cuda-custody", path = "{}", default-features = false, fe
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// The "no CUDA driver" error (`cuda-sys/src/loader.rs`) tells its reader which command builds
+/// the emulated driver: the package name it gives is the emulator's (`cuda-emu/Cargo.toml`), so
+/// renaming the package cannot leave the advice stale.
+#[test]
+fn the_no_driver_error_names_the_emulators_package() {
+    let root = workspace_root();
+    let manifest =
+        fs::read_to_string(root.join("cuda-emu/Cargo.toml")).expect("cuda-emu/Cargo.toml");
+    let package = manifest
+        .lines()
+        .find_map(|line| line.strip_prefix("name = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("cuda-emu/Cargo.toml names its package first");
+    assert_eq!(package, EMU);
+    let loader = fs::read_to_string(root.join("cuda-sys/src/loader.rs")).expect("loader.rs");
+    let command = format!("cargo build -p {package}");
+    assert!(
+        loader.contains(&command),
+        "cuda-sys/src/loader.rs's no-driver advice must say `{command}`"
+    );
+}
+
+/// The string literals of a Rust source file (comments skipped), each with its line: a message
+/// a user may see is one of them.
+fn string_literals(source: &str) -> Vec<(usize, String)> {
+    let chars: Vec<char> = source.chars().collect();
+    let mut out = Vec::new();
+    let (mut i, mut line) = (0, 1);
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '\n' {
+            line += 1;
+        } else if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+            continue;
+        } else if c == '/' && next == Some('*') {
+            while i + 1 < chars.len() && !(chars[i] == '*' && chars[i + 1] == '/') {
+                line += usize::from(chars[i] == '\n');
+                i += 1;
+            }
+            i += 2;
+            continue;
+        } else if c == '\'' {
+            // A character literal ('"', '\'', 'x'); a lifetime ('a) has no closing quote.
+            if next == Some('\\') {
+                i += 4;
+                while i < chars.len() && chars[i - 1] != '\'' {
+                    i += 1;
+                }
+                continue;
+            }
+            if chars.get(i + 2) == Some(&'\'') {
+                i += 3;
+                continue;
+            }
+        } else if c == 'r'
+            && matches!(next, Some('"' | '#'))
+            && !i
+                .checked_sub(1)
+                .is_some_and(|p| chars[p].is_alphanumeric() || chars[p] == '_')
+        {
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while chars.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if chars.get(j) == Some(&'"') {
+                let start_line = line;
+                let mut text = String::new();
+                j += 1;
+                while j < chars.len() {
+                    if chars[j] == '"' && (1..=hashes).all(|k| chars.get(j + k) == Some(&'#')) {
+                        break;
+                    }
+                    line += usize::from(chars[j] == '\n');
+                    text.push(chars[j]);
+                    j += 1;
+                }
+                out.push((start_line, text));
+                i = j + 1 + hashes;
+                continue;
+            }
+        } else if c == '"' {
+            let start_line = line;
+            let mut text = String::new();
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                if chars[i] == '\\' {
+                    text.push(chars[i]);
+                    i += 1;
+                }
+                line += usize::from(chars[i] == '\n');
+                text.push(chars[i]);
+                i += 1;
+            }
+            out.push((start_line, text));
+        }
+        i += 1;
+    }
+    out
+}
+
+/// How the project's code cites its own documents, which a user of the library or the Python
+/// package does not have: a Markdown file, the docs folder or a source folder, a decision (D4),
+/// a measured driver fact (F16, G2), a numbered section or scenario of the reference notes.
+/// Returns what matched.
+fn cites_the_repository(text: &str) -> Option<String> {
+    let lower = text.to_ascii_lowercase();
+    for folder in [
+        "docs/",
+        "pybind/",
+        "handles/",
+        "memory/",
+        "cuda-sys/",
+        "cuda-emu/",
+        "xtask/",
+        "src/",
+        "tests/",
+    ] {
+        for (at, _) in lower.match_indices(folder) {
+            let before = lower[..at].chars().next_back();
+            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '-') {
+                return Some(folder.to_owned());
+            }
+        }
+    }
+    for (at, _) in lower.match_indices(".md") {
+        let before = lower[..at].chars().next_back();
+        let after = lower[at + 3..].chars().next();
+        if before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric) {
+            return Some(".md".to_owned());
+        }
+    }
+    for phrase in ["section ", "scenario ", "scenarios "] {
+        for (at, _) in lower.match_indices(phrase) {
+            if lower[at + phrase.len()..].starts_with(|c: char| c.is_ascii_digit()) {
+                return Some(phrase.trim().to_owned());
+            }
+        }
+    }
+    let chars: Vec<char> = text.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        if !matches!(c, 'D' | 'F' | 'G') {
+            continue;
+        }
+        if i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_') {
+            continue;
+        }
+        let digits = chars[i + 1..]
+            .iter()
+            .take_while(|d| d.is_ascii_digit())
+            .count();
+        let after = chars.get(i + 1 + digits);
+        if (1..=2).contains(&digits) && !after.is_some_and(|a| a.is_alphanumeric() || *a == '_') {
+            return Some(chars[i..=i + digits].iter().collect());
+        }
+    }
+    None
+}
+
+/// Messages a user sees come from the string literals of the library crates and the Python
+/// bindings (error texts, exception messages): none cites a document of the repository (a pip
+/// user has none of them); each says the rule itself. Comments may cite them. The bindings'
+/// docstrings are checked by `pybind/tests/test_stubs.py`, on the built package.
+#[test]
+fn messages_cite_no_document_of_the_repository() {
+    let root = workspace_root();
+    let mut offending = Vec::new();
+    let mut literals = 0;
+    for folder in [
+        "cuda-sys/src",
+        "handles/src",
+        "memory/src",
+        "custody/src",
+        "pybind/src",
+    ] {
+        for path in walk_files(|name| name.ends_with(".rs"))
+            .into_iter()
+            .filter(|path| path.starts_with(root.join(folder)))
+        {
+            let source = fs::read_to_string(&path).expect("a Rust source");
+            for (line, text) in string_literals(&source) {
+                literals += 1;
+                if let Some(found) = cites_the_repository(&text) {
+                    offending.push(format!("{}:{line}: {found:?} in {text:?}", relative(&path)));
+                }
+            }
+        }
+    }
+    assert!(
+        literals > 200,
+        "found only {literals} string literals: is the scan broken?"
+    );
+    assert!(
+        offending.is_empty(),
+        "a message cites a document its reader does not have; say the rule itself:\n{}",
+        offending.join("\n")
+    );
+}
+
+#[test]
+fn the_message_rules_themselves() {
+    let literals = string_literals(concat!(
+        "// \"in a comment\"\n",
+        "let a = \"one\"; /* \"block\" */ let b = 'x'; let q = '\"';\n",
+        "fn f<'a>(s: &'a str) { g(\"two\\\" still two\", r#\"three \"quoted\"\"#); }\n",
+        "let c = \"multi\n line\";",
+    ));
+    let texts: Vec<&str> = literals.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!(
+        texts,
+        [
+            "one",
+            "two\\\" still two",
+            "three \"quoted\"",
+            "multi\n line"
+        ]
+    );
+    assert_eq!(literals[3].0, 4);
+    for cited in [
+        concat!("(docs/decisions", ".md D1)"),
+        "as decided (D10)",
+        "measured (F16)",
+        "section 6 item 5",
+        "see pybind/src/buffer.rs",
+        "README.md says",
+    ] {
+        assert!(cites_the_repository(cited).is_some(), "{cited}");
+    }
+    for plain in [
+        "no CUDA context is current",
+        "cuMemFreeAsync failed: CUDA_ERROR_INVALID_VALUE (1)",
+        "built into target/debug/libcuda_emu.so",
+        "a pointer is an unsigned 64-bit int, got 0xD1",
+        "kDLCUDAManaged (13)",
+        "FD 3 is not a pool",
+    ] {
+        assert_eq!(cites_the_repository(plain), None, "{plain}");
+    }
+}

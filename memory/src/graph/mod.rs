@@ -388,6 +388,22 @@ impl GraphExec {
         Ok(handle.launch(stream)?)
     }
 
+    /// Uploads the executable to the device on `stream`, so that the next launch need not.
+    /// Does not block.
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] when the executable is closed; [`MemoryError::Handle`] for the
+    /// driver's failure.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphUpload`.
+    pub fn upload(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
+        let guard = self.lock();
+        let handle = guard.as_ref().ok_or(MemoryError::Graph {
+            reason: "the executable graph is closed",
+        })?;
+        Ok(handle.upload(stream)?)
+    }
+
     /// Makes this executable retain `buffer`'s memory: for work in the graph that custody does
     /// not see (a kernel another library captured or added) when the buffer may be closed
     /// while the executable lives. The memory stays allocated, whatever happens to `buffer`,

@@ -16,9 +16,12 @@ The driver is ``libcuda.so.1``, or the library named by the environment variable
 from __future__ import annotations
 
 import threading
+import uuid as _uuid
 from dataclasses import dataclass
-from typing import Optional
+from enum import IntEnum
+from typing import NamedTuple, Optional
 
+from custody._custody import GraphMemoryResource as _GraphMemoryResource
 from custody._custody import (
     LEGACY_DEFAULT_STREAM,
     PER_THREAD_DEFAULT_STREAM,
@@ -30,8 +33,9 @@ from custody._custody import (
     Event,
     Graph,
     GraphBuilder,
-    GraphMemoryResource,
+    GraphMemoryResourceAttributes,
     IPCBufferDescriptor,
+    IPCEventDescriptor,
     LegacyPinnedMemoryResource,
     ManagedBuffer,
     ManagedMemoryResource,
@@ -44,6 +48,7 @@ from custody._custody import (
     drain_deferred_cleanup,
 )
 from custody import _custody
+from custody._properties import DeviceProperties
 
 __all__ = [
     "LEGACY_DEFAULT_STREAM",
@@ -52,15 +57,21 @@ __all__ = [
     "CUDAError",
     "CUDAWarning",
     "Context",
+    "ComputeCapability",
+    "DLDeviceType",
     "Device",
     "DeviceMemoryResource",
     "DeviceMemoryResourceOptions",
+    "DeviceProperties",
     "Event",
     "EventOptions",
     "Graph",
     "GraphBuilder",
+    "GraphCompleteOptions",
     "GraphMemoryResource",
+    "GraphMemoryResourceAttributes",
     "IPCBufferDescriptor",
+    "IPCEventDescriptor",
     "LegacyPinnedMemoryResource",
     "ManagedBuffer",
     "ManagedMemoryResource",
@@ -107,7 +118,9 @@ class ManagedMemoryResourceOptions:
 
 @dataclass
 class StreamOptions:
-    """Options for :meth:`Device.create_stream`."""
+    """Options for :meth:`Device.create_stream`: ``nonblocking`` (no synchronisation with the
+    legacy default stream) and ``priority`` (lower numbers run first; ``None`` is 0, the lowest
+    priority)."""
 
     nonblocking: bool = True
     priority: Optional[int] = None
@@ -115,18 +128,73 @@ class StreamOptions:
 
 @dataclass
 class EventOptions:
-    """Options for :meth:`Stream.record` (accepted; events are created without timing)."""
+    """Options for :meth:`Stream.record` and :meth:`Device.create_event`, cuda.core 1.2's names.
 
-    enable_timing: bool = False
-    busy_waited_sync: bool = False
+    ``timing_enabled``: the event records a timestamp (``end - start`` gives milliseconds);
+    ``blocking_sync``: :meth:`Event.sync` yields the CPU instead of spinning; ``ipc_enabled``:
+    the event can be shared with other processes (requires ``timing_enabled=False``).
+    """
+
+    timing_enabled: Optional[bool] = False
+    blocking_sync: Optional[bool] = False
+    ipc_enabled: Optional[bool] = False
+
+
+@dataclass
+class GraphCompleteOptions:
+    """Options for :meth:`GraphBuilder.complete`. ``upload_stream``: upload the graph there at
+    once. ``auto_free_on_launch``, ``device_launch`` and ``use_node_priority`` exist for
+    cuda.core's interface and are not supported (``NotImplementedError`` when set)."""
+
+    auto_free_on_launch: bool = False
+    upload_stream: Optional[Stream] = None
+    device_launch: bool = False
+    use_node_priority: bool = False
+
+
+class GraphMemoryResource(_GraphMemoryResource):
+    """Graph memory of one device: allocations made while a stream is captured
+    (``allocate(size, stream=graph_builder)``), which become part of the graph.
+    ``GraphMemoryResource(n)`` is the same object every time for a given device."""
+
+    _instances: "dict[int, GraphMemoryResource]" = {}
+
+    def __new__(cls, device_id):
+        ordinal = Device(device_id).device_id
+        with Device._lock:
+            mr = cls._instances.get(ordinal)
+            if mr is None:
+                mr = super().__new__(cls, ordinal)
+                cls._instances[ordinal] = mr
+            return mr
+
+
+class ComputeCapability(NamedTuple):
+    """A device's compute capability, ``(major, minor)``; ``Device.compute_capability``."""
+
+    major: int
+    minor: int
+
+
+class DLDeviceType(IntEnum):
+    """DLPack's device types (``__dlpack_device__()[0]``)."""
+
+    kDLCPU = 1
+    kDLCUDA = 2
+    kDLCUDAHost = 3
+    kDLCUDAManaged = 13
 
 
 class _System:
-    """Process-wide facts (``custody.system``)."""
+    """Process-wide facts (``custody.system``), from the CUDA driver (not NVML)."""
 
     @property
     def num_devices(self) -> int:
-        """How many devices the driver sees."""
+        """How many devices the driver sees (``cuDeviceGetCount``)."""
+        return _custody._device_count()
+
+    def get_num_devices(self) -> int:
+        """How many devices the driver sees (``cuDeviceGetCount``)."""
         return _custody._device_count()
 
 
@@ -165,13 +233,56 @@ class Device:
                 device._id = device_id
                 device._context = None
                 device._mr = None
+                device._properties = None
                 cls._instances[device_id] = device
             return device
+
+    @classmethod
+    def get_all_devices(cls) -> "tuple[Device, ...]":
+        """Every device the driver sees, in ordinal order."""
+        return tuple(cls(i) for i in range(_custody._device_count()))
 
     @property
     def device_id(self) -> int:
         """The device ordinal."""
         return self._id
+
+    @property
+    def properties(self) -> "DeviceProperties":
+        """The device's attributes (``cuDeviceGetAttribute``), each read on first use."""
+        if self._properties is None:
+            self._properties = DeviceProperties._init(self._id)
+        return self._properties
+
+    @property
+    def name(self) -> str:
+        """The device's name (``cuDeviceGetName``)."""
+        return _custody._device_name(self._id)
+
+    @property
+    def uuid(self) -> str:
+        """The device's UUID as ``"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"`` (``cuDeviceGetUuid``)."""
+        return str(_uuid.UUID(bytes=bytes(_custody._device_uuid(self._id))))
+
+    @property
+    def compute_capability(self) -> ComputeCapability:
+        """``(major, minor)``, e.g. ``ComputeCapability(major=9, minor=0)`` for an H200."""
+        props = self.properties
+        return ComputeCapability(props.compute_capability_major, props.compute_capability_minor)
+
+    @property
+    def arch(self) -> str:
+        """The compute capability as the digits of an ``sm_`` name: ``"90"`` for 9.0."""
+        major, minor = self.compute_capability
+        return f"{major}{minor}"
+
+    def can_access_peer(self, peer: "Device | int") -> bool:
+        """Whether this device can access ``peer``'s memory (``cuDeviceCanAccessPeer``); a
+        device can always access its own."""
+        peer = Device(peer)
+        if peer is self:
+            return True
+        return _custody._can_access_peer(self._id, peer._id)
 
     @property
     def context(self) -> Context:
@@ -212,22 +323,21 @@ class Device:
         return default_stream()
 
     def create_stream(self, obj=None, options: "Optional[StreamOptions]" = None) -> Stream:
-        """A new stream in the device's primary context, or a wrapper of ``obj`` (an object
-        with ``__cuda_stream__``)."""
+        """A new stream in the device's primary context made with ``options`` (a
+        :class:`StreamOptions` or a dict), or a wrapper of ``obj`` (an object with
+        ``__cuda_stream__``)."""
         if obj is not None:
             if not hasattr(obj, "__cuda_stream__"):
                 raise TypeError(
                     f"an object with __cuda_stream__ expected, got {type(obj).__name__}"
                 )
-            return Stream.from_handle(obj)
-        if options is None:
-            options = StreamOptions()
-        elif isinstance(options, dict):
-            options = StreamOptions(**options)
-        priority = options.priority if options.priority is not None else 0
-        return _custody._create_stream(
-            self.context, nonblocking=bool(options.nonblocking), priority=int(priority)
-        )
+            return Stream._init(obj=obj)
+        return Stream._init(options=options, ctx=self.context)
+
+    def create_event(self, options: "Optional[EventOptions]" = None) -> Event:
+        """A new event in the device's primary context, not recorded, made with ``options``
+        (an :class:`EventOptions` or a dict)."""
+        return _custody._create_event(self.context, options)
 
     def create_graph_builder(self) -> GraphBuilder:
         """A :class:`GraphBuilder` capturing a new stream in the device's primary context."""
@@ -248,10 +358,45 @@ class Device:
         return self._id
 
     def __repr__(self) -> str:
-        return f"<Device {self._id}>"
+        try:
+            name = self.name
+        except Exception:  # noqa: BLE001 - a repr never raises
+            name = "?"
+        return f"<Device {self._id} ({name})>"
 
     def __reduce__(self):
         return (Device, (self._id,))
+
+
+# --- Names of cuda.core 1.2 that custody does not provide ---
+
+_NOT_PROVIDED = {
+    **dict.fromkeys(
+        ("Program", "ProgramOptions", "Linker", "LinkerOptions", "ObjectCode", "Kernel",
+         "LaunchConfig", "launch"),
+        "kernels (Program, Linker, launch) are outside custody's scope; use cuda.core for them",
+    ),
+    **dict.fromkeys(
+        ("VirtualMemoryResource", "VirtualMemoryResourceOptions"),
+        "virtual memory management is outside custody's scope",
+    ),
+    **dict.fromkeys(
+        ("ContextOptions", "DeviceResources", "SMResource", "SMResourceOptions",
+         "WorkqueueResource", "WorkqueueResourceOptions"),
+        "green contexts and device resources are outside custody's scope",
+    ),
+    **dict.fromkeys(
+        ("GraphicsResource", "TensorMapDescriptor", "TensorMapDescriptorOptions"),
+        "graphics interop and tensor maps are outside custody's scope",
+    ),
+}
+
+
+def __getattr__(name: str):
+    why = _NOT_PROVIDED.get(name)
+    if why is not None:
+        raise AttributeError(f"custody does not provide {name}: {why}")
+    raise AttributeError(f"module 'custody' has no attribute {name!r}")
 
 
 # --- Pickling buffers and pool resources (docs/reference-notes.md section 5, scenario 64) ---

@@ -7,7 +7,7 @@ thread, in the cyclic garbage collector, or in deferred cleanup. Driver failures
 :class:`CUDAWarning`.
 """
 
-from typing import Any, Optional, Protocol, Tuple, Union
+from typing import Any, Optional, Protocol, SupportsIndex, Tuple, Union
 
 __version__: str
 
@@ -15,6 +15,16 @@ class _CudaStreamLike(Protocol):
     def __cuda_stream__(self) -> Tuple[int, int]: ...
 
 StreamLike = Union["Stream", "GraphBuilder", _CudaStreamLike]
+
+class _IntLike(Protocol):
+    """An object with ``__int__`` (a typing device)."""
+
+    def __int__(self) -> int:
+        """The address."""
+
+PointerLike = Union[int, SupportsIndex, _IntLike]
+"""A pointer as ``from_handle`` takes it: an int, or an object with ``__index__`` or ``__int__``
+(``cuda.bindings.driver.CUdeviceptr``); not a float."""
 
 class CUDAError(RuntimeError):
     """A CUDA driver call failed.
@@ -37,7 +47,12 @@ class CUDAWarning(RuntimeWarning):
     """
 
 class Context:
-    """A CUDA context (a device's primary context, retained while this object lives)."""
+    """A CUDA context (a device's primary context, retained while this object lives).
+
+    Equal to another ``Context`` for the same driver context, hashable, weak-referenceable.
+    Cannot be instantiated directly (``RuntimeError``): use ``Device.context`` or
+    ``Stream.context``.
+    """
 
     @property
     def handle(self) -> int:
@@ -45,12 +60,24 @@ class Context:
     @property
     def device_id(self) -> int:
         """The device ordinal the context belongs to."""
+    @property
+    def is_closed(self) -> bool:
+        """Always False: the object keeps its context for as long as it lives."""
 
 class Event:
-    """A CUDA event, made by :meth:`Stream.record`."""
+    """A CUDA event, made by :meth:`Stream.record` or :meth:`Device.create_event`.
+
+    Equal to another ``Event`` object for the same driver event while both are open, hashable
+    by the driver handle, weak-referenceable. ``end - start`` is the time between two recorded,
+    completed events made with ``timing_enabled=True``, in milliseconds (a ``float``, from
+    ``cuEventElapsedTime``); ``RuntimeError`` when either lacks timing ("Both Events must be
+    created with timing enabled"), was never recorded ("Both Events must be recorded") or has
+    not completed ("One or both events have not completed"). Cannot be instantiated directly.
+    """
 
     def sync(self) -> None:
-        """Blocks until the recorded work has finished.
+        """Blocks until the recorded work has finished (yielding the CPU for an event made with
+        ``blocking_sync=True``).
 
         Raises ``RuntimeError`` if the event was closed; :class:`CUDAError` on a driver failure.
         """
@@ -63,17 +90,68 @@ class Event:
     @property
     def context(self) -> Context:
         """The event's context."""
+    @property
+    def device(self) -> "Device":
+        """The device of the event's context."""
+    @property
+    def is_timing_enabled(self) -> bool:
+        """Whether the event records timing data (``EventOptions.timing_enabled``)."""
+    @property
+    def is_blocking_sync(self) -> bool:
+        """Whether :meth:`sync` yields the CPU (``EventOptions.blocking_sync``)."""
+    @property
+    def is_ipc_enabled(self) -> bool:
+        """Whether the event can be shared with other processes (``EventOptions.ipc_enabled``)."""
+    @property
+    def is_closed(self) -> bool:
+        """Whether ``close()`` was called."""
+    @property
+    def ipc_descriptor(self) -> "IPCEventDescriptor":
+        """The descriptor another process needs to open this event (``RuntimeError`` unless
+        made with ``ipc_enabled=True``)."""
+    @classmethod
+    def from_ipc_descriptor(cls, ipc_descriptor: "IPCEventDescriptor") -> "Event":
+        """Opens an event another process shared, in the current context. ``ValueError`` for a
+        descriptor whose handle bytes are too short."""
     def close(self) -> None:
         """Releases the event. Idempotent."""
+    def __sub__(self, value: "Event") -> float:
+        """The milliseconds from ``value``'s completion to this event's."""
+    def __rsub__(self, value: object) -> Any:
+        """``NotImplemented``: only events subtract."""
+    def __isub__(self, value: object) -> Any:
+        """``NotImplemented`` for every operand, so that ``a -= b`` falls back to ``a - b``."""
 
 class Stream:
     """A CUDA stream: created (``Device.create_stream()``), wrapped from another library
     (``Stream.from_handle``), or a default-stream singleton.
 
     A created stream lives at least as long as any pending free recorded on it, even after
-    ``close()``. Cannot be instantiated directly (``RuntimeError``).
+    ``close()``. Two ``Stream`` objects for one driver stream are equal and hash alike while
+    open; streams are weak-referenceable and can be subclassed in Python (made with the
+    class methods ``_init``, ``_legacy_default``, ``_per_thread_default``). Cannot be
+    instantiated directly (``RuntimeError``).
     """
 
+    @classmethod
+    def _init(
+        cls,
+        obj: Optional[_CudaStreamLike] = None,
+        options: Optional["StreamOptions"] = None,
+        device_id: Optional[int] = None,
+        ctx: Optional[Context] = None,
+    ) -> "Stream":
+        """A stream of this class: a wrapper of ``obj`` if given, else a new stream made with
+        ``options`` in ``ctx``, in device ``device_id``'s primary context, or in the current
+        context (``RuntimeError`` when none is)."""
+    @classmethod
+    def _legacy_default(cls) -> "Stream":
+        """The legacy default stream as an object of this class (``LEGACY_DEFAULT_STREAM``
+        itself for ``Stream``)."""
+    @classmethod
+    def _per_thread_default(cls) -> "Stream":
+        """The per-thread default stream as an object of this class
+        (``PER_THREAD_DEFAULT_STREAM`` itself for ``Stream``)."""
     @staticmethod
     def from_handle(handle: Union[int, _CudaStreamLike]) -> "Stream":
         """Wraps a stream made elsewhere: an int handle, or an object with ``__cuda_stream__``.
@@ -86,15 +164,26 @@ class Stream:
         """``(0, handle)``: the CUDA stream protocol."""
     @property
     def handle(self) -> int:
-        """The raw ``CUstream`` as an int (0x1 / 0x2 for the default-stream tokens)."""
+        """The raw ``CUstream`` as an int (0x1 / 0x2 for the default-stream tokens). cuda.core
+        returns a ``cuda.bindings`` ``CUstream`` here; an int works wherever that does through
+        ``int(stream.handle)``, and cuda.bindings' functions take it as it is."""
     @property
     def is_closed(self) -> bool:
         """Whether ``close()`` was called."""
-    def record(self, event: Optional[Event] = None, options: Any = None) -> Event:
-        """Records ``event`` (a new one if omitted) on the stream and returns it."""
+    @property
+    def is_nonblocking(self) -> bool:
+        """Whether the stream does not synchronise with the legacy default stream
+        (``cuStreamGetFlags``)."""
+    @property
+    def priority(self) -> int:
+        """The stream's priority, lower numbers first (``cuStreamGetPriority``)."""
+    def record(self, event: Optional[Event] = None, options: Optional["EventOptions"] = None) -> Event:
+        """Records ``event`` (a new one made with ``options`` if omitted) on the stream and
+        returns it."""
     def wait(self, event_or_stream: Union[Event, StreamLike]) -> None:
         """Makes future work on this stream wait for an event, or for the work queued so far on
-        another stream. Does not block the host. ``TypeError`` for None or anything else."""
+        another stream. Does not block the host. ``TypeError`` for None, ``ValueError`` for
+        anything else that is not an event or a stream."""
     def sync(self) -> None:
         """Blocks until all work queued on the stream has finished."""
     def close(self) -> None:
@@ -107,6 +196,8 @@ class Stream:
     @property
     def device(self) -> "Device":
         """The device of the stream's context."""
+    def create_graph_builder(self) -> "GraphBuilder":
+        """A :class:`GraphBuilder` that captures this stream."""
 
 LEGACY_DEFAULT_STREAM: Stream
 """The legacy default stream (``CU_STREAM_LEGACY``); resolved against the current context."""
@@ -140,7 +231,7 @@ class Buffer:
 
     @staticmethod
     def from_handle(
-        ptr: int,
+        ptr: "PointerLike",
         size: int,
         mr: Optional["MemoryResource"] = None,
         owner: Optional[object] = None,
@@ -257,11 +348,16 @@ class Buffer:
         dl_device: Optional[Tuple[int, int]] = None,
         copy: Optional[bool] = None,
     ) -> Any:
-        """A ``"dltensor"`` capsule of a 1-D uint8 tensor of ``size`` elements over this memory;
-        the tensor keeps the memory alive until its deleter runs. ``BufferError`` for
-        ``copy=True`` or another ``dl_device``."""
+        """A DLPack capsule of a 1-D uint8 tensor of ``size`` elements over this memory; the
+        tensor keeps the memory alive until its deleter runs. With ``max_version`` at least
+        ``(1, 0)`` a ``"dltensor_versioned"`` capsule (DLPack 1.0, writable, not a copy), else a
+        ``"dltensor"`` one. ``BufferError`` for ``copy=True``, a ``dl_device`` other than the
+        buffer's own, a ``max_version`` that is not two ints, or memory neither a device nor the
+        host can access."""
     def __dlpack_device__(self) -> Tuple[int, int]:
-        """``(device_type, device_id)``: kDLCUDA (2), kDLCUDAHost (3) or kDLCUDAManaged (13)."""
+        """``(device_type, device_id)``: kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3) or
+        kDLCUDAManaged (13); memory adopted from elsewhere is asked of the driver (managed or
+        not)."""
     def __enter__(self) -> "Buffer":
         """Returns the buffer."""
     def __exit__(self, *exc: Any) -> bool:
@@ -273,7 +369,7 @@ class ManagedBuffer(Buffer):
     @classmethod
     def from_handle(  # type: ignore[override]
         cls,
-        ptr: int,
+        ptr: "PointerLike",
         size: int,
         mr: Optional["MemoryResource"] = None,
         owner: Optional[object] = None,
@@ -284,9 +380,16 @@ class ManagedBuffer(Buffer):
         device-accessible and managed without asking the driver)."""
 
 class IPCBufferDescriptor:
-    """What another process needs to import one buffer; ``bytes(descriptor)`` is 96 bytes.
-    Picklable."""
+    """What another process needs to import one buffer: the pool's export data for it (the
+    payload: the driver's 64-byte ``CUmemPoolPtrExportData``, then the pool's device) and its
+    size. ``bytes(descriptor)`` is 96 bytes; picklable (as ``_init(payload, size)``). Compared
+    by value. Cannot be instantiated directly (``RuntimeError``)."""
 
+    @staticmethod
+    def _init(reserved: bytes, size: int) -> "IPCBufferDescriptor":
+        """A descriptor from its payload and size, as unpickling makes it; checked when
+        imported (``ValueError`` for a payload shorter than 64 bytes). A 64-byte payload names
+        no device: the importing pool's is taken."""
     @staticmethod
     def from_bytes(data: bytes) -> "IPCBufferDescriptor":
         """Parses the serialised form (``ValueError`` when malformed)."""
@@ -297,10 +400,11 @@ class IPCBufferDescriptor:
         """The buffer's size in bytes."""
     @property
     def device_id(self) -> int:
-        """The pool's device; -1 for a pinned host pool."""
+        """The pool's device; -1 for a pinned host pool or a payload that names none."""
 
 class MemoryPoolAttributes:
-    """A memory pool's attributes, in bytes, read from the driver on each access."""
+    """A memory pool's attributes, read from the driver on each access (``cuMemPoolGetAttribute``);
+    sizes in bytes. The repr lists them all."""
 
     @property
     def used_mem_current(self) -> int:
@@ -317,6 +421,16 @@ class MemoryPoolAttributes:
     @property
     def release_threshold(self) -> int:
         """Bytes kept after a synchronisation before memory goes back to the OS."""
+    @property
+    def reuse_follow_event_dependencies(self) -> bool:
+        """Whether memory freed on one stream may be reused on a stream that waits on an event
+        recorded after the free."""
+    @property
+    def reuse_allow_opportunistic(self) -> bool:
+        """Whether memory whose free has completed may be reused without a dependency."""
+    @property
+    def reuse_allow_internal_dependencies(self) -> bool:
+        """Whether the driver may insert dependencies between streams to reuse memory."""
 
 class MemoryResource:
     """The base class of memory resources; subclass it in Python.
@@ -342,8 +456,11 @@ class MemoryResource:
     def allocate(self, size: int, *, stream: StreamLike) -> Buffer:
         """Allocates ``size`` bytes ordered on ``stream``, which also orders the eventual free.
 
-        ``ValueError`` for 0 bytes; ``OverflowError`` for negative sizes or more than
-        ``isize::MAX``; ``TypeError`` for a missing, None or non-stream ``stream``;
+        Zero bytes give an empty buffer of this resource (address 0, no driver call).
+        ``OverflowError`` for negative sizes or more than ``isize::MAX``; ``TypeError`` for a
+        missing, None or non-stream ``stream`` (``LegacyPinnedMemoryResource`` and
+        ``SynchronousMemoryResource`` take none: the free is then ordered on the default
+        stream), the message naming the class called;
         ``RuntimeError`` for a closed stream or a default stream with no current context;
         :class:`CUDAError` for the driver's failure. The base class raises ``TypeError``.
         """
@@ -463,11 +580,19 @@ class SynchronousMemoryResource(MemoryResource):
         """Retains the device's primary context."""
 
 class GraphMemoryResource(MemoryResource):
-    """Graph memory: ``allocate`` works only on a stream that is being captured
-    (``RuntimeError`` otherwise)."""
+    """Graph memory of one device: ``allocate`` works only on a stream that is being captured
+    (``RuntimeError`` otherwise); zero bytes give an empty buffer. ``GraphMemoryResource(n)`` is
+    the same object every time for a given device."""
 
-    def __init__(self, device_id: Union[int, "Device"]) -> None:
-        """No driver call."""
+    def __new__(cls, device_id: Union[int, "Device"]) -> "GraphMemoryResource":
+        """The device's graph memory resource (``ValueError`` for an ordinal out of range)."""
+    @property
+    def attributes(self) -> "GraphMemoryResourceAttributes":
+        """The device's graph memory use (``cuDeviceGetGraphMemAttribute``)."""
+    def trim(self) -> None:
+        """Returns the graph memory the device keeps cached, and no graph uses, to the OS."""
+    def close(self) -> None:
+        """Does nothing: graph memory belongs to the graphs."""
 
 class DeviceMemoryResourceOptions:
     """Options for a :class:`DeviceMemoryResource` with a pool of its own."""
@@ -500,18 +625,30 @@ class StreamOptions:
     nonblocking: bool
     priority: Optional[int]
     def __init__(self, nonblocking: bool = True, priority: Optional[int] = None) -> None:
-        """``nonblocking``: the stream does not synchronise with the legacy default stream."""
+        """``nonblocking``: the stream does not synchronise with the legacy default stream.
+        ``priority``: lower numbers run first; ``None`` is 0; ``ValueError`` outside the
+        device's range."""
 
 class EventOptions:
-    """Options for :meth:`Stream.record` (accepted; events are created without timing)."""
+    """Options for :meth:`Stream.record` and :meth:`Device.create_event` (cuda.core 1.2's
+    names)."""
 
-    enable_timing: bool
-    busy_waited_sync: bool
-    def __init__(self, enable_timing: bool = False, busy_waited_sync: bool = False) -> None:
-        """Accepted for compatibility."""
+    timing_enabled: Optional[bool]
+    blocking_sync: Optional[bool]
+    ipc_enabled: Optional[bool]
+    def __init__(
+        self,
+        timing_enabled: Optional[bool] = False,
+        blocking_sync: Optional[bool] = False,
+        ipc_enabled: Optional[bool] = False,
+    ) -> None:
+        """``timing_enabled``: the event records a timestamp; ``blocking_sync``: ``sync()``
+        yields the CPU; ``ipc_enabled``: shareable with other processes (``TypeError`` together
+        with ``timing_enabled``)."""
 
 class GraphBuilder:
-    """Records work into a CUDA graph by capturing a stream (``Device.create_graph_builder()``).
+    """Records work into a CUDA graph by capturing a stream (``Device.create_graph_builder()``,
+    ``Stream.create_graph_builder()``).
 
     Pass it as the ``stream`` of ``Buffer.fill``, ``Buffer.copy_to`` / ``copy_from`` (the graph
     then keeps those buffers' memory alive, even after they are closed, until the graph and
@@ -523,13 +660,16 @@ class GraphBuilder:
     per-thread default stream warns when a graph retains it. Cannot be instantiated directly.
     """
 
-    def begin_building(self, mode: str = "thread_local") -> "GraphBuilder":
+    def begin_building(self, mode: str = "relaxed") -> "GraphBuilder":
         """Starts capturing (``"global"``, ``"thread_local"`` or ``"relaxed"``); returns self.
-        ``ValueError`` for another mode; ``RuntimeError`` when already building."""
+        ``ValueError`` for another mode; ``RuntimeError`` when already building ("Graph builder
+        is already building"). A builder may capture again after ``end_building()`` (cuda.core
+        refuses); the next ``end_building()`` replaces the recorded graph."""
     def end_building(self) -> "GraphBuilder":
         """Ends capturing and keeps the recorded graph; returns self."""
-    def complete(self) -> "Graph":
-        """Instantiates the recorded graph (``RuntimeError`` before ``end_building()``)."""
+    def complete(self, options: Optional[GraphCompleteOptions] = None) -> "Graph":
+        """Instantiates the recorded graph (``RuntimeError("Graph has not finished building.")``
+        before ``end_building()``); ``options`` as :class:`GraphCompleteOptions` says."""
     def retain(self, buffer: Buffer) -> None:
         """Makes the graph being captured keep ``buffer``'s memory allocated, for captured work
         custody does not see (a kernel another library launched on :attr:`stream` that reads or
@@ -550,6 +690,10 @@ class GraphBuilder:
     def is_building(self) -> bool:
         """Whether the builder is capturing."""
     @property
+    def is_closed(self) -> bool:
+        """Whether ``close()`` was called (then every method raises ``RuntimeError("Graph
+        builder has been closed.")``)."""
+    @property
     def stream(self) -> Stream:
         """The stream being captured."""
     def __cuda_stream__(self) -> Tuple[int, int]:
@@ -561,8 +705,14 @@ class GraphBuilder:
 class Graph:
     """An executable graph (``GraphBuilder.complete()``)."""
 
+    def upload(self, stream: StreamLike) -> None:
+        """Uploads the graph to the device on ``stream`` so that the next launch need not
+        (``cuGraphUpload``). Does not block."""
     def launch(self, stream: StreamLike) -> None:
         """Launches the graph on ``stream``. Does not block."""
+    @property
+    def handle(self) -> int:
+        """The raw ``CUgraphExec`` as an int; 0 once closed."""
     def retain(self, buffer: Buffer) -> None:
         """Makes this executable keep ``buffer``'s memory allocated, for work in the graph that
         custody does not see (a kernel another library captured into it). After
@@ -582,25 +732,48 @@ class Graph:
         """Whether ``close()`` was called."""
 
 class _System:
-    """Process-wide facts."""
+    """Process-wide facts, from the CUDA driver (not NVML)."""
 
     @property
     def num_devices(self) -> int:
-        """How many devices the driver sees."""
+        """How many devices the driver sees (``cuDeviceGetCount``)."""
+    def get_num_devices(self) -> int:
+        """How many devices the driver sees (``cuDeviceGetCount``)."""
 
 system: _System
 """Process-wide facts (``system.num_devices``)."""
 
 class Device:
-    """A CUDA device; ``Device(n)`` is the same object every time. ``Device()`` is the device
-    of the current context, or device 0. ``TypeError`` for a non-int, ``ValueError`` for an
-    ordinal out of range."""
+    """A CUDA device; ``Device(n)`` is the same object every time (so equality and hashing are
+    by identity). ``Device()`` is the device of the current context, or device 0. ``TypeError``
+    for a non-int, ``ValueError`` for an ordinal out of range."""
 
     def __new__(cls, device_id: Optional[int] = None) -> "Device":
         """The device object for ``device_id``."""
+    @classmethod
+    def get_all_devices(cls) -> Tuple["Device", ...]:
+        """Every device the driver sees, in ordinal order."""
     @property
     def device_id(self) -> int:
         """The device ordinal."""
+    @property
+    def properties(self) -> "DeviceProperties":
+        """The device's attributes (``cuDeviceGetAttribute``), each read on first use."""
+    @property
+    def name(self) -> str:
+        """The device's name (``cuDeviceGetName``)."""
+    @property
+    def uuid(self) -> str:
+        """The device's UUID, ``"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"`` (``cuDeviceGetUuid``)."""
+    @property
+    def compute_capability(self) -> ComputeCapability:
+        """``(major, minor)``."""
+    @property
+    def arch(self) -> str:
+        """The compute capability's digits, as in ``sm_90``: ``"90"``."""
+    def can_access_peer(self, peer: Union["Device", int]) -> bool:
+        """Whether this device can access ``peer``'s memory (``cuDeviceCanAccessPeer``); True
+        for the device itself."""
     @property
     def context(self) -> Context:
         """The device's primary context."""
@@ -615,8 +788,10 @@ class Device:
     def default_stream(self) -> Stream:
         """:func:`default_stream`."""
     def create_stream(self, obj: Optional[_CudaStreamLike] = None, options: Optional[StreamOptions] = None) -> Stream:
-        """A new stream in the primary context (non-blocking by default), or a wrapper of
-        ``obj``."""
+        """A new stream in the primary context made with ``options`` (non-blocking, priority 0
+        by default), or a wrapper of ``obj``."""
+    def create_event(self, options: Optional[EventOptions] = None) -> Event:
+        """A new event in the primary context, not recorded, made with ``options``."""
     def create_graph_builder(self) -> "GraphBuilder":
         """A :class:`GraphBuilder` capturing a new stream in the device's primary context."""
     def allocate(self, size: int, *, stream: StreamLike) -> Buffer:
@@ -627,3 +802,504 @@ class Device:
         """The device ordinal."""
     def __index__(self) -> int:
         """The device ordinal."""
+
+class IPCEventDescriptor:
+    """What another process needs to open an IPC-enabled event: the driver's 64-byte
+    ``CUipcEventHandle`` and whether the event blocks on ``sync()``. Compared by the handle
+    bytes; picklable. Cannot be instantiated directly (``RuntimeError``)."""
+
+    @staticmethod
+    def _init(reserved: bytes, is_blocking_sync: bool) -> "IPCEventDescriptor":
+        """A descriptor from its parts, as unpickling makes it."""
+    @property
+    def is_blocking_sync(self) -> bool:
+        """Whether the event blocks (yields) on ``sync()``."""
+
+class GraphMemoryResourceAttributes:
+    """A device's graph memory use in bytes, read when asked; the high water marks can be reset
+    to 0 (``AttributeError`` for another value, or for setting the current values). Cannot be
+    instantiated directly (``RuntimeError``)."""
+
+    @property
+    def reserved_mem_current(self) -> int:
+        """Bytes of graph memory the device holds from the driver."""
+    @property
+    def reserved_mem_high(self) -> int:
+        """The high water mark of ``reserved_mem_current``; settable to 0."""
+    @reserved_mem_high.setter
+    def reserved_mem_high(self, value: int) -> None: ...
+    @property
+    def used_mem_current(self) -> int:
+        """Bytes of graph memory in use by graphs."""
+    @property
+    def used_mem_high(self) -> int:
+        """The high water mark of ``used_mem_current``; settable to 0."""
+    @used_mem_high.setter
+    def used_mem_high(self, value: int) -> None: ...
+
+class GraphCompleteOptions:
+    """Options for :meth:`GraphBuilder.complete`. ``upload_stream``: upload the graph there at
+    once. The other three are not supported (``NotImplementedError`` when set)."""
+
+    auto_free_on_launch: bool
+    upload_stream: Optional[Stream]
+    device_launch: bool
+    use_node_priority: bool
+    def __init__(
+        self,
+        auto_free_on_launch: bool = False,
+        upload_stream: Optional[Stream] = None,
+        device_launch: bool = False,
+        use_node_priority: bool = False,
+    ) -> None:
+        """The options, as cuda.core names them."""
+
+class ComputeCapability(Tuple[int, int]):
+    """A device's compute capability, ``(major, minor)`` (a named tuple)."""
+
+    major: int
+    minor: int
+
+class DLDeviceType(int):
+    """DLPack's device types, as ``__dlpack_device__()[0]`` reports them (an ``IntEnum``)."""
+
+    kDLCPU: int
+    kDLCUDA: int
+    kDLCUDAHost: int
+    kDLCUDAManaged: int
+
+class DeviceProperties:
+    """A device's attributes under cuda.core 1.2's names (``Device.properties``), each read
+    with ``cuDeviceGetAttribute`` on first use and kept. An attribute the loaded driver does not
+    know raises :class:`CUDAError` when read. Cannot be instantiated directly
+    (``RuntimeError``)."""
+
+    @property
+    def max_threads_per_block(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`` (1), as an int."""
+    @property
+    def max_block_dim_x(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X`` (2), as an int."""
+    @property
+    def max_block_dim_y(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y`` (3), as an int."""
+    @property
+    def max_block_dim_z(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z`` (4), as an int."""
+    @property
+    def max_grid_dim_x(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X`` (5), as an int."""
+    @property
+    def max_grid_dim_y(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y`` (6), as an int."""
+    @property
+    def max_grid_dim_z(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z`` (7), as an int."""
+    @property
+    def max_shared_memory_per_block(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK`` (8), as an int."""
+    @property
+    def total_constant_memory(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY`` (9), as an int."""
+    @property
+    def warp_size(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_WARP_SIZE`` (10), as an int."""
+    @property
+    def max_pitch(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_PITCH`` (11), as an int."""
+    @property
+    def maximum_texture1d_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH`` (21), as an int."""
+    @property
+    def maximum_texture1d_linear_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH`` (69), as an int."""
+    @property
+    def maximum_texture1d_mipmapped_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH`` (77), as an int."""
+    @property
+    def maximum_texture2d_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH`` (22), as an int."""
+    @property
+    def maximum_texture2d_height(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT`` (23), as an int."""
+    @property
+    def maximum_texture2d_linear_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_WIDTH`` (70), as an int."""
+    @property
+    def maximum_texture2d_linear_height(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT`` (71), as an int."""
+    @property
+    def maximum_texture2d_linear_pitch(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_PITCH`` (72), as an int."""
+    @property
+    def maximum_texture2d_mipmapped_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH`` (73), as an int."""
+    @property
+    def maximum_texture2d_mipmapped_height(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT`` (74), as an int."""
+    @property
+    def maximum_texture3d_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH`` (24), as an int."""
+    @property
+    def maximum_texture3d_height(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT`` (25), as an int."""
+    @property
+    def maximum_texture3d_depth(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH`` (26), as an int."""
+    @property
+    def maximum_texture3d_width_alternate(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH_ALTERNATE`` (47), as an int."""
+    @property
+    def maximum_texture3d_height_alternate(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT_ALTERNATE`` (48), as an int."""
+    @property
+    def maximum_texture3d_depth_alternate(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE`` (49), as an int."""
+    @property
+    def maximum_texturecubemap_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH`` (52), as an int."""
+    @property
+    def maximum_texture1d_layered_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH`` (42), as an int."""
+    @property
+    def maximum_texture1d_layered_layers(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_LAYERS`` (43), as an int."""
+    @property
+    def maximum_texture2d_layered_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH`` (27), as an int."""
+    @property
+    def maximum_texture2d_layered_height(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT`` (28), as an int."""
+    @property
+    def maximum_texture2d_layered_layers(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS`` (29), as an int."""
+    @property
+    def maximum_texturecubemap_layered_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH`` (53), as an int."""
+    @property
+    def maximum_texturecubemap_layered_layers(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS`` (54), as an int."""
+    @property
+    def maximum_surface1d_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_WIDTH`` (55), as an int."""
+    @property
+    def maximum_surface2d_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH`` (56), as an int."""
+    @property
+    def maximum_surface2d_height(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT`` (57), as an int."""
+    @property
+    def maximum_surface3d_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_WIDTH`` (58), as an int."""
+    @property
+    def maximum_surface3d_height(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_HEIGHT`` (59), as an int."""
+    @property
+    def maximum_surface3d_depth(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_DEPTH`` (60), as an int."""
+    @property
+    def maximum_surface1d_layered_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_WIDTH`` (61), as an int."""
+    @property
+    def maximum_surface1d_layered_layers(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_LAYERS`` (62), as an int."""
+    @property
+    def maximum_surface2d_layered_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_WIDTH`` (63), as an int."""
+    @property
+    def maximum_surface2d_layered_height(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_HEIGHT`` (64), as an int."""
+    @property
+    def maximum_surface2d_layered_layers(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_LAYERS`` (65), as an int."""
+    @property
+    def maximum_surfacecubemap_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH`` (66), as an int."""
+    @property
+    def maximum_surfacecubemap_layered_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH`` (67), as an int."""
+    @property
+    def maximum_surfacecubemap_layered_layers(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS`` (68), as an int."""
+    @property
+    def max_registers_per_block(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK`` (12), as an int."""
+    @property
+    def clock_rate(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_CLOCK_RATE`` (13), as an int."""
+    @property
+    def texture_alignment(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT`` (14), as an int."""
+    @property
+    def texture_pitch_alignment(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT`` (51), as an int."""
+    @property
+    def gpu_overlap(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_GPU_OVERLAP`` (15), as a bool."""
+    @property
+    def multiprocessor_count(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`` (16), as an int."""
+    @property
+    def kernel_exec_timeout(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT`` (17), as a bool."""
+    @property
+    def integrated(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_INTEGRATED`` (18), as a bool."""
+    @property
+    def can_map_host_memory(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`` (19), as a bool."""
+    @property
+    def compute_mode(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_COMPUTE_MODE`` (20), as an int."""
+    @property
+    def concurrent_kernels(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS`` (31), as a bool."""
+    @property
+    def ecc_enabled(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_ECC_ENABLED`` (32), as a bool."""
+    @property
+    def pci_bus_id(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_PCI_BUS_ID`` (33), as an int."""
+    @property
+    def pci_device_id(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID`` (34), as an int."""
+    @property
+    def pci_domain_id(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID`` (50), as an int."""
+    @property
+    def tcc_driver(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_TCC_DRIVER`` (35), as a bool."""
+    @property
+    def memory_clock_rate(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE`` (36), as an int."""
+    @property
+    def global_memory_bus_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH`` (37), as an int."""
+    @property
+    def l2_cache_size(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE`` (38), as an int."""
+    @property
+    def max_threads_per_multiprocessor(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`` (39), as an int."""
+    @property
+    def unified_addressing(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING`` (41), as a bool."""
+    @property
+    def compute_capability_major(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR`` (75), as an int."""
+    @property
+    def compute_capability_minor(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR`` (76), as an int."""
+    @property
+    def global_l1_cache_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED`` (79), as a bool."""
+    @property
+    def local_l1_cache_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED`` (80), as a bool."""
+    @property
+    def max_shared_memory_per_multiprocessor(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR`` (81), as an int."""
+    @property
+    def max_registers_per_multiprocessor(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR`` (82), as an int."""
+    @property
+    def managed_memory(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY`` (83), as a bool."""
+    @property
+    def multi_gpu_board(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD`` (84), as a bool."""
+    @property
+    def multi_gpu_board_group_id(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID`` (85), as an int."""
+    @property
+    def host_native_atomic_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED`` (86), as a bool."""
+    @property
+    def single_to_double_precision_perf_ratio(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO`` (87), as an int."""
+    @property
+    def pageable_memory_access(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS`` (88), as a bool."""
+    @property
+    def concurrent_managed_access(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`` (89), as a bool."""
+    @property
+    def compute_preemption_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED`` (90), as a bool."""
+    @property
+    def can_use_host_pointer_for_registered_mem(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`` (91), as a bool."""
+    @property
+    def cooperative_launch(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH`` (95), as a bool."""
+    @property
+    def max_shared_memory_per_block_optin(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`` (97), as an int."""
+    @property
+    def pageable_memory_access_uses_host_page_tables(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES`` (100), as a bool."""
+    @property
+    def direct_managed_mem_access_from_host(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST`` (101), as a bool."""
+    @property
+    def virtual_memory_management_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`` (102), as a bool."""
+    @property
+    def handle_type_posix_file_descriptor_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`` (103), as a bool."""
+    @property
+    def handle_type_win32_handle_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED`` (104), as a bool."""
+    @property
+    def handle_type_win32_kmt_handle_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED`` (105), as a bool."""
+    @property
+    def max_blocks_per_multiprocessor(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR`` (106), as an int."""
+    @property
+    def generic_compression_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED`` (107), as a bool."""
+    @property
+    def max_persisting_l2_cache_size(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE`` (108), as an int."""
+    @property
+    def max_access_policy_window_size(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE`` (109), as an int."""
+    @property
+    def gpu_direct_rdma_with_cuda_vmm_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`` (110), as a bool."""
+    @property
+    def reserved_shared_memory_per_block(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK`` (111), as an int."""
+    @property
+    def sparse_cuda_array_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED`` (112), as a bool."""
+    @property
+    def read_only_host_register_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED`` (113), as a bool."""
+    @property
+    def memory_pools_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`` (115), as a bool."""
+    @property
+    def gpu_direct_rdma_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`` (116), as a bool."""
+    @property
+    def gpu_direct_rdma_flush_writes_options(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS`` (117), as an int."""
+    @property
+    def gpu_direct_rdma_writes_ordering(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`` (118), as an int."""
+    @property
+    def mempool_supported_handle_types(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES`` (119), as an int."""
+    @property
+    def deferred_mapping_cuda_array_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED`` (121), as a bool."""
+    @property
+    def surface_alignment(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT`` (30), as an int."""
+    @property
+    def async_engine_count(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT`` (40), as an int."""
+    @property
+    def can_tex2d_gather(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_CAN_TEX2D_GATHER`` (44), as a bool."""
+    @property
+    def maximum_texture2d_gather_width(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_WIDTH`` (45), as an int."""
+    @property
+    def maximum_texture2d_gather_height(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_HEIGHT`` (46), as an int."""
+    @property
+    def stream_priorities_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED`` (78), as a bool."""
+    @property
+    def can_flush_remote_writes(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES`` (98), as a bool."""
+    @property
+    def host_register_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`` (99), as a bool."""
+    @property
+    def timeline_semaphore_interop_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED`` (114), as a bool."""
+    @property
+    def cluster_launch(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH`` (120), as a bool."""
+    @property
+    def can_use_64_bit_stream_mem_ops(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`` (122), as a bool."""
+    @property
+    def can_use_stream_wait_value_nor(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR`` (123), as a bool."""
+    @property
+    def dma_buf_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`` (124), as a bool."""
+    @property
+    def ipc_event_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED`` (125), as a bool."""
+    @property
+    def mem_sync_domain_count(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT`` (126), as an int."""
+    @property
+    def tensor_map_access_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED`` (127), as a bool."""
+    @property
+    def handle_type_fabric_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`` (128), as a bool."""
+    @property
+    def unified_function_pointers(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS`` (129), as a bool."""
+    @property
+    def numa_config(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_NUMA_CONFIG`` (130), as an int."""
+    @property
+    def numa_id(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_NUMA_ID`` (131), as an int."""
+    @property
+    def multicast_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` (132), as a bool."""
+    @property
+    def mps_enabled(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_MPS_ENABLED`` (133), as a bool."""
+    @property
+    def host_numa_id(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`` (134), as an int."""
+    @property
+    def d3d12_cig_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED`` (135), as a bool."""
+    @property
+    def mem_decompress_algorithm_mask(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK`` (136), as an int."""
+    @property
+    def mem_decompress_maximum_length(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH`` (137), as an int."""
+    @property
+    def vulkan_cig_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED`` (138), as a bool."""
+    @property
+    def gpu_pci_device_id(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID`` (139), as an int."""
+    @property
+    def gpu_pci_subsystem_id(self) -> int:
+        """``CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID`` (140), as an int."""
+    @property
+    def host_numa_virtual_memory_management_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`` (141), as a bool."""
+    @property
+    def host_numa_memory_pools_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED`` (142), as a bool."""
+    @property
+    def host_numa_multinode_ipc_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED`` (143), as a bool."""
+    @property
+    def host_memory_pools_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED`` (144), as a bool."""
+    @property
+    def host_virtual_memory_management_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`` (145), as a bool."""
+    @property
+    def host_alloc_dma_buf_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED`` (146), as a bool."""
+    @property
+    def only_partial_host_native_atomic_supported(self) -> bool:
+        """``CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED`` (147), as a bool."""

@@ -1,0 +1,410 @@
+"""cuda.core 1.2's surface, as custody provides it (docs/reference-notes.md; pybind/DESIGN.md,
+"cuda.core compatibility"): pointer-likes in from_handle, Device's properties and identity,
+events with cuda.core's options and timing, the object protocols (weak references, equality and
+hashing by handle, subclassing Stream), resources' zero-size allocations, optional streams and
+attributes, stream priorities and graphs, and messages that name the class called. Each test
+asserts what any driver shows; they run on the emulator and on a GPU."""
+
+import ctypes
+import gc
+import re
+import uuid
+import weakref
+
+import pytest
+
+import custody
+
+
+# --- 1. from_handle takes pointer-likes -------------------------------------------------------
+
+
+class IndexPointer:
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        return self.value
+
+
+class IntPointer:
+    """Like cuda.bindings' CUdeviceptr: an object with __int__ only."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __int__(self):
+        return self.value
+
+
+def test_from_handle_takes_pointer_likes(device, stream):
+    backing = custody.DeviceMemoryResource(0).allocate(64, stream=stream)
+    for ptr in (backing.handle, IndexPointer(backing.handle), IntPointer(backing.handle)):
+        view = custody.Buffer.from_handle(ptr, 64)
+        assert view.handle == backing.handle and view.size == 64
+        view.close()
+    managed = custody.ManagedMemoryResource().allocate(64, stream=stream)
+    view = custody.ManagedBuffer.from_handle(IntPointer(managed.handle), 64, owner=managed)
+    assert isinstance(view, custody.ManagedBuffer) and view.handle == managed.handle
+    view.close()
+    with pytest.raises(TypeError, match="pointer"):
+        custody.Buffer.from_handle(float(backing.handle), 64)
+    with pytest.raises(TypeError, match="pointer"):
+        custody.Buffer.from_handle("0x1000", 64)
+    with pytest.raises(OverflowError, match="unsigned 64-bit"):
+        custody.Buffer.from_handle(IntPointer(-1), 64)
+    managed.close()
+    backing.close()
+
+
+# --- 2. Device -----------------------------------------------------------------------------
+
+
+def test_device_identity_and_properties(device):
+    assert isinstance(device.name, str) and device.name
+    assert re.fullmatch(r"<Device 0 \(.+\)>", repr(device))
+    assert str(uuid.UUID(device.uuid)) == device.uuid
+    cc = device.compute_capability
+    assert isinstance(cc, custody.ComputeCapability) and cc == (cc.major, cc.minor)
+    assert device.arch == f"{cc.major}{cc.minor}"
+    props = device.properties
+    assert props is device.properties, "read once per device"
+    assert isinstance(props, custody.DeviceProperties)
+    assert props.compute_capability_major == cc.major
+    assert isinstance(props.memory_pools_supported, bool)
+    assert isinstance(props.multiprocessor_count, int) and props.multiprocessor_count > 0
+    assert isinstance(props.warp_size, int) and props.warp_size > 0
+    public = {name for name in dir(props) if not name.startswith("_")}
+    assert public == {name for name, _, _ in custody._properties.ATTRIBUTES}
+    with pytest.raises(RuntimeError, match=r"^DeviceProperties cannot be instantiated directly\."):
+        custody.DeviceProperties()
+    assert weakref.ref(props)() is props
+
+
+def test_all_devices_and_the_device_count(device):
+    devices = custody.Device.get_all_devices()
+    assert devices == tuple(custody.Device(i) for i in range(custody.system.num_devices))
+    assert custody.system.get_num_devices() == custody.system.num_devices == len(devices)
+    assert device.can_access_peer(device) is True
+
+
+def test_create_event_takes_options(device):
+    plain = device.create_event()
+    assert not plain.is_timing_enabled and not plain.is_blocking_sync and not plain.is_ipc_enabled
+    timed = device.create_event({"timing_enabled": True, "blocking_sync": True})
+    assert timed.is_timing_enabled and timed.is_blocking_sync
+    assert timed.device is device and timed.context == device.context
+    with pytest.raises(TypeError, match="IPC-enabled events cannot use timing"):
+        device.create_event(custody.EventOptions(timing_enabled=True, ipc_enabled=True))
+
+
+# --- 3. Events -----------------------------------------------------------------------------
+
+
+def test_event_options_use_cuda_core_names():
+    options = custody.EventOptions(timing_enabled=True, blocking_sync=True, ipc_enabled=False)
+    assert (options.timing_enabled, options.blocking_sync, options.ipc_enabled) == (True, True, False)
+    with pytest.raises(TypeError):
+        custody.EventOptions(enable_timing=True)
+
+
+def test_event_timing(device, stream):
+    timed = custody.EventOptions(timing_enabled=True)
+    start = stream.record(options=timed)
+    stream.sync()
+    end = stream.record(options=timed)
+    end.sync()
+    assert start.is_done and end.is_done
+    elapsed = end - start
+    assert isinstance(elapsed, float) and elapsed >= 0.0
+    untimed = stream.record()
+    stream.sync()
+    with pytest.raises(RuntimeError, match="^Both Events must be created with timing enabled"):
+        untimed - start
+    never_recorded = device.create_event(timed)
+    with pytest.raises(RuntimeError, match="^Both Events must be recorded"):
+        never_recorded - start
+    assert start.__isub__(42) is NotImplemented
+    assert start.__rsub__(42) is NotImplemented
+    with pytest.raises(TypeError):
+        start - 1
+
+
+def test_event_ipc_descriptor_needs_an_ipc_event(device, stream):
+    event = stream.record()
+    with pytest.raises(RuntimeError, match="not IPC-enabled"):
+        event.ipc_descriptor
+    with pytest.raises(RuntimeError, match="cannot be instantiated directly"):
+        custody.IPCEventDescriptor()
+    a = custody.IPCEventDescriptor._init(b"\x01" * 64, True)
+    b = custody.IPCEventDescriptor._init(b"\x01" * 64, False)
+    assert a == b and hash(a) == hash(b), "compared by the handle bytes"
+    assert a != custody.IPCEventDescriptor._init(b"\x02" * 64, True)
+    assert a.__eq__(42) is NotImplemented and a != 42
+    short = custody.IPCEventDescriptor._init(b"\x00" * 8, True)
+    with pytest.raises(ValueError, match="reserved field is 8 bytes; expected at least 64"):
+        custody.Event.from_ipc_descriptor(short)
+    import pickle
+
+    back = pickle.loads(pickle.dumps(a))
+    assert back == a and back.is_blocking_sync
+
+
+def test_event_protocols(device, stream):
+    e1, e2 = stream.record(), stream.record()
+    assert e1 == e1 and e1 != e2 and hash(e1) != hash(e2)
+    assert e1 != e1.handle and (e1 == "x") is False
+    assert len({e1: 1, e2: 2}) == 2
+    assert weakref.ref(e1)() is e1
+    assert re.fullmatch(r"<Event handle=0x[0-9a-f]+>", repr(e1))
+    assert not e1.is_closed
+    e1.close()
+    assert e1.is_closed
+    with pytest.raises(RuntimeError, match=r"^Event objects cannot be instantiated directly\."):
+        custody.Event()
+
+
+# --- 5. Object protocols -------------------------------------------------------------------
+
+
+def test_streams_compare_and_hash_by_handle(device):
+    s1 = device.create_stream()
+    s2 = custody.Stream.from_handle(int(s1.handle))
+    s3 = device.create_stream()
+    assert s1 == s2 and s2 == s1 and hash(s1) == hash(s2)
+    assert s1 != s3 and (s1 == "x") is False and s1 != s1.handle
+    assert {s1: "v"}[s2] == "v"
+    assert len({s1, s2, s3}) == 2
+    assert hash(custody.LEGACY_DEFAULT_STREAM) != hash(custody.PER_THREAD_DEFAULT_STREAM)
+    assert isinstance(s1.handle, int)
+    assert weakref.ref(s1)() is s1
+    assert re.fullmatch(r"<Stream handle=0x[0-9a-f]+ context=0x[0-9a-f]+>", repr(s1))
+    s3.close()
+    assert s3 != custody.Stream.from_handle(int(s1.handle))
+    s2.close()
+    s1.close()
+
+
+def test_stream_subclasses(device):
+    class MyStream(custody.Stream):
+        pass
+
+    made = MyStream._init(options=custody.StreamOptions(), device_id=0)
+    assert type(made) is MyStream and made.context == device.context
+    assert type(MyStream._legacy_default()) is MyStream
+    assert type(MyStream._per_thread_default()) is MyStream
+    assert custody.Stream._legacy_default() is custody.LEGACY_DEFAULT_STREAM
+    assert custody.Stream._per_thread_default() is custody.PER_THREAD_DEFAULT_STREAM
+    made.close()
+    with pytest.raises(RuntimeError, match=r"^Stream objects cannot be instantiated directly\."):
+        custody.Stream()
+    with pytest.raises(RuntimeError, match="cannot be instantiated directly"):
+        MyStream()
+
+
+def test_buffers_compare_by_address_and_size(device, stream):
+    pool = custody.DeviceMemoryResource(0)
+    a = pool.allocate(64, stream=stream)
+    b = pool.allocate(64, stream=stream)
+    view = custody.Buffer.from_handle(a.handle, a.size)
+    assert a == view and hash(a) == hash(view)
+    assert a != custody.Buffer.from_handle(a.handle, 32)
+    assert a != b and (a == "x") is False and a != a.handle
+    assert weakref.ref(a)() is a
+    h = hash(a)
+    a.close()
+    assert hash(a) == h, "the hash does not change on close"
+    assert a != view and a == a, "a closed buffer equals only itself"
+    b.close()
+
+
+def test_contexts_and_resources_are_weak_referenceable(device, stream):
+    ctx = stream.context
+    assert ctx == device.context and hash(ctx) == hash(device.context)
+    assert re.fullmatch(r"<Context handle=0x[0-9a-f]+ device=0>", repr(ctx))
+    assert (ctx == "x") is False and not ctx.is_closed
+    with pytest.raises(RuntimeError, match=r"^Context objects cannot be instantiated directly\."):
+        custody.Context()
+    for obj in (
+        ctx,
+        custody.DeviceMemoryResource(0),
+        custody.PinnedMemoryResource(),
+        custody.LegacyPinnedMemoryResource(),
+        custody.ManagedMemoryResource(),
+        custody.SynchronousMemoryResource(0),
+        custody.GraphMemoryResource(0),
+        device.create_graph_builder(),
+    ):
+        assert weakref.ref(obj)() is obj
+
+
+# --- 6. Memory resources -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: custody.DeviceMemoryResource(0),
+        lambda: custody.PinnedMemoryResource(),
+        lambda: custody.LegacyPinnedMemoryResource(),
+        lambda: custody.ManagedMemoryResource(),
+        lambda: custody.SynchronousMemoryResource(0),
+    ],
+    ids=["device", "pinned", "legacy-pinned", "managed", "synchronous"],
+)
+def test_allocate_zero_gives_an_empty_buffer_of_the_resource(device, stream, emu, make):
+    mr = make()
+    if emu is not None:
+        emu.clear_calls()
+    buf = mr.allocate(0, stream=stream)
+    if emu is not None:
+        assert [c for c in emu.calls() if c["function"].startswith("cuMem")] == [], "no driver call"
+    assert buf.size == 0 and buf.handle == 0
+    assert buf.device_id == mr.device_id and buf.memory_resource is mr
+    assert buf.is_device_accessible == mr.is_device_accessible
+    assert buf.is_host_accessible == mr.is_host_accessible
+    buf.close()
+    assert buf.is_closed
+
+
+def test_synchronous_resources_take_no_stream(device):
+    for mr in (custody.LegacyPinnedMemoryResource(), custody.SynchronousMemoryResource(0)):
+        buf = mr.allocate(64)
+        assert buf.size == 64 and buf.handle != 0
+        buf.close()
+        assert mr.allocate(0).size == 0
+        buf = mr.allocate(32, stream=None)
+        buf.close()
+    with pytest.raises(TypeError, match=r"DeviceMemoryResource\.allocate\(\) missing 1 required keyword argument: 'stream'"):
+        custody.DeviceMemoryResource(0).allocate(64)
+
+
+def test_pool_attributes_include_reuse_flags(device, stream):
+    mr = custody.DeviceMemoryResource(0, {"max_size": 2**21})
+    attrs = mr.attributes
+    for name in (
+        "reuse_follow_event_dependencies",
+        "reuse_allow_opportunistic",
+        "reuse_allow_internal_dependencies",
+    ):
+        assert isinstance(getattr(attrs, name), bool)
+    buf = mr.allocate(64, stream=stream)
+    assert re.fullmatch(
+        r"MemoryPoolAttributes\(release_threshold=\d+, reserved_mem_current=\d+, "
+        r"reserved_mem_high=\d+, reuse_allow_internal_dependencies=(True|False), "
+        r"reuse_allow_opportunistic=(True|False), reuse_follow_event_dependencies=(True|False), "
+        r"used_mem_current=\d+, used_mem_high=\d+\)",
+        repr(attrs),
+    )
+    buf.close()
+
+
+def test_graph_memory_resource_is_one_object_per_device_with_attributes(device, stream):
+    gmr = custody.GraphMemoryResource(0)
+    assert gmr is custody.GraphMemoryResource(device)
+    attrs = gmr.attributes
+    assert isinstance(attrs, custody.GraphMemoryResourceAttributes)
+    for name in ("reserved_mem_current", "reserved_mem_high", "used_mem_current", "used_mem_high"):
+        assert isinstance(getattr(attrs, name), int) and getattr(attrs, name) >= 0
+    assert repr(attrs).startswith("GraphMemoryResourceAttributes(reserved_mem_current=")
+    with pytest.raises(AttributeError, match="not writable"):
+        attrs.used_mem_current = 0
+    with pytest.raises(AttributeError, match=r"may only be set to zero \(got 1\)"):
+        attrs.used_mem_high = 1
+    attrs.used_mem_high = 0
+    attrs.reserved_mem_high = 0
+    gmr.trim()
+    gmr.close()
+    with pytest.raises(RuntimeError, match="cannot be instantiated directly"):
+        custody.GraphMemoryResourceAttributes()
+    builder = device.create_graph_builder().begin_building()
+    empty = gmr.allocate(0, stream=builder)
+    assert empty.size == 0 and empty.device_id == 0
+    builder.end_building()
+    builder.close()
+
+
+def test_capture_errors_name_the_resource(device, stream):
+    with pytest.raises(RuntimeError, match=r"^GraphMemoryResource cannot perform memory operations on a non-capturing stream\."):
+        custody.GraphMemoryResource(0).allocate(8, stream=stream)
+    builder = stream.create_graph_builder().begin_building()
+    with pytest.raises(
+        RuntimeError,
+        match=r"^DeviceMemoryResource cannot perform memory operations on a capturing stream "
+        r"\(consider using GraphMemoryResource\)\.",
+    ):
+        custody.DeviceMemoryResource(0).allocate(8, stream=builder)
+    builder.end_building()
+    builder.close()
+
+
+# --- 7. Streams and graphs -----------------------------------------------------------------
+
+
+def test_stream_priority_and_flags(device):
+    default = device.create_stream()
+    assert default.priority == 0 and default.is_nonblocking is True
+    blocking = device.create_stream(options={"nonblocking": False})
+    assert blocking.is_nonblocking is False
+    with pytest.raises(ValueError, match="stream priority must be in"):
+        device.create_stream(options=custody.StreamOptions(priority=1))
+    for s in (default, blocking):
+        s.close()
+
+
+def test_graph_builder_on_a_stream_upload_and_messages(device, stream):
+    pool = custody.DeviceMemoryResource(0)
+    buf = pool.allocate(64, stream=stream)
+    builder = stream.create_graph_builder()
+    assert builder.stream is stream
+    with pytest.raises(RuntimeError, match=r"^Graph has not finished building\."):
+        builder.complete()
+    builder.begin_building()
+    with pytest.raises(RuntimeError, match=r"^Graph builder is already building\."):
+        builder.begin_building()
+    with pytest.raises(RuntimeError, match=r"^Graph has not finished building\."):
+        builder.complete()
+    buf.fill(7, stream=builder)
+    graph = builder.end_building().complete(custody.GraphCompleteOptions(upload_stream=stream))
+    with pytest.raises(NotImplementedError, match="auto_free_on_launch"):
+        builder.complete(custody.GraphCompleteOptions(auto_free_on_launch=True))
+    assert graph.handle != 0
+    graph.upload(stream)
+    graph.launch(stream)
+    stream.sync()
+    pinned = custody.LegacyPinnedMemoryResource().allocate(64)
+    pinned.copy_from(buf, stream=stream)
+    stream.sync()
+    assert ctypes.string_at(pinned.handle, 64) == b"\x07" * 64, "the uploaded graph ran"
+    graph.close()
+    graph.close()
+    assert graph.handle == 0 and graph.is_closed
+    builder.close()
+    assert builder.is_closed
+    with pytest.raises(RuntimeError, match=r"^Graph builder has been closed\."):
+        builder.complete()
+    pinned.close()
+    buf.close()
+    gc.collect()
+
+
+# --- 9. Messages name the class called; names custody does not provide --------------------
+
+
+def test_messages_name_the_class_called(device, stream):
+    class MyPool(custody.DeviceMemoryResource):
+        pass
+
+    with pytest.raises(TypeError, match=r"^MyPool\.allocate\(\) missing 1 required keyword argument: 'stream'"):
+        MyPool(0).allocate(8)
+    with pytest.raises(TypeError, match=r"^MyPool\.allocate\(\) got an unexpected keyword argument 'nope'"):
+        MyPool(0).allocate(8, stream=stream, nope=1)
+
+
+@pytest.mark.parametrize("name", ["Program", "Linker", "launch", "LaunchConfig", "VirtualMemoryResource"])
+def test_out_of_scope_names_say_custody_does_not_provide_them(name):
+    with pytest.raises(AttributeError, match=f"custody does not provide {name}"):
+        getattr(custody, name)
+    with pytest.raises(ImportError):
+        exec(f"from custody import {name}", {})
+    assert not hasattr(custody, name)
