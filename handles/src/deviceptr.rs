@@ -461,8 +461,10 @@ fn check_device(device: Option<i32>, recipe: &DeallocationRecipe) -> Result<(), 
 impl DevicePtrHandle {
     /// Allocates `size` bytes from `pool`, ordered on `stream`, which also becomes the recipe.
     ///
-    /// The allocation runs in the recipe's context (made current only if it is not), and the
-    /// caller's binding is restored. The handle holds `pool`, so an owned pool outlives it.
+    /// On a created or wrapped stream the allocation makes no context call (the stream
+    /// identifies its context, docs/decisions.md D2); on a default-stream token it runs in the
+    /// recipe's context (made current only if it is not), and the caller's binding is restored.
+    /// The handle holds `pool`, so an owned pool outlives it.
     ///
     /// # Errors
     /// [`HandleError::WrongDevice`] for a stream whose context is on another device than the
@@ -472,8 +474,9 @@ impl DevicePtrHandle {
     /// when the caller's cannot be put back (the allocation is freed again first). Nothing is
     /// allocated or leaked on error.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only when the recipe's context is
-    /// not current), `cuMemAllocFromPoolAsync`; `cuMemFreeAsync` at release.
+    /// Driver calls: `cuMemAllocFromPoolAsync`; for a token also `cuCtxGetCurrent` and
+    /// `cuCtxSetCurrent` (only when the recipe's context is not current); `cuMemFreeAsync` at
+    /// release.
     pub fn alloc_from_pool(
         size: usize,
         pool: &MemoryPoolHandle,
@@ -503,8 +506,8 @@ impl DevicePtrHandle {
     /// # Errors
     /// As [`DevicePtrHandle::alloc_from_pool`].
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocAsync`;
-    /// `cuMemFreeAsync` at release.
+    /// Driver calls: `cuMemAllocAsync`; for a token also `cuCtxGetCurrent` and `cuCtxSetCurrent`
+    /// (if needed); `cuMemFreeAsync` at release.
     pub fn alloc_async(size: usize, stream: &StreamHandle) -> Result<DevicePtrHandle, HandleError> {
         Self::allocate(
             size,
@@ -798,6 +801,20 @@ impl DevicePtrHandle {
         undo: impl FnOnce(&'static Driver, u64, CUstream),
     ) -> Result<DevicePtrHandle, HandleError> {
         let d = driver()?;
+        if matches!(release, Release::Pool(_) | Release::Async) && stream.identifies_its_context() {
+            // D2: a stream-ordered allocation on a created or wrapped stream needs no context
+            // (docs/driver-probe/h200-580.159.04-alloc-context.txt), and such a stream brings its
+            // recipe's context: no context call at all.
+            let recipe = DeallocationRecipe::bind_with_current(stream, 0)?;
+            let device = match placement {
+                Placement::Pool(device) => device,
+                _ => Some(recipe.context().device()),
+            };
+            check_device(device, &recipe)?;
+            let mut ptr = 0u64;
+            check(alloc_call, alloc(d, stream.raw(), &mut ptr))?;
+            return Ok(Self::from_parts(ptr, size, device, Some(recipe), release));
+        }
         let current = current_context_raw(d).map_err(|s| error("cuCtxGetCurrent", s))?;
         let recipe = DeallocationRecipe::bind_with_current(stream, current)?;
         let device = match placement {
@@ -1009,7 +1026,7 @@ impl PtrBox {
                     // (F4, F8), for a token the recipe's context is current.
                     unsafe { (d.cuMemFreeAsync)(ptr, raw_stream) }
                 };
-                let ran = if stream.frees_without_context() {
+                let ran = if stream.identifies_its_context() {
                     // D2: no context calls at all.
                     Ran::Done {
                         value: free(),
@@ -1083,7 +1100,7 @@ impl PtrBox {
                 check("cuStreamSynchronize", status)?;
                 kind.free(d, ptr)
             };
-            let ran = if stream.frees_without_context() {
+            let ran = if stream.identifies_its_context() {
                 // D2: `cuStreamSynchronize` of a created stream and the synchronous frees need
                 // no context (F5, F6).
                 Ran::Done {

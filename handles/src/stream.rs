@@ -333,18 +333,19 @@ impl StreamHandle {
         })
     }
 
-    /// Whether a free ordered on this stream needs no context current: a created or wrapped
-    /// stream identifies its context, so `cuMemFreeAsync` on it, `cuStreamSynchronize` of it
-    /// and the synchronous frees succeed with no context or another one current
-    /// (docs/driver-facts.md F4, F5, F6, F8; docs/decisions.md D2). Every token, bound or not,
-    /// means something only against a current context (F1-F3).
+    /// Whether work ordered on this stream needs no context current: a created or wrapped
+    /// stream identifies its context, so `cuMemFreeAsync` on it, `cuStreamSynchronize` of it,
+    /// the synchronous frees and stream-ordered allocations on it succeed with no context or
+    /// another one current (docs/driver-facts.md F4, F5, F6, F8;
+    /// docs/driver-probe/h200-580.159.04-alloc-context.txt; docs/decisions.md D2). Every token,
+    /// bound or not, means something only against a current context (F1-F3).
     #[inline]
-    pub(crate) fn frees_without_context(&self) -> bool {
+    pub(crate) fn identifies_its_context(&self) -> bool {
         !matches!(self.0.release, StreamRelease::Token(_))
     }
 
     /// A free `call` ordered on this stream: on a created or wrapped stream with no context
-    /// calls at all ([`StreamHandle::frees_without_context`]), otherwise as
+    /// calls at all ([`StreamHandle::identifies_its_context`]), otherwise as
     /// [`StreamHandle::run`].
     #[inline]
     pub(crate) fn run_free(
@@ -352,7 +353,7 @@ impl StreamHandle {
         call: &'static str,
         f: impl FnOnce(&'static Driver, CUstream) -> u32,
     ) -> Result<(), HandleError> {
-        if self.frees_without_context() {
+        if self.identifies_its_context() {
             check(call, f(driver()?, self.raw()))
         } else {
             self.run(call, f)
@@ -374,7 +375,7 @@ impl StreamHandle {
             check_token("cuStreamSynchronize", status, token)?;
             check(call, free(d))
         };
-        if self.frees_without_context() {
+        if self.identifies_its_context() {
             run(driver()?)
         } else {
             self.in_own_context(call, run)
