@@ -1071,7 +1071,7 @@ impl PtrBox {
             Release::Pool(_) | Release::Async => !recipe.stream().identifies_its_context(),
             Release::IpcImport(_) | Release::Deallocator(_) => true,
             Release::Synchronous | Release::Managed | Release::PinnedHost => explicit,
-            Release::Owner(_) | Release::NonOwning => false,
+            Release::Owner(_) | Release::NonOwning | Release::HostDeallocator(_) => false,
         };
         if looks_first && capture_may_be_active() && self.defer_if_captured(d, &recipe) {
             return Ok(());
