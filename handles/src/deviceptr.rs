@@ -8,9 +8,10 @@ use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
-use cuda_sys::types::{c_void, CUdeviceptr, CUmemPoolPtrExportData, CUstream};
+use cuda_sys::types::{c_void, CUdeviceptr, CUgraph, CUmemPoolPtrExportData, CUstream};
 use cuda_sys::Driver;
 
+use crate::context::ContextHandle;
 use crate::deferred::{self, Deferred};
 use crate::event::{create_raw, destroy_raw, EVENT_DISABLE_TIMING};
 use crate::pool::MemoryPoolHandle;
@@ -20,8 +21,9 @@ use crate::report::{
     Subject,
 };
 use crate::scope::{report_restore, run_in, run_in_from, Ran};
-use crate::stream::StreamHandle;
+use crate::stream::{capture_may_be_active, capture_state, CaptureState, StreamHandle};
 use crate::sys::{check, current_context_raw, driver, error};
+use crate::user_object::UserObjectOwnership;
 use crate::HandleError;
 
 /// Frees memory that custody adopted from elsewhere (a user's memory resource).
@@ -418,6 +420,53 @@ fn checked(call: &'static str) -> impl FnOnce(u32) -> Result<(), HandleError> {
     move |status| check(call, status)
 }
 
+/// Hands `handle` (memory whose free was refused, or must not be issued, because its stream is
+/// being captured into `graph`) to that graph: a user object the capture graph retains owns it,
+/// so the graph the capture produces, its clones and executables keep the memory allocated, and
+/// deferred cleanup frees it when the last of them goes (docs/decisions.md D11). If the graph
+/// cannot take it, the free waits for the capture to end instead (parked; reported).
+///
+/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`,
+/// `cuGraphRetainUserObject`, `cuUserObjectRelease`.
+#[cold]
+#[inline(never)]
+fn hand_over(context: &ContextHandle, graph: usize, handle: DevicePtrHandle) {
+    let (ptr, stream) = (handle.ptr(), handle.deallocation_stream());
+    // The handle sits in a cell the user object's payload shares, so that it can be taken back
+    // when the graph refuses the user object (its destructor then finds the cell empty).
+    let cell = Arc::new(Mutex::new(Some(handle)));
+    let payload: Box<dyn Any + Send> = Box::new(Arc::clone(&cell));
+    let refused = match UserObjectOwnership::try_new(context, payload) {
+        Err((error, payload)) => {
+            drop(payload); // the cell's second reference; the handle stays in the cell
+            Some(("cuUserObjectCreate", error))
+        }
+        Ok(object) => match object.retain_in_raw_graph(graph as CUgraph) {
+            Ok(()) => None, // our reference goes with `object`; the graph's stays
+            Err(error) => Some(("cuGraphRetainUserObject", error)),
+        },
+    };
+    let Some((operation, error)) = refused else {
+        return;
+    };
+    let taken = cell.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(handle) = taken {
+        deferred::park(Box::new(handle));
+    }
+    report(
+        Subject::new(
+            "memory handed to a capture",
+            operation,
+            ptr,
+            stream.map_or(0, |s| s.raw_usize() as u64),
+            context.raw_usize() as u64,
+        ),
+        CleanupStep::Operation,
+        Consequence::Deferred,
+        error,
+    );
+}
+
 fn free_async(d: &Driver, ptr: u64, stream: CUstream) -> Result<(), HandleError> {
     // SAFETY: the pointer is owned by the box being released and freed once; the recipe keeps
     // `stream` alive and its context is current.
@@ -461,8 +510,10 @@ fn check_device(device: Option<i32>, recipe: &DeallocationRecipe) -> Result<(), 
 impl DevicePtrHandle {
     /// Allocates `size` bytes from `pool`, ordered on `stream`, which also becomes the recipe.
     ///
-    /// The allocation runs in the recipe's context (made current only if it is not), and the
-    /// caller's binding is restored. The handle holds `pool`, so an owned pool outlives it.
+    /// On a created or wrapped stream the allocation makes no context call (the stream
+    /// identifies its context, docs/decisions.md D2); on a default-stream token it runs in the
+    /// recipe's context (made current only if it is not), and the caller's binding is restored.
+    /// The handle holds `pool`, so an owned pool outlives it.
     ///
     /// # Errors
     /// [`HandleError::WrongDevice`] for a stream whose context is on another device than the
@@ -472,8 +523,9 @@ impl DevicePtrHandle {
     /// when the caller's cannot be put back (the allocation is freed again first). Nothing is
     /// allocated or leaked on error.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only when the recipe's context is
-    /// not current), `cuMemAllocFromPoolAsync`; `cuMemFreeAsync` at release.
+    /// Driver calls: `cuMemAllocFromPoolAsync`; for a token also `cuCtxGetCurrent` and
+    /// `cuCtxSetCurrent` (only when the recipe's context is not current); `cuMemFreeAsync` at
+    /// release.
     pub fn alloc_from_pool(
         size: usize,
         pool: &MemoryPoolHandle,
@@ -503,8 +555,8 @@ impl DevicePtrHandle {
     /// # Errors
     /// As [`DevicePtrHandle::alloc_from_pool`].
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocAsync`;
-    /// `cuMemFreeAsync` at release.
+    /// Driver calls: `cuMemAllocAsync`; for a token also `cuCtxGetCurrent` and `cuCtxSetCurrent`
+    /// (if needed); `cuMemFreeAsync` at release.
     pub fn alloc_async(size: usize, stream: &StreamHandle) -> Result<DevicePtrHandle, HandleError> {
         Self::allocate(
             size,
@@ -798,6 +850,20 @@ impl DevicePtrHandle {
         undo: impl FnOnce(&'static Driver, u64, CUstream),
     ) -> Result<DevicePtrHandle, HandleError> {
         let d = driver()?;
+        if matches!(release, Release::Pool(_) | Release::Async) && stream.identifies_its_context() {
+            // D2: a stream-ordered allocation on a created or wrapped stream needs no context
+            // (docs/driver-probe/h200-580.159.04-alloc-context.txt), and such a stream brings its
+            // recipe's context: no context call at all.
+            let recipe = DeallocationRecipe::bind_with_current(stream, 0)?;
+            let device = match placement {
+                Placement::Pool(device) => device,
+                _ => Some(recipe.context().device()),
+            };
+            check_device(device, &recipe)?;
+            let mut ptr = 0u64;
+            check(alloc_call, alloc(d, stream.raw(), &mut ptr))?;
+            return Ok(Self::from_parts(ptr, size, device, Some(recipe), release));
+        }
         let current = current_context_raw(d).map_err(|s| error("cuCtxGetCurrent", s))?;
         let recipe = DeallocationRecipe::bind_with_current(stream, current)?;
         let device = match placement {
@@ -998,6 +1064,18 @@ impl PtrBox {
             return Ok(()); // owner-kept or borrowed: the owner drops with the box
         };
         let d = driver()?;
+        // D11: while a capture custody began runs, a free on a token (which may be the legacy
+        // stream, blocked by that capture), an IPC import's and a deallocator's look first; the
+        // others find out from their own failure (F16) or ask where an event would be recorded.
+        let looks_first = match &self.release {
+            Release::Pool(_) | Release::Async => !recipe.stream().identifies_its_context(),
+            Release::IpcImport(_) | Release::Deallocator(_) => true,
+            Release::Synchronous | Release::Managed | Release::PinnedHost => explicit,
+            Release::Owner(_) | Release::NonOwning | Release::HostDeallocator(_) => false,
+        };
+        if looks_first && capture_may_be_active() && self.defer_if_captured(d, &recipe) {
+            return Ok(());
+        }
         match &self.release {
             Release::Pool(_) | Release::Async => {
                 // The hot path: raw statuses, nothing built unless something went wrong.
@@ -1009,7 +1087,7 @@ impl PtrBox {
                     // (F4, F8), for a token the recipe's context is current.
                     unsafe { (d.cuMemFreeAsync)(ptr, raw_stream) }
                 };
-                let ran = if stream.frees_without_context() {
+                let ran = if stream.identifies_its_context() {
                     // D2: no context calls at all.
                     Ran::Done {
                         value: free(),
@@ -1019,15 +1097,18 @@ impl PtrBox {
                 } else {
                     run_in(d, recipe.context_raw(), free)
                 };
-                if let Ran::Done {
-                    value: 0,
-                    restore: 0,
-                    ..
-                } = ran
-                {
-                    if recipe.ptds_thread().is_none() {
-                        return Ok(());
+                match ran {
+                    Ran::Done {
+                        value: 0,
+                        restore: 0,
+                        ..
+                    } if recipe.ptds_thread().is_none() => return Ok(()),
+                    // F16: the driver refuses a captured free of memory the capture did not
+                    // allocate; if that is why, the graph being captured takes the memory.
+                    Ran::Done { value, .. } if value != 0 && self.defer_if_captured(d, &recipe) => {
+                        return Ok(())
                     }
+                    _ => {}
                 }
                 let ran = ran.map(checked("cuMemFreeAsync"));
                 finish(ran, &self.release, "cuMemFreeAsync", ptr, &recipe, explicit)
@@ -1064,6 +1145,51 @@ impl PtrBox {
         }
     }
 
+    /// D11: when the recipe's stream is being captured (or, for the legacy stream, blocked by a
+    /// capture), defers the free instead of issuing it, and says so; `false` (and nothing done)
+    /// when the stream is free to use. Asks the driver in the recipe's context.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
+    /// `cuStreamGetCaptureInfo_v2`; to hand over, those of [`hand_over`].
+    #[cold]
+    #[inline(never)]
+    fn defer_if_captured(&mut self, d: &'static Driver, recipe: &DeallocationRecipe) -> bool {
+        let raw_stream = recipe.stream().raw();
+        let state = match run_in(d, recipe.context_raw(), || capture_state(d, raw_stream)) {
+            Ran::NotActivated(_) => return false, // the free's own path reports this
+            Ran::Done { value, restore, .. } => {
+                if restore != 0 {
+                    report_restore(
+                        subject(&self.release, "cuStreamGetCaptureInfo_v2", self.ptr, recipe),
+                        Consequence::ContextNotRestored,
+                        restore,
+                    );
+                }
+                value
+            }
+        };
+        if matches!(state, CaptureState::Free | CaptureState::Unknown(_)) {
+            return false;
+        }
+        self.defer_captured(state, recipe.clone());
+        true
+    }
+
+    /// Defers this free, whose stream is in `state` (not free): a capturing stream's graph takes
+    /// the memory (it is freed after the graph and its executables are gone); otherwise it waits
+    /// for the capture to end (parked). The box gives up its release rule to a new handle, which
+    /// frees with the same recipe when it is dropped later.
+    fn defer_captured(&mut self, state: CaptureState, recipe: DeallocationRecipe) {
+        let release = std::mem::replace(&mut self.release, Release::NonOwning);
+        let context = recipe.context().clone();
+        let handle =
+            DevicePtrHandle::from_parts(self.ptr, self.size, self.device, Some(recipe), release);
+        match state {
+            CaptureState::Capturing { graph } => hand_over(&context, graph, handle),
+            _ => deferred::park(Box::new(handle)),
+        }
+    }
+
     fn release_sync(
         &mut self,
         d: &'static Driver,
@@ -1083,7 +1209,7 @@ impl PtrBox {
                 check("cuStreamSynchronize", status)?;
                 kind.free(d, ptr)
             };
-            let ran = if stream.frees_without_context() {
+            let ran = if stream.identifies_its_context() {
                 // D2: `cuStreamSynchronize` of a created stream and the synchronous frees need
                 // no context (F5, F6).
                 Ran::Done {
@@ -1100,9 +1226,22 @@ impl PtrBox {
             return Ok(()); // at exit: leaked, never freed unsafely
         }
         // D9: order with an event on the caller, free on the cleanup worker. The event is made
-        // in the recipe's context (events belong to one).
+        // in the recipe's context (events belong to one). D11: an event recorded in a capture
+        // could never be waited for (F17): ask first, where the event would be recorded.
         let mut event = 0usize;
+        let mut captured = CaptureState::Free;
         let ran = run_in(d, recipe.context_raw(), || {
+            captured = capture_state(d, raw_stream);
+            match captured {
+                CaptureState::Free => {}
+                // Not knowing, no event is recorded (it might be captured): the worker waits for
+                // the whole context instead, and the failure is reported (D3).
+                CaptureState::Unknown(status) => {
+                    captured = CaptureState::Free;
+                    return Err(error("cuStreamGetCaptureInfo_v2", status));
+                }
+                _ => return Ok(()),
+            }
             let raw = create_raw(EVENT_DISABLE_TIMING)?;
             // SAFETY: the event was just created in the current (recipe) context; the recipe
             // keeps the stream alive.
@@ -1114,6 +1253,19 @@ impl PtrBox {
             event = raw;
             Ok(())
         });
+        if captured != CaptureState::Free {
+            if let Ran::Done { restore, .. } = ran {
+                if restore != 0 {
+                    report_restore(
+                        subject(&self.release, "cuStreamGetCaptureInfo_v2", ptr, &recipe),
+                        Consequence::ContextNotRestored,
+                        restore,
+                    );
+                }
+            }
+            self.defer_captured(captured, recipe);
+            return Ok(());
+        }
         let clean = matches!(
             ran,
             Ran::Done {

@@ -1,19 +1,18 @@
-//! Minimal graph ownership: [`GraphHandle`], [`GraphExecHandle`] and [`UserObjectOwnership`],
-//! the primitive that lets a graph keep Rust values (buffers) alive and hand them to the
-//! deferred-cleanup queue when the driver lets go (docs/decisions.md D7).
+//! [`GraphHandle`] and [`GraphExecHandle`]: graphs and executables, owned and destroyed in their
+//! context (the nodes that keep memory alive are in `graph_nodes.rs`, user objects in
+//! `user_object.rs`).
 
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use cuda_sys::types::{CUgraph, CUgraphExec, CUuserObject};
+use cuda_sys::types::{CUgraph, CUgraphExec};
 
 use crate::context::ContextHandle;
-use crate::deferred::{ensure_worker, user_object_destructor};
-use crate::report::Subject;
-use crate::scope::{in_context, release_in};
+use crate::scope::{destroy_in_context, in_context};
 use crate::stream::StreamHandle;
 use crate::sys::check;
+use crate::user_object::UserObjectOwnership;
 use crate::HandleError;
 
 // Graph nodes and their attachments live in their own file, as a child module so
@@ -22,28 +21,6 @@ use crate::HandleError;
 mod nodes;
 use nodes::ExecAttachments;
 pub use nodes::{retain_in_capture, GraphNode};
-
-/// `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`.
-const USER_OBJECT_NO_DESTRUCTOR_SYNC: u32 = 1;
-/// `CU_GRAPH_USER_OBJECT_MOVE`.
-const GRAPH_USER_OBJECT_MOVE: u32 = 1;
-
-/// Releases a graph object with `destroy` (returning its status for `operation`) in
-/// `context`, reporting a failure (drop paths).
-fn destroy_in_context(
-    resource: &'static str,
-    operation: &'static str,
-    raw: usize,
-    context: &ContextHandle,
-    destroy: impl FnOnce(&'static cuda_sys::Driver) -> u32,
-) {
-    let context = context.raw_usize();
-    release_in(
-        context,
-        || Subject::new(resource, operation, raw as u64, 0, context as u64),
-        |d| check(operation, destroy(d)),
-    );
-}
 
 struct GraphBox {
     raw: usize,
@@ -89,10 +66,16 @@ impl GraphHandle {
 impl Drop for GraphBox {
     fn drop(&mut self) {
         let raw = self.raw;
-        destroy_in_context("graph", "cuGraphDestroy", raw, &self.context, |d| {
-            // SAFETY: this box created the graph and is its last owner.
-            unsafe { (d.cuGraphDestroy)(raw as CUgraph) }
-        });
+        destroy_in_context(
+            "graph",
+            "cuGraphDestroy",
+            raw,
+            self.context.raw_usize(),
+            |d| {
+                // SAFETY: this box created the graph and is its last owner.
+                unsafe { (d.cuGraphDestroy)(raw as CUgraph) }
+            },
+        );
     }
 }
 
@@ -208,7 +191,7 @@ impl Drop for GraphExecBox {
             "graph exec",
             "cuGraphExecDestroy",
             raw,
-            &self.context,
+            self.context.raw_usize(),
             |d| {
                 // SAFETY: this box instantiated the executable and is its last owner.
                 unsafe { (d.cuGraphExecDestroy)(raw as CUgraphExec) }
@@ -223,125 +206,6 @@ impl fmt::Debug for GraphExecHandle {
     }
 }
 
-/// One reference to a CUDA user object whose payload is a Rust value.
-///
-/// Made with `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`; its destructor only queues the payload for
-/// the cleanup worker (no lock, no driver call), so the payload (a buffer, a stream, anything
-/// `Send`) is dropped on the worker or in [`crate::drain_deferred_cleanup`], where its frees
-/// run with their recipes. Move the reference into a graph with
-/// [`UserObjectOwnership::move_into_graph`]; dropping it instead releases it.
-pub struct UserObjectOwnership {
-    raw: usize,
-    context: ContextHandle,
-    held: bool,
-}
-
-impl UserObjectOwnership {
-    /// Wraps `payload` in a new user object (one reference, held by the returned value), with
-    /// `context` current. Starts the cleanup worker if it is not running.
-    ///
-    /// # Errors
-    /// [`HandleError::Driver`] when the creation fails; the payload is then dropped on the
-    /// calling thread.
-    ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`;
-    /// `cuUserObjectRelease` when dropped unmoved.
-    pub fn new(
-        context: &ContextHandle,
-        payload: Box<dyn Any + Send>,
-    ) -> Result<UserObjectOwnership, HandleError> {
-        ensure_worker();
-        let data = Box::into_raw(Box::new(payload));
-        let created = in_context(context, "cuUserObjectCreate", |d| {
-            let mut raw: CUuserObject = std::ptr::null_mut();
-            // SAFETY: `raw` is a valid out-pointer; `data` stays valid until the destructor
-            // takes it back, exactly once.
-            let status = unsafe {
-                (d.cuUserObjectCreate)(
-                    &mut raw,
-                    data.cast(),
-                    Some(user_object_destructor),
-                    1,
-                    USER_OBJECT_NO_DESTRUCTOR_SYNC,
-                )
-            };
-            check("cuUserObjectCreate", status).map(|()| raw as usize)
-        });
-        match created {
-            Ok(raw) => Ok(UserObjectOwnership {
-                raw,
-                context: context.clone(),
-                held: true,
-            }),
-            Err(error) => {
-                // SAFETY: the driver did not take `data` (creation failed): it is still ours.
-                drop(unsafe { Box::from_raw(data) });
-                Err(error)
-            }
-        }
-    }
-
-    /// The raw `CUuserObject`.
-    pub fn raw(&self) -> CUuserObject {
-        self.raw as CUuserObject
-    }
-
-    /// Moves this reference into `graph` (`CU_GRAPH_USER_OBJECT_MOVE`): the graph, its clones
-    /// and executables now keep the payload alive.
-    ///
-    /// # Errors
-    /// [`HandleError::Driver`] when the driver refuses; the reference is then released, which
-    /// queues the payload for deferred cleanup.
-    ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphRetainUserObject`.
-    pub fn move_into_graph(mut self, graph: &GraphHandle) -> Result<(), HandleError> {
-        let raw = self.raw;
-        in_context(&self.context, "cuGraphRetainUserObject", |d| {
-            // SAFETY: we hold one reference to the user object and the graph is alive.
-            let status = unsafe {
-                (d.cuGraphRetainUserObject)(
-                    graph.raw(),
-                    raw as CUuserObject,
-                    1,
-                    GRAPH_USER_OBJECT_MOVE,
-                )
-            };
-            check("cuGraphRetainUserObject", status)
-        })?;
-        self.held = false;
-        Ok(())
-    }
-}
-
-impl Drop for UserObjectOwnership {
-    fn drop(&mut self) {
-        if !self.held {
-            return;
-        }
-        let raw = self.raw;
-        destroy_in_context(
-            "user object",
-            "cuUserObjectRelease",
-            raw,
-            &self.context,
-            |d| {
-                // SAFETY: we hold exactly one reference and give it up.
-                unsafe { (d.cuUserObjectRelease)(raw as CUuserObject, 1) }
-            },
-        );
-    }
-}
-
-impl fmt::Debug for UserObjectOwnership {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "UserObjectOwnership(0x{:x}, held {})",
-            self.raw, self.held
-        )
-    }
-}
-
 // The graph a stream capture produced (`ops::end_capture`), which the memory crate's builder
 // wraps.
 impl GraphHandle {
@@ -351,5 +215,19 @@ impl GraphHandle {
             raw: raw as usize,
             context: context.clone(),
         }))
+    }
+}
+
+impl UserObjectOwnership {
+    /// Moves this reference into `graph` (`CU_GRAPH_USER_OBJECT_MOVE`): the graph, its clones
+    /// and executables now keep the payload alive.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the driver refuses; the reference is then released, which
+    /// queues the payload for deferred cleanup.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphRetainUserObject`.
+    pub fn move_into_graph(self, graph: &GraphHandle) -> Result<(), HandleError> {
+        self.move_into_raw_graph(graph.raw())
     }
 }

@@ -39,9 +39,12 @@ mod report;
 mod scope;
 mod stream;
 mod sys;
+mod user_object;
 
 pub use context::{ContextHandle, ContextKind};
-pub use deferred::{deferred_cleanup_pending, drain_deferred_cleanup, exiting};
+pub use deferred::{
+    deferred_cleanup_pending, deferred_frees_waiting_for_a_capture, drain_deferred_cleanup, exiting,
+};
 pub use device::{
     device_attribute, device_can_access_peer, device_count, device_name, device_uuid,
     graph_mem_attribute, graph_mem_trim, set_graph_mem_attribute, stream_priority_range,
@@ -49,7 +52,7 @@ pub use device::{
 pub use deviceptr::{AdoptError, Deallocator, DevicePtrHandle, OwnedAllocation, ReleaseKind};
 pub use error::{DeallocatorSource, HandleError};
 pub use event::{EventHandle, EVENT_DISABLE_TIMING};
-pub use graph::{retain_in_capture, GraphExecHandle, GraphHandle, GraphNode, UserObjectOwnership};
+pub use graph::{retain_in_capture, GraphExecHandle, GraphHandle, GraphNode};
 pub use pool::MemoryPoolHandle;
 pub use range::DeviceRange;
 pub use recipe::{DeallocationRecipe, RecipeRemains, ThreadToken};
@@ -60,6 +63,7 @@ pub use report::{
 };
 pub use scope::ContextScope;
 pub use stream::{DefaultStream, StreamHandle};
+pub use user_object::UserObjectOwnership;
 
 /// Re-exported so that callers name driver types and errors without a direct `cuda-sys`
 /// dependency.

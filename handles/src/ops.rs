@@ -9,7 +9,6 @@
 
 use std::ffi::c_int;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_sys::types::{
     c_void, CUdeviceptr, CUgraph, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType,
@@ -339,16 +338,7 @@ pub enum CaptureStatus {
     Invalidated,
 }
 
-/// How many captures begun with [`begin_capture`] have not ended yet.
-static ACTIVE_CAPTURES: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether any capture begun through [`begin_capture`] may still be running: one relaxed
-/// atomic load, so that an allocation path can skip [`capture_status`] (a driver call) when no
-/// capture is running. A capture begun by code outside custody is not counted.
-#[inline]
-pub fn capture_may_be_active() -> bool {
-    ACTIVE_CAPTURES.load(Ordering::Relaxed) != 0
-}
+pub use crate::stream::capture_may_be_active;
 
 /// Whether `stream` is capturing.
 ///
@@ -386,7 +376,7 @@ pub fn begin_capture(stream: &StreamHandle, mode: CUstreamCaptureMode) -> Result
         // SAFETY: the stream is alive and its context current.
         unsafe { (d.cuStreamBeginCapture_v2)(s, mode) }
     })?;
-    ACTIVE_CAPTURES.fetch_add(1, Ordering::Relaxed);
+    crate::stream::note_capture_begun();
     Ok(())
 }
 
@@ -410,9 +400,7 @@ pub fn end_capture(stream: &StreamHandle) -> Result<GraphHandle, HandleError> {
         let status = unsafe { (d.cuStreamEndCapture)(s, &mut graph) };
         if status == 0 || status == CAPTURE_INVALIDATED {
             // The capture is over either way.
-            let _ = ACTIVE_CAPTURES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(1))
-            });
+            crate::stream::note_capture_ended();
         }
         status
     });

@@ -368,6 +368,23 @@ pub(crate) fn release_in(
     run_in(d, context, || f(d)).report(subject);
 }
 
+/// Releases a driver object (`resource`, raw value `raw`) with `destroy`, which returns the
+/// status of `operation`, in the context whose raw value is `context`, reporting a failure (drop
+/// paths).
+pub(crate) fn destroy_in_context(
+    resource: &'static str,
+    operation: &'static str,
+    raw: usize,
+    context: usize,
+    destroy: impl FnOnce(&'static Driver) -> u32,
+) {
+    release_in(
+        context,
+        || Subject::new(resource, operation, raw as u64, 0, context as u64),
+        |d| crate::sys::check(operation, destroy(d)),
+    );
+}
+
 /// Makes a context current for a while and puts the caller's binding back (docs/decisions.md
 /// D2), for code outside this crate; this crate uses the same two steps through `run_in`.
 ///

@@ -90,9 +90,10 @@ pub(crate) fn current_context(d: &Driver) -> Result<usize, HandleError> {
 
 static INIT: OnceLock<Result<(), HandleError>> = OnceLock::new();
 
-/// Initialises the driver once per process (`cuInit(0)`); later calls return the first outcome.
+/// Initialises the driver once per process (`cuInit(0)`), then starts the cleanup worker (once:
+/// later calls are one atomic load each); later calls return the first outcome.
 ///
-/// Driver calls: `cuInit`.
+/// Driver calls: `cuInit`; on the worker, `cuThreadExchangeStreamCaptureMode`.
 pub(crate) fn init() -> Result<&'static Driver, HandleError> {
     let d = driver()?;
     INIT.get_or_init(|| {
@@ -102,6 +103,9 @@ pub(crate) fn init() -> Result<&'static Driver, HandleError> {
         check("cuInit", status)
     })
     .clone()?;
+    // After the driver is initialised, so that the worker sets its capture mode before anything
+    // is queued.
+    crate::deferred::ensure_worker();
     Ok(d)
 }
 

@@ -27,18 +27,25 @@ const DL_CUDA: i32 = 2;
 const DL_CUDA_HOST: i32 = 3;
 const DL_CUDA_MANAGED: i32 = 13;
 
-/// Memory with the deallocation recipe (stream and context) that will order and legalise
-/// its free.
+/// Memory with the deallocation recipe (stream and context) that will order and legalise its
+/// free.
 ///
 /// Made by ``MemoryResource.allocate`` or ``Buffer.from_handle``; cannot be instantiated
 /// directly (``RuntimeError``). Any thread may use, close or drop it. Closed objects raise
 /// ``RuntimeError("Buffer has been closed")`` except for ``close()``, ``handle``, ``size``,
-/// ``is_closed``, ``memory_resource``, ``owner``, ``is_mapped`` and ``repr``.
+/// ``is_closed``, ``memory_resource``, ``owner``, ``is_mapped`` and ``repr``. Sizes are in
+/// bytes.
 ///
 /// A reference cycle through a buffer (an ``owner=`` or a memory resource that holds the
 /// buffer) is collected by ``gc.collect()``; a free through a Python ``deallocate`` then runs
 /// before any object of the cycle is cleared, with the recorded stream and the recipe's
 /// context.
+///
+/// ``pickle`` (and ``multiprocessing``) send a buffer of an IPC-enabled
+/// ``DeviceMemoryResource`` or ``PinnedMemoryResource`` as ``(mr, ipc_descriptor)``; unpickling
+/// imports it with ``stream=default_stream()``, first making ``Device(mr.device_id)`` (device 0
+/// for a pinned pool) current when no context is. ``RuntimeError`` for a closed buffer or a
+/// pool without IPC; ``TypeError`` for a buffer of any other resource (or none).
 //
 // The recipe is docs/decisions.md D1. Cyclic garbage collection (D10): the object reports the
 // Python objects it holds to the collector (its memory resource object, and, while it alone
@@ -72,7 +79,7 @@ pub(crate) struct Kept {
     pub(crate) resource: Option<Weak<PyObjRef>>,
 }
 
-/// A `Buffer` of managed memory.
+/// A :class:`Buffer` of managed memory (``ManagedMemoryResource.allocate``).
 #[pyclass(frozen, extends = PyBuffer, name = "ManagedBuffer", module = "custody")]
 pub struct PyManagedBuffer;
 
@@ -399,7 +406,20 @@ impl PyBuffer {
         ))
     }
 
-    /// Wraps `size` bytes at `ptr`, allocated elsewhere.
+    /// Wraps ``size`` bytes at ``ptr``, allocated elsewhere.
+    ///
+    /// - No ``mr``/``owner``: a view; nothing is freed.
+    /// - ``owner``: kept alive until the memory's last reference goes; nothing is freed.
+    /// - ``mr``: the buffer owns the memory; at teardown ``mr.deallocate(ptr, size,
+    ///   stream=...)`` runs with the recorded stream (``stream``, else ``default_stream()``
+    ///   bound to the current context), in that recipe's context, on whatever thread drops it.
+    ///   Prefer a created stream if the buffer may be freed on another thread.
+    ///
+    /// The recipe is recorded before ownership is taken: on any error the pointer is still
+    /// the caller's and ``deallocate`` is not called. ``ValueError``: ``stream`` without
+    /// ``mr``, ``mr`` with ``owner``, zero size, a null owned pointer; ``TypeError``: a bad
+    /// ``mr`` or stream; ``OverflowError``: negative or too large numbers; ``RuntimeError``: no
+    /// CUDA context is current for a default stream, or a closed stream.
     #[staticmethod]
     #[pyo3(signature = (ptr, size, mr = None, owner = None, *, stream = None))]
     fn from_handle(
@@ -413,7 +433,14 @@ impl PyBuffer {
         adopt(py, address(ptr)?, size, mr, owner, stream, false)
     }
 
-    /// Imports a buffer another process shared.
+    /// Imports a buffer another process shared, from ``mr`` (a pool opened with
+    /// ``from_allocation_handle``); ``stream`` (required, keyword-only) orders its eventual free.
+    /// Does not block.
+    ///
+    /// ``TypeError``: ``mr`` is not a pool resource, a missing or bad ``stream`` or descriptor;
+    /// ``RuntimeError``: ``mr`` is not an imported pool, or a closed stream; ``ValueError``: a
+    /// malformed descriptor, or one the pool cannot hold; :class:`CUDAError`: the driver refused
+    /// the import.
     #[classmethod]
     #[pyo3(signature = (mr, ipc_descriptor, *, stream))]
     fn from_ipc_descriptor(
@@ -449,7 +476,18 @@ impl PyBuffer {
         )
     }
 
-    /// Closes the buffer: when it holds the last reference to the memory, frees it now.
+    /// Closes the buffer; when it holds the last reference to the memory, frees it now.
+    ///
+    /// ``close()`` on a closed buffer is a no-op. ``close(stream=s)`` is exactly
+    /// ``set_deallocation_stream(s)`` then ``close()`` (so it raises on a closed buffer, and on a
+    /// bad stream, ``TypeError`` or ``RuntimeError`` as there, leaves the buffer open with its old
+    /// recipe). A failing free raises (:class:`CUDAError`, or what a Python ``deallocate`` raised);
+    /// the buffer is closed either way. The free is ordered on the recorded deallocation stream.
+    /// May block for memory whose free is synchronous in the driver (pinned, managed,
+    /// ``cuMemAlloc``); stream-ordered frees do not wait, except an imported buffer's
+    /// (``is_mapped``): its close waits for its deallocation stream, so the unmap has run when it
+    /// returns (the driver requires an importing process's free to have completed before the
+    /// exporting process frees the allocation: close imports, then tell the exporter).
     #[pyo3(signature = (stream = None))]
     fn close(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let buffer = self.buffer();
@@ -464,7 +502,13 @@ impl PyBuffer {
         Ok(result.map_err(Error::from)?)
     }
 
-    /// Records the free on `stream` from now on (replacing the whole recipe atomically).
+    /// Records the free on ``stream`` from now on: the whole recipe is replaced atomically,
+    /// seen by every holder of the memory. Nothing is freed or synchronised: order the work on
+    /// the old stream before the new one yourself.
+    ///
+    /// ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream,
+    /// or a default stream with no current context; ``ValueError`` for a stream of another
+    /// device. On error the old recipe stays.
     fn set_deallocation_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         if stream.is_none() {
             return Err(PyTypeError::new_err(
@@ -491,8 +535,13 @@ impl PyBuffer {
         Ok(())
     }
 
-    /// Copies this buffer into `dst` (allocated from this buffer's memory resource if omitted),
-    /// ordered on `stream`.
+    /// Copies this buffer into ``dst`` (allocated from ``memory_resource`` with ``stream`` if
+    /// omitted), ordered on ``stream``, and returns ``dst``. Does not block; a
+    /// :class:`GraphBuilder` as ``stream`` records the copy into its graph, which then keeps both
+    /// buffers' memory alive. ``TypeError`` for a ``dst`` that is not a :class:`Buffer`;
+    /// ``TypeError`` for a missing, ``None`` or non-stream ``stream`` (positional included: it is
+    /// keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
+    /// mismatch or no memory resource to allocate from; :class:`CUDAError` on a driver failure.
     #[pyo3(signature = (dst = None, *, stream))]
     fn copy_to(
         &self,
@@ -524,7 +573,12 @@ impl PyBuffer {
         Ok(dst.unbind())
     }
 
-    /// Copies `src` into this buffer, ordered on `stream`.
+    /// Copies ``src`` into this buffer, ordered on ``stream``. Does not block; a
+    /// :class:`GraphBuilder` as ``stream`` records the copy into its graph, which then keeps both
+    /// buffers' memory alive. ``TypeError`` for a ``src`` that is not a :class:`Buffer`;
+    /// ``TypeError`` for a missing, ``None`` or non-stream ``stream`` (positional included: it is
+    /// keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
+    /// mismatch; :class:`CUDAError` on a driver failure.
     #[pyo3(signature = (src, *, stream))]
     fn copy_from(
         &self,
@@ -539,7 +593,14 @@ impl PyBuffer {
         copy(py, stream, &handle, self, source.get())
     }
 
-    /// Fills the buffer with a repeated 8-, 16- or 32-bit pattern, ordered on `stream`.
+    /// Fills the buffer with ``value`` repeated: an int in [0, 256) (8 bits) or an object of 1, 2
+    /// or 4 bytes through the buffer protocol (8, 16 or 32 bits), ordered on ``stream``. Does not
+    /// block; a :class:`GraphBuilder` as ``stream`` records the fill into its graph, which then
+    /// keeps the buffer's memory alive. ``TypeError`` for ``None`` or another kind of ``value``;
+    /// ``OverflowError`` for an int out of range; ``ValueError`` for another width or a size that
+    /// is not a multiple of it; ``TypeError`` for a missing, ``None`` or non-stream ``stream``
+    /// (positional included: it is keyword-only); ``RuntimeError`` for a closed stream or buffer;
+    /// :class:`CUDAError` on a driver failure.
     #[pyo3(signature = (value, *, stream))]
     fn fill(
         &self,
@@ -562,7 +623,7 @@ impl PyBuffer {
         Ok(())
     }
 
-    /// The address as an int; 0 once closed.
+    /// The address as an int (a host address for pinned memory); 0 once closed.
     #[getter]
     fn handle(&self) -> u64 {
         self.buffer().ptr()
@@ -580,7 +641,7 @@ impl PyBuffer {
         self.buffer().is_closed()
     }
 
-    /// The memory resource the buffer came from (or that frees it); `None` for views and once
+    /// The resource the memory came from (or that frees it); None for views and once
     /// closed.
     #[getter]
     fn memory_resource(&self, py: Python<'_>) -> Option<Py<PyAny>> {
@@ -590,7 +651,7 @@ impl PyBuffer {
         self.memory_resource_object(py)
     }
 
-    /// The owner given to `from_handle(owner=...)`; `None` otherwise and once closed.
+    /// The ``owner`` given to ``from_handle``; None otherwise and once closed.
     #[getter]
     fn owner(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         if self.buffer().is_closed() {
@@ -600,7 +661,7 @@ impl PyBuffer {
         Some(kept.get().clone_ref(py))
     }
 
-    /// Whether a device can access the memory.
+    /// Whether a device can access the memory (``RuntimeError`` once closed).
     #[getter]
     fn is_device_accessible(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
@@ -612,7 +673,7 @@ impl PyBuffer {
             .map_err(Error::from)?)
     }
 
-    /// Whether the host can access the memory.
+    /// Whether the host can access the memory (``RuntimeError`` once closed).
     #[getter]
     fn is_host_accessible(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
@@ -624,7 +685,7 @@ impl PyBuffer {
             .map_err(Error::from)?)
     }
 
-    /// Whether the memory is managed.
+    /// Whether the memory is managed (``RuntimeError`` once closed).
     #[getter]
     fn is_managed(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
@@ -637,7 +698,9 @@ impl PyBuffer {
         Ok(py.detach(|| buffer.is_managed()).map_err(Error::from)?)
     }
 
-    /// The device the memory belongs to; -1 for memory bound to no device.
+    /// The device the memory belongs to; -1 for memory bound to no device. For memory a Python
+    /// resource frees, that resource's ``device_id``, read now (it may raise). ``RuntimeError``
+    /// once closed.
     #[getter]
     fn device_id(&self, py: Python<'_>) -> PyResult<i32> {
         let buffer = self.open(py)?;
@@ -650,7 +713,9 @@ impl PyBuffer {
         self.buffer().is_mapped()
     }
 
-    /// The descriptor another process needs to import this buffer.
+    /// The descriptor another process needs to import this buffer with
+    /// ``Buffer.from_ipc_descriptor`` (``cuMemPoolExportPointer``). ``RuntimeError`` for a closed
+    /// buffer, or one that does not come from an IPC-enabled pool or was itself imported.
     #[getter]
     fn ipc_descriptor(&self, py: Python<'_>) -> PyResult<PyIpcBufferDescriptor> {
         let buffer = self.open(py)?;
@@ -658,10 +723,13 @@ impl PyBuffer {
         Ok(PyIpcBufferDescriptor::of(&inner))
     }
 
-    /// A DLPack capsule: a 1-D uint8 tensor of `size` elements over this memory. With
-    /// `max_version` at least `(1, 0)`, a versioned capsule (`"dltensor_versioned"`, DLPack 1.0,
-    /// writable); else the unversioned `"dltensor"`. `dl_device` may only name the buffer's own
-    /// device; `copy=True` is refused.
+    /// A DLPack capsule of a 1-D uint8 tensor of ``size`` elements over this memory; the tensor
+    /// keeps the memory alive until its deleter runs. With ``max_version`` at least ``(1, 0)`` a
+    /// ``"dltensor_versioned"`` capsule (DLPack 1.0, writable, not a copy), else a ``"dltensor"``
+    /// one. ``stream`` is accepted and not used: order the consumer after the producer's work
+    /// yourself. ``BufferError`` for ``copy=True``, a ``dl_device`` other than the buffer's own, a
+    /// ``max_version`` that is not two ints, or memory neither a device nor the host can access;
+    /// ``RuntimeError`` once closed.
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__<'py>(
         &self,
@@ -709,8 +777,9 @@ impl PyBuffer {
         }
     }
 
-    /// `(device_type, device_id)` in DLPack's terms: kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3)
-    /// or kDLCUDAManaged (13).
+    /// ``(device_type, device_id)``: kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3) or kDLCUDAManaged
+    /// (13); memory adopted from elsewhere is asked of the driver (managed or not).
+    /// ``RuntimeError`` once closed.
     fn __dlpack_device__(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
         self.open(py)?;
         self.dlpack_device_of(py)
@@ -762,10 +831,13 @@ impl PyBuffer {
         }
     }
 
+    /// Returns the buffer.
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
 
+    /// Closes the buffer as ``close()`` does (raising what it raises); never suppresses an
+    /// exception.
     #[pyo3(signature = (*_exc))]
     fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
         self.close(py, None)?;
@@ -832,7 +904,8 @@ impl PyManagedBuffer {
         ))
     }
 
-    /// Wraps `size` bytes of managed memory at `ptr`, allocated elsewhere.
+    /// As :meth:`Buffer.from_handle`, for managed memory (reported host- and
+    /// device-accessible and managed without asking the driver).
     #[classmethod]
     #[pyo3(signature = (ptr, size, mr = None, owner = None, *, stream = None))]
     fn from_handle(
@@ -847,12 +920,11 @@ impl PyManagedBuffer {
     }
 }
 
-/// What another process needs to import one buffer: the pool's export data for it (the
-/// *payload*: the driver's 64-byte `CUmemPoolPtrExportData`, then the pool's device as 4 bytes,
-/// little-endian, -1 for a pinned host pool) and its size in bytes. Picklable
-/// (`IPCBufferDescriptor._init(payload, size)`, as cuda.core's); `bytes(descriptor)` (96 bytes)
-/// and back with `IPCBufferDescriptor.from_bytes`. A payload of exactly 64 bytes (cuda.core's
-/// form) names no device: the importing pool's is taken.
+/// What another process needs to import one buffer: the pool's export data for it (the payload:
+/// the driver's 64-byte ``CUmemPoolPtrExportData``, then the pool's device as 4 bytes,
+/// little-endian, -1 for a pinned host pool) and its size in bytes. ``bytes(descriptor)`` is 96
+/// bytes; picklable (as ``_init(payload, size)``). Compared by value. Cannot be instantiated
+/// directly (``RuntimeError``).
 #[pyclass(frozen, name = "IPCBufferDescriptor", module = "custody")]
 pub struct PyIpcBufferDescriptor {
     payload: Vec<u8>,
@@ -944,7 +1016,9 @@ impl PyIpcBufferDescriptor {
         ))
     }
 
-    /// A descriptor from its payload and size (what pickling stores); checked when imported.
+    /// A descriptor from its payload and size, as unpickling makes it; checked when
+    /// imported (``ValueError`` for a payload shorter than 64 bytes). A 64-byte payload names
+    /// no device: the importing pool's is taken.
     #[staticmethod]
     fn _init(reserved: Vec<u8>, size: usize) -> PyIpcBufferDescriptor {
         PyIpcBufferDescriptor {
@@ -953,12 +1027,13 @@ impl PyIpcBufferDescriptor {
         }
     }
 
-    /// Parses the 96-byte serialised form.
+    /// Parses the serialised form (``ValueError`` when malformed).
     #[staticmethod]
     fn from_bytes(data: &[u8]) -> PyResult<Self> {
         Ok(PyIpcBufferDescriptor::of(&parse_descriptor(data)?))
     }
 
+    /// The serialised form, 96 bytes.
     fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let descriptor = self.resolve(None)?;
         Ok(PyBytes::new(py, &descriptor.to_bytes()))
@@ -970,7 +1045,7 @@ impl PyIpcBufferDescriptor {
         self.size
     }
 
-    /// The pool's device; -1 for a pinned host pool or a descriptor that names none.
+    /// The pool's device; -1 for a pinned host pool or a payload that names none.
     #[getter]
     fn device_id(&self) -> i32 {
         self.named_device().flatten().unwrap_or(-1)

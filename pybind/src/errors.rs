@@ -26,16 +26,29 @@ pyo3::create_exception!(
     custody,
     CUDAError,
     PyRuntimeError,
-    "A CUDA driver call failed. A RuntimeError whose message names the driver function and the \
-     driver's error name (CUDA_ERROR_...); `.name` holds that name and `.code` its number."
+    concat!(
+        "A CUDA driver call failed (a ``RuntimeError``).\n",
+        "\n",
+        "The message names the driver function and the driver's error name (``CUDA_ERROR_...``);\n",
+        "``name`` holds that name and ``code`` its number. When no driver library loads, the error is\n",
+        "``CUDA_ERROR_NOT_FOUND`` and the message says what was tried, that the environment variable\n",
+        "``CUSTODY_CUDA_DRIVER`` names a driver library, and how to build the emulated driver.",
+    )
 );
 
 pyo3::create_exception!(
     custody,
     CUDAWarning,
     PyRuntimeWarning,
-    "A cleanup that no caller could receive failed or lost a guarantee (a free during garbage \
-     collection, on another thread, in deferred cleanup). A RuntimeWarning, shown by default."
+    concat!(
+        "A cleanup that no caller could receive failed or lost a guarantee (a ``RuntimeWarning``,\n",
+        "shown by default).\n",
+        "\n",
+        "Emitted for a free that failed during a drop, garbage collection, on another thread or in\n",
+        "deferred cleanup, naming the operation, pointer, stream and context; and for a\n",
+        "per-thread-default-stream free that ran on another thread. If the warning is escalated to an\n",
+        "error it goes to ``sys.unraisablehook``; during interpreter shutdown, to stderr.",
+    )
 );
 
 /// The text of the one "no context" error.

@@ -31,8 +31,24 @@ use crate::nested;
 use crate::report::PyObjRef;
 use crate::stream::{accept_stream, default_stream_handle};
 
-/// The base class of memory resources. Subclass it in Python and implement `allocate`,
-/// `deallocate`, `is_device_accessible`, `is_host_accessible` and `device_id`.
+/// The base class of memory resources; subclass it in Python.
+///
+/// A subclass implements ``allocate`` (usually returning ``Buffer.from_handle(ptr, size,
+/// mr=self, stream=stream)``), ``deallocate``, ``is_device_accessible``,
+/// ``is_host_accessible`` and ``device_id`` (read only when asked, never at adoption). Its
+/// ``deallocate`` runs at teardown from whatever thread drops the buffer, with the recipe's
+/// context current and the GIL held only for that call; a host-only resource
+/// (``is_device_accessible`` False) has no recipe: adoption needs no context, any ``stream``
+/// given has nothing to order, and ``deallocate`` receives ``default_stream()`` with no
+/// context made current; an exception from it is reported as a :class:`CUDAWarning` (re-raised by an explicit
+/// ``close()``). It is never entered on a thread where a ``deallocate`` call is already
+/// running: a buffer released inside one (its last reference dropped, a garbage collection, a
+/// ``close()``) is freed right after that call returns, on the same thread, in its own recipe's
+/// context (a failure then is a :class:`CUDAWarning`). Once the interpreter is finalizing it is
+/// not called: the memory is leaked and that is reported on stderr (``atexit`` handlers still
+/// free through it).
+///
+/// ``MemoryResource(*args, **kwargs)`` accepts and ignores any arguments (for subclasses).
 #[pyclass(frozen, subclass, weakref, name = "MemoryResource", module = "custody")]
 pub struct PyMemoryResource {
     /// The Rust resource of a built-in; `None` for a Python subclass of this class.
@@ -85,12 +101,18 @@ impl PyMemoryResource {
         }
     }
 
-    /// Allocates `size` bytes ordered on `stream`, which also orders the eventual free. Zero
-    /// bytes give an empty buffer (address 0, no driver call) of this resource.
+    /// Allocates ``size`` bytes ordered on ``stream``, which also orders the eventual free.
     ///
-    /// The arguments `(size, *, stream)` are parsed by hand ([`allocate_arguments`]): under the
-    /// abi3-py39 ABI pyo3's generic extraction copies every keyword name into a new UTF-8
-    /// `bytes` object to compare it, the largest share of the extension's own cost per call.
+    /// Zero bytes give an empty buffer of this resource (address 0, no driver call).
+    /// ``OverflowError`` for negative sizes or more than ``isize::MAX``; ``TypeError`` for a
+    /// missing, None or non-stream ``stream``, or one passed positionally (it is keyword-only)
+    /// (``LegacyPinnedMemoryResource`` and ``SynchronousMemoryResource`` take none: the free is
+    /// then ordered on the default stream), the message naming the class called; ``RuntimeError``
+    /// for a closed stream or a default stream with no current context; :class:`CUDAError` for the
+    /// driver's failure. The base class raises ``TypeError``.
+    // The arguments `(size, *, stream)` are parsed by hand (`allocate_arguments`): pyo3's
+    // generic extraction under the stable ABI copies every keyword name into a new UTF-8
+    // `bytes` object to compare it, the largest share of the extension's own cost per call.
     #[pyo3(signature = (*args, **kwargs), text_signature = "($self, size, *, stream)")]
     fn allocate(
         slf: &Bound<'_, Self>,
@@ -133,7 +155,11 @@ impl PyMemoryResource {
         PyBuffer::wrap(py, buffer, mr(), this.managed, Kept::default())
     }
 
-    /// Frees `size` bytes at `ptr`, which this resource allocated, ordered on `stream`.
+    /// Frees ``size`` bytes at ``ptr``, which this resource allocated, ordered on ``stream``
+    /// (keyword-only), as the resource's own buffers are freed; raises on failure
+    /// (:class:`CUDAError`). ``TypeError`` for a missing, ``None`` or non-stream ``stream``
+    /// (positional included: it is keyword-only); ``RuntimeError`` for a closed stream. The base
+    /// class raises ``TypeError``.
     #[pyo3(signature = (ptr, size, *, stream))]
     fn deallocate(
         &self,
@@ -149,25 +175,26 @@ impl PyMemoryResource {
         Ok(())
     }
 
-    /// Whether a device can access the memory.
+    /// Whether a device can access the memory. The base class raises ``TypeError``.
     #[getter]
     fn is_device_accessible(&self) -> PyResult<bool> {
         Ok(self.native("is_device_accessible")?.is_device_accessible())
     }
 
-    /// Whether the host can access the memory.
+    /// Whether the host can access the memory. The base class raises ``TypeError``.
     #[getter]
     fn is_host_accessible(&self) -> PyResult<bool> {
         Ok(self.native("is_host_accessible")?.is_host_accessible())
     }
 
-    /// The device the memory belongs to; -1 for memory bound to no device.
+    /// The device the memory belongs to; -1 for memory bound to no device. The base class raises
+    /// ``TypeError``.
     #[getter]
     fn device_id(&self) -> PyResult<i32> {
         Ok(self.native("device_id")?.device_id().unwrap_or(-1))
     }
 
-    /// Whether the memory is managed.
+    /// Whether the memory is managed (False for the base class).
     #[getter]
     fn is_managed(&self) -> bool {
         self.native.as_ref().is_some_and(|mr| mr.is_managed())
@@ -521,7 +548,10 @@ impl PoolAccess {
     }
 }
 
-/// A memory pool's attributes (`cuMemPoolGetAttribute`), in bytes.
+/// A memory pool's attributes, read from the driver (``cuMemPoolGetAttribute``, the GIL
+/// released) on each access; sizes in bytes. Reading one raises :class:`CUDAError` on a driver
+/// failure. The repr lists every attribute with its value. Cannot be instantiated directly:
+/// ``DeviceMemoryResource.attributes``, ``PinnedMemoryResource.attributes``.
 #[pyclass(frozen, weakref, name = "MemoryPoolAttributes", module = "custody")]
 pub struct PyPoolAttributes {
     pool: MemoryPoolHandle,
@@ -546,19 +576,19 @@ impl PyPoolAttributes {
 
 #[pymethods]
 impl PyPoolAttributes {
-    /// Bytes currently allocated from the pool and not freed.
+    /// Bytes allocated from the pool and not freed (``CU_MEMPOOL_ATTR_USED_MEM_CURRENT``).
     #[getter]
     fn used_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
     }
 
-    /// The high-water mark of `used_mem_current`.
+    /// The high-water mark of ``used_mem_current``, in bytes (``CU_MEMPOOL_ATTR_USED_MEM_HIGH``).
     #[getter]
     fn used_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
     }
 
-    /// Bytes the pool currently holds from the driver.
+    /// Bytes the pool holds from the driver (``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT``).
     #[getter]
     fn reserved_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(
@@ -567,20 +597,22 @@ impl PyPoolAttributes {
         )
     }
 
-    /// The high-water mark of `reserved_mem_current`.
+    /// The high-water mark of ``reserved_mem_current``, in bytes
+    /// (``CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH``).
     #[getter]
     fn reserved_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
     }
 
-    /// Bytes the pool keeps after a synchronisation before releasing memory to the OS.
+    /// Bytes the pool keeps after a synchronisation before memory goes back to the OS
+    /// (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``).
     #[getter]
     fn release_threshold(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
     }
 
-    /// Whether memory freed on one stream may be reused on another that waits on an event
-    /// recorded after the free (`CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES`).
+    /// Whether memory freed on one stream may be reused on a stream that waits on an event recorded
+    /// after the free (``CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES``).
     #[getter]
     fn reuse_follow_event_dependencies(&self, py: Python<'_>) -> PyResult<bool> {
         self.flag(
@@ -590,7 +622,7 @@ impl PyPoolAttributes {
     }
 
     /// Whether memory whose free has completed may be reused without a dependency
-    /// (`CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC`).
+    /// (``CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC``).
     #[getter]
     fn reuse_allow_opportunistic(&self, py: Python<'_>) -> PyResult<bool> {
         self.flag(
@@ -600,7 +632,7 @@ impl PyPoolAttributes {
     }
 
     /// Whether the driver may insert dependencies between streams to reuse memory
-    /// (`CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`).
+    /// (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES``).
     #[getter]
     fn reuse_allow_internal_dependencies(&self, py: Python<'_>) -> PyResult<bool> {
         self.flag(
@@ -637,9 +669,10 @@ fn py_bool(value: bool) -> &'static str {
 }
 
 /// The `#[pymethods]` block of a pool resource: `$extra` (its constructor and importer) plus
-/// the IPC and attribute methods both pool resources share.
+/// the IPC and attribute methods both pool resources share; `$name` is the Python class's
+/// name, for the docstrings that say it.
 macro_rules! pool_methods {
-    ($ty:ty, $variant:ident, { $($extra:tt)* }) => {
+    ($ty:ty, $variant:ident, $name:literal, { $($extra:tt)* }) => {
         #[pymethods]
         impl $ty {
             $($extra)*
@@ -650,20 +683,20 @@ macro_rules! pool_methods {
                 self.inner.is_ipc_enabled()
             }
 
-            /// Whether the pool was imported from another process (it then only imports
-            /// buffers, with `Buffer.from_ipc_descriptor`).
+            /// Whether the pool was imported from another process (it then only imports buffers, with
+            /// ``Buffer.from_ipc_descriptor``).
             #[getter]
             fn is_mapped(&self) -> bool {
                 self.inner.is_mapped()
             }
 
-            /// The raw `CUmemoryPool` as an int.
+            /// The raw ``CUmemoryPool`` as an int.
             #[getter]
             fn handle(&self) -> usize {
                 self.inner.pool().raw() as usize
             }
 
-            /// The pool's attributes (`used_mem_current`, ...).
+            /// The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed.
             #[getter]
             fn attributes(&self) -> PyPoolAttributes {
                 PyPoolAttributes {
@@ -671,21 +704,19 @@ macro_rules! pool_methods {
                 }
             }
 
-            /// Exports the pool as a new POSIX file descriptor (an int the caller owns and
-            /// closes), for another process's `from_allocation_handle`.
+            /// Exports the pool as a new POSIX file descriptor (an int the caller owns and closes), for
+            /// another process's ``from_allocation_handle``. ``RuntimeError`` for a closed resource or a
+            /// pool made without ``ipc_enabled``; :class:`CUDAError` on a driver failure.
             fn get_allocation_handle(&self, py: Python<'_>) -> PyResult<i32> {
                 Pool::$variant(Arc::clone(&self.inner)).export(py)
             }
 
-            /// Closes the resource: `allocate`, `get_allocation_handle` and
-            /// `Buffer.from_ipc_descriptor` then raise `RuntimeError("... has been closed")`;
-            /// `deallocate` still works and buffers already made are unaffected. The pool goes
-            /// with the last of this object and its buffers. Idempotent.
+            #[doc = concat!("Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and\n``Buffer.from_ipc_descriptor`` then raise ``RuntimeError(\"", $name, " has been closed\")``;\n``deallocate`` and the buffers already made keep working. The pool goes with the last of\nthis object and its buffers (an owned pool outlives its allocations). Idempotent.")]
             fn close(&self) {
                 self.inner.close();
             }
 
-            /// Whether `close()` was called.
+            /// Whether :meth:`close` was called.
             #[getter]
             fn is_closed(&self) -> bool {
                 self.inner.is_closed()
@@ -694,14 +725,27 @@ macro_rules! pool_methods {
     };
 }
 
-/// Device memory from a stream-ordered memory pool: the device's current pool, or (with options)
-/// a pool of its own.
+/// Device memory from a stream-ordered pool: the device's current pool, or with options a pool
+/// of its own. Buffers it allocates are freed with ``cuMemFreeAsync`` on their recipe, without
+/// Python.
+///
+/// ``DeviceMemoryResource(device_id, options=None)``: ``device_id`` an int or a
+/// :class:`Device`; ``options`` a :class:`DeviceMemoryResourceOptions` (or a dict of its
+/// fields) for a pool of its own. ``TypeError`` for ``None`` or a non-int device,
+/// ``ValueError`` for a negative ordinal, :class:`CUDAError` for a device the driver does not
+/// have or a pool it refuses.
+///
+/// ``pickle`` (a ``copyreg`` reducer for the exact type) sends the pool of an IPC-enabled
+/// resource: exported as a file descriptor and handed to the receiving process by
+/// ``multiprocessing``'s resource sharer (the sending process must be alive; each pickle is
+/// read at most once). A process opens a given pool once and gets its own object back.
+/// ``RuntimeError`` for a closed or non-IPC resource.
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "DeviceMemoryResource", module = "custody")]
 pub struct PyDeviceMemoryResource {
     inner: Arc<DeviceMemoryResource>,
 }
 
-pool_methods!(PyDeviceMemoryResource, Device, {
+pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
     #[new]
     #[pyo3(signature = (device_id, options = None))]
     fn py_new(
@@ -727,8 +771,10 @@ pool_methods!(PyDeviceMemoryResource, Device, {
         Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner }))
     }
 
-    /// Opens a device pool another process exported (`get_allocation_handle()`); the
-    /// descriptor stays the caller's.
+    /// Opens a device pool another process exported (``allocation_handle``: a file descriptor as an
+    /// int, or an object with ``fileno()`` or ``handle``; it stays the caller's to close); the
+    /// resource only imports buffers (``Buffer.from_ipc_descriptor``). ``TypeError`` for anything
+    /// else; :class:`CUDAError` when the driver refuses the descriptor.
     #[classmethod]
     fn from_allocation_handle(
         cls: &Bound<'_, pyo3::types::PyType>,
@@ -761,13 +807,23 @@ fn fd_of(object: &Bound<'_, PyAny>) -> PyResult<i32> {
     Err(expected("file descriptor (int)", object))
 }
 
-/// Pinned host memory from a stream-ordered host-located pool of its own.
+/// Pinned host memory from a stream-ordered, host-located pool of its own. Buffers it allocates
+/// are freed with ``cuMemFreeAsync`` on their recipe, without Python.
+///
+/// ``PinnedMemoryResource(options=None)``: ``options`` a :class:`PinnedMemoryResourceOptions`
+/// (or a dict of its fields). :class:`CUDAError` when the driver refuses the pool.
+///
+/// ``pickle`` (a ``copyreg`` reducer for the exact type) sends the pool of an IPC-enabled
+/// resource: exported as a file descriptor and handed to the receiving process by
+/// ``multiprocessing``'s resource sharer (the sending process must be alive; each pickle is
+/// read at most once). A process opens a given pool once and gets its own object back.
+/// ``RuntimeError`` for a closed or non-IPC resource.
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "PinnedMemoryResource", module = "custody")]
 pub struct PyPinnedMemoryResource {
     inner: Arc<PinnedMemoryResource>,
 }
 
-pool_methods!(PyPinnedMemoryResource, Pinned, {
+pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
     #[new]
     #[pyo3(signature = (options = None))]
     fn py_new(
@@ -786,7 +842,10 @@ pool_methods!(PyPinnedMemoryResource, Pinned, {
         Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner }))
     }
 
-    /// Opens a pinned pool another process exported; the descriptor stays the caller's.
+    /// Opens a pinned pool another process exported (``allocation_handle``: a file descriptor as an
+    /// int, or an object with ``fileno()`` or ``handle``; it stays the caller's to close); the
+    /// resource only imports buffers (``Buffer.from_ipc_descriptor``). ``TypeError`` for anything
+    /// else; :class:`CUDAError` when the driver refuses the descriptor.
     #[classmethod]
     fn from_allocation_handle(
         cls: &Bound<'_, pyo3::types::PyType>,
@@ -801,7 +860,10 @@ pool_methods!(PyPinnedMemoryResource, Pinned, {
     }
 });
 
-/// Pinned host memory from `cuMemAllocHost`.
+/// Pinned host memory from ``cuMemAllocHost``; ``LegacyPinnedMemoryResource()`` makes no driver
+/// call. ``allocate``'s ``stream`` may be omitted (the free is then ordered on the default
+/// stream). A drop never waits: the free runs on the cleanup worker after the recorded stream's
+/// work.
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "LegacyPinnedMemoryResource", module = "custody")]
 pub struct PyLegacyPinnedMemoryResource;
 
@@ -813,7 +875,9 @@ impl PyLegacyPinnedMemoryResource {
     }
 }
 
-/// Managed memory from `cuMemAllocManaged`; `allocate` returns `ManagedBuffer`s.
+/// Managed memory from ``cuMemAllocManaged``; ``allocate`` returns :class:`ManagedBuffer`.
+/// ``ManagedMemoryResource(options=None)`` makes no driver call; placement options
+/// (:class:`ManagedMemoryResourceOptions`) are accepted and unused.
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "ManagedMemoryResource", module = "custody")]
 pub struct PyManagedMemoryResource;
 
@@ -828,8 +892,11 @@ impl PyManagedMemoryResource {
     }
 }
 
-/// Device memory from the synchronous `cuMemAlloc`, in the device's primary context (no
-/// context need be current).
+/// Device memory from ``cuMemAlloc`` in the device's primary context: no context need be
+/// current; a default stream is replaced by the legacy stream bound to that context, and
+/// ``allocate``'s ``stream`` may be omitted. ``SynchronousMemoryResource(device_id)`` retains
+/// the device's primary context: ``TypeError`` or ``ValueError`` for a bad ordinal,
+/// :class:`CUDAError` for a device the driver does not have.
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "SynchronousMemoryResource", module = "custody")]
 pub struct PySynchronousMemoryResource;
 
@@ -862,7 +929,8 @@ impl PyGraphMemoryResource {
         Ok(PyMemoryResource::builtin(GraphMemoryResource::new(ordinal), false).add_subclass(Self))
     }
 
-    /// The device's graph memory use, in bytes (`cuDeviceGetGraphMemAttribute`).
+    /// The device's graph memory use (:class:`GraphMemoryResourceAttributes`,
+    /// ``cuDeviceGetGraphMemAttribute``).
     #[getter]
     fn attributes(slf: &Bound<'_, Self>) -> PyResult<PyGraphMemoryAttributes> {
         let base = slf.as_super().get();
@@ -871,7 +939,7 @@ impl PyGraphMemoryResource {
     }
 
     /// Returns the graph memory the device keeps cached, and no graph uses, to the OS
-    /// (`cuDeviceGraphMemTrim`).
+    /// (``cuDeviceGraphMemTrim``). :class:`CUDAError` on a driver failure.
     fn trim(slf: &Bound<'_, Self>, py: Python<'_>) -> PyResult<()> {
         let device = slf
             .as_super()
@@ -884,8 +952,7 @@ impl PyGraphMemoryResource {
         Ok(())
     }
 
-    /// Does nothing: the device's graph memory belongs to its graphs (kept for cuda.core's
-    /// interface).
+    /// Does nothing: graph memory belongs to the graphs.
     fn close(&self) {}
 }
 
@@ -895,8 +962,9 @@ const GRAPH_MEM_USED_HIGH: u32 = 1;
 const GRAPH_MEM_RESERVED: u32 = 2;
 const GRAPH_MEM_RESERVED_HIGH: u32 = 3;
 
-/// A device's graph memory use (`GraphMemoryResource.attributes`), in bytes, read when asked.
-/// The two high water marks can be reset to 0.
+/// A device's graph memory use in bytes, read when asked; the high water marks can be reset
+/// to 0 (``AttributeError`` for another value, or for setting the current values). Cannot be
+/// instantiated directly (``RuntimeError``).
 #[pyclass(frozen, name = "GraphMemoryResourceAttributes", module = "custody")]
 pub struct PyGraphMemoryAttributes {
     device: i32,
@@ -940,7 +1008,7 @@ impl PyGraphMemoryAttributes {
         self.read(py, GRAPH_MEM_RESERVED)
     }
 
-    /// The high water mark of `reserved_mem_current`; can be reset to 0.
+    /// The high water mark of ``reserved_mem_current``; settable to 0.
     #[getter]
     fn reserved_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, GRAPH_MEM_RESERVED_HIGH)
@@ -957,7 +1025,7 @@ impl PyGraphMemoryAttributes {
         self.read(py, GRAPH_MEM_USED)
     }
 
-    /// The high water mark of `used_mem_current`; can be reset to 0.
+    /// The high water mark of ``used_mem_current``; settable to 0.
     #[getter]
     fn used_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, GRAPH_MEM_USED_HIGH)

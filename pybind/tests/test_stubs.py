@@ -4,12 +4,12 @@ and each stub docstring is the runtime ``__doc__`` of the same name, word for wo
 
 The runtime docstrings are the source: the Rust doc comments on the ``#[pyclass]`` /
 ``#[pymethods]`` items in ``pybind/src/`` and the docstrings in ``__init__.py``. After changing
-one, copy the texts into the stubs with the package built and installed::
+one, copy the texts into the stubs with the package built from this tree and installed
+editable (``maturin develop --manifest-path pybind/Cargo.toml`` in ``.venv``)::
 
     CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so python pybind/tests/test_stubs.py --write
 
-(``--check`` lists the differences without writing, ``--check --all`` those of
-``KNOWN_DRIFT`` too). A constructor is documented in its class's
+(``--check`` lists the differences without writing). A constructor is documented in its class's
 docstring (``help(cls)`` shows it under the signature), so stub ``__init__`` / ``__new__`` have
 none. No docstring cites a document a user of the package does not have.
 """
@@ -87,6 +87,8 @@ def test_every_stub_item_has_a_docstring():
                 isinstance(d, ast.Attribute) and d.attr == "setter" for d in node.decorator_list
             ):
                 continue
+            if isinstance(node, ast.FunctionDef) and node.name in ("__init__", "__new__"):
+                continue  # the class's docstring says how to construct it
             if ast.get_docstring(node) is None:
                 missing.append(node.name)
     assert missing == [], missing
@@ -181,68 +183,6 @@ def test_signatures_match():
 # --- The docstrings: runtime and stubs say the same ---
 
 
-# Names whose runtime docstring is still being made as complete as the stub's (listed when the
-# check was added; the list only shrinks, and a name not on it must match).
-KNOWN_DRIFT = frozenset({
-    "CUDAError", "CUDAWarning", "Context", "Context.handle", "Event", "Event.sync",
-    "Event.handle", "Event.close", "Stream.from_handle", "Stream.__cuda_stream__",
-    "Stream.handle", "Stream.is_closed", "Stream.record", "Stream.wait", "Stream.close",
-    "Stream.context", "Stream.device", "default_stream", "drain_deferred_cleanup",
-    "Buffer.from_handle", "Buffer.from_ipc_descriptor", "Buffer.close",
-    "Buffer.set_deallocation_stream", "Buffer.copy_to", "Buffer.copy_from", "Buffer.fill",
-    "Buffer.handle", "Buffer.memory_resource", "Buffer.owner", "Buffer.device_id",
-    "Buffer.__reduce__", "Buffer.ipc_descriptor", "Buffer.__dlpack__", "Buffer.__dlpack_device__",
-    "Buffer.__enter__", "Buffer.__exit__", "ManagedBuffer", "ManagedBuffer.from_handle",
-    "IPCBufferDescriptor", "IPCBufferDescriptor.from_bytes", "IPCBufferDescriptor.__bytes__",
-    "MemoryPoolAttributes", "MemoryPoolAttributes.used_mem_current",
-    "MemoryPoolAttributes.used_mem_high", "MemoryPoolAttributes.reserved_mem_current",
-    "MemoryPoolAttributes.reserved_mem_high", "MemoryPoolAttributes.release_threshold",
-    "MemoryResource", "MemoryResource.allocate", "MemoryResource.deallocate",
-    "DeviceMemoryResource", "DeviceMemoryResource.from_allocation_handle",
-    "DeviceMemoryResource.is_mapped", "DeviceMemoryResource.handle",
-    "DeviceMemoryResource.attributes", "DeviceMemoryResource.get_allocation_handle",
-    "DeviceMemoryResource.close", "DeviceMemoryResource.is_closed",
-    "DeviceMemoryResource.__reduce__", "PinnedMemoryResource.from_allocation_handle",
-    "PinnedMemoryResource.is_mapped", "PinnedMemoryResource.handle",
-    "PinnedMemoryResource.attributes", "PinnedMemoryResource.get_allocation_handle",
-    "PinnedMemoryResource.close", "PinnedMemoryResource.is_closed",
-    "PinnedMemoryResource.__reduce__", "LegacyPinnedMemoryResource", "ManagedMemoryResource",
-    "SynchronousMemoryResource", "GraphMemoryResource", "ManagedMemoryResourceOptions",
-    "GraphBuilder", "GraphBuilder.begin_building", "GraphBuilder.end_building",
-    "GraphBuilder.complete", "GraphBuilder.__cuda_stream__", "GraphBuilder.close", "Graph",
-    "Graph.launch", "Graph.close", "Graph.is_closed", "_System", "Device", "Device.context",
-    "Device.set_current", "Device.memory_resource", "Device.create_stream", "Device.sync",
-    "Device.__int__", "Device.__index__",
-    # Added with the cuda.core-compatible names:
-    "Context.is_closed", "Event.device", "Event.is_timing_enabled", "Event.is_blocking_sync",
-    "Event.is_ipc_enabled", "Event.is_closed", "Event.ipc_descriptor",
-    "Event.from_ipc_descriptor", "Stream", "Stream._init", "Stream._legacy_default",
-    "Stream._per_thread_default", "Stream.is_nonblocking", "Stream.priority",
-    "Stream.create_graph_builder", "IPCBufferDescriptor._init", "IPCBufferDescriptor.device_id",
-    "MemoryPoolAttributes.reuse_follow_event_dependencies",
-    "MemoryPoolAttributes.reuse_allow_opportunistic",
-    "MemoryPoolAttributes.reuse_allow_internal_dependencies", "GraphMemoryResource.attributes",
-    "GraphMemoryResource.trim", "GraphMemoryResource.close", "StreamOptions", "EventOptions",
-    "GraphBuilder.retain", "GraphBuilder.is_closed", "Graph.upload", "Graph.handle",
-    "Graph.retain", "Device.uuid", "Device.compute_capability", "Device.arch",
-    "Device.can_access_peer", "Device.create_event", "IPCEventDescriptor",
-    "IPCEventDescriptor._init", "IPCEventDescriptor.is_blocking_sync",
-    "GraphMemoryResourceAttributes", "GraphMemoryResourceAttributes.reserved_mem_high",
-    "GraphMemoryResourceAttributes.used_mem_high", "GraphCompleteOptions", "ComputeCapability",
-    "DLDeviceType", "DeviceProperties",
-})
-
-KNOWN_CONSTRUCTOR_DOCS = frozenset({
-    "MemoryResource.__init__", "DeviceMemoryResource.__init__", "PinnedMemoryResource.__init__",
-    "LegacyPinnedMemoryResource.__init__", "ManagedMemoryResource.__init__",
-    "SynchronousMemoryResource.__init__", "GraphMemoryResource.__init__",
-    "DeviceMemoryResourceOptions.__init__", "PinnedMemoryResourceOptions.__init__",
-    "ManagedMemoryResourceOptions.__init__", "StreamOptions.__init__", "EventOptions.__init__",
-    "Device.__new__",
-    "GraphMemoryResource.__new__", "GraphCompleteOptions.__init__",
-})
-
-
 def is_setter(node):
     return any(isinstance(d, ast.Attribute) and d.attr == "setter" for d in node.decorator_list)
 
@@ -295,15 +235,12 @@ def clean(doc):
     return inspect.cleandoc(doc).strip() if doc else None
 
 
-def docstring_differences(writing=False):
-    """``(name, node, stub text, runtime text)`` where the two differ or one is missing (not
-    counting ``KNOWN_DRIFT`` unless ``writing``)."""
+def docstring_differences():
+    """``(name, node, stub text, runtime text)`` where the two differ or one is missing."""
     out = []
     for name, node, doc in documented_pairs():
         stub = clean(ast.get_docstring(node, clean=True))
         runtime = clean(doc)
-        if name in KNOWN_DRIFT and not writing:
-            continue
         if stub != runtime or runtime is None:
             out.append((name, node, stub, runtime))
     return out
@@ -318,7 +255,6 @@ def test_constructors_are_documented_by_their_class():
         if isinstance(member, ast.FunctionDef)
         and member.name in CONSTRUCTORS
         and ast.get_docstring(member) is not None
-        and f"{cls.name}.{member.name}" not in KNOWN_CONSTRUCTOR_DOCS
     ]
     assert with_text == [], (
         "help() shows the class docstring for a constructor: move these stub docstrings into "
@@ -451,9 +387,19 @@ def format_docstring(text, indent):
     return out
 
 
+# The stubs of this source tree (``--write`` edits them, not an installed copy).
+SOURCE_STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "custody",
+                           "__init__.pyi")
+
+
 def rewrite_stub_docstrings():
     """Writes each runtime docstring into the stubs where they differ; returns the names
     changed. A stub item with a body of ``...`` gets the docstring in its place."""
+    if not os.path.samefile(STUB, SOURCE_STUB):
+        sys.exit(
+            f"custody is imported from {os.path.dirname(custody.__file__)}, not this tree: "
+            "install it editable (maturin develop --manifest-path pybind/Cargo.toml)"
+        )
     with open(STUB) as f:
         lines = f.read().split("\n")
     edits = []  # (first line index, end line index, replacement lines)
@@ -492,8 +438,8 @@ if __name__ == "__main__":
         left = [d[0] for d in docstring_differences()]
         if left:
             sys.exit("without a runtime docstring (write one in the source): " + ", ".join(left))
-    elif sys.argv[1:] in (["--check"], ["--check", "--all"]):
-        for name, _node, stub, runtime in docstring_differences(writing="--all" in sys.argv):
+    elif sys.argv[1:] == ["--check"]:
+        for name, _node, stub, runtime in docstring_differences():
             print(f"{name}\n  runtime: {runtime!r}\n  stub:    {stub!r}")
     else:
-        sys.exit("usage: test_stubs.py --write | --check [--all]")
+        sys.exit("usage: test_stubs.py --write | --check")

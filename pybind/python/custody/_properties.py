@@ -160,7 +160,11 @@ ATTRIBUTES = (
 
 
 class DeviceProperties:
-    """The attributes of one device (``Device.properties``); read-only, read on first use."""
+    """A device's attributes under cuda.core 1.2's names (``Device.properties``), each read
+    with ``cuDeviceGetAttribute`` on first use and kept. An attribute the loaded driver does not
+    know raises :class:`CUDAError` when read. Cannot be instantiated directly
+    (``RuntimeError``).
+    """
 
     __slots__ = ("_device_id", "_values", "__weakref__")
 
