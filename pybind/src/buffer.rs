@@ -412,7 +412,7 @@ fn fill_value(value: &Bound<'_, PyAny>) -> PyResult<FillValue> {
 #[pymethods]
 impl PyBuffer {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "Buffer objects cannot be instantiated directly: use MemoryResource.allocate() or \
@@ -965,7 +965,7 @@ impl PyBuffer {
 #[pymethods]
 impl PyManagedBuffer {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(
         _args: &Bound<'_, PyTuple>,
         _kwargs: Option<&Bound<'_, PyAny>>,
@@ -1085,7 +1085,7 @@ fn parse_descriptor(bytes: &[u8]) -> PyResult<IpcBufferDescriptor> {
 #[pymethods]
 impl PyIpcBufferDescriptor {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "IPCBufferDescriptor objects cannot be instantiated directly. Use \

@@ -115,7 +115,7 @@ impl PyMemoryResource {
 #[pymethods]
 impl PyMemoryResource {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = "(*args, **kwargs)")]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> Self {
         PyMemoryResource {
             native: None,
@@ -1029,7 +1029,7 @@ impl PyGraphMemoryAttributes {
 #[pymethods]
 impl PyGraphMemoryAttributes {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(pyo3::exceptions::PyRuntimeError::new_err(
             "GraphMemoryResourceAttributes cannot be instantiated directly. Use \

@@ -282,7 +282,7 @@ pub(crate) fn event_flags(options: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
 #[pymethods]
 impl PyStream {
     #[new]
-    #[pyo3(signature = (*args, **_kwargs))]
+    #[pyo3(signature = (*args, **_kwargs), text_signature = None)]
     fn py_new(args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         if args.len() == 1 {
             if let Ok(init) = args.get_item(0)?.cast::<PyStreamInit>() {
@@ -676,7 +676,7 @@ impl PyEvent {
 #[pymethods]
 impl PyEvent {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "Event objects cannot be instantiated directly. Use Stream.record() or \
@@ -912,7 +912,7 @@ pub struct PyIpcEventDescriptor {
 #[pymethods]
 impl PyIpcEventDescriptor {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "IPCEventDescriptor objects cannot be instantiated directly. Use \
@@ -988,7 +988,7 @@ pub struct PyContext {
 #[pymethods]
 impl PyContext {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "Context objects cannot be instantiated directly. Use Device.context or \

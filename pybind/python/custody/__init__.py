@@ -10,7 +10,9 @@ can receive the error (a drop, the garbage collector, another thread) is reporte
 :class:`CUDAWarning` (a ``RuntimeWarning``).
 
 The driver is ``libcuda.so.1``, or the library named by the environment variable
-``CUSTODY_CUDA_DRIVER`` (the emulated driver in tests).
+``CUSTODY_CUDA_DRIVER``: custody's emulated driver, ``libcuda_emu.so``, runs programs without a
+GPU (``cargo build -p cuda-custody-emu`` in custody's source repository builds it). When no
+driver loads, the first CUDA call raises a :class:`CUDAError` that says what was tried.
 """
 
 from __future__ import annotations

@@ -1,10 +1,18 @@
 """custody: CUDA memory whose lifetime is owned correctly, with NVIDIA cuda.core 1.2's names.
 
-Every buffer records, when it is made, the stream and the context its free needs (its
-deallocation recipe), so it is freed correctly wherever its last reference goes: on another
-thread, in the cyclic garbage collector, or in deferred cleanup. Driver failures raise
-:class:`CUDAError`; a free that fails where nobody can receive the error is reported as a
-:class:`CUDAWarning`.
+Code written for ``cuda.core``'s buffers, streams and memory resources runs by changing the
+import. Every buffer records, when it is made, the stream and the context its free needs (its
+*deallocation recipe*), so it is freed correctly wherever its last reference goes: on another
+thread, in the cyclic garbage collector, or in deferred cleanup after a CUDA graph let go of it.
+
+Driver failures raise :class:`CUDAError` (a ``RuntimeError``); a free that fails where nobody
+can receive the error (a drop, the garbage collector, another thread) is reported as a
+:class:`CUDAWarning` (a ``RuntimeWarning``).
+
+The driver is ``libcuda.so.1``, or the library named by the environment variable
+``CUSTODY_CUDA_DRIVER``: custody's emulated driver, ``libcuda_emu.so``, runs programs without a
+GPU (``cargo build -p cuda-custody-emu`` in custody's source repository builds it). When no
+driver loads, the first CUDA call raises a :class:`CUDAError` that says what was tried.
 """
 
 from typing import Any, Optional, Protocol, SupportsIndex, Tuple, Union
