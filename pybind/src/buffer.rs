@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::pyclass::{CompareOp, PyTraverseError, PyVisit};
 use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple, PyType};
 
-use crate::errors::{closed, expected, Error};
+use crate::errors::{class_name, closed, expected, stream_is_keyword_only, Error};
 use crate::ffi::{
     dlpack_capsule, dlpack_capsule_versioned, owned_allocation, unowned_handle, DLPACK_VERSION,
 };
@@ -19,7 +19,7 @@ use crate::graph::PyGraphBuilder;
 use crate::report::{release, PyObjRef};
 use crate::resource::{pool_of, python_device_id, resolve};
 use crate::shared::SharedBuffer;
-use crate::stream::{accept_stream, default_stream_handle};
+use crate::stream::{accept_stream, default_stream_handle, required_stream};
 
 /// `kDLCPU`, `kDLCUDA`, `kDLCUDAHost`, `kDLCUDAManaged`.
 const DL_CPU: i32 = 1;
@@ -316,6 +316,20 @@ fn adopt(
     PyBuffer::wrap(py, buffer, None, managed, kept)
 }
 
+/// `from_handle`'s `stream` is keyword-only: `TypeError` when `extra` collected one given by
+/// position.
+fn from_handle_keywords(class: &str, extra: &Bound<'_, PyTuple>) -> PyResult<()> {
+    if extra.is_empty() {
+        return Ok(());
+    }
+    Err(stream_is_keyword_only(
+        &format!("{class}.from_handle"),
+        "from 2 to 4 positional arguments",
+        4 + extra.len(),
+        "from_handle(ptr, size, mr, owner, stream=s)",
+    ))
+}
+
 /// Copies `src` into `dst` on `stream` (`handle`), or records the copy into a graph builder's
 /// capture (which then keeps both buffers alive).
 fn copy(
@@ -398,7 +412,7 @@ fn fill_value(value: &Bound<'_, PyAny>) -> PyResult<FillValue> {
 #[pymethods]
 impl PyBuffer {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "Buffer objects cannot be instantiated directly: use MemoryResource.allocate() or \
@@ -418,18 +432,24 @@ impl PyBuffer {
     /// The recipe is recorded before ownership is taken: on any error the pointer is still
     /// the caller's and ``deallocate`` is not called. ``ValueError``: ``stream`` without
     /// ``mr``, ``mr`` with ``owner``, zero size, a null owned pointer; ``TypeError``: a bad
-    /// ``mr`` or stream; ``OverflowError``: negative or too large numbers; ``RuntimeError``: no
-    /// CUDA context is current for a default stream, or a closed stream.
+    /// ``mr`` or stream, or a ``stream`` passed by position (it is keyword-only);
+    /// ``OverflowError``: negative or too large numbers; ``RuntimeError``: no CUDA context is
+    /// current for a default stream, or a closed stream.
     #[staticmethod]
-    #[pyo3(signature = (ptr, size, mr = None, owner = None, *, stream = None))]
+    #[pyo3(
+        signature = (ptr, size, mr = None, owner = None, *extra, stream = None),
+        text_signature = "(ptr, size, mr=None, owner=None, *, stream=None)"
+    )]
     fn from_handle(
         py: Python<'_>,
         ptr: &Bound<'_, PyAny>,
         size: usize,
         mr: Option<&Bound<'_, PyAny>>,
         owner: Option<&Bound<'_, PyAny>>,
+        extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        from_handle_keywords("Buffer", extra)?;
         adopt(py, address(ptr)?, size, mr, owner, stream, false)
     }
 
@@ -442,15 +462,27 @@ impl PyBuffer {
     /// malformed descriptor, or one the pool cannot hold; :class:`CUDAError`: the driver refused
     /// the import.
     #[classmethod]
-    #[pyo3(signature = (mr, ipc_descriptor, *, stream))]
+    #[pyo3(
+        signature = (mr, ipc_descriptor, *extra, stream = None),
+        text_signature = "($cls, mr, ipc_descriptor, *, stream)"
+    )]
     fn from_ipc_descriptor(
         cls: &Bound<'_, PyType>,
         mr: &Bound<'_, PyAny>,
         ipc_descriptor: &Bound<'_, PyAny>,
-        stream: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let py = cls.py();
-        let stream = accept_stream(stream)?;
+        if !extra.is_empty() {
+            return Err(stream_is_keyword_only(
+                &format!("{}.from_ipc_descriptor", cls.name()?),
+                "2 positional arguments",
+                2 + extra.len(),
+                "from_ipc_descriptor(mr, ipc_descriptor, stream=s)",
+            ));
+        }
+        let stream = accept_stream(&required_stream(stream)?)?;
         let pool = pool_of(mr)
             .ok_or_else(|| expected("DeviceMemoryResource or PinnedMemoryResource", mr))?;
         if !pool.is_mapped() {
@@ -539,22 +571,36 @@ impl PyBuffer {
     /// omitted), ordered on ``stream``, and returns ``dst``. Does not block; a
     /// :class:`GraphBuilder` as ``stream`` records the copy into its graph, which then keeps both
     /// buffers' memory alive. ``TypeError`` for a ``dst`` that is not a :class:`Buffer`;
-    /// ``TypeError`` for a missing, ``None`` or non-stream ``stream`` (positional included: it is
-    /// keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
+    /// ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
+    /// is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
     /// mismatch or no memory resource to allocate from; :class:`CUDAError` on a driver failure.
-    #[pyo3(signature = (dst = None, *, stream))]
+    #[pyo3(
+        signature = (dst = None, *extra, stream = None),
+        text_signature = "($self, dst=None, *, stream)"
+    )]
     fn copy_to(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         dst: Option<&Bound<'_, PyAny>>,
-        stream: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        if !extra.is_empty() {
+            return Err(stream_is_keyword_only(
+                &format!("{}.copy_to", class_name(slf.as_any())),
+                "from 0 to 1 positional arguments",
+                1 + extra.len(),
+                "copy_to(dst, stream=s)",
+            ));
+        }
+        let this = slf.get();
+        let stream = &required_stream(stream)?;
         let handle = accept_stream(stream)?;
-        let size = self.open_handle(py)?.size();
+        let size = this.open_handle(py)?.size();
         let dst = match dst.filter(|d| !d.is_none()) {
             Some(dst) => dst.clone(),
             None => {
-                let mr = self.memory_resource_object(py).ok_or_else(|| {
+                let mr = this.memory_resource_object(py).ok_or_else(|| {
                     PyValueError::new_err(
                         "copy_to() without dst allocates from the buffer's memory_resource, \
                          and this buffer has none",
@@ -569,28 +615,41 @@ impl PyBuffer {
         let target = dst
             .cast::<PyBuffer>()
             .map_err(|_| expected("Buffer", &dst))?;
-        copy(py, stream, &handle, target.get(), self)?;
+        copy(py, stream, &handle, target.get(), this)?;
         Ok(dst.unbind())
     }
 
     /// Copies ``src`` into this buffer, ordered on ``stream``. Does not block; a
     /// :class:`GraphBuilder` as ``stream`` records the copy into its graph, which then keeps both
     /// buffers' memory alive. ``TypeError`` for a ``src`` that is not a :class:`Buffer`;
-    /// ``TypeError`` for a missing, ``None`` or non-stream ``stream`` (positional included: it is
-    /// keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
+    /// ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
+    /// is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
     /// mismatch; :class:`CUDAError` on a driver failure.
-    #[pyo3(signature = (src, *, stream))]
+    #[pyo3(
+        signature = (src, *extra, stream = None),
+        text_signature = "($self, src, *, stream)"
+    )]
     fn copy_from(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         src: &Bound<'_, PyAny>,
-        stream: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        if !extra.is_empty() {
+            return Err(stream_is_keyword_only(
+                &format!("{}.copy_from", class_name(slf.as_any())),
+                "1 positional argument",
+                1 + extra.len(),
+                "copy_from(src, stream=s)",
+            ));
+        }
+        let stream = &required_stream(stream)?;
         let handle = accept_stream(stream)?;
         let source = src
             .cast::<PyBuffer>()
             .map_err(|_| expected("Buffer", src))?;
-        copy(py, stream, &handle, self, source.get())
+        copy(py, stream, &handle, slf.get(), source.get())
     }
 
     /// Fills the buffer with ``value`` repeated: an int in [0, 256) (8 bits) or an object of 1, 2
@@ -598,18 +657,31 @@ impl PyBuffer {
     /// block; a :class:`GraphBuilder` as ``stream`` records the fill into its graph, which then
     /// keeps the buffer's memory alive. ``TypeError`` for ``None`` or another kind of ``value``;
     /// ``OverflowError`` for an int out of range; ``ValueError`` for another width or a size that
-    /// is not a multiple of it; ``TypeError`` for a missing, ``None`` or non-stream ``stream``
-    /// (positional included: it is keyword-only); ``RuntimeError`` for a closed stream or buffer;
+    /// is not a multiple of it; ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or
+    /// one passed by position (it is keyword-only); ``RuntimeError`` for a closed stream or buffer;
     /// :class:`CUDAError` on a driver failure.
-    #[pyo3(signature = (value, *, stream))]
+    #[pyo3(
+        signature = (value, *extra, stream = None),
+        text_signature = "($self, value, *, stream)"
+    )]
     fn fill(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         value: &Bound<'_, PyAny>,
-        stream: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        if !extra.is_empty() {
+            return Err(stream_is_keyword_only(
+                &format!("{}.fill", class_name(slf.as_any())),
+                "1 positional argument",
+                1 + extra.len(),
+                "fill(value, stream=s)",
+            ));
+        }
+        let stream = &required_stream(stream)?;
         let value = fill_value(value)?;
-        let buffer = self.open(py)?;
+        let buffer = slf.get().open(py)?;
         if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
             // Recorded into the graph, which keeps the buffer alive.
             let builder = builder.get().builder()?;
@@ -893,7 +965,7 @@ impl PyBuffer {
 #[pymethods]
 impl PyManagedBuffer {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(
         _args: &Bound<'_, PyTuple>,
         _kwargs: Option<&Bound<'_, PyAny>>,
@@ -907,15 +979,20 @@ impl PyManagedBuffer {
     /// As :meth:`Buffer.from_handle`, for managed memory (reported host- and
     /// device-accessible and managed without asking the driver).
     #[classmethod]
-    #[pyo3(signature = (ptr, size, mr = None, owner = None, *, stream = None))]
+    #[pyo3(
+        signature = (ptr, size, mr = None, owner = None, *extra, stream = None),
+        text_signature = "($cls, ptr, size, mr=None, owner=None, *, stream=None)"
+    )]
     fn from_handle(
         cls: &Bound<'_, PyType>,
         ptr: &Bound<'_, PyAny>,
         size: usize,
         mr: Option<&Bound<'_, PyAny>>,
         owner: Option<&Bound<'_, PyAny>>,
+        extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        from_handle_keywords(&cls.name()?.to_string(), extra)?;
         adopt(cls.py(), address(ptr)?, size, mr, owner, stream, true)
     }
 }
@@ -1008,7 +1085,7 @@ fn parse_descriptor(bytes: &[u8]) -> PyResult<IpcBufferDescriptor> {
 #[pymethods]
 impl PyIpcBufferDescriptor {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "IPCBufferDescriptor objects cannot be instantiated directly. Use \

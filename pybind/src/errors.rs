@@ -147,10 +147,24 @@ pub(crate) fn closed(what: &str) -> PyErr {
 
 /// `TypeError("<expected> expected, got <type name>")`.
 pub(crate) fn expected(expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
-    let name = got
+    PyTypeError::new_err(format!("{expected} expected, got {}", class_name(got)))
+}
+
+/// The name of `object`'s class, as the user called it (a subclass's own name).
+pub(crate) fn class_name(object: &Bound<'_, PyAny>) -> String {
+    object
         .get_type()
         .name()
         .map(|n| n.to_string())
-        .unwrap_or_else(|_| "an unknown type".to_owned());
-    PyTypeError::new_err(format!("{expected} expected, got {name}"))
+        .unwrap_or_else(|_| "an unknown type".to_owned())
+}
+
+/// The `TypeError` for a `stream` passed by position where it is keyword-only: CPython's words
+/// for too many positional arguments (`called` names the class the user called, `takes` says
+/// how many it takes), then which argument is keyword-only and how the call is written.
+pub(crate) fn stream_is_keyword_only(called: &str, takes: &str, given: usize, call: &str) -> PyErr {
+    let were = if given == 1 { "was" } else { "were" };
+    PyTypeError::new_err(format!(
+        "{called}() takes {takes} but {given} {were} given: stream is keyword-only ({call})"
+    ))
 }

@@ -24,12 +24,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::buffer::{Kept, PyBuffer};
-use crate::errors::{expected, Error};
+use crate::errors::{class_name, expected, stream_is_keyword_only, Error};
 use crate::ffi::{owned_allocation, with_borrowed_fd};
 use crate::graph::{allocate_in, PyGraphBuilder};
 use crate::nested;
 use crate::report::PyObjRef;
-use crate::stream::{accept_stream, default_stream_handle};
+use crate::stream::{accept_stream, default_stream_handle, required_stream};
 
 /// The base class of memory resources; subclass it in Python.
 ///
@@ -60,15 +60,38 @@ pub struct PyMemoryResource {
     stream_optional: bool,
 }
 
-fn not_implemented(what: &str) -> PyErr {
-    PyTypeError::new_err(format!(
-        "MemoryResource.{what} must be implemented by subclasses"
-    ))
+/// The `TypeError` of the base class's `what`, naming the class called: `MemoryResource` itself,
+/// or a subclass that does not implement `what`.
+fn not_implemented(class: &str, what: &str) -> PyErr {
+    if class == "MemoryResource" {
+        PyTypeError::new_err(format!(
+            "MemoryResource.{what} must be implemented by subclasses"
+        ))
+    } else {
+        PyTypeError::new_err(format!(
+            "{class}.{what} must be implemented: {class} subclasses MemoryResource without \
+             defining it"
+        ))
+    }
+}
+
+/// The Rust resource of a built-in `mr`; for a Python subclass, [`not_implemented`] naming its
+/// class.
+fn native_of<'a>(
+    mr: &'a Bound<'_, PyMemoryResource>,
+    what: &str,
+) -> PyResult<&'a Arc<dyn MemoryResource>> {
+    mr.get()
+        .native
+        .as_ref()
+        .ok_or_else(|| not_implemented(&class_name(mr.as_any()), what))
 }
 
 impl PyMemoryResource {
     fn native(&self, what: &str) -> PyResult<&Arc<dyn MemoryResource>> {
-        self.native.as_ref().ok_or_else(|| not_implemented(what))
+        self.native
+            .as_ref()
+            .ok_or_else(|| not_implemented("MemoryResource", what))
     }
 
     fn builtin(native: Arc<dyn MemoryResource>, managed: bool) -> PyClassInitializer<Self> {
@@ -92,7 +115,7 @@ impl PyMemoryResource {
 #[pymethods]
 impl PyMemoryResource {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = "(*args, **kwargs)")]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> Self {
         PyMemoryResource {
             native: None,
@@ -101,15 +124,17 @@ impl PyMemoryResource {
         }
     }
 
-    /// Allocates ``size`` bytes ordered on ``stream``, which also orders the eventual free.
+    /// Allocates ``size`` bytes ordered on ``stream`` (keyword-only), which also orders the
+    /// eventual free.
     ///
     /// Zero bytes give an empty buffer of this resource (address 0, no driver call).
-    /// ``OverflowError`` for negative sizes or more than ``isize::MAX``; ``TypeError`` for a
-    /// missing, None or non-stream ``stream``, or one passed positionally (it is keyword-only)
-    /// (``LegacyPinnedMemoryResource`` and ``SynchronousMemoryResource`` take none: the free is
-    /// then ordered on the default stream), the message naming the class called; ``RuntimeError``
-    /// for a closed stream or a default stream with no current context; :class:`CUDAError` for the
-    /// driver's failure. The base class raises ``TypeError``.
+    /// ``LegacyPinnedMemoryResource`` and ``SynchronousMemoryResource`` need no ``stream`` (the
+    /// free is then ordered on the default stream). ``OverflowError`` for negative sizes or more
+    /// than ``isize::MAX``; ``TypeError`` for a missing, None or non-stream ``stream``, or one
+    /// passed by position, the message naming the class called; ``RuntimeError`` for a closed
+    /// stream or a default stream with no current context; :class:`CUDAError` for the driver's
+    /// failure. The base class raises ``TypeError``, and so does a subclass that does not define
+    /// it.
     // The arguments `(size, *, stream)` are parsed by hand (`allocate_arguments`): pyo3's
     // generic extraction under the stable ABI copies every keyword name into a new UTF-8
     // `bytes` object to compare it, the largest share of the extension's own cost per call.
@@ -121,7 +146,7 @@ impl PyMemoryResource {
     ) -> PyResult<Py<PyAny>> {
         let this = slf.get();
         let (size, stream) = allocate_arguments(slf, args, kwargs, this.stream_optional)?;
-        let native = Arc::clone(this.native("allocate")?);
+        let native = Arc::clone(native_of(slf, "allocate")?);
         let py = slf.py();
         let mr = || Some(slf.clone().into_any().unbind());
         let stream = match stream {
@@ -157,19 +182,31 @@ impl PyMemoryResource {
 
     /// Frees ``size`` bytes at ``ptr``, which this resource allocated, ordered on ``stream``
     /// (keyword-only), as the resource's own buffers are freed; raises on failure
-    /// (:class:`CUDAError`). ``TypeError`` for a missing, ``None`` or non-stream ``stream``
-    /// (positional included: it is keyword-only); ``RuntimeError`` for a closed stream. The base
+    /// (:class:`CUDAError`). ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one
+    /// passed by position (it is keyword-only); ``RuntimeError`` for a closed stream. The base
     /// class raises ``TypeError``.
-    #[pyo3(signature = (ptr, size, *, stream))]
+    #[pyo3(
+        signature = (ptr, size, *extra, stream = None),
+        text_signature = "($self, ptr, size, *, stream)"
+    )]
     fn deallocate(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         ptr: CUdeviceptr,
         size: usize,
-        stream: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let native = Arc::clone(self.native("deallocate")?);
-        let stream = accept_stream(stream)?;
+        if !extra.is_empty() {
+            return Err(stream_is_keyword_only(
+                &format!("{}.deallocate", class_name(slf.as_any())),
+                "2 positional arguments",
+                2 + extra.len(),
+                "deallocate(ptr, size, stream=s)",
+            ));
+        }
+        let native = Arc::clone(native_of(slf, "deallocate")?);
+        let stream = accept_stream(&required_stream(stream)?)?;
         py.detach(move || native.deallocate(owned_allocation(ptr, size), &stream))
             .map_err(Error::from)?;
         Ok(())
@@ -177,21 +214,21 @@ impl PyMemoryResource {
 
     /// Whether a device can access the memory. The base class raises ``TypeError``.
     #[getter]
-    fn is_device_accessible(&self) -> PyResult<bool> {
-        Ok(self.native("is_device_accessible")?.is_device_accessible())
+    fn is_device_accessible(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        Ok(native_of(slf, "is_device_accessible")?.is_device_accessible())
     }
 
     /// Whether the host can access the memory. The base class raises ``TypeError``.
     #[getter]
-    fn is_host_accessible(&self) -> PyResult<bool> {
-        Ok(self.native("is_host_accessible")?.is_host_accessible())
+    fn is_host_accessible(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        Ok(native_of(slf, "is_host_accessible")?.is_host_accessible())
     }
 
     /// The device the memory belongs to; -1 for memory bound to no device. The base class raises
     /// ``TypeError``.
     #[getter]
-    fn device_id(&self) -> PyResult<i32> {
-        Ok(self.native("device_id")?.device_id().unwrap_or(-1))
+    fn device_id(slf: &Bound<'_, Self>) -> PyResult<i32> {
+        Ok(native_of(slf, "device_id")?.device_id().unwrap_or(-1))
     }
 
     /// Whether the memory is managed (False for the base class).
@@ -203,11 +240,7 @@ impl PyMemoryResource {
 
 /// The class name the user called a method on (`DeviceMemoryResource`, a Python subclass).
 fn type_name(object: &Bound<'_, PyAny>) -> String {
-    object
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "MemoryResource".to_owned())
+    class_name(object)
 }
 
 /// An allocation's error, with the capture-state errors in cuda.core's words, naming the class
@@ -242,10 +275,12 @@ fn allocate_arguments<'py>(
     let py = args.py();
     let positional = args.len();
     if positional > 1 {
-        return Err(PyTypeError::new_err(format!(
-            "{} takes 1 positional arguments but {positional} were given",
-            name()
-        )));
+        return Err(stream_is_keyword_only(
+            &format!("{}.allocate", type_name(mr.as_any())),
+            "1 positional argument",
+            positional,
+            "allocate(size, stream=s)",
+        ));
     }
     let mut size = if positional == 1 {
         Some(args.get_item(0)?)
@@ -994,7 +1029,7 @@ impl PyGraphMemoryAttributes {
 #[pymethods]
 impl PyGraphMemoryAttributes {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(pyo3::exceptions::PyRuntimeError::new_err(
             "GraphMemoryResourceAttributes cannot be instantiated directly. Use \

@@ -153,10 +153,7 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
         return builder.get().stream_handle();
     }
     if object.is_none() {
-        return Err(PyTypeError::new_err(
-            "stream is required and must not be None: pass a Stream explicitly, e.g. \
-             Device().create_stream() or custody.default_stream()",
-        ));
+        return Err(stream_required());
     }
     if object.hasattr("__cuda_stream__")? {
         return Ok(wrap_protocol(object)?.0);
@@ -165,6 +162,29 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
         "Stream (or an object with __cuda_stream__)",
         object,
     ))
+}
+
+/// The `TypeError` for a missing or `None` stream where one is required.
+pub(crate) fn stream_required() -> PyErr {
+    PyTypeError::new_err(
+        "stream is required and must not be None: pass a Stream explicitly, e.g. \
+         Device().create_stream() or custody.default_stream()",
+    )
+}
+
+/// A keyword-only `stream` that a method's signature lets default to `None`, so that one passed
+/// by position reaches the method (and gets [`stream_is_keyword_only`]'s message, after
+/// `extra` collected it) instead of pyo3's: `None` here, given or missing, is refused as
+/// [`accept_stream`] refuses it.
+///
+/// [`stream_is_keyword_only`]: crate::errors::stream_is_keyword_only
+pub(crate) fn required_stream<'py>(
+    stream: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match stream {
+        Some(stream) if !stream.is_none() => Ok(stream.clone()),
+        _ => Err(stream_required()),
+    }
 }
 
 /// Wraps an object implementing the `__cuda_stream__` protocol (`(version, handle)`); the
@@ -262,7 +282,7 @@ pub(crate) fn event_flags(options: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
 #[pymethods]
 impl PyStream {
     #[new]
-    #[pyo3(signature = (*args, **_kwargs))]
+    #[pyo3(signature = (*args, **_kwargs), text_signature = None)]
     fn py_new(args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         if args.len() == 1 {
             if let Ok(init) = args.get_item(0)?.cast::<PyStreamInit>() {
@@ -656,7 +676,7 @@ impl PyEvent {
 #[pymethods]
 impl PyEvent {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "Event objects cannot be instantiated directly. Use Stream.record() or \
@@ -892,7 +912,7 @@ pub struct PyIpcEventDescriptor {
 #[pymethods]
 impl PyIpcEventDescriptor {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "IPCEventDescriptor objects cannot be instantiated directly. Use \
@@ -968,7 +988,7 @@ pub struct PyContext {
 #[pymethods]
 impl PyContext {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "Context objects cannot be instantiated directly. Use Device.context or \

@@ -202,12 +202,13 @@ def runtime_doc(obj):
 
 
 def documented_pairs():
-    """``(qualified name, stub node, runtime docstring)`` for every stubbed class, method,
-    property and function whose docstring Python shows at run time: not variables or fields
+    """``(qualified name, stub node, runtime docstring)`` for the module and every stubbed
+    class, method, property and function whose docstring Python shows at run time: not variables or fields
     (no runtime docstring), setters (the property's), constructors (the class's), C slots
     such as ``__sub__`` (CPython's text) or typing protocols."""
-    pairs = []
-    for node in stub_tree().body:
+    tree = stub_tree()
+    pairs = [("custody", tree, custody.__doc__)]
+    for node in tree.body:
         if isinstance(node, ast.FunctionDef):
             pairs.append((node.name, node, getattr(custody, node.name).__doc__))
         if not isinstance(node, ast.ClassDef) or is_protocol(node):

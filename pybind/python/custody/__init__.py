@@ -10,11 +10,14 @@ can receive the error (a drop, the garbage collector, another thread) is reporte
 :class:`CUDAWarning` (a ``RuntimeWarning``).
 
 The driver is ``libcuda.so.1``, or the library named by the environment variable
-``CUSTODY_CUDA_DRIVER`` (the emulated driver in tests).
+``CUSTODY_CUDA_DRIVER``: custody's emulated driver, ``libcuda_emu.so``, runs programs without a
+GPU (``cargo build -p cuda-custody-emu`` in custody's source repository builds it). When no
+driver loads, the first CUDA call raises a :class:`CUDAError` that says what was tried.
 """
 
 from __future__ import annotations
 
+import functools as _functools
 import threading
 import uuid as _uuid
 from dataclasses import dataclass
@@ -199,6 +202,28 @@ class DLDeviceType(IntEnum):
     kDLCUDAManaged = 13
 
 
+def _stream_is_keyword_only(method):
+    """Wraps ``method`` (whose ``stream`` is keyword-only) so that a ``stream`` passed by position
+    gets a ``TypeError`` saying so, as the extension's methods do; ``inspect.signature`` still
+    shows ``method``'s own."""
+    takes = method.__code__.co_argcount - 1  # not counting self
+    names = method.__code__.co_varnames[1 : takes + 1]
+    call = f"{method.__name__}({', '.join(names)}, stream=s)"
+    plural = "" if takes == 1 else "s"
+
+    @_functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        if len(args) > takes:
+            were = "was" if len(args) == 1 else "were"
+            raise TypeError(
+                f"{type(self).__name__}.{method.__name__}() takes {takes} positional "
+                f"argument{plural} but {len(args)} {were} given: stream is keyword-only ({call})"
+            )
+        return method(self, *args, **kwargs)
+
+    return checked
+
+
 class _System:
     """Process-wide facts, from the CUDA driver (not NVML)."""
 
@@ -366,6 +391,7 @@ class Device:
         """A :class:`GraphBuilder` capturing a new stream in the device's primary context."""
         return _custody._create_graph_builder(self.context)
 
+    @_stream_is_keyword_only
     def allocate(self, size: int, *, stream) -> Buffer:
         """``self.memory_resource.allocate(size, stream=stream)``: ``size`` bytes, ordered on
         ``stream`` (keyword-only), raising what that resource's ``allocate`` raises.

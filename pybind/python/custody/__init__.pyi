@@ -1,10 +1,18 @@
 """custody: CUDA memory whose lifetime is owned correctly, with NVIDIA cuda.core 1.2's names.
 
-Every buffer records, when it is made, the stream and the context its free needs (its
-deallocation recipe), so it is freed correctly wherever its last reference goes: on another
-thread, in the cyclic garbage collector, or in deferred cleanup. Driver failures raise
-:class:`CUDAError`; a free that fails where nobody can receive the error is reported as a
-:class:`CUDAWarning`.
+Code written for ``cuda.core``'s buffers, streams and memory resources runs by changing the
+import. Every buffer records, when it is made, the stream and the context its free needs (its
+*deallocation recipe*), so it is freed correctly wherever its last reference goes: on another
+thread, in the cyclic garbage collector, or in deferred cleanup after a CUDA graph let go of it.
+
+Driver failures raise :class:`CUDAError` (a ``RuntimeError``); a free that fails where nobody
+can receive the error (a drop, the garbage collector, another thread) is reported as a
+:class:`CUDAWarning` (a ``RuntimeWarning``).
+
+The driver is ``libcuda.so.1``, or the library named by the environment variable
+``CUSTODY_CUDA_DRIVER``: custody's emulated driver, ``libcuda_emu.so``, runs programs without a
+GPU (``cargo build -p cuda-custody-emu`` in custody's source repository builds it). When no
+driver loads, the first CUDA call raises a :class:`CUDAError` that says what was tried.
 """
 
 from typing import Any, Optional, Protocol, SupportsIndex, Tuple, Union
@@ -290,8 +298,9 @@ class Buffer:
         The recipe is recorded before ownership is taken: on any error the pointer is still
         the caller's and ``deallocate`` is not called. ``ValueError``: ``stream`` without
         ``mr``, ``mr`` with ``owner``, zero size, a null owned pointer; ``TypeError``: a bad
-        ``mr`` or stream; ``OverflowError``: negative or too large numbers; ``RuntimeError``: no
-        CUDA context is current for a default stream, or a closed stream.
+        ``mr`` or stream, or a ``stream`` passed by position (it is keyword-only);
+        ``OverflowError``: negative or too large numbers; ``RuntimeError``: no CUDA context is
+        current for a default stream, or a closed stream.
         """
     @classmethod
     def from_ipc_descriptor(
@@ -334,16 +343,16 @@ class Buffer:
         omitted), ordered on ``stream``, and returns ``dst``. Does not block; a
         :class:`GraphBuilder` as ``stream`` records the copy into its graph, which then keeps both
         buffers' memory alive. ``TypeError`` for a ``dst`` that is not a :class:`Buffer`;
-        ``TypeError`` for a missing, ``None`` or non-stream ``stream`` (positional included: it is
-        keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
+        ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
+        is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
         mismatch or no memory resource to allocate from; :class:`CUDAError` on a driver failure.
         """
     def copy_from(self, src: "Buffer", *, stream: StreamLike) -> None:
         """Copies ``src`` into this buffer, ordered on ``stream``. Does not block; a
         :class:`GraphBuilder` as ``stream`` records the copy into its graph, which then keeps both
         buffers' memory alive. ``TypeError`` for a ``src`` that is not a :class:`Buffer`;
-        ``TypeError`` for a missing, ``None`` or non-stream ``stream`` (positional included: it is
-        keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
+        ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
+        is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
         mismatch; :class:`CUDAError` on a driver failure.
         """
     def fill(self, value: Union[int, bytes, Any], *, stream: StreamLike) -> None:
@@ -352,8 +361,8 @@ class Buffer:
         block; a :class:`GraphBuilder` as ``stream`` records the fill into its graph, which then
         keeps the buffer's memory alive. ``TypeError`` for ``None`` or another kind of ``value``;
         ``OverflowError`` for an int out of range; ``ValueError`` for another width or a size that
-        is not a multiple of it; ``TypeError`` for a missing, ``None`` or non-stream ``stream``
-        (positional included: it is keyword-only); ``RuntimeError`` for a closed stream or buffer;
+        is not a multiple of it; ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or
+        one passed by position (it is keyword-only); ``RuntimeError`` for a closed stream or buffer;
         :class:`CUDAError` on a driver failure.
         """
     @property
@@ -531,21 +540,23 @@ class MemoryResource:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         ...
     def allocate(self, size: int, *, stream: StreamLike) -> Buffer:
-        """Allocates ``size`` bytes ordered on ``stream``, which also orders the eventual free.
+        """Allocates ``size`` bytes ordered on ``stream`` (keyword-only), which also orders the
+        eventual free.
 
         Zero bytes give an empty buffer of this resource (address 0, no driver call).
-        ``OverflowError`` for negative sizes or more than ``isize::MAX``; ``TypeError`` for a
-        missing, None or non-stream ``stream``, or one passed positionally (it is keyword-only)
-        (``LegacyPinnedMemoryResource`` and ``SynchronousMemoryResource`` take none: the free is
-        then ordered on the default stream), the message naming the class called; ``RuntimeError``
-        for a closed stream or a default stream with no current context; :class:`CUDAError` for the
-        driver's failure. The base class raises ``TypeError``.
+        ``LegacyPinnedMemoryResource`` and ``SynchronousMemoryResource`` need no ``stream`` (the
+        free is then ordered on the default stream). ``OverflowError`` for negative sizes or more
+        than ``isize::MAX``; ``TypeError`` for a missing, None or non-stream ``stream``, or one
+        passed by position, the message naming the class called; ``RuntimeError`` for a closed
+        stream or a default stream with no current context; :class:`CUDAError` for the driver's
+        failure. The base class raises ``TypeError``, and so does a subclass that does not define
+        it.
         """
     def deallocate(self, ptr: int, size: int, *, stream: StreamLike) -> None:
         """Frees ``size`` bytes at ``ptr``, which this resource allocated, ordered on ``stream``
         (keyword-only), as the resource's own buffers are freed; raises on failure
-        (:class:`CUDAError`). ``TypeError`` for a missing, ``None`` or non-stream ``stream``
-        (positional included: it is keyword-only); ``RuntimeError`` for a closed stream. The base
+        (:class:`CUDAError`). ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one
+        passed by position (it is keyword-only); ``RuntimeError`` for a closed stream. The base
         class raises ``TypeError``.
         """
     @property
