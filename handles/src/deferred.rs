@@ -5,15 +5,15 @@
 
 use std::any::Any;
 use std::cell::Cell;
-use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 
 use crossbeam_queue::SegQueue;
 
-use crate::deviceptr::{run_sync_free, SyncFree};
+use crate::lifecycle::exiting;
+
+use crate::sync_free::{run_sync_free, SyncFree};
 
 /// Something the cleanup worker drops or runs.
 pub(crate) enum Deferred {
@@ -41,9 +41,7 @@ const PARKED_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 /// before it has been processed. Never taken by a push.
 static CONSUMER: Mutex<()> = Mutex::new(());
 
-static EXITING: AtomicBool = AtomicBool::new(false);
 static WORKER: OnceLock<Option<Thread>> = OnceLock::new();
-static AT_EXIT: OnceLock<()> = OnceLock::new();
 
 thread_local! {
     /// Whether this thread holds [`CONSUMER`] (a nested drain must not take it again).
@@ -69,39 +67,13 @@ fn unbind_worker_after_failed_restore() {
     }
 }
 
-extern "C" {
-    fn atexit(callback: extern "C" fn()) -> c_int;
-}
-
-extern "C" fn on_exit() {
-    EXITING.store(true, Ordering::SeqCst);
-}
-
-/// Registers the exit hook once. Called when the driver is first initialised and when the
-/// worker starts.
-pub(crate) fn register_exit_hook() {
-    AT_EXIT.get_or_init(|| {
-        // SAFETY: `on_exit` is a plain `extern "C"` function with no arguments that only
-        // stores an atomic; registering it has no other effect.
-        let _ = unsafe { atexit(on_exit) };
-    });
-}
-
-/// Whether the process is exiting (`main` returned or `exit` was called). From then on no
-/// handle calls the driver: frees and destructions are leaked, never run against a driver that
-/// may be tearing down.
-#[inline]
-pub fn exiting() -> bool {
-    EXITING.load(Ordering::Relaxed)
-}
-
 /// Starts the worker thread once, and waits (briefly, the first time) until it has set itself
 /// up; `None` if the thread could not be spawned (then only [`drain_deferred_cleanup`] empties
 /// the queue).
 pub(crate) fn ensure_worker() -> Option<&'static Thread> {
     WORKER
         .get_or_init(|| {
-            register_exit_hook();
+            crate::lifecycle::register_exit_hook();
             let (ready, started) = std::sync::mpsc::channel();
             match std::thread::Builder::new()
                 .name("custody-cleanup".into())
@@ -176,8 +148,9 @@ fn worker_main(ready: std::sync::mpsc::Sender<()>) {
     // The worker captures nothing, so no capture needs it kept from "potentially unsafe" calls
     // (`cuMemFree`, `cuMemFreeHost`, `cuCtxSynchronize`); in the default (global) mode a user's
     // global capture on another thread would make the worker's synchronous frees fail and break
-    // that capture (docs/decisions.md D11). The worker starts once the driver is initialised
-    // (`sys::init`); if this fails the worker carries on in the default mode, said on stderr.
+    // that capture (docs/decisions.md D11). If this fails the worker carries on in the default
+    // mode, said on stderr.
+    let _ = crate::sys::init();
     if let Err(status) = relax_capture_mode() {
         eprintln!(
             "custody: the cleanup worker could not relax its stream-capture mode \
@@ -281,6 +254,9 @@ pub fn drain_deferred_cleanup() -> usize {
     if exiting() {
         return 0;
     }
+    // A drain also starts the worker (a program's first drain is usually early), so that it has
+    // set itself up before frees are queued.
+    ensure_worker();
     unpark_all();
     consume()
 }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use cuda_sys::types::{c_void, CUdeviceptr, CUgraph, CUmemPoolPtrExportData, CUstream};
 use cuda_sys::Driver;
 
+use crate::allocation::{AdoptError, Deallocator, OwnedAllocation};
 use crate::context::ContextHandle;
 use crate::deferred::{self, Deferred};
 use crate::event::{create_raw, destroy_raw, EVENT_DISABLE_TIMING};
@@ -22,158 +23,10 @@ use crate::report::{
 };
 use crate::scope::{report_restore, run_in, run_in_from, Ran};
 use crate::stream::{capture_may_be_active, capture_state, CaptureState, StreamHandle};
+use crate::sync_free::{SyncFree, SyncKind};
 use crate::sys::{check, current_context_raw, driver, error};
 use crate::user_object::UserObjectOwnership;
 use crate::HandleError;
-
-/// Frees memory that custody adopted from elsewhere (a user's memory resource).
-///
-/// Called once, by whoever drops the last handle, with the recipe's context current (see
-/// [`crate::ContextScope`]) and the recipe's stream; on a thread chosen by the drop, which may be the
-/// cleanup worker. It must not block on a lock that the dropping thread may hold.
-pub trait Deallocator: Send + Sync {
-    /// Frees `allocation` (its [`OwnedAllocation::size`] bytes at [`OwnedAllocation::ptr`]),
-    /// ordered on `stream`. The deallocator now owns the allocation: it frees it (with one of
-    /// [`OwnedAllocation`]'s frees, or by its own means), and dropping it unfreed leaks it.
-    ///
-    /// # Errors
-    /// Whatever the deallocator reports (as [`HandleError::deallocator`]): returned by an
-    /// explicit [`DevicePtrHandle::release`], reported through the cleanup-error hook on a drop.
-    fn deallocate(
-        &self,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<(), HandleError>;
-
-    /// The deallocator as its user knows it (a memory resource's class name, say), for
-    /// cleanup reports. Default: the Rust type's name.
-    fn name(&self) -> &str {
-        std::any::type_name::<Self>()
-    }
-}
-
-/// An allocation outside custody, with the right to free it: what a [`Deallocator`] is handed
-/// when the last handle to memory it owns goes, and what [`DevicePtrHandle::adopt`] and
-/// [`DevicePtrHandle::adopt_synchronous`] take into custody.
-///
-/// Made by this crate (handing memory it owned to a deallocator) or by the caller of
-/// [`crate::raw::owned_allocation`], who vouches for it. Consuming it is safe: one of the frees
-/// below, or adoption. Dropping it frees nothing (the memory leaks); [`OwnedAllocation::into_raw`]
-/// gives the responsibility back as a raw address. Not `Clone`: the right to free exists once.
-#[must_use = "dropping an OwnedAllocation leaks its memory"]
-pub struct OwnedAllocation {
-    ptr: CUdeviceptr,
-    size: usize,
-}
-
-impl OwnedAllocation {
-    /// Made only here and by [`crate::raw::owned_allocation`].
-    #[inline]
-    pub(crate) fn new(ptr: CUdeviceptr, size: usize) -> OwnedAllocation {
-        OwnedAllocation { ptr, size }
-    }
-
-    /// The address (a host address for pinned host memory).
-    #[inline]
-    pub fn ptr(&self) -> CUdeviceptr {
-        self.ptr
-    }
-
-    /// The size in bytes.
-    #[inline]
-    pub fn size(&self) -> usize {
-        self.size
-    }
-
-    /// Gives up the token without freeing: the caller is responsible for the memory again.
-    pub fn into_raw(self) -> (CUdeviceptr, usize) {
-        (self.ptr, self.size)
-    }
-
-    /// Frees a stream-ordered allocation (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`, an IPC
-    /// import) ordered on `stream`. Does not block.
-    ///
-    /// # Errors
-    /// [`HandleError::NoCurrentContext`] for an unbound default-stream token on a thread with
-    /// no context; [`HandleError::Driver`] for the driver's failure (a pointer it does not know
-    /// as stream-ordered memory); the memory is then still allocated, and the token gone;
-    /// [`HandleError::ContextNotActivated`] / [`HandleError::ContextNotRestored`] for a bound
-    /// token's context switch.
-    ///
-    /// Driver calls: `cuMemFreeAsync`; on a created or wrapped stream nothing else (F4, F8), on a
-    /// bound token `cuCtxGetCurrent` and `cuCtxSetCurrent` (if needed) around it.
-    pub fn free_async(self, stream: &StreamHandle) -> Result<(), HandleError> {
-        let ptr = self.ptr;
-        stream.run_free("cuMemFreeAsync", |d, s| {
-            // SAFETY: the token is the right to free this allocation, used once (consumed); the
-            // stream handle is alive.
-            unsafe { (d.cuMemFreeAsync)(ptr, s) }
-        })
-    }
-
-    /// Frees a `cuMemAlloc` or `cuMemAllocManaged` allocation after the work queued on
-    /// `stream`: **blocks** until the stream has drained, then frees. For an explicit free only:
-    /// a drop must never come here (docs/decisions.md D9).
-    ///
-    /// # Errors
-    /// As [`OwnedAllocation::free_async`], and the stream's failure, in which case nothing is
-    /// freed.
-    ///
-    /// Driver calls: `cuStreamSynchronize`, `cuMemFree_v2`; on a bound token in its context
-    /// (`cuCtxGetCurrent`, `cuCtxSetCurrent` if needed), on a created or wrapped stream with no
-    /// context call (F5, F6).
-    pub fn free_device_sync(self, stream: &StreamHandle) -> Result<(), HandleError> {
-        let ptr = self.ptr;
-        stream.synchronize_then_free("cuMemFree_v2", |d| {
-            // SAFETY: the token is the right to free this allocation, used once; the stream has
-            // drained.
-            unsafe { (d.cuMemFree_v2)(ptr) }
-        })
-    }
-
-    /// Frees pinned host memory (`cuMemAllocHost`) after the work queued on `stream`:
-    /// **blocks** until the stream has drained, then frees. Explicit frees only (D9).
-    ///
-    /// # Errors
-    /// As [`OwnedAllocation::free_device_sync`].
-    ///
-    /// Driver calls: `cuStreamSynchronize`, `cuMemFreeHost`, with the context rule of
-    /// [`OwnedAllocation::free_device_sync`].
-    pub fn free_host_sync(self, stream: &StreamHandle) -> Result<(), HandleError> {
-        let ptr = self.ptr;
-        stream.synchronize_then_free("cuMemFreeHost", |d| {
-            // SAFETY: the token is the right to free this allocation, used once; the stream has
-            // drained.
-            unsafe { (d.cuMemFreeHost)(ptr as *mut c_void) }
-        })
-    }
-}
-
-impl fmt::Debug for OwnedAllocation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OwnedAllocation(0x{:x}, {} bytes)", self.ptr, self.size)
-    }
-}
-
-/// An adoption that was refused, with the allocation given back: nothing was taken or freed.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-pub struct AdoptError {
-    /// Why the adoption was refused.
-    pub error: HandleError,
-    /// The allocation, still the caller's.
-    pub allocation: OwnedAllocation,
-}
-
-/// For `?` in functions returning [`HandleError`]: the allocation is given up unfreed (leaked),
-/// never freed.
-impl From<AdoptError> for HandleError {
-    fn from(error: AdoptError) -> HandleError {
-        let AdoptError { error, allocation } = error;
-        let _ = allocation.into_raw();
-        error
-    }
-}
 
 /// Which family a pointer belongs to, fixing how it is released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -245,7 +98,10 @@ enum Release {
     Synchronous,
     PinnedHost,
     Managed,
+    /// The process's one mapping of an imported pointer (held by the IPC registry).
     IpcImport(PoolRef),
+    /// One import's reference to that mapping, given back by the registry's deallocator.
+    IpcShare(PoolRef, Arc<dyn Deallocator>),
     Deallocator(Arc<dyn Deallocator>),
     HostDeallocator(Arc<dyn Deallocator>),
     Owner(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
@@ -260,7 +116,7 @@ impl Release {
             Release::Synchronous => ReleaseKind::Synchronous,
             Release::PinnedHost => ReleaseKind::PinnedHost,
             Release::Managed => ReleaseKind::Managed,
-            Release::IpcImport(_) => ReleaseKind::IpcImport,
+            Release::IpcImport(_) | Release::IpcShare(..) => ReleaseKind::IpcImport,
             Release::Deallocator(_) => ReleaseKind::Deallocator,
             Release::HostDeallocator(_) => ReleaseKind::HostDeallocator,
             Release::Owner(_) => ReleaseKind::Owner,
@@ -268,53 +124,6 @@ impl Release {
         }
     }
 }
-
-/// The synchronous frees that go through the cleanup worker (docs/decisions.md D9).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SyncKind {
-    Device,
-    Host,
-}
-
-impl SyncKind {
-    fn operation(self) -> &'static str {
-        match self {
-            SyncKind::Device => "cuMemFree_v2",
-            SyncKind::Host => "cuMemFreeHost",
-        }
-    }
-
-    fn free(self, d: &Driver, ptr: u64) -> Result<(), HandleError> {
-        match self {
-            SyncKind::Device => {
-                // SAFETY: the allocation is owned by the caller's released box and is freed
-                // once; the recipe's context is current.
-                let status = unsafe { (d.cuMemFree_v2)(ptr) };
-                check("cuMemFree_v2", status)
-            }
-            SyncKind::Host => {
-                // SAFETY: as above, for a `cuMemAllocHost` allocation.
-                let status = unsafe { (d.cuMemFreeHost)(ptr as *mut c_void) };
-                check("cuMemFreeHost", status)
-            }
-        }
-    }
-}
-
-/// A synchronous free waiting for its event on the cleanup worker.
-pub(crate) struct SyncFree {
-    ptr: u64,
-    kind: SyncKind,
-    recipe: DeallocationRecipe,
-    /// The event recorded on the recipe stream at drop time; 0 when recording failed, in which
-    /// case the worker synchronises the whole context instead.
-    event: usize,
-}
-
-/// Serialises IPC imports with the frees of imported pointers, so that a concurrent import
-/// cannot re-import a mapping that a pending free is about to unmap. A leaf lock: nothing else
-/// is taken, and nothing is reported, while it is held.
-static IPC_LOCK: Mutex<()> = Mutex::new(());
 
 struct PtrBox {
     ptr: u64,
@@ -353,6 +162,14 @@ struct PtrBox {
 pub struct DevicePtrHandle(Arc<PtrBox>);
 
 impl Release {
+    /// The name of a built-in release rule's resource (the synchronous families' for the worker).
+    fn resource_name(&self) -> &'static str {
+        match self.resource() {
+            Cow::Borrowed(name) => name,
+            Cow::Owned(_) => "adopted memory",
+        }
+    }
+
     /// The resource as its user knows it, for reports (built on error paths only).
     #[cold]
     fn resource(&self) -> Cow<'static, str> {
@@ -362,7 +179,7 @@ impl Release {
             Release::Synchronous => "cuMemAlloc allocation",
             Release::PinnedHost => "pinned host allocation",
             Release::Managed => "managed allocation",
-            Release::IpcImport(_) => "IPC-imported allocation",
+            Release::IpcImport(_) | Release::IpcShare(..) => "IPC-imported allocation",
             Release::Deallocator(deallocator) | Release::HostDeallocator(deallocator) => {
                 return Cow::Owned(deallocator.name().to_owned())
             }
@@ -497,7 +314,10 @@ fn reject_zero(size: usize) -> Result<(), HandleError> {
     Ok(())
 }
 
-fn check_device(device: Option<i32>, recipe: &DeallocationRecipe) -> Result<(), HandleError> {
+pub(crate) fn check_device(
+    device: Option<i32>,
+    recipe: &DeallocationRecipe,
+) -> Result<(), HandleError> {
     match device {
         Some(expected) if recipe.context().device() != expected => Err(HandleError::WrongDevice {
             expected,
@@ -676,7 +496,7 @@ impl DevicePtrHandle {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
     /// `cuMemPoolImportPointer`, `cuPointerGetAttribute`; `cuMemFreeAsync` at release.
-    pub fn import_from_pool(
+    pub(crate) fn import_from_pool(
         pool: &MemoryPoolHandle,
         export_data: &CUmemPoolPtrExportData,
         size: usize,
@@ -691,20 +511,18 @@ impl DevicePtrHandle {
             Release::IpcImport(PoolRef::of(pool)),
             "cuMemPoolImportPointer",
             |d, _, ptr| {
-                let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
                 // SAFETY: `ptr` is a valid out-pointer; `data` is a copy the driver may read;
                 // the pool handle is alive and the recipe's context is current.
                 unsafe { (d.cuMemPoolImportPointer)(ptr, pool_raw, &mut data) }
             },
             |d, ptr, stream| {
-                let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
                 let _ = free_async(d, ptr, stream);
             },
         )?;
         // `size` is the exporter's claim; every range of the handle trusts it, so it is checked
         // against what the driver mapped. A short mapping is freed again (on `stream`) by the
         // drop.
-        let extent = crate::ops::pointer_attributes(handle.ptr())?.map_or(0, |a| a.range_size);
+        let extent = crate::pointer::pointer_attributes(handle.ptr())?.map_or(0, |a| a.range_size);
         if extent < size {
             return Err(HandleError::invalid(
                 "size",
@@ -733,7 +551,7 @@ impl DevicePtrHandle {
         stream: &StreamHandle,
         deallocator: Arc<dyn Deallocator>,
     ) -> Result<DevicePtrHandle, AdoptError> {
-        if allocation.ptr == 0 {
+        if allocation.ptr() == 0 {
             return Err(AdoptError {
                 error: HandleError::invalid(
                     "ptr",
@@ -756,6 +574,24 @@ impl DevicePtrHandle {
         ))
     }
 
+    /// One import's handle to the process's mapping of an imported pointer (`ptr`, `size`
+    /// bytes of `pool`), released by `share` with `recipe`: for the IPC registry.
+    pub(crate) fn share_of_import(
+        ptr: CUdeviceptr,
+        size: usize,
+        pool: &MemoryPoolHandle,
+        recipe: DeallocationRecipe,
+        share: Arc<dyn Deallocator>,
+    ) -> DevicePtrHandle {
+        Self::from_parts(
+            ptr,
+            size,
+            pool.device(),
+            Some(recipe),
+            Release::IpcShare(PoolRef::of(pool), share),
+        )
+    }
+
     /// Takes host memory (`allocation`) into custody, to be freed by `deallocator` with no
     /// recipe ([`ReleaseKind::HostDeallocator`]): for a host-only resource, whose memory no
     /// device work can touch. No driver call, now or at release: the deallocator receives the
@@ -768,7 +604,7 @@ impl DevicePtrHandle {
         allocation: OwnedAllocation,
         deallocator: Arc<dyn Deallocator>,
     ) -> Result<DevicePtrHandle, AdoptError> {
-        if allocation.ptr == 0 {
+        if allocation.ptr() == 0 {
             return Err(AdoptError {
                 error: HandleError::invalid(
                     "ptr",
@@ -913,7 +749,9 @@ impl DevicePtrHandle {
     /// back as the handle the allocation holds; a borrowed pool as a new borrowed handle.
     pub fn pool(&self) -> Option<MemoryPoolHandle> {
         match &self.0.release {
-            Release::Pool(pool) | Release::IpcImport(pool) => Some(pool.handle()),
+            Release::Pool(pool) | Release::IpcImport(pool) | Release::IpcShare(pool, _) => {
+                Some(pool.handle())
+            }
             _ => None,
         }
     }
@@ -1069,7 +907,7 @@ impl PtrBox {
         // others find out from their own failure (F16) or ask where an event would be recorded.
         let looks_first = match &self.release {
             Release::Pool(_) | Release::Async => !recipe.stream().identifies_its_context(),
-            Release::IpcImport(_) | Release::Deallocator(_) => true,
+            Release::IpcImport(_) | Release::IpcShare(..) | Release::Deallocator(_) => true,
             Release::Synchronous | Release::Managed | Release::PinnedHost => explicit,
             Release::Owner(_) | Release::NonOwning | Release::HostDeallocator(_) => false,
         };
@@ -1118,8 +956,8 @@ impl PtrBox {
                 // succeeding without one.
                 let raw_stream = recipe.stream().raw();
                 let ran = run_in(d, recipe.context_raw(), || {
-                    let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-                    // SAFETY: as above; imports and their frees are serialised by the lock.
+                    // SAFETY: as above; the IPC registry serialises imports and this free (it
+                    // releases the mapping holding its lock).
                     unsafe { (d.cuMemFreeAsync)(ptr, raw_stream) }
                 });
                 let ran = ran.map(checked("cuMemFreeAsync"));
@@ -1129,7 +967,7 @@ impl PtrBox {
                 self.release_sync(d, SyncKind::Device, recipe, explicit)
             }
             Release::PinnedHost => self.release_sync(d, SyncKind::Host, recipe, explicit),
-            Release::Deallocator(deallocator) => {
+            Release::Deallocator(deallocator) | Release::IpcShare(_, deallocator) => {
                 // Always in the recipe's context: a deallocator is promised it (D2).
                 let size = self.size;
                 let ran = run_in(d, recipe.context_raw(), || {
@@ -1222,7 +1060,7 @@ impl PtrBox {
             };
             return finish(ran, &self.release, operation, ptr, &recipe, true);
         }
-        if deferred::exiting() {
+        if crate::lifecycle::exiting() {
             return Ok(()); // at exit: leaked, never freed unsafely
         }
         // D9: order with an event on the caller, free on the cleanup worker. The event is made
@@ -1278,6 +1116,7 @@ impl PtrBox {
         deferred::push(Deferred::SyncFree(SyncFree {
             ptr,
             kind,
+            resource: self.release.resource_name(),
             recipe,
             event,
         }));
@@ -1357,64 +1196,9 @@ fn report_ordering(
     }
 }
 
-/// Runs a deferred synchronous free on the cleanup worker (or a draining thread), in the
-/// recipe's context (`cuEventSynchronize` and `cuEventDestroy` without one are not measured):
-/// wait for the event (or, without one, the whole context), free, destroy the event; report
-/// failures.
-pub(crate) fn run_sync_free(job: SyncFree) {
-    let SyncFree {
-        ptr,
-        kind,
-        recipe,
-        event,
-    } = job;
-    let Ok(d) = driver() else { return };
-    let operation = kind.operation();
-    let mut destroyed = Ok(());
-    let ran = run_in(d, recipe.context_raw(), || {
-        let waited = if event != 0 {
-            // SAFETY: the event was created and recorded at drop time and is owned by this job.
-            let status = unsafe { (d.cuEventSynchronize)(event as cuda_sys::types::CUevent) };
-            let waited = check("cuEventSynchronize", status);
-            // The event is this job's own: its destruction failing leaks it, which is
-            // reported below, after the restore, like the free's own failure (D3).
-            destroyed = check("cuEventDestroy_v2", destroy_raw(event));
-            waited
-        } else {
-            // SAFETY: no arguments; the recipe's context is current.
-            let status = unsafe { (d.cuCtxSynchronize)() };
-            check("cuCtxSynchronize", status)
-        };
-        // A failed wait means the free cannot be proven ordered: leak rather than free early.
-        waited?;
-        kind.free(d, ptr)
-    });
-    let release = match kind {
-        SyncKind::Device => Release::Synchronous,
-        SyncKind::Host => Release::PinnedHost,
-    };
-    ran.report(|| subject(&release, operation, ptr, &recipe));
-    if let Err(error) = destroyed {
-        // The memory was freed (or its wait failed, reported above); the event leaked. Named by
-        // the pointer whose free it ordered (the event is internal).
-        report(
-            Subject::new(
-                "ordering event",
-                "cuEventDestroy_v2",
-                ptr,
-                recipe.stream().raw_usize() as u64,
-                recipe.context_raw() as u64,
-            ),
-            CleanupStep::Operation,
-            Consequence::Leaked,
-            error,
-        );
-    }
-}
-
 impl Drop for PtrBox {
     fn drop(&mut self) {
-        if self.released || deferred::exiting() {
+        if self.released || crate::lifecycle::exiting() {
             return;
         }
         let _ = self.release_now(false);
@@ -1466,7 +1250,7 @@ impl DevicePtrHandle {
         stream: &StreamHandle,
     ) -> Result<DevicePtrHandle, AdoptError> {
         let refuse = |error, allocation| Err(AdoptError { error, allocation });
-        if allocation.ptr == 0 {
+        if allocation.ptr() == 0 {
             return refuse(
                 HandleError::invalid("ptr", "a null pointer cannot be adopted"),
                 allocation,

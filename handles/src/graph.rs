@@ -4,32 +4,32 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cuda_sys::types::{CUgraph, CUgraphExec};
 
-use crate::context::ContextHandle;
-use crate::scope::{destroy_in_context, in_context};
+use crate::context::{in_context, ContextHandle};
+use crate::deviceptr::DevicePtrHandle;
+use crate::scope::destroy_in_context;
 use crate::stream::StreamHandle;
 use crate::sys::check;
 use crate::user_object::UserObjectOwnership;
 use crate::HandleError;
 
-// Graph nodes and their attachments live in their own file, as a child module so
-// they reach the graph box.
-#[path = "graph_nodes.rs"]
-mod nodes;
-use nodes::ExecAttachments;
-pub use nodes::{retain_in_capture, GraphNode};
+/// What [`GraphExecHandle::retain`] attached to one executable: the one payload that grows after
+/// it was made, because a driver attaches user objects to graph definitions only (the
+/// executable's user object is made at instantiation). Each allocation once. A leaf lock: held
+/// to push a clone, never across a driver call.
+pub(crate) type ExecAttachments = Mutex<Vec<DevicePtrHandle>>;
 
-struct GraphBox {
-    raw: usize,
-    context: ContextHandle,
+pub(crate) struct GraphBox {
+    pub(crate) raw: usize,
+    pub(crate) context: ContextHandle,
 }
 
 /// A graph definition, owned; destroyed in its context when the last clone drops.
 #[derive(Clone)]
-pub struct GraphHandle(Arc<GraphBox>);
+pub struct GraphHandle(pub(crate) Arc<GraphBox>);
 
 impl GraphHandle {
     /// Creates an empty graph, with `context` current.
@@ -85,13 +85,13 @@ impl fmt::Debug for GraphHandle {
     }
 }
 
-struct GraphExecBox {
-    raw: usize,
-    context: ContextHandle,
+pub(crate) struct GraphExecBox {
+    pub(crate) raw: usize,
+    pub(crate) context: ContextHandle,
     /// What [`GraphExecHandle::retain`] attached: the payload of a user object that only this
     /// executable references. This box's reference is given up before the executable is
     /// destroyed, so the payload's own is the last and the memory is freed by deferred cleanup.
-    kept: Option<Arc<ExecAttachments>>,
+    pub(crate) kept: Option<Arc<ExecAttachments>>,
 }
 
 /// An executable graph, owned; destroyed in its context when the last clone drops.
@@ -100,7 +100,7 @@ struct GraphExecBox {
 /// instantiated from, so payloads outlive the graph definition (docs/driver-facts.md G1); a payload
 /// whose last reference goes inside `cuGraphExecDestroy` is queued there and then (G2).
 #[derive(Clone)]
-pub struct GraphExecHandle(Arc<GraphExecBox>);
+pub struct GraphExecHandle(pub(crate) Arc<GraphExecBox>);
 
 impl GraphExecHandle {
     /// Instantiates `graph` with `flags` (`CUDA_GRAPH_INSTANTIATE_FLAG_*`).
@@ -206,7 +206,7 @@ impl fmt::Debug for GraphExecHandle {
     }
 }
 
-// The graph a stream capture produced (`ops::end_capture`), which the memory crate's builder
+// The graph a stream capture produced (`handles::end_capture`), which the memory crate's builder
 // wraps.
 impl GraphHandle {
     /// Takes ownership of a graph made by `cuStreamEndCapture` in `context`.

@@ -11,25 +11,23 @@
 //! the last one goes its destructor only queues the payload for the cleanup worker
 //! (`deferred.rs`), which drops the handles: each frees with its recipe as it is *then*
 //! (docs/decisions.md D4, D7). See `handles/DESIGN.md`, "Graph attachments".
-//!
-//! This file is a child module of `graph.rs` (declared there), so it reaches the graph box.
 
 use std::any::Any;
 use std::ffi::c_void;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, PoisonError, Weak};
 
 use cuda_sys::types::{
     CUgraph, CUgraphNode, CUmemorytype, CUuserObject, CUDA_HOST_NODE_PARAMS, CUDA_MEMCPY3D,
     CUDA_MEMSET_NODE_PARAMS,
 };
 
-use super::{GraphBox, GraphExecHandle, GraphHandle};
+use crate::context::in_context;
 use crate::context::ContextHandle;
 use crate::deviceptr::DevicePtrHandle;
+use crate::graph::{GraphBox, GraphExecHandle, GraphHandle};
 use crate::report::{report, CleanupStep, Consequence, Subject};
-use crate::scope::in_context;
 use crate::stream::{capture_state, CaptureState, StreamHandle};
 use crate::sys::{check, check_token};
 use crate::user_object::UserObjectOwnership;
@@ -80,12 +78,6 @@ enum Attachment {
     Memory(Vec<DevicePtrHandle>),
     HostFunction(Box<HostFunction>),
 }
-
-/// What [`GraphExecHandle::retain`] attached to one executable: the one payload that grows after
-/// it was made, because a driver attaches user objects to graph definitions only (the
-/// executable's user object is made at instantiation). Each allocation once. A leaf lock: held
-/// to push a clone, never across a driver call.
-pub(super) type ExecAttachments = Mutex<Vec<DevicePtrHandle>>;
 
 /// A host function as a graph node runs it: behind one more box, so that the node's user data
 /// is a thin pointer whose target never moves while the attachment lives.

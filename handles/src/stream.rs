@@ -12,16 +12,16 @@ use cuda_sys::types::{CUcontext, CUstream};
 use cuda_sys::Driver;
 
 use crate::context::{context_for_current, ContextHandle};
-use crate::event::EventHandle;
+use crate::context::{in_context, in_context_or_undo};
 use crate::report::Subject;
-use crate::scope::{in_context, in_context_or_undo, release_in};
+use crate::scope::release_in;
 use crate::sys::{check, check_token, driver, init};
 use crate::HandleError;
 
-/// How many captures begun through custody (`ops::begin_capture`) have not ended yet.
+/// How many captures begun through custody (`begin_capture`) have not ended yet.
 static ACTIVE_CAPTURES: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether any capture begun through custody (`ops::begin_capture`) may still be running: one
+/// Whether any capture begun through custody (`begin_capture`) may still be running: one
 /// relaxed atomic load, so that a path that would otherwise not ask the driver (an allocation, a
 /// free on a default-stream token) asks only while such a capture runs. A capture begun by code
 /// outside custody is not counted.
@@ -477,20 +477,6 @@ impl StreamHandle {
         })
     }
 
-    /// Makes all future work on this stream wait for `event`'s last recorded work. Does not
-    /// block the host.
-    ///
-    /// # Errors
-    /// As [`StreamHandle::synchronize`].
-    ///
-    /// Driver calls: `cuStreamWaitEvent` (inside the stream's context).
-    pub fn wait_event(&self, event: &EventHandle) -> Result<(), HandleError> {
-        self.run("cuStreamWaitEvent", |d, s| {
-            // SAFETY: both handles keep their resources alive.
-            unsafe { (d.cuStreamWaitEvent)(s, event.raw(), 0) }
-        })
-    }
-
     /// Releases this handle now; when it is the last one of a created stream, destroys the
     /// stream and returns the outcome instead of reporting it.
     ///
@@ -554,7 +540,7 @@ impl StreamBox {
 
 impl Drop for StreamBox {
     fn drop(&mut self) {
-        if crate::deferred::exiting() || !self.unregister() {
+        if crate::lifecycle::exiting() || !self.unregister() {
             return;
         }
         let (raw, context) = (self.raw, self.owned_context().raw_usize());

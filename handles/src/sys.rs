@@ -90,22 +90,18 @@ pub(crate) fn current_context(d: &Driver) -> Result<usize, HandleError> {
 
 static INIT: OnceLock<Result<(), HandleError>> = OnceLock::new();
 
-/// Initialises the driver once per process (`cuInit(0)`), then starts the cleanup worker (once:
-/// later calls are one atomic load each); later calls return the first outcome.
+/// Initialises the driver once per process (`cuInit(0)`); later calls return the first outcome.
 ///
-/// Driver calls: `cuInit`; on the worker, `cuThreadExchangeStreamCaptureMode`.
+/// Driver calls: `cuInit`.
 pub(crate) fn init() -> Result<&'static Driver, HandleError> {
     let d = driver()?;
     INIT.get_or_init(|| {
-        crate::deferred::register_exit_hook();
+        crate::lifecycle::register_exit_hook();
         // SAFETY: `cuInit` takes only flags, which must be 0.
         let status = unsafe { (d.cuInit)(0) };
         check("cuInit", status)
     })
     .clone()?;
-    // After the driver is initialised, so that the worker sets its capture mode before anything
-    // is queued.
-    crate::deferred::ensure_worker();
     Ok(d)
 }
 

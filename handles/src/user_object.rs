@@ -7,9 +7,10 @@ use std::fmt;
 
 use cuda_sys::types::{CUgraph, CUuserObject};
 
+use crate::context::in_context;
 use crate::context::ContextHandle;
 use crate::deferred::{ensure_worker, user_object_destructor};
-use crate::scope::{destroy_in_context, in_context};
+use crate::scope::destroy_in_context;
 use crate::sys::check;
 use crate::HandleError;
 

@@ -10,8 +10,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use handles::ops::{self, CaptureStatus};
 use handles::sys_types::CUstreamCaptureMode;
+use handles::CaptureStatus;
 use handles::{
     deferred_frees_waiting_for_a_capture, drain_deferred_cleanup, ContextHandle, DevicePtrHandle,
     GraphExecHandle, StreamHandle,
@@ -80,7 +80,7 @@ fn freed_after_the_capture_graph_goes(kind: Kind, close: bool) {
     let ptr = buffer.ptr();
     let alloc = alloc_of(ptr);
     let from = mark();
-    ops::begin_capture(&s, GLOBAL).unwrap();
+    handles::begin_capture(&s, GLOBAL).unwrap();
     if close {
         buffer
             .release()
@@ -95,11 +95,11 @@ fn freed_after_the_capture_graph_goes(kind: Kind, close: bool) {
         errors_for(ptr)
     );
     assert_eq!(
-        ops::capture_status(&s).unwrap(),
+        handles::capture_status(&s).unwrap(),
         CaptureStatus::Active,
         "{kind:?}: the capture is still valid"
     );
-    let graph = ops::end_capture(&s).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+    let graph = handles::end_capture(&s).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
     assert!(
         kind.allocated(ptr, &a, base),
         "{kind:?}: the graph keeps the memory"
@@ -173,13 +173,13 @@ fn a_graph_allocation_dropped_during_its_capture_is_freed_inside_it() {
     let _serial = start();
     let a = primary(0);
     let s = StreamHandle::create(&a, 0, 0).unwrap();
-    ops::begin_capture(&s, RELAXED).unwrap();
+    handles::begin_capture(&s, RELAXED).unwrap();
     let buffer = DevicePtrHandle::alloc_async(4096, &s).unwrap();
     let ptr = buffer.ptr();
     buffer.as_range().fill_u8(7, &s).unwrap();
     drop(buffer);
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
-    let graph = ops::end_capture(&s).unwrap();
+    let graph = handles::end_capture(&s).unwrap();
     let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
     exec.launch(&s).unwrap();
     exec.launch(&s).unwrap();
@@ -208,15 +208,15 @@ fn a_legacy_stream_free_waits_for_a_capture_of_a_blocking_stream() {
     let legacy_buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
     let ptr = legacy_buffer.ptr();
     let blocking = StreamHandle::create(&a, 0, 0).unwrap(); // flags 0: a blocking stream
-    ops::begin_capture(&blocking, GLOBAL).unwrap();
+    handles::begin_capture(&blocking, GLOBAL).unwrap();
     drop(legacy_buffer);
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(
-        ops::capture_status(&blocking).unwrap(),
+        handles::capture_status(&blocking).unwrap(),
         CaptureStatus::Active,
         "the capture is still valid"
     );
-    let graph = ops::end_capture(&blocking).unwrap();
+    let graph = handles::end_capture(&blocking).unwrap();
     ContextHandle::clear_current().unwrap();
     assert!(
         drain_until(|| default_used(&a) == base),
@@ -243,11 +243,11 @@ fn the_cleanup_worker_frees_during_another_threads_global_capture_without_breaki
     let a2 = a.clone();
     let capturer = std::thread::spawn(move || {
         let s2 = StreamHandle::create(&a2, 1, 0).unwrap(); // non-blocking
-        ops::begin_capture(&s2, GLOBAL).unwrap();
+        handles::begin_capture(&s2, GLOBAL).unwrap();
         ready_tx.send(()).unwrap();
         done_rx.recv().unwrap();
-        let status = ops::capture_status(&s2).unwrap();
-        let ended = ops::end_capture(&s2).map(drop);
+        let status = handles::capture_status(&s2).unwrap();
+        let ended = handles::end_capture(&s2).map(drop);
         (status, ended)
     });
     ready_rx.recv().unwrap();

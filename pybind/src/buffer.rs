@@ -198,7 +198,7 @@ impl PyBuffer {
             // A Python resource's memory: whether it is managed, the driver says.
             let ptr = buffer.ptr();
             managed = py
-                .detach(|| handles::ops::pointer_attributes(ptr))
+                .detach(|| handles::pointer_attributes(ptr))
                 .map_err(Error::from)?
                 .is_some_and(|attributes| attributes.is_managed);
         }
