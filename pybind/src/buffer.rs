@@ -416,6 +416,9 @@ impl PyBuffer {
         let stream = accept_stream(stream)?;
         let pool = pool_of(mr)
             .ok_or_else(|| expected("DeviceMemoryResource or PinnedMemoryResource", mr))?;
+        if !pool.is_mapped() && !pool.is_ipc_enabled() {
+            return Err(crate::resource::not_ipc_enabled());
+        }
         if !pool.is_mapped() {
             return Err(PyRuntimeError::new_err(
                 "the memory resource is not a pool imported from another process \
@@ -644,7 +647,14 @@ impl PyBuffer {
     #[getter]
     fn ipc_descriptor(&self, py: Python<'_>) -> PyResult<PyIpcBufferDescriptor> {
         let buffer = self.open(py)?;
-        let inner = py.detach(|| buffer.ipc_descriptor()).map_err(Error::from)?;
+        let inner = py
+            .detach(|| buffer.ipc_descriptor())
+            .map_err(|error| match error {
+                MemoryError::Ipc { reason } if !buffer.is_mapped() => PyRuntimeError::new_err(
+                    format!("Memory resource is not IPC-enabled ({reason})"),
+                ),
+                other => Error::from(other).into(),
+            })?;
         Ok(PyIpcBufferDescriptor::of(&inner))
     }
 

@@ -8,8 +8,8 @@
 //! and the GIL held only for that call. Memory a built-in `allocate` returned is always freed by
 //! the built-in rule.
 
-use std::os::fd::IntoRawFd;
-use std::sync::{Arc, Weak};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use handles::sys_types::{CUdeviceptr, CUmemPool_attribute};
 use handles::{HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle};
@@ -186,6 +186,9 @@ fn type_name(object: &Bound<'_, PyAny>) -> String {
 /// An allocation's error, with the capture-state errors in cuda.core's words, naming the class
 /// called.
 fn allocation_error(mr: &Bound<'_, PyMemoryResource>, error: MemoryError) -> PyErr {
+    if pool_of(mr.as_any()).is_some_and(|pool| pool.is_mapped()) {
+        return PyTypeError::new_err("Cannot allocate from a mapped IPC-enabled memory resource");
+    }
     match error {
         MemoryError::StreamCapturing => pyo3::exceptions::PyRuntimeError::new_err(format!(
             "{} cannot perform memory operations on a capturing stream (consider using \
@@ -468,12 +471,22 @@ impl Pool {
         }
     }
 
-    fn export(&self, py: Python<'_>) -> PyResult<i32> {
+    fn export(&self, py: Python<'_>) -> PyResult<OwnedFd> {
+        if !self.as_pool().is_ipc_enabled() && !self.as_pool().is_closed() {
+            return Err(not_ipc_enabled());
+        }
         let pool = self.clone();
-        let fd = py
+        Ok(py
             .detach(move || pool.as_pool().export_pool())
-            .map_err(Error::from)?;
-        Ok(fd.into_raw_fd())
+            .map_err(Error::from)?)
+    }
+
+    /// The class name of the resource kind, as `IPCAllocationHandle` records it.
+    fn kind(&self) -> &'static str {
+        match self {
+            Pool::Device(_) => "DeviceMemoryResource",
+            Pool::Pinned(_) => "PinnedMemoryResource",
+        }
     }
 
     pub(crate) fn import_buffer(
@@ -486,6 +499,148 @@ impl Pool {
             Pool::Pinned(mr) => Buffer::from_ipc_descriptor(mr, descriptor, stream),
         }
     }
+}
+
+/// `RuntimeError("Memory resource is not IPC-enabled")`, cuda.core's words.
+pub(crate) fn not_ipc_enabled() -> PyErr {
+    pyo3::exceptions::PyRuntimeError::new_err(
+        "Memory resource is not IPC-enabled: make its pool with ipc_enabled=True",
+    )
+}
+
+/// A pool resource's identity across processes: the UUID naming its pool (made on first use for
+/// an exporting pool, carried over for an imported one), and the shareable handle
+/// `allocation_handle` exported once and kept (so that a pickle sent to a spawned process can
+/// pass its file descriptor, which must stay open until the process starts).
+#[derive(Default)]
+pub(crate) struct PoolIpc {
+    uuid: OnceLock<Py<PyAny>>,
+    /// Never made or dropped under the lock.
+    handle: Mutex<Option<Py<PyAny>>>,
+}
+
+impl PoolIpc {
+    fn of_import(uuid: Option<Py<PyAny>>) -> PoolIpc {
+        let ipc = PoolIpc::default();
+        if let Some(uuid) = uuid {
+            let _ = ipc.uuid.set(uuid);
+        }
+        ipc
+    }
+
+    /// The pool's UUID (`None` for a pool that cannot be shared).
+    fn uuid(&self, py: Python<'_>, pool: &dyn PoolMemoryResource) -> PyResult<Option<Py<PyAny>>> {
+        if !pool.is_ipc_enabled() && !pool.is_mapped() {
+            return Ok(None);
+        }
+        if let Some(uuid) = self.uuid.get() {
+            return Ok(Some(uuid.clone_ref(py)));
+        }
+        let made = py.import("uuid")?.call_method0("uuid4")?.unbind();
+        Ok(Some(self.uuid.get_or_init(|| made).clone_ref(py)))
+    }
+
+    /// A new `IPCAllocationHandle` owning a fresh export of `pool` (the caller's).
+    fn new_handle(&self, py: Python<'_>, pool: &Pool) -> PyResult<Py<PyAny>> {
+        let fd = pool.export(py)?;
+        let uuid = self.uuid(py, pool.as_pool())?;
+        let handle = py
+            .import("custody")?
+            .getattr("IPCAllocationHandle")?
+            .call_method1("_init", (fd.as_raw_fd(), uuid, pool.kind()))?;
+        // The handle object owns the descriptor now.
+        let _ = fd.into_raw_fd();
+        Ok(handle.unbind())
+    }
+
+    /// The kept handle, exported on first use (again if it was closed).
+    fn kept_handle(&self, py: Python<'_>, pool: &Pool) -> PyResult<Py<PyAny>> {
+        let kept = self
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|h| h.clone_ref(py));
+        if let Some(kept) = kept {
+            if !kept.bind(py).getattr("is_closed")?.extract::<bool>()? {
+                return Ok(kept);
+            }
+        }
+        let made = self.new_handle(py, pool)?;
+        let old = self
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(made.clone_ref(py));
+        drop(old);
+        Ok(made)
+    }
+}
+
+/// A shareable handle argument of `from_allocation_handle`: its file descriptor, and for an
+/// `IPCAllocationHandle` the pool's UUID and resource kind.
+fn handle_parts(
+    object: &Bound<'_, PyAny>,
+) -> PyResult<(i32, Option<Py<PyAny>>, Option<String>)> {
+    let fd = fd_of(object)?;
+    let handle_type = object.py().import("custody")?.getattr("IPCAllocationHandle")?;
+    if !object.is_instance(&handle_type)? {
+        return Ok((fd, None, None));
+    }
+    let uuid = object.getattr("uuid")?;
+    let uuid = (!uuid.is_none()).then(|| uuid.unbind());
+    let kind: Option<String> = object.getattr("_kind")?.extract()?;
+    Ok((fd, uuid, kind))
+}
+
+/// The resource of `kind` this process already has for the pool named `uuid`, if any.
+fn registered_pool(py: Python<'_>, uuid: &Py<PyAny>, kind: &str) -> PyResult<Option<Py<PyAny>>> {
+    let found = py
+        .import("custody")?
+        .getattr("_registered_pool")?
+        .call1((uuid.clone_ref(py), kind))?;
+    Ok((!found.is_none()).then(|| found.unbind()))
+}
+
+/// Opens the pool another process exported as `allocation_handle` (an `IPCAllocationHandle`
+/// or a bare file descriptor) as a resource of `kind`, unless this process has it already.
+fn import_pool_object(
+    py: Python<'_>,
+    kind: &'static str,
+    allocation_handle: &Bound<'_, PyAny>,
+    import: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> PyResult<Py<PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    let (fd, uuid, handle_kind) = handle_parts(allocation_handle)?;
+    if let Some(handle_kind) = handle_kind.filter(|k| k != kind) {
+        return Err(PyTypeError::new_err(format!(
+            "this allocation handle shares the pool of a {handle_kind}; open it with \
+             {handle_kind}.from_allocation_handle, not {kind}.from_allocation_handle"
+        )));
+    }
+    if let Some(uuid) = &uuid {
+        if let Some(mr) = registered_pool(py, uuid, kind)? {
+            return Ok(mr);
+        }
+    }
+    let mr = with_borrowed_fd(fd, import)??;
+    if let Some(uuid) = uuid {
+        let _ = set_imported_uuid(mr.bind(py), uuid);
+    }
+    py.import("custody")?
+        .getattr("_register_pool")?
+        .call1((mr.clone_ref(py),))?;
+    Ok(mr)
+}
+
+/// Records the UUID an imported resource's pool had in the exporting process.
+fn set_imported_uuid(mr: &Bound<'_, PyAny>, uuid: Py<PyAny>) -> Result<(), Py<PyAny>> {
+    if let Ok(device) = mr.cast::<PyDeviceMemoryResource>() {
+        return device.get().ipc.uuid.set(uuid);
+    }
+    if let Ok(pinned) = mr.cast::<PyPinnedMemoryResource>() {
+        return pinned.get().ipc.uuid.set(uuid);
+    }
+    Err(uuid)
 }
 
 /// The pool of a built-in pool resource object, if `mr` is one.
@@ -513,6 +668,11 @@ impl PoolAccess {
 
     pub(crate) fn is_mapped(&self) -> bool {
         self.0.as_pool().is_mapped()
+    }
+
+    /// Whether the pool can be shared with other processes.
+    pub(crate) fn is_ipc_enabled(&self) -> bool {
+        self.0.as_pool().is_ipc_enabled()
     }
 
     /// The pool's device; `None` for a pinned host pool.
@@ -671,10 +831,32 @@ macro_rules! pool_methods {
                 }
             }
 
-            /// Exports the pool as a new POSIX file descriptor (an int the caller owns and
-            /// closes), for another process's `from_allocation_handle`.
-            fn get_allocation_handle(&self, py: Python<'_>) -> PyResult<i32> {
-                Pool::$variant(Arc::clone(&self.inner)).export(py)
+            /// The pool's shareable handle (an `IPCAllocationHandle`, exported once and kept
+            /// by this resource), for another process's `from_allocation_handle`.
+            #[getter(allocation_handle)]
+            fn kept_allocation_handle(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+                self.ipc.kept_handle(py, &Pool::$variant(Arc::clone(&self.inner)))
+            }
+
+            /// A new shareable handle (an `IPCAllocationHandle` the caller owns: a fresh
+            /// export of the pool, its file descriptor closed with the handle).
+            fn get_allocation_handle(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+                self.ipc.new_handle(py, &Pool::$variant(Arc::clone(&self.inner)))
+            }
+
+            /// The UUID naming the pool across processes (the same in the process that made
+            /// it and in every process that imported it); `None` unless the pool can be
+            /// shared.
+            #[getter]
+            fn uuid(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+                self.ipc.uuid(py, self.inner.as_ref())
+            }
+
+            /// Whether this resource made its pool (and destroys it with the last of its
+            /// buffers); `False` for a device's current pool.
+            #[getter]
+            fn is_handle_owned(&self) -> bool {
+                self.inner.pool().is_owned()
             }
 
             /// Closes the resource: `allocate`, `get_allocation_handle` and
@@ -699,6 +881,7 @@ macro_rules! pool_methods {
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "DeviceMemoryResource", module = "custody")]
 pub struct PyDeviceMemoryResource {
     inner: Arc<DeviceMemoryResource>,
+    ipc: PoolIpc,
 }
 
 pool_methods!(PyDeviceMemoryResource, Device, {
@@ -724,11 +907,13 @@ pool_methods!(PyDeviceMemoryResource, Device, {
                     .map_err(Error::from)?
             }
         };
-        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner }))
+        let ipc = PoolIpc::default();
+        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc }))
     }
 
-    /// Opens a device pool another process exported (`get_allocation_handle()`); the
-    /// descriptor stays the caller's.
+    /// Opens a device pool another process exported (its `allocation_handle`, or a file
+    /// descriptor, which stays the caller's). A pool this process has already opened (or made)
+    /// gives that resource back.
     #[classmethod]
     fn from_allocation_handle(
         cls: &Bound<'_, pyo3::types::PyType>,
@@ -737,13 +922,15 @@ pool_methods!(PyDeviceMemoryResource, Device, {
     ) -> PyResult<Py<PyAny>> {
         let py = cls.py();
         let ordinal = device_ordinal(device_id)?;
-        let fd = fd_of(allocation_handle)?;
-        let inner = with_borrowed_fd(fd, |fd| {
-            py.detach(|| DeviceMemoryResource::import_pool(ordinal, fd))
-        })?
-        .map_err(Error::from)?;
-        let init = PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner });
-        Ok(Py::new(py, init)?.into_any())
+        import_pool_object(py, "DeviceMemoryResource", allocation_handle, |fd| {
+            let inner = py
+                .detach(|| DeviceMemoryResource::import_pool(ordinal, fd))
+                .map_err(Error::from)?;
+            let ipc = PoolIpc::of_import(None);
+            let init =
+                PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc });
+            Ok(Py::new(py, init)?.into_any())
+        })
     }
 });
 
@@ -765,6 +952,7 @@ fn fd_of(object: &Bound<'_, PyAny>) -> PyResult<i32> {
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "PinnedMemoryResource", module = "custody")]
 pub struct PyPinnedMemoryResource {
     inner: Arc<PinnedMemoryResource>,
+    ipc: PoolIpc,
 }
 
 pool_methods!(PyPinnedMemoryResource, Pinned, {
@@ -783,21 +971,28 @@ pool_methods!(PyPinnedMemoryResource, Pinned, {
         let inner = py
             .detach(|| PinnedMemoryResource::new(options))
             .map_err(Error::from)?;
-        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner }))
+        let ipc = PoolIpc::default();
+        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc }))
     }
 
-    /// Opens a pinned pool another process exported; the descriptor stays the caller's.
+    /// Opens a pinned pool another process exported (its `allocation_handle`, or a file
+    /// descriptor, which stays the caller's). A pool this process has already opened (or made)
+    /// gives that resource back.
     #[classmethod]
     fn from_allocation_handle(
         cls: &Bound<'_, pyo3::types::PyType>,
         allocation_handle: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
         let py = cls.py();
-        let fd = fd_of(allocation_handle)?;
-        let inner = with_borrowed_fd(fd, |fd| py.detach(|| PinnedMemoryResource::import_pool(fd)))?
-            .map_err(Error::from)?;
-        let init = PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner });
-        Ok(Py::new(py, init)?.into_any())
+        import_pool_object(py, "PinnedMemoryResource", allocation_handle, |fd| {
+            let inner = py
+                .detach(|| PinnedMemoryResource::import_pool(fd))
+                .map_err(Error::from)?;
+            let ipc = PoolIpc::of_import(None);
+            let init =
+                PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc });
+            Ok(Py::new(py, init)?.into_any())
+        })
     }
 });
 

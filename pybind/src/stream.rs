@@ -778,10 +778,11 @@ impl PyEvent {
                 "Event is not IPC-enabled: create it with EventOptions(ipc_enabled=True)",
             ));
         }
-        let _ = (py, event);
-        Err(pyo3::exceptions::PyNotImplementedError::new_err(
-            "sharing events between processes (cuIpcGetEventHandle) is not available yet",
-        ))
+        let reserved = py.detach(|| event.ipc_handle()).map_err(Error::from)?;
+        Ok(PyIpcEventDescriptor {
+            reserved: reserved.to_vec(),
+            blocking_sync: self.flags & EVENT_BLOCKING_SYNC != 0,
+        })
     }
 
     /// Opens an event another process shared (`Event.ipc_descriptor` there), in the context
@@ -807,10 +808,18 @@ impl PyEvent {
                     descriptor.reserved.len()
                 ))
             })?;
-        let _ = (py, reserved);
-        Err(pyo3::exceptions::PyNotImplementedError::new_err(
-            "sharing events between processes (cuIpcOpenEventHandle) is not available yet",
-        ))
+        let context = py
+            .detach(ContextHandle::current)
+            .map_err(Error::from)?
+            .ok_or_else(|| PyRuntimeError::new_err(NO_CONTEXT))?;
+        let handle = py
+            .detach(|| EventHandle::open_ipc(&context, &reserved))
+            .map_err(Error::from)?;
+        let mut flags = EVENT_INTERPROCESS | EVENT_DISABLE_TIMING;
+        if descriptor.blocking_sync {
+            flags |= EVENT_BLOCKING_SYNC;
+        }
+        Ok(PyEvent::wrap(handle, flags))
     }
 
     /// Pickles an IPC-enabled event as its descriptor (for `multiprocessing`).

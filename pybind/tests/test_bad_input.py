@@ -253,8 +253,11 @@ def test_ipc_bad_input(device, stream, pool):
     check(TypeError, "stream is required",
           lambda: custody.Buffer.from_ipc_descriptor(pool, b"", stream=None))
     check(TypeError, "stream", lambda: custody.Buffer.from_ipc_descriptor(pool, b""))
-    check(RuntimeError, "not a pool imported",
+    check(RuntimeError, "not IPC-enabled",
           lambda: custody.Buffer.from_ipc_descriptor(pool, b"", stream=stream))
+    exporter = custody.DeviceMemoryResource(0, {"ipc_enabled": True})
+    check(RuntimeError, "not a pool imported",
+          lambda: custody.Buffer.from_ipc_descriptor(exporter, b"", stream=stream))
     check(ValueError, "96", lambda: custody.IPCBufferDescriptor.from_bytes(b"short"))
     check(TypeError, "", lambda: custody.IPCBufferDescriptor.from_bytes(None))
     check(RuntimeError, "ipc_enabled", lambda: pool.get_allocation_handle())

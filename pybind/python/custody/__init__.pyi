@@ -7,6 +7,7 @@ thread, in the cyclic garbage collector, or in deferred cleanup. Driver failures
 :class:`CUDAWarning`.
 """
 
+import uuid
 from typing import Any, Optional, Protocol, SupportsIndex, Tuple, Union
 
 __version__: str
@@ -489,9 +490,11 @@ class DeviceMemoryResource(MemoryResource):
         """``ValueError`` for a negative ordinal; :class:`CUDAError` for a device the driver
         does not have."""
     @classmethod
-    def from_allocation_handle(cls, device_id: Union[int, "Device"], allocation_handle: int) -> "DeviceMemoryResource":
-        """Opens a device pool another process exported (a file descriptor, kept by the
-        caller); the resource only imports buffers."""
+    def from_allocation_handle(cls, device_id: Union[int, "Device"], allocation_handle: Union[int, "IPCAllocationHandle"]) -> "DeviceMemoryResource":
+        """Opens a device pool another process exported (its ``allocation_handle``, or a file
+        descriptor, kept by the caller); the resource only imports buffers. A pool this process
+        has already opened gives that resource back; ``TypeError`` for a pinned pool's
+        handle."""
     @property
     def is_ipc_enabled(self) -> bool:
         """Whether the pool can be shared with other processes."""
@@ -504,9 +507,21 @@ class DeviceMemoryResource(MemoryResource):
     @property
     def attributes(self) -> MemoryPoolAttributes:
         """The pool's attributes."""
-    def get_allocation_handle(self) -> int:
-        """Exports the pool as a new POSIX file descriptor that the caller owns and closes
-        (``RuntimeError`` unless the pool was made with ``ipc_enabled``)."""
+    @property
+    def allocation_handle(self) -> "IPCAllocationHandle":
+        """The pool's shareable handle, exported once and kept by this resource, for another
+        process's ``from_allocation_handle`` (it pickles for ``multiprocessing``).
+        ``RuntimeError("Memory resource is not IPC-enabled")`` unless the pool was made with
+        ``ipc_enabled``."""
+    def get_allocation_handle(self) -> "IPCAllocationHandle":
+        """A new shareable handle the caller owns (a fresh export; its descriptor closes with
+        it). Errors as :attr:`allocation_handle`."""
+    @property
+    def uuid(self) -> Optional["uuid.UUID"]:
+        """The UUID naming the pool across processes; ``None`` unless it can be shared."""
+    @property
+    def is_handle_owned(self) -> bool:
+        """Whether this resource made its pool (``False`` for a device's current pool)."""
     def close(self) -> None:
         """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
         ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("DeviceMemoryResource has been closed")``;
@@ -528,8 +543,10 @@ class PinnedMemoryResource(MemoryResource):
     def __init__(self, options: Optional["PinnedMemoryResourceOptions"] = None) -> None:
         """Creates the pool."""
     @classmethod
-    def from_allocation_handle(cls, allocation_handle: int) -> "PinnedMemoryResource":
-        """Opens a pinned pool another process exported."""
+    def from_allocation_handle(cls, allocation_handle: Union[int, "IPCAllocationHandle"]) -> "PinnedMemoryResource":
+        """Opens a pinned pool another process exported (its ``allocation_handle`` or a file
+        descriptor); a pool this process has already opened gives that resource back;
+        ``TypeError`` for a device pool's handle."""
     @property
     def is_ipc_enabled(self) -> bool:
         """Whether the pool can be shared with other processes."""
@@ -542,8 +559,21 @@ class PinnedMemoryResource(MemoryResource):
     @property
     def attributes(self) -> MemoryPoolAttributes:
         """The pool's attributes."""
-    def get_allocation_handle(self) -> int:
-        """Exports the pool as a new POSIX file descriptor the caller owns."""
+    @property
+    def allocation_handle(self) -> "IPCAllocationHandle":
+        """The pool's shareable handle, exported once and kept by this resource, for another
+        process's ``from_allocation_handle`` (it pickles for ``multiprocessing``).
+        ``RuntimeError("Memory resource is not IPC-enabled")`` unless the pool was made with
+        ``ipc_enabled``."""
+    def get_allocation_handle(self) -> "IPCAllocationHandle":
+        """A new shareable handle the caller owns (a fresh export; its descriptor closes with
+        it). Errors as :attr:`allocation_handle`."""
+    @property
+    def uuid(self) -> Optional["uuid.UUID"]:
+        """The UUID naming the pool across processes; ``None`` unless it can be shared."""
+    @property
+    def is_handle_owned(self) -> bool:
+        """Whether this resource made its pool (``False`` for a device's current pool)."""
     def close(self) -> None:
         """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
         ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("PinnedMemoryResource has been closed")``;
@@ -1303,3 +1333,26 @@ class DeviceProperties:
     @property
     def only_partial_host_native_atomic_supported(self) -> bool:
         """``CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED`` (147), as a bool."""
+
+class IPCAllocationHandle:
+    """A memory pool's shareable handle (``mr.allocation_handle``): a POSIX file descriptor of
+    the exported pool, owned by this object and closed by :meth:`close` or when it is
+    collected, and the UUID naming the pool across processes. Pickles for ``multiprocessing``.
+    Cannot be instantiated directly (``RuntimeError``)."""
+
+    @classmethod
+    def _init(cls, handle: int, uuid: Optional["uuid.UUID"] = None, kind: Optional[str] = None) -> "IPCAllocationHandle":
+        """A handle owning the descriptor ``handle`` (``ValueError`` when negative)."""
+    @property
+    def handle(self) -> int:
+        """The file descriptor (``RuntimeError`` once closed)."""
+    def __int__(self) -> int:
+        """The file descriptor."""
+    @property
+    def uuid(self) -> Optional["uuid.UUID"]:
+        """The UUID naming the pool across processes."""
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+    def close(self) -> None:
+        """Closes the descriptor. Idempotent."""
