@@ -165,7 +165,10 @@ impl EventHandle {
     /// lacks `cuIpcOpenEventHandle`.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuIpcOpenEventHandle`.
-    pub fn open_ipc(context: &ContextHandle, handle: &[u8; 64]) -> Result<EventHandle, HandleError> {
+    pub fn open_ipc(
+        context: &ContextHandle,
+        handle: &[u8; 64],
+    ) -> Result<EventHandle, HandleError> {
         let raw = in_context_or_undo(
             context,
             "cuIpcOpenEventHandle",

@@ -419,13 +419,13 @@ impl PyBuffer {
         if !pool.is_mapped() && !pool.is_ipc_enabled() {
             return Err(crate::resource::not_ipc_enabled());
         }
+        let descriptor = descriptor_of(ipc_descriptor, pool.device())?;
         if !pool.is_mapped() {
             return Err(PyRuntimeError::new_err(
                 "the memory resource is not a pool imported from another process \
                  (open one with from_allocation_handle)",
             ));
         }
-        let descriptor = descriptor_of(ipc_descriptor, pool.device())?;
         let buffer = py
             .detach(|| pool.import_buffer(&descriptor, &stream))
             .map_err(|error| match error {
@@ -852,7 +852,7 @@ impl PyManagedBuffer {
 /// little-endian, -1 for a pinned host pool) and its size in bytes. Picklable
 /// (`IPCBufferDescriptor._init(payload, size)`, as cuda.core's); `bytes(descriptor)` (96 bytes)
 /// and back with `IPCBufferDescriptor.from_bytes`. A payload of exactly 64 bytes (cuda.core's
-/// form) names no device: the importing pool's is taken.
+/// form) names no device.
 #[pyclass(frozen, name = "IPCBufferDescriptor", module = "custody")]
 pub struct PyIpcBufferDescriptor {
     payload: Vec<u8>,
@@ -877,7 +877,8 @@ impl PyIpcBufferDescriptor {
         Some((device >= 0).then_some(device))
     }
 
-    /// The descriptor for an import into a pool of `pool_device`.
+    /// The descriptor for an import into a pool of `pool_device` (the device the payload names
+    /// is not checked against it: the driver refuses export data of another pool).
     ///
     /// # Errors
     /// `ValueError` for a payload shorter than 64 bytes or a bad size.
@@ -892,8 +893,9 @@ impl PyIpcBufferDescriptor {
                     self.payload.len()
                 ))
             })?;
-        let device = self.named_device().unwrap_or(pool_device);
-        IpcBufferDescriptor::from_parts(export, self.size, device).map_err(descriptor_error)
+        // The importing pool's device: whether the export data belongs to that pool is the
+        // driver's to say (cuMemPoolImportPointer refuses another pool's), as with cuda.core.
+        IpcBufferDescriptor::from_parts(export, self.size, pool_device).map_err(descriptor_error)
     }
 }
 
@@ -960,7 +962,7 @@ impl PyIpcBufferDescriptor {
     }
 
     fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let descriptor = self.resolve(None)?;
+        let descriptor = self.resolve(self.named_device().flatten())?;
         Ok(PyBytes::new(py, &descriptor.to_bytes()))
     }
 

@@ -520,14 +520,6 @@ pub(crate) struct PoolIpc {
 }
 
 impl PoolIpc {
-    fn of_import(uuid: Option<Py<PyAny>>) -> PoolIpc {
-        let ipc = PoolIpc::default();
-        if let Some(uuid) = uuid {
-            let _ = ipc.uuid.set(uuid);
-        }
-        ipc
-    }
-
     /// The pool's UUID (`None` for a pool that cannot be shared).
     fn uuid(&self, py: Python<'_>, pool: &dyn PoolMemoryResource) -> PyResult<Option<Py<PyAny>>> {
         if !pool.is_ipc_enabled() && !pool.is_mapped() {
@@ -547,7 +539,15 @@ impl PoolIpc {
         let handle = py
             .import("custody")?
             .getattr("IPCAllocationHandle")?
-            .call_method1("_init", (fd.as_raw_fd(), uuid, pool.kind()))?;
+            .call_method1(
+                "_init",
+                (
+                    fd.as_raw_fd(),
+                    uuid,
+                    pool.kind(),
+                    pool.as_pool().pool().device().unwrap_or(-1),
+                ),
+            )?;
         // The handle object owns the descriptor now.
         let _ = fd.into_raw_fd();
         Ok(handle.unbind())
@@ -577,23 +577,42 @@ impl PoolIpc {
     }
 }
 
-/// A shareable handle argument of `from_allocation_handle`: its file descriptor, and for an
-/// `IPCAllocationHandle` the pool's UUID and resource kind.
-fn handle_parts(
-    object: &Bound<'_, PyAny>,
-) -> PyResult<(i32, Option<Py<PyAny>>, Option<String>)> {
-    let fd = fd_of(object)?;
-    let handle_type = object.py().import("custody")?.getattr("IPCAllocationHandle")?;
-    if !object.is_instance(&handle_type)? {
-        return Ok((fd, None, None));
-    }
-    let uuid = object.getattr("uuid")?;
-    let uuid = (!uuid.is_none()).then(|| uuid.unbind());
-    let kind: Option<String> = object.getattr("_kind")?.extract()?;
-    Ok((fd, uuid, kind))
+/// What an `IPCAllocationHandle` records besides its file descriptor: the pool's UUID, the
+/// kind of resource that exported it and that resource's device (-1 for a pinned pool).
+struct HandleParts {
+    fd: i32,
+    uuid: Option<Py<PyAny>>,
+    kind: Option<String>,
+    device: Option<i32>,
 }
 
-/// The resource of `kind` this process already has for the pool named `uuid`, if any.
+/// A shareable handle argument of `from_allocation_handle`: an `IPCAllocationHandle`, or a bare
+/// file descriptor (which records nothing else).
+fn handle_parts(object: &Bound<'_, PyAny>) -> PyResult<HandleParts> {
+    let fd = fd_of(object)?;
+    let handle_type = object
+        .py()
+        .import("custody")?
+        .getattr("IPCAllocationHandle")?;
+    if !object.is_instance(&handle_type)? {
+        return Ok(HandleParts {
+            fd,
+            uuid: None,
+            kind: None,
+            device: None,
+        });
+    }
+    let uuid = object.getattr("uuid")?;
+    Ok(HandleParts {
+        fd,
+        uuid: (!uuid.is_none()).then(|| uuid.unbind()),
+        kind: object.getattr("_kind")?.extract()?,
+        device: object.getattr("_device_id")?.extract()?,
+    })
+}
+
+/// The resource of `kind` this process already has for the pool named `uuid`, if any
+/// (`TypeError` when it has the pool as the other kind).
 fn registered_pool(py: Python<'_>, uuid: &Py<PyAny>, kind: &str) -> PyResult<Option<Py<PyAny>>> {
     let found = py
         .import("custody")?
@@ -603,27 +622,48 @@ fn registered_pool(py: Python<'_>, uuid: &Py<PyAny>, kind: &str) -> PyResult<Opt
 }
 
 /// Opens the pool another process exported as `allocation_handle` (an `IPCAllocationHandle`
-/// or a bare file descriptor) as a resource of `kind`, unless this process has it already.
+/// or a bare file descriptor), asked for as a resource of `requested` kind: the resource this
+/// process already has for it, else the pool opened as the kind the handle records (a pinned
+/// pool's handle opens a `PinnedMemoryResource` whichever class was asked; `device` is the
+/// device asked for, for a device pool).
 fn import_pool_object(
     py: Python<'_>,
-    kind: &'static str,
+    requested: &'static str,
+    device: Option<i32>,
     allocation_handle: &Bound<'_, PyAny>,
-    import: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> PyResult<Py<PyAny>>,
 ) -> PyResult<Py<PyAny>> {
-    let (fd, uuid, handle_kind) = handle_parts(allocation_handle)?;
-    if let Some(handle_kind) = handle_kind.filter(|k| k != kind) {
-        return Err(PyTypeError::new_err(format!(
-            "this allocation handle shares the pool of a {handle_kind}; open it with \
-             {handle_kind}.from_allocation_handle, not {kind}.from_allocation_handle"
-        )));
-    }
-    if let Some(uuid) = &uuid {
-        if let Some(mr) = registered_pool(py, uuid, kind)? {
+    let parts = handle_parts(allocation_handle)?;
+    if let Some(uuid) = &parts.uuid {
+        if let Some(mr) = registered_pool(py, uuid, requested)? {
             return Ok(mr);
         }
     }
-    let mr = with_borrowed_fd(fd, import)??;
-    if let Some(uuid) = uuid {
+    let kind = parts.kind.as_deref().unwrap_or(requested);
+    let mr = with_borrowed_fd(parts.fd, |fd| -> PyResult<Py<PyAny>> {
+        if kind == "PinnedMemoryResource" {
+            let inner = py
+                .detach(|| PinnedMemoryResource::import_pool(fd))
+                .map_err(Error::from)?;
+            let init = PyMemoryResource::builtin(inner.clone(), false).add_subclass(
+                PyPinnedMemoryResource {
+                    inner,
+                    ipc: PoolIpc::default(),
+                },
+            );
+            return Ok(Py::new(py, init)?.into_any());
+        }
+        let ordinal = device.or(parts.device.filter(|d| *d >= 0)).unwrap_or(0);
+        let inner = py
+            .detach(|| DeviceMemoryResource::import_pool(ordinal, fd))
+            .map_err(Error::from)?;
+        let init =
+            PyMemoryResource::builtin(inner.clone(), false).add_subclass(PyDeviceMemoryResource {
+                inner,
+                ipc: PoolIpc::default(),
+            });
+        Ok(Py::new(py, init)?.into_any())
+    })??;
+    if let Some(uuid) = parts.uuid {
         let _ = set_imported_uuid(mr.bind(py), uuid);
     }
     py.import("custody")?
@@ -913,7 +953,8 @@ pool_methods!(PyDeviceMemoryResource, Device, {
 
     /// Opens a device pool another process exported (its `allocation_handle`, or a file
     /// descriptor, which stays the caller's). A pool this process has already opened (or made)
-    /// gives that resource back.
+    /// gives that resource back (`TypeError` when it is a `PinnedMemoryResource`'s); a pinned
+    /// pool's `IPCAllocationHandle` opens a `PinnedMemoryResource`.
     #[classmethod]
     fn from_allocation_handle(
         cls: &Bound<'_, pyo3::types::PyType>,
@@ -922,15 +963,7 @@ pool_methods!(PyDeviceMemoryResource, Device, {
     ) -> PyResult<Py<PyAny>> {
         let py = cls.py();
         let ordinal = device_ordinal(device_id)?;
-        import_pool_object(py, "DeviceMemoryResource", allocation_handle, |fd| {
-            let inner = py
-                .detach(|| DeviceMemoryResource::import_pool(ordinal, fd))
-                .map_err(Error::from)?;
-            let ipc = PoolIpc::of_import(None);
-            let init =
-                PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc });
-            Ok(Py::new(py, init)?.into_any())
-        })
+        import_pool_object(py, "DeviceMemoryResource", Some(ordinal), allocation_handle)
     }
 });
 
@@ -977,22 +1010,15 @@ pool_methods!(PyPinnedMemoryResource, Pinned, {
 
     /// Opens a pinned pool another process exported (its `allocation_handle`, or a file
     /// descriptor, which stays the caller's). A pool this process has already opened (or made)
-    /// gives that resource back.
+    /// gives that resource back (`TypeError` when it is a `DeviceMemoryResource`'s); a device
+    /// pool's `IPCAllocationHandle` opens a `DeviceMemoryResource` of its device.
     #[classmethod]
     fn from_allocation_handle(
         cls: &Bound<'_, pyo3::types::PyType>,
         allocation_handle: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
         let py = cls.py();
-        import_pool_object(py, "PinnedMemoryResource", allocation_handle, |fd| {
-            let inner = py
-                .detach(|| PinnedMemoryResource::import_pool(fd))
-                .map_err(Error::from)?;
-            let ipc = PoolIpc::of_import(None);
-            let init =
-                PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc });
-            Ok(Py::new(py, init)?.into_any())
-        })
+        import_pool_object(py, "PinnedMemoryResource", None, allocation_handle)
     }
 });
 

@@ -237,7 +237,7 @@ pub(crate) fn event_flags(options: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
     let ipc = bool_option(options, "ipc_enabled")?;
     if ipc && timing {
         return Err(PyTypeError::new_err(
-            "IPC-enabled events cannot use timing: set timing_enabled=False with ipc_enabled=True",
+            "IPC-enabled events cannot use timing.",
         ));
     }
     let mut flags = 0;
@@ -422,11 +422,19 @@ impl PyStream {
     ) -> PyResult<Py<PyEvent>> {
         let stream = self.handle()?;
         let event = match event.filter(|e| !e.is_none()) {
-            Some(event) => event
-                .cast::<PyEvent>()
-                .map_err(|_| expected("Event", event))?
-                .clone()
-                .unbind(),
+            Some(event) => {
+                let event = event
+                    .cast::<PyEvent>()
+                    .map_err(|_| expected("Event", event))?;
+                if event.get().is_ipc_enabled() {
+                    // Another process may be waiting on it: its records belong to it.
+                    return Err(PyTypeError::new_err(
+                        "IPC-enabled events should not be re-recorded, instead create a new \
+                         event by supplying options.",
+                    ));
+                }
+                event.clone().unbind()
+            }
             None => {
                 let flags = event_flags(options)?;
                 let context = PyStream::context_handle(py, &stream)?;
@@ -588,6 +596,8 @@ pub struct PyEvent {
     raw: usize,
     /// The `CU_EVENT_*` flags it was created with.
     flags: u32,
+    /// For an event opened from another process: the descriptor it was opened from.
+    imported: Option<Vec<u8>>,
 }
 
 impl PyEvent {
@@ -604,6 +614,7 @@ impl PyEvent {
             raw: handle.raw() as usize,
             handle: Mutex::new(Some(handle)),
             flags,
+            imported: None,
         }
     }
 
@@ -654,19 +665,26 @@ impl PyEvent {
         Ok(self.handle()?.raw() as usize)
     }
 
-    /// The event's context.
+    /// The event's context; `None` for an event opened from another process.
     #[getter]
-    fn context(&self) -> PyResult<PyContext> {
-        Ok(PyContext {
-            handle: self.handle()?.context().clone(),
-        })
+    fn context(&self) -> PyResult<Option<PyContext>> {
+        let handle = self.handle()?;
+        if self.imported.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(PyContext {
+            handle: handle.context().clone(),
+        }))
     }
 
-    /// The `Device` of the event's context.
+    /// The `Device` of the event's context; `None` for an event opened from another process.
     #[getter]
-    fn device<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let device = self.handle()?.context().device();
-        device_object(py, device)
+    fn device<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let handle = self.handle()?;
+        if self.imported.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(device_object(py, handle.context().device())?))
     }
 
     /// Whether the event records timing data (`EventOptions.timing_enabled`).
@@ -778,9 +796,15 @@ impl PyEvent {
                 "Event is not IPC-enabled: create it with EventOptions(ipc_enabled=True)",
             ));
         }
-        let reserved = py.detach(|| event.ipc_handle()).map_err(Error::from)?;
+        let reserved = match &self.imported {
+            Some(reserved) => reserved.clone(),
+            None => py
+                .detach(|| event.ipc_handle())
+                .map_err(Error::from)?
+                .to_vec(),
+        };
         Ok(PyIpcEventDescriptor {
-            reserved: reserved.to_vec(),
+            reserved,
             blocking_sync: self.flags & EVENT_BLOCKING_SYNC != 0,
         })
     }
@@ -819,17 +843,24 @@ impl PyEvent {
         if descriptor.blocking_sync {
             flags |= EVENT_BLOCKING_SYNC;
         }
-        Ok(PyEvent::wrap(handle, flags))
+        Ok(PyEvent {
+            imported: Some(reserved.to_vec()),
+            ..PyEvent::wrap(handle, flags)
+        })
     }
 
-    /// Pickles an IPC-enabled event as its descriptor (for `multiprocessing`).
+    /// Pickles an IPC-enabled event as its descriptor and its device (for `multiprocessing`):
+    /// unpickling (`custody._rebuild_event`) opens it in the current context, first making that
+    /// device's primary context current when none is.
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
-    ) -> PyResult<(Bound<'py, PyAny>, (PyIpcEventDescriptor,))> {
+    ) -> PyResult<(Bound<'py, PyAny>, (PyIpcEventDescriptor, i32))> {
         let py = slf.py();
-        let descriptor = slf.get().ipc_descriptor(py)?;
-        let from = slf.get_type().getattr("from_ipc_descriptor")?;
-        Ok((from, (descriptor,)))
+        let this = slf.get();
+        let descriptor = this.ipc_descriptor(py)?;
+        let device = this.handle()?.context().device();
+        let rebuild = py.import("custody")?.getattr("_rebuild_event")?;
+        Ok((rebuild, (descriptor, device)))
     }
 
     fn __repr__(&self) -> String {
@@ -1198,6 +1229,12 @@ pub(crate) fn _create_event(
     options: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyEvent> {
     let flags = event_flags(options)?;
+    if flags & EVENT_INTERPROCESS != 0 {
+        // An interprocess event is shared once recorded: it is made by recording it.
+        return Err(PyTypeError::new_err(
+            "IPC-enabled events must be bound; use Stream.record for creation.",
+        ));
+    }
     PyEvent::create(py, &context.get().handle, flags)
 }
 

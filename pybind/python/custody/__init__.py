@@ -432,7 +432,7 @@ class IPCAllocationHandle:
     descriptor is duplicated for the receiving process). Cannot be instantiated directly
     (``RuntimeError``)."""
 
-    __slots__ = ("_fd", "_uuid", "_kind", "__weakref__")
+    __slots__ = ("_fd", "_uuid", "_kind", "_device_id", "__weakref__")
 
     def __init__(self, *args, **kwargs):
         raise RuntimeError(
@@ -441,8 +441,11 @@ class IPCAllocationHandle:
         )
 
     @classmethod
-    def _init(cls, handle: int, uuid=None, kind: "Optional[str]" = None) -> "IPCAllocationHandle":
-        """A handle owning the file descriptor ``handle`` (``ValueError`` when negative)."""
+    def _init(
+        cls, handle: int, uuid=None, kind: "Optional[str]" = None, device_id: int = -1
+    ) -> "IPCAllocationHandle":
+        """A handle owning the file descriptor ``handle`` (``ValueError`` when negative), of the
+        pool ``uuid`` that a ``kind`` resource (of device ``device_id``) exported."""
         if isinstance(handle, bool) or not isinstance(handle, int):
             raise TypeError(
                 f"an allocation handle is a file descriptor (int), got {type(handle).__name__}"
@@ -453,6 +456,7 @@ class IPCAllocationHandle:
         self._fd = handle
         self._uuid = uuid
         self._kind = kind
+        self._device_id = device_id
         return self
 
     @property
@@ -491,16 +495,19 @@ class IPCAllocationHandle:
     def __reduce__(self):
         from multiprocessing.reduction import DupFd
 
-        return (_rebuild_allocation_handle, (DupFd(self.handle), self._uuid, self._kind))
+        return (
+            _rebuild_allocation_handle,
+            (DupFd(self.handle), self._uuid, self._kind, self._device_id),
+        )
 
     def __repr__(self) -> str:
         state = "closed" if self._fd < 0 else f"fd={self._fd}"
         return f"<IPCAllocationHandle {state} uuid={self._uuid}>"
 
 
-def _rebuild_allocation_handle(shared, uuid, kind):
+def _rebuild_allocation_handle(shared, uuid, kind, device_id):
     """Unpickles an allocation handle: the descriptor ``multiprocessing`` hands over."""
-    return IPCAllocationHandle._init(shared.detach(), uuid, kind)
+    return IPCAllocationHandle._init(shared.detach(), uuid, kind, device_id)
 
 
 _pools: "_weakref.WeakValueDictionary" = _weakref.WeakValueDictionary()
@@ -551,21 +558,27 @@ def _reduce_pool_resource(mr):
 def _rebuild_pool_resource(kind, uuid, device_id, handle):
     """Unpickles a pool resource: the known object for ``uuid``, or the pool opened from the
     allocation handle that came with it."""
-    try:
-        mr = _registered_pool(uuid, kind)
-        if mr is not None:
-            return mr
-        if handle is None:
-            raise RuntimeError(
-                f"the pool of this {kind} is not known in this process "
-                "(send its resource from the process that made it)"
-            )
-        if kind == "DeviceMemoryResource":
-            return DeviceMemoryResource.from_allocation_handle(device_id, handle)
-        return PinnedMemoryResource.from_allocation_handle(handle)
-    finally:
-        if handle is not None:
-            handle.close()
+    # The handle closes its descriptor when it is collected; it is not closed here, since the
+    # same pickle may hold it for the caller too (pickle shares one object between references).
+    mr = _registered_pool(uuid, kind)
+    if mr is not None:
+        return mr
+    if handle is None:
+        raise RuntimeError(
+            f"the pool of this {kind} is not known in this process "
+            "(send its resource from the process that made it)"
+        )
+    if kind == "DeviceMemoryResource":
+        return DeviceMemoryResource.from_allocation_handle(device_id, handle)
+    return PinnedMemoryResource.from_allocation_handle(handle)
+
+
+def _rebuild_event(ipc_descriptor, device_id):
+    """Unpickles an IPC-enabled event: opens it in the current context, first making
+    ``Device(device_id)`` current when no context is (as a pickled buffer does)."""
+    if _custody._current_context() is None:
+        Device(device_id).set_current()
+    return Event.from_ipc_descriptor(ipc_descriptor)
 
 
 def _reduce_buffer(buffer):

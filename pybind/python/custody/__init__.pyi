@@ -89,11 +89,12 @@ class Event:
     def handle(self) -> int:
         """The raw ``CUevent`` as an int."""
     @property
-    def context(self) -> Context:
-        """The event's context."""
+    def context(self) -> Optional[Context]:
+        """The event's context; ``None`` for an event opened from another process."""
     @property
-    def device(self) -> "Device":
-        """The device of the event's context."""
+    def device(self) -> Optional["Device"]:
+        """The device of the event's context; ``None`` for an event opened from another
+        process."""
     @property
     def is_timing_enabled(self) -> bool:
         """Whether the event records timing data (``EventOptions.timing_enabled``)."""
@@ -112,8 +113,9 @@ class Event:
         made with ``ipc_enabled=True``)."""
     @classmethod
     def from_ipc_descriptor(cls, ipc_descriptor: "IPCEventDescriptor") -> "Event":
-        """Opens an event another process shared, in the current context. ``ValueError`` for a
-        descriptor whose handle bytes are too short."""
+        """Opens an event another process shared, in the current context (it then has no
+        ``device`` or ``context`` of its own; its ``ipc_descriptor`` is the one it was opened
+        from). ``ValueError`` for a descriptor whose handle bytes are too short."""
     def close(self) -> None:
         """Releases the event. Idempotent."""
     def __sub__(self, value: "Event") -> float:
@@ -180,7 +182,8 @@ class Stream:
         """The stream's priority, lower numbers first (``cuStreamGetPriority``)."""
     def record(self, event: Optional[Event] = None, options: Optional["EventOptions"] = None) -> Event:
         """Records ``event`` (a new one made with ``options`` if omitted) on the stream and
-        returns it."""
+        returns it. An IPC-enabled event is recorded once, when made (``TypeError`` to record
+        it again)."""
     def wait(self, event_or_stream: Union[Event, StreamLike]) -> None:
         """Makes future work on this stream wait for an event, or for the work queued so far on
         another stream. Does not block the host. ``TypeError`` for None, ``ValueError`` for
@@ -821,7 +824,8 @@ class Device:
         """A new stream in the primary context made with ``options`` (non-blocking, priority 0
         by default), or a wrapper of ``obj``."""
     def create_event(self, options: Optional[EventOptions] = None) -> Event:
-        """A new event in the primary context, not recorded, made with ``options``."""
+        """A new event in the primary context, not recorded, made with ``options``
+        (``TypeError`` for ``ipc_enabled``: an IPC event is made by :meth:`Stream.record`)."""
     def create_graph_builder(self) -> "GraphBuilder":
         """A :class:`GraphBuilder` capturing a new stream in the device's primary context."""
     def allocate(self, size: int, *, stream: StreamLike) -> Buffer:
@@ -1341,8 +1345,9 @@ class IPCAllocationHandle:
     Cannot be instantiated directly (``RuntimeError``)."""
 
     @classmethod
-    def _init(cls, handle: int, uuid: Optional["uuid.UUID"] = None, kind: Optional[str] = None) -> "IPCAllocationHandle":
-        """A handle owning the descriptor ``handle`` (``ValueError`` when negative)."""
+    def _init(cls, handle: int, uuid: Optional["uuid.UUID"] = None, kind: Optional[str] = None, device_id: int = -1) -> "IPCAllocationHandle":
+        """A handle owning the descriptor ``handle`` (``ValueError`` when negative), of the pool
+        ``uuid`` that a ``kind`` resource of device ``device_id`` exported."""
     @property
     def handle(self) -> int:
         """The file descriptor (``RuntimeError`` once closed)."""
