@@ -24,6 +24,17 @@ use crate::state::{State, StreamKind};
 /// `CU_STREAM_CAPTURE_MODE_*`.
 pub(crate) const MODE_GLOBAL: u32 = 0;
 pub(crate) const MODE_RELAXED: u32 = 2;
+
+thread_local! {
+    /// This thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`): which
+    /// captures make "potentially unsafe" calls on this thread illegal. Global by default.
+    static THREAD_MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(MODE_GLOBAL) };
+}
+
+/// Sets this thread's capture interaction mode and returns the previous one.
+pub(crate) fn exchange_thread_mode(mode: u32) -> u32 {
+    THREAD_MODE.with(|m| m.replace(mode))
+}
 /// `CU_MEMORYTYPE_*`.
 pub(crate) const MEMTYPE_HOST: u32 = 1;
 pub(crate) const MEMTYPE_DEVICE: u32 = 2;
@@ -696,17 +707,24 @@ impl State {
     }
 
     /// The rule for "potentially unsafe" calls (synchronous allocation, freeing, copying,
-    /// synchronising): not allowed while this thread has a non-relaxed capture or another
-    /// thread has a global one; the offending captures are invalidated.
+    /// synchronising), after the calling thread's capture interaction mode (the driver API's
+    /// description of `cuThreadExchangeStreamCaptureMode`): in global mode (the default) not
+    /// allowed while this thread has a non-relaxed capture or another thread has a global one;
+    /// in thread-local mode only this thread's non-relaxed captures count; in relaxed mode none.
+    /// The offending captures are invalidated.
     pub(crate) fn check_unsafe_call(&mut self) -> Res {
         let me = thread_id();
+        let mode = THREAD_MODE.with(|m| m.get());
+        if mode == MODE_RELAXED {
+            return Ok(());
+        }
         let offended: Vec<u64> = self
             .captures
             .iter()
             .filter(|(_, c)| !c.invalidated)
             .filter(|(_, c)| {
                 (c.thread == me && c.mode != MODE_RELAXED)
-                    || (c.thread != me && c.mode == MODE_GLOBAL)
+                    || (mode == MODE_GLOBAL && c.thread != me && c.mode == MODE_GLOBAL)
             })
             .map(|(&id, _)| id)
             .collect();

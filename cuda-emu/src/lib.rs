@@ -84,7 +84,10 @@
 //!   `AUTO_FREE_ON_LAUNCH` honoured); a launch is one stream operation running the nodes in
 //!   dependency order. Stream capture in the three modes, with fork and join through events,
 //!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` for synchronous or synchronising calls that the
-//!   capture mode forbids, `..._IMPLICIT` for the legacy stream, invalidation, `..._UNJOINED`.
+//!   capture mode forbids (after the calling thread's interaction mode,
+//!   `cuThreadExchangeStreamCaptureMode`: global by default, relaxed forbids nothing; conformance
+//!   `basic_not_yet_measured_*relaxed*`), `..._IMPLICIT` for the legacy stream, invalidation,
+//!   `..._UNJOINED`.
 //!   A captured `cuMemFreeAsync` of a graph allocation is a free node; of any other memory it
 //!   fails with `CUDA_ERROR_INVALID_VALUE`, captures nothing and leaves the capture valid
 //!   (measured: `docs/driver-facts.md` F16). An event last recorded in a capture:

@@ -83,6 +83,7 @@ macro_rules! __driver_function_list {
                 cuStreamEndCapture(hStream: CUstream, phGraph: *mut CUgraph);
                 cuStreamIsCapturing(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus);
                 cuStreamGetCaptureInfo_v2(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, numDependencies_out: *mut usize);
+                cuThreadExchangeStreamCaptureMode(mode: *mut CUstreamCaptureMode);
                 cuEventCreate(phEvent: *mut CUevent, Flags: c_uint);
                 cuEventDestroy_v2(hEvent: CUevent);
                 cuEventRecord(hEvent: CUevent, hStream: CUstream);

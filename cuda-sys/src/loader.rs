@@ -18,12 +18,26 @@ pub const MIN_DRIVER_VERSION: i32 = 12000;
 
 const STANDARD_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
 
+/// What [`LoadError::LibraryNotFound`] tells its reader to do. It names the emulated driver's
+/// package (`cuda-emu/Cargo.toml`; a tidy test keeps the two in step) and the file that
+/// `cargo build` leaves, since a program that failed here may have been installed without the
+/// repository at hand.
+const NO_DRIVER_HELP: &str = "install the NVIDIA driver, or set CUSTODY_CUDA_DRIVER to the \
+     path of a CUDA driver library; to run without a GPU, point it at custody's emulated driver \
+     libcuda_emu.so, which `cargo build -p cuda-custody-emu` builds from custody's source \
+     repository into target/debug/libcuda_emu.so";
+
 /// Why the driver could not be loaded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
-    /// No candidate library could be opened; each attempt is listed as `path: reason`.
-    #[error("no CUDA driver library could be loaded (tried {})", .attempts.join("; "))]
+    /// No candidate library could be opened; each attempt is listed as `path: reason`. The
+    /// message then says how to name a driver ([`DRIVER_ENV`]) and where the emulated driver
+    /// comes from, for a machine without a GPU.
+    #[error(
+        "no CUDA driver library could be loaded (tried {}); {NO_DRIVER_HELP}",
+        .attempts.join("; ")
+    )]
     LibraryNotFound {
         /// Every candidate tried, with the loader's reason.
         attempts: Vec<String>,
@@ -214,8 +228,13 @@ fn candidates() -> Vec<PathBuf> {
 }
 
 fn load() -> Result<Driver, LoadError> {
+    load_from(candidates())
+}
+
+/// Loads the first of `candidates` that opens (an explicit path is the only one).
+fn load_from(candidates: Vec<PathBuf>) -> Result<Driver, LoadError> {
     let mut attempts = Vec::new();
-    for candidate in candidates() {
+    for candidate in candidates {
         let display = candidate.display().to_string();
         // SAFETY: opening a library runs its initialisers; the CUDA driver (or the emulator)
         // is designed to be opened this way by any process.
@@ -274,4 +293,30 @@ pub(crate) fn describe(code: CudaErrorCode) -> Option<String> {
     // SAFETY: on success the driver returns a NUL-terminated static string.
     let text = unsafe { std::ffi::CStr::from_ptr(text) };
     Some(text.to_string_lossy().into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver that does not load says so, names the path tried, and tells the reader how to
+    /// name a driver and where the emulated one comes from.
+    #[test]
+    fn a_missing_library_names_the_variable_and_the_emulator() {
+        let missing = std::env::temp_dir().join("custody-no-such-driver/libcuda.so.1");
+        let error = load_from(vec![missing.clone()]).expect_err("nothing is at that path");
+        assert!(
+            matches!(&error, LoadError::LibraryNotFound { attempts } if attempts.len() == 1),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        for part in [
+            &missing.display().to_string(),
+            DRIVER_ENV,
+            "libcuda_emu.so",
+            "cargo build -p cuda-custody-emu",
+        ] {
+            assert!(text.contains(part), "{part:?} is not in {text:?}");
+        }
+    }
 }

@@ -1,15 +1,19 @@
 //! [`ContextHandle`]: primary, created and borrowed contexts, the registry of contexts this crate
-//! created, and the per-thread cache that turns "the context current now" into a handle.
+//! created, the per-thread cache that turns "the context current now" into a handle; and running
+//! work in a context: [`ContextScope`] and the crate's `in_context` helpers, built on
+//! `scope::run_in`.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cuda_sys::types::{CUcontext, CUdevice};
+use cuda_sys::{CudaError, CudaErrorCode, Driver};
 
-use crate::report::{report_leak, Subject};
-use crate::scope::run_in;
+use crate::report::{report_leak, Consequence, Subject};
+use crate::scope::{activate, report_restore, restore, run_in, Switch};
 use crate::sys::{as_ctx, check, current_context, driver, init};
 use crate::HandleError;
 
@@ -230,6 +234,25 @@ impl ContextHandle {
     }
 }
 
+impl ContextHandle {
+    /// Blocks the calling thread until all work queued in this context (on every stream of it)
+    /// has finished. The caller's context binding is unchanged afterwards.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the wait fails; [`HandleError::ContextNotActivated`] or
+    /// [`HandleError::ContextNotRestored`] when the context switch around it does.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (when this context is not current),
+    /// `cuCtxSynchronize`.
+    pub fn synchronize(&self) -> Result<(), HandleError> {
+        in_context(self, "cuCtxSynchronize", |d| {
+            // SAFETY: takes no arguments; `in_context` makes this context current.
+            let status = unsafe { (d.cuCtxSynchronize)() };
+            check("cuCtxSynchronize", status)
+        })
+    }
+}
+
 impl PartialEq for ContextHandle {
     fn eq(&self, other: &Self) -> bool {
         self.0.raw == other.0.raw
@@ -250,7 +273,7 @@ impl fmt::Debug for ContextHandle {
 
 impl Drop for ContextBox {
     fn drop(&mut self) {
-        if crate::deferred::exiting() {
+        if crate::lifecycle::exiting() {
             return;
         }
         let Ok(d) = driver() else { return };
@@ -364,4 +387,150 @@ pub(crate) fn context_for_current(raw: usize) -> Result<ContextHandle, HandleErr
         drop(old);
     }
     Ok(handle)
+}
+
+/// Runs fallible driver work `f` in `context` for an explicit operation (see
+/// [`Ran::into_result`]).
+#[inline]
+pub(crate) fn in_context<R>(
+    context: &ContextHandle,
+    operation: &'static str,
+    f: impl FnOnce(&'static Driver) -> Result<R, HandleError>,
+) -> Result<R, HandleError> {
+    let d = driver()?;
+    let target = context.raw_usize();
+    run_in(d, target, || f(d)).into_result(operation, target, drop)
+}
+
+/// [`in_context`] for work that makes something (a stream, an event): when the restore fails,
+/// `undo` gives it back in `context`, which is still current, before the error returns.
+#[inline]
+pub(crate) fn in_context_or_undo<R>(
+    context: &ContextHandle,
+    operation: &'static str,
+    f: impl FnOnce(&'static Driver) -> Result<R, HandleError>,
+    undo: impl FnOnce(&'static Driver, R),
+) -> Result<R, HandleError> {
+    let d = driver()?;
+    let target = context.raw_usize();
+    run_in(d, target, || f(d)).into_result(operation, target, |value| undo(d, value))
+}
+
+/// Makes a context current for a while and puts the caller's binding back (docs/decisions.md
+/// D2), for code outside this crate; this crate uses the same two steps through `run_in`.
+///
+/// [`ContextScope::enter`] reads the current context and, only if it differs from the target,
+/// makes the target current; [`ContextScope::exit`] (or dropping the scope) restores the
+/// previous binding with `cuCtxSetCurrent(previous)`, where a previous NULL returns the thread
+/// to "no context". Restoring replaces the top of the context stack, so deeper entries of the
+/// caller's stack are untouched. The scope never panics: a restore that fails inside `Drop` is
+/// reported through the cleanup-error hook.
+///
+/// The scope borrows the context it made current, so the context outlives it; one entered on a
+/// temporary does not compile:
+///
+/// ```compile_fail
+/// # fn main() -> Result<(), handles::HandleError> {
+/// let scope = handles::ContextScope::enter(&handles::ContextHandle::primary(0)?)?;
+/// // error[E0716]: temporary value dropped while borrowed
+/// scope.exit()
+/// # }
+/// ```
+///
+/// ```no_run
+/// # fn main() -> Result<(), handles::HandleError> {
+/// let context = handles::ContextHandle::primary(0)?;
+/// let scope = handles::ContextScope::enter(&context)?;
+/// // ... driver work that needs `context` current ...
+/// scope.exit()
+/// # }
+/// ```
+///
+/// The scope is bound to its thread (`!Send`).
+#[must_use = "the previous context is restored when the scope ends"]
+pub struct ContextScope<'ctx> {
+    switch: Switch,
+    target: &'ctx ContextHandle,
+    done: bool,
+    _thread_bound: PhantomData<*const ()>,
+}
+
+impl<'ctx> ContextScope<'ctx> {
+    /// Makes `target` current on the calling thread if it is not already.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when reading or setting the current context fails; nothing is
+    /// changed then.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only when the target differs).
+    #[inline]
+    pub fn enter(target: &'ctx ContextHandle) -> Result<ContextScope<'ctx>, HandleError> {
+        let d = driver()?;
+        let switch = activate(d, target.raw_usize()).map_err(|f| HandleError::Driver(f.error()))?;
+        Ok(ContextScope {
+            switch,
+            target,
+            done: false,
+            _thread_bound: PhantomData,
+        })
+    }
+
+    /// The context that was current when the scope was entered (NULL for none).
+    pub fn previous(&self) -> CUcontext {
+        as_ctx(self.switch.previous)
+    }
+
+    /// Whether entering changed the current context (and so leaving will restore it).
+    pub fn switched(&self) -> bool {
+        self.switch.switched
+    }
+
+    /// Restores the previous binding now and returns the outcome instead of reporting it.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] naming `cuCtxSetCurrent` when the restore fails; the target
+    /// context is then still current.
+    ///
+    /// Driver calls: `cuCtxSetCurrent` (only when entering switched).
+    pub fn exit(mut self) -> Result<(), HandleError> {
+        self.done = true;
+        let d = driver()?;
+        match restore(d, self.switch) {
+            0 => Ok(()),
+            status => Err(HandleError::Driver(CudaError::new(
+                "cuCtxSetCurrent",
+                CudaErrorCode(status),
+            ))),
+        }
+    }
+}
+
+impl Drop for ContextScope<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let Ok(d) = driver() else { return };
+        let status = restore(d, self.switch);
+        if status != 0 {
+            report_restore(
+                Subject::context("ContextScope", self.target.raw_usize()),
+                Consequence::ContextNotRestored,
+                status,
+            );
+        }
+    }
+}
+
+impl fmt::Debug for ContextScope<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ContextScope(previous 0x{:x}, target 0x{:x}, switched {})",
+            self.switch.previous,
+            self.target.raw_usize(),
+            self.switch.switched
+        )
+    }
 }

@@ -5,15 +5,15 @@
 
 use std::any::Any;
 use std::cell::Cell;
-use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 
 use crossbeam_queue::SegQueue;
 
-use crate::deviceptr::{run_sync_free, SyncFree};
+use crate::lifecycle::exiting;
+
+use crate::sync_free::{run_sync_free, SyncFree};
 
 /// Something the cleanup worker drops or runs.
 pub(crate) enum Deferred {
@@ -27,14 +27,21 @@ pub(crate) enum Deferred {
 /// on a driver thread or synchronously inside our own `cuGraphExecDestroy` call.
 static QUEUE: SegQueue<Deferred> = SegQueue::new();
 
+/// Frees that wait for a capture to end (docs/decisions.md D11): a free on the legacy stream
+/// while a blocking stream of its context is captured, or on a stream whose capture was
+/// invalidated (or could not take the memory). Retried by the worker every [`PARKED_RETRY`]
+/// while any wait, and by every [`drain_deferred_cleanup`].
+static PARKED: SegQueue<Box<dyn Any + Send>> = SegQueue::new();
+
+/// How often the worker retries parked frees.
+const PARKED_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Held by whoever is consuming the queue (the worker or a [`drain_deferred_cleanup`] caller)
 /// while it pops and processes items, so that a drain returns only when everything queued
 /// before it has been processed. Never taken by a push.
 static CONSUMER: Mutex<()> = Mutex::new(());
 
-static EXITING: AtomicBool = AtomicBool::new(false);
 static WORKER: OnceLock<Option<Thread>> = OnceLock::new();
-static AT_EXIT: OnceLock<()> = OnceLock::new();
 
 thread_local! {
     /// Whether this thread holds [`CONSUMER`] (a nested drain must not take it again).
@@ -60,43 +67,23 @@ fn unbind_worker_after_failed_restore() {
     }
 }
 
-extern "C" {
-    fn atexit(callback: extern "C" fn()) -> c_int;
-}
-
-extern "C" fn on_exit() {
-    EXITING.store(true, Ordering::SeqCst);
-}
-
-/// Registers the exit hook once. Called when the driver is first initialised and when the
-/// worker starts.
-pub(crate) fn register_exit_hook() {
-    AT_EXIT.get_or_init(|| {
-        // SAFETY: `on_exit` is a plain `extern "C"` function with no arguments that only
-        // stores an atomic; registering it has no other effect.
-        let _ = unsafe { atexit(on_exit) };
-    });
-}
-
-/// Whether the process is exiting (`main` returned or `exit` was called). From then on no
-/// handle calls the driver: frees and destructions are leaked, never run against a driver that
-/// may be tearing down.
-#[inline]
-pub fn exiting() -> bool {
-    EXITING.load(Ordering::Relaxed)
-}
-
-/// Starts the worker thread once; `None` if the thread could not be spawned (then only
-/// [`drain_deferred_cleanup`] empties the queue).
+/// Starts the worker thread once, and waits (briefly, the first time) until it has set itself
+/// up; `None` if the thread could not be spawned (then only [`drain_deferred_cleanup`] empties
+/// the queue).
 pub(crate) fn ensure_worker() -> Option<&'static Thread> {
     WORKER
         .get_or_init(|| {
-            register_exit_hook();
+            crate::lifecycle::register_exit_hook();
+            let (ready, started) = std::sync::mpsc::channel();
             match std::thread::Builder::new()
                 .name("custody-cleanup".into())
-                .spawn(worker_main)
+                .spawn(move || worker_main(ready))
             {
-                Ok(handle) => Some(handle.thread().clone()),
+                Ok(handle) => {
+                    // The worker's setup makes one driver call; nothing waits on the GPU.
+                    let _ = started.recv_timeout(std::time::Duration::from_secs(10));
+                    Some(handle.thread().clone())
+                }
                 Err(error) => {
                     eprintln!("custody: could not start the cleanup worker ({error}); deferred cleanup runs only in drain_deferred_cleanup()");
                     None
@@ -104,6 +91,25 @@ pub(crate) fn ensure_worker() -> Option<&'static Thread> {
             }
         })
         .as_ref()
+}
+
+/// Parks `payload` (a handle whose free must wait for a capture to end): the worker retries it
+/// (dropping it again) every [`PARKED_RETRY`], and so does every drain.
+pub(crate) fn park(payload: Box<dyn Any + Send>) {
+    ensure_worker();
+    PARKED.push(payload);
+    if let Some(Some(worker)) = WORKER.get() {
+        worker.unpark();
+    }
+}
+
+/// Moves every parked payload onto the queue, to be dropped (and so retried) by its consumer.
+fn unpark_all() {
+    let waiting = PARKED.len();
+    for _ in 0..waiting {
+        let Some(payload) = PARKED.pop() else { break };
+        QUEUE.push(Deferred::Payload(payload));
+    }
 }
 
 /// Queues an item from ordinary Rust code (starting the worker if needed) and wakes the worker.
@@ -137,8 +143,24 @@ pub(crate) extern "C" fn user_object_destructor(data: *mut std::ffi::c_void) {
     push_from_callback(Deferred::Payload(*payload));
 }
 
-fn worker_main() {
+fn worker_main(ready: std::sync::mpsc::Sender<()>) {
     IS_WORKER.with(|w| w.set(true));
+    // The worker captures nothing, so no capture needs it kept from "potentially unsafe" calls
+    // (`cuMemFree`, `cuMemFreeHost`, `cuCtxSynchronize`); in the default (global) mode a user's
+    // global capture on another thread would make the worker's synchronous frees fail and break
+    // that capture (docs/decisions.md D11). If this fails the worker carries on in the default
+    // mode, said on stderr.
+    let _ = crate::sys::init();
+    if let Err(status) = relax_capture_mode() {
+        eprintln!(
+            "custody: the cleanup worker could not relax its stream-capture mode \
+             (cuThreadExchangeStreamCaptureMode: {}); its synchronous frees may fail during \
+             another thread's global capture",
+            cuda_sys::CudaErrorCode(status).name()
+        );
+    }
+    let _ = ready.send(());
+    drop(ready);
     loop {
         if exiting() {
             return;
@@ -146,7 +168,37 @@ fn worker_main() {
         if !QUEUE.is_empty() {
             consume();
         }
-        std::thread::park();
+        if PARKED.is_empty() {
+            std::thread::park();
+        } else {
+            std::thread::park_timeout(PARKED_RETRY);
+            unpark_all();
+        }
+    }
+}
+
+/// Sets the calling thread's capture interaction mode to relaxed; the driver's status when that
+/// failed.
+///
+/// Driver calls: `cuThreadExchangeStreamCaptureMode`.
+fn relax_capture_mode() -> Result<(), u32> {
+    let Ok(d) = crate::sys::driver() else {
+        return Ok(()); // no driver: nothing will be freed
+    };
+    /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+    const RELAXED: u32 = 2;
+    let mut mode = RELAXED;
+    // SAFETY: `mode` is 4 bytes of storage for the enum, read and written by the driver as an
+    // integer; the call affects only the calling thread.
+    let status = unsafe {
+        (d.cuThreadExchangeStreamCaptureMode)(
+            (&mut mode as *mut u32).cast::<cuda_sys::types::CUstreamCaptureMode>(),
+        )
+    };
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(status)
     }
 }
 
@@ -202,10 +254,22 @@ pub fn drain_deferred_cleanup() -> usize {
     if exiting() {
         return 0;
     }
+    // A drain also starts the worker (a program's first drain is usually early), so that it has
+    // set itself up before frees are queued.
+    ensure_worker();
+    unpark_all();
     consume()
 }
 
-/// How many deferred cleanups are queued and not yet started.
+/// How many deferred cleanups are queued and not yet started (frees waiting for a capture to
+/// end are counted by [`deferred_frees_waiting_for_a_capture`]).
 pub fn deferred_cleanup_pending() -> usize {
     QUEUE.len()
+}
+
+/// How many frees wait for a capture to end: on the legacy stream while a blocking stream of its
+/// context is captured, or on a stream whose capture was invalidated (docs/decisions.md D11).
+/// They are retried by the cleanup worker and by [`drain_deferred_cleanup`], and leaked at exit.
+pub fn deferred_frees_waiting_for_a_capture() -> usize {
+    PARKED.len()
 }

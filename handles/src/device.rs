@@ -1,15 +1,13 @@
-//! Device queries and whole-context synchronisation, which the Python bindings' `Device` needs:
-//! [`device_count`], [`device_attribute`], [`device_name`], [`device_uuid`],
-//! [`device_can_access_peer`], [`stream_priority_range`], the graph memory attributes
-//! ([`graph_mem_attribute`], [`set_graph_mem_attribute`], [`graph_mem_trim`]) and
-//! [`ContextHandle::synchronize`].
+//! Device queries, which the Python bindings' `Device` needs: [`device_count`],
+//! [`device_attribute`], [`device_name`], [`device_uuid`], [`device_can_access_peer`],
+//! [`stream_priority_range`] and the graph memory attributes ([`graph_mem_attribute`],
+//! [`set_graph_mem_attribute`], [`graph_mem_trim`]).
 
 use std::ffi::{c_char, c_int};
 
 use cuda_sys::types::CUdevice;
 
-use crate::context::ContextHandle;
-use crate::scope::in_context;
+use crate::context::{in_context, ContextHandle};
 use crate::sys::{check, init};
 use crate::HandleError;
 
@@ -27,25 +25,6 @@ pub fn device_count() -> Result<i32, HandleError> {
     let status = unsafe { (d.cuDeviceGetCount)(&mut count) };
     check("cuDeviceGetCount", status)?;
     Ok(count)
-}
-
-impl ContextHandle {
-    /// Blocks the calling thread until all work queued in this context (on every stream of it)
-    /// has finished. The caller's context binding is unchanged afterwards.
-    ///
-    /// # Errors
-    /// [`HandleError::Driver`] when the wait fails; [`HandleError::ContextNotActivated`] or
-    /// [`HandleError::ContextNotRestored`] when the context switch around it does.
-    ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (when this context is not current),
-    /// `cuCtxSynchronize`.
-    pub fn synchronize(&self) -> Result<(), HandleError> {
-        in_context(self, "cuCtxSynchronize", |d| {
-            // SAFETY: takes no arguments; `in_context` makes this context current.
-            let status = unsafe { (d.cuCtxSynchronize)() };
-            check("cuCtxSynchronize", status)
-        })
-    }
 }
 
 /// The driver's `CUdevice` for `ordinal`, initialising the driver on first use.

@@ -8,9 +8,11 @@ use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
-use cuda_sys::types::{c_void, CUdeviceptr, CUmemPoolPtrExportData, CUstream};
+use cuda_sys::types::{c_void, CUdeviceptr, CUgraph, CUmemPoolPtrExportData, CUstream};
 use cuda_sys::Driver;
 
+use crate::allocation::{AdoptError, Deallocator, OwnedAllocation};
+use crate::context::ContextHandle;
 use crate::deferred::{self, Deferred};
 use crate::event::{create_raw, destroy_raw, EVENT_DISABLE_TIMING};
 use crate::pool::MemoryPoolHandle;
@@ -20,158 +22,11 @@ use crate::report::{
     Subject,
 };
 use crate::scope::{report_restore, run_in, run_in_from, Ran};
-use crate::stream::StreamHandle;
+use crate::stream::{capture_may_be_active, capture_state, CaptureState, StreamHandle};
+use crate::sync_free::{SyncFree, SyncKind};
 use crate::sys::{check, current_context_raw, driver, error};
+use crate::user_object::UserObjectOwnership;
 use crate::HandleError;
-
-/// Frees memory that custody adopted from elsewhere (a user's memory resource).
-///
-/// Called once, by whoever drops the last handle, with the recipe's context current (see
-/// [`crate::ContextScope`]) and the recipe's stream; on a thread chosen by the drop, which may be the
-/// cleanup worker. It must not block on a lock that the dropping thread may hold.
-pub trait Deallocator: Send + Sync {
-    /// Frees `allocation` (its [`OwnedAllocation::size`] bytes at [`OwnedAllocation::ptr`]),
-    /// ordered on `stream`. The deallocator now owns the allocation: it frees it (with one of
-    /// [`OwnedAllocation`]'s frees, or by its own means), and dropping it unfreed leaks it.
-    ///
-    /// # Errors
-    /// Whatever the deallocator reports (as [`HandleError::deallocator`]): returned by an
-    /// explicit [`DevicePtrHandle::release`], reported through the cleanup-error hook on a drop.
-    fn deallocate(
-        &self,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<(), HandleError>;
-
-    /// The deallocator as its user knows it (a memory resource's class name, say), for
-    /// cleanup reports. Default: the Rust type's name.
-    fn name(&self) -> &str {
-        std::any::type_name::<Self>()
-    }
-}
-
-/// An allocation outside custody, with the right to free it: what a [`Deallocator`] is handed
-/// when the last handle to memory it owns goes, and what [`DevicePtrHandle::adopt`] and
-/// [`DevicePtrHandle::adopt_synchronous`] take into custody.
-///
-/// Made by this crate (handing memory it owned to a deallocator) or by the caller of
-/// [`crate::raw::owned_allocation`], who vouches for it. Consuming it is safe: one of the frees
-/// below, or adoption. Dropping it frees nothing (the memory leaks); [`OwnedAllocation::into_raw`]
-/// gives the responsibility back as a raw address. Not `Clone`: the right to free exists once.
-#[must_use = "dropping an OwnedAllocation leaks its memory"]
-pub struct OwnedAllocation {
-    ptr: CUdeviceptr,
-    size: usize,
-}
-
-impl OwnedAllocation {
-    /// Made only here and by [`crate::raw::owned_allocation`].
-    #[inline]
-    pub(crate) fn new(ptr: CUdeviceptr, size: usize) -> OwnedAllocation {
-        OwnedAllocation { ptr, size }
-    }
-
-    /// The address (a host address for pinned host memory).
-    #[inline]
-    pub fn ptr(&self) -> CUdeviceptr {
-        self.ptr
-    }
-
-    /// The size in bytes.
-    #[inline]
-    pub fn size(&self) -> usize {
-        self.size
-    }
-
-    /// Gives up the token without freeing: the caller is responsible for the memory again.
-    pub fn into_raw(self) -> (CUdeviceptr, usize) {
-        (self.ptr, self.size)
-    }
-
-    /// Frees a stream-ordered allocation (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`, an IPC
-    /// import) ordered on `stream`. Does not block.
-    ///
-    /// # Errors
-    /// [`HandleError::NoCurrentContext`] for an unbound default-stream token on a thread with
-    /// no context; [`HandleError::Driver`] for the driver's failure (a pointer it does not know
-    /// as stream-ordered memory); the memory is then still allocated, and the token gone;
-    /// [`HandleError::ContextNotActivated`] / [`HandleError::ContextNotRestored`] for a bound
-    /// token's context switch.
-    ///
-    /// Driver calls: `cuMemFreeAsync`; on a created or wrapped stream nothing else (F4, F8), on a
-    /// bound token `cuCtxGetCurrent` and `cuCtxSetCurrent` (if needed) around it.
-    pub fn free_async(self, stream: &StreamHandle) -> Result<(), HandleError> {
-        let ptr = self.ptr;
-        stream.run_free("cuMemFreeAsync", |d, s| {
-            // SAFETY: the token is the right to free this allocation, used once (consumed); the
-            // stream handle is alive.
-            unsafe { (d.cuMemFreeAsync)(ptr, s) }
-        })
-    }
-
-    /// Frees a `cuMemAlloc` or `cuMemAllocManaged` allocation after the work queued on
-    /// `stream`: **blocks** until the stream has drained, then frees. For an explicit free only:
-    /// a drop must never come here (docs/decisions.md D9).
-    ///
-    /// # Errors
-    /// As [`OwnedAllocation::free_async`], and the stream's failure, in which case nothing is
-    /// freed.
-    ///
-    /// Driver calls: `cuStreamSynchronize`, `cuMemFree_v2`; on a bound token in its context
-    /// (`cuCtxGetCurrent`, `cuCtxSetCurrent` if needed), on a created or wrapped stream with no
-    /// context call (F5, F6).
-    pub fn free_device_sync(self, stream: &StreamHandle) -> Result<(), HandleError> {
-        let ptr = self.ptr;
-        stream.synchronize_then_free("cuMemFree_v2", |d| {
-            // SAFETY: the token is the right to free this allocation, used once; the stream has
-            // drained.
-            unsafe { (d.cuMemFree_v2)(ptr) }
-        })
-    }
-
-    /// Frees pinned host memory (`cuMemAllocHost`) after the work queued on `stream`:
-    /// **blocks** until the stream has drained, then frees. Explicit frees only (D9).
-    ///
-    /// # Errors
-    /// As [`OwnedAllocation::free_device_sync`].
-    ///
-    /// Driver calls: `cuStreamSynchronize`, `cuMemFreeHost`, with the context rule of
-    /// [`OwnedAllocation::free_device_sync`].
-    pub fn free_host_sync(self, stream: &StreamHandle) -> Result<(), HandleError> {
-        let ptr = self.ptr;
-        stream.synchronize_then_free("cuMemFreeHost", |d| {
-            // SAFETY: the token is the right to free this allocation, used once; the stream has
-            // drained.
-            unsafe { (d.cuMemFreeHost)(ptr as *mut c_void) }
-        })
-    }
-}
-
-impl fmt::Debug for OwnedAllocation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OwnedAllocation(0x{:x}, {} bytes)", self.ptr, self.size)
-    }
-}
-
-/// An adoption that was refused, with the allocation given back: nothing was taken or freed.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-pub struct AdoptError {
-    /// Why the adoption was refused.
-    pub error: HandleError,
-    /// The allocation, still the caller's.
-    pub allocation: OwnedAllocation,
-}
-
-/// For `?` in functions returning [`HandleError`]: the allocation is given up unfreed (leaked),
-/// never freed.
-impl From<AdoptError> for HandleError {
-    fn from(error: AdoptError) -> HandleError {
-        let AdoptError { error, allocation } = error;
-        let _ = allocation.into_raw();
-        error
-    }
-}
 
 /// Which family a pointer belongs to, fixing how it is released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -243,7 +98,10 @@ enum Release {
     Synchronous,
     PinnedHost,
     Managed,
+    /// The process's one mapping of an imported pointer (held by the IPC registry).
     IpcImport(PoolRef),
+    /// One import's reference to that mapping, given back by the registry's deallocator.
+    IpcShare(PoolRef, Arc<dyn Deallocator>),
     Deallocator(Arc<dyn Deallocator>),
     HostDeallocator(Arc<dyn Deallocator>),
     Owner(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
@@ -258,7 +116,7 @@ impl Release {
             Release::Synchronous => ReleaseKind::Synchronous,
             Release::PinnedHost => ReleaseKind::PinnedHost,
             Release::Managed => ReleaseKind::Managed,
-            Release::IpcImport(_) => ReleaseKind::IpcImport,
+            Release::IpcImport(_) | Release::IpcShare(..) => ReleaseKind::IpcImport,
             Release::Deallocator(_) => ReleaseKind::Deallocator,
             Release::HostDeallocator(_) => ReleaseKind::HostDeallocator,
             Release::Owner(_) => ReleaseKind::Owner,
@@ -266,53 +124,6 @@ impl Release {
         }
     }
 }
-
-/// The synchronous frees that go through the cleanup worker (docs/decisions.md D9).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SyncKind {
-    Device,
-    Host,
-}
-
-impl SyncKind {
-    fn operation(self) -> &'static str {
-        match self {
-            SyncKind::Device => "cuMemFree_v2",
-            SyncKind::Host => "cuMemFreeHost",
-        }
-    }
-
-    fn free(self, d: &Driver, ptr: u64) -> Result<(), HandleError> {
-        match self {
-            SyncKind::Device => {
-                // SAFETY: the allocation is owned by the caller's released box and is freed
-                // once; the recipe's context is current.
-                let status = unsafe { (d.cuMemFree_v2)(ptr) };
-                check("cuMemFree_v2", status)
-            }
-            SyncKind::Host => {
-                // SAFETY: as above, for a `cuMemAllocHost` allocation.
-                let status = unsafe { (d.cuMemFreeHost)(ptr as *mut c_void) };
-                check("cuMemFreeHost", status)
-            }
-        }
-    }
-}
-
-/// A synchronous free waiting for its event on the cleanup worker.
-pub(crate) struct SyncFree {
-    ptr: u64,
-    kind: SyncKind,
-    recipe: DeallocationRecipe,
-    /// The event recorded on the recipe stream at drop time; 0 when recording failed, in which
-    /// case the worker synchronises the whole context instead.
-    event: usize,
-}
-
-/// Serialises IPC imports with the frees of imported pointers, so that a concurrent import
-/// cannot re-import a mapping that a pending free is about to unmap. A leaf lock: nothing else
-/// is taken, and nothing is reported, while it is held.
-static IPC_LOCK: Mutex<()> = Mutex::new(());
 
 struct PtrBox {
     ptr: u64,
@@ -351,6 +162,14 @@ struct PtrBox {
 pub struct DevicePtrHandle(Arc<PtrBox>);
 
 impl Release {
+    /// The name of a built-in release rule's resource (the synchronous families' for the worker).
+    fn resource_name(&self) -> &'static str {
+        match self.resource() {
+            Cow::Borrowed(name) => name,
+            Cow::Owned(_) => "adopted memory",
+        }
+    }
+
     /// The resource as its user knows it, for reports (built on error paths only).
     #[cold]
     fn resource(&self) -> Cow<'static, str> {
@@ -360,7 +179,7 @@ impl Release {
             Release::Synchronous => "cuMemAlloc allocation",
             Release::PinnedHost => "pinned host allocation",
             Release::Managed => "managed allocation",
-            Release::IpcImport(_) => "IPC-imported allocation",
+            Release::IpcImport(_) | Release::IpcShare(..) => "IPC-imported allocation",
             Release::Deallocator(deallocator) | Release::HostDeallocator(deallocator) => {
                 return Cow::Owned(deallocator.name().to_owned())
             }
@@ -418,6 +237,53 @@ fn checked(call: &'static str) -> impl FnOnce(u32) -> Result<(), HandleError> {
     move |status| check(call, status)
 }
 
+/// Hands `handle` (memory whose free was refused, or must not be issued, because its stream is
+/// being captured into `graph`) to that graph: a user object the capture graph retains owns it,
+/// so the graph the capture produces, its clones and executables keep the memory allocated, and
+/// deferred cleanup frees it when the last of them goes (docs/decisions.md D11). If the graph
+/// cannot take it, the free waits for the capture to end instead (parked; reported).
+///
+/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`,
+/// `cuGraphRetainUserObject`, `cuUserObjectRelease`.
+#[cold]
+#[inline(never)]
+fn hand_over(context: &ContextHandle, graph: usize, handle: DevicePtrHandle) {
+    let (ptr, stream) = (handle.ptr(), handle.deallocation_stream());
+    // The handle sits in a cell the user object's payload shares, so that it can be taken back
+    // when the graph refuses the user object (its destructor then finds the cell empty).
+    let cell = Arc::new(Mutex::new(Some(handle)));
+    let payload: Box<dyn Any + Send> = Box::new(Arc::clone(&cell));
+    let refused = match UserObjectOwnership::try_new(context, payload) {
+        Err((error, payload)) => {
+            drop(payload); // the cell's second reference; the handle stays in the cell
+            Some(("cuUserObjectCreate", error))
+        }
+        Ok(object) => match object.retain_in_raw_graph(graph as CUgraph) {
+            Ok(()) => None, // our reference goes with `object`; the graph's stays
+            Err(error) => Some(("cuGraphRetainUserObject", error)),
+        },
+    };
+    let Some((operation, error)) = refused else {
+        return;
+    };
+    let taken = cell.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(handle) = taken {
+        deferred::park(Box::new(handle));
+    }
+    report(
+        Subject::new(
+            "memory handed to a capture",
+            operation,
+            ptr,
+            stream.map_or(0, |s| s.raw_usize() as u64),
+            context.raw_usize() as u64,
+        ),
+        CleanupStep::Operation,
+        Consequence::Deferred,
+        error,
+    );
+}
+
 fn free_async(d: &Driver, ptr: u64, stream: CUstream) -> Result<(), HandleError> {
     // SAFETY: the pointer is owned by the box being released and freed once; the recipe keeps
     // `stream` alive and its context is current.
@@ -448,7 +314,10 @@ fn reject_zero(size: usize) -> Result<(), HandleError> {
     Ok(())
 }
 
-fn check_device(device: Option<i32>, recipe: &DeallocationRecipe) -> Result<(), HandleError> {
+pub(crate) fn check_device(
+    device: Option<i32>,
+    recipe: &DeallocationRecipe,
+) -> Result<(), HandleError> {
     match device {
         Some(expected) if recipe.context().device() != expected => Err(HandleError::WrongDevice {
             expected,
@@ -461,8 +330,10 @@ fn check_device(device: Option<i32>, recipe: &DeallocationRecipe) -> Result<(), 
 impl DevicePtrHandle {
     /// Allocates `size` bytes from `pool`, ordered on `stream`, which also becomes the recipe.
     ///
-    /// The allocation runs in the recipe's context (made current only if it is not), and the
-    /// caller's binding is restored. The handle holds `pool`, so an owned pool outlives it.
+    /// On a created or wrapped stream the allocation makes no context call (the stream
+    /// identifies its context, docs/decisions.md D2); on a default-stream token it runs in the
+    /// recipe's context (made current only if it is not), and the caller's binding is restored.
+    /// The handle holds `pool`, so an owned pool outlives it.
     ///
     /// # Errors
     /// [`HandleError::WrongDevice`] for a stream whose context is on another device than the
@@ -472,8 +343,9 @@ impl DevicePtrHandle {
     /// when the caller's cannot be put back (the allocation is freed again first). Nothing is
     /// allocated or leaked on error.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only when the recipe's context is
-    /// not current), `cuMemAllocFromPoolAsync`; `cuMemFreeAsync` at release.
+    /// Driver calls: `cuMemAllocFromPoolAsync`; for a token also `cuCtxGetCurrent` and
+    /// `cuCtxSetCurrent` (only when the recipe's context is not current); `cuMemFreeAsync` at
+    /// release.
     pub fn alloc_from_pool(
         size: usize,
         pool: &MemoryPoolHandle,
@@ -503,8 +375,8 @@ impl DevicePtrHandle {
     /// # Errors
     /// As [`DevicePtrHandle::alloc_from_pool`].
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocAsync`;
-    /// `cuMemFreeAsync` at release.
+    /// Driver calls: `cuMemAllocAsync`; for a token also `cuCtxGetCurrent` and `cuCtxSetCurrent`
+    /// (if needed); `cuMemFreeAsync` at release.
     pub fn alloc_async(size: usize, stream: &StreamHandle) -> Result<DevicePtrHandle, HandleError> {
         Self::allocate(
             size,
@@ -624,7 +496,7 @@ impl DevicePtrHandle {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
     /// `cuMemPoolImportPointer`, `cuPointerGetAttribute`; `cuMemFreeAsync` at release.
-    pub fn import_from_pool(
+    pub(crate) fn import_from_pool(
         pool: &MemoryPoolHandle,
         export_data: &CUmemPoolPtrExportData,
         size: usize,
@@ -639,20 +511,18 @@ impl DevicePtrHandle {
             Release::IpcImport(PoolRef::of(pool)),
             "cuMemPoolImportPointer",
             |d, _, ptr| {
-                let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
                 // SAFETY: `ptr` is a valid out-pointer; `data` is a copy the driver may read;
                 // the pool handle is alive and the recipe's context is current.
                 unsafe { (d.cuMemPoolImportPointer)(ptr, pool_raw, &mut data) }
             },
             |d, ptr, stream| {
-                let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
                 let _ = free_async(d, ptr, stream);
             },
         )?;
         // `size` is the exporter's claim; every range of the handle trusts it, so it is checked
         // against what the driver mapped. A short mapping is freed again (on `stream`) by the
         // drop.
-        let extent = crate::ops::pointer_attributes(handle.ptr())?.map_or(0, |a| a.range_size);
+        let extent = crate::pointer::pointer_attributes(handle.ptr())?.map_or(0, |a| a.range_size);
         if extent < size {
             return Err(HandleError::invalid(
                 "size",
@@ -682,7 +552,7 @@ impl DevicePtrHandle {
         stream: &StreamHandle,
         deallocator: Arc<dyn Deallocator>,
     ) -> Result<DevicePtrHandle, AdoptError> {
-        if allocation.ptr == 0 {
+        if allocation.ptr() == 0 {
             return Err(AdoptError {
                 error: HandleError::invalid(
                     "ptr",
@@ -705,6 +575,24 @@ impl DevicePtrHandle {
         ))
     }
 
+    /// One import's handle to the process's mapping of an imported pointer (`ptr`, `size`
+    /// bytes of `pool`), released by `share` with `recipe`: for the IPC registry.
+    pub(crate) fn share_of_import(
+        ptr: CUdeviceptr,
+        size: usize,
+        pool: &MemoryPoolHandle,
+        recipe: DeallocationRecipe,
+        share: Arc<dyn Deallocator>,
+    ) -> DevicePtrHandle {
+        Self::from_parts(
+            ptr,
+            size,
+            pool.device(),
+            Some(recipe),
+            Release::IpcShare(PoolRef::of(pool), share),
+        )
+    }
+
     /// Takes host memory (`allocation`) into custody, to be freed by `deallocator` with no
     /// recipe ([`ReleaseKind::HostDeallocator`]): for a host-only resource, whose memory no
     /// device work can touch. No driver call, now or at release: the deallocator receives the
@@ -717,7 +605,7 @@ impl DevicePtrHandle {
         allocation: OwnedAllocation,
         deallocator: Arc<dyn Deallocator>,
     ) -> Result<DevicePtrHandle, AdoptError> {
-        if allocation.ptr == 0 {
+        if allocation.ptr() == 0 {
             return Err(AdoptError {
                 error: HandleError::invalid(
                     "ptr",
@@ -799,6 +687,20 @@ impl DevicePtrHandle {
         undo: impl FnOnce(&'static Driver, u64, CUstream),
     ) -> Result<DevicePtrHandle, HandleError> {
         let d = driver()?;
+        if matches!(release, Release::Pool(_) | Release::Async) && stream.identifies_its_context() {
+            // D2: a stream-ordered allocation on a created or wrapped stream needs no context
+            // (docs/driver-probe/h200-580.159.04-alloc-context.txt), and such a stream brings its
+            // recipe's context: no context call at all.
+            let recipe = DeallocationRecipe::bind_with_current(stream, 0)?;
+            let device = match placement {
+                Placement::Pool(device) => device,
+                _ => Some(recipe.context().device()),
+            };
+            check_device(device, &recipe)?;
+            let mut ptr = 0u64;
+            check(alloc_call, alloc(d, stream.raw(), &mut ptr))?;
+            return Ok(Self::from_parts(ptr, size, device, Some(recipe), release));
+        }
         let current = current_context_raw(d).map_err(|s| error("cuCtxGetCurrent", s))?;
         let recipe = DeallocationRecipe::bind_with_current(stream, current)?;
         let device = match placement {
@@ -848,7 +750,9 @@ impl DevicePtrHandle {
     /// back as the handle the allocation holds; a borrowed pool as a new borrowed handle.
     pub fn pool(&self) -> Option<MemoryPoolHandle> {
         match &self.0.release {
-            Release::Pool(pool) | Release::IpcImport(pool) => Some(pool.handle()),
+            Release::Pool(pool) | Release::IpcImport(pool) | Release::IpcShare(pool, _) => {
+                Some(pool.handle())
+            }
             _ => None,
         }
     }
@@ -999,6 +903,18 @@ impl PtrBox {
             return Ok(()); // owner-kept or borrowed: the owner drops with the box
         };
         let d = driver()?;
+        // D11: while a capture custody began runs, a free on a token (which may be the legacy
+        // stream, blocked by that capture), an IPC import's and a deallocator's look first; the
+        // others find out from their own failure (F16) or ask where an event would be recorded.
+        let looks_first = match &self.release {
+            Release::Pool(_) | Release::Async => !recipe.stream().identifies_its_context(),
+            Release::IpcImport(_) | Release::IpcShare(..) | Release::Deallocator(_) => true,
+            Release::Synchronous | Release::Managed | Release::PinnedHost => explicit,
+            Release::Owner(_) | Release::NonOwning | Release::HostDeallocator(_) => false,
+        };
+        if looks_first && capture_may_be_active() && self.defer_if_captured(d, &recipe) {
+            return Ok(());
+        }
         match &self.release {
             Release::Pool(_) | Release::Async => {
                 // The hot path: raw statuses, nothing built unless something went wrong.
@@ -1010,7 +926,7 @@ impl PtrBox {
                     // (F4, F8), for a token the recipe's context is current.
                     unsafe { (d.cuMemFreeAsync)(ptr, raw_stream) }
                 };
-                let ran = if stream.frees_without_context() {
+                let ran = if stream.identifies_its_context() {
                     // D2: no context calls at all.
                     Ran::Done {
                         value: free(),
@@ -1020,15 +936,18 @@ impl PtrBox {
                 } else {
                     run_in(d, recipe.context_raw(), free)
                 };
-                if let Ran::Done {
-                    value: 0,
-                    restore: 0,
-                    ..
-                } = ran
-                {
-                    if recipe.ptds_thread().is_none() {
-                        return Ok(());
+                match ran {
+                    Ran::Done {
+                        value: 0,
+                        restore: 0,
+                        ..
+                    } if recipe.ptds_thread().is_none() => return Ok(()),
+                    // F16: the driver refuses a captured free of memory the capture did not
+                    // allocate; if that is why, the graph being captured takes the memory.
+                    Ran::Done { value, .. } if value != 0 && self.defer_if_captured(d, &recipe) => {
+                        return Ok(())
                     }
+                    _ => {}
                 }
                 let ran = ran.map(checked("cuMemFreeAsync"));
                 finish(ran, &self.release, "cuMemFreeAsync", ptr, &recipe, explicit)
@@ -1038,8 +957,8 @@ impl PtrBox {
                 // succeeding without one.
                 let raw_stream = recipe.stream().raw();
                 let ran = run_in(d, recipe.context_raw(), || {
-                    let _guard = IPC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-                    // SAFETY: as above; imports and their frees are serialised by the lock.
+                    // SAFETY: as above; the IPC registry serialises imports and this free (it
+                    // releases the mapping holding its lock).
                     unsafe { (d.cuMemFreeAsync)(ptr, raw_stream) }
                 });
                 let ran = ran.map(checked("cuMemFreeAsync"));
@@ -1049,7 +968,7 @@ impl PtrBox {
                 self.release_sync(d, SyncKind::Device, recipe, explicit)
             }
             Release::PinnedHost => self.release_sync(d, SyncKind::Host, recipe, explicit),
-            Release::Deallocator(deallocator) => {
+            Release::Deallocator(deallocator) | Release::IpcShare(_, deallocator) => {
                 // Always in the recipe's context: a deallocator is promised it (D2).
                 let size = self.size;
                 let ran = run_in(d, recipe.context_raw(), || {
@@ -1062,6 +981,51 @@ impl PtrBox {
                 finish(ran, &self.release, "deallocate", ptr, &recipe, explicit)
             }
             Release::HostDeallocator(_) | Release::Owner(_) | Release::NonOwning => Ok(()),
+        }
+    }
+
+    /// D11: when the recipe's stream is being captured (or, for the legacy stream, blocked by a
+    /// capture), defers the free instead of issuing it, and says so; `false` (and nothing done)
+    /// when the stream is free to use. Asks the driver in the recipe's context.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
+    /// `cuStreamGetCaptureInfo_v2`; to hand over, those of [`hand_over`].
+    #[cold]
+    #[inline(never)]
+    fn defer_if_captured(&mut self, d: &'static Driver, recipe: &DeallocationRecipe) -> bool {
+        let raw_stream = recipe.stream().raw();
+        let state = match run_in(d, recipe.context_raw(), || capture_state(d, raw_stream)) {
+            Ran::NotActivated(_) => return false, // the free's own path reports this
+            Ran::Done { value, restore, .. } => {
+                if restore != 0 {
+                    report_restore(
+                        subject(&self.release, "cuStreamGetCaptureInfo_v2", self.ptr, recipe),
+                        Consequence::ContextNotRestored,
+                        restore,
+                    );
+                }
+                value
+            }
+        };
+        if matches!(state, CaptureState::Free | CaptureState::Unknown(_)) {
+            return false;
+        }
+        self.defer_captured(state, recipe.clone());
+        true
+    }
+
+    /// Defers this free, whose stream is in `state` (not free): a capturing stream's graph takes
+    /// the memory (it is freed after the graph and its executables are gone); otherwise it waits
+    /// for the capture to end (parked). The box gives up its release rule to a new handle, which
+    /// frees with the same recipe when it is dropped later.
+    fn defer_captured(&mut self, state: CaptureState, recipe: DeallocationRecipe) {
+        let release = std::mem::replace(&mut self.release, Release::NonOwning);
+        let context = recipe.context().clone();
+        let handle =
+            DevicePtrHandle::from_parts(self.ptr, self.size, self.device, Some(recipe), release);
+        match state {
+            CaptureState::Capturing { graph } => hand_over(&context, graph, handle),
+            _ => deferred::park(Box::new(handle)),
         }
     }
 
@@ -1084,7 +1048,7 @@ impl PtrBox {
                 check("cuStreamSynchronize", status)?;
                 kind.free(d, ptr)
             };
-            let ran = if stream.frees_without_context() {
+            let ran = if stream.identifies_its_context() {
                 // D2: `cuStreamSynchronize` of a created stream and the synchronous frees need
                 // no context (F5, F6).
                 Ran::Done {
@@ -1097,13 +1061,26 @@ impl PtrBox {
             };
             return finish(ran, &self.release, operation, ptr, &recipe, true);
         }
-        if deferred::exiting() {
+        if crate::lifecycle::exiting() {
             return Ok(()); // at exit: leaked, never freed unsafely
         }
         // D9: order with an event on the caller, free on the cleanup worker. The event is made
-        // in the recipe's context (events belong to one).
+        // in the recipe's context (events belong to one). D11: an event recorded in a capture
+        // could never be waited for (F17): ask first, where the event would be recorded.
         let mut event = 0usize;
+        let mut captured = CaptureState::Free;
         let ran = run_in(d, recipe.context_raw(), || {
+            captured = capture_state(d, raw_stream);
+            match captured {
+                CaptureState::Free => {}
+                // Not knowing, no event is recorded (it might be captured): the worker waits for
+                // the whole context instead, and the failure is reported (D3).
+                CaptureState::Unknown(status) => {
+                    captured = CaptureState::Free;
+                    return Err(error("cuStreamGetCaptureInfo_v2", status));
+                }
+                _ => return Ok(()),
+            }
             let raw = create_raw(EVENT_DISABLE_TIMING)?;
             // SAFETY: the event was just created in the current (recipe) context; the recipe
             // keeps the stream alive.
@@ -1115,6 +1092,19 @@ impl PtrBox {
             event = raw;
             Ok(())
         });
+        if captured != CaptureState::Free {
+            if let Ran::Done { restore, .. } = ran {
+                if restore != 0 {
+                    report_restore(
+                        subject(&self.release, "cuStreamGetCaptureInfo_v2", ptr, &recipe),
+                        Consequence::ContextNotRestored,
+                        restore,
+                    );
+                }
+            }
+            self.defer_captured(captured, recipe);
+            return Ok(());
+        }
         let clean = matches!(
             ran,
             Ran::Done {
@@ -1127,6 +1117,7 @@ impl PtrBox {
         deferred::push(Deferred::SyncFree(SyncFree {
             ptr,
             kind,
+            resource: self.release.resource_name(),
             recipe,
             event,
         }));
@@ -1206,64 +1197,9 @@ fn report_ordering(
     }
 }
 
-/// Runs a deferred synchronous free on the cleanup worker (or a draining thread), in the
-/// recipe's context (`cuEventSynchronize` and `cuEventDestroy` without one are not measured):
-/// wait for the event (or, without one, the whole context), free, destroy the event; report
-/// failures.
-pub(crate) fn run_sync_free(job: SyncFree) {
-    let SyncFree {
-        ptr,
-        kind,
-        recipe,
-        event,
-    } = job;
-    let Ok(d) = driver() else { return };
-    let operation = kind.operation();
-    let mut destroyed = Ok(());
-    let ran = run_in(d, recipe.context_raw(), || {
-        let waited = if event != 0 {
-            // SAFETY: the event was created and recorded at drop time and is owned by this job.
-            let status = unsafe { (d.cuEventSynchronize)(event as cuda_sys::types::CUevent) };
-            let waited = check("cuEventSynchronize", status);
-            // The event is this job's own: its destruction failing leaks it, which is
-            // reported below, after the restore, like the free's own failure (D3).
-            destroyed = check("cuEventDestroy_v2", destroy_raw(event));
-            waited
-        } else {
-            // SAFETY: no arguments; the recipe's context is current.
-            let status = unsafe { (d.cuCtxSynchronize)() };
-            check("cuCtxSynchronize", status)
-        };
-        // A failed wait means the free cannot be proven ordered: leak rather than free early.
-        waited?;
-        kind.free(d, ptr)
-    });
-    let release = match kind {
-        SyncKind::Device => Release::Synchronous,
-        SyncKind::Host => Release::PinnedHost,
-    };
-    ran.report(|| subject(&release, operation, ptr, &recipe));
-    if let Err(error) = destroyed {
-        // The memory was freed (or its wait failed, reported above); the event leaked. Named by
-        // the pointer whose free it ordered (the event is internal).
-        report(
-            Subject::new(
-                "ordering event",
-                "cuEventDestroy_v2",
-                ptr,
-                recipe.stream().raw_usize() as u64,
-                recipe.context_raw() as u64,
-            ),
-            CleanupStep::Operation,
-            Consequence::Leaked,
-            error,
-        );
-    }
-}
-
 impl Drop for PtrBox {
     fn drop(&mut self) {
-        if self.released || deferred::exiting() {
+        if self.released || crate::lifecycle::exiting() {
             return;
         }
         let _ = self.release_now(false);
@@ -1315,7 +1251,7 @@ impl DevicePtrHandle {
         stream: &StreamHandle,
     ) -> Result<DevicePtrHandle, AdoptError> {
         let refuse = |error, allocation| Err(AdoptError { error, allocation });
-        if allocation.ptr == 0 {
+        if allocation.ptr() == 0 {
             return refuse(
                 HandleError::invalid("ptr", "a null pointer cannot be adopted"),
                 allocation,

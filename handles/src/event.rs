@@ -7,8 +7,9 @@ use cuda_sys::types::{CUevent, CUipcEventHandle};
 use cuda_sys::CudaErrorCode;
 
 use crate::context::ContextHandle;
+use crate::context::{in_context, in_context_or_undo};
 use crate::report::Subject;
-use crate::scope::{in_context, in_context_or_undo, release_in};
+use crate::scope::release_in;
 use crate::stream::StreamHandle;
 use crate::sys::{check, driver};
 use crate::HandleError;
@@ -236,5 +237,21 @@ impl fmt::Debug for EventHandle {
             self.0.raw,
             self.0.context.raw_usize()
         )
+    }
+}
+
+impl StreamHandle {
+    /// Makes all future work on this stream wait for `event`'s last recorded work. Does not
+    /// block the host.
+    ///
+    /// # Errors
+    /// As [`StreamHandle::synchronize`].
+    ///
+    /// Driver calls: `cuStreamWaitEvent` (inside the stream's context).
+    pub fn wait_event(&self, event: &EventHandle) -> Result<(), HandleError> {
+        self.run("cuStreamWaitEvent", |d, s| {
+            // SAFETY: both handles keep their resources alive.
+            unsafe { (d.cuStreamWaitEvent)(s, event.raw(), 0) }
+        })
     }
 }

@@ -1,58 +1,35 @@
-//! Minimal graph ownership: [`GraphHandle`], [`GraphExecHandle`] and [`UserObjectOwnership`],
-//! the primitive that lets a graph keep Rust values (buffers) alive and hand them to the
-//! deferred-cleanup queue when the driver lets go (docs/decisions.md D7).
+//! [`GraphHandle`] and [`GraphExecHandle`]: graphs and executables, owned and destroyed in their
+//! context (the nodes that keep memory alive are in `graph_nodes.rs`, user objects in
+//! `user_object.rs`).
 
 use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use cuda_sys::types::{CUgraph, CUgraphExec, CUuserObject};
+use cuda_sys::types::{CUgraph, CUgraphExec};
 
-use crate::context::ContextHandle;
-use crate::deferred::{ensure_worker, user_object_destructor};
-use crate::report::Subject;
-use crate::scope::{in_context, release_in};
+use crate::context::{in_context, ContextHandle};
+use crate::deviceptr::DevicePtrHandle;
+use crate::scope::destroy_in_context;
 use crate::stream::StreamHandle;
 use crate::sys::check;
+use crate::user_object::UserObjectOwnership;
 use crate::HandleError;
 
-// Graph nodes and their attachments live in their own file, as a child module so
-// they reach the graph box.
-#[path = "graph_nodes.rs"]
-mod nodes;
-use nodes::ExecAttachments;
-pub use nodes::{retain_in_capture, GraphNode};
+/// What [`GraphExecHandle::retain`] attached to one executable: the one payload that grows after
+/// it was made, because a driver attaches user objects to graph definitions only (the
+/// executable's user object is made at instantiation). Each allocation once. A leaf lock: held
+/// to push a clone, never across a driver call.
+pub(crate) type ExecAttachments = Mutex<Vec<DevicePtrHandle>>;
 
-/// `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`.
-const USER_OBJECT_NO_DESTRUCTOR_SYNC: u32 = 1;
-/// `CU_GRAPH_USER_OBJECT_MOVE`.
-const GRAPH_USER_OBJECT_MOVE: u32 = 1;
-
-/// Releases a graph object with `destroy` (returning its status for `operation`) in
-/// `context`, reporting a failure (drop paths).
-fn destroy_in_context(
-    resource: &'static str,
-    operation: &'static str,
-    raw: usize,
-    context: &ContextHandle,
-    destroy: impl FnOnce(&'static cuda_sys::Driver) -> u32,
-) {
-    let context = context.raw_usize();
-    release_in(
-        context,
-        || Subject::new(resource, operation, raw as u64, 0, context as u64),
-        |d| check(operation, destroy(d)),
-    );
-}
-
-struct GraphBox {
-    raw: usize,
-    context: ContextHandle,
+pub(crate) struct GraphBox {
+    pub(crate) raw: usize,
+    pub(crate) context: ContextHandle,
 }
 
 /// A graph definition, owned; destroyed in its context when the last clone drops.
 #[derive(Clone)]
-pub struct GraphHandle(Arc<GraphBox>);
+pub struct GraphHandle(pub(crate) Arc<GraphBox>);
 
 impl GraphHandle {
     /// Creates an empty graph, with `context` current.
@@ -89,10 +66,16 @@ impl GraphHandle {
 impl Drop for GraphBox {
     fn drop(&mut self) {
         let raw = self.raw;
-        destroy_in_context("graph", "cuGraphDestroy", raw, &self.context, |d| {
-            // SAFETY: this box created the graph and is its last owner.
-            unsafe { (d.cuGraphDestroy)(raw as CUgraph) }
-        });
+        destroy_in_context(
+            "graph",
+            "cuGraphDestroy",
+            raw,
+            self.context.raw_usize(),
+            |d| {
+                // SAFETY: this box created the graph and is its last owner.
+                unsafe { (d.cuGraphDestroy)(raw as CUgraph) }
+            },
+        );
     }
 }
 
@@ -102,13 +85,13 @@ impl fmt::Debug for GraphHandle {
     }
 }
 
-struct GraphExecBox {
-    raw: usize,
-    context: ContextHandle,
+pub(crate) struct GraphExecBox {
+    pub(crate) raw: usize,
+    pub(crate) context: ContextHandle,
     /// What [`GraphExecHandle::retain`] attached: the payload of a user object that only this
     /// executable references. This box's reference is given up before the executable is
     /// destroyed, so the payload's own is the last and the memory is freed by deferred cleanup.
-    kept: Option<Arc<ExecAttachments>>,
+    pub(crate) kept: Option<Arc<ExecAttachments>>,
 }
 
 /// An executable graph, owned; destroyed in its context when the last clone drops.
@@ -117,7 +100,7 @@ struct GraphExecBox {
 /// instantiated from, so payloads outlive the graph definition (docs/driver-facts.md G1); a payload
 /// whose last reference goes inside `cuGraphExecDestroy` is queued there and then (G2).
 #[derive(Clone)]
-pub struct GraphExecHandle(Arc<GraphExecBox>);
+pub struct GraphExecHandle(pub(crate) Arc<GraphExecBox>);
 
 impl GraphExecHandle {
     /// Instantiates `graph` with `flags` (`CUDA_GRAPH_INSTANTIATE_FLAG_*`).
@@ -208,7 +191,7 @@ impl Drop for GraphExecBox {
             "graph exec",
             "cuGraphExecDestroy",
             raw,
-            &self.context,
+            self.context.raw_usize(),
             |d| {
                 // SAFETY: this box instantiated the executable and is its last owner.
                 unsafe { (d.cuGraphExecDestroy)(raw as CUgraphExec) }
@@ -223,126 +206,7 @@ impl fmt::Debug for GraphExecHandle {
     }
 }
 
-/// One reference to a CUDA user object whose payload is a Rust value.
-///
-/// Made with `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`; its destructor only queues the payload for
-/// the cleanup worker (no lock, no driver call), so the payload (a buffer, a stream, anything
-/// `Send`) is dropped on the worker or in [`crate::drain_deferred_cleanup`], where its frees
-/// run with their recipes. Move the reference into a graph with
-/// [`UserObjectOwnership::move_into_graph`]; dropping it instead releases it.
-pub struct UserObjectOwnership {
-    raw: usize,
-    context: ContextHandle,
-    held: bool,
-}
-
-impl UserObjectOwnership {
-    /// Wraps `payload` in a new user object (one reference, held by the returned value), with
-    /// `context` current. Starts the cleanup worker if it is not running.
-    ///
-    /// # Errors
-    /// [`HandleError::Driver`] when the creation fails; the payload is then dropped on the
-    /// calling thread.
-    ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`;
-    /// `cuUserObjectRelease` when dropped unmoved.
-    pub fn new(
-        context: &ContextHandle,
-        payload: Box<dyn Any + Send>,
-    ) -> Result<UserObjectOwnership, HandleError> {
-        ensure_worker();
-        let data = Box::into_raw(Box::new(payload));
-        let created = in_context(context, "cuUserObjectCreate", |d| {
-            let mut raw: CUuserObject = std::ptr::null_mut();
-            // SAFETY: `raw` is a valid out-pointer; `data` stays valid until the destructor
-            // takes it back, exactly once.
-            let status = unsafe {
-                (d.cuUserObjectCreate)(
-                    &mut raw,
-                    data.cast(),
-                    Some(user_object_destructor),
-                    1,
-                    USER_OBJECT_NO_DESTRUCTOR_SYNC,
-                )
-            };
-            check("cuUserObjectCreate", status).map(|()| raw as usize)
-        });
-        match created {
-            Ok(raw) => Ok(UserObjectOwnership {
-                raw,
-                context: context.clone(),
-                held: true,
-            }),
-            Err(error) => {
-                // SAFETY: the driver did not take `data` (creation failed): it is still ours.
-                drop(unsafe { Box::from_raw(data) });
-                Err(error)
-            }
-        }
-    }
-
-    /// The raw `CUuserObject`.
-    pub fn raw(&self) -> CUuserObject {
-        self.raw as CUuserObject
-    }
-
-    /// Moves this reference into `graph` (`CU_GRAPH_USER_OBJECT_MOVE`): the graph, its clones
-    /// and executables now keep the payload alive.
-    ///
-    /// # Errors
-    /// [`HandleError::Driver`] when the driver refuses; the reference is then released, which
-    /// queues the payload for deferred cleanup.
-    ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphRetainUserObject`.
-    pub fn move_into_graph(mut self, graph: &GraphHandle) -> Result<(), HandleError> {
-        let raw = self.raw;
-        in_context(&self.context, "cuGraphRetainUserObject", |d| {
-            // SAFETY: we hold one reference to the user object and the graph is alive.
-            let status = unsafe {
-                (d.cuGraphRetainUserObject)(
-                    graph.raw(),
-                    raw as CUuserObject,
-                    1,
-                    GRAPH_USER_OBJECT_MOVE,
-                )
-            };
-            check("cuGraphRetainUserObject", status)
-        })?;
-        self.held = false;
-        Ok(())
-    }
-}
-
-impl Drop for UserObjectOwnership {
-    fn drop(&mut self) {
-        if !self.held {
-            return;
-        }
-        let raw = self.raw;
-        destroy_in_context(
-            "user object",
-            "cuUserObjectRelease",
-            raw,
-            &self.context,
-            |d| {
-                // SAFETY: we hold exactly one reference and give it up.
-                unsafe { (d.cuUserObjectRelease)(raw as CUuserObject, 1) }
-            },
-        );
-    }
-}
-
-impl fmt::Debug for UserObjectOwnership {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "UserObjectOwnership(0x{:x}, held {})",
-            self.raw, self.held
-        )
-    }
-}
-
-// The graph a stream capture produced (`ops::end_capture`), which the memory crate's builder
+// The graph a stream capture produced (`handles::end_capture`), which the memory crate's builder
 // wraps.
 impl GraphHandle {
     /// Takes ownership of a graph made by `cuStreamEndCapture` in `context`.
@@ -351,5 +215,19 @@ impl GraphHandle {
             raw: raw as usize,
             context: context.clone(),
         }))
+    }
+}
+
+impl UserObjectOwnership {
+    /// Moves this reference into `graph` (`CU_GRAPH_USER_OBJECT_MOVE`): the graph, its clones
+    /// and executables now keep the payload alive.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the driver refuses; the reference is then released, which
+    /// queues the payload for deferred cleanup.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphRetainUserObject`.
+    pub fn move_into_graph(self, graph: &GraphHandle) -> Result<(), HandleError> {
+        self.move_into_raw_graph(graph.raw())
     }
 }

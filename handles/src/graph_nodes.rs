@@ -11,31 +11,27 @@
 //! the last one goes its destructor only queues the payload for the cleanup worker
 //! (`deferred.rs`), which drops the handles: each frees with its recipe as it is *then*
 //! (docs/decisions.md D4, D7). See `handles/DESIGN.md`, "Graph attachments".
-//!
-//! This file is a child module of `graph.rs` (declared there), so it reaches the graph box.
 
 use std::any::Any;
 use std::ffi::c_void;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, PoisonError, Weak};
 
 use cuda_sys::types::{
-    CUgraph, CUgraphNode, CUmemorytype, CUstreamCaptureStatus, CUuserObject, CUDA_HOST_NODE_PARAMS,
-    CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS,
+    CUgraph, CUgraphNode, CUmemorytype, CUuserObject, CUDA_HOST_NODE_PARAMS, CUDA_MEMCPY3D,
+    CUDA_MEMSET_NODE_PARAMS,
 };
 
-use super::{GraphBox, GraphExecHandle, GraphHandle, UserObjectOwnership};
+use crate::context::in_context;
 use crate::context::ContextHandle;
 use crate::deviceptr::DevicePtrHandle;
+use crate::graph::{GraphBox, GraphExecHandle, GraphHandle};
 use crate::report::{report, CleanupStep, Consequence, Subject};
-use crate::scope::in_context;
-use crate::stream::StreamHandle;
+use crate::stream::{capture_state, CaptureState, StreamHandle};
 use crate::sys::{check, check_token};
+use crate::user_object::UserObjectOwnership;
 use crate::HandleError;
-
-/// `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
-const CAPTURE_ACTIVE: u32 = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE as u32;
 
 /// A node of one graph, as returned by the `add_*_node` functions of [`GraphHandle`]; pass it
 /// as a dependency of later nodes of the same graph.
@@ -82,12 +78,6 @@ enum Attachment {
     Memory(Vec<DevicePtrHandle>),
     HostFunction(Box<HostFunction>),
 }
-
-/// What [`GraphExecHandle::retain`] attached to one executable: the one payload that grows after
-/// it was made, because a driver attaches user objects to graph definitions only (the
-/// executable's user object is made at instantiation). Each allocation once. A leaf lock: held
-/// to push a clone, never across a driver call.
-pub(super) type ExecAttachments = Mutex<Vec<DevicePtrHandle>>;
 
 /// A host function as a graph node runs it: behind one more box, so that the node's user data
 /// is a thin pointer whose target never moves while the attachment lives.
@@ -554,40 +544,24 @@ pub fn retain_in_capture(
     let token = stream.is_unbound_token();
     let raw_stream = stream.raw();
     let graph = in_context(&context, "cuStreamGetCaptureInfo_v2", |d| {
-        let mut status: u32 = 0;
-        let mut graph: CUgraph = std::ptr::null_mut();
-        // SAFETY: `status` is 4 bytes of storage for the enum, read as an integer; `graph` is a
-        // valid out-pointer; the optional outputs are null; the stream is alive.
-        let result = unsafe {
-            (d.cuStreamGetCaptureInfo_v2)(
-                raw_stream,
-                (&mut status as *mut u32).cast::<CUstreamCaptureStatus>(),
-                std::ptr::null_mut(),
-                &mut graph,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        };
-        check_token("cuStreamGetCaptureInfo_v2", result, token)?;
-        if status != CAPTURE_ACTIVE || graph.is_null() {
-            return Err(HandleError::invalid(
+        match capture_state(d, raw_stream) {
+            CaptureState::Capturing { graph } => Ok(graph),
+            CaptureState::Unknown(status) => {
+                check_token("cuStreamGetCaptureInfo_v2", status, token).map(|()| 0)
+            }
+            // The legacy stream while a blocking stream captures.
+            CaptureState::Blocked => Err(crate::sys::error("cuStreamGetCaptureInfo_v2", 906)),
+            CaptureState::Free | CaptureState::Invalidated => Err(HandleError::invalid(
                 "stream",
                 "the stream is not capturing (or its capture was invalidated)",
-            ));
+            )),
         }
-        Ok(graph as usize)
     })?;
     let retained = distinct(ptrs);
     let attachment: Box<dyn Any + Send> = Box::new(Attachment::Memory(retained.clone()));
     let object = UserObjectOwnership::new(&context, attachment)?;
-    let object_raw = object.raw();
-    in_context(&context, "cuGraphRetainUserObject", |d| {
-        // SAFETY: the capture graph is alive while the capture runs (the caller does not end
-        // it meanwhile), the user object is alive (we hold a reference); flags 0 makes the
-        // graph take a reference of its own.
-        let status = unsafe { (d.cuGraphRetainUserObject)(graph as CUgraph, object_raw, 1, 0) };
-        check("cuGraphRetainUserObject", status)
-    })?;
+    // The capture graph is alive while the capture runs (the caller does not end it meanwhile).
+    object.retain_in_raw_graph(graph as CUgraph)?;
     // Our reference goes; the capture graph's remains.
     drop(object);
     warn_per_thread(&retained);

@@ -19,17 +19,21 @@
 //!
 //! See `handles/DESIGN.md` for the model, the lock order and which code runs on which thread.
 
+// Modules lowest first; each uses only modules above it in this list (a tidy test checks that
+// the crate's module imports form no cycle).
+mod allocation;
+mod capture;
 mod context;
 mod deferred;
-/// Device count, attributes and names, and context synchronisation (what the Python bindings'
-/// `Device` needs).
 mod device;
 mod deviceptr;
 mod error;
 mod event;
 mod graph;
-/// Pointer attributes, pool creation, pool IPC and stream capture.
-pub mod ops;
+mod graph_nodes;
+mod ipc;
+mod lifecycle;
+mod pointer;
 mod pool;
 mod range;
 /// The `unsafe` doors for raw addresses and raw driver handles.
@@ -38,19 +42,31 @@ mod recipe;
 mod report;
 mod scope;
 mod stream;
+mod sync_free;
 mod sys;
+mod user_object;
 
-pub use context::{ContextHandle, ContextKind};
-pub use deferred::{deferred_cleanup_pending, drain_deferred_cleanup, exiting};
+pub use allocation::{AdoptError, Deallocator, OwnedAllocation};
+pub use capture::{
+    begin_capture, capture_may_be_active, capture_status, end_capture, CaptureStatus,
+};
+pub use context::{ContextHandle, ContextKind, ContextScope};
+pub use deferred::{
+    deferred_cleanup_pending, deferred_frees_waiting_for_a_capture, drain_deferred_cleanup,
+};
 pub use device::{
     device_attribute, device_can_access_peer, device_count, device_name, device_uuid,
     graph_mem_attribute, graph_mem_trim, set_graph_mem_attribute, stream_priority_range,
 };
-pub use deviceptr::{AdoptError, Deallocator, DevicePtrHandle, OwnedAllocation, ReleaseKind};
+pub use deviceptr::{DevicePtrHandle, ReleaseKind};
 pub use error::{DeallocatorSource, HandleError};
 pub use event::{EventHandle, EVENT_DISABLE_TIMING};
-pub use graph::{retain_in_capture, GraphExecHandle, GraphHandle, GraphNode, UserObjectOwnership};
-pub use pool::MemoryPoolHandle;
+pub use graph::{GraphExecHandle, GraphHandle};
+pub use graph_nodes::{retain_in_capture, GraphNode};
+pub use ipc::{export_pointer, import_pointer};
+pub use lifecycle::exiting;
+pub use pointer::{pointer_attributes, MemoryType, PointerAttributes};
+pub use pool::{create_pool, export_pool, import_pool, MemoryPoolHandle, PoolLocation, PoolSpec};
 pub use range::DeviceRange;
 pub use recipe::{DeallocationRecipe, RecipeRemains, ThreadToken};
 pub use report::{
@@ -58,8 +74,8 @@ pub use report::{
     reset_cleanup_warning_hook, set_cleanup_error_hook, set_cleanup_warning_hook, CleanupError,
     CleanupStep, CleanupWarning, CleanupWarningKind, Consequence,
 };
-pub use scope::ContextScope;
 pub use stream::{DefaultStream, StreamHandle};
+pub use user_object::UserObjectOwnership;
 
 /// Re-exported so that callers name driver types and errors without a direct `cuda-sys`
 /// dependency.

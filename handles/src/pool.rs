@@ -1,10 +1,18 @@
 //! [`MemoryPoolHandle`]: a device's current or default memory pool (borrowed, never destroyed)
-//! or a pool this crate created (destroyed after its last handle, allocations included, drops).
+//! or a pool this crate created (destroyed after its last handle, allocations included, drops);
+//! pools made with explicit properties ([`create_pool`]) and pool IPC ([`export_pool`],
+//! [`import_pool`]).
 
+use std::ffi::c_int;
 use std::fmt;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
-use cuda_sys::types::{CUmemLocationType, CUmemPoolProps, CUmemPool_attribute, CUmemoryPool};
+use cuda_sys::types::{
+    c_void, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType, CUmemLocation,
+    CUmemLocationType, CUmemPoolProps, CUmemPool_attribute, CUmemoryPool,
+};
+use cuda_sys::Driver;
 
 use crate::report::{report_leak, Subject};
 use crate::sys::{check, driver, init};
@@ -208,7 +216,7 @@ impl PoolBox {
 
 impl Drop for PoolBox {
     fn drop(&mut self) {
-        if !self.owned || crate::deferred::exiting() {
+        if !self.owned || crate::lifecycle::exiting() {
             return;
         }
         if let Err(error) = self.destroy() {
@@ -249,4 +257,188 @@ impl MemoryPoolHandle {
     pub(crate) fn from_raw_owned(raw: CUmemoryPool, device: Option<i32>) -> MemoryPoolHandle {
         Self::wrap(raw, device, true)
     }
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub(crate) const HANDLE_TYPE_POSIX_FD: u32 = 1;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+const ALLOCATION_TYPE_PINNED: u32 = 1;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+const LOCATION_DEVICE: u32 = 1;
+/// `CU_MEM_LOCATION_TYPE_HOST_NUMA` (CUDA 12.2 and later; not in the 12.0 types).
+const LOCATION_HOST_NUMA: u32 = 3;
+
+/// Where a pool created by [`create_pool`] places its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolLocation {
+    /// On device `ordinal`.
+    Device(i32),
+    /// Pinned host memory on NUMA node `node` (`CU_MEM_LOCATION_TYPE_HOST_NUMA`, a CUDA 12.2
+    /// driver or later); every device is granted read-write access.
+    HostNuma(i32),
+}
+
+/// The properties of a pool made by [`create_pool`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSpec {
+    /// Where the memory lives.
+    pub location: PoolLocation,
+    /// The most the pool may hold, in bytes; 0 for the driver's default (no limit). A driver
+    /// older than 12.2 ignores it or rejects a non-zero value.
+    pub max_size: usize,
+    /// Whether the pool can be shared with other processes as a POSIX file descriptor
+    /// ([`export_pool`], [`import_pool`]).
+    pub ipc: bool,
+}
+
+/// `CUmemPoolProps` as the driver reads it, with every enumerator a plain integer, so that a
+/// value the CUDA 12.0 types do not know (`CU_MEM_LOCATION_TYPE_HOST_NUMA`) is never held in a
+/// Rust enum. `max_size` is the field CUDA 12.2 put at the start of `reserved`.
+#[repr(C)]
+struct RawPoolProps {
+    alloc_type: u32,
+    handle_types: u32,
+    location_type: u32,
+    location_id: c_int,
+    win32_security_attributes: *mut c_void,
+    max_size: usize,
+    reserved: [u8; 56],
+}
+
+const _: () = assert!(std::mem::size_of::<RawPoolProps>() == std::mem::size_of::<CUmemPoolProps>());
+
+/// Creates a pool with `spec`, owned by the returned handle (destroyed after its last handle
+/// and last allocation go). A host pool is made accessible to every device. An IPC pool is
+/// exported once (the descriptor closed at once), because the driver exports no pointer of a
+/// pool that was never exported.
+///
+/// # Errors
+/// [`HandleError::Driver`] when the driver rejects the properties (an invalid device, a host
+/// pool on a driver older than 12.2, IPC where the platform has none), the access grant or the
+/// first export; the pool is then destroyed before returning.
+///
+/// Driver calls: `cuInit` (once), `cuMemPoolCreate`; for host pools `cuDeviceGetCount` and
+/// `cuMemPoolSetAccess`; for IPC pools `cuMemPoolExportToShareableHandle`; `cuMemPoolDestroy`
+/// after the last handle drops.
+pub fn create_pool(spec: &PoolSpec) -> Result<MemoryPoolHandle, HandleError> {
+    let d = init()?;
+    let (location_type, location_id, device) = match spec.location {
+        PoolLocation::Device(ordinal) => (LOCATION_DEVICE, ordinal, Some(ordinal)),
+        PoolLocation::HostNuma(node) => (LOCATION_HOST_NUMA, node, None),
+    };
+    let props = RawPoolProps {
+        alloc_type: ALLOCATION_TYPE_PINNED,
+        handle_types: if spec.ipc { HANDLE_TYPE_POSIX_FD } else { 0 },
+        location_type,
+        location_id,
+        win32_security_attributes: std::ptr::null_mut(),
+        max_size: spec.max_size,
+        reserved: [0; 56],
+    };
+    let mut raw: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `props` has the layout of `CUmemPoolProps` (checked above) and the driver only
+    // reads it; `raw` is a valid out-pointer read after success.
+    let status = unsafe {
+        (d.cuMemPoolCreate)(
+            &mut raw,
+            (&props as *const RawPoolProps).cast::<CUmemPoolProps>(),
+        )
+    };
+    check("cuMemPoolCreate", status)?;
+    let pool = MemoryPoolHandle::from_raw_owned(raw, device);
+    if device.is_none() {
+        grant_all_devices(d, raw)?; // on error `pool` drops and destroys the pool
+    }
+    if spec.ipc {
+        // A real driver refuses `cuMemPoolExportPointer` (CUDA_ERROR_INVALID_VALUE) on a pool
+        // that was never exported; one export, whose descriptor is closed at once, is enough
+        // (measured on an H200, driver 580.159.04).
+        drop(export_pool(&pool)?);
+    }
+    Ok(pool)
+}
+
+/// Grants every device read-write access to a (host) pool.
+fn grant_all_devices(d: &'static Driver, pool: CUmemoryPool) -> Result<(), HandleError> {
+    let mut count: c_int = 0;
+    // SAFETY: `count` is a valid out-pointer read after success.
+    let status = unsafe { (d.cuDeviceGetCount)(&mut count) };
+    check("cuDeviceGetCount", status)?;
+    let descs: Vec<CUmemAccessDesc> = (0..count)
+        .map(|id| CUmemAccessDesc {
+            location: CUmemLocation {
+                type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id,
+            },
+            flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        })
+        .collect();
+    if descs.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `descs` holds `descs.len()` valid descriptors; the pool was just created.
+    let status = unsafe { (d.cuMemPoolSetAccess)(pool, descs.as_ptr(), descs.len()) };
+    check("cuMemPoolSetAccess", status)
+}
+
+/// Exports an IPC-capable pool (made with [`PoolSpec::ipc`]) as a new POSIX file descriptor,
+/// owned by the caller, to be passed to another process (over a unix socket with
+/// `SCM_RIGHTS`, for example) and opened there with [`import_pool`].
+///
+/// # Errors
+/// [`HandleError::Driver`] (`CUDA_ERROR_INVALID_VALUE` for a pool made without IPC).
+///
+/// Driver calls: `cuMemPoolExportToShareableHandle`.
+pub fn export_pool(pool: &MemoryPoolHandle) -> Result<OwnedFd, HandleError> {
+    let d = driver()?;
+    let mut fd: c_int = -1;
+    // SAFETY: for a POSIX file descriptor the out-parameter is an `int`; the handle keeps the
+    // pool alive.
+    let status = unsafe {
+        (d.cuMemPoolExportToShareableHandle)(
+            (&mut fd as *mut c_int).cast(),
+            pool.raw(),
+            CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
+            0,
+        )
+    };
+    check("cuMemPoolExportToShareableHandle", status)?;
+    if fd < 0 {
+        return Err(HandleError::invalid(
+            "pool",
+            "the driver exported no file descriptor",
+        ));
+    }
+    // SAFETY: on success the driver returns a new descriptor that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens a pool another process exported with [`export_pool`]; the descriptor stays the
+/// caller's. The returned handle owns the imported pool (`cuMemPoolDestroy` after its last
+/// handle and last imported pointer go). `device` is the pool's device as the exporter said,
+/// `None` for a host pool. Allocate nothing from it: pointers come in through
+/// [`crate::import_pointer`].
+///
+/// # Errors
+/// [`HandleError::Driver`] when the driver rejects the descriptor.
+///
+/// Driver calls: `cuInit` (once), `cuMemPoolImportFromShareableHandle`.
+pub fn import_pool(
+    fd: BorrowedFd<'_>,
+    device: Option<i32>,
+) -> Result<MemoryPoolHandle, HandleError> {
+    let d = init()?;
+    let mut raw: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: for a POSIX file descriptor the handle argument is the descriptor itself, cast to
+    // a pointer; it is open for the duration of the call; `raw` is a valid out-pointer.
+    let status = unsafe {
+        (d.cuMemPoolImportFromShareableHandle)(
+            &mut raw,
+            fd.as_raw_fd() as usize as *mut c_void,
+            CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
+            0,
+        )
+    };
+    check("cuMemPoolImportFromShareableHandle", status)?;
+    Ok(MemoryPoolHandle::from_raw_owned(raw, device))
 }

@@ -24,7 +24,7 @@
 //!
 //! ```compile_fail
 //! // error[E0425]: there is no copy, fill or free that takes a raw address
-//! handles::ops::copy_async(0x1000, 0x2000, 16, &handles::StreamHandle::legacy());
+//! handles::copy_async(0x1000, 0x2000, 16, &handles::StreamHandle::legacy());
 //! ```
 //!
 //! With the `unsafe` block, and its promise kept, the same view is usable through ranges:

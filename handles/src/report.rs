@@ -51,6 +51,9 @@ pub enum Consequence {
     /// The resource could not be handed back by a graph: the graph keeps it until the graph is
     /// destroyed, and it is released then.
     KeptByGraph,
+    /// The free could not be handed to the graph being captured on its stream: it waits until
+    /// the capture is over and is retried then (docs/decisions.md D11).
+    Deferred,
 }
 
 /// A cleanup that failed where no caller could receive the error: what it was about (the
@@ -133,6 +136,9 @@ impl fmt::Display for CleanupError {
             ),
             Consequence::KeptByGraph => f.write_str(
                 "the graph keeps it until the graph is destroyed, and it is released then",
+            ),
+            Consequence::Deferred => f.write_str(
+                "the free waits until the stream's capture is over, and is retried then",
             ),
         }
     }

@@ -1,18 +1,15 @@
 //! The one context primitive: [`run_in`] runs driver work with a context current and puts the
-//! calling thread's binding back (docs/decisions.md D2), and [`ContextScope`], the public guard
-//! built on the same two steps. Every driver call of this crate that needs a particular
-//! context goes through here; the error paths are cold.
+//! calling thread's binding back (docs/decisions.md D2), through the only two functions that
+//! switch and restore ([`activate`], [`restore`]; the public `ContextScope` in `context.rs` is
+//! built on them). Every driver call of this crate that needs a particular context goes through
+//! here; the error paths are cold.
 
 use std::cell::Cell;
-use std::fmt;
-use std::marker::PhantomData;
 
-use cuda_sys::types::CUcontext;
 use cuda_sys::{CudaError, CudaErrorCode, Driver};
 
-use crate::context::ContextHandle;
 use crate::report::{report, CleanupStep, Consequence, Subject};
-use crate::sys::{as_ctx, current_context_raw, driver, set_current_raw};
+use crate::sys::{current_context_raw, driver, set_current_raw};
 use crate::HandleError;
 
 thread_local! {
@@ -51,14 +48,14 @@ impl SwitchFailure {
 
 /// The binding to put back: the context current before, and whether it was replaced.
 #[derive(Debug, Clone, Copy)]
-struct Switch {
-    previous: usize,
-    switched: bool,
+pub(crate) struct Switch {
+    pub(crate) previous: usize,
+    pub(crate) switched: bool,
 }
 
 /// Makes `target` current unless it already is. The only place that does.
 #[inline]
-fn activate(d: &Driver, target: usize) -> Result<Switch, SwitchFailure> {
+pub(crate) fn activate(d: &Driver, target: usize) -> Result<Switch, SwitchFailure> {
     let previous = current_context_raw(d).map_err(|status| SwitchFailure {
         call: "cuCtxGetCurrent",
         status,
@@ -91,7 +88,7 @@ fn activate_from(d: &Driver, previous: usize, target: usize) -> Result<Switch, S
 /// Puts the binding `switch` replaced back (`cuCtxSetCurrent(previous)`, NULL meaning none);
 /// the status, 0 when nothing needed restoring. The only place that restores.
 #[inline]
-fn restore(d: &Driver, switch: Switch) -> u32 {
+pub(crate) fn restore(d: &Driver, switch: Switch) -> u32 {
     if !switch.switched {
         return 0;
     }
@@ -327,33 +324,6 @@ pub(crate) fn report_restore(subject: Subject, consequence: Consequence, status:
     );
 }
 
-/// Runs fallible driver work `f` in `context` for an explicit operation (see
-/// [`Ran::into_result`]).
-#[inline]
-pub(crate) fn in_context<R>(
-    context: &ContextHandle,
-    operation: &'static str,
-    f: impl FnOnce(&'static Driver) -> Result<R, HandleError>,
-) -> Result<R, HandleError> {
-    let d = driver()?;
-    let target = context.raw_usize();
-    run_in(d, target, || f(d)).into_result(operation, target, drop)
-}
-
-/// [`in_context`] for work that makes something (a stream, an event): when the restore fails,
-/// `undo` gives it back in `context`, which is still current, before the error returns.
-#[inline]
-pub(crate) fn in_context_or_undo<R>(
-    context: &ContextHandle,
-    operation: &'static str,
-    f: impl FnOnce(&'static Driver) -> Result<R, HandleError>,
-    undo: impl FnOnce(&'static Driver, R),
-) -> Result<R, HandleError> {
-    let d = driver()?;
-    let target = context.raw_usize();
-    run_in(d, target, || f(d)).into_result(operation, target, |value| undo(d, value))
-}
-
 /// Runs a release `f` in the context whose raw value is `context`, reporting any failure,
 /// attributed to `subject` (drop paths). Nothing runs once the process is exiting.
 pub(crate) fn release_in(
@@ -361,128 +331,26 @@ pub(crate) fn release_in(
     subject: impl FnOnce() -> Subject,
     f: impl FnOnce(&'static Driver) -> Result<(), HandleError>,
 ) {
-    if crate::deferred::exiting() {
+    if crate::lifecycle::exiting() {
         return;
     }
     let Ok(d) = driver() else { return };
     run_in(d, context, || f(d)).report(subject);
 }
 
-/// Makes a context current for a while and puts the caller's binding back (docs/decisions.md
-/// D2), for code outside this crate; this crate uses the same two steps through `run_in`.
-///
-/// [`ContextScope::enter`] reads the current context and, only if it differs from the target,
-/// makes the target current; [`ContextScope::exit`] (or dropping the scope) restores the
-/// previous binding with `cuCtxSetCurrent(previous)`, where a previous NULL returns the thread
-/// to "no context". Restoring replaces the top of the context stack, so deeper entries of the
-/// caller's stack are untouched. The scope never panics: a restore that fails inside `Drop` is
-/// reported through the cleanup-error hook.
-///
-/// The scope borrows the context it made current, so the context outlives it; one entered on a
-/// temporary does not compile:
-///
-/// ```compile_fail
-/// # fn main() -> Result<(), handles::HandleError> {
-/// let scope = handles::ContextScope::enter(&handles::ContextHandle::primary(0)?)?;
-/// // error[E0716]: temporary value dropped while borrowed
-/// scope.exit()
-/// # }
-/// ```
-///
-/// ```no_run
-/// # fn main() -> Result<(), handles::HandleError> {
-/// let context = handles::ContextHandle::primary(0)?;
-/// let scope = handles::ContextScope::enter(&context)?;
-/// // ... driver work that needs `context` current ...
-/// scope.exit()
-/// # }
-/// ```
-///
-/// The scope is bound to its thread (`!Send`).
-#[must_use = "the previous context is restored when the scope ends"]
-pub struct ContextScope<'ctx> {
-    switch: Switch,
-    target: &'ctx ContextHandle,
-    done: bool,
-    _thread_bound: PhantomData<*const ()>,
-}
-
-impl<'ctx> ContextScope<'ctx> {
-    /// Makes `target` current on the calling thread if it is not already.
-    ///
-    /// # Errors
-    /// [`HandleError::Driver`] when reading or setting the current context fails; nothing is
-    /// changed then.
-    ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only when the target differs).
-    #[inline]
-    pub fn enter(target: &'ctx ContextHandle) -> Result<ContextScope<'ctx>, HandleError> {
-        let d = driver()?;
-        let switch = activate(d, target.raw_usize()).map_err(|f| HandleError::Driver(f.error()))?;
-        Ok(ContextScope {
-            switch,
-            target,
-            done: false,
-            _thread_bound: PhantomData,
-        })
-    }
-
-    /// The context that was current when the scope was entered (NULL for none).
-    pub fn previous(&self) -> CUcontext {
-        as_ctx(self.switch.previous)
-    }
-
-    /// Whether entering changed the current context (and so leaving will restore it).
-    pub fn switched(&self) -> bool {
-        self.switch.switched
-    }
-
-    /// Restores the previous binding now and returns the outcome instead of reporting it.
-    ///
-    /// # Errors
-    /// [`HandleError::Driver`] naming `cuCtxSetCurrent` when the restore fails; the target
-    /// context is then still current.
-    ///
-    /// Driver calls: `cuCtxSetCurrent` (only when entering switched).
-    pub fn exit(mut self) -> Result<(), HandleError> {
-        self.done = true;
-        let d = driver()?;
-        match restore(d, self.switch) {
-            0 => Ok(()),
-            status => Err(HandleError::Driver(CudaError::new(
-                "cuCtxSetCurrent",
-                CudaErrorCode(status),
-            ))),
-        }
-    }
-}
-
-impl Drop for ContextScope<'_> {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        self.done = true;
-        let Ok(d) = driver() else { return };
-        let status = restore(d, self.switch);
-        if status != 0 {
-            report_restore(
-                Subject::context("ContextScope", self.target.raw_usize()),
-                Consequence::ContextNotRestored,
-                status,
-            );
-        }
-    }
-}
-
-impl fmt::Debug for ContextScope<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "ContextScope(previous 0x{:x}, target 0x{:x}, switched {})",
-            self.switch.previous,
-            self.target.raw_usize(),
-            self.switch.switched
-        )
-    }
+/// Releases a driver object (`resource`, raw value `raw`) with `destroy`, which returns the
+/// status of `operation`, in the context whose raw value is `context`, reporting a failure (drop
+/// paths).
+pub(crate) fn destroy_in_context(
+    resource: &'static str,
+    operation: &'static str,
+    raw: usize,
+    context: usize,
+    destroy: impl FnOnce(&'static Driver) -> u32,
+) {
+    release_in(
+        context,
+        || Subject::new(resource, operation, raw as u64, 0, context as u64),
+        |d| crate::sys::check(operation, destroy(d)),
+    );
 }

@@ -4,6 +4,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cuda_sys::types::{CUcontext, CUstream};
@@ -11,11 +12,88 @@ use cuda_sys::types::{CUcontext, CUstream};
 use cuda_sys::Driver;
 
 use crate::context::{context_for_current, ContextHandle};
-use crate::event::EventHandle;
+use crate::context::{in_context, in_context_or_undo};
 use crate::report::Subject;
-use crate::scope::{in_context, in_context_or_undo, release_in};
+use crate::scope::release_in;
 use crate::sys::{check, check_token, driver, init};
 use crate::HandleError;
+
+/// How many captures begun through custody (`begin_capture`) have not ended yet.
+static ACTIVE_CAPTURES: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether any capture begun through custody (`begin_capture`) may still be running: one
+/// relaxed atomic load, so that a path that would otherwise not ask the driver (an allocation, a
+/// free on a default-stream token) asks only while such a capture runs. A capture begun by code
+/// outside custody is not counted.
+#[inline]
+pub fn capture_may_be_active() -> bool {
+    ACTIVE_CAPTURES.load(Ordering::Relaxed) != 0
+}
+
+/// Counts a capture begun.
+pub(crate) fn note_capture_begun() {
+    ACTIVE_CAPTURES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts a capture ended (successfully or invalidated).
+pub(crate) fn note_capture_ended() {
+    let _ = ACTIVE_CAPTURES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+        Some(n.saturating_sub(1))
+    });
+}
+
+/// What the driver says about a stream about to be used for a free, while a capture may run
+/// (docs/decisions.md D11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CaptureState {
+    /// Not capturing: the stream can be used.
+    Free,
+    /// Being captured into `graph` (the capture graph, alive while the capture runs).
+    Capturing {
+        /// The raw `CUgraph` being captured into.
+        graph: usize,
+    },
+    /// Captured, but the capture was invalidated: nothing may be enqueued until it ends.
+    Invalidated,
+    /// The legacy stream while a blocking stream of its context is being captured
+    /// (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`): work on it would join (and break) that capture.
+    Blocked,
+    /// The query itself failed with this status: nothing is known.
+    Unknown(u32),
+}
+
+/// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`.
+const CAPTURE_IMPLICIT: u32 = 906;
+
+/// Asks the driver whether the stream `raw` is capturing (`cuStreamGetCaptureInfo_v2`). For a
+/// default-stream token the caller makes the context to resolve it in current.
+///
+/// Driver calls: `cuStreamGetCaptureInfo_v2`.
+pub(crate) fn capture_state(d: &Driver, raw: CUstream) -> CaptureState {
+    let mut status: u32 = 0;
+    let mut graph: cuda_sys::types::CUgraph = std::ptr::null_mut();
+    // SAFETY: `status` is 4 bytes of storage for the enum, read as an integer; `graph` is a valid
+    // out-pointer; the optional outputs are null; the caller's handle keeps the stream alive.
+    let result = unsafe {
+        (d.cuStreamGetCaptureInfo_v2)(
+            raw,
+            (&mut status as *mut u32).cast(),
+            std::ptr::null_mut(),
+            &mut graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    match (result, status) {
+        (0, 0) => CaptureState::Free,
+        (0, 1) if !graph.is_null() => CaptureState::Capturing {
+            graph: graph as usize,
+        },
+        (0, _) => CaptureState::Invalidated,
+        (CAPTURE_IMPLICIT, _) => CaptureState::Blocked,
+        (status, _) => CaptureState::Unknown(status),
+    }
+}
 
 /// One of the three default-stream tokens. They are not streams: the driver resolves them
 /// against the context current on the calling thread (and, for the per-thread default stream,
@@ -333,18 +411,19 @@ impl StreamHandle {
         })
     }
 
-    /// Whether a free ordered on this stream needs no context current: a created or wrapped
-    /// stream identifies its context, so `cuMemFreeAsync` on it, `cuStreamSynchronize` of it
-    /// and the synchronous frees succeed with no context or another one current
-    /// (docs/driver-facts.md F4, F5, F6, F8; docs/decisions.md D2). Every token, bound or not,
-    /// means something only against a current context (F1-F3).
+    /// Whether work ordered on this stream needs no context current: a created or wrapped
+    /// stream identifies its context, so `cuMemFreeAsync` on it, `cuStreamSynchronize` of it,
+    /// the synchronous frees and stream-ordered allocations on it succeed with no context or
+    /// another one current (docs/driver-facts.md F4, F5, F6, F8;
+    /// docs/driver-probe/h200-580.159.04-alloc-context.txt; docs/decisions.md D2). Every token,
+    /// bound or not, means something only against a current context (F1-F3).
     #[inline]
-    pub(crate) fn frees_without_context(&self) -> bool {
+    pub(crate) fn identifies_its_context(&self) -> bool {
         !matches!(self.0.release, StreamRelease::Token(_))
     }
 
     /// A free `call` ordered on this stream: on a created or wrapped stream with no context
-    /// calls at all ([`StreamHandle::frees_without_context`]), otherwise as
+    /// calls at all ([`StreamHandle::identifies_its_context`]), otherwise as
     /// [`StreamHandle::run`].
     #[inline]
     pub(crate) fn run_free(
@@ -352,7 +431,7 @@ impl StreamHandle {
         call: &'static str,
         f: impl FnOnce(&'static Driver, CUstream) -> u32,
     ) -> Result<(), HandleError> {
-        if self.frees_without_context() {
+        if self.identifies_its_context() {
             check(call, f(driver()?, self.raw()))
         } else {
             self.run(call, f)
@@ -374,7 +453,7 @@ impl StreamHandle {
             check_token("cuStreamSynchronize", status, token)?;
             check(call, free(d))
         };
-        if self.frees_without_context() {
+        if self.identifies_its_context() {
             run(driver()?)
         } else {
             self.in_own_context(call, run)
@@ -395,20 +474,6 @@ impl StreamHandle {
             // SAFETY: the handle keeps the stream alive; its context is current (or the token
             // resolves against the caller's).
             unsafe { (d.cuStreamSynchronize)(s) }
-        })
-    }
-
-    /// Makes all future work on this stream wait for `event`'s last recorded work. Does not
-    /// block the host.
-    ///
-    /// # Errors
-    /// As [`StreamHandle::synchronize`].
-    ///
-    /// Driver calls: `cuStreamWaitEvent` (inside the stream's context).
-    pub fn wait_event(&self, event: &EventHandle) -> Result<(), HandleError> {
-        self.run("cuStreamWaitEvent", |d, s| {
-            // SAFETY: both handles keep their resources alive.
-            unsafe { (d.cuStreamWaitEvent)(s, event.raw(), 0) }
         })
     }
 
@@ -475,7 +540,7 @@ impl StreamBox {
 
 impl Drop for StreamBox {
     fn drop(&mut self) {
-        if crate::deferred::exiting() || !self.unregister() {
+        if crate::lifecycle::exiting() || !self.unregister() {
             return;
         }
         let (raw, context) = (self.raw, self.owned_context().raw_usize());

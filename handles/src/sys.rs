@@ -96,7 +96,7 @@ static INIT: OnceLock<Result<(), HandleError>> = OnceLock::new();
 pub(crate) fn init() -> Result<&'static Driver, HandleError> {
     let d = driver()?;
     INIT.get_or_init(|| {
-        crate::deferred::register_exit_hook();
+        crate::lifecycle::register_exit_hook();
         // SAFETY: `cuInit` takes only flags, which must be 0.
         let status = unsafe { (d.cuInit)(0) };
         check("cuInit", status)

@@ -1,6 +1,7 @@
-//! The IPC-import release rule: a pointer imported from an IPC-shared pool is freed with
-//! `cuMemFreeAsync` on its recipe stream in its recipe context, and the handle holds the imported
-//! pool. Export and import run in one process here (the emulator allows it; no real driver was
+//! The IPC-import release rule: a pointer imported from an IPC-shared pool (`import_pointer`)
+//! is freed with `cuMemFreeAsync` on its recipe stream in its recipe context once the last
+//! import of it goes (imports of one pointer share the process's one mapping), and the handle
+//! holds the imported pool. Export and import run in one process here (the emulator allows it; no real driver was
 //! asked, and the memory crate's IPC test covers two processes), so that case runs on the
 //! emulator only; a refused import runs on both.
 
@@ -76,11 +77,24 @@ fn imported_pointer_is_freed_with_its_recipe_and_holds_its_pool() {
     let status = unsafe { (d.cuMemPoolExportPointer)(&mut export, original.ptr()) };
     assert_eq!(status, 0);
 
-    let view = DevicePtrHandle::import_from_pool(&imported, &export, 4096, &stream).unwrap();
+    let view = handles::import_pointer(&imported, &export.reserved, 4096, &stream).unwrap();
     assert_eq!(view.kind(), ReleaseKind::IpcImport);
     assert_eq!(view.pool().as_ref(), Some(&imported));
     let ptr = view.ptr();
     let alloc = alloc_of(ptr);
+    // A second import of the same pointer shares the process's one mapping: the same address,
+    // and its release only gives its reference back (no free).
+    let second = handles::import_pointer(&imported, &export.reserved, 4096, &stream).unwrap();
+    assert_eq!(second.ptr(), ptr, "one mapping per process");
+    assert!(!second.ptr_eq(&view), "a handle of its own");
+    let from = mark();
+    drop(second);
+    assert!(
+        emu.calls_for(alloc, from)
+            .iter()
+            .all(|c| c.function != "cuMemFreeAsync"),
+        "the mapping stays while another import holds it"
+    );
     let from = mark();
     let after = on_fresh_thread(move || {
         drop(view);
@@ -110,7 +124,7 @@ fn bad_export_data_is_a_driver_error_and_imports_nothing() {
     let live_before = with_emulator(|emu| emu.live_allocations().len());
     // SAFETY: a plain C struct of bytes.
     let export: CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
-    let error = DevicePtrHandle::import_from_pool(&pool, &export, 64, &stream).unwrap_err();
+    let error = handles::import_pointer(&pool, &export.reserved, 64, &stream).unwrap_err();
     assert!(
         matches!(error, HandleError::Driver(ref e) if e.call == "cuMemPoolImportPointer"),
         "{error:?}"

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_sys::CudaErrorCode;
-use handles::ops::MemoryType;
+use handles::MemoryType;
 use handles::{
     cleanup_error_count, drain_deferred_cleanup, CleanupStep, Consequence, ContextHandle,
     ContextScope, Deallocator, DevicePtrHandle, HandleError, OwnedAllocation, ReleaseKind,

@@ -7,8 +7,8 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use bytemuck::Pod;
-use handles::ops::{self, MemoryType};
 use handles::sys_types::CUdeviceptr;
+use handles::MemoryType;
 use handles::{DevicePtrHandle, OwnedAllocation, ReleaseKind, StreamHandle};
 
 use crate::resource::{check_size, check_stream_device, device_error};
@@ -317,7 +317,7 @@ impl Buffer {
         if let Some(access) = self.access.get() {
             return Ok(*access);
         }
-        let access = match ops::pointer_attributes(ptr)? {
+        let access = match handles::pointer_attributes(ptr)? {
             // Unknown to the driver: ordinary (pageable) host memory.
             None => Access {
                 device: false,

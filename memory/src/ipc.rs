@@ -9,15 +9,9 @@
 //! share the process's one mapping, unmapped (`cuMemFreeAsync`) by the last of them on its own
 //! recipe, ordered after the others' streams.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
-use handles::ops;
-use handles::sys_types::{CUdeviceptr, CUmemPoolPtrExportData};
-use handles::{
-    ContextHandle, DeallocationRecipe, Deallocator, DevicePtrHandle, EventHandle, HandleError,
-    MemoryPoolHandle, OwnedAllocation, StreamHandle, EVENT_DISABLE_TIMING,
-};
+use handles::{HandleError, StreamHandle};
 
 use crate::buffer::{Access, IpcRole};
 use crate::resource::{check_bound_stream_device, check_size, device_error};
@@ -191,7 +185,7 @@ impl Buffer {
                 ))
             }
         }
-        let export_data = ops::export_pointer(handle)?;
+        let export_data = handles::export_pointer(handle)?;
         Ok(IpcBufferDescriptor {
             device: handle.pool().and_then(|pool| pool.device()),
             size: handle.size(),
@@ -252,29 +246,18 @@ impl Buffer {
         if let Some(device) = pool.device() {
             check_bound_stream_device(stream, device)?;
         }
-        // Validate this import's recipe before anything is imported (it cannot fail later).
-        DeallocationRecipe::record(stream).map_err(device_error)?;
-        let key = ImportKey {
-            pool: pool.raw() as usize,
-            export_data: descriptor.export_data,
-        };
-        let ptr = acquire(pool, &key, descriptor, stream)?;
-        let release = Arc::new(ImportRelease { key });
-        #[allow(unsafe_code)]
-        // SAFETY: `ptr` is the mapping `acquire` just counted a reference to, of at least
-        // `descriptor.size` bytes (checked there); the reference is what the token gives up, and
-        // `ImportRelease` gives it back once (never freeing the address itself).
-        let allocation = unsafe { handles::raw::owned_allocation(ptr, descriptor.size) };
-        let handle = match DevicePtrHandle::adopt(allocation, stream, release) {
-            Ok(handle) => handle,
-            Err(handles::AdoptError { error, allocation }) => {
-                let _ = allocation.into_raw(); // the reference is given back just below
-                                               // Not expected after the recording above; never leak the reference, and never
-                                               // lose a failure of giving it back.
-                give_back(&key, stream)?;
-                return Err(device_error(error));
-            }
-        };
+        // The handles crate's one registry of imported mappings: imports of one descriptor share
+        // the process's mapping, each with its own recipe (validated before anything is imported).
+        let handle =
+            handles::import_pointer(pool, &descriptor.export_data, descriptor.size, stream)
+                .map_err(|error| match error {
+                    // The mapped allocation is smaller than the descriptor claims.
+                    HandleError::InvalidArgument {
+                        what: "size",
+                        reason,
+                    } => MemoryError::ipc(reason),
+                    error => device_error(error),
+                })?;
         let mr: Arc<R> = Arc::clone(mr);
         let access = Access::of(mr.as_ref());
         Ok(Buffer::new(
@@ -283,164 +266,6 @@ impl Buffer {
             Some(access),
             IpcRole::Imported,
         ))
-    }
-}
-
-/// One mapping of another process's allocation, per (pool, export data).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct ImportKey {
-    pool: usize,
-    export_data: [u8; 64],
-}
-
-/// The driver's import of one mapping, shared by every buffer that imported it.
-///
-/// A real driver hands back the same address for a second import of a pointer in one process,
-/// and the first `cuMemFreeAsync` unmaps it for all (the second fails with
-/// `CUDA_ERROR_INVALID_VALUE`; measured on an H200, driver 580.159.04). So the driver imports
-/// once and each buffer holds a counted reference with a recipe of its own: the last to go
-/// frees the mapping on its own stream, after waiting for events recorded on the streams of the
-/// imports that went before (closes docs/reference-notes.md section 6, item 10).
-struct ImportEntry {
-    /// The real import (`cuMemPoolImportPointer`; freed with `cuMemFreeAsync` on release).
-    handle: DevicePtrHandle,
-    /// Size in bytes of the imported allocation, as the driver reports it.
-    extent: usize,
-    /// Buffers that hold the mapping.
-    live: usize,
-    /// Recorded on the deallocation streams of buffers already gone.
-    gone: Vec<EventHandle>,
-}
-
-/// Every live mapping in the process. Held while importing, and while the last reference's free
-/// is issued, so that an import never picks up a mapping whose unmap is pending (the reason
-/// handles serialises imports with the frees of imported pointers). A leaf lock: no user code
-/// runs under it.
-static IMPORTS: Mutex<Option<HashMap<ImportKey, ImportEntry>>> = Mutex::new(None);
-
-fn imports() -> MutexGuard<'static, Option<HashMap<ImportKey, ImportEntry>>> {
-    IMPORTS.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The address of the mapping for `key`, importing it (and checking its extent) if this
-/// process does not hold it yet.
-fn acquire(
-    pool: &MemoryPoolHandle,
-    key: &ImportKey,
-    descriptor: &IpcBufferDescriptor,
-    stream: &StreamHandle,
-) -> Result<CUdeviceptr, MemoryError> {
-    let mut guard = imports();
-    let map = guard.get_or_insert_with(HashMap::new);
-    if let Some(entry) = map.get_mut(key) {
-        check_extent(descriptor.size, entry.extent)?;
-        entry.live += 1;
-        return Ok(entry.handle.ptr());
-    }
-    let export_data = CUmemPoolPtrExportData {
-        reserved: descriptor.export_data,
-    };
-    let handle = DevicePtrHandle::import_from_pool(pool, &export_data, descriptor.size, stream)
-        .map_err(|error| match error {
-            // handles checks the mapping's extent too (its ranges rely on the size).
-            HandleError::InvalidArgument {
-                what: "size",
-                reason,
-            } => MemoryError::ipc(reason),
-            error => device_error(error),
-        })?;
-    let extent = ops::pointer_attributes(handle.ptr())
-        .map(|attributes| attributes.map_or(0, |a| a.range_size));
-    let checked = extent
-        .map_err(MemoryError::from)
-        .and_then(|extent| check_extent(descriptor.size, extent).map(|()| extent));
-    let extent = match checked {
-        Ok(extent) => extent,
-        Err(error) => {
-            // Unmapped again on `stream` (the lock held, so nobody picks it up meanwhile);
-            // a failure of that goes to the cleanup hook.
-            drop(handle);
-            return Err(error);
-        }
-    };
-    let ptr = handle.ptr();
-    map.insert(
-        *key,
-        ImportEntry {
-            handle,
-            extent,
-            live: 1,
-            gone: Vec::new(),
-        },
-    );
-    Ok(ptr)
-}
-
-fn check_extent(claimed: usize, extent: usize) -> Result<(), MemoryError> {
-    if extent < claimed {
-        return Err(MemoryError::ipc(format!(
-            "the descriptor's size ({claimed} bytes) exceeds the mapped allocation extent \
-             ({extent} bytes)"
-        )));
-    }
-    Ok(())
-}
-
-/// Gives one buffer's reference back, its work done on `stream`: records an event there if
-/// others still hold the mapping; otherwise frees the mapping on `stream` after the events of
-/// those that went before. Runs with `stream`'s recipe context current (at teardown).
-fn give_back(key: &ImportKey, stream: &StreamHandle) -> Result<(), MemoryError> {
-    let mut guard = imports();
-    let Some(map) = guard.as_mut() else {
-        return Ok(());
-    };
-    let Some(entry) = map.get_mut(key) else {
-        return Ok(());
-    };
-    // A reference is given back only once its stream's work is ordered before the unmap. If
-    // that ordering fails (no event, no wait, no new recipe), the reference is kept: the mapping
-    // leaks (the error is reported by the caller) rather than being unmapped unordered, which
-    // is the handles crate's rule for synchronous frees too (handles/DESIGN.md;
-    // docs/decisions.md D9).
-    if entry.live > 1 {
-        let context = match stream.context() {
-            Some(context) => context.clone(),
-            None => ContextHandle::current()?.ok_or(HandleError::NoCurrentContext)?,
-        };
-        let event = EventHandle::create(&context, EVENT_DISABLE_TIMING)?;
-        event.record(stream)?;
-        entry.live -= 1;
-        entry.gone.push(event);
-        return Ok(());
-    }
-    for event in &entry.gone {
-        stream.wait_event(event)?;
-    }
-    entry.handle.set_deallocation_stream(stream)?;
-    let Some(entry) = map.remove(key) else {
-        return Ok(());
-    };
-    // Issued before the lock goes: no import can pick up the mapping now.
-    let freed = entry.handle.release();
-    drop(guard);
-    drop(entry.gone);
-    Ok(freed?)
-}
-
-/// Frees an imported buffer's reference to its mapping (the handles crate's [`Deallocator`]).
-struct ImportRelease {
-    key: ImportKey,
-}
-
-impl Deallocator for ImportRelease {
-    fn deallocate(
-        &self,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<(), HandleError> {
-        // The address is the shared mapping's: this buffer's reference is what is given back.
-        let _ = allocation.into_raw();
-        give_back(&self.key, stream).map_err(HandleError::from)
     }
 }
 

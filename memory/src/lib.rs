@@ -19,7 +19,7 @@
 //!   [`Buffer::from_ipc_descriptor`].
 //!
 //! This crate makes no driver call itself: every one goes through the `handles` crate
-//! (`handles::DeviceRange` for copies and fills, `handles::ops` for pointer attributes, pool IPC
+//! (`handles::DeviceRange` for copies and fills, `handles` functions for pointer attributes, pool IPC
 //! and capture queries).
 
 //!
@@ -81,10 +81,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-// `deny`, not `forbid`: one place (an IPC import's per-buffer reference to the process's one
-// mapping, `ipc.rs`) still turns the address of memory custody holds into a token, with an
-// `allow` and a `SAFETY` comment; the handles crate's IPC registry will take that step.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod buffer;
 mod error;

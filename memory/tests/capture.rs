@@ -10,8 +10,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use handles::ops::{self, CaptureStatus};
 use handles::sys_types::CUstreamCaptureMode;
+use handles::CaptureStatus;
 use handles::GraphExecHandle;
 use memory::{
     DeviceMemoryResource, GraphMemoryResource, MemoryError, MemoryResource, PoolMemoryResource,
@@ -84,11 +84,11 @@ fn pool_resource_refuses_a_capturing_stream() {
     let s = stream_on(0);
     let mr = DeviceMemoryResource::new(0).unwrap();
     let base = pool_used(mr.pool());
-    ops::begin_capture(&s, RELAXED).unwrap();
-    assert!(ops::capture_may_be_active());
+    handles::begin_capture(&s, RELAXED).unwrap();
+    assert!(handles::capture_may_be_active());
     let from = mark();
     let refused = Arc::clone(&mr).allocate(256, &s).unwrap_err();
-    let graph = ops::end_capture(&s).unwrap();
+    let graph = handles::end_capture(&s).unwrap();
     assert_eq!(refused, MemoryError::StreamCapturing);
     assert_no_alloc_calls(from);
     drop(graph);
@@ -105,7 +105,7 @@ fn closing_during_capture_adds_the_free_to_the_graph() {
     let _serial = start();
     let s = stream_on(0);
     let gmr = GraphMemoryResource::new(0);
-    ops::begin_capture(&s, RELAXED).unwrap();
+    handles::begin_capture(&s, RELAXED).unwrap();
     let buffer = gmr.allocate(1024, &s).unwrap();
     let ptr = buffer.ptr();
     assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s));
@@ -113,8 +113,8 @@ fn closing_during_capture_adds_the_free_to_the_graph() {
     let from = mark();
     buffer.close().unwrap();
     assert_capture_freed_on(ptr, from, &s);
-    assert_eq!(ops::capture_status(&s).unwrap(), CaptureStatus::Active);
-    let graph = ops::end_capture(&s).unwrap();
+    assert_eq!(handles::capture_status(&s).unwrap(), CaptureStatus::Active);
+    let graph = handles::end_capture(&s).unwrap();
     let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
     exec.launch(&s).unwrap();
     s.synchronize().unwrap();
@@ -128,11 +128,11 @@ fn closing_after_capture_is_an_ordinary_free_on_the_capture_stream() {
     let _serial = start();
     let s = stream_on(0);
     let gmr = GraphMemoryResource::new(0);
-    ops::begin_capture(&s, RELAXED).unwrap();
+    handles::begin_capture(&s, RELAXED).unwrap();
     let buffer = gmr.allocate(1024, &s).unwrap();
     buffer.fill(0x22u8, &s).unwrap();
-    let graph = ops::end_capture(&s).unwrap();
-    assert_eq!(ops::capture_status(&s).unwrap(), CaptureStatus::None);
+    let graph = handles::end_capture(&s).unwrap();
+    assert_eq!(handles::capture_status(&s).unwrap(), CaptureStatus::None);
     let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
     exec.launch(&s).unwrap();
     // The graph's allocation is live (an allocation with an identity) once the graph ran.
@@ -161,10 +161,10 @@ fn a_capture_stream_can_become_the_deallocation_stream() {
     let buffer = Arc::clone(&mr).allocate(256, &s).unwrap();
     s.synchronize().unwrap();
     let alloc = alloc_of(buffer.ptr());
-    ops::begin_capture(&capturing, RELAXED).unwrap();
+    handles::begin_capture(&capturing, RELAXED).unwrap();
     buffer.set_deallocation_stream(&capturing).unwrap();
     assert!(buffer.deallocation_stream().unwrap().ptr_eq(&capturing));
-    let graph = ops::end_capture(&capturing).unwrap();
+    let graph = handles::end_capture(&capturing).unwrap();
     drop(graph);
     assert!(pool_used(mr.pool()) >= base + 256);
     let from = mark();

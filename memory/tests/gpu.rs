@@ -11,8 +11,8 @@ mod adopt;
 use std::sync::Arc;
 
 use adopt::Ownership;
-use handles::ops::{self, CaptureStatus};
 use handles::sys_types::CUstreamCaptureMode;
+use handles::CaptureStatus;
 use handles::{
     ContextHandle, EventHandle, GraphExecHandle, HandleError, StreamHandle, EVENT_DISABLE_TIMING,
 };
@@ -113,15 +113,15 @@ fn graph_memory_under_capture() {
         Arc::clone(&gmr).allocate(4096, &s).unwrap_err(),
         MemoryError::NotCapturing
     );
-    ops::begin_capture(&s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
-    assert_eq!(ops::capture_status(&s).unwrap(), CaptureStatus::Active);
+    handles::begin_capture(&s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    assert_eq!(handles::capture_status(&s).unwrap(), CaptureStatus::Active);
     let refused = DeviceMemoryResource::new(0)
         .unwrap()
         .allocate(4096, &s)
         .unwrap_err();
     let buffer = gmr.allocate(4096, &s).unwrap();
     buffer.fill(0x42u8, &s).unwrap();
-    let graph = ops::end_capture(&s).unwrap();
+    let graph = handles::end_capture(&s).unwrap();
     assert_eq!(refused, MemoryError::StreamCapturing);
     let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
     exec.launch(&s).unwrap();

@@ -858,8 +858,8 @@ fn a_builder_dropped_while_building_ends_its_capture_and_releases_what_it_retain
         buffer.close().unwrap();
     }
     assert_eq!(
-        handles::ops::capture_status(&s).unwrap(),
-        handles::ops::CaptureStatus::None
+        handles::capture_status(&s).unwrap(),
+        handles::CaptureStatus::None
     );
     drain_until(|| used(&mr, &s) == 0);
     // The stream runs work again.

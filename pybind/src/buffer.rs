@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::pyclass::{CompareOp, PyTraverseError, PyVisit};
 use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple, PyType};
 
-use crate::errors::{closed, expected, Error};
+use crate::errors::{class_name, closed, expected, stream_is_keyword_only, Error};
 use crate::ffi::{
     dlpack_capsule, dlpack_capsule_versioned, owned_allocation, unowned_handle, DLPACK_VERSION,
 };
@@ -19,7 +19,7 @@ use crate::graph::PyGraphBuilder;
 use crate::report::{release, PyObjRef};
 use crate::resource::{pool_of, python_device_id, resolve};
 use crate::shared::SharedBuffer;
-use crate::stream::{accept_stream, default_stream_handle};
+use crate::stream::{accept_stream, default_stream_handle, required_stream};
 
 /// `kDLCPU`, `kDLCUDA`, `kDLCUDAHost`, `kDLCUDAManaged`.
 const DL_CPU: i32 = 1;
@@ -27,16 +27,33 @@ const DL_CUDA: i32 = 2;
 const DL_CUDA_HOST: i32 = 3;
 const DL_CUDA_MANAGED: i32 = 13;
 
-/// Memory with the deallocation recipe that will order and legalise its free (docs/decisions.md
-/// D1).
+/// Memory with the deallocation recipe (stream and context) that will order and legalise its
+/// free.
 ///
-/// Takes part in cyclic garbage collection (docs/decisions.md D10): it reports the Python
-/// objects it holds to the collector (its memory resource object, and, while it alone holds
-/// the memory, the owner or the Python resource that the memory's handle keeps); memory whose
-/// free calls a Python `deallocate` is freed by `__del__`, which CPython runs on every object
-/// of a garbage cycle before it clears any, so `deallocate` finds its resource intact; any
-/// other memory is freed by `__clear__` (the free first, with its recipe and its resource, then
-/// the memory resource object is let go).
+/// Made by ``MemoryResource.allocate`` or ``Buffer.from_handle``; cannot be instantiated
+/// directly (``RuntimeError``). Any thread may use, close or drop it. Closed objects raise
+/// ``RuntimeError("Buffer has been closed")`` except for ``close()``, ``handle``, ``size``,
+/// ``is_closed``, ``memory_resource``, ``owner``, ``is_mapped`` and ``repr``. Sizes are in
+/// bytes.
+///
+/// A reference cycle through a buffer (an ``owner=`` or a memory resource that holds the
+/// buffer) is collected by ``gc.collect()``; a free through a Python ``deallocate`` then runs
+/// before any object of the cycle is cleared, with the recorded stream and the recipe's
+/// context.
+///
+/// ``pickle`` (and ``multiprocessing``) send a buffer of an IPC-enabled
+/// ``DeviceMemoryResource`` or ``PinnedMemoryResource`` as ``(mr, ipc_descriptor)``; unpickling
+/// imports it with ``stream=default_stream()``, first making ``Device(mr.device_id)`` (device 0
+/// for a pinned pool) current when no context is. ``RuntimeError`` for a closed buffer or a
+/// pool without IPC; ``TypeError`` for a buffer of any other resource (or none).
+//
+// The recipe is docs/decisions.md D1. Cyclic garbage collection (D10): the object reports the
+// Python objects it holds to the collector (its memory resource object, and, while it alone
+// holds the memory, the owner or the Python resource that the memory's handle keeps); memory
+// whose free calls a Python `deallocate` is freed by `__del__`, which CPython runs on every
+// object of a garbage cycle before it clears any, so `deallocate` finds its resource intact;
+// any other memory is freed by `__clear__` (the free first, with its recipe and its resource,
+// then the memory resource object is let go).
 #[pyclass(frozen, subclass, weakref, name = "Buffer", module = "custody")]
 pub struct PyBuffer {
     /// Always `Some` until the object is deallocated (then taken, to drop it with the GIL
@@ -62,7 +79,7 @@ pub(crate) struct Kept {
     pub(crate) resource: Option<Weak<PyObjRef>>,
 }
 
-/// A `Buffer` of managed memory.
+/// A :class:`Buffer` of managed memory (``ManagedMemoryResource.allocate``).
 #[pyclass(frozen, extends = PyBuffer, name = "ManagedBuffer", module = "custody")]
 pub struct PyManagedBuffer;
 
@@ -181,7 +198,7 @@ impl PyBuffer {
             // A Python resource's memory: whether it is managed, the driver says.
             let ptr = buffer.ptr();
             managed = py
-                .detach(|| handles::ops::pointer_attributes(ptr))
+                .detach(|| handles::pointer_attributes(ptr))
                 .map_err(Error::from)?
                 .is_some_and(|attributes| attributes.is_managed);
         }
@@ -299,6 +316,20 @@ fn adopt(
     PyBuffer::wrap(py, buffer, None, managed, kept)
 }
 
+/// `from_handle`'s `stream` is keyword-only: `TypeError` when `extra` collected one given by
+/// position.
+fn from_handle_keywords(class: &str, extra: &Bound<'_, PyTuple>) -> PyResult<()> {
+    if extra.is_empty() {
+        return Ok(());
+    }
+    Err(stream_is_keyword_only(
+        &format!("{class}.from_handle"),
+        "from 2 to 4 positional arguments",
+        4 + extra.len(),
+        "from_handle(ptr, size, mr, owner, stream=s)",
+    ))
+}
+
 /// Copies `src` into `dst` on `stream` (`handle`), or records the copy into a graph builder's
 /// capture (which then keeps both buffers alive).
 fn copy(
@@ -381,7 +412,7 @@ fn fill_value(value: &Bound<'_, PyAny>) -> PyResult<FillValue> {
 #[pymethods]
 impl PyBuffer {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "Buffer objects cannot be instantiated directly: use MemoryResource.allocate() or \
@@ -389,31 +420,69 @@ impl PyBuffer {
         ))
     }
 
-    /// Wraps `size` bytes at `ptr`, allocated elsewhere.
+    /// Wraps ``size`` bytes at ``ptr``, allocated elsewhere.
+    ///
+    /// - No ``mr``/``owner``: a view; nothing is freed.
+    /// - ``owner``: kept alive until the memory's last reference goes; nothing is freed.
+    /// - ``mr``: the buffer owns the memory; at teardown ``mr.deallocate(ptr, size,
+    ///   stream=...)`` runs with the recorded stream (``stream``, else ``default_stream()``
+    ///   bound to the current context), in that recipe's context, on whatever thread drops it.
+    ///   Prefer a created stream if the buffer may be freed on another thread.
+    ///
+    /// The recipe is recorded before ownership is taken: on any error the pointer is still
+    /// the caller's and ``deallocate`` is not called. ``ValueError``: ``stream`` without
+    /// ``mr``, ``mr`` with ``owner``, zero size, a null owned pointer; ``TypeError``: a bad
+    /// ``mr`` or stream, or a ``stream`` passed by position (it is keyword-only);
+    /// ``OverflowError``: negative or too large numbers; ``RuntimeError``: no CUDA context is
+    /// current for a default stream, or a closed stream.
     #[staticmethod]
-    #[pyo3(signature = (ptr, size, mr = None, owner = None, *, stream = None))]
+    #[pyo3(
+        signature = (ptr, size, mr = None, owner = None, *extra, stream = None),
+        text_signature = "(ptr, size, mr=None, owner=None, *, stream=None)"
+    )]
     fn from_handle(
         py: Python<'_>,
         ptr: &Bound<'_, PyAny>,
         size: usize,
         mr: Option<&Bound<'_, PyAny>>,
         owner: Option<&Bound<'_, PyAny>>,
+        extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        from_handle_keywords("Buffer", extra)?;
         adopt(py, address(ptr)?, size, mr, owner, stream, false)
     }
 
-    /// Imports a buffer another process shared.
+    /// Imports a buffer another process shared, from ``mr`` (a pool opened with
+    /// ``from_allocation_handle``); ``stream`` (required, keyword-only) orders its eventual free.
+    /// Does not block.
+    ///
+    /// ``TypeError``: ``mr`` is not a pool resource, a missing or bad ``stream`` or descriptor;
+    /// ``RuntimeError``: ``mr`` is not an imported pool, or a closed stream; ``ValueError``: a
+    /// malformed descriptor, or one the pool cannot hold; :class:`CUDAError`: the driver refused
+    /// the import.
     #[classmethod]
-    #[pyo3(signature = (mr, ipc_descriptor, *, stream))]
+    #[pyo3(
+        signature = (mr, ipc_descriptor, *extra, stream = None),
+        text_signature = "($cls, mr, ipc_descriptor, *, stream)"
+    )]
     fn from_ipc_descriptor(
         cls: &Bound<'_, PyType>,
         mr: &Bound<'_, PyAny>,
         ipc_descriptor: &Bound<'_, PyAny>,
-        stream: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let py = cls.py();
-        let stream = accept_stream(stream)?;
+        if !extra.is_empty() {
+            return Err(stream_is_keyword_only(
+                &format!("{}.from_ipc_descriptor", cls.name()?),
+                "2 positional arguments",
+                2 + extra.len(),
+                "from_ipc_descriptor(mr, ipc_descriptor, stream=s)",
+            ));
+        }
+        let stream = accept_stream(&required_stream(stream)?)?;
         let pool = pool_of(mr)
             .ok_or_else(|| expected("DeviceMemoryResource or PinnedMemoryResource", mr))?;
         if !pool.is_mapped() && !pool.is_ipc_enabled() {
@@ -442,7 +511,18 @@ impl PyBuffer {
         )
     }
 
-    /// Closes the buffer: when it holds the last reference to the memory, frees it now.
+    /// Closes the buffer; when it holds the last reference to the memory, frees it now.
+    ///
+    /// ``close()`` on a closed buffer is a no-op. ``close(stream=s)`` is exactly
+    /// ``set_deallocation_stream(s)`` then ``close()`` (so it raises on a closed buffer, and on a
+    /// bad stream, ``TypeError`` or ``RuntimeError`` as there, leaves the buffer open with its old
+    /// recipe). A failing free raises (:class:`CUDAError`, or what a Python ``deallocate`` raised);
+    /// the buffer is closed either way. The free is ordered on the recorded deallocation stream.
+    /// May block for memory whose free is synchronous in the driver (pinned, managed,
+    /// ``cuMemAlloc``); stream-ordered frees do not wait, except an imported buffer's
+    /// (``is_mapped``): its close waits for its deallocation stream, so the unmap has run when it
+    /// returns (the driver requires an importing process's free to have completed before the
+    /// exporting process frees the allocation: close imports, then tell the exporter).
     #[pyo3(signature = (stream = None))]
     fn close(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let buffer = self.buffer();
@@ -457,7 +537,13 @@ impl PyBuffer {
         Ok(result.map_err(Error::from)?)
     }
 
-    /// Records the free on `stream` from now on (replacing the whole recipe atomically).
+    /// Records the free on ``stream`` from now on: the whole recipe is replaced atomically,
+    /// seen by every holder of the memory. Nothing is freed or synchronised: order the work on
+    /// the old stream before the new one yourself.
+    ///
+    /// ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream,
+    /// or a default stream with no current context; ``ValueError`` for a stream of another
+    /// device. On error the old recipe stays.
     fn set_deallocation_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         if stream.is_none() {
             return Err(PyTypeError::new_err(
@@ -484,21 +570,40 @@ impl PyBuffer {
         Ok(())
     }
 
-    /// Copies this buffer into `dst` (allocated from this buffer's memory resource if omitted),
-    /// ordered on `stream`.
-    #[pyo3(signature = (dst = None, *, stream))]
+    /// Copies this buffer into ``dst`` (allocated from ``memory_resource`` with ``stream`` if
+    /// omitted), ordered on ``stream``, and returns ``dst``. Does not block; a
+    /// :class:`GraphBuilder` as ``stream`` records the copy into its graph, which then keeps both
+    /// buffers' memory alive. ``TypeError`` for a ``dst`` that is not a :class:`Buffer`;
+    /// ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
+    /// is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
+    /// mismatch or no memory resource to allocate from; :class:`CUDAError` on a driver failure.
+    #[pyo3(
+        signature = (dst = None, *extra, stream = None),
+        text_signature = "($self, dst=None, *, stream)"
+    )]
     fn copy_to(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         dst: Option<&Bound<'_, PyAny>>,
-        stream: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        if !extra.is_empty() {
+            return Err(stream_is_keyword_only(
+                &format!("{}.copy_to", class_name(slf.as_any())),
+                "from 0 to 1 positional arguments",
+                1 + extra.len(),
+                "copy_to(dst, stream=s)",
+            ));
+        }
+        let this = slf.get();
+        let stream = &required_stream(stream)?;
         let handle = accept_stream(stream)?;
-        let size = self.open_handle(py)?.size();
+        let size = this.open_handle(py)?.size();
         let dst = match dst.filter(|d| !d.is_none()) {
             Some(dst) => dst.clone(),
             None => {
-                let mr = self.memory_resource_object(py).ok_or_else(|| {
+                let mr = this.memory_resource_object(py).ok_or_else(|| {
                     PyValueError::new_err(
                         "copy_to() without dst allocates from the buffer's memory_resource, \
                          and this buffer has none",
@@ -513,35 +618,73 @@ impl PyBuffer {
         let target = dst
             .cast::<PyBuffer>()
             .map_err(|_| expected("Buffer", &dst))?;
-        copy(py, stream, &handle, target.get(), self)?;
+        copy(py, stream, &handle, target.get(), this)?;
         Ok(dst.unbind())
     }
 
-    /// Copies `src` into this buffer, ordered on `stream`.
-    #[pyo3(signature = (src, *, stream))]
+    /// Copies ``src`` into this buffer, ordered on ``stream``. Does not block; a
+    /// :class:`GraphBuilder` as ``stream`` records the copy into its graph, which then keeps both
+    /// buffers' memory alive. ``TypeError`` for a ``src`` that is not a :class:`Buffer`;
+    /// ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
+    /// is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
+    /// mismatch; :class:`CUDAError` on a driver failure.
+    #[pyo3(
+        signature = (src, *extra, stream = None),
+        text_signature = "($self, src, *, stream)"
+    )]
     fn copy_from(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         src: &Bound<'_, PyAny>,
-        stream: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        if !extra.is_empty() {
+            return Err(stream_is_keyword_only(
+                &format!("{}.copy_from", class_name(slf.as_any())),
+                "1 positional argument",
+                1 + extra.len(),
+                "copy_from(src, stream=s)",
+            ));
+        }
+        let stream = &required_stream(stream)?;
         let handle = accept_stream(stream)?;
         let source = src
             .cast::<PyBuffer>()
             .map_err(|_| expected("Buffer", src))?;
-        copy(py, stream, &handle, self, source.get())
+        copy(py, stream, &handle, slf.get(), source.get())
     }
 
-    /// Fills the buffer with a repeated 8-, 16- or 32-bit pattern, ordered on `stream`.
-    #[pyo3(signature = (value, *, stream))]
+    /// Fills the buffer with ``value`` repeated: an int in [0, 256) (8 bits) or an object of 1, 2
+    /// or 4 bytes through the buffer protocol (8, 16 or 32 bits), ordered on ``stream``. Does not
+    /// block; a :class:`GraphBuilder` as ``stream`` records the fill into its graph, which then
+    /// keeps the buffer's memory alive. ``TypeError`` for ``None`` or another kind of ``value``;
+    /// ``OverflowError`` for an int out of range; ``ValueError`` for another width or a size that
+    /// is not a multiple of it; ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or
+    /// one passed by position (it is keyword-only); ``RuntimeError`` for a closed stream or buffer;
+    /// :class:`CUDAError` on a driver failure.
+    #[pyo3(
+        signature = (value, *extra, stream = None),
+        text_signature = "($self, value, *, stream)"
+    )]
     fn fill(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         value: &Bound<'_, PyAny>,
-        stream: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        if !extra.is_empty() {
+            return Err(stream_is_keyword_only(
+                &format!("{}.fill", class_name(slf.as_any())),
+                "1 positional argument",
+                1 + extra.len(),
+                "fill(value, stream=s)",
+            ));
+        }
+        let stream = &required_stream(stream)?;
         let value = fill_value(value)?;
-        let buffer = self.open(py)?;
+        let buffer = slf.get().open(py)?;
         if let Ok(builder) = stream.cast::<PyGraphBuilder>() {
             // Recorded into the graph, which keeps the buffer alive.
             let builder = builder.get().builder()?;
@@ -555,7 +698,7 @@ impl PyBuffer {
         Ok(())
     }
 
-    /// The address as an int; 0 once closed.
+    /// The address as an int (a host address for pinned memory); 0 once closed.
     #[getter]
     fn handle(&self) -> u64 {
         self.buffer().ptr()
@@ -573,7 +716,7 @@ impl PyBuffer {
         self.buffer().is_closed()
     }
 
-    /// The memory resource the buffer came from (or that frees it); `None` for views and once
+    /// The resource the memory came from (or that frees it); None for views and once
     /// closed.
     #[getter]
     fn memory_resource(&self, py: Python<'_>) -> Option<Py<PyAny>> {
@@ -583,7 +726,7 @@ impl PyBuffer {
         self.memory_resource_object(py)
     }
 
-    /// The owner given to `from_handle(owner=...)`; `None` otherwise and once closed.
+    /// The ``owner`` given to ``from_handle``; None otherwise and once closed.
     #[getter]
     fn owner(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         if self.buffer().is_closed() {
@@ -593,7 +736,7 @@ impl PyBuffer {
         Some(kept.get().clone_ref(py))
     }
 
-    /// Whether a device can access the memory.
+    /// Whether a device can access the memory (``RuntimeError`` once closed).
     #[getter]
     fn is_device_accessible(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
@@ -605,7 +748,7 @@ impl PyBuffer {
             .map_err(Error::from)?)
     }
 
-    /// Whether the host can access the memory.
+    /// Whether the host can access the memory (``RuntimeError`` once closed).
     #[getter]
     fn is_host_accessible(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
@@ -617,7 +760,7 @@ impl PyBuffer {
             .map_err(Error::from)?)
     }
 
-    /// Whether the memory is managed.
+    /// Whether the memory is managed (``RuntimeError`` once closed).
     #[getter]
     fn is_managed(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
@@ -630,7 +773,9 @@ impl PyBuffer {
         Ok(py.detach(|| buffer.is_managed()).map_err(Error::from)?)
     }
 
-    /// The device the memory belongs to; -1 for memory bound to no device.
+    /// The device the memory belongs to; -1 for memory bound to no device. For memory a Python
+    /// resource frees, that resource's ``device_id``, read now (it may raise). ``RuntimeError``
+    /// once closed.
     #[getter]
     fn device_id(&self, py: Python<'_>) -> PyResult<i32> {
         let buffer = self.open(py)?;
@@ -643,7 +788,9 @@ impl PyBuffer {
         self.buffer().is_mapped()
     }
 
-    /// The descriptor another process needs to import this buffer.
+    /// The descriptor another process needs to import this buffer with
+    /// ``Buffer.from_ipc_descriptor`` (``cuMemPoolExportPointer``). ``RuntimeError`` for a closed
+    /// buffer, or one that does not come from an IPC-enabled pool or was itself imported.
     #[getter]
     fn ipc_descriptor(&self, py: Python<'_>) -> PyResult<PyIpcBufferDescriptor> {
         let buffer = self.open(py)?;
@@ -658,10 +805,13 @@ impl PyBuffer {
         Ok(PyIpcBufferDescriptor::of(&inner))
     }
 
-    /// A DLPack capsule: a 1-D uint8 tensor of `size` elements over this memory. With
-    /// `max_version` at least `(1, 0)`, a versioned capsule (`"dltensor_versioned"`, DLPack 1.0,
-    /// writable); else the unversioned `"dltensor"`. `dl_device` may only name the buffer's own
-    /// device; `copy=True` is refused.
+    /// A DLPack capsule of a 1-D uint8 tensor of ``size`` elements over this memory; the tensor
+    /// keeps the memory alive until its deleter runs. With ``max_version`` at least ``(1, 0)`` a
+    /// ``"dltensor_versioned"`` capsule (DLPack 1.0, writable, not a copy), else a ``"dltensor"``
+    /// one. ``stream`` is accepted and not used: order the consumer after the producer's work
+    /// yourself. ``BufferError`` for ``copy=True``, a ``dl_device`` other than the buffer's own, a
+    /// ``max_version`` that is not two ints, or memory neither a device nor the host can access;
+    /// ``RuntimeError`` once closed.
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__<'py>(
         &self,
@@ -709,8 +859,9 @@ impl PyBuffer {
         }
     }
 
-    /// `(device_type, device_id)` in DLPack's terms: kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3)
-    /// or kDLCUDAManaged (13).
+    /// ``(device_type, device_id)``: kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3) or kDLCUDAManaged
+    /// (13); memory adopted from elsewhere is asked of the driver (managed or not).
+    /// ``RuntimeError`` once closed.
     fn __dlpack_device__(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
         self.open(py)?;
         self.dlpack_device_of(py)
@@ -762,10 +913,13 @@ impl PyBuffer {
         }
     }
 
+    /// Returns the buffer.
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
 
+    /// Closes the buffer as ``close()`` does (raising what it raises); never suppresses an
+    /// exception.
     #[pyo3(signature = (*_exc))]
     fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
         self.close(py, None)?;
@@ -821,7 +975,7 @@ impl PyBuffer {
 #[pymethods]
 impl PyManagedBuffer {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(
         _args: &Bound<'_, PyTuple>,
         _kwargs: Option<&Bound<'_, PyAny>>,
@@ -832,27 +986,32 @@ impl PyManagedBuffer {
         ))
     }
 
-    /// Wraps `size` bytes of managed memory at `ptr`, allocated elsewhere.
+    /// As :meth:`Buffer.from_handle`, for managed memory (reported host- and
+    /// device-accessible and managed without asking the driver).
     #[classmethod]
-    #[pyo3(signature = (ptr, size, mr = None, owner = None, *, stream = None))]
+    #[pyo3(
+        signature = (ptr, size, mr = None, owner = None, *extra, stream = None),
+        text_signature = "($cls, ptr, size, mr=None, owner=None, *, stream=None)"
+    )]
     fn from_handle(
         cls: &Bound<'_, PyType>,
         ptr: &Bound<'_, PyAny>,
         size: usize,
         mr: Option<&Bound<'_, PyAny>>,
         owner: Option<&Bound<'_, PyAny>>,
+        extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        from_handle_keywords(&cls.name()?.to_string(), extra)?;
         adopt(cls.py(), address(ptr)?, size, mr, owner, stream, true)
     }
 }
 
-/// What another process needs to import one buffer: the pool's export data for it (the
-/// *payload*: the driver's 64-byte `CUmemPoolPtrExportData`, then the pool's device as 4 bytes,
-/// little-endian, -1 for a pinned host pool) and its size in bytes. Picklable
-/// (`IPCBufferDescriptor._init(payload, size)`, as cuda.core's); `bytes(descriptor)` (96 bytes)
-/// and back with `IPCBufferDescriptor.from_bytes`. A payload of exactly 64 bytes (cuda.core's
-/// form) names no device.
+/// What another process needs to import one buffer: the pool's export data for it (the payload:
+/// the driver's 64-byte ``CUmemPoolPtrExportData``, then the pool's device as 4 bytes,
+/// little-endian, -1 for a pinned host pool) and its size in bytes. ``bytes(descriptor)`` is 96
+/// bytes; picklable (as ``_init(payload, size)``, cuda.core's form, where a 64-byte payload names
+/// no device). Compared by value. Cannot be instantiated directly (``RuntimeError``).
 #[pyclass(frozen, name = "IPCBufferDescriptor", module = "custody")]
 pub struct PyIpcBufferDescriptor {
     payload: Vec<u8>,
@@ -938,7 +1097,7 @@ fn parse_descriptor(bytes: &[u8]) -> PyResult<IpcBufferDescriptor> {
 #[pymethods]
 impl PyIpcBufferDescriptor {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "IPCBufferDescriptor objects cannot be instantiated directly. Use \
@@ -946,7 +1105,9 @@ impl PyIpcBufferDescriptor {
         ))
     }
 
-    /// A descriptor from its payload and size (what pickling stores); checked when imported.
+    /// A descriptor from its payload and size, as unpickling makes it; checked when
+    /// imported (``ValueError`` for a payload shorter than 64 bytes). A 64-byte payload names
+    /// no device: the importing pool's is taken.
     #[staticmethod]
     fn _init(reserved: Vec<u8>, size: usize) -> PyIpcBufferDescriptor {
         PyIpcBufferDescriptor {
@@ -955,12 +1116,13 @@ impl PyIpcBufferDescriptor {
         }
     }
 
-    /// Parses the 96-byte serialised form.
+    /// Parses the serialised form (``ValueError`` when malformed).
     #[staticmethod]
     fn from_bytes(data: &[u8]) -> PyResult<Self> {
         Ok(PyIpcBufferDescriptor::of(&parse_descriptor(data)?))
     }
 
+    /// The serialised form, 96 bytes.
     fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let descriptor = self.resolve(self.named_device().flatten())?;
         Ok(PyBytes::new(py, &descriptor.to_bytes()))
@@ -972,7 +1134,7 @@ impl PyIpcBufferDescriptor {
         self.size
     }
 
-    /// The pool's device; -1 for a pinned host pool or a descriptor that names none.
+    /// The pool's device; -1 for a pinned host pool or a payload that names none.
     #[getter]
     fn device_id(&self) -> i32 {
         self.named_device().flatten().unwrap_or(-1)

@@ -4,7 +4,8 @@
 //!
 //! | Rust error | Python exception |
 //! |---|---|
-//! | `HandleError::Driver` (a driver call failed), `HandleError::Load` | `CUDAError` (a `RuntimeError`), message naming the call and the driver's error name; `.name` and `.code` attributes |
+//! | `HandleError::Driver` (a driver call failed) | `CUDAError` (a `RuntimeError`), message naming the call and the driver's error name; `.name` and `.code` attributes |
+//! | `HandleError::Load` (no driver loaded) | `CUDAError` with the loader's text (what was tried; `CUSTODY_CUDA_DRIVER` and how to build the emulated driver) |
 //! | `HandleError::NoCurrentContext` | `RuntimeError("no CUDA context is current ...")` |
 //! | `HandleError::ContextNotActivated`, `HandleError::ContextNotRestored` | `CUDAError` whose text says what happened (did not run; or succeeded, the caller's context not restored, which is current), `.name`/`.code` the context call's |
 //! | `MemoryError::Closed` | `RuntimeError("Buffer has been closed")` |
@@ -25,16 +26,29 @@ pyo3::create_exception!(
     custody,
     CUDAError,
     PyRuntimeError,
-    "A CUDA driver call failed. A RuntimeError whose message names the driver function and the \
-     driver's error name (CUDA_ERROR_...); `.name` holds that name and `.code` its number."
+    concat!(
+        "A CUDA driver call failed (a ``RuntimeError``).\n",
+        "\n",
+        "The message names the driver function and the driver's error name (``CUDA_ERROR_...``);\n",
+        "``name`` holds that name and ``code`` its number. When no driver library loads, the error is\n",
+        "``CUDA_ERROR_NOT_FOUND`` and the message says what was tried, that the environment variable\n",
+        "``CUSTODY_CUDA_DRIVER`` names a driver library, and how to build the emulated driver.",
+    )
 );
 
 pyo3::create_exception!(
     custody,
     CUDAWarning,
     PyRuntimeWarning,
-    "A cleanup that no caller could receive failed or lost a guarantee (a free during garbage \
-     collection, on another thread, in deferred cleanup). A RuntimeWarning, shown by default."
+    concat!(
+        "A cleanup that no caller could receive failed or lost a guarantee (a ``RuntimeWarning``,\n",
+        "shown by default).\n",
+        "\n",
+        "Emitted for a free that failed during a drop, garbage collection, on another thread or in\n",
+        "deferred cleanup, naming the operation, pointer, stream and context; and for a\n",
+        "per-thread-default-stream free that ran on another thread. If the warning is escalated to an\n",
+        "error it goes to ``sys.unraisablehook``; during interpreter shutdown, to stderr.",
+    )
 );
 
 /// The text of the one "no context" error.
@@ -95,11 +109,9 @@ fn handle_error(error: HandleError) -> PyErr {
             let message = driver.to_string();
             cuda_error(driver.code.name(), driver.code.0, message)
         }
-        HandleError::Load(load) => cuda_error(
-            "CUDA_ERROR_NOT_FOUND",
-            500,
-            format!("no CUDA driver: {load}"),
-        ),
+        // The loader's text says what was tried and, when nothing loaded, how to name a driver
+        // (`CUSTODY_CUDA_DRIVER`) and where the emulated one comes from.
+        HandleError::Load(load) => cuda_error("CUDA_ERROR_NOT_FOUND", 500, load.to_string()),
         HandleError::NoCurrentContext => PyRuntimeError::new_err(NO_CONTEXT),
         // The text says what happened (did not run and leaked / succeeded but the context was
         // not restored); `.name` and `.code` are the context call's.
@@ -135,10 +147,24 @@ pub(crate) fn closed(what: &str) -> PyErr {
 
 /// `TypeError("<expected> expected, got <type name>")`.
 pub(crate) fn expected(expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
-    let name = got
+    PyTypeError::new_err(format!("{expected} expected, got {}", class_name(got)))
+}
+
+/// The name of `object`'s class, as the user called it (a subclass's own name).
+pub(crate) fn class_name(object: &Bound<'_, PyAny>) -> String {
+    object
         .get_type()
         .name()
         .map(|n| n.to_string())
-        .unwrap_or_else(|_| "an unknown type".to_owned());
-    PyTypeError::new_err(format!("{expected} expected, got {name}"))
+        .unwrap_or_else(|_| "an unknown type".to_owned())
+}
+
+/// The `TypeError` for a `stream` passed by position where it is keyword-only: CPython's words
+/// for too many positional arguments (`called` names the class the user called, `takes` says
+/// how many it takes), then which argument is keyword-only and how the call is written.
+pub(crate) fn stream_is_keyword_only(called: &str, takes: &str, given: usize, call: &str) -> PyErr {
+    let were = if given == 1 { "was" } else { "were" };
+    PyTypeError::new_err(format!(
+        "{called}() takes {takes} but {given} {were} given: stream is keyword-only ({call})"
+    ))
 }

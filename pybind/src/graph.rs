@@ -15,9 +15,17 @@ use crate::buffer::{Kept, PyBuffer};
 use crate::errors::{closed, expected, Error};
 use crate::stream::{accept_stream, PyContext, PyStream};
 
-/// Records work into a CUDA graph by capturing a stream. Pass it as the `stream` of
-/// `Buffer.fill`, `copy_to`, `copy_from` (the graph then keeps those buffers alive) and of
-/// `GraphMemoryResource.allocate`.
+/// Records work into a CUDA graph by capturing a stream (``Device.create_graph_builder()``,
+/// ``Stream.create_graph_builder()``).
+///
+/// Pass it as the ``stream`` of ``Buffer.fill``, ``Buffer.copy_to`` / ``copy_from`` (the graph
+/// then keeps those buffers' memory alive, even after they are closed, until the graph and
+/// every executable made from it are gone; the free then runs with the buffer's recipe, on the
+/// cleanup worker or in ``drain_deferred_cleanup()``), of ``GraphMemoryResource.allocate``, and
+/// of ``Buffer.set_deallocation_stream`` (the captured stream). Work issued on ``stream``
+/// directly, such as a kernel that CuPy, PyTorch or Numba launches there, is captured but keeps
+/// nothing alive: :meth:`retain` the buffers it uses. A buffer whose free is recorded on the
+/// per-thread default stream warns when a graph retains it. Cannot be instantiated directly.
 #[pyclass(frozen, weakref, name = "GraphBuilder", module = "custody")]
 pub struct PyGraphBuilder {
     /// Cloned out before any driver call: no lock of ours is held while the GIL is released
@@ -59,7 +67,7 @@ fn mode_of(mode: &str) -> PyResult<CaptureMode> {
 #[pymethods]
 impl PyGraphBuilder {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "GraphBuilder objects cannot be instantiated directly: use \
@@ -67,9 +75,10 @@ impl PyGraphBuilder {
         ))
     }
 
-    /// Starts capturing (`mode`: "global", "thread_local" or "relaxed", as cuda.core's default
-    /// "relaxed"); returns the builder. A builder may capture again after `end_building()` (the
-    /// next `end_building()` replaces the recorded graph; cuda.core refuses to resume).
+    /// Starts capturing (``"global"``, ``"thread_local"`` or ``"relaxed"``); returns self.
+    /// ``ValueError`` for another mode; ``RuntimeError`` when already building ("Graph builder
+    /// is already building"). A builder may capture again after ``end_building()`` (cuda.core
+    /// refuses); the next ``end_building()`` replaces the recorded graph.
     #[pyo3(signature = (mode = "relaxed"))]
     fn begin_building<'py>(slf: &Bound<'py, Self>, mode: &str) -> PyResult<Bound<'py, Self>> {
         let mode = mode_of(mode)?;
@@ -86,7 +95,9 @@ impl PyGraphBuilder {
         Ok(slf.clone())
     }
 
-    /// Ends capturing and keeps the recorded graph; returns the builder.
+    /// Ends capturing and keeps the recorded graph; returns self. ``RuntimeError`` for a closed
+    /// builder or one that is not building; :class:`CUDAError` when the driver ends the capture
+    /// with an error (an invalidated capture).
     fn end_building<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
         let py = slf.py();
         let this = slf.get();
@@ -101,10 +112,8 @@ impl PyGraphBuilder {
         Ok(slf.clone())
     }
 
-    /// Instantiates the recorded graph as an executable `Graph`. `options`
-    /// (`GraphCompleteOptions` or a dict): `upload_stream` uploads it there at once;
-    /// `auto_free_on_launch`, `device_launch` and `use_node_priority` are not supported
-    /// (`NotImplementedError` when set).
+    /// Instantiates the recorded graph (``RuntimeError("Graph has not finished building.")``
+    /// before ``end_building()``); ``options`` as :class:`GraphCompleteOptions` says.
     #[pyo3(signature = (options = None))]
     fn complete(&self, py: Python<'_>, options: Option<&Bound<'_, PyAny>>) -> PyResult<PyGraph> {
         self.builder()?;
@@ -149,7 +158,8 @@ impl PyGraphBuilder {
         })
     }
 
-    /// Whether `close()` was called.
+    /// Whether ``close()`` was called (then every method raises ``RuntimeError("Graph
+    /// builder has been closed.")``).
     #[getter]
     fn is_closed(&self) -> bool {
         self.builder
@@ -165,9 +175,22 @@ impl PyGraphBuilder {
         visit.call(&self.stream)
     }
 
-    /// Makes the graph being captured keep `buffer`'s memory alive (`memory::GraphBuilder::
-    /// retain`): for captured work custody does not see. Checks, before any driver call: a
-    /// `Buffer` (`TypeError`), the builder open and building, the buffer open (`RuntimeError`).
+    /// Makes the graph being captured keep ``buffer``'s memory allocated, for captured work
+    /// custody does not see (a kernel another library launched on :attr:`stream` that reads or
+    /// writes it). Call it any time between ``begin_building()`` and ``end_building()``. The
+    /// graph ``end_building()`` records inherits the retention: after ``buffer.close()`` the
+    /// memory stays allocated until that graph and every executable and launch made from it
+    /// are gone (``close()`` of this builder and of each :class:`Graph`), and is then freed
+    /// once, by the cleanup worker or in ``drain_deferred_cleanup()``, with the buffer's
+    /// recipe as it is then (``set_deallocation_stream`` before ``close`` still moves the
+    /// free). Retaining a buffer twice is harmless; a ``GraphMemoryResource`` buffer of this
+    /// capture is the graph's own and is not retained; any device's memory may be retained.
+    /// It orders nothing. Errors, all before any driver call and changing nothing:
+    /// ``TypeError`` for anything but a ``Buffer`` (``None`` included); ``RuntimeError`` for a
+    /// closed buffer, a closed builder, or a builder that is not building. Driver calls:
+    /// ``cuStreamGetCaptureInfo_v2``, ``cuUserObjectCreate``, ``cuGraphRetainUserObject``,
+    /// ``cuUserObjectRelease``.
+    // Over `memory::GraphBuilder::retain`.
     fn retain(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
         let buffer = retained_buffer(buffer)?;
         let builder = self.builder()?;
@@ -188,13 +211,13 @@ impl PyGraphBuilder {
         self.stream.clone_ref(py)
     }
 
-    /// `(0, handle)` of the captured stream.
+    /// ``(0, handle)`` of the captured stream (``RuntimeError`` once closed).
     fn __cuda_stream__(&self) -> PyResult<(i32, usize)> {
         Ok((0, self.stream_handle()?.raw() as usize))
     }
 
-    /// Ends a capture still running, and releases the builder and its recorded graph (the
-    /// graph's memory is released once every executable made from it is gone). Idempotent.
+    /// Ends a capture still running and releases the builder and its recorded graph (the graph's
+    /// memory is released once every executable made from it is gone). Idempotent.
     fn close(&self, py: Python<'_>) {
         let builder = self
             .builder
@@ -213,7 +236,7 @@ impl PyGraphBuilder {
     }
 }
 
-/// An executable graph (`GraphBuilder.complete()`).
+/// An executable graph (``GraphBuilder.complete()``).
 #[pyclass(frozen, weakref, name = "Graph", module = "custody")]
 pub struct PyGraph {
     exec: Mutex<Option<Arc<GraphExec>>>,
@@ -232,14 +255,16 @@ impl PyGraph {
 #[pymethods]
 impl PyGraph {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "Graph objects cannot be instantiated directly: use GraphBuilder.complete()",
         ))
     }
 
-    /// Launches the graph on `stream`. Does not block.
+    /// Launches the graph on ``stream``. Does not block. ``RuntimeError`` for a closed graph or
+    /// stream; ``TypeError`` for a missing, ``None`` or non-stream ``stream``; :class:`CUDAError`
+    /// on a driver failure.
     fn launch(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         let stream = accept_stream(stream)?;
         let exec = self.exec()?;
@@ -247,8 +272,10 @@ impl PyGraph {
         Ok(())
     }
 
-    /// Uploads the graph to the device on `stream`, so that the next launch need not. Does not
-    /// block.
+    /// Uploads the graph to the device on ``stream`` so that the next launch need not
+    /// (``cuGraphUpload``). Does not block. ``RuntimeError`` for a closed graph or stream;
+    /// ``TypeError`` for a missing, ``None`` or non-stream ``stream``; :class:`CUDAError` on a
+    /// driver failure.
     fn upload(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         let stream = accept_stream(stream)?;
         let exec = self.exec()?;
@@ -256,7 +283,7 @@ impl PyGraph {
         Ok(())
     }
 
-    /// The raw `CUgraphExec` as an int; 0 once closed.
+    /// The raw ``CUgraphExec`` as an int; 0 once closed.
     #[getter]
     fn handle(&self) -> usize {
         self.exec
@@ -267,9 +294,17 @@ impl PyGraph {
             .map_or(0, |handle| handle.raw() as usize)
     }
 
-    /// Makes this executable keep `buffer`'s memory alive (`memory::GraphExec::retain`) until
-    /// it is closed and its launches are done. Checks: a `Buffer` (`TypeError`), the graph and
-    /// the buffer open (`RuntimeError`). No driver call.
+    /// Makes this executable keep ``buffer``'s memory allocated, for work in the graph that
+    /// custody does not see (a kernel another library captured into it). After
+    /// ``buffer.close()`` the memory stays allocated until this graph is closed and its
+    /// launches, including those queued before this call, have finished; it is then freed
+    /// once, by the cleanup worker or in ``drain_deferred_cleanup()``, with the buffer's
+    /// recipe as it is then. Only this executable holds it (not the builder's recorded graph
+    /// or other executables). Retaining a buffer twice is harmless; any device's memory may
+    /// be retained; it orders nothing. Errors, changing nothing: ``TypeError`` for anything
+    /// but a ``Buffer`` (``None`` included); ``RuntimeError`` for a closed buffer or a closed
+    /// graph. No driver call.
+    // Over `memory::GraphExec::retain`.
     fn retain(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
         let buffer = retained_buffer(buffer)?;
         let exec = self
@@ -283,8 +318,8 @@ impl PyGraph {
         Ok(())
     }
 
-    /// Releases the executable (what it retains is freed once launches in flight are done,
-    /// by the cleanup worker or `drain_deferred_cleanup()`). Idempotent.
+    /// Releases the executable; what it retains is freed once the launches in flight are done, by
+    /// the cleanup worker or in ``drain_deferred_cleanup()``. Idempotent.
     fn close(&self, py: Python<'_>) {
         let exec = self
             .exec
@@ -294,7 +329,7 @@ impl PyGraph {
         py.detach(move || drop(exec));
     }
 
-    /// Whether `close()` was called.
+    /// Whether ``close()`` was called.
     #[getter]
     fn is_closed(&self) -> bool {
         self.exec

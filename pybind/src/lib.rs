@@ -29,8 +29,9 @@ mod stream;
 
 use pyo3::prelude::*;
 
-/// Runs every queued deferred cleanup on the calling thread (GIL released) and returns how many
-/// ran: frees that CUDA graphs let go of, and synchronous frees waiting for their stream.
+/// Runs every queued deferred cleanup on the calling thread (GIL released) and returns how
+/// many ran: frees that CUDA graphs let go of, and synchronous frees waiting for their
+/// stream.
 #[pyfunction]
 fn drain_deferred_cleanup(py: Python<'_>) -> usize {
     py.detach(handles::drain_deferred_cleanup)

@@ -24,15 +24,31 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::buffer::{Kept, PyBuffer};
-use crate::errors::{expected, Error};
+use crate::errors::{class_name, expected, stream_is_keyword_only, Error};
 use crate::ffi::{owned_allocation, with_borrowed_fd};
 use crate::graph::{allocate_in, PyGraphBuilder};
 use crate::nested;
 use crate::report::PyObjRef;
-use crate::stream::{accept_stream, default_stream_handle};
+use crate::stream::{accept_stream, default_stream_handle, required_stream};
 
-/// The base class of memory resources. Subclass it in Python and implement `allocate`,
-/// `deallocate`, `is_device_accessible`, `is_host_accessible` and `device_id`.
+/// The base class of memory resources; subclass it in Python.
+///
+/// A subclass implements ``allocate`` (usually returning ``Buffer.from_handle(ptr, size,
+/// mr=self, stream=stream)``), ``deallocate``, ``is_device_accessible``,
+/// ``is_host_accessible`` and ``device_id`` (read only when asked, never at adoption). Its
+/// ``deallocate`` runs at teardown from whatever thread drops the buffer, with the recipe's
+/// context current and the GIL held only for that call; a host-only resource
+/// (``is_device_accessible`` False) has no recipe: adoption needs no context, any ``stream``
+/// given has nothing to order, and ``deallocate`` receives ``default_stream()`` with no
+/// context made current; an exception from it is reported as a :class:`CUDAWarning` (re-raised by an explicit
+/// ``close()``). It is never entered on a thread where a ``deallocate`` call is already
+/// running: a buffer released inside one (its last reference dropped, a garbage collection, a
+/// ``close()``) is freed right after that call returns, on the same thread, in its own recipe's
+/// context (a failure then is a :class:`CUDAWarning`). Once the interpreter is finalizing it is
+/// not called: the memory is leaked and that is reported on stderr (``atexit`` handlers still
+/// free through it).
+///
+/// ``MemoryResource(*args, **kwargs)`` accepts and ignores any arguments (for subclasses).
 #[pyclass(frozen, subclass, weakref, name = "MemoryResource", module = "custody")]
 pub struct PyMemoryResource {
     /// The Rust resource of a built-in; `None` for a Python subclass of this class.
@@ -44,15 +60,38 @@ pub struct PyMemoryResource {
     stream_optional: bool,
 }
 
-fn not_implemented(what: &str) -> PyErr {
-    PyTypeError::new_err(format!(
-        "MemoryResource.{what} must be implemented by subclasses"
-    ))
+/// The `TypeError` of the base class's `what`, naming the class called: `MemoryResource` itself,
+/// or a subclass that does not implement `what`.
+fn not_implemented(class: &str, what: &str) -> PyErr {
+    if class == "MemoryResource" {
+        PyTypeError::new_err(format!(
+            "MemoryResource.{what} must be implemented by subclasses"
+        ))
+    } else {
+        PyTypeError::new_err(format!(
+            "{class}.{what} must be implemented: {class} subclasses MemoryResource without \
+             defining it"
+        ))
+    }
+}
+
+/// The Rust resource of a built-in `mr`; for a Python subclass, [`not_implemented`] naming its
+/// class.
+fn native_of<'a>(
+    mr: &'a Bound<'_, PyMemoryResource>,
+    what: &str,
+) -> PyResult<&'a Arc<dyn MemoryResource>> {
+    mr.get()
+        .native
+        .as_ref()
+        .ok_or_else(|| not_implemented(&class_name(mr.as_any()), what))
 }
 
 impl PyMemoryResource {
     fn native(&self, what: &str) -> PyResult<&Arc<dyn MemoryResource>> {
-        self.native.as_ref().ok_or_else(|| not_implemented(what))
+        self.native
+            .as_ref()
+            .ok_or_else(|| not_implemented("MemoryResource", what))
     }
 
     fn builtin(native: Arc<dyn MemoryResource>, managed: bool) -> PyClassInitializer<Self> {
@@ -76,7 +115,7 @@ impl PyMemoryResource {
 #[pymethods]
 impl PyMemoryResource {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = "(*args, **kwargs)")]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> Self {
         PyMemoryResource {
             native: None,
@@ -85,12 +124,20 @@ impl PyMemoryResource {
         }
     }
 
-    /// Allocates `size` bytes ordered on `stream`, which also orders the eventual free. Zero
-    /// bytes give an empty buffer (address 0, no driver call) of this resource.
+    /// Allocates ``size`` bytes ordered on ``stream`` (keyword-only), which also orders the
+    /// eventual free.
     ///
-    /// The arguments `(size, *, stream)` are parsed by hand ([`allocate_arguments`]): under the
-    /// abi3-py39 ABI pyo3's generic extraction copies every keyword name into a new UTF-8
-    /// `bytes` object to compare it, the largest share of the extension's own cost per call.
+    /// Zero bytes give an empty buffer of this resource (address 0, no driver call).
+    /// ``LegacyPinnedMemoryResource`` and ``SynchronousMemoryResource`` need no ``stream`` (the
+    /// free is then ordered on the default stream). ``OverflowError`` for negative sizes or more
+    /// than ``isize::MAX``; ``TypeError`` for a missing, None or non-stream ``stream``, or one
+    /// passed by position, the message naming the class called; ``RuntimeError`` for a closed
+    /// stream or a default stream with no current context; :class:`CUDAError` for the driver's
+    /// failure. The base class raises ``TypeError``, and so does a subclass that does not define
+    /// it.
+    // The arguments `(size, *, stream)` are parsed by hand (`allocate_arguments`): pyo3's
+    // generic extraction under the stable ABI copies every keyword name into a new UTF-8
+    // `bytes` object to compare it, the largest share of the extension's own cost per call.
     #[pyo3(signature = (*args, **kwargs), text_signature = "($self, size, *, stream)")]
     fn allocate(
         slf: &Bound<'_, Self>,
@@ -99,7 +146,7 @@ impl PyMemoryResource {
     ) -> PyResult<Py<PyAny>> {
         let this = slf.get();
         let (size, stream) = allocate_arguments(slf, args, kwargs, this.stream_optional)?;
-        let native = Arc::clone(this.native("allocate")?);
+        let native = Arc::clone(native_of(slf, "allocate")?);
         let py = slf.py();
         let mr = || Some(slf.clone().into_any().unbind());
         let stream = match stream {
@@ -133,41 +180,58 @@ impl PyMemoryResource {
         PyBuffer::wrap(py, buffer, mr(), this.managed, Kept::default())
     }
 
-    /// Frees `size` bytes at `ptr`, which this resource allocated, ordered on `stream`.
-    #[pyo3(signature = (ptr, size, *, stream))]
+    /// Frees ``size`` bytes at ``ptr``, which this resource allocated, ordered on ``stream``
+    /// (keyword-only), as the resource's own buffers are freed; raises on failure
+    /// (:class:`CUDAError`). ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one
+    /// passed by position (it is keyword-only); ``RuntimeError`` for a closed stream. The base
+    /// class raises ``TypeError``.
+    #[pyo3(
+        signature = (ptr, size, *extra, stream = None),
+        text_signature = "($self, ptr, size, *, stream)"
+    )]
     fn deallocate(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         ptr: CUdeviceptr,
         size: usize,
-        stream: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let native = Arc::clone(self.native("deallocate")?);
-        let stream = accept_stream(stream)?;
+        if !extra.is_empty() {
+            return Err(stream_is_keyword_only(
+                &format!("{}.deallocate", class_name(slf.as_any())),
+                "2 positional arguments",
+                2 + extra.len(),
+                "deallocate(ptr, size, stream=s)",
+            ));
+        }
+        let native = Arc::clone(native_of(slf, "deallocate")?);
+        let stream = accept_stream(&required_stream(stream)?)?;
         py.detach(move || native.deallocate(owned_allocation(ptr, size), &stream))
             .map_err(Error::from)?;
         Ok(())
     }
 
-    /// Whether a device can access the memory.
+    /// Whether a device can access the memory. The base class raises ``TypeError``.
     #[getter]
-    fn is_device_accessible(&self) -> PyResult<bool> {
-        Ok(self.native("is_device_accessible")?.is_device_accessible())
+    fn is_device_accessible(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        Ok(native_of(slf, "is_device_accessible")?.is_device_accessible())
     }
 
-    /// Whether the host can access the memory.
+    /// Whether the host can access the memory. The base class raises ``TypeError``.
     #[getter]
-    fn is_host_accessible(&self) -> PyResult<bool> {
-        Ok(self.native("is_host_accessible")?.is_host_accessible())
+    fn is_host_accessible(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        Ok(native_of(slf, "is_host_accessible")?.is_host_accessible())
     }
 
-    /// The device the memory belongs to; -1 for memory bound to no device.
+    /// The device the memory belongs to; -1 for memory bound to no device. The base class raises
+    /// ``TypeError``.
     #[getter]
-    fn device_id(&self) -> PyResult<i32> {
-        Ok(self.native("device_id")?.device_id().unwrap_or(-1))
+    fn device_id(slf: &Bound<'_, Self>) -> PyResult<i32> {
+        Ok(native_of(slf, "device_id")?.device_id().unwrap_or(-1))
     }
 
-    /// Whether the memory is managed.
+    /// Whether the memory is managed (False for the base class).
     #[getter]
     fn is_managed(&self) -> bool {
         self.native.as_ref().is_some_and(|mr| mr.is_managed())
@@ -176,11 +240,7 @@ impl PyMemoryResource {
 
 /// The class name the user called a method on (`DeviceMemoryResource`, a Python subclass).
 fn type_name(object: &Bound<'_, PyAny>) -> String {
-    object
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "MemoryResource".to_owned())
+    class_name(object)
 }
 
 /// An allocation's error, with the capture-state errors in cuda.core's words, naming the class
@@ -218,10 +278,12 @@ fn allocate_arguments<'py>(
     let py = args.py();
     let positional = args.len();
     if positional > 1 {
-        return Err(PyTypeError::new_err(format!(
-            "{} takes 1 positional arguments but {positional} were given",
-            name()
-        )));
+        return Err(stream_is_keyword_only(
+            &format!("{}.allocate", type_name(mr.as_any())),
+            "1 positional argument",
+            positional,
+            "allocate(size, stream=s)",
+        ));
     }
     let mut size = if positional == 1 {
         Some(args.get_item(0)?)
@@ -721,7 +783,10 @@ impl PoolAccess {
     }
 }
 
-/// A memory pool's attributes (`cuMemPoolGetAttribute`), in bytes.
+/// A memory pool's attributes, read from the driver (``cuMemPoolGetAttribute``, the GIL
+/// released) on each access; sizes in bytes. Reading one raises :class:`CUDAError` on a driver
+/// failure. The repr lists every attribute with its value. Cannot be instantiated directly:
+/// ``DeviceMemoryResource.attributes``, ``PinnedMemoryResource.attributes``.
 #[pyclass(frozen, weakref, name = "MemoryPoolAttributes", module = "custody")]
 pub struct PyPoolAttributes {
     pool: MemoryPoolHandle,
@@ -746,19 +811,19 @@ impl PyPoolAttributes {
 
 #[pymethods]
 impl PyPoolAttributes {
-    /// Bytes currently allocated from the pool and not freed.
+    /// Bytes allocated from the pool and not freed (``CU_MEMPOOL_ATTR_USED_MEM_CURRENT``).
     #[getter]
     fn used_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
     }
 
-    /// The high-water mark of `used_mem_current`.
+    /// The high-water mark of ``used_mem_current``, in bytes (``CU_MEMPOOL_ATTR_USED_MEM_HIGH``).
     #[getter]
     fn used_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
     }
 
-    /// Bytes the pool currently holds from the driver.
+    /// Bytes the pool holds from the driver (``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT``).
     #[getter]
     fn reserved_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(
@@ -767,20 +832,22 @@ impl PyPoolAttributes {
         )
     }
 
-    /// The high-water mark of `reserved_mem_current`.
+    /// The high-water mark of ``reserved_mem_current``, in bytes
+    /// (``CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH``).
     #[getter]
     fn reserved_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
     }
 
-    /// Bytes the pool keeps after a synchronisation before releasing memory to the OS.
+    /// Bytes the pool keeps after a synchronisation before memory goes back to the OS
+    /// (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``).
     #[getter]
     fn release_threshold(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
     }
 
-    /// Whether memory freed on one stream may be reused on another that waits on an event
-    /// recorded after the free (`CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES`).
+    /// Whether memory freed on one stream may be reused on a stream that waits on an event recorded
+    /// after the free (``CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES``).
     #[getter]
     fn reuse_follow_event_dependencies(&self, py: Python<'_>) -> PyResult<bool> {
         self.flag(
@@ -790,7 +857,7 @@ impl PyPoolAttributes {
     }
 
     /// Whether memory whose free has completed may be reused without a dependency
-    /// (`CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC`).
+    /// (``CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC``).
     #[getter]
     fn reuse_allow_opportunistic(&self, py: Python<'_>) -> PyResult<bool> {
         self.flag(
@@ -800,7 +867,7 @@ impl PyPoolAttributes {
     }
 
     /// Whether the driver may insert dependencies between streams to reuse memory
-    /// (`CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`).
+    /// (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES``).
     #[getter]
     fn reuse_allow_internal_dependencies(&self, py: Python<'_>) -> PyResult<bool> {
         self.flag(
@@ -837,9 +904,10 @@ fn py_bool(value: bool) -> &'static str {
 }
 
 /// The `#[pymethods]` block of a pool resource: `$extra` (its constructor and importer) plus
-/// the IPC and attribute methods both pool resources share.
+/// the IPC and attribute methods both pool resources share; `$name` is the Python class's
+/// name, for the docstrings that say it.
 macro_rules! pool_methods {
-    ($ty:ty, $variant:ident, { $($extra:tt)* }) => {
+    ($ty:ty, $variant:ident, $name:literal, { $($extra:tt)* }) => {
         #[pymethods]
         impl $ty {
             $($extra)*
@@ -850,20 +918,20 @@ macro_rules! pool_methods {
                 self.inner.is_ipc_enabled()
             }
 
-            /// Whether the pool was imported from another process (it then only imports
-            /// buffers, with `Buffer.from_ipc_descriptor`).
+            /// Whether the pool was imported from another process (it then only imports buffers, with
+            /// ``Buffer.from_ipc_descriptor``).
             #[getter]
             fn is_mapped(&self) -> bool {
                 self.inner.is_mapped()
             }
 
-            /// The raw `CUmemoryPool` as an int.
+            /// The raw ``CUmemoryPool`` as an int.
             #[getter]
             fn handle(&self) -> usize {
                 self.inner.pool().raw() as usize
             }
 
-            /// The pool's attributes (`used_mem_current`, ...).
+            /// The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed.
             #[getter]
             fn attributes(&self) -> PyPoolAttributes {
                 PyPoolAttributes {
@@ -871,43 +939,44 @@ macro_rules! pool_methods {
                 }
             }
 
-            /// The pool's shareable handle (an `IPCAllocationHandle`, exported once and kept
-            /// by this resource), for another process's `from_allocation_handle`.
+            /// The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
+            /// kept by this resource, for another process's ``from_allocation_handle`` (it
+            /// pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
+            /// IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
+            /// closed resource; :class:`CUDAError` on a driver failure.
             #[getter(allocation_handle)]
             fn kept_allocation_handle(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
                 self.ipc.kept_handle(py, &Pool::$variant(Arc::clone(&self.inner)))
             }
 
-            /// A new shareable handle (an `IPCAllocationHandle` the caller owns: a fresh
-            /// export of the pool, its file descriptor closed with the handle).
+            /// A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
+            /// fresh export of the pool, its file descriptor closed with the handle. Errors as
+            /// :attr:`allocation_handle`.
             fn get_allocation_handle(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
                 self.ipc.new_handle(py, &Pool::$variant(Arc::clone(&self.inner)))
             }
 
             /// The UUID naming the pool across processes (the same in the process that made
-            /// it and in every process that imported it); `None` unless the pool can be
+            /// it and in every process that opened it); ``None`` unless the pool can be
             /// shared.
             #[getter]
             fn uuid(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
                 self.ipc.uuid(py, self.inner.as_ref())
             }
 
-            /// Whether this resource made its pool (and destroys it with the last of its
-            /// buffers); `False` for a device's current pool.
+            /// Whether this resource made its pool (and it goes with the last of the resource
+            /// and its buffers); ``False`` for a device's current pool.
             #[getter]
             fn is_handle_owned(&self) -> bool {
                 self.inner.pool().is_owned()
             }
 
-            /// Closes the resource: `allocate`, `get_allocation_handle` and
-            /// `Buffer.from_ipc_descriptor` then raise `RuntimeError("... has been closed")`;
-            /// `deallocate` still works and buffers already made are unaffected. The pool goes
-            /// with the last of this object and its buffers. Idempotent.
+            #[doc = concat!("Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and\n``Buffer.from_ipc_descriptor`` then raise ``RuntimeError(\"", $name, " has been closed\")``;\n``deallocate`` and the buffers already made keep working. The pool goes with the last of\nthis object and its buffers (an owned pool outlives its allocations). Idempotent.")]
             fn close(&self) {
                 self.inner.close();
             }
 
-            /// Whether `close()` was called.
+            /// Whether :meth:`close` was called.
             #[getter]
             fn is_closed(&self) -> bool {
                 self.inner.is_closed()
@@ -916,15 +985,28 @@ macro_rules! pool_methods {
     };
 }
 
-/// Device memory from a stream-ordered memory pool: the device's current pool, or (with options)
-/// a pool of its own.
+/// Device memory from a stream-ordered pool: the device's current pool, or with options a pool
+/// of its own. Buffers it allocates are freed with ``cuMemFreeAsync`` on their recipe, without
+/// Python.
+///
+/// ``DeviceMemoryResource(device_id, options=None)``: ``device_id`` an int or a
+/// :class:`Device`; ``options`` a :class:`DeviceMemoryResourceOptions` (or a dict of its
+/// fields) for a pool of its own. ``TypeError`` for ``None`` or a non-int device,
+/// ``ValueError`` for a negative ordinal, :class:`CUDAError` for a device the driver does not
+/// have or a pool it refuses.
+///
+/// ``pickle`` (a ``copyreg`` reducer for the exact type) sends the pool of an IPC-enabled
+/// resource: exported as a file descriptor and handed to the receiving process by
+/// ``multiprocessing``'s resource sharer (the sending process must be alive; each pickle is
+/// read at most once). A process opens a given pool once and gets its own object back.
+/// ``RuntimeError`` for a closed or non-IPC resource.
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "DeviceMemoryResource", module = "custody")]
 pub struct PyDeviceMemoryResource {
     inner: Arc<DeviceMemoryResource>,
     ipc: PoolIpc,
 }
 
-pool_methods!(PyDeviceMemoryResource, Device, {
+pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
     #[new]
     #[pyo3(signature = (device_id, options = None))]
     fn py_new(
@@ -951,10 +1033,13 @@ pool_methods!(PyDeviceMemoryResource, Device, {
         Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc }))
     }
 
-    /// Opens a device pool another process exported (its `allocation_handle`, or a file
-    /// descriptor, which stays the caller's). A pool this process has already opened (or made)
-    /// gives that resource back (`TypeError` when it is a `PinnedMemoryResource`'s); a pinned
-    /// pool's `IPCAllocationHandle` opens a `PinnedMemoryResource`.
+    /// Opens a device pool another process exported (``allocation_handle``: its
+    /// :class:`IPCAllocationHandle`, or a file descriptor as an int or an object with
+    /// ``fileno()`` or ``handle``; it stays the caller's to close); the resource only imports
+    /// buffers (``Buffer.from_ipc_descriptor``). A pool this process has already opened (or
+    /// made) gives that resource back (``TypeError`` when it is a ``PinnedMemoryResource``'s);
+    /// a pinned pool's handle opens a ``PinnedMemoryResource``. ``TypeError`` for anything else;
+    /// :class:`CUDAError` when the driver refuses the descriptor.
     #[classmethod]
     fn from_allocation_handle(
         cls: &Bound<'_, pyo3::types::PyType>,
@@ -981,14 +1066,24 @@ fn fd_of(object: &Bound<'_, PyAny>) -> PyResult<i32> {
     Err(expected("file descriptor (int)", object))
 }
 
-/// Pinned host memory from a stream-ordered host-located pool of its own.
+/// Pinned host memory from a stream-ordered, host-located pool of its own. Buffers it allocates
+/// are freed with ``cuMemFreeAsync`` on their recipe, without Python.
+///
+/// ``PinnedMemoryResource(options=None)``: ``options`` a :class:`PinnedMemoryResourceOptions`
+/// (or a dict of its fields). :class:`CUDAError` when the driver refuses the pool.
+///
+/// ``pickle`` (a ``copyreg`` reducer for the exact type) sends the pool of an IPC-enabled
+/// resource: exported as a file descriptor and handed to the receiving process by
+/// ``multiprocessing``'s resource sharer (the sending process must be alive; each pickle is
+/// read at most once). A process opens a given pool once and gets its own object back.
+/// ``RuntimeError`` for a closed or non-IPC resource.
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "PinnedMemoryResource", module = "custody")]
 pub struct PyPinnedMemoryResource {
     inner: Arc<PinnedMemoryResource>,
     ipc: PoolIpc,
 }
 
-pool_methods!(PyPinnedMemoryResource, Pinned, {
+pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
     #[new]
     #[pyo3(signature = (options = None))]
     fn py_new(
@@ -1008,10 +1103,13 @@ pool_methods!(PyPinnedMemoryResource, Pinned, {
         Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc }))
     }
 
-    /// Opens a pinned pool another process exported (its `allocation_handle`, or a file
-    /// descriptor, which stays the caller's). A pool this process has already opened (or made)
-    /// gives that resource back (`TypeError` when it is a `DeviceMemoryResource`'s); a device
-    /// pool's `IPCAllocationHandle` opens a `DeviceMemoryResource` of its device.
+    /// Opens a pinned pool another process exported (``allocation_handle``: its
+    /// :class:`IPCAllocationHandle`, or a file descriptor as an int or an object with
+    /// ``fileno()`` or ``handle``; it stays the caller's to close); the resource only imports
+    /// buffers (``Buffer.from_ipc_descriptor``). A pool this process has already opened (or
+    /// made) gives that resource back (``TypeError`` when it is a ``DeviceMemoryResource``'s);
+    /// a device pool's handle opens a ``DeviceMemoryResource`` of its device. ``TypeError`` for
+    /// anything else; :class:`CUDAError` when the driver refuses the descriptor.
     #[classmethod]
     fn from_allocation_handle(
         cls: &Bound<'_, pyo3::types::PyType>,
@@ -1022,7 +1120,10 @@ pool_methods!(PyPinnedMemoryResource, Pinned, {
     }
 });
 
-/// Pinned host memory from `cuMemAllocHost`.
+/// Pinned host memory from ``cuMemAllocHost``; ``LegacyPinnedMemoryResource()`` makes no driver
+/// call. ``allocate``'s ``stream`` may be omitted (the free is then ordered on the default
+/// stream). A drop never waits: the free runs on the cleanup worker after the recorded stream's
+/// work.
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "LegacyPinnedMemoryResource", module = "custody")]
 pub struct PyLegacyPinnedMemoryResource;
 
@@ -1034,7 +1135,9 @@ impl PyLegacyPinnedMemoryResource {
     }
 }
 
-/// Managed memory from `cuMemAllocManaged`; `allocate` returns `ManagedBuffer`s.
+/// Managed memory from ``cuMemAllocManaged``; ``allocate`` returns :class:`ManagedBuffer`.
+/// ``ManagedMemoryResource(options=None)`` makes no driver call; placement options
+/// (:class:`ManagedMemoryResourceOptions`) are accepted and unused.
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "ManagedMemoryResource", module = "custody")]
 pub struct PyManagedMemoryResource;
 
@@ -1049,8 +1152,11 @@ impl PyManagedMemoryResource {
     }
 }
 
-/// Device memory from the synchronous `cuMemAlloc`, in the device's primary context (no
-/// context need be current).
+/// Device memory from ``cuMemAlloc`` in the device's primary context: no context need be
+/// current; a default stream is replaced by the legacy stream bound to that context, and
+/// ``allocate``'s ``stream`` may be omitted. ``SynchronousMemoryResource(device_id)`` retains
+/// the device's primary context: ``TypeError`` or ``ValueError`` for a bad ordinal,
+/// :class:`CUDAError` for a device the driver does not have.
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "SynchronousMemoryResource", module = "custody")]
 pub struct PySynchronousMemoryResource;
 
@@ -1083,7 +1189,8 @@ impl PyGraphMemoryResource {
         Ok(PyMemoryResource::builtin(GraphMemoryResource::new(ordinal), false).add_subclass(Self))
     }
 
-    /// The device's graph memory use, in bytes (`cuDeviceGetGraphMemAttribute`).
+    /// The device's graph memory use (:class:`GraphMemoryResourceAttributes`,
+    /// ``cuDeviceGetGraphMemAttribute``).
     #[getter]
     fn attributes(slf: &Bound<'_, Self>) -> PyResult<PyGraphMemoryAttributes> {
         let base = slf.as_super().get();
@@ -1092,7 +1199,7 @@ impl PyGraphMemoryResource {
     }
 
     /// Returns the graph memory the device keeps cached, and no graph uses, to the OS
-    /// (`cuDeviceGraphMemTrim`).
+    /// (``cuDeviceGraphMemTrim``). :class:`CUDAError` on a driver failure.
     fn trim(slf: &Bound<'_, Self>, py: Python<'_>) -> PyResult<()> {
         let device = slf
             .as_super()
@@ -1105,8 +1212,7 @@ impl PyGraphMemoryResource {
         Ok(())
     }
 
-    /// Does nothing: the device's graph memory belongs to its graphs (kept for cuda.core's
-    /// interface).
+    /// Does nothing: graph memory belongs to the graphs.
     fn close(&self) {}
 }
 
@@ -1116,8 +1222,9 @@ const GRAPH_MEM_USED_HIGH: u32 = 1;
 const GRAPH_MEM_RESERVED: u32 = 2;
 const GRAPH_MEM_RESERVED_HIGH: u32 = 3;
 
-/// A device's graph memory use (`GraphMemoryResource.attributes`), in bytes, read when asked.
-/// The two high water marks can be reset to 0.
+/// A device's graph memory use in bytes, read when asked; the high water marks can be reset
+/// to 0 (``AttributeError`` for another value, or for setting the current values). Cannot be
+/// instantiated directly (``RuntimeError``).
 #[pyclass(frozen, name = "GraphMemoryResourceAttributes", module = "custody")]
 pub struct PyGraphMemoryAttributes {
     device: i32,
@@ -1147,7 +1254,7 @@ impl PyGraphMemoryAttributes {
 #[pymethods]
 impl PyGraphMemoryAttributes {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(pyo3::exceptions::PyRuntimeError::new_err(
             "GraphMemoryResourceAttributes cannot be instantiated directly. Use \
@@ -1161,7 +1268,7 @@ impl PyGraphMemoryAttributes {
         self.read(py, GRAPH_MEM_RESERVED)
     }
 
-    /// The high water mark of `reserved_mem_current`; can be reset to 0.
+    /// The high water mark of ``reserved_mem_current``; settable to 0.
     #[getter]
     fn reserved_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, GRAPH_MEM_RESERVED_HIGH)
@@ -1178,7 +1285,7 @@ impl PyGraphMemoryAttributes {
         self.read(py, GRAPH_MEM_USED)
     }
 
-    /// The high water mark of `used_mem_current`; can be reset to 0.
+    /// The high water mark of ``used_mem_current``; settable to 0.
     #[getter]
     fn used_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
         self.read(py, GRAPH_MEM_USED_HIGH)

@@ -36,12 +36,18 @@ pub(crate) fn hash_of(kind: &str, raw: u64) -> u64 {
     hasher.finish()
 }
 
-/// A CUDA stream: created (owned, destroyed once closed and no longer used by any pending free),
-/// wrapped from another library, or a default-stream token.
+/// A CUDA stream: created (``Device.create_stream()``), wrapped from another library
+/// (``Stream.from_handle``), or a default-stream singleton.
 ///
-/// A stream wrapped from an object with `__cuda_stream__` keeps that object (in its handle):
-/// while this is the handle's only holder, the collector sees that reference, so an object
-/// that keeps the `Stream` wrapping it is collected (docs/decisions.md D10).
+/// A created stream lives at least as long as any pending free recorded on it, even after
+/// ``close()``. Two ``Stream`` objects for one driver stream are equal and hash alike while
+/// open; streams are weak-referenceable and can be subclassed in Python (made with the
+/// class methods ``_init``, ``_legacy_default``, ``_per_thread_default``). Cannot be
+/// instantiated directly (``RuntimeError``).
+//
+// A stream wrapped from an object with `__cuda_stream__` keeps that object (in its handle):
+// while this is the handle's only holder, the collector sees that reference, so an object that
+// keeps the `Stream` wrapping it is collected (docs/decisions.md D10).
 #[pyclass(frozen, subclass, weakref, name = "Stream", module = "custody")]
 pub struct PyStream {
     /// Cloned out (attached, briefly) by every use, so its count is stable while a collection
@@ -147,10 +153,7 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
         return builder.get().stream_handle();
     }
     if object.is_none() {
-        return Err(PyTypeError::new_err(
-            "stream is required and must not be None: pass a Stream explicitly, e.g. \
-             Device().create_stream() or custody.default_stream()",
-        ));
+        return Err(stream_required());
     }
     if object.hasattr("__cuda_stream__")? {
         return Ok(wrap_protocol(object)?.0);
@@ -159,6 +162,29 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
         "Stream (or an object with __cuda_stream__)",
         object,
     ))
+}
+
+/// The `TypeError` for a missing or `None` stream where one is required.
+pub(crate) fn stream_required() -> PyErr {
+    PyTypeError::new_err(
+        "stream is required and must not be None: pass a Stream explicitly, e.g. \
+         Device().create_stream() or custody.default_stream()",
+    )
+}
+
+/// A keyword-only `stream` that a method's signature lets default to `None`, so that one passed
+/// by position reaches the method (and gets [`stream_is_keyword_only`]'s message, after
+/// `extra` collected it) instead of pyo3's: `None` here, given or missing, is refused as
+/// [`accept_stream`] refuses it.
+///
+/// [`stream_is_keyword_only`]: crate::errors::stream_is_keyword_only
+pub(crate) fn required_stream<'py>(
+    stream: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match stream {
+        Some(stream) if !stream.is_none() => Ok(stream.clone()),
+        _ => Err(stream_required()),
+    }
 }
 
 /// Wraps an object implementing the `__cuda_stream__` protocol (`(version, handle)`); the
@@ -256,7 +282,7 @@ pub(crate) fn event_flags(options: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
 #[pymethods]
 impl PyStream {
     #[new]
-    #[pyo3(signature = (*args, **_kwargs))]
+    #[pyo3(signature = (*args, **_kwargs), text_signature = None)]
     fn py_new(args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         if args.len() == 1 {
             if let Ok(init) = args.get_item(0)?.cast::<PyStreamInit>() {
@@ -277,9 +303,10 @@ impl PyStream {
         ))
     }
 
-    /// A new stream of this class (subclasses included): a wrapper of `obj` (an object with
-    /// `__cuda_stream__`) if given, else a stream created with `options` in `ctx`, or in device
-    /// `device_id`'s primary context, or in the current context.
+    /// A stream of this class: a wrapper of ``obj`` (an object with ``__cuda_stream__``;
+    /// ``TypeError`` otherwise) if given, else a new stream made with ``options`` in ``ctx``, in
+    /// device ``device_id``'s primary context, or in the current context (``RuntimeError`` when
+    /// none is). :class:`CUDAError` when the driver refuses.
     #[classmethod]
     #[pyo3(signature = (obj = None, options = None, device_id = None, ctx = None))]
     fn _init<'py>(
@@ -315,8 +342,8 @@ impl PyStream {
         stream_of_class(py, Some(cls), handle, protocol)
     }
 
-    /// The legacy default stream as an object of this class (`LEGACY_DEFAULT_STREAM` itself
-    /// for `Stream`).
+    /// The legacy default stream as an object of this class (``LEGACY_DEFAULT_STREAM``
+    /// itself for ``Stream``).
     #[classmethod]
     fn _legacy_default<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
         let py = cls.py();
@@ -329,8 +356,8 @@ impl PyStream {
         stream_of_class(py, Some(cls), StreamHandle::legacy(), None)
     }
 
-    /// The per-thread default stream as an object of this class (`PER_THREAD_DEFAULT_STREAM`
-    /// itself for `Stream`).
+    /// The per-thread default stream as an object of this class
+    /// (``PER_THREAD_DEFAULT_STREAM`` itself for ``Stream``).
     #[classmethod]
     fn _per_thread_default<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
         let py = cls.py();
@@ -343,7 +370,11 @@ impl PyStream {
         stream_of_class(py, Some(cls), StreamHandle::per_thread(), None)
     }
 
-    /// Wraps a stream made elsewhere: an `int` handle, or an object with `__cuda_stream__`.
+    /// Wraps a stream made elsewhere: an int handle, or an object with ``__cuda_stream__``.
+    ///
+    /// The token values 0, 0x1, 0x2 give the default-stream tokens; a stream custody created
+    /// gives that stream back. ``TypeError`` for None or a non-int; ``OverflowError`` for a
+    /// negative int; :class:`CUDAError` when the driver rejects the handle.
     #[staticmethod]
     fn from_handle(py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Py<PyStream>> {
         let (stream, protocol) = stream_from_handle(py, handle)?;
@@ -378,25 +409,27 @@ impl PyStream {
         }
     }
 
-    /// `(0, handle)`: the `__cuda_stream__` protocol.
+    /// ``(0, handle)``: the CUDA stream protocol (``RuntimeError`` once closed).
     fn __cuda_stream__(&self) -> PyResult<(i32, usize)> {
         Ok((0, self.handle()?.raw() as usize))
     }
 
-    /// The raw `CUstream` as an int (0x1 / 0x2 for the default-stream tokens).
+    /// The raw ``CUstream`` as an int (0x1 / 0x2 for the default-stream tokens); ``RuntimeError``
+    /// once closed. cuda.core returns a ``cuda.bindings`` ``CUstream`` here; an int works wherever
+    /// that does through ``int(stream.handle)``, and cuda.bindings' functions take it as it is.
     #[getter(handle)]
     fn handle_(&self) -> PyResult<usize> {
         Ok(self.handle()?.raw() as usize)
     }
 
-    /// Whether `close()` was called.
+    /// Whether ``close()`` was called.
     #[getter]
     fn is_closed(&self) -> bool {
         !self.is_open()
     }
 
     /// Whether the stream does not synchronise with the legacy default stream
-    /// (`CU_STREAM_NON_BLOCKING`).
+    /// (``cuStreamGetFlags``); ``RuntimeError`` once closed.
     #[getter]
     fn is_nonblocking(&self, py: Python<'_>) -> PyResult<bool> {
         let stream = self.handle()?;
@@ -404,15 +437,20 @@ impl PyStream {
         Ok(flags & STREAM_NON_BLOCKING != 0)
     }
 
-    /// The stream's priority (lower numbers run first).
+    /// The stream's priority, lower numbers first (``cuStreamGetPriority``); ``RuntimeError`` once
+    /// closed.
     #[getter]
     fn priority(&self, py: Python<'_>) -> PyResult<i32> {
         let stream = self.handle()?;
         Ok(py.detach(|| stream.priority()).map_err(Error::from)?)
     }
 
-    /// Records an event on the stream (a new one made with `options` unless `event` is given)
-    /// and returns it.
+    /// Records ``event`` (a new one made with ``options``, an :class:`EventOptions` or a dict, in
+    /// the stream's context if omitted) on the stream and returns it: the event completes when the
+    /// work queued on the stream so far has. Does not block. An IPC-enabled event is recorded
+    /// once, when made. ``TypeError`` for an ``event`` that is not an :class:`Event`, an
+    /// IPC-enabled one, or bad options; ``RuntimeError`` for a closed stream or event, or a
+    /// default stream with no current context; :class:`CUDAError` on a driver failure.
     #[pyo3(signature = (event = None, options = None))]
     fn record(
         &self,
@@ -446,8 +484,11 @@ impl PyStream {
         Ok(event)
     }
 
-    /// Makes future work on this stream wait for an event, or for the work queued so far on
-    /// another stream. Does not block the host.
+    /// Makes future work on this stream wait for an event, or for the work queued so far on another
+    /// stream (through an event recorded there now). Does not block the host. ``TypeError`` for
+    /// None, ``ValueError`` for anything else that is not an event or a stream; ``RuntimeError``
+    /// for a closed stream or event, or a default stream with no current context;
+    /// :class:`CUDAError` on a driver failure.
     fn wait(&self, py: Python<'_>, event_or_stream: &Bound<'_, PyAny>) -> PyResult<()> {
         let stream = self.handle()?;
         let event = if let Ok(event) = event_or_stream.cast::<PyEvent>() {
@@ -485,16 +526,18 @@ impl PyStream {
         Ok(())
     }
 
-    /// Blocks until all work queued on the stream has finished.
+    /// Blocks the calling thread (the GIL released) until all work queued on the stream has
+    /// finished. ``RuntimeError`` once closed; :class:`CUDAError` on a driver failure.
     fn sync(&self, py: Python<'_>) -> PyResult<()> {
         let stream = self.handle()?;
         py.detach(|| stream.synchronize()).map_err(Error::from)?;
         Ok(())
     }
 
-    /// Releases this object's reference to the stream. A created stream is destroyed once no
-    /// pending free is recorded on it any more. A no-op for the default-stream singletons and
-    /// for a closed stream.
+    /// Releases this object's reference to the stream; a created stream is destroyed once no
+    /// pending free recorded on it needs it. A no-op for the default-stream singletons and for a
+    /// closed stream. :class:`CUDAError` when destroying the stream fails (it is closed either
+    /// way).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         if self.singleton {
             return Ok(());
@@ -510,7 +553,8 @@ impl PyStream {
         Ok(())
     }
 
-    /// The stream's context (for a default-stream token, the context current now).
+    /// The stream's context; for a default-stream token, the context current now. ``RuntimeError``
+    /// once closed, or for a token when no context is current.
     #[getter]
     fn context(&self, py: Python<'_>) -> PyResult<PyContext> {
         let stream = self.handle()?;
@@ -519,14 +563,14 @@ impl PyStream {
         })
     }
 
-    /// The `Device` the stream's context belongs to.
+    /// The device of the stream's context (``RuntimeError`` as for :attr:`context`).
     #[getter]
     fn device<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let device = self.context(py)?.handle.device();
         device_object(py, device)
     }
 
-    /// A `GraphBuilder` that captures this stream.
+    /// A :class:`GraphBuilder` that captures this stream (``RuntimeError`` once closed).
     fn create_graph_builder(
         slf: &Bound<'_, Self>,
         py: Python<'_>,
@@ -588,7 +632,14 @@ pub(crate) fn device_object(py: Python<'_>, ordinal: i32) -> PyResult<Bound<'_, 
     py.import("custody")?.getattr("Device")?.call1((ordinal,))
 }
 
-/// A CUDA event.
+/// A CUDA event, made by :meth:`Stream.record` or :meth:`Device.create_event`.
+///
+/// Equal to another ``Event`` object for the same driver event while both are open, hashable
+/// by the driver handle, weak-referenceable. ``end - start`` is the time between two recorded,
+/// completed events made with ``timing_enabled=True``, in milliseconds (a ``float``, from
+/// ``cuEventElapsedTime``); ``RuntimeError`` when either lacks timing ("Both Events must be
+/// created with timing enabled"), was never recorded ("Both Events must be recorded") or has
+/// not completed ("One or both events have not completed"). Cannot be instantiated directly.
 #[pyclass(frozen, weakref, name = "Event", module = "custody")]
 pub struct PyEvent {
     handle: Mutex<Option<EventHandle>>,
@@ -637,7 +688,7 @@ impl PyEvent {
 #[pymethods]
 impl PyEvent {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "Event objects cannot be instantiated directly. Use Stream.record() or \
@@ -645,27 +696,32 @@ impl PyEvent {
         ))
     }
 
-    /// Blocks until the recorded work has finished.
+    /// Blocks until the recorded work has finished (yielding the CPU for an event made with
+    /// ``blocking_sync=True``).
+    ///
+    /// Raises ``RuntimeError`` if the event was closed; :class:`CUDAError` on a driver failure.
     fn sync(&self, py: Python<'_>) -> PyResult<()> {
         let event = self.handle()?;
         py.detach(|| event.synchronize()).map_err(Error::from)?;
         Ok(())
     }
 
-    /// Whether the recorded work has finished (does not block).
+    /// Whether the recorded work has finished; does not block. ``RuntimeError`` if the event was
+    /// closed; :class:`CUDAError` on a driver failure.
     #[getter]
     fn is_done(&self, py: Python<'_>) -> PyResult<bool> {
         let event = self.handle()?;
         Ok(py.detach(|| event.query()).map_err(Error::from)?)
     }
 
-    /// The raw `CUevent` as an int.
+    /// The raw ``CUevent`` as an int (``RuntimeError`` once closed).
     #[getter(handle)]
     fn handle_(&self) -> PyResult<usize> {
         Ok(self.handle()?.raw() as usize)
     }
 
-    /// The event's context; `None` for an event opened from another process.
+    /// The event's context; ``None`` for an event opened from another process
+    /// (``RuntimeError`` once closed).
     #[getter]
     fn context(&self) -> PyResult<Option<PyContext>> {
         let handle = self.handle()?;
@@ -677,7 +733,8 @@ impl PyEvent {
         }))
     }
 
-    /// The `Device` of the event's context; `None` for an event opened from another process.
+    /// The device of the event's context; ``None`` for an event opened from another process
+    /// (``RuntimeError`` once closed).
     #[getter]
     fn device<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let handle = self.handle()?;
@@ -687,31 +744,32 @@ impl PyEvent {
         Ok(Some(device_object(py, handle.context().device())?))
     }
 
-    /// Whether the event records timing data (`EventOptions.timing_enabled`).
+    /// Whether the event records timing data (``EventOptions.timing_enabled``).
     #[getter]
     fn is_timing_enabled(&self) -> bool {
         self.flags & EVENT_DISABLE_TIMING == 0
     }
 
-    /// Whether `sync()` blocks (yields) instead of spinning (`EventOptions.blocking_sync`).
+    /// Whether :meth:`sync` yields the CPU (``EventOptions.blocking_sync``).
     #[getter]
     fn is_blocking_sync(&self) -> bool {
         self.flags & EVENT_BLOCKING_SYNC != 0
     }
 
-    /// Whether the event can be shared with other processes (`EventOptions.ipc_enabled`).
+    /// Whether the event can be shared with other processes (``EventOptions.ipc_enabled``).
     #[getter]
     fn is_ipc_enabled(&self) -> bool {
         self.flags & EVENT_INTERPROCESS != 0
     }
 
-    /// Whether `close()` was called.
+    /// Whether ``close()`` was called.
     #[getter]
     fn is_closed(&self) -> bool {
         !self.is_open()
     }
 
-    /// Releases the event (destroyed when no other reference holds it). Idempotent.
+    /// Releases this object's reference to the event (the driver's event is destroyed when no other
+    /// reference holds it). Idempotent; never raises.
     fn close(&self, py: Python<'_>) {
         let taken = self
             .handle
@@ -787,7 +845,9 @@ impl PyEvent {
         other.py().NotImplemented()
     }
 
-    /// The descriptor another process needs to open this event (`Event.from_ipc_descriptor`).
+    /// The descriptor another process needs to open this event (``Event.from_ipc_descriptor``;
+    /// the driver's ``cuIpcGetEventHandle``). ``RuntimeError`` for a closed event or one made
+    /// without ``ipc_enabled=True``; :class:`CUDAError` on a driver failure.
     #[getter]
     fn ipc_descriptor(&self, py: Python<'_>) -> PyResult<PyIpcEventDescriptor> {
         let event = self.handle()?;
@@ -809,8 +869,11 @@ impl PyEvent {
         })
     }
 
-    /// Opens an event another process shared (`Event.ipc_descriptor` there), in the context
-    /// current on the calling thread.
+    /// Opens an event another process shared (its ``ipc_descriptor``), in the current context;
+    /// the event opened has no ``device`` or ``context`` here, and its ``ipc_descriptor`` is the
+    /// one it was opened from. ``TypeError`` for anything but an :class:`IPCEventDescriptor`,
+    /// ``ValueError`` for one whose handle bytes are shorter than 64; ``RuntimeError`` when no
+    /// context is current; :class:`CUDAError` when the driver refuses the handle.
     #[classmethod]
     fn from_ipc_descriptor(
         _cls: &Bound<'_, PyType>,
@@ -882,8 +945,8 @@ impl PyEvent {
 pub struct NoOperand;
 
 /// What another process needs to open an IPC-enabled event: the driver's 64-byte
-/// `CUipcEventHandle` and whether the event blocks on `sync()`. Picklable; compares by the
-/// handle bytes.
+/// ``CUipcEventHandle`` and whether the event blocks on ``sync()``. Compared by the handle
+/// bytes; picklable. Cannot be instantiated directly (``RuntimeError``).
 #[pyclass(frozen, name = "IPCEventDescriptor", module = "custody")]
 pub struct PyIpcEventDescriptor {
     reserved: Vec<u8>,
@@ -893,7 +956,7 @@ pub struct PyIpcEventDescriptor {
 #[pymethods]
 impl PyIpcEventDescriptor {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "IPCEventDescriptor objects cannot be instantiated directly. Use \
@@ -901,8 +964,7 @@ impl PyIpcEventDescriptor {
         ))
     }
 
-    /// A descriptor from its parts (`reserved`: the driver's `CUipcEventHandle` bytes), as
-    /// unpickling makes it.
+    /// A descriptor from its parts, as unpickling makes it.
     #[staticmethod]
     fn _init(reserved: Vec<u8>, is_blocking_sync: bool) -> PyIpcEventDescriptor {
         PyIpcEventDescriptor {
@@ -911,7 +973,7 @@ impl PyIpcEventDescriptor {
         }
     }
 
-    /// Whether the event blocks (yields) on `sync()`.
+    /// Whether the event blocks (yields) on ``sync()``.
     #[getter]
     fn is_blocking_sync(&self) -> bool {
         self.blocking_sync
@@ -956,8 +1018,12 @@ impl PyIpcEventDescriptor {
     }
 }
 
-/// A CUDA context (a device's primary context, retained while this object lives, or a context
-/// made elsewhere).
+/// A CUDA context: a device's primary context (retained while this object lives), or one made
+/// elsewhere (a wrapped stream's).
+///
+/// Equal to another ``Context`` for the same driver context, hashable, weak-referenceable.
+/// Cannot be instantiated directly (``RuntimeError``): use ``Device.context`` or
+/// ``Stream.context``.
 #[pyclass(frozen, weakref, name = "Context", module = "custody")]
 pub struct PyContext {
     pub(crate) handle: ContextHandle,
@@ -966,7 +1032,7 @@ pub struct PyContext {
 #[pymethods]
 impl PyContext {
     #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
+    #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Err(PyRuntimeError::new_err(
             "Context objects cannot be instantiated directly. Use Device.context or \
@@ -974,7 +1040,7 @@ impl PyContext {
         ))
     }
 
-    /// The raw `CUcontext` as an int.
+    /// The raw ``CUcontext`` as an int.
     #[getter]
     fn handle(&self) -> usize {
         self.handle.raw() as usize
@@ -986,8 +1052,7 @@ impl PyContext {
         self.handle.device()
     }
 
-    /// Always `False`: a `Context` object keeps its context (a primary context stays retained)
-    /// for as long as it lives.
+    /// Always False: the object keeps its context for as long as it lives.
     #[getter]
     fn is_closed(&self) -> bool {
         false
@@ -1067,9 +1132,8 @@ pub(crate) fn default_stream_handle() -> StreamHandle {
     }
 }
 
-/// `PER_THREAD_DEFAULT_STREAM` if the environment variable
-/// `CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM` is set to a non-zero integer, else
-/// `LEGACY_DEFAULT_STREAM`. Read on every call.
+/// ``PER_THREAD_DEFAULT_STREAM`` when ``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM`` is a
+/// non-zero integer, else ``LEGACY_DEFAULT_STREAM``; the variable is read on every call.
 #[pyfunction]
 pub(crate) fn default_stream(py: Python<'_>) -> PyResult<Py<PyStream>> {
     let kind = if per_thread_selected() {

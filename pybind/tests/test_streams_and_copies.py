@@ -186,16 +186,21 @@ def test_base_memory_resource_methods_need_a_subclass():
     class Incomplete(custody.MemoryResource):
         pass
 
+    # The messages name the class the user called.
     mr = Incomplete()
-    with pytest.raises(TypeError, match="must be implemented by subclasses"):
+    missing = "Incomplete subclasses MemoryResource without defining it"
+    with pytest.raises(TypeError, match=rf"^Incomplete\.allocate must be implemented: {missing}$"):
         mr.allocate(1, stream=custody.LEGACY_DEFAULT_STREAM)
-    with pytest.raises(TypeError, match="must be implemented by subclasses"):
+    with pytest.raises(TypeError, match=rf"^Incomplete\.deallocate must be implemented: {missing}"):
         mr.deallocate(1, 1, stream=custody.LEGACY_DEFAULT_STREAM)
     for name in ("is_device_accessible", "is_host_accessible", "device_id"):
-        with pytest.raises(TypeError, match="must be implemented by subclasses"):
+        with pytest.raises(TypeError, match=rf"^Incomplete\.{name} must be implemented: {missing}"):
             getattr(mr, name)
-    with pytest.raises(TypeError, match="must be implemented"):
+    with pytest.raises(TypeError, match="^Incomplete.is_device_accessible must be implemented"):
         custody.Buffer.from_handle(0x1000, 8, mr=mr)
+    base = custody.MemoryResource()
+    with pytest.raises(TypeError, match=r"^MemoryResource\.allocate must be implemented by subclasses$"):
+        base.allocate(1, stream=custody.LEGACY_DEFAULT_STREAM)
 
 
 def test_subclass_of_builtin_overriding_deallocate_is_called(device, stream):

@@ -1,10 +1,25 @@
 """The .pyi stubs match the module: every public name, method and property exists on both sides,
-every stub item has a docstring, and parameter names and kinds agree with the runtime
-signatures."""
+every stub item has a docstring, parameter names and kinds agree with the runtime signatures,
+and each stub docstring is the runtime ``__doc__`` of the same name, word for word.
+
+The runtime docstrings are the source: the Rust doc comments on the ``#[pyclass]`` /
+``#[pymethods]`` items in ``pybind/src/`` and the docstrings in ``__init__.py``. After changing
+one, copy the texts into the stubs with the package built from this tree and installed
+editable (``maturin develop --manifest-path pybind/Cargo.toml`` in ``.venv``)::
+
+    CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so python pybind/tests/test_stubs.py --write
+
+(``--check`` lists the differences without writing). A constructor is documented in its class's
+docstring (``help(cls)`` shows it under the signature), so stub ``__init__`` / ``__new__`` have
+none. No docstring cites a document a user of the package does not have.
+"""
 
 import ast
 import inspect
 import os
+import re
+import sys
+import types
 
 import pytest
 
@@ -72,6 +87,8 @@ def test_every_stub_item_has_a_docstring():
                 isinstance(d, ast.Attribute) and d.attr == "setter" for d in node.decorator_list
             ):
                 continue
+            if isinstance(node, ast.FunctionDef) and node.name in ("__init__", "__new__"):
+                continue  # the class's docstring says how to construct it
             if ast.get_docstring(node) is None:
                 missing.append(node.name)
     assert missing == [], missing
@@ -161,3 +178,269 @@ def test_signatures_match():
             assert got == expected, f"{stub_fn.name}: runtime {got} != stub {expected}"
             checked += 1
     assert checked >= 20, checked
+
+
+# --- The docstrings: runtime and stubs say the same ---
+
+
+def is_setter(node):
+    return any(isinstance(d, ast.Attribute) and d.attr == "setter" for d in node.decorator_list)
+
+
+CONSTRUCTORS = ("__init__", "__new__")
+
+
+def is_protocol(node):
+    """Whether a stub class is a typing device (a ``Protocol``), which has no runtime class."""
+    return any(getattr(base, "id", None) == "Protocol" for base in node.bases)
+
+
+def runtime_doc(obj):
+    """The docstring Python shows for a class member as found in the class ``__dict__``."""
+    obj = getattr(obj, "__func__", obj)  # staticmethod / classmethod objects
+    return obj.__doc__
+
+
+def documented_pairs():
+    """``(qualified name, stub node, runtime docstring)`` for the module and every stubbed
+    class, method, property and function whose docstring Python shows at run time: not variables or fields
+    (no runtime docstring), setters (the property's), constructors (the class's), C slots
+    such as ``__sub__`` (CPython's text) or typing protocols."""
+    tree = stub_tree()
+    pairs = [("custody", tree, custody.__doc__)]
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            pairs.append((node.name, node, getattr(custody, node.name).__doc__))
+        if not isinstance(node, ast.ClassDef) or is_protocol(node):
+            continue
+        cls = getattr(custody, node.name)
+        pairs.append((node.name, node, cls.__doc__))
+        for member in node.body:
+            if not isinstance(member, ast.FunctionDef) or is_setter(member):
+                continue
+            if member.name in CONSTRUCTORS:
+                continue
+            name = f"{node.name}.{member.name}"
+            try:
+                obj = inspect.getattr_static(cls, member.name)
+            except AttributeError:
+                pairs.append((name, member, None))
+                continue
+            if isinstance(obj, types.WrapperDescriptorType):
+                continue  # a C slot (`__sub__`): CPython's own text, which no extension sets
+            pairs.append((name, member, runtime_doc(obj)))
+    return pairs
+
+
+def clean(doc):
+    return inspect.cleandoc(doc).strip() if doc else None
+
+
+def docstring_differences():
+    """``(name, node, stub text, runtime text)`` where the two differ or one is missing."""
+    out = []
+    for name, node, doc in documented_pairs():
+        stub = clean(ast.get_docstring(node, clean=True))
+        runtime = clean(doc)
+        if stub != runtime or runtime is None:
+            out.append((name, node, stub, runtime))
+    return out
+
+
+def test_constructors_are_documented_by_their_class():
+    with_text = [
+        f"{cls.name}.{member.name}"
+        for cls in stub_tree().body
+        if isinstance(cls, ast.ClassDef)
+        for member in cls.body
+        if isinstance(member, ast.FunctionDef)
+        and member.name in CONSTRUCTORS
+        and ast.get_docstring(member) is not None
+    ]
+    assert with_text == [], (
+        "help() shows the class docstring for a constructor: move these stub docstrings into "
+        f"their class's docstring (in the Rust doc comment or __init__.py): {with_text}"
+    )
+
+
+def test_runtime_docstrings_are_the_stubs():
+    differences = docstring_differences()
+    shown = []
+    for name, _node, stub, runtime in differences:
+        if runtime is None:
+            shown.append(f"{name}: no runtime docstring (stub: {stub!r})")
+        else:
+            shown.append(f"{name}:\n  runtime: {runtime!r}\n  stub:    {stub!r}")
+    assert not differences, (
+        "the stubs' docstrings must be the runtime ones (write the text in the Rust doc comment "
+        "or __init__.py, then `python pybind/tests/test_stubs.py --write`):\n"
+        + "\n".join(shown)
+    )
+
+
+# --- No docstring points at a document the package's user does not have ---
+
+# The project's design documents, and how its code cites them: a Markdown file, the docs folder,
+# a source folder, a decision (D4), a measured driver fact (F16, G2), a numbered section or
+# scenario of the reference notes, an issue. A docstring states the rule itself instead.
+REPOSITORY_REFERENCE = re.compile(
+    r"\w\.md\b|\bdocs/|\b(?:pybind|handles|memory|cuda-sys|cuda-emu|xtask|src|tests)/"
+    r"|\b[DFG]\d{1,2}\b|\bsection \d|\bscenarios? \d|\bissues? #?\d|\bBRIEF\b"
+)
+
+
+def runtime_docstrings():
+    """``(name, docstring)`` for the package, its extension module and everything they define:
+    every class and every member its ``__dict__`` holds, every function, public or not."""
+    modules = [m for n, m in sorted(sys.modules.items()) if n == "custody" or n.startswith("custody.")]
+    seen = set()
+    out = []
+
+    def add(name, obj):
+        doc = getattr(obj, "__doc__", None)
+        if isinstance(doc, str) and id(obj) not in seen:
+            seen.add(id(obj))
+            out.append((name, doc))
+
+    for module in modules:
+        add(module.__name__, module)
+        for attr, value in vars(module).items():
+            where = f"{module.__name__}.{attr}"
+            if inspect.isclass(value) and value.__module__.split(".")[0] == "custody":
+                add(where, value)
+                for member, obj in vars(value).items():
+                    if member in ("__doc__", "__module__", "__dict__", "__weakref__"):
+                        continue
+                    add(f"{where}.{member}", getattr(obj, "__func__", obj))
+                    if isinstance(obj, property):
+                        add(f"{where}.{member}", obj.fget)
+            elif inspect.isfunction(value) or inspect.isbuiltin(value):
+                if (getattr(value, "__module__", None) or "").split(".")[0] == "custody":
+                    add(where, value)
+    return out
+
+
+def test_the_reference_rule_itself():
+    cites = REPOSITORY_REFERENCE.search
+    for text in (
+        "Memory with a recipe (" + "BRI" + "EF.md D1).",
+        "see docs/decisions.md",
+        "as decided (D10)",
+        "the driver does this (F16)",
+        "section 6 item 5",
+        "scenario 64",
+        "pybind/src/buffer.rs",
+    ):
+        assert cites(text), text
+    for text in (
+        "The size in bytes; 0 once closed.",
+        "``(0, handle)``: the CUDA stream protocol.",
+        "kDLCUDAManaged (13)",
+        "an int in [0, 256) (8 bits)",
+        "``cuMemFreeAsync`` on the recipe's stream",
+        "(0xD1F) is an address",
+        "built into target/debug/libcuda_emu.so",
+    ):
+        assert not cites(text), text
+
+
+def test_no_docstring_cites_the_repository():
+    docs = runtime_docstrings()
+    assert len(docs) > 100, len(docs)
+    found = [
+        f"{name}: {match.group(0)!r} in {doc!r}"
+        for name, doc in docs
+        for match in [REPOSITORY_REFERENCE.search(doc)]
+        if match
+    ]
+    assert found == [], (
+        "a docstring cites a document the package's users do not have; say the rule "
+        "itself:\n" + "\n".join(found)
+    )
+
+
+def test_no_stub_cites_the_repository():
+    with open(STUB) as f:
+        lines = f.read().splitlines()
+    found = [
+        f"__init__.pyi:{n}: {line.strip()}"
+        for n, line in enumerate(lines, 1)
+        if REPOSITORY_REFERENCE.search(line)
+    ]
+    assert found == [], "\n".join(found)
+
+
+# --- Copying the runtime docstrings into the stubs (``--write``) ---
+
+
+def format_docstring(text, indent):
+    """``text`` as a docstring at ``indent`` columns, as lines."""
+    if '"""' in text:
+        raise ValueError(f"a docstring with triple quotes cannot be written: {text!r}")
+    prefix = "r" if "\\" in text else ""
+    pad = " " * indent
+    lines = text.split("\n")
+    if len(lines) == 1:
+        return [f'{pad}{prefix}"""{text}"""']
+    out = [f'{pad}{prefix}"""{lines[0]}']
+    out += [f"{pad}{line}" if line else "" for line in lines[1:]]
+    out.append(f'{pad}"""')
+    return out
+
+
+# The stubs of this source tree (``--write`` edits them, not an installed copy).
+SOURCE_STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "custody",
+                           "__init__.pyi")
+
+
+def rewrite_stub_docstrings():
+    """Writes each runtime docstring into the stubs where they differ; returns the names
+    changed. A stub item with a body of ``...`` gets the docstring in its place."""
+    if not os.path.samefile(STUB, SOURCE_STUB):
+        sys.exit(
+            f"custody is imported from {os.path.dirname(custody.__file__)}, not this tree: "
+            "install it editable (maturin develop --manifest-path pybind/Cargo.toml)"
+        )
+    with open(STUB) as f:
+        lines = f.read().split("\n")
+    edits = []  # (first line index, end line index, replacement lines)
+    changed = []
+    for name, node, _stub, runtime in docstring_differences():
+        if runtime is None:
+            continue
+        first = node.body[0]
+        row = first.lineno - 1
+        # `def f(self) -> int: ...`: the body shares the header's last line.
+        inline = lines[row][: first.col_offset].strip() != ""
+        indent = node.col_offset + 4 if inline else first.col_offset
+        text = format_docstring(runtime, indent)
+        if ast.get_docstring(node) is not None and not inline:
+            edits.append((row, first.end_lineno, text))
+        elif isinstance(first, ast.Expr) and first.value.value is Ellipsis:
+            if inline:
+                head = lines[row][: first.col_offset].rstrip()
+                edits.append((row, row + 1, [head] + text))
+            else:
+                edits.append((row, first.end_lineno, text))
+        else:
+            raise ValueError(f"{name}: cannot place a docstring in the stub")
+        changed.append(name)
+    for start, end, text in sorted(edits, reverse=True):
+        lines[start:end] = text
+    with open(STUB, "w") as f:
+        f.write("\n".join(lines))
+    return changed
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write"]:
+        names = rewrite_stub_docstrings()
+        print(f"{len(names)} stub docstrings written" + "".join(f"\n  {n}" for n in names))
+        left = [d[0] for d in docstring_differences()]
+        if left:
+            sys.exit("without a runtime docstring (write one in the source): " + ", ".join(left))
+    elif sys.argv[1:] == ["--check"]:
+        for name, _node, stub, runtime in docstring_differences():
+            print(f"{name}\n  runtime: {runtime!r}\n  stub:    {stub!r}")
+    else:
+        sys.exit("usage: test_stubs.py --write | --check")

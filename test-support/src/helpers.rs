@@ -16,7 +16,7 @@
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use handles::ops::{self, PointerAttributes};
+use handles::PointerAttributes;
 use handles::{CleanupError, CleanupWarning, ContextHandle};
 
 use crate::emu::{AllocationId, Call, Emulator, Hazard};
@@ -275,7 +275,7 @@ pub fn on_fresh_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static
 /// What the driver knows about `ptr` (`None`: an address it does not know, such as memory
 /// freed with `cuMemFree` or `cuMemFreeHost`).
 pub fn attributes(ptr: u64) -> Option<PointerAttributes> {
-    ops::pointer_attributes(ptr).expect("cuPointerGetAttribute")
+    handles::pointer_attributes(ptr).expect("cuPointerGetAttribute")
 }
 
 /// A thread-safe record of every cleanup error and warning reported in this process.

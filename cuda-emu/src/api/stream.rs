@@ -740,6 +740,24 @@ fn check_legacy_query(st: &crate::state::State, r: u64) -> Res {
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(
+    mode: *mut CUstreamCaptureMode,
+) -> CUresult {
+    entry("cuThreadExchangeStreamCaptureMode", None, None, |_| {
+        need(mode)?;
+        let mode = mode.cast::<u32>();
+        // SAFETY: checked non-null; the driver API reads and writes the enum in place.
+        let new = unsafe { mode.read_unaligned() };
+        if new > crate::graph::MODE_RELAXED {
+            return Err(codes::INVALID_VALUE);
+        }
+        let old = crate::graph::exchange_thread_mode(new);
+        // SAFETY: as above.
+        unsafe { put(mode, old) }
+    })
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn cuStreamIsCapturing(
     s: CUstream,
     status: *mut CUstreamCaptureStatus,

@@ -477,7 +477,6 @@ not_supported! {
     cuTexRefSetMipmapLevelBias
     cuTexRefSetMipmapLevelClamp
     cuTexRefSetMipmappedArray
-    cuThreadExchangeStreamCaptureMode
     cuVDPAUCtxCreate
     cuVDPAUCtxCreate_v2
     cuVDPAUGetDevice

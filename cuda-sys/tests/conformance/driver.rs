@@ -764,6 +764,14 @@ pub fn stream_is_capturing(stream: CUstream) -> Ret<u32> {
     Ret::new(ret.call, ret.code.0, status)
 }
 
+/// `cuThreadExchangeStreamCaptureMode`: sets the calling thread's capture interaction mode
+/// (`CU_STREAM_CAPTURE_MODE_*` as an integer) and returns the previous one.
+pub fn thread_exchange_capture_mode(mode: u32) -> Ret<u32> {
+    let mut value = mode;
+    let out = (&mut value as *mut u32).cast::<CUstreamCaptureMode>();
+    call!(cuThreadExchangeStreamCaptureMode(out) => value)
+}
+
 /// `cuStreamEndCapture`: the captured graph (NULL when the capture failed).
 pub fn stream_end_capture(stream: CUstream) -> Ret<CUgraph> {
     let mut graph = ptr::null_mut();

@@ -21,11 +21,11 @@ use cuda_sys::CudaErrorCode;
 
 use crate::driver::{
     event_create, event_destroy, event_query, event_record, event_synchronize, graph_destroy,
-    graph_exec_destroy, graph_instantiate, graph_launch, init, mem_alloc_async,
-    mem_alloc_from_pool_async, mem_free_async, mem_pool_destroy, memcpy_dtoh, memset_d8_async,
-    stream_begin_capture, stream_create, stream_destroy, stream_end_capture, stream_is_capturing,
-    stream_synchronize, stream_wait_event, CAPTURE_STATUS_ACTIVE, CAPTURE_STATUS_NONE,
-    STREAM_NON_BLOCKING,
+    graph_exec_destroy, graph_instantiate, graph_launch, init, mem_alloc, mem_alloc_async,
+    mem_alloc_from_pool_async, mem_free, mem_free_async, mem_pool_destroy, memcpy_dtoh,
+    memset_d8_async, stream_begin_capture, stream_create, stream_destroy, stream_end_capture,
+    stream_is_capturing, stream_synchronize, stream_wait_event, thread_exchange_capture_mode,
+    CAPTURE_STATUS_ACTIVE, CAPTURE_STATUS_NONE, STREAM_NON_BLOCKING,
 };
 use crate::support::{new_pool, on_fresh_thread, primary_current, used, Primary, Shared, N};
 
@@ -288,5 +288,63 @@ fn f17_not_yet_measured_stream_wait_event_from_another_thread_joins_the_capture(
         let t = other.expect("the stream was created").get();
         assert_eq!(stream_is_capturing(t).check(), CAPTURE_STATUS_NONE);
         stream_destroy(t).check();
+    });
+}
+
+/// A thread's capture interaction mode against another thread's global capture: `mem_free`
+/// (a "potentially unsafe" call) on another thread while `s` is captured in global mode, with
+/// that thread's mode set to `mode` (`CU_STREAM_CAPTURE_MODE_*`); returns the free's code and
+/// how the capture ended. The driver API documents that relaxed mode forbids nothing and that
+/// global mode (the default) forbids unsafe calls during another thread's global capture.
+fn free_during_a_global_capture_elsewhere(mode: u32) -> (CudaErrorCode, Result<(), CudaErrorCode>) {
+    let primary = primary_current();
+    let s = stream_create(STREAM_NON_BLOCKING).check();
+    let p = Shared(mem_alloc(N).check());
+    stream_begin_capture(s, GLOBAL).check();
+    let ctx = Shared(primary.ctx());
+    let freed = on_fresh_thread("freeing", move || {
+        init();
+        crate::driver::ctx_set_current(ctx.get()).check();
+        let previous = thread_exchange_capture_mode(mode).check();
+        assert_eq!(previous, 0, "a thread starts in global mode");
+        let (code, ()) = mem_free(p.get()).into_parts();
+        assert_eq!(thread_exchange_capture_mode(previous).check(), mode);
+        code
+    });
+    let (code, graph) = stream_end_capture(s).into_parts();
+    let ended = if code.is_success() {
+        graph_destroy(graph).check();
+        Ok(())
+    } else {
+        Err(code)
+    };
+    if !freed.is_success() {
+        mem_free(p.get()).check();
+    }
+    stream_destroy(s).check();
+    (freed, ended)
+}
+
+#[test]
+fn basic_not_yet_measured_a_relaxed_thread_frees_during_another_threads_global_capture() {
+    on_fresh_thread("relaxed", || {
+        init();
+        let (freed, ended) = free_during_a_global_capture_elsewhere(2);
+        assert_eq!(
+            freed,
+            CudaErrorCode::SUCCESS,
+            "relaxed mode forbids nothing"
+        );
+        assert_eq!(ended, Ok(()), "the capture stays valid");
+    });
+}
+
+#[test]
+fn basic_not_yet_measured_a_global_thread_may_not_free_during_another_threads_global_capture() {
+    on_fresh_thread("global", || {
+        init();
+        let (freed, ended) = free_during_a_global_capture_elsewhere(0);
+        assert_eq!(freed, CudaErrorCode::STREAM_CAPTURE_UNSUPPORTED);
+        assert_eq!(ended, Err(CudaErrorCode::STREAM_CAPTURE_INVALIDATED));
     });
 }

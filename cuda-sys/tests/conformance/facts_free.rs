@@ -4,9 +4,12 @@
 //! case here. Each case allocates from a pool of its own, so that `USED_MEM_CURRENT` tells
 //! exactly whether its free happened.
 //!
-//! The `*_not_yet_measured_*` cases extend F5 and F8 to `cuMemFreeHost` and to managed memory's
-//! `cuMemFree`, which custody makes with no context calls (docs/decisions.md D2); no GPU run has
-//! shown them yet, and the GPU bundle settles them.
+//! The `f05_mem_free_host_*` and `f05_mem_free_of_managed_*` cases extend F5 to `cuMemFreeHost`
+//! and to managed memory's `cuMemFree`, and the `f04_alloc_*` cases show stream-ordered
+//! allocation on a created stream with no (or another) context current, as measured on the H200
+//! (docs/driver-probe/h200-580.159.04-alloc-context.txt): custody makes these calls with no
+//! context calls (docs/decisions.md D2). The `*_not_yet_measured_*` cases (the same frees with
+//! another context current) no GPU run has shown yet; the GPU bundle settles them.
 
 use cuda_sys::types::{c_void, CUstream, CU_STREAM_LEGACY, CU_STREAM_NULL, CU_STREAM_PER_THREAD};
 
@@ -15,7 +18,7 @@ const MEM_ATTACH_GLOBAL: u32 = 1;
 use cuda_sys::CudaErrorCode;
 
 use crate::driver::{
-    ctx_create, ctx_destroy, ctx_get_current, ctx_synchronize, init, mem_alloc,
+    ctx_create, ctx_destroy, ctx_get_current, ctx_synchronize, init, mem_alloc, mem_alloc_async,
     mem_alloc_from_pool_async, mem_alloc_host, mem_alloc_managed, mem_free, mem_free_async,
     mem_free_host, mem_pool_destroy, memcpy_dtoh, memset_d8, memset_d8_async, pointer_context,
     pointer_memory_type, stream_create, stream_destroy, stream_get_ctx, stream_synchronize,
@@ -198,6 +201,77 @@ fn f08_mem_free_with_other_context_current() {
     });
 }
 
+/// The stream-ordered allocation an [`allocation_on_a_created_stream`] case makes.
+#[derive(Clone, Copy, Debug)]
+enum StreamOrdered {
+    /// `cuMemAllocFromPoolAsync` from a pool of device 0.
+    FromPool,
+    /// `cuMemAllocAsync` (device 0's current pool).
+    Async,
+}
+
+/// Stream-ordered allocation and free on a created stream of device 0's primary context, on a
+/// fresh thread with no context current (`other: false`) or with a newly created context current
+/// (`other: true`): both succeed, the memory is usable on the stream, and the thread's binding is
+/// unchanged (docs/driver-probe/h200-580.159.04-alloc-context.txt).
+fn allocation_on_a_created_stream(kind: StreamOrdered, other: bool) {
+    on_fresh_thread("owner", move || {
+        init();
+        let primary = primary_current();
+        let pool = new_pool();
+        let s = Shared(stream_create(STREAM_NON_BLOCKING).check());
+        let p_pool = Shared(pool);
+        let primary_ctx = Shared(primary.ctx());
+        on_fresh_thread("allocating", move || {
+            init();
+            let other = other.then(|| ctx_create(device0()).check()); // now current
+            let before = ctx_get_current().check();
+            let p = match kind {
+                StreamOrdered::FromPool => {
+                    mem_alloc_from_pool_async(N, p_pool.get(), s.get()).check()
+                }
+                StreamOrdered::Async => mem_alloc_async(N, s.get()).check(),
+            };
+            memset_d8_async(p, 0x3c, N, s.get()).check();
+            stream_synchronize(s.get()).check();
+            mem_free_async(p, s.get()).check();
+            stream_synchronize(s.get()).check();
+            assert_eq!(
+                ctx_get_current().check(),
+                before,
+                "the binding is unchanged"
+            );
+            if let Some(other) = other {
+                assert_ne!(other, primary_ctx.get());
+                ctx_destroy(other).check();
+            }
+        });
+        assert_eq!(used(pool), 0, "freed into the pool it came from");
+        stream_destroy(s.get()).check();
+        mem_pool_destroy(pool).check();
+    });
+}
+
+#[test]
+fn f04_alloc_from_pool_async_on_a_created_stream_without_context() {
+    allocation_on_a_created_stream(StreamOrdered::FromPool, false);
+}
+
+#[test]
+fn f04_alloc_async_on_a_created_stream_without_context() {
+    allocation_on_a_created_stream(StreamOrdered::Async, false);
+}
+
+#[test]
+fn f08_alloc_from_pool_async_on_a_created_stream_with_other_context_current() {
+    allocation_on_a_created_stream(StreamOrdered::FromPool, true);
+}
+
+#[test]
+fn f08_alloc_async_on_a_created_stream_with_other_context_current() {
+    allocation_on_a_created_stream(StreamOrdered::Async, true);
+}
+
 /// Which synchronous free a [`synchronous_free_without_its_context`] case makes.
 #[derive(Clone, Copy, Debug)]
 enum SyncFree {
@@ -246,12 +320,12 @@ fn synchronous_free_without_its_context(kind: SyncFree, other: bool) {
 }
 
 #[test]
-fn f05_not_yet_measured_mem_free_host_without_context() {
+fn f05_mem_free_host_without_context() {
     synchronous_free_without_its_context(SyncFree::PinnedHost, false);
 }
 
 #[test]
-fn f05_not_yet_measured_mem_free_of_managed_memory_without_context() {
+fn f05_mem_free_of_managed_memory_without_context() {
     synchronous_free_without_its_context(SyncFree::Managed, false);
 }
 

@@ -1,6 +1,6 @@
 //! Pool IPC: what a real driver was seen to do with pools exportable as a POSIX file
 //! descriptor, measured on an NVIDIA H200 (driver 580.159.04) while building the memory crate's
-//! IPC (`handles::ops::create_pool`, `memory/src/ipc.rs`).
+//! IPC (`handles::create_pool`, `memory/src/ipc.rs`).
 //!
 //! - A pointer of an IPC-capable pool cannot be exported (`cuMemPoolExportPointer` returns
 //!   `CUDA_ERROR_INVALID_VALUE`) until the pool itself has been exported once with

@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use handles::ops::{self, CaptureStatus};
 use handles::sys_types::{CUdeviceptr, CUstreamCaptureMode};
+use handles::CaptureStatus;
 use handles::{DevicePtrHandle, StreamHandle};
 
 use super::{bound_device, check_fill, Graph};
@@ -116,7 +116,7 @@ impl GraphBuilder {
                 reason: "the builder is already building",
             });
         }
-        ops::begin_capture(&self.stream, mode.raw())?;
+        handles::begin_capture(&self.stream, mode.raw())?;
         state.active = true;
         state.graph_allocations.clear();
         Ok(())
@@ -276,7 +276,7 @@ impl GraphBuilder {
     /// (and `cuStreamIsCapturing` after a failure).
     pub fn end_building(&self) -> Result<Graph, MemoryError> {
         let mut state = self.building()?;
-        match ops::end_capture(&self.stream) {
+        match handles::end_capture(&self.stream) {
             Ok(graph) => {
                 state.active = false;
                 state.graph_allocations.clear();
@@ -284,7 +284,7 @@ impl GraphBuilder {
             }
             Err(error) => {
                 let still = matches!(
-                    ops::capture_status(&self.stream),
+                    handles::capture_status(&self.stream),
                     Ok(CaptureStatus::Active | CaptureStatus::Invalidated)
                 );
                 state.active = still;
@@ -305,7 +305,7 @@ impl Drop for GraphBuilder {
         }
         // An abandoned capture: end it so the stream runs work again, and discard the graph
         // (what it retained goes to the cleanup worker).
-        if let Err(error) = ops::end_capture(&self.stream) {
+        if let Err(error) = handles::end_capture(&self.stream) {
             eprintln!("custody: ending the capture of a dropped graph builder failed: {error}");
         }
     }

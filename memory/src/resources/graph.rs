@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use handles::ops::{self, CaptureStatus};
+use handles::CaptureStatus;
 
 use handles::{DevicePtrHandle, OwnedAllocation, StreamHandle};
 
@@ -47,7 +47,7 @@ impl MemoryResource for GraphMemoryResource {
     ) -> Result<Buffer, MemoryError> {
         check_size(size)?;
         check_bound_stream_device(stream, self.device)?;
-        if ops::capture_status(stream)? != CaptureStatus::Active {
+        if handles::capture_status(stream)? != CaptureStatus::Active {
             return Err(MemoryError::NotCapturing);
         }
         let handle = DevicePtrHandle::alloc_async(size, stream).map_err(device_error)?;

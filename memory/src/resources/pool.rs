@@ -6,7 +6,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use handles::ops::{self, CaptureStatus, PoolLocation, PoolSpec};
+use handles::{CaptureStatus, PoolLocation, PoolSpec};
 
 use handles::{DevicePtrHandle, MemoryPoolHandle, OwnedAllocation, StreamHandle};
 
@@ -60,7 +60,9 @@ impl PoolCore {
             check_bound_stream_device(stream, device)?;
         }
         // One relaxed load unless a capture begun through custody is running.
-        if ops::capture_may_be_active() && ops::capture_status(stream)? != CaptureStatus::None {
+        if handles::capture_may_be_active()
+            && handles::capture_status(stream)? != CaptureStatus::None
+        {
             return Err(MemoryError::StreamCapturing);
         }
         let handle =
@@ -128,7 +130,7 @@ pub trait PoolMemoryResource: MemoryResource {
                 "the memory pool was imported from another process",
             ));
         }
-        Ok(ops::export_pool(self.pool())?)
+        Ok(handles::export_pool(self.pool())?)
     }
 }
 
@@ -148,7 +150,7 @@ pub struct DeviceMemoryResourceOptions {
 /// free is `cuMemFreeAsync` on the deallocation stream. An owned pool is destroyed once the
 /// resource and every buffer from it are gone. Allocating on a stream that is capturing is
 /// refused ([`MemoryError::StreamCapturing`]; use a [`crate::GraphMemoryResource`]) when the
-/// capture was begun through custody (`handles::ops::begin_capture`); a capture begun by other
+/// capture was begun through custody (`handles::begin_capture`); a capture begun by other
 /// code is not detected and the allocation becomes a graph allocation.
 pub struct DeviceMemoryResource {
     device: i32,
@@ -187,7 +189,7 @@ impl DeviceMemoryResource {
         device_id: i32,
         options: DeviceMemoryResourceOptions,
     ) -> Result<Arc<DeviceMemoryResource>, MemoryError> {
-        let pool = ops::create_pool(&PoolSpec {
+        let pool = handles::create_pool(&PoolSpec {
             location: PoolLocation::Device(device_id),
             max_size: options.max_size,
             ipc: options.ipc_enabled,
@@ -215,7 +217,7 @@ impl DeviceMemoryResource {
         device_id: i32,
         fd: BorrowedFd<'_>,
     ) -> Result<Arc<DeviceMemoryResource>, MemoryError> {
-        let pool = ops::import_pool(fd, Some(device_id))?;
+        let pool = handles::import_pool(fd, Some(device_id))?;
         Ok(Arc::new(DeviceMemoryResource {
             device: device_id,
             core: PoolCore {
@@ -339,7 +341,7 @@ impl PinnedMemoryResource {
     pub fn new(
         options: PinnedMemoryResourceOptions,
     ) -> Result<Arc<PinnedMemoryResource>, MemoryError> {
-        let pool = ops::create_pool(&PoolSpec {
+        let pool = handles::create_pool(&PoolSpec {
             location: PoolLocation::HostNuma(options.numa_id),
             max_size: options.max_size,
             ipc: options.ipc_enabled,
@@ -362,7 +364,7 @@ impl PinnedMemoryResource {
     ///
     /// Driver calls: `cuInit` (once), `cuMemPoolImportFromShareableHandle`.
     pub fn import_pool(fd: BorrowedFd<'_>) -> Result<Arc<PinnedMemoryResource>, MemoryError> {
-        let pool = ops::import_pool(fd, None)?;
+        let pool = handles::import_pool(fd, None)?;
         Ok(Arc::new(PinnedMemoryResource {
             core: PoolCore {
                 pool,

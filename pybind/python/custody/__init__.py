@@ -10,11 +10,14 @@ can receive the error (a drop, the garbage collector, another thread) is reporte
 :class:`CUDAWarning` (a ``RuntimeWarning``).
 
 The driver is ``libcuda.so.1``, or the library named by the environment variable
-``CUSTODY_CUDA_DRIVER`` (the emulated driver in tests).
+``CUSTODY_CUDA_DRIVER``: custody's emulated driver, ``libcuda_emu.so``, runs programs without a
+GPU (``cargo build -p cuda-custody-emu`` in custody's source repository builds it). When no
+driver loads, the first CUDA call raises a :class:`CUDAError` that says what was tried.
 """
 
 from __future__ import annotations
 
+import functools as _functools
 import threading
 import uuid as _uuid
 from dataclasses import dataclass
@@ -94,7 +97,10 @@ __version__ = "0.1.0"
 
 @dataclass
 class DeviceMemoryResourceOptions:
-    """Options for a :class:`DeviceMemoryResource` with a pool of its own."""
+    """Options for a :class:`DeviceMemoryResource` with a pool of its own. ``ipc_enabled``: other
+    processes can open the pool (through a POSIX file descriptor); ``max_size``: the pool's
+    largest size in bytes, 0 for no limit.
+    """
 
     ipc_enabled: bool = False
     max_size: int = 0
@@ -102,7 +108,10 @@ class DeviceMemoryResourceOptions:
 
 @dataclass
 class PinnedMemoryResourceOptions:
-    """Options for a :class:`PinnedMemoryResource`."""
+    """Options for a :class:`PinnedMemoryResource`. ``ipc_enabled``: other processes can open the
+    pool; ``max_size``: the pool's largest size in bytes, 0 for no limit; ``numa_id``: the host
+    NUMA node of the memory, ``None`` for node 0.
+    """
 
     ipc_enabled: bool = False
     max_size: int = 0
@@ -111,7 +120,9 @@ class PinnedMemoryResourceOptions:
 
 @dataclass
 class ManagedMemoryResourceOptions:
-    """Options for a :class:`ManagedMemoryResource` (placement preferences; accepted, unused)."""
+    """Options for a :class:`ManagedMemoryResource`: placement preferences (``preferred_location``,
+    ``preferred_location_type``), accepted and unused.
+    """
 
     preferred_location: Optional[int] = None
     preferred_location_type: Optional[str] = None
@@ -119,9 +130,10 @@ class ManagedMemoryResourceOptions:
 
 @dataclass
 class StreamOptions:
-    """Options for :meth:`Device.create_stream`: ``nonblocking`` (no synchronisation with the
-    legacy default stream) and ``priority`` (lower numbers run first; ``None`` is 0, the lowest
-    priority)."""
+    """Options for :meth:`Device.create_stream`. ``nonblocking`` (default True): the stream does
+    not synchronise with the legacy default stream; ``priority``: lower numbers run first,
+    ``None`` is 0, ``ValueError`` outside the device's range.
+    """
 
     nonblocking: bool = True
     priority: Optional[int] = None
@@ -129,11 +141,10 @@ class StreamOptions:
 
 @dataclass
 class EventOptions:
-    """Options for :meth:`Stream.record` and :meth:`Device.create_event`, cuda.core 1.2's names.
-
-    ``timing_enabled``: the event records a timestamp (``end - start`` gives milliseconds);
-    ``blocking_sync``: :meth:`Event.sync` yields the CPU instead of spinning; ``ipc_enabled``:
-    the event can be shared with other processes (requires ``timing_enabled=False``).
+    """Options for :meth:`Stream.record` and :meth:`Device.create_event` (cuda.core 1.2's names).
+    ``timing_enabled``: the event records a timestamp (for ``end - start``); ``blocking_sync``:
+    ``sync()`` yields the CPU instead of spinning; ``ipc_enabled``: shareable with other
+    processes (``TypeError`` together with ``timing_enabled``).
     """
 
     timing_enabled: Optional[bool] = False
@@ -143,9 +154,11 @@ class EventOptions:
 
 @dataclass
 class GraphCompleteOptions:
-    """Options for :meth:`GraphBuilder.complete`. ``upload_stream``: upload the graph there at
-    once. ``auto_free_on_launch``, ``device_launch`` and ``use_node_priority`` exist for
-    cuda.core's interface and are not supported (``NotImplementedError`` when set)."""
+    """Options for :meth:`GraphBuilder.complete`, with cuda.core's names. ``upload_stream``: upload
+    the graph there at once. ``auto_free_on_launch``, ``device_launch`` and
+    ``use_node_priority`` exist for cuda.core's interface and are not supported
+    (``NotImplementedError`` when set).
+    """
 
     auto_free_on_launch: bool = False
     upload_stream: Optional[Stream] = None
@@ -154,9 +167,11 @@ class GraphCompleteOptions:
 
 
 class GraphMemoryResource(_GraphMemoryResource):
-    """Graph memory of one device: allocations made while a stream is captured
-    (``allocate(size, stream=graph_builder)``), which become part of the graph.
-    ``GraphMemoryResource(n)`` is the same object every time for a given device."""
+    """Graph memory of one device: ``allocate`` works only on a stream that is being captured
+    (``RuntimeError`` otherwise), and the allocation becomes part of the graph; zero bytes give
+    an empty buffer. ``GraphMemoryResource(n)`` is the same object every time for a given device
+    (``ValueError`` for an ordinal out of range).
+    """
 
     _instances: "dict[int, GraphMemoryResource]" = {}
 
@@ -171,14 +186,16 @@ class GraphMemoryResource(_GraphMemoryResource):
 
 
 class ComputeCapability(NamedTuple):
-    """A device's compute capability, ``(major, minor)``; ``Device.compute_capability``."""
+    """A device's compute capability, ``(major, minor)`` (a named tuple;
+    ``Device.compute_capability``).
+    """
 
     major: int
     minor: int
 
 
 class DLDeviceType(IntEnum):
-    """DLPack's device types (``__dlpack_device__()[0]``)."""
+    """DLPack's device types, as ``__dlpack_device__()[0]`` reports them (an ``IntEnum``)."""
 
     kDLCPU = 1
     kDLCUDA = 2
@@ -186,8 +203,30 @@ class DLDeviceType(IntEnum):
     kDLCUDAManaged = 13
 
 
+def _stream_is_keyword_only(method):
+    """Wraps ``method`` (whose ``stream`` is keyword-only) so that a ``stream`` passed by position
+    gets a ``TypeError`` saying so, as the extension's methods do; ``inspect.signature`` still
+    shows ``method``'s own."""
+    takes = method.__code__.co_argcount - 1  # not counting self
+    names = method.__code__.co_varnames[1 : takes + 1]
+    call = f"{method.__name__}({', '.join(names)}, stream=s)"
+    plural = "" if takes == 1 else "s"
+
+    @_functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        if len(args) > takes:
+            were = "was" if len(args) == 1 else "were"
+            raise TypeError(
+                f"{type(self).__name__}.{method.__name__}() takes {takes} positional "
+                f"argument{plural} but {len(args)} {were} given: stream is keyword-only ({call})"
+            )
+        return method(self, *args, **kwargs)
+
+    return checked
+
+
 class _System:
-    """Process-wide facts (``custody.system``), from the CUDA driver (not NVML)."""
+    """Process-wide facts, from the CUDA driver (not NVML)."""
 
     @property
     def num_devices(self) -> int:
@@ -203,9 +242,9 @@ system = _System()
 
 
 class Device:
-    """A CUDA device; ``Device(n)`` is the same object every time for a given ``n``.
-
-    ``Device()`` is the device of the context current on the calling thread, or device 0.
+    """A CUDA device; ``Device(n)`` is the same object every time (so equality and hashing are
+    by identity). ``Device()`` is the device of the current context, or device 0. ``TypeError``
+    for a non-int, ``ValueError`` for an ordinal out of range.
     """
 
     _instances: "dict[int, Device]" = {}
@@ -278,8 +317,9 @@ class Device:
         return f"{major}{minor}"
 
     def can_access_peer(self, peer: "Device | int") -> bool:
-        """Whether this device can access ``peer``'s memory (``cuDeviceCanAccessPeer``); a
-        device can always access its own."""
+        """Whether this device can access ``peer``'s memory (``cuDeviceCanAccessPeer``); a device can
+        always access its own.
+        """
         peer = Device(peer)
         if peer is self:
             return True
@@ -295,7 +335,10 @@ class Device:
         return self._context
 
     def set_current(self, ctx: "Optional[Context]" = None) -> None:
-        """Makes the device's primary context (or ``ctx``) current on the calling thread."""
+        """Makes the device's primary context (or ``ctx``) current on the calling thread, replacing the
+        top of its context stack (``cuCtxSetCurrent``). ``TypeError`` for a ``ctx`` that is not a
+        :class:`Context`; :class:`CUDAError` on a driver failure.
+        """
         if ctx is not None:
             if not isinstance(ctx, Context):
                 raise TypeError(f"Context expected, got {type(ctx).__name__}")
@@ -305,7 +348,9 @@ class Device:
 
     @property
     def memory_resource(self) -> MemoryResource:
-        """The resource :meth:`allocate` uses; by default the device's current memory pool."""
+        """The resource :meth:`allocate` uses (default: a :class:`DeviceMemoryResource` over the
+        device's current pool); settable to any :class:`MemoryResource` (``TypeError`` otherwise).
+        """
         if self._mr is None:
             with Device._lock:
                 if self._mr is None:
@@ -324,9 +369,11 @@ class Device:
         return default_stream()
 
     def create_stream(self, obj=None, options: "Optional[StreamOptions]" = None) -> Stream:
-        """A new stream in the device's primary context made with ``options`` (a
-        :class:`StreamOptions` or a dict), or a wrapper of ``obj`` (an object with
-        ``__cuda_stream__``)."""
+        """A new stream in the primary context made with ``options`` (a :class:`StreamOptions` or a
+        dict; non-blocking, priority 0 by default), or a wrapper of ``obj`` (an object with
+        ``__cuda_stream__``; ``TypeError`` otherwise). ``ValueError`` for a priority outside the
+        device's range; :class:`CUDAError` on a driver failure.
+        """
         if obj is not None:
             if not hasattr(obj, "__cuda_stream__"):
                 raise TypeError(
@@ -336,26 +383,35 @@ class Device:
         return Stream._init(options=options, ctx=self.context)
 
     def create_event(self, options: "Optional[EventOptions]" = None) -> Event:
-        """A new event in the device's primary context, not recorded, made with ``options``
-        (an :class:`EventOptions` or a dict)."""
+        """A new event in the primary context, not recorded, made with ``options`` (an
+        :class:`EventOptions` or a dict). ``TypeError`` for ``ipc_enabled``: an IPC event is made
+        by recording it (:meth:`Stream.record`).
+        """
         return _custody._create_event(self.context, options)
 
     def create_graph_builder(self) -> GraphBuilder:
         """A :class:`GraphBuilder` capturing a new stream in the device's primary context."""
         return _custody._create_graph_builder(self.context)
 
+    @_stream_is_keyword_only
     def allocate(self, size: int, *, stream) -> Buffer:
-        """``self.memory_resource.allocate(size, stream=stream)``."""
+        """``self.memory_resource.allocate(size, stream=stream)``: ``size`` bytes, ordered on
+        ``stream`` (keyword-only), raising what that resource's ``allocate`` raises.
+        """
         return self.memory_resource.allocate(size, stream=stream)
 
     def sync(self) -> None:
-        """Blocks until all work in the device's primary context has finished."""
+        """Blocks the calling thread (the GIL released) until all work in the device's primary context
+        has finished (``cuCtxSynchronize``).
+        """
         _custody._synchronize_context(self.context)
 
     def __int__(self) -> int:
+        """The device ordinal."""
         return self._id
 
     def __index__(self) -> int:
+        """The device ordinal."""
         return self._id
 
     def __repr__(self) -> str:
@@ -467,6 +523,7 @@ class IPCAllocationHandle:
         return self._fd
 
     def __int__(self) -> int:
+        """The file descriptor."""
         return self.handle
 
     @property

@@ -1,10 +1,18 @@
 """custody: CUDA memory whose lifetime is owned correctly, with NVIDIA cuda.core 1.2's names.
 
-Every buffer records, when it is made, the stream and the context its free needs (its
-deallocation recipe), so it is freed correctly wherever its last reference goes: on another
-thread, in the cyclic garbage collector, or in deferred cleanup. Driver failures raise
-:class:`CUDAError`; a free that fails where nobody can receive the error is reported as a
-:class:`CUDAWarning`.
+Code written for ``cuda.core``'s buffers, streams and memory resources runs by changing the
+import. Every buffer records, when it is made, the stream and the context its free needs (its
+*deallocation recipe*), so it is freed correctly wherever its last reference goes: on another
+thread, in the cyclic garbage collector, or in deferred cleanup after a CUDA graph let go of it.
+
+Driver failures raise :class:`CUDAError` (a ``RuntimeError``); a free that fails where nobody
+can receive the error (a drop, the garbage collector, another thread) is reported as a
+:class:`CUDAWarning` (a ``RuntimeWarning``).
+
+The driver is ``libcuda.so.1``, or the library named by the environment variable
+``CUSTODY_CUDA_DRIVER``: custody's emulated driver, ``libcuda_emu.so``, runs programs without a
+GPU (``cargo build -p cuda-custody-emu`` in custody's source repository builds it). When no
+driver loads, the first CUDA call raises a :class:`CUDAError` that says what was tried.
 """
 
 import uuid
@@ -28,9 +36,12 @@ PointerLike = Union[int, SupportsIndex, _IntLike]
 (``cuda.bindings.driver.CUdeviceptr``); not a float."""
 
 class CUDAError(RuntimeError):
-    """A CUDA driver call failed.
+    """A CUDA driver call failed (a ``RuntimeError``).
 
-    The message names the driver function and the driver's error name (``CUDA_ERROR_...``).
+    The message names the driver function and the driver's error name (``CUDA_ERROR_...``);
+    ``name`` holds that name and ``code`` its number. When no driver library loads, the error is
+    ``CUDA_ERROR_NOT_FOUND`` and the message says what was tried, that the environment variable
+    ``CUSTODY_CUDA_DRIVER`` names a driver library, and how to build the emulated driver.
     """
 
     name: str
@@ -39,16 +50,18 @@ class CUDAError(RuntimeError):
     """The driver's error number."""
 
 class CUDAWarning(RuntimeWarning):
-    """A cleanup that no caller could receive failed or lost a guarantee.
+    """A cleanup that no caller could receive failed or lost a guarantee (a ``RuntimeWarning``,
+    shown by default).
 
     Emitted for a free that failed during a drop, garbage collection, on another thread or in
     deferred cleanup, naming the operation, pointer, stream and context; and for a
-    per-thread-default-stream free that ran on another thread. If the warning is escalated to
-    an error it goes to ``sys.unraisablehook``; during interpreter shutdown, to stderr.
+    per-thread-default-stream free that ran on another thread. If the warning is escalated to an
+    error it goes to ``sys.unraisablehook``; during interpreter shutdown, to stderr.
     """
 
 class Context:
-    """A CUDA context (a device's primary context, retained while this object lives).
+    """A CUDA context: a device's primary context (retained while this object lives), or one made
+    elsewhere (a wrapped stream's).
 
     Equal to another ``Context`` for the same driver context, hashable, weak-referenceable.
     Cannot be instantiated directly (``RuntimeError``): use ``Device.context`` or
@@ -84,17 +97,22 @@ class Event:
         """
     @property
     def is_done(self) -> bool:
-        """Whether the recorded work has finished (does not block)."""
+        """Whether the recorded work has finished; does not block. ``RuntimeError`` if the event was
+        closed; :class:`CUDAError` on a driver failure.
+        """
     @property
     def handle(self) -> int:
-        """The raw ``CUevent`` as an int."""
+        """The raw ``CUevent`` as an int (``RuntimeError`` once closed)."""
     @property
     def context(self) -> Optional[Context]:
-        """The event's context; ``None`` for an event opened from another process."""
+        """The event's context; ``None`` for an event opened from another process
+        (``RuntimeError`` once closed).
+        """
     @property
     def device(self) -> Optional["Device"]:
-        """The device of the event's context; ``None`` for an event opened from another
-        process."""
+        """The device of the event's context; ``None`` for an event opened from another process
+        (``RuntimeError`` once closed).
+        """
     @property
     def is_timing_enabled(self) -> bool:
         """Whether the event records timing data (``EventOptions.timing_enabled``)."""
@@ -109,15 +127,22 @@ class Event:
         """Whether ``close()`` was called."""
     @property
     def ipc_descriptor(self) -> "IPCEventDescriptor":
-        """The descriptor another process needs to open this event (``RuntimeError`` unless
-        made with ``ipc_enabled=True``)."""
+        """The descriptor another process needs to open this event (``Event.from_ipc_descriptor``;
+        the driver's ``cuIpcGetEventHandle``). ``RuntimeError`` for a closed event or one made
+        without ``ipc_enabled=True``; :class:`CUDAError` on a driver failure.
+        """
     @classmethod
     def from_ipc_descriptor(cls, ipc_descriptor: "IPCEventDescriptor") -> "Event":
-        """Opens an event another process shared, in the current context (it then has no
-        ``device`` or ``context`` of its own; its ``ipc_descriptor`` is the one it was opened
-        from). ``ValueError`` for a descriptor whose handle bytes are too short."""
+        """Opens an event another process shared (its ``ipc_descriptor``), in the current context;
+        the event opened has no ``device`` or ``context`` here, and its ``ipc_descriptor`` is the
+        one it was opened from. ``TypeError`` for anything but an :class:`IPCEventDescriptor`,
+        ``ValueError`` for one whose handle bytes are shorter than 64; ``RuntimeError`` when no
+        context is current; :class:`CUDAError` when the driver refuses the handle.
+        """
     def close(self) -> None:
-        """Releases the event. Idempotent."""
+        """Releases this object's reference to the event (the driver's event is destroyed when no other
+        reference holds it). Idempotent; never raises.
+        """
     def __sub__(self, value: "Event") -> float:
         """The milliseconds from ``value``'s completion to this event's."""
     def __rsub__(self, value: object) -> Any:
@@ -144,9 +169,11 @@ class Stream:
         device_id: Optional[int] = None,
         ctx: Optional[Context] = None,
     ) -> "Stream":
-        """A stream of this class: a wrapper of ``obj`` if given, else a new stream made with
-        ``options`` in ``ctx``, in device ``device_id``'s primary context, or in the current
-        context (``RuntimeError`` when none is)."""
+        """A stream of this class: a wrapper of ``obj`` (an object with ``__cuda_stream__``;
+        ``TypeError`` otherwise) if given, else a new stream made with ``options`` in ``ctx``, in
+        device ``device_id``'s primary context, or in the current context (``RuntimeError`` when
+        none is). :class:`CUDAError` when the driver refuses.
+        """
     @classmethod
     def _legacy_default(cls) -> "Stream":
         """The legacy default stream as an object of this class (``LEGACY_DEFAULT_STREAM``
@@ -164,44 +191,61 @@ class Stream:
         negative int; :class:`CUDAError` when the driver rejects the handle.
         """
     def __cuda_stream__(self) -> Tuple[int, int]:
-        """``(0, handle)``: the CUDA stream protocol."""
+        """``(0, handle)``: the CUDA stream protocol (``RuntimeError`` once closed)."""
     @property
     def handle(self) -> int:
-        """The raw ``CUstream`` as an int (0x1 / 0x2 for the default-stream tokens). cuda.core
-        returns a ``cuda.bindings`` ``CUstream`` here; an int works wherever that does through
-        ``int(stream.handle)``, and cuda.bindings' functions take it as it is."""
+        """The raw ``CUstream`` as an int (0x1 / 0x2 for the default-stream tokens); ``RuntimeError``
+        once closed. cuda.core returns a ``cuda.bindings`` ``CUstream`` here; an int works wherever
+        that does through ``int(stream.handle)``, and cuda.bindings' functions take it as it is.
+        """
     @property
     def is_closed(self) -> bool:
         """Whether ``close()`` was called."""
     @property
     def is_nonblocking(self) -> bool:
         """Whether the stream does not synchronise with the legacy default stream
-        (``cuStreamGetFlags``)."""
+        (``cuStreamGetFlags``); ``RuntimeError`` once closed.
+        """
     @property
     def priority(self) -> int:
-        """The stream's priority, lower numbers first (``cuStreamGetPriority``)."""
+        """The stream's priority, lower numbers first (``cuStreamGetPriority``); ``RuntimeError`` once
+        closed.
+        """
     def record(self, event: Optional[Event] = None, options: Optional["EventOptions"] = None) -> Event:
-        """Records ``event`` (a new one made with ``options`` if omitted) on the stream and
-        returns it. An IPC-enabled event is recorded once, when made (``TypeError`` to record
-        it again)."""
+        """Records ``event`` (a new one made with ``options``, an :class:`EventOptions` or a dict, in
+        the stream's context if omitted) on the stream and returns it: the event completes when the
+        work queued on the stream so far has. Does not block. An IPC-enabled event is recorded
+        once, when made. ``TypeError`` for an ``event`` that is not an :class:`Event`, an
+        IPC-enabled one, or bad options; ``RuntimeError`` for a closed stream or event, or a
+        default stream with no current context; :class:`CUDAError` on a driver failure.
+        """
     def wait(self, event_or_stream: Union[Event, StreamLike]) -> None:
-        """Makes future work on this stream wait for an event, or for the work queued so far on
-        another stream. Does not block the host. ``TypeError`` for None, ``ValueError`` for
-        anything else that is not an event or a stream."""
+        """Makes future work on this stream wait for an event, or for the work queued so far on another
+        stream (through an event recorded there now). Does not block the host. ``TypeError`` for
+        None, ``ValueError`` for anything else that is not an event or a stream; ``RuntimeError``
+        for a closed stream or event, or a default stream with no current context;
+        :class:`CUDAError` on a driver failure.
+        """
     def sync(self) -> None:
-        """Blocks until all work queued on the stream has finished."""
+        """Blocks the calling thread (the GIL released) until all work queued on the stream has
+        finished. ``RuntimeError`` once closed; :class:`CUDAError` on a driver failure.
+        """
     def close(self) -> None:
-        """Releases this object's reference to the stream. A no-op for the default-stream
-        singletons and for a closed stream."""
+        """Releases this object's reference to the stream; a created stream is destroyed once no
+        pending free recorded on it needs it. A no-op for the default-stream singletons and for a
+        closed stream. :class:`CUDAError` when destroying the stream fails (it is closed either
+        way).
+        """
     @property
     def context(self) -> Context:
-        """The stream's context; for a default-stream token, the context current now
-        (``RuntimeError`` when none is)."""
+        """The stream's context; for a default-stream token, the context current now. ``RuntimeError``
+        once closed, or for a token when no context is current.
+        """
     @property
     def device(self) -> "Device":
-        """The device of the stream's context."""
+        """The device of the stream's context (``RuntimeError`` as for :attr:`context`)."""
     def create_graph_builder(self) -> "GraphBuilder":
-        """A :class:`GraphBuilder` that captures this stream."""
+        """A :class:`GraphBuilder` that captures this stream (``RuntimeError`` once closed)."""
 
 LEGACY_DEFAULT_STREAM: Stream
 """The legacy default stream (``CU_STREAM_LEGACY``); resolved against the current context."""
@@ -219,18 +263,25 @@ def drain_deferred_cleanup() -> int:
     stream."""
 
 class Buffer:
-    """Memory with the deallocation recipe (stream and context) that will order and legalise
-    its free.
+    """Memory with the deallocation recipe (stream and context) that will order and legalise its
+    free.
 
     Made by ``MemoryResource.allocate`` or ``Buffer.from_handle``; cannot be instantiated
     directly (``RuntimeError``). Any thread may use, close or drop it. Closed objects raise
     ``RuntimeError("Buffer has been closed")`` except for ``close()``, ``handle``, ``size``,
-    ``is_closed``, ``memory_resource``, ``owner``, ``is_mapped`` and ``repr``.
+    ``is_closed``, ``memory_resource``, ``owner``, ``is_mapped`` and ``repr``. Sizes are in
+    bytes.
 
     A reference cycle through a buffer (an ``owner=`` or a memory resource that holds the
     buffer) is collected by ``gc.collect()``; a free through a Python ``deallocate`` then runs
     before any object of the cycle is cleared, with the recorded stream and the recipe's
     context.
+
+    ``pickle`` (and ``multiprocessing``) send a buffer of an IPC-enabled
+    ``DeviceMemoryResource`` or ``PinnedMemoryResource`` as ``(mr, ipc_descriptor)``; unpickling
+    imports it with ``stream=default_stream()``, first making ``Device(mr.device_id)`` (device 0
+    for a pinned pool) current when no context is. ``RuntimeError`` for a closed buffer or a
+    pool without IPC; ``TypeError`` for a buffer of any other resource (or none).
     """
 
     @staticmethod
@@ -254,31 +305,35 @@ class Buffer:
         The recipe is recorded before ownership is taken: on any error the pointer is still
         the caller's and ``deallocate`` is not called. ``ValueError``: ``stream`` without
         ``mr``, ``mr`` with ``owner``, zero size, a null owned pointer; ``TypeError``: a bad
-        ``mr`` or stream; ``OverflowError``: negative or too large numbers; ``RuntimeError``: no
-        CUDA context is current for a default stream, or a closed stream.
+        ``mr`` or stream, or a ``stream`` passed by position (it is keyword-only);
+        ``OverflowError``: negative or too large numbers; ``RuntimeError``: no CUDA context is
+        current for a default stream, or a closed stream.
         """
     @classmethod
     def from_ipc_descriptor(
         cls, mr: "MemoryResource", ipc_descriptor: Union["IPCBufferDescriptor", bytes], *, stream: StreamLike
     ) -> "Buffer":
         """Imports a buffer another process shared, from ``mr`` (a pool opened with
-        ``from_allocation_handle``); ``stream`` (required) orders its eventual free.
+        ``from_allocation_handle``); ``stream`` (required, keyword-only) orders its eventual free.
+        Does not block.
 
         ``TypeError``: ``mr`` is not a pool resource, a missing or bad ``stream`` or descriptor;
-        ``RuntimeError``: ``mr`` is not an imported pool; ``ValueError``: a malformed
-        descriptor; :class:`CUDAError`: the driver refused the import.
+        ``RuntimeError``: ``mr`` is not an imported pool, or a closed stream; ``ValueError``: a
+        malformed descriptor, or one the pool cannot hold; :class:`CUDAError`: the driver refused
+        the import.
         """
     def close(self, stream: Optional[StreamLike] = None) -> None:
         """Closes the buffer; when it holds the last reference to the memory, frees it now.
 
         ``close()`` on a closed buffer is a no-op. ``close(stream=s)`` is exactly
-        ``set_deallocation_stream(s)`` then ``close()`` (so it raises on a closed buffer, and on
-        a bad stream leaves the buffer open with its old recipe). A failing free raises
-        (:class:`CUDAError`, or what a Python ``deallocate`` raised); the buffer is closed either
-        way. May block for memory whose free is synchronous in the driver (pinned, managed,
+        ``set_deallocation_stream(s)`` then ``close()`` (so it raises on a closed buffer, and on a
+        bad stream, ``TypeError`` or ``RuntimeError`` as there, leaves the buffer open with its old
+        recipe). A failing free raises (:class:`CUDAError`, or what a Python ``deallocate`` raised);
+        the buffer is closed either way. The free is ordered on the recorded deallocation stream.
+        May block for memory whose free is synchronous in the driver (pinned, managed,
         ``cuMemAlloc``); stream-ordered frees do not wait, except an imported buffer's
-        (``is_mapped``): its close waits for its deallocation stream, so the unmap has run when
-        it returns (the driver requires an importing process's free to have completed before the
+        (``is_mapped``): its close waits for its deallocation stream, so the unmap has run when it
+        returns (the driver requires an importing process's free to have completed before the
         exporting process frees the allocation: close imports, then tell the exporter).
         """
     def set_deallocation_stream(self, stream: StreamLike) -> None:
@@ -291,16 +346,32 @@ class Buffer:
         device. On error the old recipe stays.
         """
     def copy_to(self, dst: Optional["Buffer"] = None, *, stream: StreamLike) -> "Buffer":
-        """Copies this buffer into ``dst`` (allocated from ``memory_resource`` with ``stream``
-        if omitted), ordered on ``stream``, and returns ``dst``. ``ValueError`` for a size
-        mismatch or no memory resource to allocate from."""
+        """Copies this buffer into ``dst`` (allocated from ``memory_resource`` with ``stream`` if
+        omitted), ordered on ``stream``, and returns ``dst``. Does not block; a
+        :class:`GraphBuilder` as ``stream`` records the copy into its graph, which then keeps both
+        buffers' memory alive. ``TypeError`` for a ``dst`` that is not a :class:`Buffer`;
+        ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
+        is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
+        mismatch or no memory resource to allocate from; :class:`CUDAError` on a driver failure.
+        """
     def copy_from(self, src: "Buffer", *, stream: StreamLike) -> None:
-        """Copies ``src`` into this buffer, ordered on ``stream``."""
+        """Copies ``src`` into this buffer, ordered on ``stream``. Does not block; a
+        :class:`GraphBuilder` as ``stream`` records the copy into its graph, which then keeps both
+        buffers' memory alive. ``TypeError`` for a ``src`` that is not a :class:`Buffer`;
+        ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
+        is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
+        mismatch; :class:`CUDAError` on a driver failure.
+        """
     def fill(self, value: Union[int, bytes, Any], *, stream: StreamLike) -> None:
-        """Fills the buffer with ``value`` repeated: an int in [0, 256) (8 bits) or an object of
-        1, 2 or 4 bytes through the buffer protocol (8, 16 or 32 bits), ordered on ``stream``.
-        ``OverflowError`` for an int out of range; ``ValueError`` for another width or a size
-        that is not a multiple of it."""
+        """Fills the buffer with ``value`` repeated: an int in [0, 256) (8 bits) or an object of 1, 2
+        or 4 bytes through the buffer protocol (8, 16 or 32 bits), ordered on ``stream``. Does not
+        block; a :class:`GraphBuilder` as ``stream`` records the fill into its graph, which then
+        keeps the buffer's memory alive. ``TypeError`` for ``None`` or another kind of ``value``;
+        ``OverflowError`` for an int out of range; ``ValueError`` for another width or a size that
+        is not a multiple of it; ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or
+        one passed by position (it is keyword-only); ``RuntimeError`` for a closed stream or buffer;
+        :class:`CUDAError` on a driver failure.
+        """
     @property
     def handle(self) -> int:
         """The address as an int (a host address for pinned memory); 0 once closed."""
@@ -319,31 +390,28 @@ class Buffer:
         """The ``owner`` given to ``from_handle``; None otherwise and once closed."""
     @property
     def is_device_accessible(self) -> bool:
-        """Whether a device can access the memory."""
+        """Whether a device can access the memory (``RuntimeError`` once closed)."""
     @property
     def is_host_accessible(self) -> bool:
-        """Whether the host can access the memory."""
+        """Whether the host can access the memory (``RuntimeError`` once closed)."""
     @property
     def is_managed(self) -> bool:
-        """Whether the memory is managed."""
+        """Whether the memory is managed (``RuntimeError`` once closed)."""
     @property
     def device_id(self) -> int:
-        """The device the memory belongs to; -1 for memory bound to no device. For memory a
-        Python resource frees, that resource's ``device_id``, read now (it may raise)."""
+        """The device the memory belongs to; -1 for memory bound to no device. For memory a Python
+        resource frees, that resource's ``device_id``, read now (it may raise). ``RuntimeError``
+        once closed.
+        """
     @property
     def is_mapped(self) -> bool:
         """Whether the buffer was imported from another process."""
-    def __reduce__(self) -> Any:
-        """``pickle`` (and ``multiprocessing``) reduce a buffer of an IPC-enabled pool resource
-        to ``(mr, ipc_descriptor)`` (a ``copyreg`` reducer for ``Buffer``);
-        unpickling (``custody._reduce_helper``) makes ``Device(mr.device_id)`` (device 0 for a
-        pinned pool) current when no context is, and imports with
-        ``stream=default_stream()``. ``RuntimeError`` for a closed buffer or a pool without
-        IPC; ``TypeError`` for a buffer of any other resource (or none)."""
     @property
     def ipc_descriptor(self) -> "IPCBufferDescriptor":
-        """The descriptor another process needs to import this buffer (``RuntimeError`` unless
-        it comes from an IPC-enabled pool)."""
+        """The descriptor another process needs to import this buffer with
+        ``Buffer.from_ipc_descriptor`` (``cuMemPoolExportPointer``). ``RuntimeError`` for a closed
+        buffer, or one that does not come from an IPC-enabled pool or was itself imported.
+        """
     def __dlpack__(
         self,
         *,
@@ -352,20 +420,25 @@ class Buffer:
         dl_device: Optional[Tuple[int, int]] = None,
         copy: Optional[bool] = None,
     ) -> Any:
-        """A DLPack capsule of a 1-D uint8 tensor of ``size`` elements over this memory; the
-        tensor keeps the memory alive until its deleter runs. With ``max_version`` at least
-        ``(1, 0)`` a ``"dltensor_versioned"`` capsule (DLPack 1.0, writable, not a copy), else a
-        ``"dltensor"`` one. ``BufferError`` for ``copy=True``, a ``dl_device`` other than the
-        buffer's own, a ``max_version`` that is not two ints, or memory neither a device nor the
-        host can access."""
+        """A DLPack capsule of a 1-D uint8 tensor of ``size`` elements over this memory; the tensor
+        keeps the memory alive until its deleter runs. With ``max_version`` at least ``(1, 0)`` a
+        ``"dltensor_versioned"`` capsule (DLPack 1.0, writable, not a copy), else a ``"dltensor"``
+        one. ``stream`` is accepted and not used: order the consumer after the producer's work
+        yourself. ``BufferError`` for ``copy=True``, a ``dl_device`` other than the buffer's own, a
+        ``max_version`` that is not two ints, or memory neither a device nor the host can access;
+        ``RuntimeError`` once closed.
+        """
     def __dlpack_device__(self) -> Tuple[int, int]:
-        """``(device_type, device_id)``: kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3) or
-        kDLCUDAManaged (13); memory adopted from elsewhere is asked of the driver (managed or
-        not)."""
+        """``(device_type, device_id)``: kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3) or kDLCUDAManaged
+        (13); memory adopted from elsewhere is asked of the driver (managed or not).
+        ``RuntimeError`` once closed.
+        """
     def __enter__(self) -> "Buffer":
         """Returns the buffer."""
     def __exit__(self, *exc: Any) -> bool:
-        """Closes the buffer; never suppresses an exception."""
+        """Closes the buffer as ``close()`` does (raising what it raises); never suppresses an
+        exception.
+        """
 
 class ManagedBuffer(Buffer):
     """A :class:`Buffer` of managed memory (``ManagedMemoryResource.allocate``)."""
@@ -384,10 +457,12 @@ class ManagedBuffer(Buffer):
         device-accessible and managed without asking the driver)."""
 
 class IPCBufferDescriptor:
-    """What another process needs to import one buffer: the pool's export data for it (the
-    payload: the driver's 64-byte ``CUmemPoolPtrExportData``, then the pool's device) and its
-    size. ``bytes(descriptor)`` is 96 bytes; picklable (as ``_init(payload, size)``). Compared
-    by value. Cannot be instantiated directly (``RuntimeError``)."""
+    """What another process needs to import one buffer: the pool's export data for it (the payload:
+    the driver's 64-byte ``CUmemPoolPtrExportData``, then the pool's device as 4 bytes,
+    little-endian, -1 for a pinned host pool) and its size in bytes. ``bytes(descriptor)`` is 96
+    bytes; picklable (as ``_init(payload, size)``, cuda.core's form, where a 64-byte payload names
+    no device). Compared by value. Cannot be instantiated directly (``RuntimeError``).
+    """
 
     @staticmethod
     def _init(reserved: bytes, size: int) -> "IPCBufferDescriptor":
@@ -398,7 +473,7 @@ class IPCBufferDescriptor:
     def from_bytes(data: bytes) -> "IPCBufferDescriptor":
         """Parses the serialised form (``ValueError`` when malformed)."""
     def __bytes__(self) -> bytes:
-        """The serialised form."""
+        """The serialised form, 96 bytes."""
     @property
     def size(self) -> int:
         """The buffer's size in bytes."""
@@ -407,34 +482,46 @@ class IPCBufferDescriptor:
         """The pool's device; -1 for a pinned host pool or a payload that names none."""
 
 class MemoryPoolAttributes:
-    """A memory pool's attributes, read from the driver on each access (``cuMemPoolGetAttribute``);
-    sizes in bytes. The repr lists them all."""
+    """A memory pool's attributes, read from the driver (``cuMemPoolGetAttribute``, the GIL
+    released) on each access; sizes in bytes. Reading one raises :class:`CUDAError` on a driver
+    failure. The repr lists every attribute with its value. Cannot be instantiated directly:
+    ``DeviceMemoryResource.attributes``, ``PinnedMemoryResource.attributes``.
+    """
 
     @property
     def used_mem_current(self) -> int:
-        """Bytes allocated from the pool and not freed."""
+        """Bytes allocated from the pool and not freed (``CU_MEMPOOL_ATTR_USED_MEM_CURRENT``)."""
     @property
     def used_mem_high(self) -> int:
-        """The high-water mark of ``used_mem_current``."""
+        """The high-water mark of ``used_mem_current``, in bytes (``CU_MEMPOOL_ATTR_USED_MEM_HIGH``)."""
     @property
     def reserved_mem_current(self) -> int:
-        """Bytes the pool holds from the driver."""
+        """Bytes the pool holds from the driver (``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT``)."""
     @property
     def reserved_mem_high(self) -> int:
-        """The high-water mark of ``reserved_mem_current``."""
+        """The high-water mark of ``reserved_mem_current``, in bytes
+        (``CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH``).
+        """
     @property
     def release_threshold(self) -> int:
-        """Bytes kept after a synchronisation before memory goes back to the OS."""
+        """Bytes the pool keeps after a synchronisation before memory goes back to the OS
+        (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``).
+        """
     @property
     def reuse_follow_event_dependencies(self) -> bool:
-        """Whether memory freed on one stream may be reused on a stream that waits on an event
-        recorded after the free."""
+        """Whether memory freed on one stream may be reused on a stream that waits on an event recorded
+        after the free (``CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES``).
+        """
     @property
     def reuse_allow_opportunistic(self) -> bool:
-        """Whether memory whose free has completed may be reused without a dependency."""
+        """Whether memory whose free has completed may be reused without a dependency
+        (``CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC``).
+        """
     @property
     def reuse_allow_internal_dependencies(self) -> bool:
-        """Whether the driver may insert dependencies between streams to reuse memory."""
+        """Whether the driver may insert dependencies between streams to reuse memory
+        (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES``).
+        """
 
 class MemoryResource:
     """The base class of memory resources; subclass it in Python.
@@ -453,218 +540,300 @@ class MemoryResource:
     context (a failure then is a :class:`CUDAWarning`). Once the interpreter is finalizing it is
     not called: the memory is leaked and that is reported on stderr (``atexit`` handlers still
     free through it).
+
+    ``MemoryResource(*args, **kwargs)`` accepts and ignores any arguments (for subclasses).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """Accepts and ignores any arguments (for subclasses)."""
+        ...
     def allocate(self, size: int, *, stream: StreamLike) -> Buffer:
-        """Allocates ``size`` bytes ordered on ``stream``, which also orders the eventual free.
+        """Allocates ``size`` bytes ordered on ``stream`` (keyword-only), which also orders the
+        eventual free.
 
         Zero bytes give an empty buffer of this resource (address 0, no driver call).
-        ``OverflowError`` for negative sizes or more than ``isize::MAX``; ``TypeError`` for a
-        missing, None or non-stream ``stream`` (``LegacyPinnedMemoryResource`` and
-        ``SynchronousMemoryResource`` take none: the free is then ordered on the default
-        stream), the message naming the class called;
-        ``RuntimeError`` for a closed stream or a default stream with no current context;
-        :class:`CUDAError` for the driver's failure. The base class raises ``TypeError``.
+        ``LegacyPinnedMemoryResource`` and ``SynchronousMemoryResource`` need no ``stream`` (the
+        free is then ordered on the default stream). ``OverflowError`` for negative sizes or more
+        than ``isize::MAX``; ``TypeError`` for a missing, None or non-stream ``stream``, or one
+        passed by position, the message naming the class called; ``RuntimeError`` for a closed
+        stream or a default stream with no current context; :class:`CUDAError` for the driver's
+        failure. The base class raises ``TypeError``, and so does a subclass that does not define
+        it.
         """
     def deallocate(self, ptr: int, size: int, *, stream: StreamLike) -> None:
-        """Frees ``size`` bytes at ``ptr``, which this resource allocated, ordered on
-        ``stream``; raises on failure. The base class raises ``TypeError``."""
+        """Frees ``size`` bytes at ``ptr``, which this resource allocated, ordered on ``stream``
+        (keyword-only), as the resource's own buffers are freed; raises on failure
+        (:class:`CUDAError`). ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one
+        passed by position (it is keyword-only); ``RuntimeError`` for a closed stream. The base
+        class raises ``TypeError``.
+        """
     @property
     def is_device_accessible(self) -> bool:
-        """Whether a device can access the memory."""
+        """Whether a device can access the memory. The base class raises ``TypeError``."""
     @property
     def is_host_accessible(self) -> bool:
-        """Whether the host can access the memory."""
+        """Whether the host can access the memory. The base class raises ``TypeError``."""
     @property
     def device_id(self) -> int:
-        """The device the memory belongs to; -1 for memory bound to no device."""
+        """The device the memory belongs to; -1 for memory bound to no device. The base class raises
+        ``TypeError``.
+        """
     @property
     def is_managed(self) -> bool:
-        """Whether the memory is managed."""
+        """Whether the memory is managed (False for the base class)."""
 
 class DeviceMemoryResource(MemoryResource):
-    """Device memory from a stream-ordered pool: the device's current pool, or with options a
-    pool of its own. Buffers it allocates are freed with ``cuMemFreeAsync`` on their recipe,
-    without Python."""
+    """Device memory from a stream-ordered pool: the device's current pool, or with options a pool
+    of its own. Buffers it allocates are freed with ``cuMemFreeAsync`` on their recipe, without
+    Python.
+
+    ``DeviceMemoryResource(device_id, options=None)``: ``device_id`` an int or a
+    :class:`Device`; ``options`` a :class:`DeviceMemoryResourceOptions` (or a dict of its
+    fields) for a pool of its own. ``TypeError`` for ``None`` or a non-int device,
+    ``ValueError`` for a negative ordinal, :class:`CUDAError` for a device the driver does not
+    have or a pool it refuses.
+
+    ``pickle`` (a ``copyreg`` reducer for the exact type) sends the pool of an IPC-enabled
+    resource: exported as a file descriptor and handed to the receiving process by
+    ``multiprocessing``'s resource sharer (the sending process must be alive; each pickle is
+    read at most once). A process opens a given pool once and gets its own object back.
+    ``RuntimeError`` for a closed or non-IPC resource.
+    """
 
     def __init__(self, device_id: Union[int, "Device"], options: Optional["DeviceMemoryResourceOptions"] = None) -> None:
-        """``ValueError`` for a negative ordinal; :class:`CUDAError` for a device the driver
-        does not have."""
+        ...
     @classmethod
     def from_allocation_handle(cls, device_id: Union[int, "Device"], allocation_handle: Union[int, "IPCAllocationHandle"]) -> "DeviceMemoryResource":
-        """Opens a device pool another process exported (its ``allocation_handle``, or a file
-        descriptor, kept by the caller); the resource only imports buffers. A pool this process
-        has already opened gives that resource back; ``TypeError`` for a pinned pool's
-        handle."""
+        """Opens a device pool another process exported (``allocation_handle``: its
+        :class:`IPCAllocationHandle`, or a file descriptor as an int or an object with
+        ``fileno()`` or ``handle``; it stays the caller's to close); the resource only imports
+        buffers (``Buffer.from_ipc_descriptor``). A pool this process has already opened (or
+        made) gives that resource back (``TypeError`` when it is a ``PinnedMemoryResource``'s);
+        a pinned pool's handle opens a ``PinnedMemoryResource``. ``TypeError`` for anything else;
+        :class:`CUDAError` when the driver refuses the descriptor.
+        """
     @property
     def is_ipc_enabled(self) -> bool:
         """Whether the pool can be shared with other processes."""
     @property
     def is_mapped(self) -> bool:
-        """Whether the pool was imported from another process."""
+        """Whether the pool was imported from another process (it then only imports buffers, with
+        ``Buffer.from_ipc_descriptor``).
+        """
     @property
     def handle(self) -> int:
         """The raw ``CUmemoryPool`` as an int."""
     @property
     def attributes(self) -> MemoryPoolAttributes:
-        """The pool's attributes."""
+        """The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed."""
     @property
     def allocation_handle(self) -> "IPCAllocationHandle":
-        """The pool's shareable handle, exported once and kept by this resource, for another
-        process's ``from_allocation_handle`` (it pickles for ``multiprocessing``).
-        ``RuntimeError("Memory resource is not IPC-enabled")`` unless the pool was made with
-        ``ipc_enabled``."""
+        """The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
+        kept by this resource, for another process's ``from_allocation_handle`` (it
+        pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
+        IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
+        closed resource; :class:`CUDAError` on a driver failure.
+        """
     def get_allocation_handle(self) -> "IPCAllocationHandle":
-        """A new shareable handle the caller owns (a fresh export; its descriptor closes with
-        it). Errors as :attr:`allocation_handle`."""
+        """A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
+        fresh export of the pool, its file descriptor closed with the handle. Errors as
+        :attr:`allocation_handle`.
+        """
     @property
     def uuid(self) -> Optional["uuid.UUID"]:
-        """The UUID naming the pool across processes; ``None`` unless it can be shared."""
+        """The UUID naming the pool across processes (the same in the process that made
+        it and in every process that opened it); ``None`` unless the pool can be
+        shared.
+        """
     @property
     def is_handle_owned(self) -> bool:
-        """Whether this resource made its pool (``False`` for a device's current pool)."""
+        """Whether this resource made its pool (and it goes with the last of the resource
+        and its buffers); ``False`` for a device's current pool.
+        """
     def close(self) -> None:
         """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
         ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("DeviceMemoryResource has been closed")``;
-        ``deallocate`` and the buffers already made keep working. The pool goes with the last
-        of this object and its buffers (an owned pool outlives its allocations). Idempotent."""
+        ``deallocate`` and the buffers already made keep working. The pool goes with the last of
+        this object and its buffers (an owned pool outlives its allocations). Idempotent.
+        """
     @property
     def is_closed(self) -> bool:
         """Whether :meth:`close` was called."""
-    def __reduce__(self) -> Any:
-        """``pickle`` (a ``copyreg`` reducer for the exact type) sends the pool of an IPC-enabled
-        resource: exported as a file descriptor and handed
-        to the receiving process by ``multiprocessing``'s resource sharer (the sending process
-        must be alive; each pickle is read at most once). A process opens a given pool once and
-        gets its own object back. ``RuntimeError`` for a closed or non-IPC resource."""
 
 class PinnedMemoryResource(MemoryResource):
-    """Pinned host memory from a stream-ordered host-located pool of its own."""
+    """Pinned host memory from a stream-ordered, host-located pool of its own. Buffers it allocates
+    are freed with ``cuMemFreeAsync`` on their recipe, without Python.
+
+    ``PinnedMemoryResource(options=None)``: ``options`` a :class:`PinnedMemoryResourceOptions`
+    (or a dict of its fields). :class:`CUDAError` when the driver refuses the pool.
+
+    ``pickle`` (a ``copyreg`` reducer for the exact type) sends the pool of an IPC-enabled
+    resource: exported as a file descriptor and handed to the receiving process by
+    ``multiprocessing``'s resource sharer (the sending process must be alive; each pickle is
+    read at most once). A process opens a given pool once and gets its own object back.
+    ``RuntimeError`` for a closed or non-IPC resource.
+    """
 
     def __init__(self, options: Optional["PinnedMemoryResourceOptions"] = None) -> None:
-        """Creates the pool."""
+        ...
     @classmethod
     def from_allocation_handle(cls, allocation_handle: Union[int, "IPCAllocationHandle"]) -> "PinnedMemoryResource":
-        """Opens a pinned pool another process exported (its ``allocation_handle`` or a file
-        descriptor); a pool this process has already opened gives that resource back;
-        ``TypeError`` for a device pool's handle."""
+        """Opens a pinned pool another process exported (``allocation_handle``: its
+        :class:`IPCAllocationHandle`, or a file descriptor as an int or an object with
+        ``fileno()`` or ``handle``; it stays the caller's to close); the resource only imports
+        buffers (``Buffer.from_ipc_descriptor``). A pool this process has already opened (or
+        made) gives that resource back (``TypeError`` when it is a ``DeviceMemoryResource``'s);
+        a device pool's handle opens a ``DeviceMemoryResource`` of its device. ``TypeError`` for
+        anything else; :class:`CUDAError` when the driver refuses the descriptor.
+        """
     @property
     def is_ipc_enabled(self) -> bool:
         """Whether the pool can be shared with other processes."""
     @property
     def is_mapped(self) -> bool:
-        """Whether the pool was imported from another process."""
+        """Whether the pool was imported from another process (it then only imports buffers, with
+        ``Buffer.from_ipc_descriptor``).
+        """
     @property
     def handle(self) -> int:
         """The raw ``CUmemoryPool`` as an int."""
     @property
     def attributes(self) -> MemoryPoolAttributes:
-        """The pool's attributes."""
+        """The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed."""
     @property
     def allocation_handle(self) -> "IPCAllocationHandle":
-        """The pool's shareable handle, exported once and kept by this resource, for another
-        process's ``from_allocation_handle`` (it pickles for ``multiprocessing``).
-        ``RuntimeError("Memory resource is not IPC-enabled")`` unless the pool was made with
-        ``ipc_enabled``."""
+        """The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
+        kept by this resource, for another process's ``from_allocation_handle`` (it
+        pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
+        IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
+        closed resource; :class:`CUDAError` on a driver failure.
+        """
     def get_allocation_handle(self) -> "IPCAllocationHandle":
-        """A new shareable handle the caller owns (a fresh export; its descriptor closes with
-        it). Errors as :attr:`allocation_handle`."""
+        """A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
+        fresh export of the pool, its file descriptor closed with the handle. Errors as
+        :attr:`allocation_handle`.
+        """
     @property
     def uuid(self) -> Optional["uuid.UUID"]:
-        """The UUID naming the pool across processes; ``None`` unless it can be shared."""
+        """The UUID naming the pool across processes (the same in the process that made
+        it and in every process that opened it); ``None`` unless the pool can be
+        shared.
+        """
     @property
     def is_handle_owned(self) -> bool:
-        """Whether this resource made its pool (``False`` for a device's current pool)."""
+        """Whether this resource made its pool (and it goes with the last of the resource
+        and its buffers); ``False`` for a device's current pool.
+        """
     def close(self) -> None:
         """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
         ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("PinnedMemoryResource has been closed")``;
-        ``deallocate`` and the buffers already made keep working. The pool goes with the last
-        of this object and its buffers (an owned pool outlives its allocations). Idempotent."""
+        ``deallocate`` and the buffers already made keep working. The pool goes with the last of
+        this object and its buffers (an owned pool outlives its allocations). Idempotent.
+        """
     @property
     def is_closed(self) -> bool:
         """Whether :meth:`close` was called."""
-    def __reduce__(self) -> Any:
-        """``pickle`` (a ``copyreg`` reducer for the exact type) sends the pool of an IPC-enabled
-        resource: exported as a file descriptor and handed
-        to the receiving process by ``multiprocessing``'s resource sharer (the sending process
-        must be alive; each pickle is read at most once). A process opens a given pool once and
-        gets its own object back. ``RuntimeError`` for a closed or non-IPC resource."""
 
 class LegacyPinnedMemoryResource(MemoryResource):
-    """Pinned host memory from ``cuMemAllocHost``. A drop never waits: the free runs on the
-    cleanup worker after the recorded stream's work."""
+    """Pinned host memory from ``cuMemAllocHost``; ``LegacyPinnedMemoryResource()`` makes no driver
+    call. ``allocate``'s ``stream`` may be omitted (the free is then ordered on the default
+    stream). A drop never waits: the free runs on the cleanup worker after the recorded stream's
+    work.
+    """
 
     def __init__(self) -> None:
-        """No driver call."""
+        ...
 
 class ManagedMemoryResource(MemoryResource):
-    """Managed memory from ``cuMemAllocManaged``; ``allocate`` returns :class:`ManagedBuffer`."""
+    """Managed memory from ``cuMemAllocManaged``; ``allocate`` returns :class:`ManagedBuffer`.
+    ``ManagedMemoryResource(options=None)`` makes no driver call; placement options
+    (:class:`ManagedMemoryResourceOptions`) are accepted and unused.
+    """
 
     def __init__(self, options: Optional["ManagedMemoryResourceOptions"] = None) -> None:
-        """Placement options are accepted and unused."""
+        ...
 
 class SynchronousMemoryResource(MemoryResource):
     """Device memory from ``cuMemAlloc`` in the device's primary context: no context need be
-    current; a default stream is replaced by the legacy stream bound to that context."""
+    current; a default stream is replaced by the legacy stream bound to that context, and
+    ``allocate``'s ``stream`` may be omitted. ``SynchronousMemoryResource(device_id)`` retains
+    the device's primary context: ``TypeError`` or ``ValueError`` for a bad ordinal,
+    :class:`CUDAError` for a device the driver does not have.
+    """
 
     def __init__(self, device_id: Union[int, "Device"]) -> None:
-        """Retains the device's primary context."""
+        ...
 
 class GraphMemoryResource(MemoryResource):
     """Graph memory of one device: ``allocate`` works only on a stream that is being captured
-    (``RuntimeError`` otherwise); zero bytes give an empty buffer. ``GraphMemoryResource(n)`` is
-    the same object every time for a given device."""
+    (``RuntimeError`` otherwise), and the allocation becomes part of the graph; zero bytes give
+    an empty buffer. ``GraphMemoryResource(n)`` is the same object every time for a given device
+    (``ValueError`` for an ordinal out of range).
+    """
 
     def __new__(cls, device_id: Union[int, "Device"]) -> "GraphMemoryResource":
-        """The device's graph memory resource (``ValueError`` for an ordinal out of range)."""
+        ...
     @property
     def attributes(self) -> "GraphMemoryResourceAttributes":
-        """The device's graph memory use (``cuDeviceGetGraphMemAttribute``)."""
+        """The device's graph memory use (:class:`GraphMemoryResourceAttributes`,
+        ``cuDeviceGetGraphMemAttribute``).
+        """
     def trim(self) -> None:
-        """Returns the graph memory the device keeps cached, and no graph uses, to the OS."""
+        """Returns the graph memory the device keeps cached, and no graph uses, to the OS
+        (``cuDeviceGraphMemTrim``). :class:`CUDAError` on a driver failure.
+        """
     def close(self) -> None:
         """Does nothing: graph memory belongs to the graphs."""
 
 class DeviceMemoryResourceOptions:
-    """Options for a :class:`DeviceMemoryResource` with a pool of its own."""
+    """Options for a :class:`DeviceMemoryResource` with a pool of its own. ``ipc_enabled``: other
+    processes can open the pool (through a POSIX file descriptor); ``max_size``: the pool's
+    largest size in bytes, 0 for no limit.
+    """
 
     ipc_enabled: bool
     max_size: int
     def __init__(self, ipc_enabled: bool = False, max_size: int = 0) -> None:
-        """``max_size`` in bytes, 0 for no limit."""
+        ...
 
 class PinnedMemoryResourceOptions:
-    """Options for a :class:`PinnedMemoryResource`."""
+    """Options for a :class:`PinnedMemoryResource`. ``ipc_enabled``: other processes can open the
+    pool; ``max_size``: the pool's largest size in bytes, 0 for no limit; ``numa_id``: the host
+    NUMA node of the memory, ``None`` for node 0.
+    """
 
     ipc_enabled: bool
     max_size: int
     numa_id: Optional[int]
     def __init__(self, ipc_enabled: bool = False, max_size: int = 0, numa_id: Optional[int] = None) -> None:
-        """``numa_id`` None means node 0."""
+        ...
 
 class ManagedMemoryResourceOptions:
-    """Options for a :class:`ManagedMemoryResource` (accepted, unused)."""
+    """Options for a :class:`ManagedMemoryResource`: placement preferences (``preferred_location``,
+    ``preferred_location_type``), accepted and unused.
+    """
 
     preferred_location: Optional[int]
     preferred_location_type: Optional[str]
     def __init__(self, preferred_location: Optional[int] = None, preferred_location_type: Optional[str] = None) -> None:
-        """Placement preferences."""
+        ...
 
 class StreamOptions:
-    """Options for :meth:`Device.create_stream`."""
+    """Options for :meth:`Device.create_stream`. ``nonblocking`` (default True): the stream does
+    not synchronise with the legacy default stream; ``priority``: lower numbers run first,
+    ``None`` is 0, ``ValueError`` outside the device's range.
+    """
 
     nonblocking: bool
     priority: Optional[int]
     def __init__(self, nonblocking: bool = True, priority: Optional[int] = None) -> None:
-        """``nonblocking``: the stream does not synchronise with the legacy default stream.
-        ``priority``: lower numbers run first; ``None`` is 0; ``ValueError`` outside the
-        device's range."""
+        ...
 
 class EventOptions:
-    """Options for :meth:`Stream.record` and :meth:`Device.create_event` (cuda.core 1.2's
-    names)."""
+    """Options for :meth:`Stream.record` and :meth:`Device.create_event` (cuda.core 1.2's names).
+    ``timing_enabled``: the event records a timestamp (for ``end - start``); ``blocking_sync``:
+    ``sync()`` yields the CPU instead of spinning; ``ipc_enabled``: shareable with other
+    processes (``TypeError`` together with ``timing_enabled``).
+    """
 
     timing_enabled: Optional[bool]
     blocking_sync: Optional[bool]
@@ -675,9 +844,7 @@ class EventOptions:
         blocking_sync: Optional[bool] = False,
         ipc_enabled: Optional[bool] = False,
     ) -> None:
-        """``timing_enabled``: the event records a timestamp; ``blocking_sync``: ``sync()``
-        yields the CPU; ``ipc_enabled``: shareable with other processes (``TypeError`` together
-        with ``timing_enabled``)."""
+        ...
 
 class GraphBuilder:
     """Records work into a CUDA graph by capturing a stream (``Device.create_graph_builder()``,
@@ -699,7 +866,10 @@ class GraphBuilder:
         is already building"). A builder may capture again after ``end_building()`` (cuda.core
         refuses); the next ``end_building()`` replaces the recorded graph."""
     def end_building(self) -> "GraphBuilder":
-        """Ends capturing and keeps the recorded graph; returns self."""
+        """Ends capturing and keeps the recorded graph; returns self. ``RuntimeError`` for a closed
+        builder or one that is not building; :class:`CUDAError` when the driver ends the capture
+        with an error (an invalidated capture).
+        """
     def complete(self, options: Optional[GraphCompleteOptions] = None) -> "Graph":
         """Instantiates the recorded graph (``RuntimeError("Graph has not finished building.")``
         before ``end_building()``); ``options`` as :class:`GraphCompleteOptions` says."""
@@ -730,19 +900,26 @@ class GraphBuilder:
     def stream(self) -> Stream:
         """The stream being captured."""
     def __cuda_stream__(self) -> Tuple[int, int]:
-        """``(0, handle)`` of the captured stream."""
+        """``(0, handle)`` of the captured stream (``RuntimeError`` once closed)."""
     def close(self) -> None:
-        """Ends a capture still running and releases the builder and its recorded graph.
-        Idempotent."""
+        """Ends a capture still running and releases the builder and its recorded graph (the graph's
+        memory is released once every executable made from it is gone). Idempotent.
+        """
 
 class Graph:
     """An executable graph (``GraphBuilder.complete()``)."""
 
     def upload(self, stream: StreamLike) -> None:
         """Uploads the graph to the device on ``stream`` so that the next launch need not
-        (``cuGraphUpload``). Does not block."""
+        (``cuGraphUpload``). Does not block. ``RuntimeError`` for a closed graph or stream;
+        ``TypeError`` for a missing, ``None`` or non-stream ``stream``; :class:`CUDAError` on a
+        driver failure.
+        """
     def launch(self, stream: StreamLike) -> None:
-        """Launches the graph on ``stream``. Does not block."""
+        """Launches the graph on ``stream``. Does not block. ``RuntimeError`` for a closed graph or
+        stream; ``TypeError`` for a missing, ``None`` or non-stream ``stream``; :class:`CUDAError`
+        on a driver failure.
+        """
     @property
     def handle(self) -> int:
         """The raw ``CUgraphExec`` as an int; 0 once closed."""
@@ -758,8 +935,9 @@ class Graph:
         but a ``Buffer`` (``None`` included); ``RuntimeError`` for a closed buffer or a closed
         graph. No driver call."""
     def close(self) -> None:
-        """Releases the executable; what it retains is freed by the cleanup worker once it is
-        gone. Idempotent."""
+        """Releases the executable; what it retains is freed once the launches in flight are done, by
+        the cleanup worker or in ``drain_deferred_cleanup()``. Idempotent.
+        """
     @property
     def is_closed(self) -> bool:
         """Whether ``close()`` was called."""
@@ -782,7 +960,7 @@ class Device:
     for a non-int, ``ValueError`` for an ordinal out of range."""
 
     def __new__(cls, device_id: Optional[int] = None) -> "Device":
-        """The device object for ``device_id``."""
+        ...
     @classmethod
     def get_all_devices(cls) -> Tuple["Device", ...]:
         """Every device the driver sees, in ordinal order."""
@@ -797,41 +975,56 @@ class Device:
         """The device's name (``cuDeviceGetName``)."""
     @property
     def uuid(self) -> str:
-        """The device's UUID, ``"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"`` (``cuDeviceGetUuid``)."""
+        """The device's UUID as ``"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"`` (``cuDeviceGetUuid``)."""
     @property
     def compute_capability(self) -> ComputeCapability:
-        """``(major, minor)``."""
+        """``(major, minor)``, e.g. ``ComputeCapability(major=9, minor=0)`` for an H200."""
     @property
     def arch(self) -> str:
-        """The compute capability's digits, as in ``sm_90``: ``"90"``."""
+        """The compute capability as the digits of an ``sm_`` name: ``"90"`` for 9.0."""
     def can_access_peer(self, peer: Union["Device", int]) -> bool:
-        """Whether this device can access ``peer``'s memory (``cuDeviceCanAccessPeer``); True
-        for the device itself."""
+        """Whether this device can access ``peer``'s memory (``cuDeviceCanAccessPeer``); a device can
+        always access its own.
+        """
     @property
     def context(self) -> Context:
-        """The device's primary context."""
+        """The device's primary context (retained while this object lives)."""
     def set_current(self, ctx: Optional[Context] = None) -> None:
-        """Makes the primary context (or ``ctx``) current on the calling thread."""
+        """Makes the device's primary context (or ``ctx``) current on the calling thread, replacing the
+        top of its context stack (``cuCtxSetCurrent``). ``TypeError`` for a ``ctx`` that is not a
+        :class:`Context`; :class:`CUDAError` on a driver failure.
+        """
     @property
     def memory_resource(self) -> MemoryResource:
-        """The resource :meth:`allocate` uses (default: the device's current pool); settable."""
+        """The resource :meth:`allocate` uses (default: a :class:`DeviceMemoryResource` over the
+        device's current pool); settable to any :class:`MemoryResource` (``TypeError`` otherwise).
+        """
     @memory_resource.setter
     def memory_resource(self, mr: MemoryResource) -> None: ...
     @property
     def default_stream(self) -> Stream:
         """:func:`default_stream`."""
     def create_stream(self, obj: Optional[_CudaStreamLike] = None, options: Optional[StreamOptions] = None) -> Stream:
-        """A new stream in the primary context made with ``options`` (non-blocking, priority 0
-        by default), or a wrapper of ``obj``."""
+        """A new stream in the primary context made with ``options`` (a :class:`StreamOptions` or a
+        dict; non-blocking, priority 0 by default), or a wrapper of ``obj`` (an object with
+        ``__cuda_stream__``; ``TypeError`` otherwise). ``ValueError`` for a priority outside the
+        device's range; :class:`CUDAError` on a driver failure.
+        """
     def create_event(self, options: Optional[EventOptions] = None) -> Event:
-        """A new event in the primary context, not recorded, made with ``options``
-        (``TypeError`` for ``ipc_enabled``: an IPC event is made by :meth:`Stream.record`)."""
+        """A new event in the primary context, not recorded, made with ``options`` (an
+        :class:`EventOptions` or a dict). ``TypeError`` for ``ipc_enabled``: an IPC event is made
+        by recording it (:meth:`Stream.record`).
+        """
     def create_graph_builder(self) -> "GraphBuilder":
         """A :class:`GraphBuilder` capturing a new stream in the device's primary context."""
     def allocate(self, size: int, *, stream: StreamLike) -> Buffer:
-        """``self.memory_resource.allocate(size, stream=stream)``."""
+        """``self.memory_resource.allocate(size, stream=stream)``: ``size`` bytes, ordered on
+        ``stream`` (keyword-only), raising what that resource's ``allocate`` raises.
+        """
     def sync(self) -> None:
-        """Blocks until all work in the primary context has finished."""
+        """Blocks the calling thread (the GIL released) until all work in the device's primary context
+        has finished (``cuCtxSynchronize``).
+        """
     def __int__(self) -> int:
         """The device ordinal."""
     def __index__(self) -> int:
@@ -872,8 +1065,11 @@ class GraphMemoryResourceAttributes:
     def used_mem_high(self, value: int) -> None: ...
 
 class GraphCompleteOptions:
-    """Options for :meth:`GraphBuilder.complete`. ``upload_stream``: upload the graph there at
-    once. The other three are not supported (``NotImplementedError`` when set)."""
+    """Options for :meth:`GraphBuilder.complete`, with cuda.core's names. ``upload_stream``: upload
+    the graph there at once. ``auto_free_on_launch``, ``device_launch`` and
+    ``use_node_priority`` exist for cuda.core's interface and are not supported
+    (``NotImplementedError`` when set).
+    """
 
     auto_free_on_launch: bool
     upload_stream: Optional[Stream]
@@ -886,10 +1082,12 @@ class GraphCompleteOptions:
         device_launch: bool = False,
         use_node_priority: bool = False,
     ) -> None:
-        """The options, as cuda.core names them."""
+        ...
 
 class ComputeCapability(Tuple[int, int]):
-    """A device's compute capability, ``(major, minor)`` (a named tuple)."""
+    """A device's compute capability, ``(major, minor)`` (a named tuple;
+    ``Device.compute_capability``).
+    """
 
     major: int
     minor: int
@@ -1340,14 +1538,17 @@ class DeviceProperties:
 
 class IPCAllocationHandle:
     """A memory pool's shareable handle (``mr.allocation_handle``): a POSIX file descriptor of
-    the exported pool, owned by this object and closed by :meth:`close` or when it is
-    collected, and the UUID naming the pool across processes. Pickles for ``multiprocessing``.
-    Cannot be instantiated directly (``RuntimeError``)."""
+    the exported pool, which this object owns and closes (``close()``, or when it is collected),
+    and the UUID naming the pool across processes. Pickles for ``multiprocessing`` (the
+    descriptor is duplicated for the receiving process). Cannot be instantiated directly
+    (``RuntimeError``).
+    """
 
     @classmethod
     def _init(cls, handle: int, uuid: Optional["uuid.UUID"] = None, kind: Optional[str] = None, device_id: int = -1) -> "IPCAllocationHandle":
-        """A handle owning the descriptor ``handle`` (``ValueError`` when negative), of the pool
-        ``uuid`` that a ``kind`` resource of device ``device_id`` exported."""
+        """A handle owning the file descriptor ``handle`` (``ValueError`` when negative), of the
+        pool ``uuid`` that a ``kind`` resource (of device ``device_id``) exported.
+        """
     @property
     def handle(self) -> int:
         """The file descriptor (``RuntimeError`` once closed)."""
@@ -1360,4 +1561,4 @@ class IPCAllocationHandle:
     def is_closed(self) -> bool:
         """Whether :meth:`close` was called."""
     def close(self) -> None:
-        """Closes the descriptor. Idempotent."""
+        """Closes the file descriptor. Idempotent."""

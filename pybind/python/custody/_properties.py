@@ -160,7 +160,11 @@ ATTRIBUTES = (
 
 
 class DeviceProperties:
-    """The attributes of one device (``Device.properties``); read-only, read on first use."""
+    """A device's attributes under cuda.core 1.2's names (``Device.properties``), each read
+    with ``cuDeviceGetAttribute`` on first use and kept. An attribute the loaded driver does not
+    know raises :class:`CUDAError` when read. Cannot be instantiated directly
+    (``RuntimeError``).
+    """
 
     __slots__ = ("_device_id", "_values", "__weakref__")
 
@@ -192,7 +196,8 @@ def _property(name: str, number: int, kind: type) -> property:
         return self._read(name, number, kind)
 
     read.__name__ = name
-    read.__doc__ = f"``CU_DEVICE_ATTRIBUTE_{name.upper()}`` ({number}), as {kind.__name__}."
+    article = "an" if kind is int else "a"
+    read.__doc__ = f"``CU_DEVICE_ATTRIBUTE_{name.upper()}`` ({number}), as {article} {kind.__name__}."
     return property(read)
 
 

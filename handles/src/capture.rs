@@ -1,0 +1,94 @@
+//! Stream capture: [`capture_status`], [`begin_capture`] and [`end_capture`] (which counts the
+//! captures custody began, for [`capture_may_be_active`]); `retain_in_capture`, which attaches
+//! memory to a capture, lives with the graph nodes (`graph_nodes.rs`).
+
+use cuda_sys::types::{CUgraph, CUstreamCaptureMode, CUstreamCaptureStatus};
+
+use crate::context::ContextHandle;
+use crate::graph::GraphHandle;
+use crate::stream::StreamHandle;
+use crate::HandleError;
+
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
+const CAPTURE_INVALIDATED: u32 = 901;
+
+/// Whether a stream is being captured into a graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureStatus {
+    /// Not capturing: work runs.
+    None,
+    /// Capturing: work is recorded into a graph.
+    Active,
+    /// Capturing, but the capture failed and must be ended.
+    Invalidated,
+}
+
+pub use crate::stream::capture_may_be_active;
+
+/// Whether `stream` is capturing.
+///
+/// # Errors
+/// [`HandleError::NoCurrentContext`] for an unbound token with no context;
+/// [`HandleError::Driver`] otherwise (the legacy stream while another stream of its context
+/// captures: `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`).
+///
+/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamIsCapturing`.
+pub fn capture_status(stream: &StreamHandle) -> Result<CaptureStatus, HandleError> {
+    let mut status: u32 = 0;
+    stream.run("cuStreamIsCapturing", |d, s| {
+        // SAFETY: `status` is 4 bytes of storage for the enum, read as an integer; the stream
+        // is alive.
+        unsafe {
+            (d.cuStreamIsCapturing)(s, (&mut status as *mut u32).cast::<CUstreamCaptureStatus>())
+        }
+    })?;
+    Ok(match status {
+        0 => CaptureStatus::None,
+        1 => CaptureStatus::Active,
+        _ => CaptureStatus::Invalidated,
+    })
+}
+
+/// Begins capturing `stream` into a graph (`mode`: `CU_STREAM_CAPTURE_MODE_*`); end it with
+/// [`end_capture`].
+///
+/// # Errors
+/// As [`capture_status`]; the driver refuses the legacy stream and a stream already capturing.
+///
+/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamBeginCapture_v2`.
+pub fn begin_capture(stream: &StreamHandle, mode: CUstreamCaptureMode) -> Result<(), HandleError> {
+    stream.run("cuStreamBeginCapture_v2", |d, s| {
+        // SAFETY: the stream is alive and its context current.
+        unsafe { (d.cuStreamBeginCapture_v2)(s, mode) }
+    })?;
+    crate::stream::note_capture_begun();
+    Ok(())
+}
+
+/// Ends the capture of `stream` and returns the captured graph, owned (destroyed in the
+/// stream's context after its last handle goes).
+///
+/// # Errors
+/// As [`capture_status`]; `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` when the capture failed (it
+/// has ended all the same).
+///
+/// Driver calls: `cuCtxGetCurrent` (twice for an unbound token), `cuCtxSetCurrent` (if needed),
+/// `cuStreamEndCapture`; `cuGraphDestroy` when the last graph handle drops.
+pub fn end_capture(stream: &StreamHandle) -> Result<GraphHandle, HandleError> {
+    let context = match stream.context() {
+        Some(context) => context.clone(),
+        None => ContextHandle::current()?.ok_or(HandleError::NoCurrentContext)?,
+    };
+    let mut graph: CUgraph = std::ptr::null_mut();
+    let result = stream.run("cuStreamEndCapture", |d, s| {
+        // SAFETY: `graph` is a valid out-pointer read after success; the stream is alive.
+        let status = unsafe { (d.cuStreamEndCapture)(s, &mut graph) };
+        if status == 0 || status == CAPTURE_INVALIDATED {
+            // The capture is over either way.
+            crate::stream::note_capture_ended();
+        }
+        status
+    });
+    result?;
+    Ok(GraphHandle::from_captured(graph, &context))
+}
