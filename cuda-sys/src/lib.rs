@@ -166,6 +166,8 @@ macro_rules! __driver_function_list {
                 cuDeviceGetGraphMemAttribute(device: CUdevice, attr: c_uint, value: *mut c_void);
                 cuDeviceSetGraphMemAttribute(device: CUdevice, attr: c_uint, value: *mut c_void);
                 cuDeviceGraphMemTrim(device: CUdevice);
+                cuIpcGetEventHandle(pHandle: *mut CUipcEventHandle, event: CUevent);
+                cuIpcOpenEventHandle(phEvent: *mut CUevent, handle: CUipcEventHandle);
             }
         }
     };

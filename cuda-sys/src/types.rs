@@ -8,10 +8,10 @@ pub use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ulonglong, c_ushort, c_void
 pub use cudarc::driver::sys::{
     cuuint64_t, CUcontext, CUctx_flags, CUdevice, CUdevice_attribute, CUdeviceptr,
     CUdriverProcAddressQueryResult, CUevent, CUevent_flags, CUgraph, CUgraphExec, CUgraphNode,
-    CUhostFn, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationType,
-    CUmemAttach_flags, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemPoolPtrExportData,
-    CUmemPool_attribute, CUmemoryPool, CUmemorytype, CUpointer_attribute, CUstream,
-    CUstreamCaptureMode, CUstreamCaptureStatus, CUstream_flags, CUuserObject,
+    CUhostFn, CUipcEventHandle, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType,
+    CUmemAllocationType, CUmemAttach_flags, CUmemLocation, CUmemLocationType, CUmemPoolProps,
+    CUmemPoolPtrExportData, CUmemPool_attribute, CUmemoryPool, CUmemorytype, CUpointer_attribute,
+    CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CUstream_flags, CUuserObject,
     CUuserObjectRetain_flags, CUuserObject_flags, CUDA_HOST_NODE_PARAMS, CUDA_MEMCPY3D,
     CUDA_MEMSET_NODE_PARAMS, CUDA_MEM_ALLOC_NODE_PARAMS,
 };

@@ -527,7 +527,8 @@ impl DevicePtrHandle {
             return Err(HandleError::invalid(
                 "size",
                 format!(
-                    "the import claims {size} bytes but the imported allocation holds {extent}"
+                    "the import's size ({size} bytes) exceeds the mapped allocation extent \
+                     ({extent} bytes)"
                 ),
             ));
         }

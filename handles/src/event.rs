@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use cuda_sys::types::CUevent;
+use cuda_sys::types::{CUevent, CUipcEventHandle};
 use cuda_sys::CudaErrorCode;
 
 use crate::context::ContextHandle;
@@ -132,6 +132,67 @@ pub(crate) fn destroy_raw(raw: usize) -> u32 {
     let Ok(d) = driver() else { return 0 };
     // SAFETY: the caller owns the event and never uses it again.
     unsafe { (d.cuEventDestroy_v2)(raw as CUevent) }
+}
+
+/// Sharing events between processes, for the Python bindings' `Event.ipc_descriptor` and
+/// `Event.from_ipc_descriptor`.
+impl EventHandle {
+    /// The driver's 64-byte handle another process opens this event with (the event must have
+    /// been created with `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`).
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] (`CUDA_ERROR_INVALID_VALUE` for an event not created for
+    /// interprocess use); [`HandleError::Load`] when the driver lacks `cuIpcGetEventHandle`.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuIpcGetEventHandle`.
+    pub fn ipc_handle(&self) -> Result<[u8; 64], HandleError> {
+        in_context(&self.0.context, "cuIpcGetEventHandle", |d| {
+            let get = d.cuIpcGetEventHandle().map_err(HandleError::Load)?;
+            let mut handle = CUipcEventHandle { reserved: [0; 64] };
+            // SAFETY: the handle keeps the event alive; `handle` is the 64-byte out-buffer.
+            let status = unsafe { get(&mut handle, self.raw()) };
+            check("cuIpcGetEventHandle", status)?;
+            Ok(handle.reserved.map(|c| c as u8))
+        })
+    }
+
+    /// Opens, in `context`, an event another process shared as `handle` (its
+    /// [`EventHandle::ipc_handle`]). The new handle is owned here: destroyed with its last
+    /// clone, like any event; it behaves as an event created with `CU_EVENT_DISABLE_TIMING`
+    /// whose records are the exporting process's.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the driver refuses the handle; [`HandleError::Load`] when it
+    /// lacks `cuIpcOpenEventHandle`.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuIpcOpenEventHandle`.
+    pub fn open_ipc(
+        context: &ContextHandle,
+        handle: &[u8; 64],
+    ) -> Result<EventHandle, HandleError> {
+        let raw = in_context_or_undo(
+            context,
+            "cuIpcOpenEventHandle",
+            |d| {
+                let open = d.cuIpcOpenEventHandle().map_err(HandleError::Load)?;
+                let handle = CUipcEventHandle {
+                    reserved: handle.map(|b| b as std::ffi::c_char),
+                };
+                let mut raw: CUevent = std::ptr::null_mut();
+                // SAFETY: `raw` is a valid out-pointer; `handle` is passed by value.
+                let status = unsafe { open(&mut raw, handle) };
+                check("cuIpcOpenEventHandle", status)?;
+                Ok(raw as usize)
+            },
+            |_, raw| {
+                destroy_raw(raw);
+            },
+        )?;
+        Ok(EventHandle(Arc::new(EventBox {
+            raw,
+            context: context.clone(),
+        })))
+    }
 }
 
 /// Event timing, for the Python bindings' `Event.__sub__`.

@@ -485,13 +485,16 @@ impl PyBuffer {
         let stream = accept_stream(&required_stream(stream)?)?;
         let pool = pool_of(mr)
             .ok_or_else(|| expected("DeviceMemoryResource or PinnedMemoryResource", mr))?;
+        if !pool.is_mapped() && !pool.is_ipc_enabled() {
+            return Err(crate::resource::not_ipc_enabled());
+        }
+        let descriptor = descriptor_of(ipc_descriptor, pool.device())?;
         if !pool.is_mapped() {
             return Err(PyRuntimeError::new_err(
                 "the memory resource is not a pool imported from another process \
                  (open one with from_allocation_handle)",
             ));
         }
-        let descriptor = descriptor_of(ipc_descriptor, pool.device())?;
         let buffer = py
             .detach(|| pool.import_buffer(&descriptor, &stream))
             .map_err(|error| match error {
@@ -791,7 +794,14 @@ impl PyBuffer {
     #[getter]
     fn ipc_descriptor(&self, py: Python<'_>) -> PyResult<PyIpcBufferDescriptor> {
         let buffer = self.open(py)?;
-        let inner = py.detach(|| buffer.ipc_descriptor()).map_err(Error::from)?;
+        let inner = py
+            .detach(|| buffer.ipc_descriptor())
+            .map_err(|error| match error {
+                MemoryError::Ipc { reason } if !buffer.is_mapped() => PyRuntimeError::new_err(
+                    format!("Memory resource is not IPC-enabled ({reason})"),
+                ),
+                other => Error::from(other).into(),
+            })?;
         Ok(PyIpcBufferDescriptor::of(&inner))
     }
 
@@ -1000,8 +1010,8 @@ impl PyManagedBuffer {
 /// What another process needs to import one buffer: the pool's export data for it (the payload:
 /// the driver's 64-byte ``CUmemPoolPtrExportData``, then the pool's device as 4 bytes,
 /// little-endian, -1 for a pinned host pool) and its size in bytes. ``bytes(descriptor)`` is 96
-/// bytes; picklable (as ``_init(payload, size)``). Compared by value. Cannot be instantiated
-/// directly (``RuntimeError``).
+/// bytes; picklable (as ``_init(payload, size)``, cuda.core's form, where a 64-byte payload names
+/// no device). Compared by value. Cannot be instantiated directly (``RuntimeError``).
 #[pyclass(frozen, name = "IPCBufferDescriptor", module = "custody")]
 pub struct PyIpcBufferDescriptor {
     payload: Vec<u8>,
@@ -1026,7 +1036,8 @@ impl PyIpcBufferDescriptor {
         Some((device >= 0).then_some(device))
     }
 
-    /// The descriptor for an import into a pool of `pool_device`.
+    /// The descriptor for an import into a pool of `pool_device` (the device the payload names
+    /// is not checked against it: the driver refuses export data of another pool).
     ///
     /// # Errors
     /// `ValueError` for a payload shorter than 64 bytes or a bad size.
@@ -1041,8 +1052,9 @@ impl PyIpcBufferDescriptor {
                     self.payload.len()
                 ))
             })?;
-        let device = self.named_device().unwrap_or(pool_device);
-        IpcBufferDescriptor::from_parts(export, self.size, device).map_err(descriptor_error)
+        // The importing pool's device: whether the export data belongs to that pool is the
+        // driver's to say (cuMemPoolImportPointer refuses another pool's), as with cuda.core.
+        IpcBufferDescriptor::from_parts(export, self.size, pool_device).map_err(descriptor_error)
     }
 }
 
@@ -1112,7 +1124,7 @@ impl PyIpcBufferDescriptor {
 
     /// The serialised form, 96 bytes.
     fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let descriptor = self.resolve(None)?;
+        let descriptor = self.resolve(self.named_device().flatten())?;
         Ok(PyBytes::new(py, &descriptor.to_bytes()))
     }
 

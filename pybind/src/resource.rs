@@ -8,8 +8,8 @@
 //! and the GIL held only for that call. Memory a built-in `allocate` returned is always freed by
 //! the built-in rule.
 
-use std::os::fd::IntoRawFd;
-use std::sync::{Arc, Weak};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use handles::sys_types::{CUdeviceptr, CUmemPool_attribute};
 use handles::{HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle};
@@ -246,6 +246,9 @@ fn type_name(object: &Bound<'_, PyAny>) -> String {
 /// An allocation's error, with the capture-state errors in cuda.core's words, naming the class
 /// called.
 fn allocation_error(mr: &Bound<'_, PyMemoryResource>, error: MemoryError) -> PyErr {
+    if pool_of(mr.as_any()).is_some_and(|pool| pool.is_mapped()) {
+        return PyTypeError::new_err("Cannot allocate from a mapped IPC-enabled memory resource");
+    }
     match error {
         MemoryError::StreamCapturing => pyo3::exceptions::PyRuntimeError::new_err(format!(
             "{} cannot perform memory operations on a capturing stream (consider using \
@@ -530,12 +533,22 @@ impl Pool {
         }
     }
 
-    fn export(&self, py: Python<'_>) -> PyResult<i32> {
+    fn export(&self, py: Python<'_>) -> PyResult<OwnedFd> {
+        if !self.as_pool().is_ipc_enabled() && !self.as_pool().is_closed() {
+            return Err(not_ipc_enabled());
+        }
         let pool = self.clone();
-        let fd = py
+        Ok(py
             .detach(move || pool.as_pool().export_pool())
-            .map_err(Error::from)?;
-        Ok(fd.into_raw_fd())
+            .map_err(Error::from)?)
+    }
+
+    /// The class name of the resource kind, as `IPCAllocationHandle` records it.
+    fn kind(&self) -> &'static str {
+        match self {
+            Pool::Device(_) => "DeviceMemoryResource",
+            Pool::Pinned(_) => "PinnedMemoryResource",
+        }
     }
 
     pub(crate) fn import_buffer(
@@ -548,6 +561,188 @@ impl Pool {
             Pool::Pinned(mr) => Buffer::from_ipc_descriptor(mr, descriptor, stream),
         }
     }
+}
+
+/// `RuntimeError("Memory resource is not IPC-enabled")`, cuda.core's words.
+pub(crate) fn not_ipc_enabled() -> PyErr {
+    pyo3::exceptions::PyRuntimeError::new_err(
+        "Memory resource is not IPC-enabled: make its pool with ipc_enabled=True",
+    )
+}
+
+/// A pool resource's identity across processes: the UUID naming its pool (made on first use for
+/// an exporting pool, carried over for an imported one), and the shareable handle
+/// `allocation_handle` exported once and kept (so that a pickle sent to a spawned process can
+/// pass its file descriptor, which must stay open until the process starts).
+#[derive(Default)]
+pub(crate) struct PoolIpc {
+    uuid: OnceLock<Py<PyAny>>,
+    /// Never made or dropped under the lock.
+    handle: Mutex<Option<Py<PyAny>>>,
+}
+
+impl PoolIpc {
+    /// The pool's UUID (`None` for a pool that cannot be shared).
+    fn uuid(&self, py: Python<'_>, pool: &dyn PoolMemoryResource) -> PyResult<Option<Py<PyAny>>> {
+        if !pool.is_ipc_enabled() && !pool.is_mapped() {
+            return Ok(None);
+        }
+        if let Some(uuid) = self.uuid.get() {
+            return Ok(Some(uuid.clone_ref(py)));
+        }
+        let made = py.import("uuid")?.call_method0("uuid4")?.unbind();
+        Ok(Some(self.uuid.get_or_init(|| made).clone_ref(py)))
+    }
+
+    /// A new `IPCAllocationHandle` owning a fresh export of `pool` (the caller's).
+    fn new_handle(&self, py: Python<'_>, pool: &Pool) -> PyResult<Py<PyAny>> {
+        let fd = pool.export(py)?;
+        let uuid = self.uuid(py, pool.as_pool())?;
+        let handle = py
+            .import("custody")?
+            .getattr("IPCAllocationHandle")?
+            .call_method1(
+                "_init",
+                (
+                    fd.as_raw_fd(),
+                    uuid,
+                    pool.kind(),
+                    pool.as_pool().pool().device().unwrap_or(-1),
+                ),
+            )?;
+        // The handle object owns the descriptor now.
+        let _ = fd.into_raw_fd();
+        Ok(handle.unbind())
+    }
+
+    /// The kept handle, exported on first use (again if it was closed).
+    fn kept_handle(&self, py: Python<'_>, pool: &Pool) -> PyResult<Py<PyAny>> {
+        let kept = self
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|h| h.clone_ref(py));
+        if let Some(kept) = kept {
+            if !kept.bind(py).getattr("is_closed")?.extract::<bool>()? {
+                return Ok(kept);
+            }
+        }
+        let made = self.new_handle(py, pool)?;
+        let old = self
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(made.clone_ref(py));
+        drop(old);
+        Ok(made)
+    }
+}
+
+/// What an `IPCAllocationHandle` records besides its file descriptor: the pool's UUID, the
+/// kind of resource that exported it and that resource's device (-1 for a pinned pool).
+struct HandleParts {
+    fd: i32,
+    uuid: Option<Py<PyAny>>,
+    kind: Option<String>,
+    device: Option<i32>,
+}
+
+/// A shareable handle argument of `from_allocation_handle`: an `IPCAllocationHandle`, or a bare
+/// file descriptor (which records nothing else).
+fn handle_parts(object: &Bound<'_, PyAny>) -> PyResult<HandleParts> {
+    let fd = fd_of(object)?;
+    let handle_type = object
+        .py()
+        .import("custody")?
+        .getattr("IPCAllocationHandle")?;
+    if !object.is_instance(&handle_type)? {
+        return Ok(HandleParts {
+            fd,
+            uuid: None,
+            kind: None,
+            device: None,
+        });
+    }
+    let uuid = object.getattr("uuid")?;
+    Ok(HandleParts {
+        fd,
+        uuid: (!uuid.is_none()).then(|| uuid.unbind()),
+        kind: object.getattr("_kind")?.extract()?,
+        device: object.getattr("_device_id")?.extract()?,
+    })
+}
+
+/// The resource of `kind` this process already has for the pool named `uuid`, if any
+/// (`TypeError` when it has the pool as the other kind).
+fn registered_pool(py: Python<'_>, uuid: &Py<PyAny>, kind: &str) -> PyResult<Option<Py<PyAny>>> {
+    let found = py
+        .import("custody")?
+        .getattr("_registered_pool")?
+        .call1((uuid.clone_ref(py), kind))?;
+    Ok((!found.is_none()).then(|| found.unbind()))
+}
+
+/// Opens the pool another process exported as `allocation_handle` (an `IPCAllocationHandle`
+/// or a bare file descriptor), asked for as a resource of `requested` kind: the resource this
+/// process already has for it, else the pool opened as the kind the handle records (a pinned
+/// pool's handle opens a `PinnedMemoryResource` whichever class was asked; `device` is the
+/// device asked for, for a device pool).
+fn import_pool_object(
+    py: Python<'_>,
+    requested: &'static str,
+    device: Option<i32>,
+    allocation_handle: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let parts = handle_parts(allocation_handle)?;
+    if let Some(uuid) = &parts.uuid {
+        if let Some(mr) = registered_pool(py, uuid, requested)? {
+            return Ok(mr);
+        }
+    }
+    let kind = parts.kind.as_deref().unwrap_or(requested);
+    let mr = with_borrowed_fd(parts.fd, |fd| -> PyResult<Py<PyAny>> {
+        if kind == "PinnedMemoryResource" {
+            let inner = py
+                .detach(|| PinnedMemoryResource::import_pool(fd))
+                .map_err(Error::from)?;
+            let init = PyMemoryResource::builtin(inner.clone(), false).add_subclass(
+                PyPinnedMemoryResource {
+                    inner,
+                    ipc: PoolIpc::default(),
+                },
+            );
+            return Ok(Py::new(py, init)?.into_any());
+        }
+        let ordinal = device.or(parts.device.filter(|d| *d >= 0)).unwrap_or(0);
+        let inner = py
+            .detach(|| DeviceMemoryResource::import_pool(ordinal, fd))
+            .map_err(Error::from)?;
+        let init =
+            PyMemoryResource::builtin(inner.clone(), false).add_subclass(PyDeviceMemoryResource {
+                inner,
+                ipc: PoolIpc::default(),
+            });
+        Ok(Py::new(py, init)?.into_any())
+    })??;
+    if let Some(uuid) = parts.uuid {
+        let _ = set_imported_uuid(mr.bind(py), uuid);
+    }
+    py.import("custody")?
+        .getattr("_register_pool")?
+        .call1((mr.clone_ref(py),))?;
+    Ok(mr)
+}
+
+/// Records the UUID an imported resource's pool had in the exporting process.
+fn set_imported_uuid(mr: &Bound<'_, PyAny>, uuid: Py<PyAny>) -> Result<(), Py<PyAny>> {
+    if let Ok(device) = mr.cast::<PyDeviceMemoryResource>() {
+        return device.get().ipc.uuid.set(uuid);
+    }
+    if let Ok(pinned) = mr.cast::<PyPinnedMemoryResource>() {
+        return pinned.get().ipc.uuid.set(uuid);
+    }
+    Err(uuid)
 }
 
 /// The pool of a built-in pool resource object, if `mr` is one.
@@ -575,6 +770,11 @@ impl PoolAccess {
 
     pub(crate) fn is_mapped(&self) -> bool {
         self.0.as_pool().is_mapped()
+    }
+
+    /// Whether the pool can be shared with other processes.
+    pub(crate) fn is_ipc_enabled(&self) -> bool {
+        self.0.as_pool().is_ipc_enabled()
     }
 
     /// The pool's device; `None` for a pinned host pool.
@@ -739,11 +939,36 @@ macro_rules! pool_methods {
                 }
             }
 
-            /// Exports the pool as a new POSIX file descriptor (an int the caller owns and closes), for
-            /// another process's ``from_allocation_handle``. ``RuntimeError`` for a closed resource or a
-            /// pool made without ``ipc_enabled``; :class:`CUDAError` on a driver failure.
-            fn get_allocation_handle(&self, py: Python<'_>) -> PyResult<i32> {
-                Pool::$variant(Arc::clone(&self.inner)).export(py)
+            /// The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
+            /// kept by this resource, for another process's ``from_allocation_handle`` (it
+            /// pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
+            /// IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
+            /// closed resource; :class:`CUDAError` on a driver failure.
+            #[getter(allocation_handle)]
+            fn kept_allocation_handle(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+                self.ipc.kept_handle(py, &Pool::$variant(Arc::clone(&self.inner)))
+            }
+
+            /// A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
+            /// fresh export of the pool, its file descriptor closed with the handle. Errors as
+            /// :attr:`allocation_handle`.
+            fn get_allocation_handle(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+                self.ipc.new_handle(py, &Pool::$variant(Arc::clone(&self.inner)))
+            }
+
+            /// The UUID naming the pool across processes (the same in the process that made
+            /// it and in every process that opened it); ``None`` unless the pool can be
+            /// shared.
+            #[getter]
+            fn uuid(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+                self.ipc.uuid(py, self.inner.as_ref())
+            }
+
+            /// Whether this resource made its pool (and it goes with the last of the resource
+            /// and its buffers); ``False`` for a device's current pool.
+            #[getter]
+            fn is_handle_owned(&self) -> bool {
+                self.inner.pool().is_owned()
             }
 
             #[doc = concat!("Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and\n``Buffer.from_ipc_descriptor`` then raise ``RuntimeError(\"", $name, " has been closed\")``;\n``deallocate`` and the buffers already made keep working. The pool goes with the last of\nthis object and its buffers (an owned pool outlives its allocations). Idempotent.")]
@@ -778,6 +1003,7 @@ macro_rules! pool_methods {
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "DeviceMemoryResource", module = "custody")]
 pub struct PyDeviceMemoryResource {
     inner: Arc<DeviceMemoryResource>,
+    ipc: PoolIpc,
 }
 
 pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
@@ -803,13 +1029,17 @@ pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
                     .map_err(Error::from)?
             }
         };
-        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner }))
+        let ipc = PoolIpc::default();
+        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc }))
     }
 
-    /// Opens a device pool another process exported (``allocation_handle``: a file descriptor as an
-    /// int, or an object with ``fileno()`` or ``handle``; it stays the caller's to close); the
-    /// resource only imports buffers (``Buffer.from_ipc_descriptor``). ``TypeError`` for anything
-    /// else; :class:`CUDAError` when the driver refuses the descriptor.
+    /// Opens a device pool another process exported (``allocation_handle``: its
+    /// :class:`IPCAllocationHandle`, or a file descriptor as an int or an object with
+    /// ``fileno()`` or ``handle``; it stays the caller's to close); the resource only imports
+    /// buffers (``Buffer.from_ipc_descriptor``). A pool this process has already opened (or
+    /// made) gives that resource back (``TypeError`` when it is a ``PinnedMemoryResource``'s);
+    /// a pinned pool's handle opens a ``PinnedMemoryResource``. ``TypeError`` for anything else;
+    /// :class:`CUDAError` when the driver refuses the descriptor.
     #[classmethod]
     fn from_allocation_handle(
         cls: &Bound<'_, pyo3::types::PyType>,
@@ -818,13 +1048,7 @@ pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
     ) -> PyResult<Py<PyAny>> {
         let py = cls.py();
         let ordinal = device_ordinal(device_id)?;
-        let fd = fd_of(allocation_handle)?;
-        let inner = with_borrowed_fd(fd, |fd| {
-            py.detach(|| DeviceMemoryResource::import_pool(ordinal, fd))
-        })?
-        .map_err(Error::from)?;
-        let init = PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner });
-        Ok(Py::new(py, init)?.into_any())
+        import_pool_object(py, "DeviceMemoryResource", Some(ordinal), allocation_handle)
     }
 });
 
@@ -856,6 +1080,7 @@ fn fd_of(object: &Bound<'_, PyAny>) -> PyResult<i32> {
 #[pyclass(frozen, extends = PyMemoryResource, subclass, name = "PinnedMemoryResource", module = "custody")]
 pub struct PyPinnedMemoryResource {
     inner: Arc<PinnedMemoryResource>,
+    ipc: PoolIpc,
 }
 
 pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
@@ -874,24 +1099,24 @@ pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
         let inner = py
             .detach(|| PinnedMemoryResource::new(options))
             .map_err(Error::from)?;
-        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner }))
+        let ipc = PoolIpc::default();
+        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc }))
     }
 
-    /// Opens a pinned pool another process exported (``allocation_handle``: a file descriptor as an
-    /// int, or an object with ``fileno()`` or ``handle``; it stays the caller's to close); the
-    /// resource only imports buffers (``Buffer.from_ipc_descriptor``). ``TypeError`` for anything
-    /// else; :class:`CUDAError` when the driver refuses the descriptor.
+    /// Opens a pinned pool another process exported (``allocation_handle``: its
+    /// :class:`IPCAllocationHandle`, or a file descriptor as an int or an object with
+    /// ``fileno()`` or ``handle``; it stays the caller's to close); the resource only imports
+    /// buffers (``Buffer.from_ipc_descriptor``). A pool this process has already opened (or
+    /// made) gives that resource back (``TypeError`` when it is a ``DeviceMemoryResource``'s);
+    /// a device pool's handle opens a ``DeviceMemoryResource`` of its device. ``TypeError`` for
+    /// anything else; :class:`CUDAError` when the driver refuses the descriptor.
     #[classmethod]
     fn from_allocation_handle(
         cls: &Bound<'_, pyo3::types::PyType>,
         allocation_handle: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
         let py = cls.py();
-        let fd = fd_of(allocation_handle)?;
-        let inner = with_borrowed_fd(fd, |fd| py.detach(|| PinnedMemoryResource::import_pool(fd)))?
-            .map_err(Error::from)?;
-        let init = PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner });
-        Ok(Py::new(py, init)?.into_any())
+        import_pool_object(py, "PinnedMemoryResource", None, allocation_handle)
     }
 });
 

@@ -263,7 +263,7 @@ pub(crate) fn event_flags(options: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
     let ipc = bool_option(options, "ipc_enabled")?;
     if ipc && timing {
         return Err(PyTypeError::new_err(
-            "IPC-enabled events cannot use timing: set timing_enabled=False with ipc_enabled=True",
+            "IPC-enabled events cannot use timing.",
         ));
     }
     let mut flags = 0;
@@ -447,8 +447,9 @@ impl PyStream {
 
     /// Records ``event`` (a new one made with ``options``, an :class:`EventOptions` or a dict, in
     /// the stream's context if omitted) on the stream and returns it: the event completes when the
-    /// work queued on the stream so far has. Does not block. ``TypeError`` for an ``event`` that is
-    /// not an :class:`Event` or bad options; ``RuntimeError`` for a closed stream or event, or a
+    /// work queued on the stream so far has. Does not block. An IPC-enabled event is recorded
+    /// once, when made. ``TypeError`` for an ``event`` that is not an :class:`Event`, an
+    /// IPC-enabled one, or bad options; ``RuntimeError`` for a closed stream or event, or a
     /// default stream with no current context; :class:`CUDAError` on a driver failure.
     #[pyo3(signature = (event = None, options = None))]
     fn record(
@@ -459,11 +460,19 @@ impl PyStream {
     ) -> PyResult<Py<PyEvent>> {
         let stream = self.handle()?;
         let event = match event.filter(|e| !e.is_none()) {
-            Some(event) => event
-                .cast::<PyEvent>()
-                .map_err(|_| expected("Event", event))?
-                .clone()
-                .unbind(),
+            Some(event) => {
+                let event = event
+                    .cast::<PyEvent>()
+                    .map_err(|_| expected("Event", event))?;
+                if event.get().is_ipc_enabled() {
+                    // Another process may be waiting on it: its records belong to it.
+                    return Err(PyTypeError::new_err(
+                        "IPC-enabled events should not be re-recorded, instead create a new \
+                         event by supplying options.",
+                    ));
+                }
+                event.clone().unbind()
+            }
             None => {
                 let flags = event_flags(options)?;
                 let context = PyStream::context_handle(py, &stream)?;
@@ -638,6 +647,8 @@ pub struct PyEvent {
     raw: usize,
     /// The `CU_EVENT_*` flags it was created with.
     flags: u32,
+    /// For an event opened from another process: the descriptor it was opened from.
+    imported: Option<Vec<u8>>,
 }
 
 impl PyEvent {
@@ -654,6 +665,7 @@ impl PyEvent {
             raw: handle.raw() as usize,
             handle: Mutex::new(Some(handle)),
             flags,
+            imported: None,
         }
     }
 
@@ -708,19 +720,28 @@ impl PyEvent {
         Ok(self.handle()?.raw() as usize)
     }
 
-    /// The event's context (``RuntimeError`` once closed).
+    /// The event's context; ``None`` for an event opened from another process
+    /// (``RuntimeError`` once closed).
     #[getter]
-    fn context(&self) -> PyResult<PyContext> {
-        Ok(PyContext {
-            handle: self.handle()?.context().clone(),
-        })
+    fn context(&self) -> PyResult<Option<PyContext>> {
+        let handle = self.handle()?;
+        if self.imported.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(PyContext {
+            handle: handle.context().clone(),
+        }))
     }
 
-    /// The device of the event's context (``RuntimeError`` once closed).
+    /// The device of the event's context; ``None`` for an event opened from another process
+    /// (``RuntimeError`` once closed).
     #[getter]
-    fn device<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let device = self.handle()?.context().device();
-        device_object(py, device)
+    fn device<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let handle = self.handle()?;
+        if self.imported.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(device_object(py, handle.context().device())?))
     }
 
     /// Whether the event records timing data (``EventOptions.timing_enabled``).
@@ -824,9 +845,9 @@ impl PyEvent {
         other.py().NotImplemented()
     }
 
-    /// The descriptor another process would need to open this event. ``RuntimeError`` for a closed
-    /// event or one made without ``ipc_enabled=True``; sharing events between processes is not
-    /// available yet, so an IPC-enabled event raises ``NotImplementedError``.
+    /// The descriptor another process needs to open this event (``Event.from_ipc_descriptor``;
+    /// the driver's ``cuIpcGetEventHandle``). ``RuntimeError`` for a closed event or one made
+    /// without ``ipc_enabled=True``; :class:`CUDAError` on a driver failure.
     #[getter]
     fn ipc_descriptor(&self, py: Python<'_>) -> PyResult<PyIpcEventDescriptor> {
         let event = self.handle()?;
@@ -835,16 +856,24 @@ impl PyEvent {
                 "Event is not IPC-enabled: create it with EventOptions(ipc_enabled=True)",
             ));
         }
-        let _ = (py, event);
-        Err(pyo3::exceptions::PyNotImplementedError::new_err(
-            "sharing events between processes (cuIpcGetEventHandle) is not available yet",
-        ))
+        let reserved = match &self.imported {
+            Some(reserved) => reserved.clone(),
+            None => py
+                .detach(|| event.ipc_handle())
+                .map_err(Error::from)?
+                .to_vec(),
+        };
+        Ok(PyIpcEventDescriptor {
+            reserved,
+            blocking_sync: self.flags & EVENT_BLOCKING_SYNC != 0,
+        })
     }
 
-    /// Would open an event another process shared, in the current context. ``TypeError`` for
-    /// anything but an :class:`IPCEventDescriptor`, ``ValueError`` for one whose handle bytes are
-    /// shorter than 64; sharing events between processes is not available yet
-    /// (``NotImplementedError``).
+    /// Opens an event another process shared (its ``ipc_descriptor``), in the current context;
+    /// the event opened has no ``device`` or ``context`` here, and its ``ipc_descriptor`` is the
+    /// one it was opened from. ``TypeError`` for anything but an :class:`IPCEventDescriptor`,
+    /// ``ValueError`` for one whose handle bytes are shorter than 64; ``RuntimeError`` when no
+    /// context is current; :class:`CUDAError` when the driver refuses the handle.
     #[classmethod]
     fn from_ipc_descriptor(
         _cls: &Bound<'_, PyType>,
@@ -866,20 +895,35 @@ impl PyEvent {
                     descriptor.reserved.len()
                 ))
             })?;
-        let _ = (py, reserved);
-        Err(pyo3::exceptions::PyNotImplementedError::new_err(
-            "sharing events between processes (cuIpcOpenEventHandle) is not available yet",
-        ))
+        let context = py
+            .detach(ContextHandle::current)
+            .map_err(Error::from)?
+            .ok_or_else(|| PyRuntimeError::new_err(NO_CONTEXT))?;
+        let handle = py
+            .detach(|| EventHandle::open_ipc(&context, &reserved))
+            .map_err(Error::from)?;
+        let mut flags = EVENT_INTERPROCESS | EVENT_DISABLE_TIMING;
+        if descriptor.blocking_sync {
+            flags |= EVENT_BLOCKING_SYNC;
+        }
+        Ok(PyEvent {
+            imported: Some(reserved.to_vec()),
+            ..PyEvent::wrap(handle, flags)
+        })
     }
 
-    /// Pickles an IPC-enabled event as its descriptor (for `multiprocessing`).
+    /// Pickles an IPC-enabled event as its descriptor and its device (for `multiprocessing`):
+    /// unpickling (`custody._rebuild_event`) opens it in the current context, first making that
+    /// device's primary context current when none is.
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
-    ) -> PyResult<(Bound<'py, PyAny>, (PyIpcEventDescriptor,))> {
+    ) -> PyResult<(Bound<'py, PyAny>, (PyIpcEventDescriptor, i32))> {
         let py = slf.py();
-        let descriptor = slf.get().ipc_descriptor(py)?;
-        let from = slf.get_type().getattr("from_ipc_descriptor")?;
-        Ok((from, (descriptor,)))
+        let this = slf.get();
+        let descriptor = this.ipc_descriptor(py)?;
+        let device = this.handle()?.context().device();
+        let rebuild = py.import("custody")?.getattr("_rebuild_event")?;
+        Ok((rebuild, (descriptor, device)))
     }
 
     fn __repr__(&self) -> String {
@@ -1249,6 +1293,12 @@ pub(crate) fn _create_event(
     options: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyEvent> {
     let flags = event_flags(options)?;
+    if flags & EVENT_INTERPROCESS != 0 {
+        // An interprocess event is shared once recorded: it is made by recording it.
+        return Err(PyTypeError::new_err(
+            "IPC-enabled events must be bound; use Stream.record for creation.",
+        ));
+    }
     PyEvent::create(py, &context.get().handle, flags)
 }
 

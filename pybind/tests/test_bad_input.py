@@ -253,8 +253,16 @@ def test_ipc_bad_input(device, stream, pool):
     check(TypeError, "stream is required",
           lambda: custody.Buffer.from_ipc_descriptor(pool, b"", stream=None))
     check(TypeError, "stream", lambda: custody.Buffer.from_ipc_descriptor(pool, b""))
-    check(RuntimeError, "not a pool imported",
+    check(RuntimeError, "not IPC-enabled",
           lambda: custody.Buffer.from_ipc_descriptor(pool, b"", stream=stream))
+    exporter = custody.DeviceMemoryResource(0, {"ipc_enabled": True})
+    exported = exporter.allocate(64, stream=stream)
+    check(RuntimeError, "not a pool imported",
+          lambda: custody.Buffer.from_ipc_descriptor(exporter, exported.ipc_descriptor, stream=stream))
+    check(ValueError, "payload is 8 bytes; expected at least 64",
+          lambda: custody.Buffer.from_ipc_descriptor(
+              exporter, custody.IPCBufferDescriptor._init(b"\0" * 8, 64), stream=stream))
+    exported.close()
     check(ValueError, "96", lambda: custody.IPCBufferDescriptor.from_bytes(b"short"))
     check(TypeError, "", lambda: custody.IPCBufferDescriptor.from_bytes(None))
     check(RuntimeError, "ipc_enabled", lambda: pool.get_allocation_handle())

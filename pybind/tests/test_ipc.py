@@ -33,8 +33,8 @@ CHILD = textwrap.dedent(
             raise AssertionError("stream=None accepted")
     try:
         mr.allocate(64, stream=s)
-    except RuntimeError as e:
-        assert "imported" in str(e), e
+    except TypeError as e:
+        assert str(e) == "Cannot allocate from a mapped IPC-enabled memory resource", e
     else:
         raise AssertionError("a mapped pool allocated")
     buf = custody.Buffer.from_ipc_descriptor(mr, custody.IPCBufferDescriptor.from_bytes(descriptor), stream=s)
@@ -72,7 +72,9 @@ def test_buffer_shared_with_a_child_process(device, stream):
     descriptor = buf.ipc_descriptor
     assert descriptor.size == 4096 and descriptor.device_id == 0
     assert pickle.loads(pickle.dumps(descriptor)) == descriptor
-    fd = mr.get_allocation_handle()
+    handle = mr.get_allocation_handle()
+    assert isinstance(handle, custody.IPCAllocationHandle) and handle.uuid == mr.uuid
+    fd = handle.handle
     try:
         out = subprocess.run(
             [
@@ -89,7 +91,8 @@ def test_buffer_shared_with_a_child_process(device, stream):
             timeout=120,
         )
     finally:
-        os.close(fd)
+        handle.close()
+    assert handle.is_closed
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "a7" * 4096
     buf.close()

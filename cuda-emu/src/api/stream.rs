@@ -484,12 +484,8 @@ const EVENT_DISABLE_TIMING: u32 = 0x2;
 const EVENT_INTERPROCESS: u32 = 0x4;
 
 /// `CUipcEventHandle` (`CU_IPC_HANDLE_SIZE`, 64 opaque bytes), passed by value to
-/// `cuIpcOpenEventHandle`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct IpcEventHandle {
-    bytes: [u8; 64],
-}
+/// `cuIpcOpenEventHandle`: the loader's type, so that the signatures match custody's.
+pub type IpcEventHandle = CUipcEventHandle;
 
 /// The handle of an interprocess event for another process to open. Documented: the event must
 /// have been created with `CU_EVENT_INTERPROCESS` (which goes with `CU_EVENT_DISABLE_TIMING`);
@@ -508,9 +504,9 @@ pub unsafe extern "C" fn cuIpcGetEventHandle(out: *mut IpcEventHandle, e: CUeven
         else {
             return Err(codes::INVALID_VALUE);
         };
-        let bytes = ipc.encode();
+        let reserved = ipc.encode().map(|b| b as std::ffi::c_char);
         // SAFETY: the caller's 64-byte CUipcEventHandle (driver contract).
-        unsafe { put(out, IpcEventHandle { bytes }) }
+        unsafe { put(out, IpcEventHandle { reserved }) }
     })
 }
 
@@ -529,7 +525,8 @@ pub unsafe extern "C" fn cuIpcOpenEventHandle(
         need(ph)?;
         let mut st = initialized()?;
         let ctx = st.current_ctx()?;
-        let ipc = IpcEvent::open(&handle.bytes).ok_or(codes::INVALID_VALUE)?;
+        let bytes = handle.reserved.map(|c| c as u8);
+        let ipc = IpcEvent::open(&bytes).ok_or(codes::INVALID_VALUE)?;
         let event = st.new_handle();
         st.events.insert(
             event,

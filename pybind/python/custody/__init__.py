@@ -73,6 +73,7 @@ __all__ = [
     "GraphCompleteOptions",
     "GraphMemoryResource",
     "GraphMemoryResourceAttributes",
+    "IPCAllocationHandle",
     "IPCBufferDescriptor",
     "IPCEventDescriptor",
     "LegacyPinnedMemoryResource",
@@ -383,7 +384,8 @@ class Device:
 
     def create_event(self, options: "Optional[EventOptions]" = None) -> Event:
         """A new event in the primary context, not recorded, made with ``options`` (an
-        :class:`EventOptions` or a dict).
+        :class:`EventOptions` or a dict). ``TypeError`` for ``ipc_enabled``: an IPC event is made
+        by recording it (:meth:`Stream.record`).
         """
         return _custody._create_event(self.context, options)
 
@@ -454,89 +456,186 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'custody' has no attribute {name!r}")
 
 
-# --- Pickling buffers and pool resources (docs/reference-notes.md section 5, scenario 64) ---
+# --- Sharing pools and buffers with other processes (docs/reference-notes.md section 5,
+# scenario 64) ---
+#
+# A pool resource's ``allocation_handle`` is an ``IPCAllocationHandle``: a file descriptor of
+# the exported pool, owned by the handle, and the UUID naming the pool across processes. It
+# pickles the way ``multiprocessing`` sends descriptors (``multiprocessing.reduction.DupFd``):
+# to a process being spawned, the descriptor is passed at spawn (the resource keeps its handle,
+# so it stays open until then); otherwise through ``multiprocessing``'s resource sharer, from
+# which the receiving process fetches a duplicate over a unix socket (so the sender must be
+# alive, and a pickle is read at most once: an unread one leaves the sender's duplicate with
+# the sharer).
 #
 # ``pickle.dumps(buffer)`` of a buffer from an IPC-enabled pool gives ``(mr, descriptor)``; the
-# resource pickles as its pool, exported once per pickle as a file descriptor and handed over by
-# ``multiprocessing``'s resource sharer (``multiprocessing.resource_sharer.DupFd``): the
-# receiving process fetches the descriptor from the sending one over a unix socket, so the
-# sender must be alive (and the pickle read at most once: an unread one leaves the sender's
-# duplicate descriptor with the sharer). Reducers are registered with ``copyreg`` for the exact
-# types (``Buffer``, ``ManagedBuffer``, ``DeviceMemoryResource``, ``PinnedMemoryResource``).
-#
-# Every pool resource that was pickled or unpickled is kept, weakly, under the key of its
-# exporting process and pool, so that a process opens a given pool once, however many buffers
-# of it arrive, and gets the original object back when one of its own pools returns.
+# resource pickles as ``(kind, uuid, device_id, allocation_handle)``, an imported resource by
+# its UUID alone. Every pool resource that was pickled, unpickled or opened with
+# ``from_allocation_handle`` is kept, weakly, under its pool's UUID, so that a process opens a
+# given pool once, however many buffers of it arrive, and gets the original object back when
+# one of its own pools returns. Reducers are registered with ``copyreg`` for the exact types
+# (``Buffer``, ``ManagedBuffer``, ``DeviceMemoryResource``, ``PinnedMemoryResource``).
 
 import copyreg as _copyreg
 import os as _os
 import weakref as _weakref
 
+
+class IPCAllocationHandle:
+    """A memory pool's shareable handle (``mr.allocation_handle``): a POSIX file descriptor of
+    the exported pool, which this object owns and closes (``close()``, or when it is collected),
+    and the UUID naming the pool across processes. Pickles for ``multiprocessing`` (the
+    descriptor is duplicated for the receiving process). Cannot be instantiated directly
+    (``RuntimeError``)."""
+
+    __slots__ = ("_fd", "_uuid", "_kind", "_device_id", "__weakref__")
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError(
+            "IPCAllocationHandle objects cannot be instantiated directly. Use "
+            "mr.allocation_handle."
+        )
+
+    @classmethod
+    def _init(
+        cls, handle: int, uuid=None, kind: "Optional[str]" = None, device_id: int = -1
+    ) -> "IPCAllocationHandle":
+        """A handle owning the file descriptor ``handle`` (``ValueError`` when negative), of the
+        pool ``uuid`` that a ``kind`` resource (of device ``device_id``) exported."""
+        if isinstance(handle, bool) or not isinstance(handle, int):
+            raise TypeError(
+                f"an allocation handle is a file descriptor (int), got {type(handle).__name__}"
+            )
+        if handle < 0:
+            raise ValueError(f"Invalid allocation handle (fd) {handle}: must be non-negative")
+        self = object.__new__(cls)
+        self._fd = handle
+        self._uuid = uuid
+        self._kind = kind
+        self._device_id = device_id
+        return self
+
+    @property
+    def handle(self) -> int:
+        """The file descriptor (``RuntimeError`` once closed)."""
+        if self._fd < 0:
+            raise RuntimeError("IPCAllocationHandle has been closed")
+        return self._fd
+
+    def __int__(self) -> int:
+        """The file descriptor."""
+        return self.handle
+
+    @property
+    def uuid(self):
+        """The UUID naming the pool across processes."""
+        return self._uuid
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._fd < 0
+
+    def close(self) -> None:
+        """Closes the file descriptor. Idempotent."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            _os.close(fd)
+
+    def __del__(self):
+        if getattr(self, "_fd", -1) >= 0:
+            try:
+                self.close()
+            except OSError:
+                pass
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd
+
+        return (
+            _rebuild_allocation_handle,
+            (DupFd(self.handle), self._uuid, self._kind, self._device_id),
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._fd < 0 else f"fd={self._fd}"
+        return f"<IPCAllocationHandle {state} uuid={self._uuid}>"
+
+
+def _rebuild_allocation_handle(shared, uuid, kind, device_id):
+    """Unpickles an allocation handle: the descriptor ``multiprocessing`` hands over."""
+    return IPCAllocationHandle._init(shared.detach(), uuid, kind, device_id)
+
+
 _pools: "_weakref.WeakValueDictionary" = _weakref.WeakValueDictionary()
-_pool_keys: "_weakref.WeakKeyDictionary" = _weakref.WeakKeyDictionary()
 _pools_lock = threading.Lock()
 
 
-def _pool_key(mr) -> tuple:
+def _register_pool(mr) -> None:
+    """Keeps ``mr`` (weakly) under its pool's UUID, unless one is kept already."""
+    uuid = mr.uuid
+    if uuid is None:
+        return
     with _pools_lock:
-        key = _pool_keys.get(mr)
-        if key is None:
-            key = (type(mr).__name__, _os.getpid(), mr.handle, mr.device_id)
-            _pool_keys[mr] = key
-            _pools[key] = mr
-        return key
+        known = _pools.get(uuid)
+        if known is None or known.is_closed:
+            _pools[uuid] = mr
+
+
+def _registered_pool(uuid, kind: str):
+    """The open resource of ``kind`` this process has for the pool ``uuid``, or None
+    (``TypeError`` when that pool belongs to the other kind of resource)."""
+    with _pools_lock:
+        mr = _pools.get(uuid)
+    if mr is None or mr.is_closed:
+        return None
+    if type(mr).__name__ != kind:
+        raise TypeError(
+            f"the pool {uuid} is a {type(mr).__name__}'s; open it with "
+            f"{type(mr).__name__}.from_allocation_handle, not {kind}.from_allocation_handle"
+        )
+    return mr
 
 
 def _reduce_pool_resource(mr):
     if mr.is_closed:
         raise RuntimeError(f"{type(mr).__name__} has been closed")
+    kind = type(mr).__name__
     if mr.is_mapped:
-        # Imported here: it travels by key, to a process that knows the pool already.
-        with _pools_lock:
-            key = _pool_keys.get(mr)
-        if key is None:
-            raise RuntimeError(f"this imported {type(mr).__name__} cannot be pickled")
-        return (_rebuild_pool_resource, (key, None))
+        # Imported here: it travels by UUID, to a process that knows the pool already.
+        return (_rebuild_pool_resource, (kind, mr.uuid, mr.device_id, None))
     if not mr.is_ipc_enabled:
         raise RuntimeError(
-            f"a {type(mr).__name__} pickles only when its pool was made with ipc_enabled=True"
+            f"a {kind} pickles only when its pool was made with ipc_enabled=True"
         )
-    from multiprocessing.resource_sharer import DupFd
-
-    key = _pool_key(mr)
-    fd = mr.get_allocation_handle()
-    try:
-        shared = DupFd(fd)  # the sharer keeps a duplicate until the receiver takes it
-    finally:
-        _os.close(fd)
-    return (_rebuild_pool_resource, (key, shared))
+    _register_pool(mr)
+    return (_rebuild_pool_resource, (kind, mr.uuid, mr.device_id, mr.allocation_handle))
 
 
-def _rebuild_pool_resource(key, shared):
-    """Unpickles a pool resource: the known object for ``key``, or the pool opened from the
-    descriptor the sharer hands over."""
-    fd = shared.detach() if shared is not None else None
-    try:
-        with _pools_lock:
-            mr = _pools.get(key)
-            if mr is not None and not mr.is_closed:
-                return mr
-            if fd is None:
-                raise RuntimeError(
-                    f"the pool of this {key[0]} is not known in this process "
-                    "(send its resource from the process that made it)"
-                )
-            kind, _pid, _handle, device_id = key
-            if kind == "DeviceMemoryResource":
-                mr = DeviceMemoryResource.from_allocation_handle(device_id, fd)
-            else:
-                mr = PinnedMemoryResource.from_allocation_handle(fd)
-            _pools[key] = mr
-            _pool_keys[mr] = key
-            return mr
-    finally:
-        if fd is not None:
-            _os.close(fd)
+def _rebuild_pool_resource(kind, uuid, device_id, handle):
+    """Unpickles a pool resource: the known object for ``uuid``, or the pool opened from the
+    allocation handle that came with it."""
+    # The handle closes its descriptor when it is collected; it is not closed here, since the
+    # same pickle may hold it for the caller too (pickle shares one object between references).
+    mr = _registered_pool(uuid, kind)
+    if mr is not None:
+        return mr
+    if handle is None:
+        raise RuntimeError(
+            f"the pool of this {kind} is not known in this process "
+            "(send its resource from the process that made it)"
+        )
+    if kind == "DeviceMemoryResource":
+        return DeviceMemoryResource.from_allocation_handle(device_id, handle)
+    return PinnedMemoryResource.from_allocation_handle(handle)
+
+
+def _rebuild_event(ipc_descriptor, device_id):
+    """Unpickles an IPC-enabled event: opens it in the current context, first making
+    ``Device(device_id)`` current when no context is (as a pickled buffer does)."""
+    if _custody._current_context() is None:
+        Device(device_id).set_current()
+    return Event.from_ipc_descriptor(ipc_descriptor)
 
 
 def _reduce_buffer(buffer):

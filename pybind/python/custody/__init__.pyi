@@ -15,6 +15,7 @@ GPU (``cargo build -p cuda-custody-emu`` in custody's source repository builds i
 driver loads, the first CUDA call raises a :class:`CUDAError` that says what was tried.
 """
 
+import uuid
 from typing import Any, Optional, Protocol, SupportsIndex, Tuple, Union
 
 __version__: str
@@ -103,11 +104,15 @@ class Event:
     def handle(self) -> int:
         """The raw ``CUevent`` as an int (``RuntimeError`` once closed)."""
     @property
-    def context(self) -> Context:
-        """The event's context (``RuntimeError`` once closed)."""
+    def context(self) -> Optional[Context]:
+        """The event's context; ``None`` for an event opened from another process
+        (``RuntimeError`` once closed).
+        """
     @property
-    def device(self) -> "Device":
-        """The device of the event's context (``RuntimeError`` once closed)."""
+    def device(self) -> Optional["Device"]:
+        """The device of the event's context; ``None`` for an event opened from another process
+        (``RuntimeError`` once closed).
+        """
     @property
     def is_timing_enabled(self) -> bool:
         """Whether the event records timing data (``EventOptions.timing_enabled``)."""
@@ -122,16 +127,17 @@ class Event:
         """Whether ``close()`` was called."""
     @property
     def ipc_descriptor(self) -> "IPCEventDescriptor":
-        """The descriptor another process would need to open this event. ``RuntimeError`` for a closed
-        event or one made without ``ipc_enabled=True``; sharing events between processes is not
-        available yet, so an IPC-enabled event raises ``NotImplementedError``.
+        """The descriptor another process needs to open this event (``Event.from_ipc_descriptor``;
+        the driver's ``cuIpcGetEventHandle``). ``RuntimeError`` for a closed event or one made
+        without ``ipc_enabled=True``; :class:`CUDAError` on a driver failure.
         """
     @classmethod
     def from_ipc_descriptor(cls, ipc_descriptor: "IPCEventDescriptor") -> "Event":
-        """Would open an event another process shared, in the current context. ``TypeError`` for
-        anything but an :class:`IPCEventDescriptor`, ``ValueError`` for one whose handle bytes are
-        shorter than 64; sharing events between processes is not available yet
-        (``NotImplementedError``).
+        """Opens an event another process shared (its ``ipc_descriptor``), in the current context;
+        the event opened has no ``device`` or ``context`` here, and its ``ipc_descriptor`` is the
+        one it was opened from. ``TypeError`` for anything but an :class:`IPCEventDescriptor`,
+        ``ValueError`` for one whose handle bytes are shorter than 64; ``RuntimeError`` when no
+        context is current; :class:`CUDAError` when the driver refuses the handle.
         """
     def close(self) -> None:
         """Releases this object's reference to the event (the driver's event is destroyed when no other
@@ -208,8 +214,9 @@ class Stream:
     def record(self, event: Optional[Event] = None, options: Optional["EventOptions"] = None) -> Event:
         """Records ``event`` (a new one made with ``options``, an :class:`EventOptions` or a dict, in
         the stream's context if omitted) on the stream and returns it: the event completes when the
-        work queued on the stream so far has. Does not block. ``TypeError`` for an ``event`` that is
-        not an :class:`Event` or bad options; ``RuntimeError`` for a closed stream or event, or a
+        work queued on the stream so far has. Does not block. An IPC-enabled event is recorded
+        once, when made. ``TypeError`` for an ``event`` that is not an :class:`Event`, an
+        IPC-enabled one, or bad options; ``RuntimeError`` for a closed stream or event, or a
         default stream with no current context; :class:`CUDAError` on a driver failure.
         """
     def wait(self, event_or_stream: Union[Event, StreamLike]) -> None:
@@ -453,8 +460,8 @@ class IPCBufferDescriptor:
     """What another process needs to import one buffer: the pool's export data for it (the payload:
     the driver's 64-byte ``CUmemPoolPtrExportData``, then the pool's device as 4 bytes,
     little-endian, -1 for a pinned host pool) and its size in bytes. ``bytes(descriptor)`` is 96
-    bytes; picklable (as ``_init(payload, size)``). Compared by value. Cannot be instantiated
-    directly (``RuntimeError``).
+    bytes; picklable (as ``_init(payload, size)``, cuda.core's form, where a 64-byte payload names
+    no device). Compared by value. Cannot be instantiated directly (``RuntimeError``).
     """
 
     @staticmethod
@@ -595,11 +602,14 @@ class DeviceMemoryResource(MemoryResource):
     def __init__(self, device_id: Union[int, "Device"], options: Optional["DeviceMemoryResourceOptions"] = None) -> None:
         ...
     @classmethod
-    def from_allocation_handle(cls, device_id: Union[int, "Device"], allocation_handle: int) -> "DeviceMemoryResource":
-        """Opens a device pool another process exported (``allocation_handle``: a file descriptor as an
-        int, or an object with ``fileno()`` or ``handle``; it stays the caller's to close); the
-        resource only imports buffers (``Buffer.from_ipc_descriptor``). ``TypeError`` for anything
-        else; :class:`CUDAError` when the driver refuses the descriptor.
+    def from_allocation_handle(cls, device_id: Union[int, "Device"], allocation_handle: Union[int, "IPCAllocationHandle"]) -> "DeviceMemoryResource":
+        """Opens a device pool another process exported (``allocation_handle``: its
+        :class:`IPCAllocationHandle`, or a file descriptor as an int or an object with
+        ``fileno()`` or ``handle``; it stays the caller's to close); the resource only imports
+        buffers (``Buffer.from_ipc_descriptor``). A pool this process has already opened (or
+        made) gives that resource back (``TypeError`` when it is a ``PinnedMemoryResource``'s);
+        a pinned pool's handle opens a ``PinnedMemoryResource``. ``TypeError`` for anything else;
+        :class:`CUDAError` when the driver refuses the descriptor.
         """
     @property
     def is_ipc_enabled(self) -> bool:
@@ -615,10 +625,29 @@ class DeviceMemoryResource(MemoryResource):
     @property
     def attributes(self) -> MemoryPoolAttributes:
         """The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed."""
-    def get_allocation_handle(self) -> int:
-        """Exports the pool as a new POSIX file descriptor (an int the caller owns and closes), for
-        another process's ``from_allocation_handle``. ``RuntimeError`` for a closed resource or a
-        pool made without ``ipc_enabled``; :class:`CUDAError` on a driver failure.
+    @property
+    def allocation_handle(self) -> "IPCAllocationHandle":
+        """The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
+        kept by this resource, for another process's ``from_allocation_handle`` (it
+        pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
+        IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
+        closed resource; :class:`CUDAError` on a driver failure.
+        """
+    def get_allocation_handle(self) -> "IPCAllocationHandle":
+        """A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
+        fresh export of the pool, its file descriptor closed with the handle. Errors as
+        :attr:`allocation_handle`.
+        """
+    @property
+    def uuid(self) -> Optional["uuid.UUID"]:
+        """The UUID naming the pool across processes (the same in the process that made
+        it and in every process that opened it); ``None`` unless the pool can be
+        shared.
+        """
+    @property
+    def is_handle_owned(self) -> bool:
+        """Whether this resource made its pool (and it goes with the last of the resource
+        and its buffers); ``False`` for a device's current pool.
         """
     def close(self) -> None:
         """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
@@ -647,11 +676,14 @@ class PinnedMemoryResource(MemoryResource):
     def __init__(self, options: Optional["PinnedMemoryResourceOptions"] = None) -> None:
         ...
     @classmethod
-    def from_allocation_handle(cls, allocation_handle: int) -> "PinnedMemoryResource":
-        """Opens a pinned pool another process exported (``allocation_handle``: a file descriptor as an
-        int, or an object with ``fileno()`` or ``handle``; it stays the caller's to close); the
-        resource only imports buffers (``Buffer.from_ipc_descriptor``). ``TypeError`` for anything
-        else; :class:`CUDAError` when the driver refuses the descriptor.
+    def from_allocation_handle(cls, allocation_handle: Union[int, "IPCAllocationHandle"]) -> "PinnedMemoryResource":
+        """Opens a pinned pool another process exported (``allocation_handle``: its
+        :class:`IPCAllocationHandle`, or a file descriptor as an int or an object with
+        ``fileno()`` or ``handle``; it stays the caller's to close); the resource only imports
+        buffers (``Buffer.from_ipc_descriptor``). A pool this process has already opened (or
+        made) gives that resource back (``TypeError`` when it is a ``DeviceMemoryResource``'s);
+        a device pool's handle opens a ``DeviceMemoryResource`` of its device. ``TypeError`` for
+        anything else; :class:`CUDAError` when the driver refuses the descriptor.
         """
     @property
     def is_ipc_enabled(self) -> bool:
@@ -667,10 +699,29 @@ class PinnedMemoryResource(MemoryResource):
     @property
     def attributes(self) -> MemoryPoolAttributes:
         """The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed."""
-    def get_allocation_handle(self) -> int:
-        """Exports the pool as a new POSIX file descriptor (an int the caller owns and closes), for
-        another process's ``from_allocation_handle``. ``RuntimeError`` for a closed resource or a
-        pool made without ``ipc_enabled``; :class:`CUDAError` on a driver failure.
+    @property
+    def allocation_handle(self) -> "IPCAllocationHandle":
+        """The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
+        kept by this resource, for another process's ``from_allocation_handle`` (it
+        pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
+        IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
+        closed resource; :class:`CUDAError` on a driver failure.
+        """
+    def get_allocation_handle(self) -> "IPCAllocationHandle":
+        """A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
+        fresh export of the pool, its file descriptor closed with the handle. Errors as
+        :attr:`allocation_handle`.
+        """
+    @property
+    def uuid(self) -> Optional["uuid.UUID"]:
+        """The UUID naming the pool across processes (the same in the process that made
+        it and in every process that opened it); ``None`` unless the pool can be
+        shared.
+        """
+    @property
+    def is_handle_owned(self) -> bool:
+        """Whether this resource made its pool (and it goes with the last of the resource
+        and its buffers); ``False`` for a device's current pool.
         """
     def close(self) -> None:
         """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
@@ -961,7 +1012,8 @@ class Device:
         """
     def create_event(self, options: Optional[EventOptions] = None) -> Event:
         """A new event in the primary context, not recorded, made with ``options`` (an
-        :class:`EventOptions` or a dict).
+        :class:`EventOptions` or a dict). ``TypeError`` for ``ipc_enabled``: an IPC event is made
+        by recording it (:meth:`Stream.record`).
         """
     def create_graph_builder(self) -> "GraphBuilder":
         """A :class:`GraphBuilder` capturing a new stream in the device's primary context."""
@@ -1483,3 +1535,30 @@ class DeviceProperties:
     @property
     def only_partial_host_native_atomic_supported(self) -> bool:
         """``CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED`` (147), as a bool."""
+
+class IPCAllocationHandle:
+    """A memory pool's shareable handle (``mr.allocation_handle``): a POSIX file descriptor of
+    the exported pool, which this object owns and closes (``close()``, or when it is collected),
+    and the UUID naming the pool across processes. Pickles for ``multiprocessing`` (the
+    descriptor is duplicated for the receiving process). Cannot be instantiated directly
+    (``RuntimeError``).
+    """
+
+    @classmethod
+    def _init(cls, handle: int, uuid: Optional["uuid.UUID"] = None, kind: Optional[str] = None, device_id: int = -1) -> "IPCAllocationHandle":
+        """A handle owning the file descriptor ``handle`` (``ValueError`` when negative), of the
+        pool ``uuid`` that a ``kind`` resource (of device ``device_id``) exported.
+        """
+    @property
+    def handle(self) -> int:
+        """The file descriptor (``RuntimeError`` once closed)."""
+    def __int__(self) -> int:
+        """The file descriptor."""
+    @property
+    def uuid(self) -> Optional["uuid.UUID"]:
+        """The UUID naming the pool across processes."""
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+    def close(self) -> None:
+        """Closes the file descriptor. Idempotent."""
