@@ -72,9 +72,9 @@ def run(here, manifest, out_dir, driver_path, real_ok, quick=False):
     bench = manifest.get("bench")
     results = {}
     if not bench:
-        print("\n  bench: the bundle has no benchmarks (built by a version without `cargo xtask
-        bench` support)") return {"rust": {"status": "skip", "detail": "no benchmarks in the
-        bundle"}}
+        print("\n  bench: the bundle has no benchmarks (built by a version without "
+              "`cargo xtask bench` support)")
+        return {"rust": {"status": "skip", "detail": "no benchmarks in the bundle"}}
     if not real_ok:
         print("\n  bench: NOT RUN (no real driver; pass --driver PATH to run them on another library)")
         return {"rust": {"status": "-", "detail": "no real driver"}}

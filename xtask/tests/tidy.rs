@@ -1090,3 +1090,40 @@ fn the_module_graph_check_itself() {
         handles["stream"]
     );
 }
+
+/// Every tracked Python file compiles (`python3 -m py_compile`): the GPU bundle's runners
+/// (`xtask/bundle/*.py`) and the benchmarks run only on a GPU host, so a syntax error there
+/// would otherwise first show in a GPU run.
+#[test]
+fn every_python_file_compiles() {
+    let files: Vec<PathBuf> = tracked_files()
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|e| e == "py"))
+        .collect();
+    assert!(
+        files.len() > 5,
+        "found only {files:?}: is the listing broken?"
+    );
+    // `compile()` only, so nothing is written next to the sources (no __pycache__).
+    const CHECK: &str = "import sys\n\
+        bad = []\n\
+        for name in sys.argv[1:]:\n\
+        \x20   try:\n\
+        \x20       compile(open(name, 'rb').read(), name, 'exec')\n\
+        \x20   except SyntaxError as e:\n\
+        \x20       bad.append('%s:%s: %s' % (name, e.lineno, e.msg))\n\
+        print('\\n'.join(bad))\n\
+        sys.exit(1 if bad else 0)\n";
+    let output = Command::new("python3")
+        .arg("-c")
+        .arg(CHECK)
+        .args(&files)
+        .output()
+        .expect("python3 runs (CI has Python 3.11)");
+    assert!(
+        output.status.success(),
+        "these Python files do not compile:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
