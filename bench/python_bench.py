@@ -10,6 +10,10 @@ ratios (paired). Written for `cargo xtask bench` (against the emulated driver) a
 bundle's `run.py --bench` (against a real one); the JSON (`--json PATH`) has the same shape as
 the Rust benchmark's (format `custody-bench/1`, suite `python`).
 
+Every custody variant is also reported as a ratio to cuda.core's same calls (custody's time over
+cuda.core's, paired: the targets are stated so), and allocate+close runs on 1, 2, 4 and 8
+threads at once (`--threads`), a created stream each, for every library.
+
 Variants, each skipped with a stated reason when its package does not import:
   custody      `mr.allocate(256, stream=s)` + `buf.close()` / `buf.close(stream=s)` / drop
   cuda.core    the same calls (cuda.core 1.2 names)
@@ -19,10 +23,13 @@ Variants, each skipped with a stated reason when its package does not import:
                on the emulated driver, where cuda-bindings cannot load it)
 
 The driver is the one custody loads: `CUSTODY_CUDA_DRIVER` if set, else `libcuda.so.1`.
-Needs Python 3.9+ and only the standard library besides the packages it measures.
+cuda.core, cuda-bindings and CuPy load `libcuda.so.1`, so they are measured only when that is
+the same library (for the emulator or the stub driver, bench/stub_driver.c, put a folder with a
+`libcuda.so.1` link to it first on LD_LIBRARY_PATH; `cargo xtask bench` does). Needs Python
+3.9+ and only the standard library besides the packages it measures.
 
   python3 bench/python_bench.py [--pairs N] [--reps R] [--quick] [--json PATH] [--raw-c-ns X]
-                                [--compare MODULE[=LABEL]]
+                                [--compare MODULE[=LABEL]] [--threads 1,2,4,8] [--only VARIANT]
 
 --raw-c-ns X: the raw C pair (ns) measured by the Rust benchmark in the same run, so that the
 summary can state custody's ratio to it (the target is 1.5x at most).
@@ -35,6 +42,7 @@ import json
 import os
 import platform
 import sys
+import threading
 import time
 
 SIZE = 256
@@ -81,12 +89,23 @@ class Ctypes:
         self.check(lib.cuDeviceGetName(name, 256, self.device), "cuDeviceGetName")
         self.device_name = name.value.decode(errors="replace")
         self.emulated = hasattr(lib, "custodyEmuVersion")
+        # bench/stub_driver.c: the emulator with a few-nanosecond allocation hot path.
+        self.stub = hasattr(lib, "custodyStubDriver")
         ctx = vp()
         self.check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), self.device), "cuDevicePrimaryCtxRetain")
         self.ctx = ctx
         pool = vp()
         self.check(lib.cuDeviceGetMemPool(ctypes.byref(pool), self.device), "cuDeviceGetMemPool")
         self.pool = pool.value
+
+    def is_libcuda(self):
+        """Whether `libcuda.so.1`, as the dynamic loader finds it (cuda-bindings and so cuda.core
+        load it by that name), is this driver: then every library measured shares it."""
+        try:
+            other = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return False
+        return other._handle == self.lib._handle
 
     @staticmethod
     def check(status, call):
@@ -134,9 +153,24 @@ def variants_for(args, raw, stream_handle, skipped, versions):
         variants.append(("%s: allocate+close" % label, "mr.allocate(256, stream=s); buf.close()", close))
         variants.append(("%s: allocate+close(stream)" % label, "mr.allocate(256, stream=s); buf.close(stream=s)", close_on))
         variants.append(("%s: allocate+drop" % label, "mr.allocate(256, stream=s), dropped (refcount)", drop))
+
+        def worker():
+            # On the worker thread: the device current there, a stream of its own.
+            dev.set_current()
+            own = dev.create_stream()
+
+            def run(n):
+                allocate = mr.allocate
+                for _ in range(n):
+                    allocate(SIZE, stream=own).close()
+                own.sync()
+            return run
+
+        thread_workers.append((label, "mr.allocate(256, stream=s); buf.close(), a stream per thread", worker))
         return mr, stream
 
     set_stream_variants = []
+    thread_workers = []
 
     def set_stream_variant(label, module, mr, stream):
         other = module.Device(0).create_stream()
@@ -160,7 +194,16 @@ def variants_for(args, raw, stream_handle, skipped, versions):
     except Exception as error:  # noqa: BLE001 - any failure to import or set up is a skip reason
         skipped.append({"name": "custody", "reason": "%s: %s" % (type(error).__name__, error)})
 
+    # cuda-bindings, and so cuda.core, load `libcuda.so.1`: measured only when that is the driver
+    # custody uses (for the emulator or the stub, a folder with a `libcuda.so.1` link to it first
+    # on LD_LIBRARY_PATH, as `cargo xtask bench` sets up).
+    other_driver = None if raw.is_libcuda() else (
+        "libcuda.so.1 is not %s, the driver custody uses (put a folder with a libcuda.so.1 link "
+        "to it first on LD_LIBRARY_PATH)" % raw.path)
+
     try:
+        if other_driver:
+            raise RuntimeError(other_driver)
         try:
             import cuda.core as core
             core.Device  # cuda.core >= 0.4 / 1.x
@@ -188,6 +231,8 @@ def variants_for(args, raw, stream_handle, skipped, versions):
             skipped.append({"name": label, "reason": "%s: %s" % (type(error).__name__, error)})
 
     try:
+        if other_driver:
+            raise RuntimeError(other_driver)
         import cupy
         versions["cupy"] = cupy.__version__
         pool = cupy.cuda.MemoryAsyncPool()  # device's current pool, cudaMallocFromPoolAsync
@@ -208,8 +253,8 @@ def variants_for(args, raw, stream_handle, skipped, versions):
         from cuda.bindings import driver as cb
         import cuda.bindings
         versions["cuda-bindings"] = getattr(cuda.bindings, "__version__", "unknown")
-        if raw.emulated:
-            raise RuntimeError("cuda-bindings loads libcuda.so.1, not the emulated driver")
+        if other_driver:
+            raise RuntimeError(other_driver)
         success = cb.CUresult.CUDA_SUCCESS
         err, cb_pool = cb.cuDeviceGetMemPool(cb.CUdevice(0))
         if err != success:
@@ -228,6 +273,25 @@ def variants_for(args, raw, stream_handle, skipped, versions):
 
         variants.append(("raw cuda-bindings", "cuMemAllocFromPoolAsync + cuMemFreeAsync (cuda.bindings.driver)",
                          bindings_run))
+
+        def bindings_worker():
+            raw.make_current()
+            own = cb.CUstream(raw.create_stream())
+
+            def run(n):
+                alloc, free = cb.cuMemAllocFromPoolAsync, cb.cuMemFreeAsync
+                for _ in range(n):
+                    err, ptr = alloc(SIZE, cb_pool, own)
+                    if err != success:
+                        raise RuntimeError("cuMemAllocFromPoolAsync: %s" % err)
+                    (err,) = free(ptr, own)
+                    if err != success:
+                        raise RuntimeError("cuMemFreeAsync: %s" % err)
+                raw.sync(int(own))
+            return run
+
+        thread_workers.append(("raw cuda-bindings", "cuMemAllocFromPoolAsync + cuMemFreeAsync, a stream per thread",
+                               bindings_worker))
     except Exception as error:  # noqa: BLE001
         skipped.append({"name": "cuda-bindings", "reason": "%s: %s" % (type(error).__name__, error)})
 
@@ -244,7 +308,54 @@ def variants_for(args, raw, stream_handle, skipped, versions):
                 raise RuntimeError("cuMemFreeAsync failed")
 
     variants.append(("raw ctypes", "cuMemAllocFromPoolAsync + cuMemFreeAsync through ctypes", ctypes_run))
-    return variants, set_stream_variants
+    return variants, set_stream_variants, thread_workers
+
+
+class Threaded:
+    """`threads` worker threads, each running `make()`'s function on a share of the pairs of
+    one call: a callable like a single-thread variant's, timed by the caller from the start
+    barrier to the end barrier. The threads start at construction, so that starting them is
+    never timed."""
+
+    def __init__(self, threads, make):
+        self.threads = threads
+        self.n = 0
+        self.error = None
+        self.start = threading.Barrier(threads + 1)
+        self.end = threading.Barrier(threads + 1)
+        self.workers = [threading.Thread(target=self._loop, args=(make,), daemon=True)
+                        for _ in range(threads)]
+        for worker in self.workers:
+            worker.start()
+
+    def _loop(self, make):
+        try:
+            run = make()
+        except Exception as error:  # noqa: BLE001 - reported by the caller
+            self.error = error
+            run = None
+        while True:
+            self.start.wait()
+            try:
+                if run is not None:
+                    run(self.n // self.threads)
+            except Exception as error:  # noqa: BLE001
+                self.error = error
+            self.end.wait()
+
+    def __call__(self, n):
+        self.n = n
+        self.start.wait()
+        self.end.wait()
+        if self.error is not None:
+            raise self.error
+
+    def close(self):
+        """Leaves the threads parked (daemons, until the process exits): a thread that ended
+        would run its thread-local destructors, and cuda.core's release the primary context
+        there, which the emulated driver does not survive (its thread-local state is gone
+        by then)."""
+        self.workers = []
 
 
 def warm_up(variants, n, sync, skipped):
@@ -318,24 +429,47 @@ def main():
                         help="also measure another package with cuda.core's names (e.g. a copy of "
                              "an older custody build, imported as MODULE), interleaved with the rest")
     parser.add_argument("--raw-c-ns", type=float, help="the raw C pair from the Rust benchmark, for the ratio")
+    parser.add_argument("--threads", default="1,2,4,8",
+                        help="thread counts for the threaded allocate+close comparison (default 1,2,4,8; "
+                             "'' for none)")
+    parser.add_argument("--only", metavar="VARIANT",
+                        help="run this one variant (its full name) --pairs times after a short warm-up, "
+                             "untimed, and exit: for an instruction count under callgrind "
+                             "(bench/callgrind.py)")
     args = parser.parse_args()
     if args.quick:
         args.pairs, args.reps = 5000, 9
+    args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
 
     raw = Ctypes()
     raw.make_current()
     stream_handle = raw.create_stream()
     print("python_bench: Python %s, driver %s (version %d, %s), device 0: %s; %d pairs x %d repetitions"
-          % (platform.python_version(), raw.path, raw.version, "EMULATED" if raw.emulated else "real",
+          % (platform.python_version(), raw.path, raw.version,
+             "STUB" if raw.stub else "EMULATED" if raw.emulated else "real",
              raw.device_name, args.pairs, args.reps))
 
     skipped, versions = [], {}
-    variants, set_stream = variants_for(args, raw, stream_handle, skipped, versions)
+    variants, set_stream, thread_workers = variants_for(args, raw, stream_handle, skipped, versions)
     for skip in skipped:
         print("  skipped %s: %s" % (skip["name"], skip["reason"]))
 
     def sync():
         raw.sync(stream_handle)
+
+    if args.only:
+        chosen = [v for v in variants + set_stream if v[0] == args.only]
+        if not chosen:
+            print("python_bench: no variant %r; there are: %s"
+                  % (args.only, ", ".join(v[0] for v in variants + set_stream)))
+            return 2
+        run = chosen[0][2]
+        run(100)
+        sync()
+        gc.disable()
+        run(args.pairs)
+        sync()
+        return 0
 
     variants = warm_up(variants, args.pairs, sync, skipped)
     set_stream = warm_up(set_stream, args.pairs, sync, skipped)
@@ -352,10 +486,13 @@ def main():
         "iters": [args.pairs] * len(samples),
     }]
     findings = {}
-    speedup = paired(samples, names, "cuda.core: allocate+close", "custody: allocate+close")
-    if speedup is not None:
-        findings["cuda.core allocate+close / custody allocate+close"] = speedup
-        print("  custody allocate+close is %.2fx faster than cuda.core's (target >= 2.5)" % speedup)
+    # custody's time over cuda.core's for the same calls (paired): what the targets are stated in.
+    for what in ("allocate+close", "allocate+close(stream)", "allocate+drop"):
+        ratio = paired(samples, names, "custody: " + what, "cuda.core: " + what)
+        if ratio is not None:
+            findings["custody / cuda.core, %s" % what] = ratio
+            print("  custody %s takes %.2fx cuda.core's time%s" % (
+                what, ratio, " (target <= 0.75)" if what == "allocate+close" else ""))
     if args.raw_c_ns and "custody: allocate+close" in names:
         custody_med = median([row[names.index("custody: allocate+close")] for row in samples])
         findings["custody allocate+close / raw C pair"] = custody_med / args.raw_c_ns
@@ -373,8 +510,41 @@ def main():
                          for i, (n, w, _, _) in enumerate(set_stream)],
             "iters": [args.pairs] * len(s_samples),
         })
+        s_names = [v[0] for v in set_stream]
+        ratio = paired(s_samples, s_names, "custody: set_deallocation_stream", "cuda.core: set_deallocation_stream")
+        if ratio is not None:
+            findings["custody / cuda.core, set_deallocation_stream"] = ratio
+            print("  custody set_deallocation_stream takes %.2fx cuda.core's time (target <= 0.4)" % ratio)
         for _, _, _, (buf, _) in set_stream:
             buf.close()
+
+    for threads in args.threads:
+        if not thread_workers:
+            break
+        threaded = [("%s" % label, what, Threaded(threads, make)) for label, what, make in thread_workers]
+        kept = warm_up(threaded, args.pairs, sync, skipped)
+        for variant in threaded:
+            if variant not in kept:
+                variant[2].close()
+        if not kept:
+            continue
+        t_samples = interleaved(kept, args.pairs, args.reps, sync)
+        t_names = [v[0] for v in kept]
+        t_base = "cuda.core" if "cuda.core" in t_names else t_names[0]
+        summarize("%d thread(s) allocating and closing, a created stream each" % threads, kept, t_samples, t_base)
+        comparisons.append({
+            "group": "py-threads", "param": threads,
+            "title": "threads allocating and closing from Python, a created stream each",
+            "op": "pair", "baseline": t_base, "subject": "custody",
+            "variants": [{"name": n, "what": w, "ns_per_op": [round(row[i], 3) for row in t_samples]}
+                         for i, (n, w, _) in enumerate(kept)],
+            "iters": [args.pairs] * len(t_samples),
+        })
+        ratio = paired(t_samples, t_names, "custody", "cuda.core")
+        if ratio is not None:
+            findings["custody / cuda.core, allocate+close on %d thread(s)" % threads] = ratio
+        for _, _, runner in kept:
+            runner.close()
     sync()
 
     if args.json:
@@ -383,7 +553,7 @@ def main():
             "suite": "python",
             "unix_time": int(time.time()),
             "driver": {"path": raw.path, "version": raw.version, "emulated": raw.emulated,
-                       "device": raw.device_name},
+                       "stub": raw.stub, "device": raw.device_name},
             "host": {"os": platform.system().lower(), "arch": platform.machine(), "cpus": os.cpu_count(),
                      "python": platform.python_version()},
             "settings": {"quick": args.quick, "samples": args.reps, "pairs": args.pairs},
