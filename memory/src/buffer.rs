@@ -51,6 +51,24 @@ impl Access {
     }
 }
 
+/// Where a buffer's memory can be used: known when the buffer is made from a memory resource
+/// (the allocation hot path, which then sets no `OnceLock`: an atomic `Once` per buffer), or
+/// read from the driver once, when first asked (views over memory of unknown origin).
+enum AccessCell {
+    Known(Access),
+    Lazy(OnceLock<Access>),
+}
+
+impl AccessCell {
+    #[inline]
+    fn get(&self) -> Option<&Access> {
+        match self {
+            AccessCell::Known(access) => Some(access),
+            AccessCell::Lazy(cell) => cell.get(),
+        }
+    }
+}
+
 /// How a buffer takes part in IPC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum IpcRole {
@@ -95,7 +113,7 @@ pub(crate) enum IpcRole {
 pub struct Buffer {
     handle: DevicePtrHandle,
     mr: Option<Arc<dyn MemoryResource>>,
-    access: OnceLock<Access>,
+    access: AccessCell,
     ipc: IpcRole,
 }
 
@@ -108,14 +126,14 @@ impl Buffer {
         access: Option<Access>,
         ipc: IpcRole,
     ) -> Buffer {
-        let cell = OnceLock::new();
-        if let Some(access) = access {
-            let _ = cell.set(access);
-        }
+        let access = match access {
+            Some(access) => AccessCell::Known(access),
+            None => AccessCell::Lazy(OnceLock::new()),
+        };
         Buffer {
             handle,
             mr,
-            access: cell,
+            access,
             ipc,
         }
     }
@@ -342,7 +360,10 @@ impl Buffer {
                 managed: false,
             },
         };
-        Ok(*self.access.get_or_init(|| access))
+        match &self.access {
+            AccessCell::Known(known) => Ok(*known),
+            AccessCell::Lazy(cell) => Ok(*cell.get_or_init(|| access)),
+        }
     }
 
     /// Whether a device can access the memory.
