@@ -19,7 +19,7 @@ use crate::graph::PyGraphBuilder;
 use crate::report::{release, PyObjRef};
 use crate::resource::{pool_of, python_device_id, resolve};
 use crate::shared::SharedBuffer;
-use crate::stream::{accept_stream, default_stream_handle, required_stream};
+use crate::stream::{accept_stream, default_stream_handle, required_stream, with_stream};
 
 /// `kDLCPU`, `kDLCUDA`, `kDLCUDAHost`, `kDLCUDAManaged`.
 const DL_CPU: i32 = 1;
@@ -227,13 +227,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Drop for PyBuffer {
     fn drop(&mut self) {
-        let Some(buffer) = self.inner.take() else {
+        // Nothing else can reach the state any more: read without its lock.
+        let Some(buffer) = self.inner.take().and_then(SharedBuffer::into_open) else {
             return;
         };
-        if buffer.is_closed() {
-            drop(buffer);
-            return;
-        }
         // Deallocation always runs attached; the free itself runs with the GIL released
         // (except on a thread that may not attach again once the interpreter is exiting).
         Python::attach(|py| release(py, move || drop(buffer)));
@@ -530,10 +527,10 @@ impl PyBuffer {
             Some(stream) => Some(accept_stream(stream)?),
             None => None,
         };
-        let result = release(py, || match &stream {
-            Some(stream) => buffer.close_on(stream),
-            None => buffer.close(),
-        });
+        let result = match &stream {
+            Some(stream) => release(py, || buffer.close_on(stream)),
+            None => buffer.close(py),
+        };
         Ok(result.map_err(Error::from)?)
     }
 
@@ -550,20 +547,24 @@ impl PyBuffer {
                 "set_deallocation_stream() requires a Stream, got None",
             ));
         }
-        let stream = accept_stream(stream)?;
         let buffer = self.buffer();
-        if stream.context().is_none() {
-            // A default-stream token: recording the recipe reads the current context.
-            py.detach(|| buffer.set_deallocation_stream(&stream))
-                .map_err(Error::from)?;
-            return Ok(());
-        }
         // A stream that carries its context: the swap makes no driver call (D10 holds), so it
-        // runs attached, saving the GIL round trip. Only dropping the old recipe's last
-        // reference to a stream or context calls the driver: that runs with the GIL released.
-        let old = buffer
-            .replace_deallocation_stream(&stream)
-            .map_err(Error::from)?;
+        // runs attached, saving the GIL round trip, with the stream borrowed, not cloned. Only
+        // dropping the old recipe's last reference to a stream or context calls the driver:
+        // that runs with the GIL released, after the stream's lock.
+        let swapped = with_stream(stream, |stream| match stream.context() {
+            Some(_) => Ok(buffer.replace_deallocation_stream(stream)),
+            None => Err(stream.clone()),
+        })?;
+        let old = match swapped {
+            Ok(replaced) => replaced.map_err(Error::from)?,
+            Err(token) => {
+                // A default-stream token: recording the recipe reads the current context.
+                py.detach(|| buffer.set_deallocation_stream(&token))
+                    .map_err(Error::from)?;
+                return Ok(());
+            }
+        };
         if let Some(last) = old.and_then(handles::DeallocationRecipe::into_last_references) {
             py.detach(move || drop(last));
         }

@@ -12,8 +12,10 @@
 //! - `graph`: `GraphBuilder` (stream capture that retains buffers) and `Graph`.
 //! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor).
 //!
-//! Every class is `frozen` and `Send + Sync`; every driver call runs with the GIL released
-//! (`Python::detach`), and nothing relies on the GIL for thread safety (docs/decisions.md D10).
+//! Every class is `frozen` and `Send + Sync`; every driver call that can block runs with the
+//! GIL released (`Python::detach`; the stream-ordered free of `Buffer.close()` keeps it,
+//! pybind/DESIGN.md "Hot path"), and nothing relies on the GIL for thread safety
+//! (docs/decisions.md D10).
 
 #![deny(unsafe_code)]
 

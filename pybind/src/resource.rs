@@ -135,17 +135,27 @@ impl PyMemoryResource {
     /// stream or a default stream with no current context; :class:`CUDAError` for the driver's
     /// failure. The base class raises ``TypeError``, and so does a subclass that does not define
     /// it.
-    // The arguments `(size, *, stream)` are parsed by hand (`allocate_arguments`): pyo3's
-    // generic extraction under the stable ABI copies every keyword name into a new UTF-8
-    // `bytes` object to compare it, the largest share of the extension's own cost per call.
-    #[pyo3(signature = (*args, **kwargs), text_signature = "($self, size, *, stream)")]
+    // pyo3 parses the arguments: under the 3.11 stable ABI the method is called with
+    // `METH_FASTCALL | METH_KEYWORDS` and keyword names are compared in place, so the usual
+    // call `allocate(n, stream=s)` builds no argument tuple and no keyword dict (a hand parser
+    // over `*args, **kwargs` made pyo3 build both, -871 instructions per allocate+close;
+    // pybind/DESIGN.md, "Hot path"). `size` and `stream` default to `None` and `*extra` and
+    // `**unknown` (left empty by such a call: no tuple or dict is made for them) catch the
+    // rest, so that every error still names the class called (`allocate_arguments`).
+    #[pyo3(
+        signature = (size = None, *extra, stream = None, **unknown),
+        text_signature = "($self, size, *, stream)"
+    )]
     fn allocate(
         slf: &Bound<'_, Self>,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
+        size: Option<&Bound<'_, PyAny>>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
+        unknown: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
         let this = slf.get();
-        let (size, stream) = allocate_arguments(slf, args, kwargs, this.stream_optional)?;
+        let (size, stream) =
+            allocate_arguments(slf, size, extra, stream, unknown, this.stream_optional)?;
         let native = Arc::clone(native_of(slf, "allocate")?);
         let py = slf.py();
         let mr = || Some(slf.clone().into_any().unbind());
@@ -264,60 +274,31 @@ fn allocation_error(mr: &Bound<'_, PyMemoryResource>, error: MemoryError) -> PyE
     }
 }
 
-/// `MemoryResource.allocate`'s arguments `(size, *, stream)`, with the errors and messages of
-/// pyo3's own extraction, naming the class called. Keyword names are looked up as interned
-/// strings (a pointer comparison for the usual call `allocate(n, stream=s)`). A missing or
-/// `None` stream is `None` when `stream_optional`.
+/// `MemoryResource.allocate`'s arguments `(size, *, stream)` as pyo3 collected them, with
+/// CPython's messages naming the class called. A missing or `None` stream is `None` when
+/// `stream_optional`, and refused otherwise.
 fn allocate_arguments<'py>(
     mr: &Bound<'py, PyMemoryResource>,
-    args: &Bound<'py, PyTuple>,
-    kwargs: Option<&Bound<'py, PyDict>>,
+    size: Option<&Bound<'py, PyAny>>,
+    extra: &Bound<'py, PyTuple>,
+    stream: Option<&Bound<'py, PyAny>>,
+    unknown: Option<&Bound<'py, PyDict>>,
     stream_optional: bool,
 ) -> PyResult<(usize, Option<Bound<'py, PyAny>>)> {
     let name = || format!("{}.allocate()", type_name(mr.as_any()));
-    let py = args.py();
-    let positional = args.len();
-    if positional > 1 {
+    if !extra.is_empty() {
         return Err(stream_is_keyword_only(
             &format!("{}.allocate", type_name(mr.as_any())),
             "1 positional argument",
-            positional,
+            1 + extra.len(),
             "allocate(size, stream=s)",
         ));
     }
-    let mut size = if positional == 1 {
-        Some(args.get_item(0)?)
-    } else {
-        None
-    };
-    let mut stream = None;
-    let mut found = 0;
-    if let Some(kwargs) = kwargs {
-        stream = kwargs.get_item(pyo3::intern!(py, "stream"))?;
-        found += usize::from(stream.is_some());
-        if let Some(value) = kwargs.get_item(pyo3::intern!(py, "size"))? {
-            if size.is_some() {
-                return Err(PyTypeError::new_err(format!(
-                    "{} got multiple values for argument 'size'",
-                    name()
-                )));
-            }
-            size = Some(value);
-            found += 1;
-        }
-        if found != kwargs.len() {
-            for key in kwargs.keys() {
-                let known = key
-                    .extract::<pyo3::pybacked::PyBackedStr>()
-                    .is_ok_and(|k| &*k == "stream" || &*k == "size");
-                if !known {
-                    return Err(PyTypeError::new_err(format!(
-                        "{} got an unexpected keyword argument '{key}'",
-                        name()
-                    )));
-                }
-            }
-        }
+    if let Some(key) = unknown.and_then(|unknown| unknown.keys().iter().next()) {
+        return Err(PyTypeError::new_err(format!(
+            "{} got an unexpected keyword argument '{key}'",
+            name()
+        )));
     }
     let Some(size) = size else {
         return Err(PyTypeError::new_err(format!(
@@ -325,11 +306,11 @@ fn allocate_arguments<'py>(
             name()
         )));
     };
-    if stream_optional {
-        stream = stream.filter(|s| !s.is_none());
-    } else if stream.is_none() {
+    let stream = stream.filter(|s| !s.is_none()).cloned();
+    if stream.is_none() && !stream_optional {
         return Err(PyTypeError::new_err(format!(
-            "{} missing 1 required keyword argument: 'stream'",
+            "{} missing 1 required keyword argument: 'stream' (it must not be None: pass a \
+             Stream explicitly, e.g. Device().create_stream() or custody.default_stream())",
             name()
         )));
     }

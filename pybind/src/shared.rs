@@ -17,9 +17,11 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use handles::{DeallocationRecipe, DefaultStream, StreamHandle};
+use handles::{DeallocationRecipe, DefaultStream, ReleaseKind, StreamHandle};
 use memory::{Buffer, MemoryError};
 use pyo3::Python;
+
+use crate::report::release;
 
 /// A buffer shared by the references to one Python object; see the module header.
 pub(crate) struct SharedBuffer {
@@ -66,10 +68,39 @@ impl SharedBuffer {
     }
 
     /// Closes the buffer: frees now when nothing else holds the memory and returns the
-    /// outcome; a no-op when already closed.
-    pub(crate) fn close(&self) -> Result<(), MemoryError> {
-        let taken = self.lock().take();
-        close_taken(taken)
+    /// outcome; a no-op when already closed. Called attached to the interpreter; the free runs
+    /// with the GIL released unless it is one that never blocks and runs no user code
+    /// ([`free_never_blocks`]): then detaching would cost more than the free (a release and
+    /// re-acquisition of the GIL is about 350 instructions; pybind/DESIGN.md, "Hot path").
+    pub(crate) fn close(&self, py: Python<'_>) -> Result<(), MemoryError> {
+        let Some(taken) = self.lock().take() else {
+            return Ok(());
+        };
+        // An operation in flight holds the buffer: its reference frees when it goes.
+        let Some(buffer) = Arc::into_inner(taken) else {
+            return Ok(());
+        };
+        if !free_never_blocks(&buffer) {
+            return release(py, move || close_owned(buffer));
+        }
+        // The recipe's stream and context, kept until after the free: the free then cannot be
+        // the one to destroy the stream or release the context (driver calls that are not
+        // documented as non-blocking); when this copy turns out to be their last reference,
+        // it goes with the GIL released.
+        let keep = buffer.handle().recipe();
+        let result = buffer.close();
+        if let Some(last) = keep.and_then(DeallocationRecipe::into_last_references) {
+            release(py, move || drop(last));
+        }
+        result
+    }
+
+    /// Whether the buffer was closed, for its object's deallocation (no lock: the object is
+    /// being destroyed, nothing else can reach this).
+    pub(crate) fn into_open(self) -> Option<Arc<Buffer>> {
+        self.state
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// `set_deallocation_stream(stream)` then `close()`, atomically with respect to other
@@ -132,15 +163,32 @@ impl SharedBuffer {
 /// Closes a buffer taken out of the state: when an operation in flight still holds it, its
 /// reference frees the memory when it goes.
 fn close_taken(taken: Option<Arc<Buffer>>) -> Result<(), MemoryError> {
-    match taken.map(Arc::try_unwrap) {
+    match taken.and_then(Arc::into_inner) {
         None => Ok(()),
-        Some(Ok(buffer)) if buffer.is_mapped() => close_import(buffer),
-        Some(Ok(buffer)) => buffer.close(),
-        Some(Err(shared)) => {
-            drop(shared);
-            Ok(())
-        }
+        Some(buffer) => close_owned(buffer),
     }
+}
+
+fn close_owned(buffer: Buffer) -> Result<(), MemoryError> {
+    if buffer.is_mapped() {
+        close_import(buffer)
+    } else {
+        buffer.close()
+    }
+}
+
+/// Whether closing `buffer` (held by nothing else in this object) can only be
+/// `cuMemFreeAsync` on its recipe's stream, with `cuCtxGetCurrent`/`cuCtxSetCurrent` in the
+/// recipe's context for a default-stream token: stream-ordered pool or async memory that was
+/// not imported (an import's close waits for its stream). Such a free never blocks and calls
+/// no user code (no Python `deallocate`, no report: an explicit close returns its error), so
+/// it may run attached (docs/decisions.md D10). The memory resource outlives it: the Python
+/// buffer holds the resource object, which holds the Rust resource and its pool.
+fn free_never_blocks(buffer: &Buffer) -> bool {
+    matches!(
+        buffer.handle().kind(),
+        ReleaseKind::Pool | ReleaseKind::Async
+    ) && !buffer.is_mapped()
 }
 
 /// Closes an imported buffer and waits for its deallocation stream, so that when `close()`

@@ -187,6 +187,36 @@ pub(crate) fn required_stream<'py>(
     }
 }
 
+/// Runs `f` with a stream argument's handle borrowed, for an operation that makes no driver
+/// call and runs no Python code: a `Stream`'s handle under its lock, neither cloned nor
+/// released (two atomic operations fewer than [`accept_stream`]); anything else accepted as
+/// [`accept_stream`] does. `f` must not release the GIL: a `close()` of the stream on another
+/// thread waits for the lock while attached.
+///
+/// # Errors
+/// As [`accept_stream`].
+pub(crate) fn with_stream<R>(
+    object: &Bound<'_, PyAny>,
+    f: impl FnOnce(&StreamHandle) -> R,
+) -> PyResult<R> {
+    if let Ok(stream) = object.cast::<PyStream>() {
+        let guard = stream
+            .get()
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        return match guard.as_ref() {
+            Some(handle) => Ok(f(handle)),
+            None => {
+                drop(guard);
+                Err(closed("Stream"))
+            }
+        };
+    }
+    let handle = accept_stream(object)?;
+    Ok(f(&handle))
+}
+
 /// Wraps an object implementing the `__cuda_stream__` protocol (`(version, handle)`); the
 /// handle keeps the object, seen through the returned `Weak`.
 fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<(StreamHandle, Weak<PyObjRef>)> {
