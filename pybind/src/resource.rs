@@ -139,16 +139,16 @@ impl PyMemoryResource {
     // `METH_FASTCALL | METH_KEYWORDS` and keyword names are compared in place, so the usual
     // call `allocate(n, stream=s)` builds no argument tuple and no keyword dict (a hand parser
     // over `*args, **kwargs` made pyo3 build both, -871 instructions per allocate+close;
-    // pybind/DESIGN.md, "Hot path"). `size` and `stream` default to `None` and `*extra` and
-    // `**unknown` (left empty by such a call: no tuple or dict is made for them) catch the
-    // rest, so that every error still names the class called (`allocate_arguments`).
+    // pybind/DESIGN.md, "Hot path"). `stream` defaults to `None` and `*extra` and `**unknown`
+    // (left empty by such a call: no tuple or dict is made for them) catch the rest, so that
+    // the errors about them still name the class called (`allocate_arguments`).
     #[pyo3(
-        signature = (size = None, *extra, stream = None, **unknown),
+        signature = (size, *extra, stream = None, **unknown),
         text_signature = "($self, size, *, stream)"
     )]
     fn allocate(
         slf: &Bound<'_, Self>,
-        size: Option<&Bound<'_, PyAny>>,
+        size: &Bound<'_, PyAny>,
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
         unknown: Option<&Bound<'_, PyDict>>,
@@ -279,7 +279,7 @@ fn allocation_error(mr: &Bound<'_, PyMemoryResource>, error: MemoryError) -> PyE
 /// `stream_optional`, and refused otherwise.
 fn allocate_arguments<'py>(
     mr: &Bound<'py, PyMemoryResource>,
-    size: Option<&Bound<'py, PyAny>>,
+    size: &Bound<'py, PyAny>,
     extra: &Bound<'py, PyTuple>,
     stream: Option<&Bound<'py, PyAny>>,
     unknown: Option<&Bound<'py, PyDict>>,
@@ -300,17 +300,12 @@ fn allocate_arguments<'py>(
             name()
         )));
     }
-    let Some(size) = size else {
-        return Err(PyTypeError::new_err(format!(
-            "{} missing 1 required positional argument: 'size'",
-            name()
-        )));
-    };
     let stream = stream.filter(|s| !s.is_none()).cloned();
     if stream.is_none() && !stream_optional {
         return Err(PyTypeError::new_err(format!(
-            "{} missing 1 required keyword argument: 'stream' (it must not be None: pass a \
-             Stream explicitly, e.g. Device().create_stream() or custody.default_stream())",
+            "{} missing 1 required keyword argument: 'stream' (stream is required and must \
+             not be None: pass a Stream explicitly, e.g. Device().create_stream() or \
+             custody.default_stream())",
             name()
         )));
     }
