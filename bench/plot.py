@@ -155,7 +155,8 @@ def main():
     if python:
         rows = []
         for c in python["comparisons"]:
-            rows += variant_rows(c)
+            if c["group"] != "py-threads":
+                rows += variant_rows(c)
         if rows:
             fig, ax = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.5))
             bars(ax, rows, "Python, 256 B, one created stream: %s" % device_note(python),
@@ -163,9 +164,28 @@ def main():
             raw_c = python.get("raw_c_pair_ns")
             if raw_c:
                 ax.axvline(raw_c, color="black", linestyle=":", linewidth=1)
-                ax.axvline(1.5 * raw_c, color="black", linestyle="--", linewidth=1)
-                ax.text(1.5 * raw_c, len(rows) - 0.5, " 1.5 x raw C pair", fontsize=7)
+                ax.text(raw_c, len(rows) - 0.5, " raw C pair", fontsize=7)
             save(fig, "python.png")
+
+        threads = comparisons(python, "py-threads")
+        if threads:
+            fig, ax = plt.subplots(figsize=(7, 4))
+            counts = [c["param"] for c in threads]
+            for name in [v["name"] for v in threads[0]["variants"]]:
+                points = [(c["param"], median(v["ns_per_op"])) for c in threads
+                          for v in c["variants"] if v["name"] == name]
+                ax.plot([p for p, _ in points], [1e3 / m for _, m in points], marker="o", label=name,
+                        color=colour(name) if name.startswith("raw") else None)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(counts)
+            ax.set_xticklabels([str(n) for n in counts])
+            ax.set_xlabel("Python threads (one created stream each)")
+            ax.set_ylabel("million allocate+close pairs per second")
+            ax.set_ylim(bottom=0)
+            ax.set_title("Python, concurrent allocate+close: %s" % device_note(python), fontsize=10)
+            ax.legend()
+            ax.grid(alpha=0.3)
+            save(fig, "python-threads.png")
 
     for name in written:
         print(name)
