@@ -139,11 +139,14 @@ impl PyMemoryResource {
     // `METH_FASTCALL | METH_KEYWORDS` and keyword names are compared in place, so the usual
     // call `allocate(n, stream=s)` builds no argument tuple and no keyword dict (a hand parser
     // over `*args, **kwargs` made pyo3 build both, -871 instructions per allocate+close;
-    // pybind/DESIGN.md, "Hot path"). `stream` defaults to `None` and `*extra` and `**unknown`
-    // (left empty by such a call: no tuple or dict is made for them) catch the rest, so that
-    // the errors about them still name the class called (`allocate_arguments`).
+    // pybind/DESIGN.md, "Hot path"). `stream` defaults to `None` and `*extra` (the shared
+    // empty tuple for such a call) catches a stream passed by position, so that those errors
+    // still name the class called (`allocate_arguments`). No `**kwargs`: with one pyo3 falls
+    // back to `METH_VARARGS | METH_KEYWORDS` (a tuple and a dict per call, +990 instructions
+    // per allocate+close), so an unknown keyword gets pyo3's message, which names the base
+    // class `MemoryResource`.
     #[pyo3(
-        signature = (size, *extra, stream = None, **unknown),
+        signature = (size, *extra, stream = None),
         text_signature = "($self, size, *, stream)"
     )]
     fn allocate(
@@ -151,11 +154,9 @@ impl PyMemoryResource {
         size: &Bound<'_, PyAny>,
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
-        unknown: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
         let this = slf.get();
-        let (size, stream) =
-            allocate_arguments(slf, size, extra, stream, unknown, this.stream_optional)?;
+        let (size, stream) = allocate_arguments(slf, size, extra, stream, this.stream_optional)?;
         let native = Arc::clone(native_of(slf, "allocate")?);
         let py = slf.py();
         let mr = || Some(slf.clone().into_any().unbind());
@@ -282,7 +283,6 @@ fn allocate_arguments<'py>(
     size: &Bound<'py, PyAny>,
     extra: &Bound<'py, PyTuple>,
     stream: Option<&Bound<'py, PyAny>>,
-    unknown: Option<&Bound<'py, PyDict>>,
     stream_optional: bool,
 ) -> PyResult<(usize, Option<Bound<'py, PyAny>>)> {
     let name = || format!("{}.allocate()", type_name(mr.as_any()));
@@ -293,12 +293,6 @@ fn allocate_arguments<'py>(
             1 + extra.len(),
             "allocate(size, stream=s)",
         ));
-    }
-    if let Some(key) = unknown.and_then(|unknown| unknown.keys().iter().next()) {
-        return Err(PyTypeError::new_err(format!(
-            "{} got an unexpected keyword argument '{key}'",
-            name()
-        )));
     }
     let stream = stream.filter(|s| !s.is_none()).cloned();
     if stream.is_none() && !stream_optional {
