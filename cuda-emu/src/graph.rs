@@ -33,7 +33,9 @@ thread_local! {
 
 /// Sets this thread's capture interaction mode and returns the previous one.
 pub(crate) fn exchange_thread_mode(mode: u32) -> u32 {
-    THREAD_MODE.with(|m| m.replace(mode))
+    THREAD_MODE
+        .try_with(|m| m.replace(mode))
+        .unwrap_or(MODE_GLOBAL)
 }
 /// `CU_MEMORYTYPE_*`.
 pub(crate) const MEMTYPE_HOST: u32 = 1;
@@ -714,7 +716,7 @@ impl State {
     /// The offending captures are invalidated.
     pub(crate) fn check_unsafe_call(&mut self) -> Res {
         let me = thread_id();
-        let mode = THREAD_MODE.with(|m| m.get());
+        let mode = THREAD_MODE.try_with(|m| m.get()).unwrap_or(MODE_GLOBAL);
         if mode == MODE_RELAXED {
             return Ok(());
         }

@@ -29,29 +29,41 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The calling thread's small, stable id (1, 2, ... in order of first use).
 pub(crate) fn thread_id() -> u64 {
-    THREAD_ID.with(|id| *id)
+    // 0 on an exiting thread whose id is gone (see `current_context`).
+    THREAD_ID.try_with(|id| *id).unwrap_or(0)
 }
 
 /// The context on top of the calling thread's stack, 0 for none.
+///
+/// A thread that is exiting may call the driver from another thread-local's destructor after
+/// its stack was destroyed (cuda.core releases primary contexts that way): it has no context.
 pub(crate) fn current_context() -> u64 {
-    CONTEXT_STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
+    CONTEXT_STACK
+        .try_with(|s| s.borrow().last().copied().unwrap_or(0))
+        .unwrap_or(0)
 }
 
-/// Runs `f` on the calling thread's context stack (last = top).
+/// Runs `f` on the calling thread's context stack (last = top). On an exiting thread whose
+/// stack is already gone, `f` sees an empty stack and what it pushes is dropped with the thread.
 pub(crate) fn with_context_stack<R>(f: impl FnOnce(&mut Vec<u64>) -> R) -> R {
-    CONTEXT_STACK.with(|s| f(&mut s.borrow_mut()))
+    let mut f = Some(f);
+    let done = CONTEXT_STACK.try_with(|s| (f.take().expect("called once"))(&mut s.borrow_mut()));
+    match done {
+        Ok(r) => r,
+        Err(_) => (f.take().expect("not called"))(&mut Vec::new()),
+    }
 }
 
 /// Runs user code (a host function or a user-object destructor) with driver calls forbidden on
 /// this thread (G4), catching a panic so that it cannot unwind into the emulator.
 pub(crate) fn run_callback(f: impl FnOnce()) {
-    let was = IN_CALLBACK.with(|c| c.replace(true));
+    let was = IN_CALLBACK.try_with(|c| c.replace(true)).unwrap_or(false);
     let _ = catch_unwind(AssertUnwindSafe(f));
-    IN_CALLBACK.with(|c| c.set(was));
+    let _ = IN_CALLBACK.try_with(|c| c.set(was));
 }
 
 fn in_callback() -> bool {
-    IN_CALLBACK.with(Cell::get)
+    IN_CALLBACK.try_with(Cell::get).unwrap_or(false)
 }
 
 /// What a call body found out for the call log.

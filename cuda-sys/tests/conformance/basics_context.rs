@@ -198,3 +198,51 @@ fn basic_primary_ctx_is_one_context_across_threads() {
         primary_ctx_release(device0()).check();
     });
 }
+
+/// Runs a driver call from a thread-local destructor that runs after the driver's own
+/// per-thread state on that thread was torn down, and keeps its status.
+struct ReleaseAtThreadExit {
+    device: cuda_sys::types::CUdevice,
+    status: std::sync::Arc<std::sync::Mutex<Option<CudaErrorCode>>>,
+}
+
+impl Drop for ReleaseAtThreadExit {
+    fn drop(&mut self) {
+        let code = primary_ctx_release(self.device).code;
+        *self.status.lock().unwrap_or_else(|e| e.into_inner()) = Some(code);
+    }
+}
+
+thread_local! {
+    static AT_EXIT: std::cell::RefCell<Option<ReleaseAtThreadExit>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+#[test]
+fn basic_primary_ctx_release_from_a_thread_exit_destructor() {
+    // cuda.core releases primary contexts from thread-exit destructors. This thread-local is
+    // registered before the first driver call on the thread, so (destructors run in reverse
+    // order of registration) its destructor runs after the driver's own per-thread state is
+    // gone: the call must still be answered, not crash the process.
+    let status = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let seen = status.clone();
+    std::thread::Builder::new()
+        .name("exit-release".into())
+        .spawn(move || {
+            AT_EXIT.with(|slot| *slot.borrow_mut() = None);
+            init();
+            let device = device0();
+            primary_ctx_retain(device).check();
+            AT_EXIT.with(|slot| {
+                *slot.borrow_mut() = Some(ReleaseAtThreadExit {
+                    device,
+                    status: seen,
+                })
+            });
+        })
+        .expect("spawn")
+        .join()
+        .expect("the thread exits without a panic");
+    let code = status.lock().unwrap_or_else(|e| e.into_inner()).take();
+    assert_eq!(code, Some(CudaErrorCode::SUCCESS));
+}
