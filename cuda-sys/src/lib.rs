@@ -102,6 +102,7 @@ macro_rules! __driver_function_list {
                 cuMemsetD16Async(dstDevice: CUdeviceptr, us: c_ushort, N: usize, hStream: CUstream);
                 cuMemsetD32Async(dstDevice: CUdeviceptr, ui: c_uint, N: usize, hStream: CUstream);
                 cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr);
+                cuPointerGetAttributes(numAttributes: c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut c_void, ptr: CUdeviceptr);
                 cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps);
                 cuMemPoolDestroy(pool: CUmemoryPool);
                 cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);

@@ -495,7 +495,7 @@ impl DevicePtrHandle {
     /// mapping is freed again on `stream`).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
-    /// `cuMemPoolImportPointer`, `cuPointerGetAttribute`; `cuMemFreeAsync` at release.
+    /// `cuMemPoolImportPointer`, `cuPointerGetAttributes`; `cuMemFreeAsync` at release.
     pub(crate) fn import_from_pool(
         pool: &MemoryPoolHandle,
         export_data: &CUmemPoolPtrExportData,

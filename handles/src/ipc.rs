@@ -54,7 +54,7 @@ pub fn export_pointer(ptr: &DevicePtrHandle) -> Result<[u8; 64], HandleError> {
 /// [`HandleError::Driver`] when the driver rejects the export data.
 ///
 /// Driver calls: `cuCtxGetCurrent` (a default-stream token); for the first import of a mapping
-/// `cuCtxSetCurrent` (if needed), `cuMemPoolImportPointer`, `cuPointerGetAttribute` (the extent
+/// `cuCtxSetCurrent` (if needed), `cuMemPoolImportPointer`, `cuPointerGetAttributes` (the extent
 /// check). At release: `cuEventCreate` and `cuEventRecord` while other imports hold the mapping;
 /// for the last, `cuStreamWaitEvent` per earlier release, then `cuMemFreeAsync`.
 pub fn import_pointer(

@@ -371,7 +371,7 @@ impl Buffer {
     /// # Errors
     /// [`MemoryError::Handle`] when the pointer-attribute query of a view fails.
     ///
-    /// Driver calls: `cuPointerGetAttribute`, for views, once.
+    /// Driver calls: `cuPointerGetAttributes`, for views, once.
     pub fn is_device_accessible(&self) -> Result<bool, MemoryError> {
         Ok(self.access(self.ptr())?.device)
     }

@@ -213,7 +213,7 @@ impl Buffer {
     ///   default-stream token.
     ///
     /// Driver calls: `cuCtxGetCurrent` (a default-stream token), and for the first import of a
-    /// mapping `cuCtxSetCurrent` (if needed), `cuMemPoolImportPointer`, `cuPointerGetAttribute`
+    /// mapping `cuCtxSetCurrent` (if needed), `cuMemPoolImportPointer`, `cuPointerGetAttributes`
     /// (the extent check). At release: `cuEventCreate` and `cuEventRecord` while other imports
     /// hold the mapping; for the last, `cuStreamWaitEvent` per earlier release, then
     /// `cuMemFreeAsync`.

@@ -313,7 +313,7 @@ fn managed_buffers() {
     assert_eq!(view.as_buffer().is_managed(), Ok(true));
     with_emulator(|emu| {
         assert_eq!(
-            emu.count_calls("cuPointerGetAttribute", alloc, from),
+            emu.count_calls("cuPointerGetAttributes", alloc, from),
             0,
             "the caller vouched"
         );

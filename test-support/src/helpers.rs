@@ -275,7 +275,7 @@ pub fn on_fresh_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static
 /// What the driver knows about `ptr` (`None`: an address it does not know, such as memory
 /// freed with `cuMemFree` or `cuMemFreeHost`).
 pub fn attributes(ptr: u64) -> Option<PointerAttributes> {
-    handles::pointer_attributes(ptr).expect("cuPointerGetAttribute")
+    handles::pointer_attributes(ptr).expect("cuPointerGetAttributes")
 }
 
 /// A thread-safe record of every cleanup error and warning reported in this process.

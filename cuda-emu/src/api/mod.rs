@@ -158,7 +158,6 @@ extra_exports! {
     cuMemRangeGetAttribute
     cuMemRangeGetAttributes
     cuMemSetMemPool
-    cuPointerGetAttributes
     cuStreamGetCaptureInfo_v3
     cuStreamGetCtx_v2
     cuStreamGetDevice

@@ -21,17 +21,20 @@ use crate::state::{initialized, State};
 #[no_mangle]
 pub unsafe extern "C" fn cuPointerGetAttributes(
     count: c_uint,
-    attributes: *const CUpointer_attribute,
+    attributes: *mut CUpointer_attribute,
     data: *mut *mut c_void,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    entry("cuPointerGetAttributes", None, Some(ptr), |_| {
+    entry("cuPointerGetAttributes", None, Some(ptr), |info| {
         // SAFETY: `count` attributes and as many data pointers (driver contract).
-        let attrs: Vec<u32> = unsafe { get_slice(attributes.cast::<u32>(), count as usize)? };
+        let attrs: Vec<u32> =
+            unsafe { get_slice(attributes.cast_const().cast::<u32>(), count as usize)? };
         // SAFETY: as above.
         let slots: Vec<*mut c_void> = unsafe { get_slice(data.cast_const(), count as usize)? };
         let st = initialized()?;
-        let known = st.find_live(ptr).is_some();
+        let start = st.find_live(ptr);
+        info.alloc = start.and_then(|start| st.alloc_id(start));
+        let known = start.is_some();
         for (&attr, &slot) in attrs.iter().zip(&slots) {
             if slot.is_null() {
                 return Err(codes::INVALID_VALUE);

@@ -9,8 +9,9 @@ use crate::driver::{
     mem_free_host, mem_get_info, mem_pool_create, mem_pool_destroy, mem_pool_get_attribute,
     mem_pool_trim_to, memcpy, memcpy_async, memcpy_dtoh, memcpy_htod, memset_d16, memset_d32,
     memset_d32_async, memset_d8, memset_d8_async, pointer_context, pointer_device_ordinal,
-    pointer_is_managed, pointer_memory_type, pointer_mempool, stream_create, stream_destroy,
-    stream_synchronize, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, STREAM_NON_BLOCKING,
+    pointer_get_attributes, pointer_is_managed, pointer_memory_type, pointer_mempool,
+    stream_create, stream_destroy, stream_synchronize, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST,
+    STREAM_NON_BLOCKING,
 };
 use crate::support::{device0, new_pool, on_fresh_thread, primary_current, reserved, used, N};
 
@@ -179,6 +180,41 @@ fn basic_pointer_attributes_of_device_memory() {
         // An interior pointer has the same attributes.
         assert_eq!(pointer_memory_type(p + 4096).check(), MEMORYTYPE_DEVICE);
         mem_free(p).check();
+    });
+}
+
+/// Documented: `cuPointerGetAttributes` reads several attributes in one call (so no free on
+/// another thread can fall between them); unlike `cuPointerGetAttribute`, which fails with
+/// `CUDA_ERROR_INVALID_VALUE` for an address the driver does not know, it succeeds and gives
+/// NULL values (memory type 0, not managed, range size 0). Asked of live memory, of the same
+/// address once freed, and of pageable host memory. (`handles::pointer_attributes` relies on it;
+/// the device ordinal of an unknown address is not asserted: the documentation gives no value.)
+#[test]
+fn basic_pointer_get_attributes_reads_an_unknown_address_as_null_values() {
+    on_fresh_thread("pointer-get-attributes", || {
+        init();
+        let _primary = primary_current();
+        let p = mem_alloc(N).check();
+        let (kind, managed, ordinal, range) = pointer_get_attributes(p + 16).check();
+        assert_eq!(
+            (kind, managed, ordinal, range),
+            (MEMORYTYPE_DEVICE, 0, 0, N)
+        );
+        mem_free(p).check();
+        pointer_memory_type(p).fails_with(cuda_sys::CudaErrorCode::INVALID_VALUE);
+        let (kind, managed, _, range) = pointer_get_attributes(p).check();
+        assert_eq!(
+            (kind, managed, range),
+            (0, 0, 0),
+            "a freed address: NULL values"
+        );
+        let pageable = vec![0u8; 64];
+        let (kind, managed, _, range) = pointer_get_attributes(pageable.as_ptr() as u64).check();
+        assert_eq!(
+            (kind, managed, range),
+            (0, 0, 0),
+            "pageable host memory: NULL values"
+        );
     });
 }
 

@@ -537,6 +537,27 @@ pub fn pointer_memory_type(dptr: CUdeviceptr) -> Ret<c_uint> {
     call!(cuPointerGetAttribute((&mut value as *mut c_uint).cast(), attr, dptr) => value)
 }
 
+/// `cuPointerGetAttributes` of `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`, `_IS_MANAGED`,
+/// `_DEVICE_ORDINAL` and `_RANGE_SIZE` in one call: (memory type, is managed, ordinal, range size).
+pub fn pointer_get_attributes(dptr: CUdeviceptr) -> Ret<(c_uint, c_uint, c_int, usize)> {
+    use CUpointer_attribute as A;
+    let (mut kind, mut managed, mut ordinal, mut range) =
+        (7 as c_uint, 7 as c_uint, 7 as c_int, 7usize);
+    let mut attributes = [
+        A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        A::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut data: [*mut c_void; 4] = [
+        (&mut kind as *mut c_uint).cast(),
+        (&mut managed as *mut c_uint).cast(),
+        (&mut ordinal as *mut c_int).cast(),
+        (&mut range as *mut usize).cast(),
+    ];
+    call!(cuPointerGetAttributes(4, attributes.as_mut_ptr(), data.as_mut_ptr(), dptr) => (kind, managed, ordinal, range))
+}
+
 /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)`.
 pub fn pointer_device_ordinal(dptr: CUdeviceptr) -> Ret<c_int> {
     let mut value: c_int = -1;

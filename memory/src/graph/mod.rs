@@ -34,7 +34,7 @@ pub use handles::GraphNode;
 /// The device a buffer's memory is bound to for device work: device-only memory's device;
 /// `None` for memory any device may touch (pinned host, managed, host).
 ///
-/// Driver calls: `cuPointerGetAttribute`, once per adopted view.
+/// Driver calls: `cuPointerGetAttributes`, once per adopted view.
 fn bound_device(buffer: &Buffer) -> Result<Option<i32>, MemoryError> {
     if buffer.is_host_accessible()? || buffer.is_managed()? {
         return Ok(None);
@@ -218,7 +218,7 @@ impl Graph {
     /// graph. Then [`MemoryError::Handle`] for the driver's failure (nothing is retained then).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`,
-    /// `cuGraphRetainUserObject`, `cuGraphAddMemsetNode`; `cuPointerGetAttribute` once for an
+    /// `cuGraphRetainUserObject`, `cuGraphAddMemsetNode`; `cuPointerGetAttributes` once for an
     /// adopted view.
     pub fn add_memset(
         &self,
