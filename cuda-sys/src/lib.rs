@@ -8,14 +8,19 @@
 
 #![allow(non_snake_case)]
 
+// The modules' layers, lowest first: `types` and `status` (driver types and status codes),
+// `loader` (finds the driver and its entry points), `error` (a failed call, described by the
+// loaded driver). Each imports only from layers below it; a tidy test fails on a cycle.
 mod error;
 mod loader;
+mod status;
 pub mod types;
 
-pub use error::{CudaError, CudaErrorCode};
+pub use error::CudaError;
 pub use loader::{
     driver, fn_types, Driver, LoadError, DRIVER_ENV, MIN_DRIVER_VERSION, OPTIONAL_SYMBOLS, SYMBOLS,
 };
+pub use status::CudaErrorCode;
 
 /// The raw status a driver entry point returns (`CUresult` in C), kept as an integer so that
 /// an unknown code from a newer driver is never undefined behaviour.

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use libloading::Library;
 
-use crate::error::CudaErrorCode;
+use crate::status::CudaErrorCode;
 
 /// The environment variable that names the driver library to load before the standard names
 /// (`libcuda.so.1`, `libcuda.so`). Point it at the emulated driver (`libcuda_emu.so`) to run
