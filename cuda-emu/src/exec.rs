@@ -16,7 +16,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use crate::log::lock;
+use crate::thread::lock;
 
 /// A stream's queue and progress counters.
 pub(crate) struct StreamCore {

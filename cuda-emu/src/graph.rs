@@ -1,4 +1,6 @@
-//! Graphs, graph execs, stream capture and user objects.
+//! Graphs, graph execs, stream capture and user objects: their types, and how a launch runs its
+//! steps. The state's operations on them (adding nodes, instantiation, launch, capture, user
+//! object references) are in `state/graph.rs`.
 //!
 //! A graph is a list of nodes in creation order, which is a topological order as long as edges
 //! come only with a node (its dependencies must exist when it is added); `cuGraphAddDependencies`
@@ -12,14 +14,13 @@
 //! inside the driver call that dropped it, when no launch is pending (G2), or on the stream's
 //! worker thread after the last pending launch of a destroyed exec completes (G3).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 use crate::codes::{self, Res};
-use crate::log::{self, lock, thread_id};
-use crate::memory::{copy_bytes, fill, AllocKind, Backing, Mem, PoolCore};
-use crate::state::{State, StreamKind};
+use crate::memory::{copy_bytes, fill, Backing, Mem, PoolCore};
+use crate::thread::run_callback;
 
 /// `CU_STREAM_CAPTURE_MODE_*`.
 pub(crate) const MODE_GLOBAL: u32 = 0;
@@ -29,6 +30,13 @@ thread_local! {
     /// This thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`): which
     /// captures make "potentially unsafe" calls on this thread illegal. Global by default.
     static THREAD_MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(MODE_GLOBAL) };
+}
+
+/// This thread's capture interaction mode.
+pub(crate) fn thread_mode() -> u32 {
+    THREAD_MODE
+        .try_with(std::cell::Cell::get)
+        .unwrap_or(MODE_GLOBAL)
 }
 
 /// Sets this thread's capture interaction mode and returns the previous one.
@@ -52,7 +60,7 @@ pub(crate) struct Callback {
 impl Callback {
     /// Runs the callback with driver calls forbidden on this thread.
     pub(crate) fn run(self) {
-        log::run_callback(|| {
+        run_callback(|| {
             // SAFETY: the program registered this function and argument with the driver, which
             // promises to call it exactly like this.
             unsafe { (self.func)(self.data as *mut c_void) }
@@ -118,7 +126,8 @@ impl Copy3D {
         Ok((first, last - first))
     }
 
-    fn host_ok(o: &Operand) -> bool {
+    /// Whether `o` is host-accessible memory.
+    pub(crate) fn host_ok(o: &Operand) -> bool {
         o.memtype == MEMTYPE_HOST || o.memtype == MEMTYPE_UNIFIED
     }
 }
@@ -203,10 +212,12 @@ pub(crate) struct Graph {
     pub(crate) user_objects: BTreeMap<u64, u64>,
 }
 
+/// An exec's life: its launches still pending, whether it was destroyed, and the user-object
+/// references it holds (released when it is destroyed and nothing is pending, G3).
 pub(crate) struct ExecLife {
-    pending: usize,
-    destroyed: bool,
-    refs: Vec<(u64, u64)>,
+    pub(crate) pending: usize,
+    pub(crate) destroyed: bool,
+    pub(crate) refs: Vec<(u64, u64)>,
 }
 
 pub(crate) struct GraphExec {
@@ -229,7 +240,7 @@ pub(crate) struct Capture {
 }
 
 /// What a launch does on the stream, resolved when it is enqueued.
-enum Step {
+pub(crate) enum Step {
     Host(Callback),
     Fill {
         dst: Mem,
@@ -250,7 +261,8 @@ enum Step {
 }
 
 impl Step {
-    fn run(self) {
+    /// Runs this step on the launch's stream.
+    pub(crate) fn run(self) {
         match self {
             Step::Host(cb) => cb.run(),
             Step::Fill { dst, m } => fill(
@@ -287,500 +299,6 @@ impl Step {
                 }
             }
         }
-    }
-}
-
-impl State {
-    pub(crate) fn graph(&mut self, g: u64) -> Res<&mut Graph> {
-        self.graphs.get_mut(&g).ok_or(codes::BAD_HANDLE)
-    }
-
-    /// Node handles -> indices in graph `g`.
-    pub(crate) fn node_indices(&self, g: u64, handles: &[u64]) -> Res<Vec<usize>> {
-        handles
-            .iter()
-            .map(|h| match self.nodes.get(h) {
-                Some(&(graph, i)) if graph == g => Ok(i),
-                _ => Err(codes::INVALID_VALUE),
-            })
-            .collect()
-    }
-
-    /// Adds a node to graph `g`; returns its handle.
-    pub(crate) fn add_node(
-        &mut self,
-        g: u64,
-        kind: NodeKind,
-        deps: Vec<usize>,
-    ) -> Res<(u64, usize)> {
-        let handle = self.new_handle();
-        let graph = self.graph(g)?;
-        let index = graph.nodes.len();
-        graph.nodes.push(Node { handle, kind, deps });
-        self.nodes.insert(handle, (g, index));
-        Ok((handle, index))
-    }
-
-    /// Validates a node's memory at creation: live memory, or memory a graph allocates.
-    /// Returns the identity of the live allocation it lies in, if any.
-    pub(crate) fn check_node_memory(
-        &mut self,
-        addr: u64,
-        len: u64,
-        host_ok: bool,
-        function: &'static str,
-    ) -> Res<Option<u64>> {
-        if let Some((&start, &size)) = self.graph_reserved.range(..=addr).next_back() {
-            if addr < start + size {
-                return if addr + len <= start + size {
-                    Ok(None)
-                } else {
-                    Err(codes::OUT_OF_RANGE)
-                };
-            }
-        }
-        self.resolve(addr, len, host_ok, function, 0).map(|t| t.id)
-    }
-
-    /// Resolves a node's memory at launch, and checks that it is still the allocation the node
-    /// was made for: an address the pool has handed out again (`docs/driver-facts.md` F18)
-    /// belongs to another allocation, and a node that touches it is a `use_after_free` of the
-    /// node's own, even though the address is live.
-    fn resolve_node_memory(
-        &mut self,
-        addr: u64,
-        len: u64,
-        host_ok: bool,
-        made_for: Option<u64>,
-        stream: u64,
-    ) -> Option<crate::memory::Target> {
-        const F: &str = "cuGraphLaunch";
-        let t = self.resolve(addr, len, host_ok, F, stream).ok()?;
-        match (made_for, t.id) {
-            (Some(then), Some(now)) if then != now => {
-                log::hazard(log::Hazard {
-                    kind: "use_after_free",
-                    ptr: addr,
-                    alloc: Some(then),
-                    function: F,
-                    stream,
-                    detail: format!(
-                        "{F}: a node made for allocation #{then} touches {addr:#x}, which was freed and now belongs to allocation #{now}"
-                    ),
-                });
-                None
-            }
-            _ => Some(t),
-        }
-    }
-
-    /// Takes `count` more references on user object `uo`.
-    pub(crate) fn retain_user_object(&mut self, uo: u64, count: u64) -> Res {
-        let o = self.user_objects.get_mut(&uo).ok_or(codes::BAD_HANDLE)?;
-        o.refs += count;
-        Ok(())
-    }
-
-    /// Drops `count` references on `uo`; returns its destructor when that was the last.
-    pub(crate) fn release_user_object(&mut self, uo: u64, count: u64) -> Res<Option<Callback>> {
-        let o = self.user_objects.get_mut(&uo).ok_or(codes::BAD_HANDLE)?;
-        if count > o.refs {
-            return Err(codes::OVER_RELEASE);
-        }
-        o.refs -= count;
-        if o.refs == 0 {
-            let d = o.destructor;
-            self.user_objects.remove(&uo);
-            return Ok(Some(d));
-        }
-        Ok(None)
-    }
-
-    /// Drops a set of references; returns the destructors that are now due.
-    pub(crate) fn release_refs(&mut self, refs: &[(u64, u64)]) -> Vec<Callback> {
-        refs.iter()
-            .filter_map(|&(uo, n)| self.release_user_object(uo, n).ok().flatten())
-            .collect()
-    }
-
-    /// Destroys graph `g`; returns the destructors now due.
-    pub(crate) fn destroy_graph(&mut self, g: u64) -> Res<Vec<Callback>> {
-        let graph = self.graphs.remove(&g).ok_or(codes::BAD_HANDLE)?;
-        for n in &graph.nodes {
-            self.nodes.remove(&n.handle);
-        }
-        let refs: Vec<(u64, u64)> = graph.user_objects.into_iter().collect();
-        Ok(self.release_refs(&refs))
-    }
-
-    /// Copies graph `g` (new node handles, new references on its user objects).
-    pub(crate) fn clone_graph(&mut self, g: u64) -> Res<u64> {
-        let (nodes, uos) = {
-            let graph = self.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
-            (graph.nodes.clone(), graph.user_objects.clone())
-        };
-        let clone = self.new_handle();
-        self.graphs.insert(clone, Graph::default());
-        for n in nodes {
-            self.add_node(clone, n.kind, n.deps)?;
-        }
-        for (&uo, &n) in &uos {
-            self.retain_user_object(uo, n)?;
-        }
-        self.graph(clone)?.user_objects = uos;
-        Ok(clone)
-    }
-
-    /// Instantiates graph `g`.
-    /// Instantiates graph `g`; a graph whose edges form a cycle is refused with
-    /// `CUDA_ERROR_INVALID_VALUE` (a guess: no driver was asked).
-    pub(crate) fn instantiate(&mut self, g: u64, flags: u64) -> Res<u64> {
-        let (nodes, refs) = {
-            let graph = self.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
-            let refs: Vec<(u64, u64)> = graph.user_objects.iter().map(|(&u, &n)| (u, n)).collect();
-            let order = dependency_order(&graph.nodes).ok_or(codes::INVALID_VALUE)?;
-            (
-                order
-                    .iter()
-                    .map(|&i| graph.nodes[i].kind)
-                    .collect::<Vec<_>>(),
-                refs,
-            )
-        };
-        for &(uo, n) in &refs {
-            self.retain_user_object(uo, n)?;
-        }
-        let handle = self.new_handle();
-        self.execs.insert(
-            handle,
-            GraphExec {
-                nodes,
-                auto_free: flags & 1 != 0,
-                life: Arc::new(Mutex::new(ExecLife {
-                    pending: 0,
-                    destroyed: false,
-                    refs,
-                })),
-            },
-        );
-        Ok(handle)
-    }
-
-    /// Destroys a graph exec; returns the destructors due now (none if a launch is pending: the
-    /// last pending launch releases them on its worker thread).
-    pub(crate) fn destroy_exec(&mut self, e: u64) -> Res<Vec<Callback>> {
-        let exec = self.execs.remove(&e).ok_or(codes::BAD_HANDLE)?;
-        let refs = {
-            let mut life = lock(&exec.life);
-            life.destroyed = true;
-            if life.pending == 0 {
-                std::mem::take(&mut life.refs)
-            } else {
-                Vec::new()
-            }
-        };
-        Ok(self.release_refs(&refs))
-    }
-
-    /// Enqueues a launch of exec `e` on stream `s`.
-    pub(crate) fn launch(&mut self, e: u64, s: u64) -> Res {
-        const F: &str = "cuGraphLaunch";
-        let (nodes, auto_free, life) = {
-            let exec = self.execs.get(&e).ok_or(codes::BAD_HANDLE)?;
-            (exec.nodes.clone(), exec.auto_free, exec.life.clone())
-        };
-        if self.enqueue_check(s)? {
-            // Launching a graph into a capture (a child graph node) is not emulated.
-            return Err(codes::CAPTURE_UNSUPPORTED);
-        }
-        // A graph cannot run while memory it allocates is still live.
-        for n in &nodes {
-            if let NodeKind::MemAlloc { addr, .. } = *n {
-                if self.allocs.contains_key(&addr) && !auto_free {
-                    return Err(codes::GRAPH_ALLOCATION_LIVE);
-                }
-            }
-        }
-        let (mut deps, time) = self.prepare(s);
-        for n in &nodes {
-            if let NodeKind::EventWait { event } = *n {
-                let record = self.events.get(&event).and_then(|e| e.record.clone());
-                if let Some((dep, clock)) = record {
-                    deps.push(dep);
-                    if let Some(st) = self.streams.get_mut(&s) {
-                        st.clock.merge(&clock);
-                    }
-                }
-            }
-        }
-        let nodes_for_records: Vec<u64> = nodes
-            .iter()
-            .filter_map(|n| match *n {
-                NodeKind::EventRecord { event } => Some(event),
-                _ => None,
-            })
-            .collect();
-        let mut steps = Vec::new();
-        for n in &nodes {
-            if let NodeKind::MemAlloc { addr, .. } = *n {
-                if let Some(a) =
-                    self.take_alloc(addr, F, "was freed on relaunch (auto free on launch)")
-                {
-                    steps.push(Step::Release {
-                        backing: a.backing,
-                        core: a.pool_core,
-                        size: a.size,
-                    });
-                }
-            }
-        }
-        for n in nodes {
-            match n {
-                NodeKind::Empty | NodeKind::EventRecord { .. } | NodeKind::EventWait { .. } => {}
-                NodeKind::Host(cb) => steps.push(Step::Host(cb)),
-                NodeKind::Memset(m) => {
-                    let Ok(len) = m.extent() else { continue };
-                    if let Some(t) = self.resolve_node_memory(m.dst, len, false, m.alloc, s) {
-                        self.record_use(t.alloc, s, time);
-                        steps.push(Step::Fill { dst: t.mem, m });
-                    }
-                }
-                NodeKind::Memcpy(c) => {
-                    let (Ok((sf, sl)), Ok((df, dl))) = (c.extent(&c.src), c.extent(&c.dst)) else {
-                        continue;
-                    };
-                    let src = self.resolve_node_memory(
-                        c.src.ptr + sf,
-                        sl,
-                        Copy3D::host_ok(&c.src),
-                        c.src.alloc,
-                        s,
-                    );
-                    let dst = self.resolve_node_memory(
-                        c.dst.ptr + df,
-                        dl,
-                        Copy3D::host_ok(&c.dst),
-                        c.dst.alloc,
-                        s,
-                    );
-                    if let (Some(src), Some(dst)) = (src, dst) {
-                        self.record_use(src.alloc, s, time);
-                        self.record_use(dst.alloc, s, time);
-                        steps.push(Step::Copy {
-                            dst: dst.mem,
-                            src: src.mem,
-                            c,
-                            dst_first: df,
-                            src_first: sf,
-                        });
-                    }
-                }
-                NodeKind::MemAlloc { addr, size, device } => {
-                    let Some(backing) = Backing::heap(size as usize, 64) else {
-                        return Err(codes::OUT_OF_MEMORY);
-                    };
-                    self.insert_alloc(crate::memory::Alloc {
-                        id: 0,
-                        addr,
-                        size,
-                        kind: AllocKind::Pool,
-                        device,
-                        ctx: 0,
-                        pool: None,
-                        pool_core: None,
-                        host: false,
-                        backing,
-                        uses: Default::default(),
-                        ipc_offset: None,
-                    });
-                    self.record_use(Some(addr), s, time);
-                }
-                NodeKind::MemFree { addr } => {
-                    if self.allocs.contains_key(&addr) {
-                        self.check_free_order(addr, s, F);
-                        if let Some(a) = self.take_alloc(addr, F, "was freed by a graph free node")
-                        {
-                            steps.push(Step::Release {
-                                backing: a.backing,
-                                core: a.pool_core,
-                                size: a.size,
-                            });
-                        }
-                    } else {
-                        self.report_bad_free(addr, F, s);
-                    }
-                }
-            }
-        }
-        lock(&life).pending += 1;
-        let run = move || {
-            for step in steps {
-                step.run();
-            }
-            let refs = {
-                let mut l = lock(&life);
-                l.pending -= 1;
-                if l.destroyed && l.pending == 0 {
-                    std::mem::take(&mut l.refs)
-                } else {
-                    Vec::new()
-                }
-            };
-            if !refs.is_empty() {
-                // The exec was destroyed while this launch was pending (G3): its user-object
-                // references go now, on this driver thread.
-                let due = crate::state::state().release_refs(&refs);
-                run_destructors(due);
-            }
-        };
-        let seq = self.submit(s, deps, Some(Box::new(run)), true);
-        let core = self.streams[&s].core.clone();
-        let clock = self.streams[&s].clock.clone();
-        for n in &nodes_for_records {
-            if let Some(ev) = self.events.get_mut(n) {
-                // The launch's completion time stands for the node's.
-                let slot: Arc<Mutex<Option<std::time::Instant>>> = Default::default();
-                ev.recorded_at = slot;
-                ev.record = Some((
-                    crate::exec::Dep {
-                        core: core.clone(),
-                        seq,
-                    },
-                    clock.clone(),
-                ));
-                ev.captured = None;
-            }
-        }
-        Ok(())
-    }
-
-    /// Before enqueuing on stream `s`: `Ok(true)` when it captures (the operation becomes a
-    /// node), an error when its capture was invalidated, and the legacy stream's rule that it
-    /// may not be used while a blocking stream of its context captures.
-    pub(crate) fn enqueue_check(&mut self, s: u64) -> Res<bool> {
-        let (capture, kind, ctx) = {
-            let st = self.streams.get(&s).ok_or(codes::BAD_HANDLE)?;
-            (st.capture, st.kind, st.ctx)
-        };
-        if let Some(id) = capture {
-            let c = self.captures.get(&id).ok_or(codes::CAPTURE_INVALIDATED)?;
-            return if c.invalidated {
-                Err(codes::CAPTURE_INVALIDATED)
-            } else {
-                Ok(true)
-            };
-        }
-        if kind == StreamKind::Legacy {
-            let capturing: Vec<u64> = self.contexts[&ctx]
-                .streams
-                .iter()
-                .filter_map(|o| self.streams.get(o))
-                .filter(|o| o.blocking())
-                .filter_map(|o| o.capture)
-                .collect();
-            if !capturing.is_empty() {
-                for id in capturing {
-                    self.invalidate_capture(id);
-                }
-                return Err(codes::CAPTURE_IMPLICIT);
-            }
-        }
-        Ok(false)
-    }
-
-    /// Adds a captured operation on stream `s` as a node.
-    pub(crate) fn capture_node(&mut self, s: u64, kind: NodeKind) -> Res<u64> {
-        let id = self.streams[&s].capture.ok_or(codes::CAPTURE_STATE)?;
-        let (graph, deps) = {
-            let c = self.captures.get(&id).ok_or(codes::CAPTURE_INVALIDATED)?;
-            (c.graph, c.ends.get(&s).cloned().unwrap_or_default())
-        };
-        let (handle, index) = self.add_node(graph, kind, deps)?;
-        if let Some(c) = self.captures.get_mut(&id) {
-            c.ends.insert(s, vec![index]);
-        }
-        Ok(handle)
-    }
-
-    pub(crate) fn invalidate_capture(&mut self, id: u64) {
-        if let Some(c) = self.captures.get_mut(&id) {
-            c.invalidated = true;
-        }
-    }
-
-    /// The rule for "potentially unsafe" calls (synchronous allocation, freeing, copying,
-    /// synchronising), after the calling thread's capture interaction mode (the driver API's
-    /// description of `cuThreadExchangeStreamCaptureMode`): in global mode (the default) not
-    /// allowed while this thread has a non-relaxed capture or another thread has a global one;
-    /// in thread-local mode only this thread's non-relaxed captures count; in relaxed mode none.
-    /// The offending captures are invalidated.
-    pub(crate) fn check_unsafe_call(&mut self) -> Res {
-        let me = thread_id();
-        let mode = THREAD_MODE.try_with(|m| m.get()).unwrap_or(MODE_GLOBAL);
-        if mode == MODE_RELAXED {
-            return Ok(());
-        }
-        let offended: Vec<u64> = self
-            .captures
-            .iter()
-            .filter(|(_, c)| !c.invalidated)
-            .filter(|(_, c)| {
-                (c.thread == me && c.mode != MODE_RELAXED)
-                    || (mode == MODE_GLOBAL && c.thread != me && c.mode == MODE_GLOBAL)
-            })
-            .map(|(&id, _)| id)
-            .collect();
-        if offended.is_empty() {
-            return Ok(());
-        }
-        for id in offended {
-            self.invalidate_capture(id);
-        }
-        Err(codes::CAPTURE_UNSUPPORTED)
-    }
-
-    /// Ends the capture that stream `s` began; returns the graph.
-    pub(crate) fn end_capture(&mut self, s: u64) -> Res<u64> {
-        let id = self.streams[&s].capture.ok_or(codes::CAPTURE_STATE)?;
-        let (origin, mode, thread) = {
-            let c = &self.captures[&id];
-            (c.origin, c.mode, c.thread)
-        };
-        if origin != s {
-            return Err(codes::CAPTURE_STATE);
-        }
-        if mode != MODE_RELAXED && thread != thread_id() {
-            return Err(codes::CAPTURE_WRONG_THREAD);
-        }
-        let c = self.captures.remove(&id).expect("capture exists");
-        for stream in c.ends.keys() {
-            if let Some(st) = self.streams.get_mut(stream) {
-                st.capture = None;
-            }
-        }
-        if c.invalidated {
-            let _ = self.destroy_graph(c.graph);
-            return Err(codes::CAPTURE_INVALIDATED);
-        }
-        // Every forked stream must have joined back into the origin stream.
-        let graph = &self.graphs[&c.graph];
-        let mut joined: HashSet<usize> = HashSet::new();
-        let mut stack: Vec<usize> = c.ends.get(&s).cloned().unwrap_or_default();
-        while let Some(n) = stack.pop() {
-            if joined.insert(n) {
-                stack.extend(graph.nodes[n].deps.iter().copied());
-            }
-        }
-        let unjoined = c
-            .ends
-            .iter()
-            .filter(|(&stream, _)| stream != s)
-            .any(|(_, ends)| ends.iter().any(|n| !joined.contains(n)));
-        if unjoined {
-            let _ = self.destroy_graph(c.graph);
-            return Err(codes::CAPTURE_UNJOINED);
-        }
-        Ok(c.graph)
     }
 }
 

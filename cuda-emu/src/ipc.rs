@@ -4,8 +4,8 @@
 use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::{Arc, Mutex};
 
-use crate::log::lock;
 use crate::os::SharedMap;
+use crate::thread::lock;
 
 /// Bytes at the start of an arena file: magic, arena id, device, host flag.
 pub(crate) const HEADER: u64 = 4096;

@@ -182,6 +182,12 @@
 //! them), their batch form `cuStreamBatchMemOp` and the pre-11.7 names without `_v2`.
 //! Concurrent copies into the same bytes race exactly as on a GPU.
 
+// The modules' layers, lowest first; each imports only from layers below it (a tidy test fails
+// on a cycle): `codes`, `clock`, `os`, `thread` (per-thread state, `lock`); `log` (call log,
+// hazards, faults, `entry`), `exec` (stream execution), `ipc`; `memory` (allocation and pool
+// types); `graph` (graph, capture and user-object types); `state` (the driver's state and,
+// in `state/memory.rs` and `state/graph.rs`, its operations on memory and graphs); `api` (the
+// exported driver functions) and `query` (the test interface's symbols).
 pub(crate) mod api;
 mod clock;
 mod codes;
@@ -193,6 +199,7 @@ mod memory;
 mod os;
 pub mod query;
 mod state;
+mod thread;
 
 #[cfg(test)]
 mod tests {

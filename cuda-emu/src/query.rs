@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::codes;
 use crate::log;
 use crate::state::state;
+use crate::thread::thread_id;
 
 /// The interface version (`test_support::emu::INTERFACE_VERSION`).
 pub const INTERFACE_VERSION: c_int = 1;
@@ -129,5 +130,5 @@ pub unsafe extern "C" fn custodyEmuClear(what: *const c_char) {
 /// The calling thread's id in the call log.
 #[no_mangle]
 pub extern "C" fn custodyEmuThreadId() -> u64 {
-    log::thread_id()
+    thread_id()
 }

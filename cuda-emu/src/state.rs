@@ -13,7 +13,13 @@ use crate::clock::VectorClock;
 use crate::codes::{self, Res};
 use crate::exec::{Dep, Op, StreamCore};
 use crate::graph::{Capture, Graph, GraphExec, UserObject};
-use crate::log::{self, current_context, thread_id};
+use crate::log::CallInfo;
+use crate::thread::{current_context, lock, thread_id};
+
+// The state's operations on memory and on graphs, beside the types they use (`crate::memory`,
+// `crate::graph`, which know nothing of the state).
+mod graph;
+mod memory;
 use crate::memory::{Alloc, Freed, Pool};
 
 /// Handle values start here and step by 0x100, so no handle is ever a token (0, 1, 2), a small
@@ -30,7 +36,7 @@ static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::new())
 
 /// Locks the driver state.
 pub(crate) fn state() -> MutexGuard<'static, State> {
-    log::lock(&STATE)
+    lock(&STATE)
 }
 
 /// Locks the driver state and checks that `cuInit` has run.
@@ -85,6 +91,16 @@ impl Stream {
     /// Whether the legacy stream synchronises with this stream.
     pub(crate) fn blocking(&self) -> bool {
         self.kind != StreamKind::Legacy && self.flags & STREAM_NON_BLOCKING == 0
+    }
+}
+
+impl CallInfo {
+    /// Records that the call resolved its stream argument to `r`, and `r`'s context. (The call
+    /// log's record is defined in `log`, below the state; the state, which knows the streams,
+    /// fills it in.)
+    pub(crate) fn resolved(&mut self, st: &State, r: u64) {
+        self.resolved_stream = Some(r);
+        self.stream_context = st.streams.get(&r).map(|s| s.ctx);
     }
 }
 

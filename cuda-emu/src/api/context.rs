@@ -7,8 +7,9 @@ use cuda_sys::CUresult;
 
 use super::{need, put, put_opt, wait_and_observe};
 use crate::codes::{self, Res};
-use crate::log::{current_context, entry, with_context_stack};
+use crate::log::entry;
 use crate::state::{initialized, state, Context};
+use crate::thread::{current_context, with_context_stack};
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {

@@ -577,7 +577,7 @@ static GRAPH_MEM_HIGH: std::sync::Mutex<std::collections::BTreeMap<i32, (u64, u6
 /// only go down in a trim, which calls this first, so a watermark read at any time is the
 /// highest value since the last reset.
 fn note_graph_high(dev: CUdevice, used: u64, reserved: u64) -> (u64, u64) {
-    let mut marks = crate::log::lock(&GRAPH_MEM_HIGH);
+    let mut marks = crate::thread::lock(&GRAPH_MEM_HIGH);
     let entry = marks.entry(dev).or_insert((0, 0));
     entry.0 = entry.0.max(used);
     entry.1 = entry.1.max(reserved);
@@ -603,7 +603,7 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
             return Err(codes::INVALID_VALUE);
         }
         let (used, reserved) = st.graph_memory(dev);
-        let mut marks = crate::log::lock(&GRAPH_MEM_HIGH);
+        let mut marks = crate::thread::lock(&GRAPH_MEM_HIGH);
         let entry = marks.entry(dev).or_insert((0, 0));
         if attr == 1 {
             entry.0 = used;

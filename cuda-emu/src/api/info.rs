@@ -242,7 +242,7 @@ fn elapsed(ms: *mut f32, start: u64, end: u64) -> Res {
         }
         (a.recorded_at.clone(), b.recorded_at.clone())
     };
-    let (Some(a), Some(b)) = (*crate::log::lock(&a), *crate::log::lock(&b)) else {
+    let (Some(a), Some(b)) = (*crate::thread::lock(&a), *crate::thread::lock(&b)) else {
         return Err(codes::NOT_READY);
     };
     let millis = if b >= a {

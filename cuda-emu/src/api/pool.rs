@@ -9,9 +9,10 @@ use super::{get, get_slice, need, put};
 use crate::clock::VectorClock;
 use crate::codes;
 use crate::ipc::{self, Arena};
-use crate::log::{entry, lock};
+use crate::log::entry;
 use crate::memory::{pool_limit, Alloc, AllocKind, Backing, Pool, PoolCore};
 use crate::state::initialized;
+use crate::thread::lock;
 
 /// `CUmemPoolProps` read field by field, so that any enumerator value (even one this build's
 /// types do not know, like `CU_MEM_LOCATION_TYPE_HOST`) is read safely. `maxSize` and `usage`

@@ -14,9 +14,10 @@ use super::memory::pointer_attribute;
 use super::pool::{RawLocation, LOCATION_DEVICE, LOCATION_HOST, LOCATION_HOST_NUMA, LOCATION_NONE};
 use super::{get, get_slice, need, put};
 use crate::codes::{self, Res};
-use crate::log::{entry, lock};
+use crate::log::entry;
 use crate::memory::AllocKind;
 use crate::state::{initialized, State};
+use crate::thread::lock;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuPointerGetAttributes(

@@ -11,10 +11,11 @@ use crate::codes::{self, Res};
 use crate::exec::StreamCore;
 use crate::graph::{Callback, Capture, Graph, NodeKind, MODE_RELAXED};
 use crate::ipc::IpcEvent;
-use crate::log::{entry, thread_id};
+use crate::log::entry;
 use crate::state::{
     initialized, Event, Stream, StreamKind, GREATEST_PRIORITY, LEAST_PRIORITY, STREAM_NON_BLOCKING,
 };
+use crate::thread::thread_id;
 
 fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Res {
     need(ph)?;
@@ -134,7 +135,7 @@ pub unsafe extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
                 return Err(codes::CAPTURE_UNSUPPORTED);
             }
             let (dep, clock) = st.stream_target(r);
-            if crate::log::in_callback_now() && !dep.done() {
+            if crate::thread::in_callback_now() && !dep.done() {
                 // Waiting for pending work from a callback could deadlock (the callback may be
                 // that work); only an idle stream is measured to succeed there (guess).
                 return Err(codes::NOT_PERMITTED);
@@ -583,7 +584,7 @@ pub unsafe extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
             .clone()
             .map(|ipc| (ipc.begin_record(), ipc));
         let run = move || {
-            *crate::log::lock(&stamp) = Some(std::time::Instant::now());
+            *crate::thread::lock(&stamp) = Some(std::time::Instant::now());
             if let Some((number, ipc)) = shared {
                 ipc.complete(number);
             }
