@@ -242,8 +242,8 @@ fn measure(root: &Path, options: &Options) -> Result<()> {
         println!("xtask bench: Python benchmark skipped: pybind/pyproject.toml does not exist yet");
     } else {
         let site = release_wheel_site(root, &target_dir)?;
-        let python = crate::test::venv_python(root)?;
-        let mut command = crate::test::in_venv(root, &python);
+        let python = crate::venv::venv_python(root)?;
+        let mut command = crate::venv::in_venv(root, &python);
         command
             .arg(root.join("bench/python_bench.py"))
             .arg("--json")
@@ -318,7 +318,7 @@ fn libcuda_folder(target_dir: &Path, driver: &Path) -> Result<PathBuf> {
 /// Builds pybind's release wheel (the artifact the GPU bundle carries) and unpacks it into a
 /// folder for `PYTHONPATH`, leaving `.venv`'s development install alone.
 fn release_wheel_site(root: &Path, target_dir: &Path) -> Result<PathBuf> {
-    crate::test::venv_python(root)?;
+    crate::venv::venv_python(root)?;
     let wheels = target_dir.join("bench-wheel");
     let site = target_dir.join("bench-site");
     for dir in [&wheels, &site] {
@@ -1052,12 +1052,12 @@ fn render_run(run: &Run, rel_dir: &str, plots: &[String]) -> String {
 /// font to draw text, and would add its dependency tree to every `cargo xtask` build, while
 /// `.venv` already exists for the Python suite.
 fn plot_run(root: &Path, run: &Run) -> Result<Vec<String>> {
-    let python = crate::test::venv_python(root)?;
+    let python = crate::venv::venv_python(root)?;
     if !cmd::succeeds(&python, ["-c", "import matplotlib"]) {
         cmd::run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "matplotlib"]))
             .context("installing matplotlib into .venv for the plots")?;
     }
-    let output = crate::test::in_venv(root, &python)
+    let output = crate::venv::in_venv(root, &python)
         .arg(root.join("bench/plot.py"))
         .arg(&run.dir)
         .output()

@@ -185,7 +185,7 @@ fn python_example(root: &Path, driver: &Driver) -> Outcome {
         .and_then(|target_dir| crate::test::install_test_wheel(root, &target_dir));
     match installed {
         Ok((_, python)) => {
-            let mut command = crate::test::in_venv(root, python);
+            let mut command = crate::venv::in_venv(root, python);
             command.arg(PYTHON_EXAMPLE);
             run_example(&mut command, driver, root)
         }

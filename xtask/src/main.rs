@@ -23,6 +23,7 @@ mod cmd;
 mod demo;
 mod foreign;
 mod test;
+mod venv;
 mod wheel;
 
 use std::process::ExitCode;

@@ -15,6 +15,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 use crate::cmd::{self, DRIVER_ENV, EMULATOR_FILE};
+use crate::venv::{in_venv, venv_python};
 
 /// How one suite ended.
 enum Outcome {
@@ -300,52 +301,6 @@ pub fn install_check(
             .env(DRIVER_ENV, driver),
     )
     .context("the install check failed on the freshly installed wheel")
-}
-
-/// The virtual environment's interpreter, creating `.venv` and installing maturin, pytest and
-/// hypothesis (the property-based tests, `pybind/tests/test_fuzz.py`) into it when missing.
-pub fn venv_python(root: &Path) -> Result<PathBuf> {
-    let venv = root.join(".venv");
-    let python = venv.join("bin/python");
-    if !python.is_file() {
-        cmd::run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
-            .context("creating .venv (on Debian: apt-get install python3-venv)")?;
-    }
-    let mut missing = Vec::new();
-    if !venv.join("bin/maturin").is_file() {
-        missing.push("maturin");
-    }
-    if !cmd::succeeds(&python, ["-c", "import pytest"]) {
-        missing.push("pytest");
-    }
-    if !cmd::succeeds(&python, ["-c", "import hypothesis"]) {
-        missing.push("hypothesis");
-    }
-    if !missing.is_empty() {
-        cmd::run(
-            Command::new(&python)
-                .args(["-m", "pip", "install", "--quiet"])
-                .args(&missing),
-        )
-        .context("installing maturin, pytest and hypothesis into .venv")?;
-    }
-    Ok(python)
-}
-
-/// A command run inside `.venv` (as if activated).
-pub fn in_venv(root: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let venv = root.join(".venv");
-    let mut path = std::ffi::OsString::from(venv.join("bin"));
-    if let Some(old) = std::env::var_os("PATH") {
-        path.push(":");
-        path.push(old);
-    }
-    let mut command = Command::new(program);
-    command
-        .current_dir(root)
-        .env("VIRTUAL_ENV", &venv)
-        .env("PATH", path);
-    command
 }
 
 /// Builds the package's wheel as `cargo xtask test` does (`cargo xtask wheel`'s build in the

@@ -24,7 +24,7 @@ use std::process::Command;
 use anyhow::{bail, ensure, Context, Result};
 
 use crate::cmd;
-use crate::test::{in_venv, venv_python};
+use crate::venv::{in_venv, venv_python};
 
 /// The newest glibc a wheel may need: 2.28 (manylinux_2_28: RHEL/Rocky/Alma 8, Debian 10,
 /// Ubuntu 18.10 and everything newer). Older systems (glibc 2.17-2.27) are past their
