@@ -1,19 +1,21 @@
 //! [`Buffer`] (memory with its deallocation recipe, an owned value closed by consuming it) and
 //! [`ManagedBuffer`]; adoption of memory allocated elsewhere ([`Buffer::adopt`], taking an
 //! `OwnedAllocation`) and buffers over handles ([`Buffer::from_parts`]: views, owner-kept
-//! memory, a resource's own handles); copies and fills.
+//! memory, a resource's own handles); and the [`MemoryResource`] trait, which makes buffers
+//! and which a buffer keeps (the two name each other, so they live together). Copies and fills
+//! are in `copy.rs`, the typed views in `slice.rs`.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use bytemuck::Pod;
 use handles::sys_types::CUdeviceptr;
 use handles::MemoryType;
-use handles::{DevicePtrHandle, OwnedAllocation, ReleaseKind, StreamHandle};
+use handles::{
+    Deallocator, DevicePtrHandle, HandleError, OwnedAllocation, ReleaseKind, StreamHandle,
+};
 
-use crate::resource::{check_size, check_stream_device, device_error};
-use crate::slice::{copy, fill, from_host, to_host, Bytes};
-use crate::{AdoptError, DeviceSlice, DeviceSliceMut, MemoryError, MemoryResource};
+use crate::checks::{check_size, check_stream_device, device_error};
+use crate::MemoryError;
 
 /// Where memory can be used from, fixed when a buffer is made (from its memory resource) or
 /// read once from the driver's pointer attributes (adopted views).
@@ -92,7 +94,8 @@ pub(crate) enum IpcRole {
 ///   replaced atomically, seen by every other holder of the memory (a graph, a clone of the
 ///   [`DevicePtrHandle`]), and nothing is freed or synchronised.
 /// - [`Buffer::as_slice`] and [`Buffer::as_slice_mut`] borrow it as typed views over
-///   element ranges ([`DeviceSlice`], [`DeviceSliceMut`]).
+///   element ranges ([`DeviceSlice`](crate::DeviceSlice),
+///   [`DeviceSliceMut`](crate::DeviceSliceMut)).
 ///
 /// Copies and fills on the buffer itself take `&self`, as a queue writes to a shared GPU
 /// buffer in wgpu: the work runs on the GPU in stream order, not through Rust references, and
@@ -312,24 +315,6 @@ impl Buffer {
         Ok(result?)
     }
 
-    /// The buffer as a typed view of `T`s over all of it (a shared borrow: copies out of it).
-    ///
-    /// # Errors
-    /// [`MemoryError::Layout`]: the size is not a multiple of `size_of::<T>()`, or the address
-    /// is not aligned to `align_of::<T>()` (or `T` is zero-sized).
-    pub fn as_slice<T: Pod>(&self) -> Result<DeviceSlice<'_, T>, MemoryError> {
-        DeviceSlice::whole(self)
-    }
-
-    /// The buffer as a typed view of `T`s over all of it, borrowed exclusively (copies into
-    /// it, fills).
-    ///
-    /// # Errors
-    /// As [`Buffer::as_slice`].
-    pub fn as_slice_mut<T: Pod>(&mut self) -> Result<DeviceSliceMut<'_, T>, MemoryError> {
-        DeviceSliceMut::whole(self)
-    }
-
     /// How the memory can be used: from the memory resource, else (once) from the driver.
     fn access(&self, ptr: CUdeviceptr) -> Result<Access, MemoryError> {
         if let Some(access) = self.access.get() {
@@ -415,99 +400,6 @@ impl Buffer {
         }
         Ok(self.handle.device().or(access.device_id))
     }
-
-    /// All of this buffer, as a byte range for the operations the typed views share.
-    #[inline]
-    pub(crate) fn whole(&self) -> Bytes<'_> {
-        Bytes {
-            buffer: self,
-            offset: 0,
-            len: self.size(),
-        }
-    }
-
-    /// Copies this buffer into `dst`, ordered on `stream`. Does not block. Both buffers must
-    /// stay open (or their frees be ordered after `stream`) until the copy has run.
-    ///
-    /// # Errors
-    /// - [`MemoryError::SizeMismatch`]: the sizes differ.
-    /// - [`MemoryError::WrongDevice`]: both buffers are device memory and the stream is on
-    ///   neither's device.
-    /// - [`MemoryError::Handle`]: the driver's failure; no current context for a token.
-    ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`.
-    pub fn copy_to(&self, dst: &Buffer, stream: &StreamHandle) -> Result<(), MemoryError> {
-        copy(dst.whole(), self.whole(), stream)
-    }
-
-    /// Copies `src` into this buffer, ordered on `stream`: `src.copy_to(self, stream)`.
-    ///
-    /// # Errors
-    /// As [`Buffer::copy_to`].
-    ///
-    /// Driver calls: as [`Buffer::copy_to`].
-    pub fn copy_from(&self, src: &Buffer, stream: &StreamHandle) -> Result<(), MemoryError> {
-        src.copy_to(self, stream)
-    }
-
-    /// Allocates a buffer of the same size from this buffer's memory resource, ordered on
-    /// `stream` (which becomes its deallocation stream), and copies this buffer into it.
-    ///
-    /// # Errors
-    /// [`MemoryError::NoMemoryResource`] for a view; the allocation's errors; as
-    /// [`Buffer::copy_to`] (the new buffer is then dropped, freed on `stream`).
-    ///
-    /// Driver calls: the resource's allocation, then as [`Buffer::copy_to`].
-    pub fn copy_to_new(&self, stream: &StreamHandle) -> Result<Buffer, MemoryError> {
-        let mr = self.mr.clone().ok_or(MemoryError::NoMemoryResource)?;
-        let new = mr.allocate(self.size(), stream)?;
-        self.copy_to(&new, stream)?;
-        Ok(new)
-    }
-
-    /// Fills the buffer with `value` (an 8-, 16- or 32-bit pattern, repeated), ordered on
-    /// `stream`. Does not block.
-    ///
-    /// # Errors
-    /// - [`MemoryError::InvalidFill`]: the size or the address is not a multiple of the
-    ///   pattern's width.
-    /// - [`MemoryError::WrongDevice`]: device memory and a stream of another device.
-    /// - [`MemoryError::Handle`]: the driver's failure; no current context for a token.
-    ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), one of
-    /// `cuMemsetD8Async`, `cuMemsetD16Async`, `cuMemsetD32Async`.
-    pub fn fill(
-        &self,
-        value: impl Into<FillValue>,
-        stream: &StreamHandle,
-    ) -> Result<(), MemoryError> {
-        fill(self.whole(), value.into(), stream)
-    }
-
-    /// Copies the whole buffer into `dst` on the host, ordered on `stream` after the work
-    /// queued there, and **blocks** until the bytes have arrived.
-    ///
-    /// # Errors
-    /// [`MemoryError::SizeMismatch`] unless `dst.len()` is the buffer's size;
-    /// [`MemoryError::WrongDevice`] as [`Buffer::fill`]; [`MemoryError::Handle`] for the
-    /// driver's failure.
-    ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
-    /// `cuStreamSynchronize`.
-    pub fn copy_to_host(&self, dst: &mut [u8], stream: &StreamHandle) -> Result<(), MemoryError> {
-        to_host(self.whole(), dst, stream)
-    }
-
-    /// Copies `src` from the host into the whole buffer, ordered on `stream` after the work
-    /// queued there, and **blocks** until the copy has finished.
-    ///
-    /// # Errors
-    /// As [`Buffer::copy_to_host`].
-    ///
-    /// Driver calls: as [`Buffer::copy_to_host`].
-    pub fn copy_from_host(&self, src: &[u8], stream: &StreamHandle) -> Result<(), MemoryError> {
-        from_host(self.whole(), src, stream)
-    }
 }
 
 impl fmt::Debug for Buffer {
@@ -517,63 +409,6 @@ impl fmt::Debug for Buffer {
             f.write_str(", mapped")?;
         }
         f.write_str(")")
-    }
-}
-
-/// A fill pattern: one value of 8, 16 or 32 bits, repeated over the buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FillValue {
-    /// An 8-bit pattern (`cuMemsetD8Async`).
-    U8(u8),
-    /// A 16-bit pattern (`cuMemsetD16Async`); the buffer's size must be a multiple of 2.
-    U16(u16),
-    /// A 32-bit pattern (`cuMemsetD32Async`); the buffer's size must be a multiple of 4.
-    U32(u32),
-}
-
-impl FillValue {
-    /// The pattern's width in bytes.
-    pub fn width(self) -> usize {
-        match self {
-            FillValue::U8(_) => 1,
-            FillValue::U16(_) => 2,
-            FillValue::U32(_) => 4,
-        }
-    }
-
-    /// The pattern whose memory representation is `bytes` (1, 2 or 4 of them, in memory
-    /// order), for values given as raw bytes (Python's buffer protocol).
-    ///
-    /// # Errors
-    /// [`MemoryError::InvalidFill`] for any other width.
-    pub fn from_bytes(bytes: &[u8]) -> Result<FillValue, MemoryError> {
-        match *bytes {
-            [a] => Ok(FillValue::U8(a)),
-            [a, b] => Ok(FillValue::U16(u16::from_ne_bytes([a, b]))),
-            [a, b, c, d] => Ok(FillValue::U32(u32::from_ne_bytes([a, b, c, d]))),
-            _ => Err(MemoryError::InvalidFill {
-                width: bytes.len(),
-                reason: "a pattern is 1, 2 or 4 bytes wide",
-            }),
-        }
-    }
-}
-
-impl From<u8> for FillValue {
-    fn from(value: u8) -> FillValue {
-        FillValue::U8(value)
-    }
-}
-
-impl From<u16> for FillValue {
-    fn from(value: u16) -> FillValue {
-        FillValue::U16(value)
-    }
-}
-
-impl From<u32> for FillValue {
-    fn from(value: u32) -> FillValue {
-        FillValue::U32(value)
     }
 }
 
@@ -678,6 +513,155 @@ pub(crate) fn adopt_synchronous(
     DevicePtrHandle::adopt_synchronous(allocation, kind, device, stream).map_err(AdoptError::from)
 }
 
+/// Something that hands out memory and takes it back: a device or pinned pool, pinned host
+/// memory, managed memory, `cuMemAlloc`, graph memory, or an implementation of the caller's
+/// (a Python subclass, through the bindings).
+///
+/// The trait is object-safe; buffers hold their resource as `Arc<dyn MemoryResource>`.
+/// Implementations must be `Send + Sync`: [`MemoryResource::deallocate`] of adopted memory runs
+/// wherever the buffer's last reference goes (any user thread, the cleanup worker), with the
+/// deallocation recipe's context current (docs/decisions.md D2).
+///
+/// Allocating takes the resource by `Arc` because the buffer keeps it: call it as
+/// `Arc::clone(&mr).allocate(size, &stream)` (one atomic increment, the reference the buffer
+/// holds).
+pub trait MemoryResource: Send + Sync + 'static {
+    /// Allocates `size` bytes ordered on `stream`, which also becomes the buffer's
+    /// deallocation stream (the free will be ordered on it, in its context, unless
+    /// [`Buffer::set_deallocation_stream`] replaces it).
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidSize`] for zero bytes or more than `isize::MAX`;
+    /// [`MemoryError::WrongDevice`] for a stream of another device; others as each resource
+    /// documents. Nothing is allocated on error.
+    fn allocate(self: Arc<Self>, size: usize, stream: &StreamHandle)
+        -> Result<Buffer, MemoryError>;
+
+    /// Frees `allocation`, which this resource allocated, ordered on `stream`.
+    ///
+    /// Called explicitly, or at teardown for memory adopted with [`Buffer::adopt`] (unless the
+    /// resource's [`MemoryResource::adopt`] chose a built-in release rule). Buffers that a
+    /// resource allocated itself are freed by their handle's rule, not through this method.
+    /// The [`OwnedAllocation`] is the right to free: safe code cannot make one for an address
+    /// it does not own (`handles::raw::owned_allocation` is `unsafe`), so no safe call frees
+    /// arbitrary memory.
+    ///
+    /// # Errors
+    /// The driver's (or the implementation's) failure: returned by an explicit call or
+    /// [`Buffer::close`], reported through the cleanup-error hook on a drop.
+    fn deallocate(
+        &self,
+        allocation: OwnedAllocation,
+        stream: &StreamHandle,
+    ) -> Result<(), MemoryError>;
+
+    /// Whether a device can read and write the memory.
+    fn is_device_accessible(&self) -> bool;
+
+    /// Whether the host can read and write the memory.
+    fn is_host_accessible(&self) -> bool;
+
+    /// The device the memory lives on or belongs to; `None` for memory bound to no device
+    /// (pinned host memory).
+    fn device_id(&self) -> Option<i32>;
+
+    /// Whether the memory is managed (`cuMemAllocManaged`). Default: `false`.
+    fn is_managed(&self) -> bool {
+        false
+    }
+
+    /// The resource as its user knows it, for cleanup reports about memory it frees (a binding's
+    /// resource: its class's name). Default: the Rust type's name without its module path.
+    fn name(&self) -> &str {
+        let full = std::any::type_name::<Self>();
+        full.rsplit("::").next().unwrap_or(full)
+    }
+
+    /// Takes `allocation` into custody for [`Buffer::adopt`], to be freed with the recipe
+    /// recorded now for `stream`.
+    ///
+    /// The default frees through [`MemoryResource::deallocate`] at teardown. A host-only
+    /// resource (`is_device_accessible()` false) records no recipe: its memory is host memory
+    /// no device work touches, so `stream` is not recorded, no context is needed, and
+    /// `deallocate` receives the legacy default-stream token (unbound). The built-in
+    /// synchronous resources (legacy pinned, managed, synchronous) override it to use the
+    /// matching built-in release rule instead, whose drop never blocks on the GPU
+    /// (docs/decisions.md D9), where their `deallocate` must synchronise.
+    ///
+    /// # Errors
+    /// [`MemoryError::WrongDevice`] for a stream of another device than the resource's
+    /// (device-only memory); [`MemoryError::Handle`] when the recipe cannot be recorded
+    /// ([`HandleError::NoCurrentContext`] for an unbound token on a thread with no context) or
+    /// the address is null. The recipe is recorded before ownership is taken: on error the
+    /// allocation comes back in the [`AdoptError`] and `deallocate` has not been called
+    /// (docs/decisions.md D5).
+    fn adopt(
+        self: Arc<Self>,
+        allocation: OwnedAllocation,
+        stream: &StreamHandle,
+    ) -> Result<DevicePtrHandle, AdoptError> {
+        if !self.is_device_accessible() {
+            // Host-only memory: no device work can touch it, so nothing orders or legalises
+            // its free; `stream` is not recorded and `deallocate` gets the legacy default
+            // stream, with no context needed (docs/decisions.md D5).
+            let deallocator: Arc<dyn Deallocator> = Arc::new(MemoryResourceDeallocator(self));
+            return DevicePtrHandle::adopt_host(allocation, deallocator).map_err(AdoptError::from);
+        }
+        if self.is_device_accessible() && !self.is_host_accessible() && !self.is_managed() {
+            if let Some(device) = self.device_id() {
+                if let Err(error) = check_stream_device(stream, device) {
+                    return Err(AdoptError { error, allocation });
+                }
+            }
+        }
+        let deallocator: Arc<dyn Deallocator> = Arc::new(MemoryResourceDeallocator(self));
+        DevicePtrHandle::adopt(allocation, stream, deallocator).map_err(AdoptError::from)
+    }
+}
+
+/// An adoption that was refused ([`Buffer::adopt`], [`MemoryResource::adopt`]), with the
+/// allocation given back: nothing was taken, nothing freed, and the memory is still the
+/// caller's to free or to adopt again.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct AdoptError {
+    /// Why the adoption was refused.
+    #[source]
+    pub error: MemoryError,
+    /// The allocation, still the caller's.
+    pub allocation: OwnedAllocation,
+}
+
+impl From<handles::AdoptError> for AdoptError {
+    fn from(refused: handles::AdoptError) -> AdoptError {
+        let handles::AdoptError { error, allocation } = refused;
+        AdoptError {
+            error: device_error(error),
+            allocation,
+        }
+    }
+}
+
+/// Frees adopted memory through its memory resource's `deallocate` (the handles crate's
+/// [`Deallocator`] for a [`MemoryResource`]).
+struct MemoryResourceDeallocator<R: ?Sized>(Arc<R>);
+
+impl<R: MemoryResource + ?Sized> Deallocator for MemoryResourceDeallocator<R> {
+    fn deallocate(
+        &self,
+        allocation: OwnedAllocation,
+        stream: &StreamHandle,
+    ) -> Result<(), HandleError> {
+        self.0
+            .deallocate(allocation, stream)
+            .map_err(HandleError::from)
+    }
+
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -688,21 +672,5 @@ mod tests {
         check::<Buffer>();
         check::<ManagedBuffer>();
         check::<Arc<dyn MemoryResource>>();
-    }
-
-    #[test]
-    fn fill_values_from_bytes_keep_memory_order() {
-        assert_eq!(FillValue::from_bytes(&[7]), Ok(FillValue::U8(7)));
-        let two = FillValue::from_bytes(&[1, 2]).unwrap();
-        assert_eq!(two, FillValue::U16(u16::from_ne_bytes([1, 2])));
-        assert_eq!(two.width(), 2);
-        let four = FillValue::from_bytes(&[1, 2, 3, 4]).unwrap();
-        assert_eq!(four, FillValue::U32(u32::from_ne_bytes([1, 2, 3, 4])));
-        for bad in [&[][..], &[1, 2, 3], &[0; 8]] {
-            assert!(matches!(
-                FillValue::from_bytes(bad),
-                Err(MemoryError::InvalidFill { width, .. }) if width == bad.len()
-            ));
-        }
     }
 }

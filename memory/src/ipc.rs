@@ -14,7 +14,7 @@ use std::sync::Arc;
 use handles::{HandleError, StreamHandle};
 
 use crate::buffer::{Access, IpcRole};
-use crate::resource::{check_bound_stream_device, check_size, device_error};
+use crate::checks::{check_bound_stream_device, check_size, device_error};
 use crate::{Buffer, MemoryError, PoolMemoryResource};
 
 const MAGIC: &[u8; 8] = b"CUSTDIPC";

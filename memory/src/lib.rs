@@ -83,22 +83,27 @@
 
 #![forbid(unsafe_code)]
 
+// The modules' layers, lowest first; each imports only from layers below it (a tidy test fails
+// on a cycle): `error`; `checks` (sizes, stream devices); `buffer` (`Buffer`, `ManagedBuffer` and
+// the `MemoryResource` trait, which name each other); `copy` (fills, copies, host transfers);
+// `slice` (typed views); `resources`, `ipc` and `graph` (what makes and uses buffers).
 mod buffer;
+mod checks;
+mod copy;
 mod error;
 mod graph;
 mod ipc;
-mod resource;
 mod resources;
 mod slice;
 
-pub use buffer::{Buffer, FillValue, ManagedBuffer};
+pub use buffer::{AdoptError, Buffer, ManagedBuffer, MemoryResource};
 /// The element types of the typed views: plain bytes (`bytemuck`), derivable for your own
 /// `#[repr(C)]` structs with `bytemuck`'s derive.
 pub use bytemuck::{self, Pod, Zeroable};
+pub use copy::FillValue;
 pub use error::MemoryError;
 pub use graph::{CaptureMode, Graph, GraphBuilder, GraphExec, GraphNode};
 pub use ipc::IpcBufferDescriptor;
-pub use resource::{AdoptError, MemoryResource};
 pub use resources::{
     DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
     LegacyPinnedMemoryResource, ManagedMemoryResource, PinnedMemoryResource,

@@ -1,6 +1,7 @@
 //! Typed views of a [`Buffer`]: [`DeviceSlice`] (a shared borrow: copies out of it) and
-//! [`DeviceSliceMut`] (an exclusive borrow: copies into it, fills), over element ranges; and
-//! the byte-range operations they and the buffer's own copies and fills share.
+//! [`DeviceSliceMut`] (an exclusive borrow: copies into it, fills), over element ranges, made by
+//! [`Buffer::as_slice`] and [`Buffer::as_slice_mut`]. Their copies and fills are the byte-range
+//! operations of `copy.rs`.
 //!
 //! Element types are [`bytemuck::Pod`]: plain bytes with no padding and no invalid values, so a
 //! copy between the device and a `&[T]` / `Vec<T>` is a copy of bytes and reading back what a
@@ -15,130 +16,10 @@ use std::ops::{Bound, RangeBounds};
 
 use bytemuck::Pod;
 use handles::sys_types::CUdeviceptr;
-use handles::{DeviceRange, StreamHandle};
+use handles::StreamHandle;
 
-use crate::resource::{check_stream_device, stream_device};
-use crate::{Buffer, FillValue, MemoryError};
-
-/// A byte range of a buffer: what every copy and fill works on.
-#[derive(Clone, Copy)]
-pub(crate) struct Bytes<'a> {
-    pub(crate) buffer: &'a Buffer,
-    /// From the start of the buffer, in bytes.
-    pub(crate) offset: usize,
-    /// In bytes.
-    pub(crate) len: usize,
-}
-
-impl<'a> Bytes<'a> {
-    #[inline]
-    fn ptr(&self) -> CUdeviceptr {
-        self.buffer.ptr() + self.offset as u64
-    }
-
-    /// The handles crate's checked range for these bytes (the only way to copy or fill).
-    #[inline]
-    fn range(&self) -> Result<DeviceRange<'a>, MemoryError> {
-        Ok(self.buffer.handle().range(self.offset, self.len)?)
-    }
-}
-
-/// Copies `src` into `dst` (equal lengths), ordered on `stream`. Does not block.
-pub(crate) fn copy(
-    dst: Bytes<'_>,
-    src: Bytes<'_>,
-    stream: &StreamHandle,
-) -> Result<(), MemoryError> {
-    if src.len != dst.len {
-        return Err(MemoryError::SizeMismatch {
-            src: src.len,
-            dst: dst.len,
-        });
-    }
-    let devices = [src.buffer.ops_device()?, dst.buffer.ops_device()?];
-    if let [Some(first), second] | [second, Some(first)] = devices {
-        let found = stream_device(stream)?;
-        if found != first && second != Some(found) {
-            return Err(MemoryError::WrongDevice {
-                expected: first,
-                found,
-            });
-        }
-    }
-    src.range()?.copy_to(&dst.range()?, stream)?;
-    Ok(())
-}
-
-/// Fills `dst` with `value`, ordered on `stream`. Does not block.
-pub(crate) fn fill(
-    dst: Bytes<'_>,
-    value: FillValue,
-    stream: &StreamHandle,
-) -> Result<(), MemoryError> {
-    let width = value.width();
-    if !dst.len.is_multiple_of(width) {
-        return Err(MemoryError::InvalidFill {
-            width,
-            reason: "the buffer's size is not a multiple of the pattern's width",
-        });
-    }
-    if !dst.ptr().is_multiple_of(width as u64) {
-        return Err(MemoryError::InvalidFill {
-            width,
-            reason: "the buffer's address is not aligned to the pattern's width",
-        });
-    }
-    if let Some(device) = dst.buffer.ops_device()? {
-        check_stream_device(stream, device)?;
-    }
-    let range = dst.range()?;
-    match value {
-        FillValue::U8(v) => range.fill_u8(v, stream)?,
-        FillValue::U16(v) => range.fill_u16(v, stream)?,
-        FillValue::U32(v) => range.fill_u32(v, stream)?,
-    }
-    Ok(())
-}
-
-/// Copies `src` into host memory `dst` (equal lengths) and blocks until it has arrived.
-pub(crate) fn to_host(
-    src: Bytes<'_>,
-    dst: &mut [u8],
-    stream: &StreamHandle,
-) -> Result<(), MemoryError> {
-    host_checks(src, dst.len(), stream, true)?;
-    Ok(src.range()?.copy_to_host(dst, stream)?)
-}
-
-/// Copies host memory `src` into `dst` (equal lengths) and blocks until it has been read.
-pub(crate) fn from_host(
-    dst: Bytes<'_>,
-    src: &[u8],
-    stream: &StreamHandle,
-) -> Result<(), MemoryError> {
-    host_checks(dst, src.len(), stream, false)?;
-    Ok(dst.range()?.copy_from_host(src, stream)?)
-}
-
-fn host_checks(
-    device: Bytes<'_>,
-    host_len: usize,
-    stream: &StreamHandle,
-    to_host: bool,
-) -> Result<(), MemoryError> {
-    if host_len != device.len {
-        let (src, dst) = if to_host {
-            (device.len, host_len)
-        } else {
-            (host_len, device.len)
-        };
-        return Err(MemoryError::SizeMismatch { src, dst });
-    }
-    if let Some(ordinal) = device.buffer.ops_device()? {
-        check_stream_device(stream, ordinal)?;
-    }
-    Ok(())
-}
+use crate::copy::{copy, fill, from_host, to_host, Bytes, FillValue};
+use crate::{Buffer, MemoryError};
 
 /// The byte range of a whole buffer viewed as `T`s, after the layout checks.
 fn whole_as<T: Pod>(buffer: &Buffer) -> Result<(Bytes<'_>, usize), MemoryError> {
@@ -425,6 +306,26 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     pub fn fill(&mut self, value: T, stream: &StreamHandle) -> Result<(), MemoryError> {
         let value = FillValue::from_bytes(bytemuck::bytes_of(&value))?;
         fill(self.bytes, value, stream)
+    }
+}
+
+impl Buffer {
+    /// The buffer as a typed view of `T`s over all of it (a shared borrow: copies out of it).
+    ///
+    /// # Errors
+    /// [`MemoryError::Layout`]: the size is not a multiple of `size_of::<T>()`, or the address
+    /// is not aligned to `align_of::<T>()` (or `T` is zero-sized).
+    pub fn as_slice<T: Pod>(&self) -> Result<DeviceSlice<'_, T>, MemoryError> {
+        DeviceSlice::whole(self)
+    }
+
+    /// The buffer as a typed view of `T`s over all of it, borrowed exclusively (copies into
+    /// it, fills).
+    ///
+    /// # Errors
+    /// As [`Buffer::as_slice`].
+    pub fn as_slice_mut<T: Pod>(&mut self) -> Result<DeviceSliceMut<'_, T>, MemoryError> {
+        DeviceSliceMut::whole(self)
     }
 }
 

@@ -8,7 +8,7 @@ use handles::CaptureStatus;
 use handles::{DevicePtrHandle, OwnedAllocation, StreamHandle};
 
 use crate::buffer::{Access, IpcRole};
-use crate::resource::{check_bound_stream_device, check_size, device_error};
+use crate::checks::{check_bound_stream_device, check_size, device_error};
 use crate::{Buffer, MemoryError, MemoryResource};
 
 /// Graph memory of device `device_id`: `cuMemAllocAsync` on a stream that is being captured,

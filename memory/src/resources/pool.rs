@@ -11,7 +11,7 @@ use handles::{CaptureStatus, PoolLocation, PoolSpec};
 use handles::{DevicePtrHandle, MemoryPoolHandle, OwnedAllocation, StreamHandle};
 
 use crate::buffer::{Access, IpcRole};
-use crate::resource::{check_bound_stream_device, check_size, device_error};
+use crate::checks::{check_bound_stream_device, check_size, device_error};
 use crate::{Buffer, MemoryError, MemoryResource};
 
 /// What the two pool resources share.

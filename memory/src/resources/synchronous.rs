@@ -15,7 +15,7 @@ use handles::{
 };
 
 use crate::buffer::{adopt_synchronous, Access, IpcRole};
-use crate::resource::{check_bound_stream_device, check_size, device_error};
+use crate::checks::{check_bound_stream_device, check_size, device_error};
 use crate::{AdoptError, Buffer, ManagedBuffer, MemoryError, MemoryResource};
 
 const HOST_AND_DEVICE: Access = Access {
