@@ -174,6 +174,7 @@ macro_rules! __driver_function_list {
                 cuDeviceGraphMemTrim(device: CUdevice);
                 cuIpcGetEventHandle(pHandle: *mut CUipcEventHandle, event: CUevent);
                 cuIpcOpenEventHandle(phEvent: *mut CUevent, handle: CUipcEventHandle);
+                cuMemGetMemPool(pool: *mut CUmemoryPool, location: *mut RawMemLocation, type_: c_uint);
             }
         }
     };

@@ -24,5 +24,20 @@ pub const CU_STREAM_PER_THREAD: CUstream = 0x2 as CUstream;
 /// for per-thread default streams.
 pub const CU_STREAM_NULL: CUstream = std::ptr::null_mut();
 
+/// `CUmemLocation` with its type a plain integer, for the location types the CUDA 12.0 types
+/// lack (`CU_MEM_LOCATION_TYPE_NONE` 0, `_HOST` 2, `_HOST_NUMA` 3, `_HOST_NUMA_CURRENT` 4): the
+/// same layout, so that such a value is never held in a Rust enum.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawMemLocation {
+    /// A `CUmemLocationType` value.
+    pub type_: c_uint,
+    /// The device ordinal or NUMA node; not read for the types that name neither.
+    pub id: c_int,
+}
+
+const _: () =
+    assert!(std::mem::size_of::<RawMemLocation>() == std::mem::size_of::<CUmemLocation>());
+
 /// `CU_MEM_POOL_ATTR_*` values as plain integers, for callers that build attributes by value.
 pub use cudarc::driver::sys::CUmemPool_attribute_enum as MemPoolAttribute;

@@ -66,7 +66,10 @@ pub use graph_nodes::{retain_in_capture, GraphNode};
 pub use ipc::{export_pointer, import_pointer};
 pub use lifecycle::exiting;
 pub use pointer::{pointer_attributes, MemoryType, PointerAttributes};
-pub use pool::{create_pool, export_pool, import_pool, MemoryPoolHandle, PoolLocation, PoolSpec};
+pub use pool::{
+    create_managed_pool, create_pool, export_pool, import_pool, managed_pools_supported,
+    ManagedPoolLocation, MemoryPoolHandle, PoolLocation, PoolSpec,
+};
 pub use range::DeviceRange;
 pub use recipe::{DeallocationRecipe, RecipeRemains, ThreadToken};
 pub use report::{

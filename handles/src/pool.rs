@@ -265,6 +265,8 @@ pub(crate) const HANDLE_TYPE_POSIX_FD: u32 = 1;
 const ALLOCATION_TYPE_PINNED: u32 = 1;
 /// `CU_MEM_LOCATION_TYPE_DEVICE`.
 const LOCATION_DEVICE: u32 = 1;
+/// `CU_MEM_LOCATION_TYPE_HOST` (not in the 12.0 types).
+const LOCATION_HOST: u32 = 2;
 /// `CU_MEM_LOCATION_TYPE_HOST_NUMA` (CUDA 12.2 and later; not in the 12.0 types).
 const LOCATION_HOST_NUMA: u32 = 3;
 
@@ -276,6 +278,10 @@ pub enum PoolLocation {
     /// Pinned host memory on NUMA node `node` (`CU_MEM_LOCATION_TYPE_HOST_NUMA`, a CUDA 12.2
     /// driver or later); every device is granted read-write access.
     HostNuma(i32),
+    /// Pinned host memory placed by the operating system (`CU_MEM_LOCATION_TYPE_HOST`, no NUMA
+    /// node named); every device is granted read-write access. A real driver shares such a
+    /// pool with no other process: an IPC pool names its node ([`PoolLocation::HostNuma`]).
+    Host,
 }
 
 /// The properties of a pool made by [`create_pool`].
@@ -325,6 +331,8 @@ pub fn create_pool(spec: &PoolSpec) -> Result<MemoryPoolHandle, HandleError> {
     let (location_type, location_id, device) = match spec.location {
         PoolLocation::Device(ordinal) => (LOCATION_DEVICE, ordinal, Some(ordinal)),
         PoolLocation::HostNuma(node) => (LOCATION_HOST_NUMA, node, None),
+        // The id is not read for this type; -1 is what cuda.core passes (measured to work).
+        PoolLocation::Host => (LOCATION_HOST, -1, None),
     };
     let props = RawPoolProps {
         alloc_type: ALLOCATION_TYPE_PINNED,
@@ -441,4 +449,120 @@ pub fn import_pool(
     };
     check("cuMemPoolImportFromShareableHandle", status)?;
     Ok(MemoryPoolHandle::from_raw_owned(raw, device))
+}
+
+// Managed memory pools (`CU_MEM_ALLOCATION_TYPE_MANAGED`, CUDA 13 drivers): what the Python
+// bindings' cuda.core-compatible `ManagedMemoryResource` allocates from.
+
+/// `CU_MEM_ALLOCATION_TYPE_MANAGED` (CUDA 13; not in the 12.0 types).
+const ALLOCATION_TYPE_MANAGED: u32 = 2;
+/// `CU_MEM_LOCATION_TYPE_NONE` (not in the 12.0 types): no preferred location.
+const LOCATION_NONE: u32 = 0;
+
+/// The preferred location of a managed memory pool: where the driver places its pages first.
+/// Every device and the host can access the memory wherever it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagedPoolLocation {
+    /// No preference (`CU_MEM_LOCATION_TYPE_NONE`): the driver decides.
+    None,
+    /// Device `ordinal`.
+    Device(i32),
+    /// Host memory placed by the operating system (`CU_MEM_LOCATION_TYPE_HOST`).
+    Host,
+    /// Host NUMA node `node` (`CU_MEM_LOCATION_TYPE_HOST_NUMA`).
+    HostNuma(i32),
+}
+
+impl ManagedPoolLocation {
+    fn raw(self) -> cuda_sys::types::RawMemLocation {
+        let (type_, id) = match self {
+            ManagedPoolLocation::None => (LOCATION_NONE, -1),
+            ManagedPoolLocation::Device(ordinal) => (LOCATION_DEVICE, ordinal),
+            ManagedPoolLocation::Host => (LOCATION_HOST, -1),
+            ManagedPoolLocation::HostNuma(node) => (LOCATION_HOST_NUMA, node),
+        };
+        cuda_sys::types::RawMemLocation { type_, id }
+    }
+}
+
+/// Whether the loaded driver has managed memory pools: a CUDA 13 driver (version 13000 or
+/// later) that exports `cuMemGetMemPool`. No driver call beyond loading it.
+///
+/// # Errors
+/// [`HandleError::Load`] when no driver loads.
+pub fn managed_pools_supported() -> Result<bool, HandleError> {
+    let d = driver()?;
+    Ok(d.version() >= 13000 && d.cuMemGetMemPool().is_ok())
+}
+
+/// Creates a managed memory pool preferring `preferred`, owned by the returned handle
+/// (destroyed after its last handle and last allocation go). The pool has no device
+/// ([`MemoryPoolHandle::device`] is `None`): a stream of any device may allocate from it. It
+/// cannot be shared with other processes (the driver refuses IPC for managed pools), and no
+/// access is granted: managed memory is accessible everywhere.
+///
+/// # Errors
+/// [`HandleError::Driver`] when the driver rejects the properties (an invalid device or node,
+/// `CUDA_ERROR_INVALID_VALUE` from a driver older than CUDA 13, which has no managed pools:
+/// ask [`managed_pools_supported`] first).
+///
+/// Driver calls: `cuInit` (once), `cuMemPoolCreate`; `cuMemPoolDestroy` after the last handle
+/// drops.
+pub fn create_managed_pool(
+    preferred: ManagedPoolLocation,
+) -> Result<MemoryPoolHandle, HandleError> {
+    let d = init()?;
+    let location = preferred.raw();
+    let props = RawPoolProps {
+        alloc_type: ALLOCATION_TYPE_MANAGED,
+        handle_types: 0,
+        location_type: location.type_,
+        location_id: location.id,
+        win32_security_attributes: std::ptr::null_mut(),
+        max_size: 0,
+        reserved: [0; 56],
+    };
+    let mut raw: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `props` has the layout of `CUmemPoolProps` (checked above) and the driver only
+    // reads it; `raw` is a valid out-pointer read after success.
+    let status = unsafe {
+        (d.cuMemPoolCreate)(
+            &mut raw,
+            (&props as *const RawPoolProps).cast::<CUmemPoolProps>(),
+        )
+    };
+    check("cuMemPoolCreate", status)?;
+    Ok(MemoryPoolHandle::from_raw_owned(raw, None))
+}
+
+impl MemoryPoolHandle {
+    /// The current managed memory pool for `preferred` (`cuMemGetMemPool` with
+    /// `CU_MEM_ALLOCATION_TYPE_MANAGED`; the default managed pool of that location until
+    /// `cuMemSetMemPool` changes it), borrowed: never destroyed. Its device is `None`, as for
+    /// [`create_managed_pool`].
+    ///
+    /// # Errors
+    /// [`HandleError::Load`] when the driver lacks `cuMemGetMemPool` (before CUDA 13);
+    /// [`HandleError::Driver`] when it rejects the location.
+    ///
+    /// Driver calls: `cuInit` (once), `cuMemGetMemPool`.
+    pub fn managed_current(
+        preferred: ManagedPoolLocation,
+    ) -> Result<MemoryPoolHandle, HandleError> {
+        let d = init()?;
+        let get = d.cuMemGetMemPool().map_err(HandleError::Load)?;
+        let mut location = preferred.raw();
+        let mut raw: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `raw` and `location` are valid pointers (the driver reads the location, of
+        // `CUmemLocation`'s layout); `raw` is read only after success.
+        let status = unsafe { get(&mut raw, &mut location, ALLOCATION_TYPE_MANAGED) };
+        check("cuMemGetMemPool", status)?;
+        if raw.is_null() {
+            return Err(HandleError::invalid(
+                "pool",
+                "the driver returned no managed memory pool",
+            ));
+        }
+        Ok(Self::wrap(raw, None, false))
+    }
 }

@@ -224,11 +224,7 @@ impl Buffer {
     ) -> Result<Buffer, MemoryError> {
         if mr.is_closed() {
             return Err(MemoryError::ResourceClosed {
-                resource: if mr.pool().device().is_some() {
-                    "DeviceMemoryResource"
-                } else {
-                    "PinnedMemoryResource"
-                },
+                resource: mr.resource_name(),
             });
         }
         if !mr.is_mapped() {

@@ -106,7 +106,8 @@ pub use graph::{CaptureMode, Graph, GraphBuilder, GraphExec, GraphNode};
 pub use ipc::IpcBufferDescriptor;
 pub use resources::{
     DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
-    LegacyPinnedMemoryResource, ManagedMemoryResource, PinnedMemoryResource,
-    PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
+    LegacyPinnedMemoryResource, ManagedMemoryResource, ManagedPoolMemoryResource,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
+    SynchronousMemoryResource,
 };
 pub use slice::{DeviceSlice, DeviceSliceMut};

@@ -1,9 +1,9 @@
 //! The built-in memory resources: owned pools and their lifetime, pool limits, pinned pools,
 //! the synchronous resources whose drops never wait on the GPU (docs/decisions.md D9) while an
-//! explicit close does, adoption by a synchronous resource, managed buffers, and explicit
-//! `deallocate` errors. Runs on the emulator and on a real driver: everywhere a free is seen in a
-//! pool's used memory or, for `cuMemFree`/`cuMemFreeHost`, in the driver no longer knowing the
-//! address; which thread made which call (a drop that never blocks) only on the emulator.
+//! explicit close does, adoption by a synchronous resource, managed buffers and managed pools,
+//! and explicit `deallocate` errors. Runs on the emulator and on a real driver: everywhere a free
+//! is seen in a pool's used memory or, for `cuMemFree`/`cuMemFreeHost`, in the driver no longer
+//! knowing the address; which thread made which call (a drop that never blocks) only on the emulator.
 
 mod adopt;
 mod common;
@@ -13,11 +13,12 @@ use std::sync::Arc;
 use adopt::Ownership;
 use common::*;
 use handles::sys_types::MemPoolAttribute;
-use handles::{CudaErrorCode, DevicePtrHandle, HandleError, StreamHandle};
+use handles::{CudaErrorCode, DevicePtrHandle, HandleError, ManagedPoolLocation, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, LegacyPinnedMemoryResource,
-    ManagedMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
-    PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
+    ManagedMemoryResource, ManagedPoolMemoryResource, MemoryError, MemoryResource,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
+    SynchronousMemoryResource,
 };
 
 const BLOCKING: [&str; 4] = [
@@ -105,6 +106,67 @@ fn pinned_pool_memory_is_usable_from_the_host_and_any_device() {
     assert_eq!(read(&on1, &s1), vec![9; 64]);
     on0.close().unwrap();
     on1.close().unwrap();
+}
+
+/// A managed memory pool (a CUDA 13 driver): the current pool of no preferred location is
+/// borrowed, a pool of its own is owned and destroyed only after its last buffer; its memory is
+/// managed and reachable from the host and the device, freed stream-ordered; a closed resource
+/// refuses to allocate and names itself as cuda.core's class.
+#[test]
+fn managed_pool_memory_is_managed_and_only_an_own_pool_is_destroyed() {
+    let _serial = start();
+    if !handles::managed_pools_supported().unwrap() {
+        println!("skipped: this driver has no managed memory pools (CUDA 13 or later)");
+        return;
+    }
+    let s = stream_on(0);
+    let current = ManagedPoolMemoryResource::current(ManagedPoolLocation::None).unwrap();
+    assert!(!current.pool().is_owned());
+    assert_eq!(current.device_id(), None);
+    let own = ManagedPoolMemoryResource::new(ManagedPoolLocation::Device(0)).unwrap();
+    assert!(own.pool().is_owned());
+    assert_eq!(own.device_id(), Some(0));
+    assert_eq!(own.preferred_location(), ManagedPoolLocation::Device(0));
+    assert!(!own.is_ipc_enabled());
+
+    let borrowed = Arc::clone(&current).allocate(64, &s).unwrap();
+    assert_eq!(borrowed.is_managed(), Ok(true));
+    borrowed.close().unwrap();
+
+    let buffer = own.allocate_managed(4096, &s).unwrap();
+    let plain = buffer.as_buffer();
+    assert_eq!(plain.is_managed(), Ok(true));
+    assert_eq!(plain.is_host_accessible(), Ok(true));
+    assert_eq!(plain.is_device_accessible(), Ok(true));
+    plain.fill(5u8, &s).unwrap();
+    assert_eq!(read(plain, &s), vec![5; 4096]);
+    assert!(pool_used(own.pool()) >= 4096);
+
+    own.close();
+    let error = Arc::clone(&own).allocate(64, &s).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            MemoryError::ResourceClosed {
+                resource: "ManagedMemoryResource"
+            }
+        ),
+        "{error}"
+    );
+    let pool = own.pool().clone();
+    let from = mark();
+    drop(own);
+    buffer.close().unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(pool_used(&pool), 0);
+    let destroys =
+        |emu: &test_support::emu::Emulator| emu.calls_named("cuMemPoolDestroy", from).len();
+    with_emulator(|emu| assert_eq!(destroys(emu), 0, "our clone still holds the pool"));
+    drop(pool);
+    with_emulator(|emu| assert_eq!(destroys(emu), 1));
+    drop(current);
+    with_emulator(|emu| assert_eq!(destroys(emu), 1, "the current pool is borrowed"));
+    assert_no_hazards();
 }
 
 /// Drops `buffer` (synchronously freed memory: `cuMemFree` or `cuMemFreeHost`) on a fresh

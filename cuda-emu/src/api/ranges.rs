@@ -112,7 +112,9 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pools by location (CUDA 13)
+// Pools by location (CUDA 13). Locations and allocation types are taken as plain integers
+// (`RawMemLocation`, `c_uint`): the CUDA 12.0 enums lack the host, host-NUMA, "none" and managed
+// values these calls are asked with.
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`, `CU_MEM_ALLOCATION_TYPE_MANAGED`.
 const ALLOCATION_PINNED: u32 = 1;
@@ -177,8 +179,8 @@ static LOCATION_POOLS: LazyLock<Mutex<HashMap<(u32, i32, u32), (u64, u64)>>> =
 unsafe fn pool_lookup(
     function: &'static str,
     out: *mut CUmemoryPool,
-    location: *mut CUmemLocation,
-    kind: CUmemAllocationType,
+    location: *mut RawMemLocation,
+    kind: c_uint,
     current: bool,
 ) -> CUresult {
     entry(function, None, None, |_| {
@@ -186,7 +188,7 @@ unsafe fn pool_lookup(
         // SAFETY: the caller's location (driver contract).
         let loc: RawLocation = unsafe { get(location.cast_const().cast::<RawLocation>())? };
         let mut st = initialized()?;
-        let pool = pool_for(&mut st, loc, kind as u32, current)?;
+        let pool = pool_for(&mut st, loc, kind, current)?;
         // SAFETY: checked non-null (driver contract).
         unsafe { put(out, pool as CUmemoryPool) }
     })
@@ -195,8 +197,8 @@ unsafe fn pool_lookup(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetMemPool(
     out: *mut CUmemoryPool,
-    location: *mut CUmemLocation,
-    kind: CUmemAllocationType,
+    location: *mut RawMemLocation,
+    kind: c_uint,
 ) -> CUresult {
     // SAFETY: the caller's pointers (driver contract).
     unsafe { pool_lookup("cuMemGetMemPool", out, location, kind, true) }
@@ -205,8 +207,8 @@ pub unsafe extern "C" fn cuMemGetMemPool(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetDefaultMemPool(
     out: *mut CUmemoryPool,
-    location: *mut CUmemLocation,
-    kind: CUmemAllocationType,
+    location: *mut RawMemLocation,
+    kind: c_uint,
 ) -> CUresult {
     // SAFETY: the caller's pointers (driver contract).
     unsafe { pool_lookup("cuMemGetDefaultMemPool", out, location, kind, false) }
@@ -214,8 +216,8 @@ pub unsafe extern "C" fn cuMemGetDefaultMemPool(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemSetMemPool(
-    location: *mut CUmemLocation,
-    kind: CUmemAllocationType,
+    location: *mut RawMemLocation,
+    kind: c_uint,
     pool: CUmemoryPool,
 ) -> CUresult {
     let pool = pool as u64;
@@ -224,14 +226,14 @@ pub unsafe extern "C" fn cuMemSetMemPool(
         let loc: RawLocation = unsafe { get(location.cast_const().cast::<RawLocation>())? };
         let mut st = initialized()?;
         st.pools.get(&pool).ok_or(codes::BAD_HANDLE)?;
-        if loc.kind == LOCATION_DEVICE && kind as u32 == ALLOCATION_PINNED {
+        if loc.kind == LOCATION_DEVICE && kind == ALLOCATION_PINNED {
             drop(st);
             // SAFETY: plain values (driver contract).
             let r = unsafe { super::cuDeviceSetMemPool(loc.id, pool as CUmemoryPool) };
             return if r == codes::SUCCESS { Ok(()) } else { Err(r) };
         }
-        pool_for(&mut st, loc, kind as u32, false)?;
-        let key = (loc.kind, location_key_id(loc), kind as u32);
+        pool_for(&mut st, loc, kind, false)?;
+        let key = (loc.kind, location_key_id(loc), kind);
         if let Some(entry) = lock(&LOCATION_POOLS).get_mut(&key) {
             entry.1 = pool;
         }

@@ -14,8 +14,8 @@ mod synchronous;
 
 pub use graph::GraphMemoryResource;
 pub use pool::{
-    DeviceMemoryResource, DeviceMemoryResourceOptions, PinnedMemoryResource,
-    PinnedMemoryResourceOptions, PoolMemoryResource,
+    DeviceMemoryResource, DeviceMemoryResourceOptions, ManagedPoolMemoryResource,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
 };
 pub use synchronous::{
     LegacyPinnedMemoryResource, ManagedMemoryResource, SynchronousMemoryResource,

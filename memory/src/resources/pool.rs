@@ -1,21 +1,23 @@
-//! Stream-ordered pool resources: [`DeviceMemoryResource`] (device memory) and
-//! [`PinnedMemoryResource`] (pinned host memory), and [`PoolMemoryResource`], what both offer
-//! for IPC.
+//! Stream-ordered pool resources: [`DeviceMemoryResource`] (device memory),
+//! [`PinnedMemoryResource`] (pinned host memory) and [`ManagedPoolMemoryResource`] (managed
+//! memory, CUDA 13 drivers), and [`PoolMemoryResource`], what they offer for IPC.
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use handles::{CaptureStatus, PoolLocation, PoolSpec};
+use handles::{CaptureStatus, ManagedPoolLocation, PoolLocation, PoolSpec};
 
 use handles::{DevicePtrHandle, MemoryPoolHandle, OwnedAllocation, StreamHandle};
 
 use crate::buffer::{Access, IpcRole};
 use crate::checks::{check_bound_stream_device, check_size, device_error};
-use crate::{Buffer, MemoryError, MemoryResource};
+use crate::{Buffer, ManagedBuffer, MemoryError, MemoryResource};
 
 /// What the two pool resources share.
 struct PoolCore {
+    /// The resource's type name, for [`MemoryError::ResourceClosed`].
+    resource: &'static str,
     pool: MemoryPoolHandle,
     ipc_enabled: bool,
     /// Imported from another process: pointers come in by IPC, nothing is allocated here.
@@ -30,11 +32,7 @@ impl PoolCore {
     fn check_open(&self) -> Result<(), MemoryError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(MemoryError::ResourceClosed {
-                resource: if self.pool.device().is_some() {
-                    "DeviceMemoryResource"
-                } else {
-                    "PinnedMemoryResource"
-                },
+                resource: self.resource,
             });
         }
         Ok(())
@@ -100,6 +98,15 @@ pub trait PoolMemoryResource: MemoryResource {
     /// Whether [`PoolMemoryResource::close`] was called.
     fn is_closed(&self) -> bool;
 
+    /// The resource's type name, as [`MemoryError::ResourceClosed`] says it.
+    fn resource_name(&self) -> &'static str {
+        if self.pool().device().is_some() {
+            "DeviceMemoryResource"
+        } else {
+            "PinnedMemoryResource"
+        }
+    }
+
     /// Exports the pool as a new POSIX file descriptor, owned by the caller, for another
     /// process to open with the resource's `import_pool`. Pass it over a unix socket with
     /// `SCM_RIGHTS` (the `sendfd` or `nix` crates, Python's `socket.send_fds`), or to a child
@@ -113,11 +120,7 @@ pub trait PoolMemoryResource: MemoryResource {
     fn export_pool(&self) -> Result<OwnedFd, MemoryError> {
         if self.is_closed() {
             return Err(MemoryError::ResourceClosed {
-                resource: if self.pool().device().is_some() {
-                    "DeviceMemoryResource"
-                } else {
-                    "PinnedMemoryResource"
-                },
+                resource: self.resource_name(),
             });
         }
         if !self.is_ipc_enabled() {
@@ -169,6 +172,7 @@ impl DeviceMemoryResource {
         Ok(Arc::new(DeviceMemoryResource {
             device: device_id,
             core: PoolCore {
+                resource: "DeviceMemoryResource",
                 pool,
                 ipc_enabled: false,
                 mapped: false,
@@ -197,6 +201,7 @@ impl DeviceMemoryResource {
         Ok(Arc::new(DeviceMemoryResource {
             device: device_id,
             core: PoolCore {
+                resource: "DeviceMemoryResource",
                 pool,
                 ipc_enabled: options.ipc_enabled,
                 mapped: false,
@@ -221,6 +226,7 @@ impl DeviceMemoryResource {
         Ok(Arc::new(DeviceMemoryResource {
             device: device_id,
             core: PoolCore {
+                resource: "DeviceMemoryResource",
                 pool,
                 ipc_enabled: true,
                 mapped: true,
@@ -317,8 +323,10 @@ pub struct PinnedMemoryResourceOptions {
     pub max_size: usize,
     /// Whether the pool can be shared with other processes (POSIX file descriptor).
     pub ipc_enabled: bool,
-    /// The host NUMA node the memory lives on.
-    pub numa_id: i32,
+    /// The host NUMA node the memory lives on (`CU_MEM_LOCATION_TYPE_HOST_NUMA`); `None` lets
+    /// the operating system place it (`CU_MEM_LOCATION_TYPE_HOST`), which a real driver shares
+    /// with no other process: an IPC pool names its node.
+    pub numa_id: Option<i32>,
 }
 
 /// Pinned host memory from a stream-ordered pool of its own (a host-located pool, CUDA 12.2
@@ -342,12 +350,16 @@ impl PinnedMemoryResource {
         options: PinnedMemoryResourceOptions,
     ) -> Result<Arc<PinnedMemoryResource>, MemoryError> {
         let pool = handles::create_pool(&PoolSpec {
-            location: PoolLocation::HostNuma(options.numa_id),
+            location: match options.numa_id {
+                Some(node) => PoolLocation::HostNuma(node),
+                None => PoolLocation::Host,
+            },
             max_size: options.max_size,
             ipc: options.ipc_enabled,
         })?;
         Ok(Arc::new(PinnedMemoryResource {
             core: PoolCore {
+                resource: "PinnedMemoryResource",
                 pool,
                 ipc_enabled: options.ipc_enabled,
                 mapped: false,
@@ -367,6 +379,7 @@ impl PinnedMemoryResource {
         let pool = handles::import_pool(fd, None)?;
         Ok(Arc::new(PinnedMemoryResource {
             core: PoolCore {
+                resource: "PinnedMemoryResource",
                 pool,
                 ipc_enabled: true,
                 mapped: true,
@@ -444,5 +457,174 @@ impl PoolMemoryResource for PinnedMemoryResource {
 
     fn is_closed(&self) -> bool {
         self.core.closed.load(Ordering::Acquire)
+    }
+}
+
+/// Managed memory from a stream-ordered managed memory pool (`CU_MEM_ALLOCATION_TYPE_MANAGED`,
+/// CUDA 13 drivers): accessible from the host and every device, migrated by the driver, with a
+/// preferred location ([`ManagedPoolLocation`]). The pool is the current managed pool of that
+/// location ([`ManagedPoolMemoryResource::current`], borrowed) or one of its own
+/// ([`ManagedPoolMemoryResource::new`]).
+///
+/// Allocation and free are stream-ordered, as for [`PinnedMemoryResource`] (a stream of any
+/// device). The pool cannot be shared with other processes. The pointers carry no
+/// `CU_POINTER_ATTRIBUTE_IS_MANAGED`: buffers know they are managed from the resource.
+/// [`crate::ManagedMemoryResource`] (`cuMemAllocManaged`) serves drivers before CUDA 13.
+pub struct ManagedPoolMemoryResource {
+    preferred: ManagedPoolLocation,
+    core: PoolCore,
+}
+
+impl ManagedPoolMemoryResource {
+    /// A resource for the current managed pool of `preferred` (borrowed, never destroyed).
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`]: a driver before CUDA 13 (no `cuMemGetMemPool`), a location
+    /// the driver rejects.
+    ///
+    /// Driver calls: `cuInit` (once), `cuMemGetMemPool`.
+    pub fn current(
+        preferred: ManagedPoolLocation,
+    ) -> Result<Arc<ManagedPoolMemoryResource>, MemoryError> {
+        let pool = MemoryPoolHandle::managed_current(preferred)?;
+        Ok(Self::with_pool(preferred, pool))
+    }
+
+    /// A resource with a new managed pool of its own preferring `preferred`.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`]: the driver rejects the properties (a driver before CUDA 13,
+    /// an invalid device or node).
+    ///
+    /// Driver calls: `cuInit` (once), `cuMemPoolCreate`; `cuMemPoolDestroy` when the resource
+    /// and its last buffer are gone.
+    pub fn new(
+        preferred: ManagedPoolLocation,
+    ) -> Result<Arc<ManagedPoolMemoryResource>, MemoryError> {
+        let pool = handles::create_managed_pool(preferred)?;
+        Ok(Self::with_pool(preferred, pool))
+    }
+
+    fn with_pool(
+        preferred: ManagedPoolLocation,
+        pool: MemoryPoolHandle,
+    ) -> Arc<ManagedPoolMemoryResource> {
+        Arc::new(ManagedPoolMemoryResource {
+            preferred,
+            core: PoolCore {
+                resource: "ManagedMemoryResource",
+                pool,
+                ipc_enabled: false,
+                mapped: false,
+                closed: AtomicBool::new(false),
+            },
+        })
+    }
+
+    /// The preferred location the pool was made or looked up with.
+    pub fn preferred_location(&self) -> ManagedPoolLocation {
+        self.preferred
+    }
+
+    /// [`MemoryResource::allocate`], typed as a [`ManagedBuffer`].
+    ///
+    /// # Errors
+    /// As [`MemoryResource::allocate`] for this resource.
+    ///
+    /// Driver calls: as [`MemoryResource::allocate`] for this resource.
+    pub fn allocate_managed(
+        self: &Arc<Self>,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<ManagedBuffer, MemoryError> {
+        Arc::clone(self)
+            .allocate(size, stream)
+            .map(ManagedBuffer::new)
+    }
+
+    fn access(&self) -> Access {
+        Access {
+            device: true,
+            host: true,
+            device_id: self.device_id(),
+            managed: true,
+        }
+    }
+}
+
+impl MemoryResource for ManagedPoolMemoryResource {
+    /// Allocates `size` bytes from the pool, ordered on `stream` (of any device).
+    ///
+    /// # Errors
+    /// As [`PinnedMemoryResource`]'s.
+    ///
+    /// Driver calls: as [`DeviceMemoryResource`]'s.
+    #[inline]
+    fn allocate(
+        self: Arc<Self>,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        let (handle, role) = self.core.allocate(size, stream)?;
+        let access = self.access();
+        Ok(Buffer::new(handle, Some(self), Some(access), role))
+    }
+
+    /// `cuMemFreeAsync(ptr, stream)`. Does not block.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] for the driver's failure.
+    fn deallocate(
+        &self,
+        allocation: OwnedAllocation,
+        stream: &StreamHandle,
+    ) -> Result<(), MemoryError> {
+        Ok(allocation.free_async(stream)?)
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        true
+    }
+
+    /// The preferred device, `None` unless the preferred location is a device.
+    fn device_id(&self) -> Option<i32> {
+        match self.preferred {
+            ManagedPoolLocation::Device(ordinal) => Some(ordinal),
+            _ => None,
+        }
+    }
+
+    fn is_managed(&self) -> bool {
+        true
+    }
+}
+
+impl PoolMemoryResource for ManagedPoolMemoryResource {
+    fn pool(&self) -> &MemoryPoolHandle {
+        &self.core.pool
+    }
+
+    fn is_ipc_enabled(&self) -> bool {
+        false
+    }
+
+    fn is_mapped(&self) -> bool {
+        false
+    }
+
+    fn close(&self) {
+        self.core.closed.store(true, Ordering::Release);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.core.closed.load(Ordering::Acquire)
+    }
+
+    fn resource_name(&self) -> &'static str {
+        self.core.resource
     }
 }
