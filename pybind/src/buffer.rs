@@ -171,7 +171,23 @@ impl PyBuffer {
                 return Ok((id >= 0).then_some(id));
             }
         }
-        Ok(py.detach(|| buffer.device_id()).map_err(Error::from)?)
+        let id = py.detach(|| buffer.device_id()).map_err(Error::from)?;
+        if id.is_none() && self.memory_resource_object(py).is_none() {
+            // Adopted memory with no resource: pinned (or registered) host memory belongs to the
+            // device whose context the driver says made it, as cuda.core reports.
+            let ptr = buffer.ptr();
+            let attributes = py
+                .detach(|| handles::pointer_attributes(ptr))
+                .map_err(Error::from)?;
+            if let Some(attributes) = attributes {
+                if attributes.memory_type == handles::MemoryType::Host
+                    && attributes.device_ordinal >= 0
+                {
+                    return Ok(Some(attributes.device_ordinal));
+                }
+            }
+        }
+        Ok(id)
     }
 
     fn dlpack_device_of(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
@@ -202,7 +218,9 @@ impl PyBuffer {
                 .map_err(Error::from)?
                 .is_some_and(|attributes| attributes.is_managed);
         }
-        let id = if device || managed {
+        // Pinned host memory is device 0 whatever the resource says (cuda.core does not ask a
+        // resource whose device_id raises, like one of pinned memory bound to no GPU).
+        let id = if managed || (device && !host) {
             self.device_of(py, &buffer)?
         } else {
             None
@@ -253,8 +271,8 @@ fn adopt(
     let stream = stream.filter(|o| !o.is_none());
     if mr.is_some() && owner.is_some() {
         return Err(PyValueError::new_err(
-            "mr and owner cannot both be given: with mr the buffer owns the memory, with owner \
-             it only keeps the owner alive",
+            "owner and memory resource cannot be both specified together: with mr the buffer \
+             owns the memory, with owner it only keeps the owner alive",
         ));
     }
     if stream.is_some() && mr.is_none() {
@@ -775,8 +793,10 @@ impl PyBuffer {
     }
 
     /// The device the memory belongs to; -1 for memory bound to no device. For memory a Python
-    /// resource frees, that resource's ``device_id``, read now (it may raise). ``RuntimeError``
-    /// once closed.
+    /// resource frees, that resource's ``device_id``, read now (it may raise); for pinned or
+    /// registered host memory adopted with no resource, the device the driver names
+    /// (``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL``: the one whose context made or registered it).
+    /// ``RuntimeError`` once closed.
     #[getter]
     fn device_id(&self, py: Python<'_>) -> PyResult<i32> {
         let buffer = self.open(py)?;

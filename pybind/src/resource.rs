@@ -12,14 +12,14 @@ use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use handles::sys_types::{CUdeviceptr, CUmemPool_attribute};
-use handles::{HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle};
+use handles::{HandleError, ManagedPoolLocation, MemoryPoolHandle, OwnedAllocation, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
-    LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
+    LegacyPinnedMemoryResource, ManagedMemoryResource, ManagedPoolMemoryResource, MemoryError,
+    MemoryResource, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
     SynchronousMemoryResource,
 };
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
@@ -493,6 +493,7 @@ pub(crate) fn option<'py, T: pyo3::conversion::FromPyObjectOwned<'py>>(
 enum Pool {
     Device(Arc<DeviceMemoryResource>),
     Pinned(Arc<PinnedMemoryResource>),
+    Managed(Arc<ManagedPoolMemoryResource>),
 }
 
 impl Pool {
@@ -500,6 +501,7 @@ impl Pool {
         match self {
             Pool::Device(mr) => mr.as_ref(),
             Pool::Pinned(mr) => mr.as_ref(),
+            Pool::Managed(mr) => mr.as_ref(),
         }
     }
 
@@ -518,6 +520,7 @@ impl Pool {
         match self {
             Pool::Device(_) => "DeviceMemoryResource",
             Pool::Pinned(_) => "PinnedMemoryResource",
+            Pool::Managed(_) => "ManagedMemoryResource",
         }
     }
 
@@ -529,6 +532,7 @@ impl Pool {
         match self {
             Pool::Device(mr) => Buffer::from_ipc_descriptor(mr, descriptor, stream),
             Pool::Pinned(mr) => Buffer::from_ipc_descriptor(mr, descriptor, stream),
+            Pool::Managed(mr) => Buffer::from_ipc_descriptor(mr, descriptor, stream),
         }
     }
 }
@@ -680,6 +684,7 @@ fn import_pool_object(
                 PyPinnedMemoryResource {
                     inner,
                     ipc: PoolIpc::default(),
+                    numa_id: -1,
                 },
             );
             return Ok(Py::new(py, init)?.into_any());
@@ -722,6 +727,9 @@ pub(crate) fn pool_of(mr: &Bound<'_, PyAny>) -> Option<PoolAccess> {
     }
     if let Ok(pinned) = mr.cast::<PyPinnedMemoryResource>() {
         return Some(PoolAccess(Pool::Pinned(Arc::clone(&pinned.get().inner))));
+    }
+    if let Ok(managed) = mr.cast::<PyManagedMemoryResource>() {
+        return Some(PoolAccess(Pool::Managed(Arc::clone(&managed.get().inner))));
     }
     None
 }
@@ -1051,6 +1059,22 @@ fn fd_of(object: &Bound<'_, PyAny>) -> PyResult<i32> {
 pub struct PyPinnedMemoryResource {
     inner: Arc<PinnedMemoryResource>,
     ipc: PoolIpc,
+    /// The NUMA node the pool was made on, -1 for the operating system's placement (or not
+    /// known: an imported pool).
+    numa_id: i32,
+}
+
+/// `CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID` of the current context's device (device 0 when no context
+/// is current), -1 when the driver does not say (no NUMA, an older driver).
+fn current_host_numa_id(py: Python<'_>) -> i32 {
+    const HOST_NUMA_ID: u32 = 134;
+    py.detach(|| {
+        let device = match handles::ContextHandle::current() {
+            Ok(Some(context)) => context.device(),
+            _ => 0,
+        };
+        handles::device_attribute(device, HOST_NUMA_ID).unwrap_or(-1)
+    })
 }
 
 pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
@@ -1061,16 +1085,53 @@ pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
         options: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let options = options.filter(|o| !o.is_none());
+        let ipc_enabled = option(options, "ipc_enabled", false)?;
+        let numa_id = match option::<Option<i64>>(options, "numa_id", None)? {
+            Some(node) if node < 0 => {
+                return Err(PyValueError::new_err(format!(
+                    "numa_id must be >= 0, got {node}"
+                )))
+            }
+            Some(node) => Some(
+                i32::try_from(node)
+                    .map_err(|_| PyValueError::new_err(format!("numa_id {node} is too large")))?,
+            ),
+            None if ipc_enabled => {
+                let node = current_host_numa_id(py);
+                if node < 0 {
+                    return Err(PyRuntimeError::new_err(
+                        "Cannot determine host NUMA ID for IPC-enabled pinned memory pool. The \
+                         system may not support NUMA, or no CUDA context is active. Set numa_id \
+                         explicitly or call Device.set_current() first.",
+                    ));
+                }
+                Some(node)
+            }
+            None => None,
+        };
         let options = PinnedMemoryResourceOptions {
-            ipc_enabled: option(options, "ipc_enabled", false)?,
+            ipc_enabled,
             max_size: option(options, "max_size", 0usize)?,
-            numa_id: option(options, "numa_id", 0i32)?,
+            numa_id,
         };
         let inner = py
             .detach(|| PinnedMemoryResource::new(options))
             .map_err(Error::from)?;
         let ipc = PoolIpc::default();
-        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc }))
+        Ok(
+            PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self {
+                inner,
+                ipc,
+                numa_id: numa_id.unwrap_or(-1),
+            }),
+        )
+    }
+
+    /// The host NUMA node the pool's memory lives on, or -1 when the operating system places
+    /// it (no ``numa_id`` given and IPC disabled).
+    #[getter]
+    fn numa_id(&self) -> i32 {
+        self.numa_id
     }
 
     /// Opens a pinned pool another process exported (``allocation_handle``: its
@@ -1105,22 +1166,167 @@ impl PyLegacyPinnedMemoryResource {
     }
 }
 
-/// Managed memory from ``cuMemAllocManaged``; ``allocate`` returns :class:`ManagedBuffer`.
-/// ``ManagedMemoryResource(options=None)`` makes no driver call; placement options
-/// (:class:`ManagedMemoryResourceOptions`) are accepted and unused.
-#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "ManagedMemoryResource", module = "custody")]
-pub struct PyManagedMemoryResource;
+/// Managed memory from ``cuMemAllocManaged`` (attached globally; any CUDA 12 driver), in the
+/// context of ``allocate``'s stream; ``allocate`` returns :class:`ManagedBuffer`. The pointers
+/// carry ``CU_POINTER_ATTRIBUTE_IS_MANAGED``. Dropping a buffer never waits: the free
+/// (``cuMemFree``) runs on the cleanup worker after the recorded stream's work; an explicit
+/// ``close`` or ``deallocate`` waits for the stream first. ``LegacyManagedMemoryResource()``
+/// makes no driver call. Not in cuda.core, whose managed resource is
+/// :class:`ManagedMemoryResource` (a managed pool, CUDA 13).
+#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "LegacyManagedMemoryResource", module = "custody")]
+pub struct PyLegacyManagedMemoryResource;
 
 #[pymethods]
-impl PyManagedMemoryResource {
+impl PyLegacyManagedMemoryResource {
     #[new]
-    #[pyo3(signature = (options = None))]
-    fn py_new(options: Option<&Bound<'_, PyAny>>) -> PyClassInitializer<Self> {
-        // Placement preferences are accepted for compatibility; cuMemAllocManaged has none.
-        let _ = options;
+    fn py_new() -> PyClassInitializer<Self> {
         PyMemoryResource::builtin(ManagedMemoryResource::new(), true).add_subclass(Self)
     }
 }
+
+/// Managed memory from a stream-ordered managed memory pool (``CU_MEM_ALLOCATION_TYPE_MANAGED``,
+/// a CUDA 13 driver): accessible from the host and every device, migrated by the driver;
+/// ``allocate`` returns :class:`ManagedBuffer`, freed with ``cuMemFreeAsync`` on its recipe.
+///
+/// ``ManagedMemoryResource(options=None)``: with no options, the driver's current managed pool
+/// of no preferred location (borrowed: ``is_handle_owned`` is False); with
+/// :class:`ManagedMemoryResourceOptions` (or a dict of its fields), a pool of its own preferring
+/// their location. ``ValueError`` for an invalid location, ``RuntimeError`` when ``host_numa``
+/// must be derived and the current device reports no host NUMA node, ``RuntimeError("...
+/// requires CUDA 13.0 or later")`` on an older driver, :class:`CUDAError` when the driver
+/// refuses the pool. The pool cannot be shared with other processes (``is_ipc_enabled`` is
+/// False).
+#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "ManagedMemoryResource", module = "custody")]
+pub struct PyManagedMemoryResource {
+    inner: Arc<ManagedPoolMemoryResource>,
+    ipc: PoolIpc,
+}
+
+/// The `ManagedMemoryLocationType` values, in the order cuda.core's message lists them.
+const MANAGED_LOCATION_TYPES: [&str; 3] = ["device", "host", "host_numa"];
+
+/// The preferred location `ManagedMemoryResourceOptions` name, with cuda.core 1.2's rules and
+/// messages: without ``preferred_location_type``, ``preferred_location`` is a device ordinal,
+/// -1 for the host or ``None`` for no preference; with it, the type says what the location is.
+fn managed_location(
+    py: Python<'_>,
+    options: Option<&Bound<'_, PyAny>>,
+) -> PyResult<ManagedPoolLocation> {
+    let location = option::<Option<i64>>(options, "preferred_location", None)?;
+    let kind = option::<Option<String>>(options, "preferred_location_type", None)?;
+    let ordinal = |value: i64| {
+        i32::try_from(value).map_err(|_| {
+            PyValueError::new_err(format!("preferred_location {value} is out of range"))
+        })
+    };
+    match kind.as_deref() {
+        None => match location {
+            None => Ok(ManagedPoolLocation::None),
+            Some(-1) => Ok(ManagedPoolLocation::Host),
+            Some(value) if value < 0 => Err(PyValueError::new_err(format!(
+                "preferred_location must be a device ordinal (>= 0), -1 for host, or None for \
+                 no preference, got {value}"
+            ))),
+            Some(value) => Ok(ManagedPoolLocation::Device(ordinal(value)?)),
+        },
+        Some("device") => match location {
+            Some(value) if value >= 0 => Ok(ManagedPoolLocation::Device(ordinal(value)?)),
+            other => Err(PyValueError::new_err(format!(
+                "preferred_location must be a device ordinal (>= 0) when \
+                 preferred_location_type is 'device', got {}",
+                other.map_or("None".to_owned(), |v| v.to_string())
+            ))),
+        },
+        Some("host") => match location {
+            None => Ok(ManagedPoolLocation::Host),
+            Some(value) => Err(PyValueError::new_err(format!(
+                "preferred_location must be None when preferred_location_type is 'host', got \
+                 {value}"
+            ))),
+        },
+        Some("host_numa") => match location {
+            None => {
+                let node = current_host_numa_id(py);
+                if node < 0 {
+                    return Err(PyRuntimeError::new_err(
+                        "Cannot determine host NUMA ID for the current CUDA device. The system \
+                         may not support NUMA, or no CUDA context is active. Set \
+                         preferred_location to an explicit NUMA node ID or call \
+                         Device.set_current() first.",
+                    ));
+                }
+                Ok(ManagedPoolLocation::HostNuma(node))
+            }
+            Some(value) if value < 0 => Err(PyValueError::new_err(format!(
+                "preferred_location must be a NUMA node ID (>= 0) or None when \
+                 preferred_location_type is 'host_numa', got {value}"
+            ))),
+            Some(value) => Ok(ManagedPoolLocation::HostNuma(ordinal(value)?)),
+        },
+        Some(other) => {
+            let listed: Vec<String> = MANAGED_LOCATION_TYPES
+                .iter()
+                .map(|t| format!("'{t}'"))
+                .collect();
+            Err(PyValueError::new_err(format!(
+                "'{other}' is not a valid ManagedMemoryLocationType. Must be None, {} or {}",
+                listed[..listed.len() - 1].join(", "),
+                listed[listed.len() - 1]
+            )))
+        }
+    }
+}
+
+pool_methods!(PyManagedMemoryResource, Managed, "ManagedMemoryResource", {
+    #[new]
+    #[pyo3(signature = (options = None))]
+    fn py_new(
+        py: Python<'_>,
+        options: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let options = options.filter(|o| !o.is_none());
+        let location = managed_location(py, options)?;
+        if !py
+            .detach(handles::managed_pools_supported)
+            .map_err(Error::from)?
+        {
+            return Err(PyRuntimeError::new_err(
+                "ManagedMemoryResource requires CUDA 13.0 or later: this driver has no managed \
+                 memory pools (custody's Rust ManagedMemoryResource uses cuMemAllocManaged)",
+            ));
+        }
+        let own_pool = options.is_some();
+        let inner = py
+            .detach(|| {
+                if own_pool {
+                    ManagedPoolMemoryResource::new(location)
+                } else {
+                    ManagedPoolMemoryResource::current(location)
+                }
+            })
+            .map_err(Error::from)?;
+        let ipc = PoolIpc::default();
+        Ok(PyMemoryResource::builtin(inner.clone(), true).add_subclass(Self { inner, ipc }))
+    }
+
+    /// The preferred location: ``None`` when the driver decides, else ``(type, id)`` with
+    /// ``type`` a :class:`ManagedMemoryLocationType`: ``("device", ordinal)``,
+    /// ``("host", None)`` or ``("host_numa", node)``.
+    #[getter]
+    fn preferred_location(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let (kind, id) = match self.inner.preferred_location() {
+            ManagedPoolLocation::None => return Ok(None),
+            ManagedPoolLocation::Device(ordinal) => ("DEVICE", Some(ordinal)),
+            ManagedPoolLocation::Host => ("HOST", None),
+            ManagedPoolLocation::HostNuma(node) => ("HOST_NUMA", Some(node)),
+        };
+        let kind = py
+            .import("custody")?
+            .getattr("ManagedMemoryLocationType")?
+            .getattr(kind)?;
+        Ok(Some((kind, id).into_pyobject(py)?.into_any().unbind()))
+    }
+});
 
 /// Device memory from ``cuMemAlloc`` in the device's primary context: no context need be
 /// current; a default stream is replaced by the legacy stream bound to that context, and
@@ -1285,6 +1491,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPinnedMemoryResource>()?;
     m.add_class::<PyLegacyPinnedMemoryResource>()?;
     m.add_class::<PyManagedMemoryResource>()?;
+    m.add_class::<PyLegacyManagedMemoryResource>()?;
     m.add_class::<PySynchronousMemoryResource>()?;
     m.add_class::<PyGraphMemoryResource>()?;
     m.add_class::<PyPoolAttributes>()?;

@@ -299,6 +299,149 @@ def test_pool_attributes_include_reuse_flags(device, stream):
     buf.close()
 
 
+def test_managed_memory_resource_is_a_managed_pool(device, stream, emu):
+    """cuda.core 1.2's ManagedMemoryResource: with no options the driver's current managed pool
+    (borrowed), with options a pool of its own; pool attributes, no IPC, managed buffers."""
+    current = custody.ManagedMemoryResource()
+    assert not current.is_handle_owned and current.preferred_location is None
+    assert current.device_id == -1 and current.is_managed and not current.is_ipc_enabled
+    assert current.is_device_accessible and current.is_host_accessible
+    own = custody.ManagedMemoryResource(custody.ManagedMemoryResourceOptions())
+    assert own.is_handle_owned and own.handle != current.handle
+    if emu is not None:
+        emu.clear_calls()
+    buf = own.allocate(4096, stream=stream)
+    if emu is not None:
+        assert "cuMemAllocFromPoolAsync" in [c["function"] for c in emu.calls()]
+    assert isinstance(buf, custody.ManagedBuffer) and buf.is_managed
+    assert buf.memory_resource is own and buf.__dlpack_device__() == (13, 0)
+    buf.fill(7, stream=stream)
+    stream.sync()
+    assert own.attributes.used_mem_current >= 4096
+    assert isinstance(own.attributes.reuse_allow_opportunistic, bool)
+    with pytest.raises(RuntimeError, match="Memory resource is not IPC-enabled"):
+        own.allocation_handle
+    assert own.uuid is None
+    buf.close(stream)
+    own.close()
+    with pytest.raises(RuntimeError, match="ManagedMemoryResource has been closed"):
+        own.allocate(64, stream=stream)
+
+
+def test_managed_memory_resource_preferred_locations(device, stream):
+    def preferred(**options):
+        mr = custody.ManagedMemoryResource(custody.ManagedMemoryResourceOptions(**options))
+        mr.allocate(64, stream=stream).close(stream)
+        return mr.preferred_location, mr.device_id
+
+    assert preferred(preferred_location=0) == (("device", 0), 0)
+    kind = preferred(preferred_location=0, preferred_location_type="device")[0][0]
+    assert kind is custody.ManagedMemoryLocationType.DEVICE
+    assert preferred(preferred_location=-1) == (("host", None), -1)
+    assert preferred(preferred_location_type=custody.ManagedMemoryLocationType.HOST) == (("host", None), -1)
+    node = device.properties.host_numa_id
+    if node >= 0:
+        assert preferred(preferred_location_type="host_numa") == (("host_numa", node), -1)
+        assert preferred(preferred_location=node, preferred_location_type="host_numa")[0] == ("host_numa", node)
+    assert custody.ManagedMemoryResource({"preferred_location": 0}).preferred_location == ("device", 0)
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"preferred_location_type": "invalid"},
+         "'invalid' is not a valid ManagedMemoryLocationType. Must be None, 'device', 'host' or 'host_numa'"),
+        ({"preferred_location_type": "device"},
+         "preferred_location must be a device ordinal (>= 0) when preferred_location_type is 'device', got None"),
+        ({"preferred_location": -1, "preferred_location_type": "device"}, "must be a device ordinal"),
+        ({"preferred_location": 0, "preferred_location_type": "host"},
+         "preferred_location must be None when preferred_location_type is 'host', got 0"),
+        ({"preferred_location": -1, "preferred_location_type": "host_numa"}, "must be a NUMA node ID"),
+        ({"preferred_location": -2},
+         "preferred_location must be a device ordinal (>= 0), -1 for host, or None for no preference, got -2"),
+    ],
+)
+def test_managed_memory_resource_rejects_bad_locations(device, options, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        custody.ManagedMemoryResource(custody.ManagedMemoryResourceOptions(**options))
+
+
+def test_legacy_managed_memory_resource_is_cu_mem_alloc_managed(device, stream, emu):
+    mr = custody.LegacyManagedMemoryResource()
+    if emu is not None:
+        emu.clear_calls()
+    buf = mr.allocate(256, stream=stream)
+    if emu is not None:
+        assert "cuMemAllocManaged" in [c["function"] for c in emu.calls()]
+    assert isinstance(buf, custody.ManagedBuffer) and buf.is_managed and mr.is_managed
+    assert buf.__dlpack_device__() == (13, 0)
+    # The driver, not the resource, classifies adopted memory: this pointer is managed.
+    view = custody.Buffer.from_handle(buf.handle, 256, owner=buf)
+    assert view.is_managed
+    view.close()
+    buf.close()
+
+
+def test_pinned_numa_id_as_cuda_core(device, stream):
+    """numa_id None: the operating system places a non-IPC pool (numa_id -1); an IPC pool takes
+    the current device's host NUMA node; a negative numa_id is a ValueError."""
+    assert custody.PinnedMemoryResource().numa_id == -1
+    mr = custody.PinnedMemoryResource(custody.PinnedMemoryResourceOptions())
+    assert mr.numa_id == -1
+    mr.allocate(64, stream=stream).close(stream)
+    node = device.properties.host_numa_id
+    if node >= 0:
+        assert custody.PinnedMemoryResource({"numa_id": node}).numa_id == node
+        shared = custody.PinnedMemoryResource({"ipc_enabled": True, "max_size": 2**21})
+        assert shared.numa_id == node
+        shared.close()
+    for bad in (-1, -42):
+        with pytest.raises(ValueError, match=rf"^numa_id must be >= 0, got {bad}$"):
+            custody.PinnedMemoryResource(custody.PinnedMemoryResourceOptions(numa_id=bad))
+
+
+def test_adopted_pinned_memory_names_the_device_that_made_it(device, stream):
+    """from_handle of pinned memory with no resource: device_id is the driver's
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL (cuda.core's answer), pageable memory has none."""
+    pinned = custody.LegacyPinnedMemoryResource().allocate(64)
+    view = custody.Buffer.from_handle(pinned.handle, 64)
+    assert view.device_id == device.device_id
+    assert view.is_device_accessible and view.is_host_accessible
+    assert view.__dlpack_device__() == (3, 0)
+    view.close()
+    pinned.close()
+    pageable = (ctypes.c_byte * 16)()
+    assert custody.Buffer.from_handle(ctypes.addressof(pageable), 16, owner=pageable).device_id == -1
+
+
+def test_pinned_memory_of_a_resource_bound_to_no_gpu_is_cuda_host(device, stream):
+    """__dlpack_device__ of device- and host-accessible memory that is not managed is
+    (kDLCUDAHost, 0) without asking the resource's device_id (which may raise)."""
+    pinned = custody.LegacyPinnedMemoryResource()
+
+    class NoGpu(custody.MemoryResource):
+        kept = {}
+
+        def allocate(self, size, *, stream=None):
+            real = pinned.allocate(size)
+            self.kept[real.handle] = real
+            return custody.Buffer.from_handle(real.handle, size, mr=self)
+
+        def deallocate(self, ptr, size, *, stream=None):
+            self.kept.pop(ptr).close()
+
+        is_device_accessible = True
+        is_host_accessible = True
+
+        @property
+        def device_id(self):
+            raise RuntimeError("the pinned memory resource is not bound to any GPU")
+
+    buf = NoGpu().allocate(64)
+    assert buf.__dlpack_device__() == (3, 0)
+    buf.close()
+
+
 def test_graph_memory_resource_is_one_object_per_device_with_attributes(device, stream):
     gmr = custody.GraphMemoryResource(0)
     assert gmr is custody.GraphMemoryResource(device)
@@ -401,6 +544,9 @@ def test_messages_name_the_class_called(device, stream):
     # would cost allocate its fast calling convention (pybind/DESIGN.md, "Hot path").
     with pytest.raises(TypeError, match=r"^MemoryResource\.allocate\(\) got an unexpected keyword argument 'nope'"):
         MyPool(0).allocate(8, stream=stream, nope=1)
+    owner = (ctypes.c_byte * 16)()
+    with pytest.raises(ValueError, match=r"^owner and memory resource cannot be both specified together"):
+        custody.Buffer.from_handle(ctypes.addressof(owner), 16, mr=MyPool(0), owner=owner)
 
 
 @pytest.mark.parametrize("name", ["Program", "Linker", "launch", "LaunchConfig", "VirtualMemoryResource"])

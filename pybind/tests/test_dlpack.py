@@ -98,6 +98,7 @@ def test_dlpack_devices(device, stream):
         (custody.PinnedMemoryResource(), (3, 0)),
         (custody.LegacyPinnedMemoryResource(), (3, 0)),
         (custody.ManagedMemoryResource(), 13),
+        (custody.LegacyManagedMemoryResource(), 13),
         (custody.SynchronousMemoryResource(0), (2, 0)),
     ]
     for mr, expected in cases:
@@ -180,7 +181,7 @@ def test_dlpack_argument_errors_name_what_was_wrong(device, stream):
 def test_adopted_managed_memory_reports_the_managed_device_type(device, stream):
     """Memory adopted with from_handle (owner=, or a Python resource) is classified by the
     driver: managed memory is kDLCUDAManaged (13), not kDLCUDAHost."""
-    owner = custody.ManagedMemoryResource().allocate(64, stream=stream)
+    owner = custody.LegacyManagedMemoryResource().allocate(64, stream=stream)
     view = custody.Buffer.from_handle(owner.handle, 64, owner=owner)
     assert view.__dlpack_device__() == (13, 0)
     assert versioned_tensor_of(view.__dlpack__(max_version=(1, 0))).contents.dl_tensor.device.device_type == 13

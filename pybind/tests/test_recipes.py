@@ -137,7 +137,7 @@ def test_from_handle_argument_rules(device, stream):
     ptr = rec.raw_allocate(64, stream)
     with pytest.raises(ValueError, match="stream requires a memory resource"):
         custody.Buffer.from_handle(ptr, 64, stream=stream)
-    with pytest.raises(ValueError, match="mr and owner"):
+    with pytest.raises(ValueError, match="owner and memory resource cannot be both specified"):
         custody.Buffer.from_handle(ptr, 64, mr=rec, owner=object())
     with pytest.raises(TypeError, match="Stream"):
         custody.Buffer.from_handle(ptr, 64, mr=rec, stream="x")

@@ -21,7 +21,7 @@ import functools as _functools
 import threading
 import uuid as _uuid
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import NamedTuple, Optional
 
 from custody._custody import GraphMemoryResource as _GraphMemoryResource
@@ -39,6 +39,7 @@ from custody._custody import (
     GraphMemoryResourceAttributes,
     IPCBufferDescriptor,
     IPCEventDescriptor,
+    LegacyManagedMemoryResource,
     LegacyPinnedMemoryResource,
     ManagedBuffer,
     ManagedMemoryResource,
@@ -76,9 +77,11 @@ __all__ = [
     "IPCAllocationHandle",
     "IPCBufferDescriptor",
     "IPCEventDescriptor",
+    "LegacyManagedMemoryResource",
     "LegacyPinnedMemoryResource",
     "ManagedBuffer",
     "ManagedMemoryResource",
+    "ManagedMemoryLocationType",
     "ManagedMemoryResourceOptions",
     "MemoryPoolAttributes",
     "MemoryResource",
@@ -110,7 +113,9 @@ class DeviceMemoryResourceOptions:
 class PinnedMemoryResourceOptions:
     """Options for a :class:`PinnedMemoryResource`. ``ipc_enabled``: other processes can open the
     pool; ``max_size``: the pool's largest size in bytes, 0 for no limit; ``numa_id``: the host
-    NUMA node of the memory, ``None`` for node 0.
+    NUMA node of the memory (``ValueError`` if negative); ``None`` lets the operating system place
+    it, or with ``ipc_enabled`` (a shared pool names its node) takes the current device's
+    ``host_numa_id`` (``RuntimeError`` when the driver reports none).
     """
 
     ipc_enabled: bool = False
@@ -118,14 +123,29 @@ class PinnedMemoryResourceOptions:
     numa_id: Optional[int] = None
 
 
+class ManagedMemoryLocationType(StrEnum):
+    """Where managed memory prefers to live (a ``str``): ``DEVICE`` (``"device"``) a GPU,
+    ``HOST`` (``"host"``) the host, placed by the operating system, ``HOST_NUMA``
+    (``"host_numa"``) a given host NUMA node.
+    """
+
+    DEVICE = "device"
+    HOST = "host"
+    HOST_NUMA = "host_numa"
+
+
 @dataclass
 class ManagedMemoryResourceOptions:
-    """Options for a :class:`ManagedMemoryResource`: placement preferences (``preferred_location``,
-    ``preferred_location_type``), accepted and unused.
+    """Options for a :class:`ManagedMemoryResource`'s own pool: its preferred location.
+    ``preferred_location_type`` ``None``: ``preferred_location`` is a device ordinal, -1 for the
+    host, or ``None`` for no preference. ``"device"``: ``preferred_location`` a device ordinal
+    (>= 0); ``"host"``: ``preferred_location`` must be ``None``; ``"host_numa"``: a NUMA node
+    (>= 0), or ``None`` for the current device's ``host_numa_id``. A
+    :class:`ManagedMemoryLocationType` or its string.
     """
 
     preferred_location: Optional[int] = None
-    preferred_location_type: Optional[str] = None
+    preferred_location_type: "Optional[ManagedMemoryLocationType | str]" = None
 
 
 @dataclass

@@ -400,8 +400,10 @@ class Buffer:
     @property
     def device_id(self) -> int:
         """The device the memory belongs to; -1 for memory bound to no device. For memory a Python
-        resource frees, that resource's ``device_id``, read now (it may raise). ``RuntimeError``
-        once closed.
+        resource frees, that resource's ``device_id``, read now (it may raise); for pinned or
+        registered host memory adopted with no resource, the device the driver names
+        (``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL``: the one whose context made or registered it).
+        ``RuntimeError`` once closed.
         """
     @property
     def is_mapped(self) -> bool:
@@ -686,6 +688,11 @@ class PinnedMemoryResource(MemoryResource):
         anything else; :class:`CUDAError` when the driver refuses the descriptor.
         """
     @property
+    def numa_id(self) -> int:
+        """The host NUMA node the pool's memory lives on, or -1 when the operating system places
+        it (no ``numa_id`` given and IPC disabled).
+        """
+    @property
     def is_ipc_enabled(self) -> bool:
         """Whether the pool can be shared with other processes."""
     @property
@@ -743,14 +750,89 @@ class LegacyPinnedMemoryResource(MemoryResource):
     def __init__(self) -> None:
         ...
 
-class ManagedMemoryResource(MemoryResource):
-    """Managed memory from ``cuMemAllocManaged``; ``allocate`` returns :class:`ManagedBuffer`.
-    ``ManagedMemoryResource(options=None)`` makes no driver call; placement options
-    (:class:`ManagedMemoryResourceOptions`) are accepted and unused.
+class LegacyManagedMemoryResource(MemoryResource):
+    """Managed memory from ``cuMemAllocManaged`` (attached globally; any CUDA 12 driver), in the
+    context of ``allocate``'s stream; ``allocate`` returns :class:`ManagedBuffer`. The pointers
+    carry ``CU_POINTER_ATTRIBUTE_IS_MANAGED``. Dropping a buffer never waits: the free
+    (``cuMemFree``) runs on the cleanup worker after the recorded stream's work; an explicit
+    ``close`` or ``deallocate`` waits for the stream first. ``LegacyManagedMemoryResource()``
+    makes no driver call. Not in cuda.core, whose managed resource is
+    :class:`ManagedMemoryResource` (a managed pool, CUDA 13).
     """
 
-    def __init__(self, options: Optional["ManagedMemoryResourceOptions"] = None) -> None:
+    def __init__(self) -> None:
         ...
+
+class ManagedMemoryResource(MemoryResource):
+    """Managed memory from a stream-ordered managed memory pool (``CU_MEM_ALLOCATION_TYPE_MANAGED``,
+    a CUDA 13 driver): accessible from the host and every device, migrated by the driver;
+    ``allocate`` returns :class:`ManagedBuffer`, freed with ``cuMemFreeAsync`` on its recipe.
+
+    ``ManagedMemoryResource(options=None)``: with no options, the driver's current managed pool
+    of no preferred location (borrowed: ``is_handle_owned`` is False); with
+    :class:`ManagedMemoryResourceOptions` (or a dict of its fields), a pool of its own preferring
+    their location. ``ValueError`` for an invalid location, ``RuntimeError`` when ``host_numa``
+    must be derived and the current device reports no host NUMA node, ``RuntimeError("...
+    requires CUDA 13.0 or later")`` on an older driver, :class:`CUDAError` when the driver
+    refuses the pool. The pool cannot be shared with other processes (``is_ipc_enabled`` is
+    False).
+    """
+
+    def __init__(self, options: Union["ManagedMemoryResourceOptions", dict, None] = None) -> None:
+        ...
+    @property
+    def preferred_location(self) -> Optional[Tuple["ManagedMemoryLocationType", Optional[int]]]:
+        """The preferred location: ``None`` when the driver decides, else ``(type, id)`` with
+        ``type`` a :class:`ManagedMemoryLocationType`: ``("device", ordinal)``,
+        ``("host", None)`` or ``("host_numa", node)``.
+        """
+    @property
+    def is_ipc_enabled(self) -> bool:
+        """Whether the pool can be shared with other processes."""
+    @property
+    def is_mapped(self) -> bool:
+        """Whether the pool was imported from another process (it then only imports buffers, with
+        ``Buffer.from_ipc_descriptor``).
+        """
+    @property
+    def handle(self) -> int:
+        """The raw ``CUmemoryPool`` as an int."""
+    @property
+    def attributes(self) -> MemoryPoolAttributes:
+        """The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed."""
+    @property
+    def allocation_handle(self) -> "IPCAllocationHandle":
+        """The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
+        kept by this resource, for another process's ``from_allocation_handle`` (it
+        pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
+        IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
+        closed resource; :class:`CUDAError` on a driver failure.
+        """
+    def get_allocation_handle(self) -> "IPCAllocationHandle":
+        """A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
+        fresh export of the pool, its file descriptor closed with the handle. Errors as
+        :attr:`allocation_handle`.
+        """
+    @property
+    def uuid(self) -> Optional["uuid.UUID"]:
+        """The UUID naming the pool across processes (the same in the process that made
+        it and in every process that opened it); ``None`` unless the pool can be
+        shared.
+        """
+    @property
+    def is_handle_owned(self) -> bool:
+        """Whether this resource made its pool (and it goes with the last of the resource
+        and its buffers); ``False`` for a device's current pool.
+        """
+    def close(self) -> None:
+        """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
+        ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("ManagedMemoryResource has been closed")``;
+        ``deallocate`` and the buffers already made keep working. The pool goes with the last of
+        this object and its buffers (an owned pool outlives its allocations). Idempotent.
+        """
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called."""
 
 class SynchronousMemoryResource(MemoryResource):
     """Device memory from ``cuMemAlloc`` in the device's primary context: no context need be
@@ -798,7 +880,9 @@ class DeviceMemoryResourceOptions:
 class PinnedMemoryResourceOptions:
     """Options for a :class:`PinnedMemoryResource`. ``ipc_enabled``: other processes can open the
     pool; ``max_size``: the pool's largest size in bytes, 0 for no limit; ``numa_id``: the host
-    NUMA node of the memory, ``None`` for node 0.
+    NUMA node of the memory (``ValueError`` if negative); ``None`` lets the operating system place
+    it, or with ``ipc_enabled`` (a shared pool names its node) takes the current device's
+    ``host_numa_id`` (``RuntimeError`` when the driver reports none).
     """
 
     ipc_enabled: bool
@@ -807,14 +891,28 @@ class PinnedMemoryResourceOptions:
     def __init__(self, ipc_enabled: bool = False, max_size: int = 0, numa_id: Optional[int] = None) -> None:
         ...
 
+class ManagedMemoryLocationType(str):
+    """Where managed memory prefers to live (a ``str``): ``DEVICE`` (``"device"``) a GPU,
+    ``HOST`` (``"host"``) the host, placed by the operating system, ``HOST_NUMA``
+    (``"host_numa"``) a given host NUMA node.
+    """
+
+    DEVICE: "ManagedMemoryLocationType"
+    HOST: "ManagedMemoryLocationType"
+    HOST_NUMA: "ManagedMemoryLocationType"
+
 class ManagedMemoryResourceOptions:
-    """Options for a :class:`ManagedMemoryResource`: placement preferences (``preferred_location``,
-    ``preferred_location_type``), accepted and unused.
+    """Options for a :class:`ManagedMemoryResource`'s own pool: its preferred location.
+    ``preferred_location_type`` ``None``: ``preferred_location`` is a device ordinal, -1 for the
+    host, or ``None`` for no preference. ``"device"``: ``preferred_location`` a device ordinal
+    (>= 0); ``"host"``: ``preferred_location`` must be ``None``; ``"host_numa"``: a NUMA node
+    (>= 0), or ``None`` for the current device's ``host_numa_id``. A
+    :class:`ManagedMemoryLocationType` or its string.
     """
 
     preferred_location: Optional[int]
-    preferred_location_type: Optional[str]
-    def __init__(self, preferred_location: Optional[int] = None, preferred_location_type: Optional[str] = None) -> None:
+    preferred_location_type: Union["ManagedMemoryLocationType", str, None]
+    def __init__(self, preferred_location: Optional[int] = None, preferred_location_type: Union["ManagedMemoryLocationType", str, None] = None) -> None:
         ...
 
 class StreamOptions:
