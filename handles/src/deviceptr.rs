@@ -135,6 +135,9 @@ struct PtrBox {
     recipe: Mutex<Option<DeallocationRecipe>>,
     release: Release,
     released: bool,
+    /// A free being retried after it waited for a capture (the handle a deferred free gave its
+    /// release rule to): its one-time warnings were reported already.
+    retried: bool,
 }
 
 /// A device (or pinned host) pointer with its deallocation recipe and release rule.
@@ -162,6 +165,19 @@ struct PtrBox {
 pub struct DevicePtrHandle(Arc<PtrBox>);
 
 impl Release {
+    /// The driver function (or `deallocate`) that frees memory of this rule, for reports.
+    fn free_operation(&self) -> &'static str {
+        match self {
+            Release::Pool(_) | Release::Async | Release::IpcImport(_) => "cuMemFreeAsync",
+            Release::Synchronous | Release::Managed => "cuMemFree_v2",
+            Release::PinnedHost => "cuMemFreeHost",
+            Release::IpcShare(..) | Release::Deallocator(_) | Release::HostDeallocator(_) => {
+                "deallocate"
+            }
+            Release::Owner(_) | Release::NonOwning => "none",
+        }
+    }
+
     /// The name of a built-in release rule's resource (the synchronous families' for the worker).
     fn resource_name(&self) -> &'static str {
         match self.resource() {
@@ -201,14 +217,13 @@ fn subject(
         release.resource(),
         operation,
         ptr,
-        recipe.stream().raw_usize() as u64,
+        recipe.free_stream().raw_usize() as u64,
         recipe.context_raw() as u64,
     )
 }
 
 /// Hands a release's outcome to its caller: an explicit release returns it (a restore failure
 /// after a failed free is reported, since one error is returned), a drop reports everything.
-/// The per-thread-default-stream warning, if owed, is emitted first, after the restore.
 #[cold]
 #[inline(never)]
 fn finish(
@@ -219,9 +234,6 @@ fn finish(
     recipe: &DeallocationRecipe,
     explicit: bool,
 ) -> Result<(), HandleError> {
-    if let Some(warning) = recipe.cross_thread_warning(operation, ptr) {
-        warn(warning);
-    }
     let subject = || subject(release, operation, ptr, recipe);
     if explicit {
         ran.into_result_for(operation, recipe.context_raw(), subject, drop)
@@ -669,6 +681,7 @@ impl DevicePtrHandle {
             recipe: Mutex::new(recipe),
             release,
             released: false,
+            retried: false,
         }))
     }
 
@@ -866,23 +879,6 @@ impl DevicePtrHandle {
         }
         self.release().map_err(|error| (error, None))
     }
-
-    /// Emits the graph-attach warning when this pointer's free is recorded on the per-thread
-    /// default stream (docs/decisions.md D6); for the graph layer, when it retains the pointer.
-    pub fn warn_if_per_thread_stream(&self, operation: &'static str) {
-        let Some(recipe) = self.recipe() else { return };
-        if let Some(thread) = recipe.ptds_thread() {
-            warn(CleanupWarning {
-                operation,
-                ptr: self.0.ptr,
-                stream: recipe.stream().raw_usize() as u64,
-                context: recipe.context().raw_usize() as u64,
-                kind: CleanupWarningKind::PerThreadStreamRetainedByGraph {
-                    recorded_thread: thread.value(),
-                },
-            });
-        }
-    }
 }
 
 impl PtrBox {
@@ -903,22 +899,29 @@ impl PtrBox {
             return Ok(()); // owner-kept or borrowed: the owner drops with the box
         };
         let d = driver()?;
+        // D6: a per-thread-default-stream free away from its recording thread is issued on the
+        // legacy stream of the recipe's context (F14); every other free on the recorded stream.
+        let (stream, other_thread) = recipe.free_target();
         // D11: while a capture custody began runs, a free on a token (which may be the legacy
         // stream, blocked by that capture), an IPC import's and a deallocator's look first; the
         // others find out from their own failure (F16) or ask where an event would be recorded.
+        // A free away from the recording thread always looks first: issuing work on the legacy
+        // stream while a blocking stream of its context is captured would break that capture.
         let looks_first = match &self.release {
-            Release::Pool(_) | Release::Async => !recipe.stream().identifies_its_context(),
+            Release::Pool(_) | Release::Async => !stream.identifies_its_context(),
             Release::IpcImport(_) | Release::IpcShare(..) | Release::Deallocator(_) => true,
             Release::Synchronous | Release::Managed | Release::PinnedHost => explicit,
             Release::Owner(_) | Release::NonOwning | Release::HostDeallocator(_) => false,
         };
-        if looks_first && capture_may_be_active() && self.defer_if_captured(d, &recipe) {
+        if looks_first
+            && (other_thread || capture_may_be_active())
+            && self.defer_if_captured(d, &recipe)
+        {
             return Ok(());
         }
         match &self.release {
             Release::Pool(_) | Release::Async => {
                 // The hot path: raw statuses, nothing built unless something went wrong.
-                let stream = recipe.stream();
                 let raw_stream = stream.raw();
                 let free = || {
                     // SAFETY: the pointer is owned by the box being released and freed once; the
@@ -941,7 +944,7 @@ impl PtrBox {
                         value: 0,
                         restore: 0,
                         ..
-                    } if recipe.ptds_thread().is_none() => return Ok(()),
+                    } => return Ok(()),
                     // F16: the driver refuses a captured free of memory the capture did not
                     // allocate; if that is why, the graph being captured takes the memory.
                     Ran::Done { value, .. } if value != 0 && self.defer_if_captured(d, &recipe) => {
@@ -955,7 +958,7 @@ impl PtrBox {
             Release::IpcImport(_) => {
                 // Kept in the recipe's context: no measurement shows an imported pointer's free
                 // succeeding without one.
-                let raw_stream = recipe.stream().raw();
+                let raw_stream = stream.raw();
                 let ran = run_in(d, recipe.context_raw(), || {
                     // SAFETY: as above; the IPC registry serialises imports and this free (it
                     // releases the mapping holding its lock).
@@ -969,12 +972,14 @@ impl PtrBox {
             }
             Release::PinnedHost => self.release_sync(d, SyncKind::Host, recipe, explicit),
             Release::Deallocator(deallocator) | Release::IpcShare(_, deallocator) => {
-                // Always in the recipe's context: a deallocator is promised it (D2).
+                // Always in the recipe's context: a deallocator is promised it (D2). It frees on
+                // the stream it is given: away from the recording thread of a per-thread-default-
+                // stream recipe, the legacy token (D6).
                 let size = self.size;
                 let ran = run_in(d, recipe.context_raw(), || {
                     let allocation = OwnedAllocation::new(ptr, size);
                     catch_unwind(AssertUnwindSafe(|| {
-                        deallocator.deallocate(allocation, recipe.stream())
+                        deallocator.deallocate(allocation, stream)
                     }))
                     .unwrap_or_else(|_| Err(HandleError::deallocator("the deallocator panicked")))
                 });
@@ -984,16 +989,19 @@ impl PtrBox {
         }
     }
 
-    /// D11: when the recipe's stream is being captured (or, for the legacy stream, blocked by a
-    /// capture), defers the free instead of issuing it, and says so; `false` (and nothing done)
-    /// when the stream is free to use. Asks the driver in the recipe's context.
+    /// D11: when the stream the free is issued on ([`DeallocationRecipe::free_stream`]) is
+    /// being captured (or, for the legacy stream, blocked by a capture), defers the free instead
+    /// of issuing it, and says so; `false` (and nothing done) when the stream is free to use.
+    /// Asks the driver in the recipe's context. A free away from the recording thread of a
+    /// per-thread-default-stream recipe that waits for a capture is reported once
+    /// ([`CleanupWarningKind::PerThreadStreamFreeWaitsForCapture`]).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
     /// `cuStreamGetCaptureInfo_v2`; to hand over, those of [`hand_over`].
     #[cold]
     #[inline(never)]
     fn defer_if_captured(&mut self, d: &'static Driver, recipe: &DeallocationRecipe) -> bool {
-        let raw_stream = recipe.stream().raw();
+        let raw_stream = recipe.free_stream().raw();
         let state = match run_in(d, recipe.context_raw(), || capture_state(d, raw_stream)) {
             Ran::NotActivated(_) => return false, // the free's own path reports this
             Ran::Done { value, restore, .. } => {
@@ -1010,8 +1018,31 @@ impl PtrBox {
         if matches!(state, CaptureState::Free | CaptureState::Unknown(_)) {
             return false;
         }
+        self.warn_waits_for_capture(recipe, state);
         self.defer_captured(state, recipe.clone());
         true
+    }
+
+    /// D6: a free away from the recording thread of a per-thread-default-stream recipe, about to
+    /// wait because its context's legacy stream is blocked by a capture (`state`), is reported
+    /// once (not again when it is retried).
+    #[cold]
+    fn warn_waits_for_capture(&self, recipe: &DeallocationRecipe, state: CaptureState) {
+        if state != CaptureState::Blocked || self.retried || !recipe.is_other_thread() {
+            return;
+        }
+        if let Some(recorded) = recipe.ptds_thread() {
+            warn(CleanupWarning {
+                operation: self.release.free_operation(),
+                ptr: self.ptr,
+                stream: recipe.free_stream().raw_usize() as u64,
+                context: recipe.context_raw() as u64,
+                kind: CleanupWarningKind::PerThreadStreamFreeWaitsForCapture {
+                    recorded_thread: recorded.value(),
+                    freeing_thread: crate::recipe::ThreadToken::current().value(),
+                },
+            });
+        }
     }
 
     /// Defers this free, whose stream is in `state` (not free): a capturing stream's graph takes
@@ -1021,8 +1052,15 @@ impl PtrBox {
     fn defer_captured(&mut self, state: CaptureState, recipe: DeallocationRecipe) {
         let release = std::mem::replace(&mut self.release, Release::NonOwning);
         let context = recipe.context().clone();
-        let handle =
-            DevicePtrHandle::from_parts(self.ptr, self.size, self.device, Some(recipe), release);
+        let handle = DevicePtrHandle(Arc::new(PtrBox {
+            ptr: self.ptr,
+            size: self.size,
+            device: self.device,
+            recipe: Mutex::new(Some(recipe)),
+            release,
+            released: false,
+            retried: true,
+        }));
         match state {
             CaptureState::Capturing { graph } => hand_over(&context, graph, handle),
             _ => deferred::park(Box::new(handle)),
@@ -1038,14 +1076,21 @@ impl PtrBox {
     ) -> Result<(), HandleError> {
         let ptr = self.ptr;
         let operation = kind.operation();
-        let stream = recipe.stream();
+        let (stream, other_thread) = recipe.free_target();
         let raw_stream = stream.raw();
         if explicit {
             let free = || {
-                // SAFETY: the recipe keeps the stream alive; a created or wrapped stream needs
-                // no context (F6), for a token the recipe's context is current.
-                let status = unsafe { (d.cuStreamSynchronize)(raw_stream) };
-                check("cuStreamSynchronize", status)?;
+                if other_thread {
+                    // D6: work enqueued on the legacy stream waits for the recording thread's
+                    // per-thread stream (F14); synchronising the legacy stream alone is not
+                    // measured to, so an event recorded there is waited for.
+                    wait_for_new_event(d, raw_stream)?;
+                } else {
+                    // SAFETY: the recipe keeps the stream alive; a created or wrapped stream
+                    // needs no context (F6), for a token the recipe's context is current.
+                    let status = unsafe { (d.cuStreamSynchronize)(raw_stream) };
+                    check("cuStreamSynchronize", status)?;
+                }
                 kind.free(d, ptr)
             };
             let ran = if stream.identifies_its_context() {
@@ -1093,6 +1138,7 @@ impl PtrBox {
             Ok(())
         });
         if captured != CaptureState::Free {
+            self.warn_waits_for_capture(&recipe, captured);
             if let Ran::Done { restore, .. } = ran {
                 if restore != 0 {
                     report_restore(
@@ -1118,6 +1164,7 @@ impl PtrBox {
             ptr,
             kind,
             resource: self.release.resource_name(),
+            stream: raw_stream as u64,
             recipe,
             event,
         }));
@@ -1128,6 +1175,39 @@ impl PtrBox {
         }
         Ok(())
     }
+}
+
+/// Records a new event on `raw_stream` (a token resolved in the current context, or a stream) and
+/// waits for it on the calling thread, then destroys it.
+///
+/// Driver calls: `cuEventCreate`, `cuEventRecord`, `cuEventSynchronize`, `cuEventDestroy_v2`.
+fn wait_for_new_event(d: &Driver, raw_stream: CUstream) -> Result<(), HandleError> {
+    let raw = create_raw(EVENT_DISABLE_TIMING)?;
+    let event = raw as cuda_sys::types::CUevent;
+    // SAFETY: the event was just created in the current context; the caller keeps the stream
+    // alive.
+    let status = unsafe { (d.cuEventRecord)(event, raw_stream) };
+    let waited = check("cuEventRecord", status).and_then(|()| {
+        // SAFETY: the event is ours and was recorded.
+        let status = unsafe { (d.cuEventSynchronize)(event) };
+        check("cuEventSynchronize", status)
+    });
+    if let Err(error) = check("cuEventDestroy_v2", destroy_raw(raw)) {
+        // The event is internal; its leak does not change the free's outcome (D3: reported).
+        report(
+            Subject::new(
+                "ordering event",
+                "cuEventDestroy_v2",
+                raw as u64,
+                raw_stream as u64,
+                0,
+            ),
+            CleanupStep::Operation,
+            Consequence::Leaked,
+            error,
+        );
+    }
+    waited
 }
 
 /// Frees host memory through its deallocator, with no recipe: the legacy default-stream token,
@@ -1170,9 +1250,6 @@ fn report_ordering(
     ptr: u64,
     recipe: &DeallocationRecipe,
 ) {
-    if let Some(warning) = recipe.cross_thread_warning("cuEventRecord", ptr) {
-        warn(warning);
-    }
     let subject = || subject(release, "cuEventRecord", ptr, recipe);
     match ran {
         Ran::NotActivated(failure) => report(

@@ -107,14 +107,6 @@ fn distinct(ptrs: &[&DevicePtrHandle]) -> Vec<DevicePtrHandle> {
     out
 }
 
-/// Emits the attach-time warning (docs/decisions.md D6) once per retained allocation whose free is
-/// recorded on the per-thread default stream.
-fn warn_per_thread(ptrs: &[DevicePtrHandle]) {
-    for ptr in ptrs {
-        ptr.warn_if_per_thread_stream("cuGraphRetainUserObject");
-    }
-}
-
 fn range_error(what: &'static str, needed: usize, have: usize) -> HandleError {
     HandleError::invalid(
         what,
@@ -191,9 +183,10 @@ impl GraphHandle {
     /// node's is; its clones, the executables instantiated from it afterwards and their
     /// launches hold it too (executables made before do not: use [`GraphExecHandle::retain`]).
     /// The memory is freed with its recipe as it is when the last of them goes, by deferred
-    /// cleanup. Retaining the same memory again adds one more reference, no second free. When
-    /// a recipe is on the per-thread default stream, one warning is reported per allocation
-    /// (docs/decisions.md D6). An empty `ptrs` does nothing (no driver call).
+    /// cleanup. Retaining the same memory again adds one more reference, no second free. A
+    /// per-thread-default-stream recipe needs nothing more: the free, on whichever thread,
+    /// is ordered after the recording thread's work (docs/decisions.md D6). An empty `ptrs`
+    /// does nothing (no driver call).
     ///
     /// Memory allocated by a graph (a graph allocation) must not be retained: its free belongs
     /// to the graph or to its stream.
@@ -212,7 +205,6 @@ impl GraphHandle {
         let attachment: Box<dyn Any + Send> = Box::new(Attachment::Memory(retained.clone()));
         let object = UserObjectOwnership::new(self.context(), attachment)?;
         object.move_into_graph(self)?;
-        warn_per_thread(&retained);
         Ok(())
     }
 
@@ -252,8 +244,7 @@ impl GraphHandle {
     /// Adds a node that sets `count` elements of `element_size` bytes (1, 2 or 4) at the start
     /// of `dst` to `value` (its low `8 * element_size` bits), after `deps`. The node retains
     /// `dst`: the memory stays allocated while this graph, a clone, an executable or a launch
-    /// may still write it, and is then freed with its recipe by the cleanup worker. When the
-    /// recipe is on the per-thread default stream, one warning is reported (docs/decisions.md D6).
+    /// may still write it, and is then freed with its recipe by the cleanup worker.
     ///
     /// # Errors
     /// [`HandleError::InvalidArgument`] (no driver call) for a dependency of another graph, an
@@ -326,14 +317,13 @@ impl GraphHandle {
                 }
             },
         )?;
-        warn_per_thread(&retained);
         Ok(node)
     }
 
     /// Adds a node that copies `size` bytes from the start of `src` to the start of `dst`,
     /// after `deps`. Either may be device, pinned host or managed memory (unified addressing
     /// tells the driver which). The node retains both, as [`GraphHandle::add_memset_node`]
-    /// does, with one warning per per-thread-default-stream recipe (docs/decisions.md D6).
+    /// does.
     ///
     /// # Errors
     /// [`HandleError::InvalidArgument`] (no driver call) for a dependency of another graph,
@@ -410,7 +400,6 @@ impl GraphHandle {
                 }
             },
         )?;
-        warn_per_thread(&retained);
         Ok(node)
     }
 
@@ -493,9 +482,7 @@ impl GraphExecHandle {
     /// executable and its launches in flight hold, and no graph definition, copy or other
     /// executable does: the memory is freed with its recipe as it is when the executable is
     /// destroyed and its last launch has finished (docs/driver-facts.md G2, G3), by deferred
-    /// cleanup. Each allocation is held once, however often it is retained. When a recipe is on
-    /// the per-thread default stream, one warning is reported per call and allocation
-    /// (docs/decisions.md D6).
+    /// cleanup. Each allocation is held once, however often it is retained.
     ///
     /// Launches queued before the call are covered too: they hold the same attachment. A
     /// retention orders nothing; it only keeps the memory allocated.
@@ -511,15 +498,12 @@ impl GraphExecHandle {
                 }
             }
         }
-        warn_per_thread(&retained);
     }
 }
 
 /// Makes the graph that `stream` is capturing into retain `ptrs` (a user object owning clones
 /// of the handles, referenced by the capture graph and so by the graph the capture produces,
 /// its clones, executables and launches), for work on that memory recorded by the capture.
-/// When a recipe is on the per-thread default stream, one warning is reported per allocation
-/// (docs/decisions.md D6).
 ///
 /// The capture must not end on another thread during the call. Memory allocated by the graph
 /// itself (a graph allocation made during this capture) must not be retained: its free belongs
@@ -564,7 +548,6 @@ pub fn retain_in_capture(
     object.retain_in_raw_graph(graph as CUgraph)?;
     // Our reference goes; the capture graph's remains.
     drop(object);
-    warn_per_thread(&retained);
     Ok(())
 }
 

@@ -7,7 +7,6 @@ use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::context::{context_for_current, ContextHandle};
-use crate::report::{CleanupWarning, CleanupWarningKind};
 use crate::stream::{unbound_token, DefaultStream, StreamHandle};
 use crate::sys::{current_context, driver};
 use crate::HandleError;
@@ -224,26 +223,37 @@ impl DeallocationRecipe {
         self.ptds_thread
     }
 
-    /// The warning owed when this recipe is used on the calling thread: a per-thread-default-
-    /// stream recipe used on a thread other than the recorder (docs/decisions.md D6).
+    /// Whether a free with this recipe on the calling thread is a per-thread-default-stream free
+    /// away from the recording thread: then it is issued on the legacy stream of the recipe's
+    /// context, which waits for the recording thread's per-thread stream (docs/decisions.md D6,
+    /// docs/driver-facts.md F14), where this thread's own per-thread stream would not (F12, F15).
+    /// `false` for every other recipe. No driver call.
     #[inline]
-    pub(crate) fn cross_thread_warning(
-        &self,
-        operation: &'static str,
-        ptr: u64,
-    ) -> Option<CleanupWarning> {
-        let recorded = self.ptds_thread?;
-        let here = ThreadToken::current();
-        (recorded != here).then(|| CleanupWarning {
-            operation,
-            ptr,
-            stream: self.stream().raw_usize() as u64,
-            context: self.context().raw_usize() as u64,
-            kind: CleanupWarningKind::PerThreadStreamOtherThread {
-                recorded_thread: recorded.value(),
-                freeing_thread: here.value(),
-            },
-        })
+    pub fn is_other_thread(&self) -> bool {
+        match self.ptds_thread {
+            None => false,
+            Some(recorded) => recorded != ThreadToken::current(),
+        }
+    }
+
+    /// The stream a free with this recipe is issued on when it runs on the calling thread: the
+    /// recorded stream, except for a per-thread-default-stream recipe away from its recording
+    /// thread ([`DeallocationRecipe::is_other_thread`]), which gives the unbound legacy token
+    /// (`CU_STREAM_LEGACY`), resolved in the recipe's context. No driver call.
+    #[inline]
+    pub fn free_stream(&self) -> &StreamHandle {
+        self.free_target().0
+    }
+
+    /// [`DeallocationRecipe::free_stream`] and [`DeallocationRecipe::is_other_thread`] at once
+    /// (the thread is read once).
+    #[inline]
+    pub(crate) fn free_target(&self) -> (&StreamHandle, bool) {
+        if self.is_other_thread() {
+            (unbound_token(DefaultStream::Legacy), true)
+        } else {
+            (self.stream(), false)
+        }
     }
 }
 

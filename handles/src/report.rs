@@ -183,20 +183,20 @@ impl Subject {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CleanupWarningKind {
-    /// A free recorded on the per-thread default stream ran on another host thread: it was
-    /// issued on that thread's per-thread stream, so ordering it after the recording thread's
-    /// work is the application's job (docs/decisions.md D6).
-    PerThreadStreamOtherThread {
+    /// A free recorded on the per-thread default stream, running on another host thread than
+    /// the recording one, found its context's legacy stream blocked by a capture of a blocking
+    /// stream of that context (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`), so it waits for the capture
+    /// to end and then runs on the legacy stream, ordered after the recording thread's work
+    /// (docs/decisions.md D6). What it cannot do from this thread: tell whether the capture is on
+    /// the recording thread's per-thread stream, so it cannot hand the memory to that capture's
+    /// graph as a free on the recording thread would (D11). If the graph being captured uses the
+    /// memory through work custody does not see, retain the memory in the graph. Reported once
+    /// per free, when it first waits.
+    PerThreadStreamFreeWaitsForCapture {
         /// The thread that recorded the recipe ([`crate::ThreadToken`] value).
         recorded_thread: u64,
         /// The thread the free ran on.
         freeing_thread: u64,
-    },
-    /// A buffer with a per-thread-default-stream recipe was retained by a graph: its free will
-    /// run wherever the graph's cleanup runs, most likely on another thread (docs/decisions.md D6).
-    PerThreadStreamRetainedByGraph {
-        /// The thread that recorded the recipe.
-        recorded_thread: u64,
     },
 }
 
@@ -218,22 +218,17 @@ pub struct CleanupWarning {
 impl fmt::Display for CleanupWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.kind {
-            CleanupWarningKind::PerThreadStreamOtherThread {
+            CleanupWarningKind::PerThreadStreamFreeWaitsForCapture {
                 recorded_thread,
                 freeing_thread,
             } => write!(
                 f,
-                "{}(0x{:x}) recorded on the per-thread default stream by thread {} ran on thread {} \
-                 (context 0x{:x}): it is ordered on that thread's per-thread stream, not the recording \
-                 thread's; ordering it after prior work is the application's job",
+                "{}(0x{:x}) recorded on the per-thread default stream by thread {} and freed on \
+                 thread {}: the legacy stream of context 0x{:x} is blocked by a capture, so the \
+                 free waits until the capture ends and then runs on the legacy stream, ordered \
+                 after the recording thread's work; if that capture records work on this memory \
+                 that custody does not see, retain the memory in the graph",
                 self.operation, self.ptr, recorded_thread, freeing_thread, self.context
-            ),
-            CleanupWarningKind::PerThreadStreamRetainedByGraph { recorded_thread } => write!(
-                f,
-                "{}(0x{:x}): a buffer whose free is recorded on the per-thread default stream of \
-                 thread {} is retained by a graph; its free will run on whichever thread releases \
-                 the graph, on that thread's per-thread stream; ordering it is the application's job",
-                self.operation, self.ptr, recorded_thread
             ),
         }
     }

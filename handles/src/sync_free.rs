@@ -51,6 +51,9 @@ pub(crate) struct SyncFree {
     /// The resource as reports name it (`cuMemAlloc allocation`, ...).
     pub(crate) resource: &'static str,
     pub(crate) recipe: DeallocationRecipe,
+    /// The stream the event was recorded on (the recipe's, or the legacy token for a
+    /// per-thread-default-stream free away from its recording thread), for reports.
+    pub(crate) stream: u64,
     /// The event recorded on the recipe stream at drop time; 0 when recording failed, in which
     /// case the worker synchronises the whole context instead.
     pub(crate) event: usize,
@@ -66,6 +69,7 @@ pub(crate) fn run_sync_free(job: SyncFree) {
         kind,
         resource,
         recipe,
+        stream,
         event,
     } = job;
     let Ok(d) = driver() else { return };
@@ -94,7 +98,7 @@ pub(crate) fn run_sync_free(job: SyncFree) {
             resource,
             operation,
             ptr,
-            recipe.stream().raw_usize() as u64,
+            stream,
             recipe.context_raw() as u64,
         )
     });
@@ -106,7 +110,7 @@ pub(crate) fn run_sync_free(job: SyncFree) {
                 "ordering event",
                 "cuEventDestroy_v2",
                 ptr,
-                recipe.stream().raw_usize() as u64,
+                stream,
                 recipe.context_raw() as u64,
             ),
             CleanupStep::Operation,

@@ -121,28 +121,43 @@ fn destructor_inside_exec_destroy_while_draining_does_not_deadlock() {
     assert_no_hazards();
 }
 
+/// A per-thread-default-stream buffer retained by a graph and freed by a drain on another
+/// thread: the free runs on the legacy stream of its context, ordered after the recording
+/// thread's per-thread work (docs/decisions.md D6), with no warning, at attach time or at the free.
 #[test]
-fn per_thread_buffer_retained_by_a_graph_warns_when_freed_by_the_drain() {
+fn per_thread_buffer_retained_by_a_graph_is_freed_by_the_drain_on_the_legacy_stream() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
     let a2 = a.clone();
-    let (graph, exec, ptr) = on_fresh_thread(move || {
+    let (graph, exec, ptr, alloc) = on_fresh_thread(move || {
         a2.make_current().unwrap();
         let buffer = pool_buffer(&StreamHandle::per_thread()).unwrap();
-        StreamHandle::per_thread().synchronize().unwrap();
-        let ptr = buffer.ptr();
+        // A use on the recording thread's per-thread stream, not synchronised.
+        buffer
+            .as_range()
+            .fill_u8(1, &StreamHandle::per_thread())
+            .unwrap();
+        let (ptr, alloc) = (buffer.ptr(), alloc_of(buffer.ptr()));
         let (graph, exec) = graph_owning(&a2, Box::new(buffer));
         ContextHandle::clear_current().unwrap();
-        (graph, exec, ptr)
+        (graph, exec, ptr, alloc)
     });
     assert!(warnings_for(ptr).is_empty(), "no warning when retained");
+    let from = mark();
     drop((graph, exec));
     drain_deferred_cleanup();
-    assert_eq!(warnings_for(ptr).len(), 1);
+    assert!(warnings_for(ptr).is_empty(), "no warning when freed");
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(current_raw(), 0);
-    assert_eq!(default_used(&a), base, "freed despite the warning");
+    assert_eq!(default_used(&a), base, "freed");
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
+        assert_eq!(
+            (free.context, free.stream, free.result),
+            (a.raw() as u64, Some(0x1), 0)
+        );
+    });
     assert_no_hazards();
 }
 

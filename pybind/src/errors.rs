@@ -46,8 +46,9 @@ pyo3::create_exception!(
         "\n",
         "Emitted for a free that failed during a drop, garbage collection, on another thread or in\n",
         "deferred cleanup, naming the operation, pointer, stream and context; and for a\n",
-        "per-thread-default-stream free that ran on another thread. If the warning is escalated to an\n",
-        "error it goes to ``sys.unraisablehook``; during interpreter shutdown, to stderr.",
+        "per-thread-default-stream free on another thread that waits for a capture to end. If the\n",
+        "warning is escalated to an error it goes to ``sys.unraisablehook``; during interpreter\n",
+        "shutdown, to stderr.",
     )
 );
 

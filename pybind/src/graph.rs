@@ -24,8 +24,7 @@ use crate::stream::{accept_stream, PyContext, PyStream};
 /// cleanup worker or in ``drain_deferred_cleanup()``), of ``GraphMemoryResource.allocate``, and
 /// of ``Buffer.set_deallocation_stream`` (the captured stream). Work issued on ``stream``
 /// directly, such as a kernel that CuPy, PyTorch or Numba launches there, is captured but keeps
-/// nothing alive: :meth:`retain` the buffers it uses. A buffer whose free is recorded on the
-/// per-thread default stream warns when a graph retains it. Cannot be instantiated directly.
+/// nothing alive: :meth:`retain` the buffers it uses. Cannot be instantiated directly.
 #[pyclass(frozen, weakref, name = "GraphBuilder", module = "custody")]
 pub struct PyGraphBuilder {
     /// Cloned out before any driver call: no lock of ours is held while the GIL is released

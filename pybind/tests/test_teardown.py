@@ -115,23 +115,24 @@ def test_created_stream_free_runs_without_a_context(device, stream, emu, no_haza
         assert free["stream"] == stream.handle and free["result"] == 0
 
 
-@pytest.mark.expect_hazards("unordered_free")
-def test_ptds_freed_on_another_thread_warns_once(device, emu, recorded_warnings):
-    """36: PTDS recorded on T1, dropped on T2 (no context): one CUDAWarning about the per-thread
-    default stream, and the free still happens in A on 0x2."""
+def test_ptds_freed_on_another_thread_is_ordered_on_the_legacy_stream(
+    device, emu, no_hazards, recorded_warnings
+):
+    """36, decided by D6: PTDS recorded and used (not synchronised) on T1, dropped on T2 (no
+    context): the free runs in A on the legacy stream (0x1), which waits for T1's per-thread
+    stream (docs/driver-facts.md F14); no warning, no unordered free."""
     mr = custody.DeviceMemoryResource(0)
     buf = mr.allocate(64, stream=custody.PER_THREAD_DEFAULT_STREAM)
+    buf.fill(7, stream=custody.PER_THREAD_DEFAULT_STREAM)
     ptr = buf.handle
     alloc = emu.alloc_id(ptr) if emu else None
     holder = [buf]
     del buf
     assert drop_on_thread(holder) == 0
-    warned = cuda_warnings(recorded_warnings)
-    assert len(warned) == 1
-    assert "per-thread default stream" in str(warned[0].message)
+    assert cuda_warnings(recorded_warnings) == []
     if emu:
         (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)
-        assert free["stream"] == 0x2 and free["context"] == device.context.handle
+        assert free["stream"] == 0x1 and free["context"] == device.context.handle
         assert free["result"] == 0
 
 

@@ -1,7 +1,8 @@
 //! Test support shared by custody's crates: the emulated driver's typed client ([`emu`]) and,
 //! with the `helpers` feature, the helpers the integration tests of `handles` and `memory`
 //! share (the emulator when it is the loaded driver, skip helpers, the pretend-real-driver
-//! switch, test serialisation, captured cleanup reports).
+//! switch, test serialisation, captured cleanup reports) and `stream_ops` (a stream held by a
+//! stream memory operation, to show on any driver when a free runs).
 //!
 //! The same tests run against the emulated driver (`CUSTODY_CUDA_DRIVER=.../libcuda_emu.so`)
 //! and against a real one (the GPU bundle). What any driver shows is asserted everywhere; what
@@ -13,6 +14,8 @@ pub mod emu;
 
 #[cfg(feature = "helpers")]
 mod helpers;
+#[cfg(feature = "helpers")]
+pub mod stream_ops;
 
 #[cfg(feature = "helpers")]
 pub use helpers::*;

@@ -55,8 +55,9 @@ class CUDAWarning(RuntimeWarning):
 
     Emitted for a free that failed during a drop, garbage collection, on another thread or in
     deferred cleanup, naming the operation, pointer, stream and context; and for a
-    per-thread-default-stream free that ran on another thread. If the warning is escalated to an
-    error it goes to ``sys.unraisablehook``; during interpreter shutdown, to stderr.
+    per-thread-default-stream free on another thread that waits for a capture to end. If the
+    warning is escalated to an error it goes to ``sys.unraisablehook``; during interpreter
+    shutdown, to stderr.
     """
 
 class Context:
@@ -954,8 +955,7 @@ class GraphBuilder:
     cleanup worker or in ``drain_deferred_cleanup()``), of ``GraphMemoryResource.allocate``, and
     of ``Buffer.set_deallocation_stream`` (the captured stream). Work issued on ``stream``
     directly, such as a kernel that CuPy, PyTorch or Numba launches there, is captured but keeps
-    nothing alive: :meth:`retain` the buffers it uses. A buffer whose free is recorded on the
-    per-thread default stream warns when a graph retains it. Cannot be instantiated directly.
+    nothing alive: :meth:`retain` the buffers it uses. Cannot be instantiated directly.
     """
 
     def begin_building(self, mode: str = "relaxed") -> "GraphBuilder":
