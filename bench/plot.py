@@ -2,9 +2,10 @@
 """Draws the PNG plots of one stored benchmark run (docs/benchmarks/<run>/) with matplotlib.
 
 Run by `cargo xtask bench` in .venv: `python bench/plot.py docs/benchmarks/<run>`. Reads the
-run's rust.json and python.json (format custody-bench/1), writes pair.png, frees.png,
-threads.png, live.png and python.png next to them (each only when its data exist), and prints
-the name of every file it wrote, one a line.
+run's rust.json and python.json (format custody-bench/1) and the summary.json `cargo xtask
+bench` computed from them, writes targets.png, pair.png, frees.png, threads.png,
+threads-ratio.png, live.png, python.png and python-threads.png next to them (each only when its
+data exist), and prints the name of every file it wrote, one a line.
 """
 
 import json
@@ -129,9 +130,35 @@ def main():
             ax.set_ylabel("million alloc+free pairs per second")
             ax.set_ylim(bottom=0)
             ax.set_title("concurrent alloc+free: %s" % note, fontsize=10)
-            ax.legend()
+            ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
             save(fig, "threads.png")
+
+            # Paired ratios: each custody variant's throughput over raw's in the same samples.
+            fig, ax = plt.subplots(figsize=(7, 4))
+            names = [v["name"] for v in threads[0]["variants"]]
+            raw = names.index("raw") if "raw" in names else None
+            if raw is not None:
+                for v, name in enumerate(names):
+                    if v == raw:
+                        continue
+                    ratios = [median([r / x for r, x in zip(c["variants"][raw]["ns_per_op"],
+                                                            c["variants"][v]["ns_per_op"])])
+                              for c in threads]
+                    ax.plot(counts, ratios, marker="o", label=name,
+                            color=colour(name) if name.startswith("raw") else None)
+                ax.axhline(0.9, color="black", linestyle=":", linewidth=1)
+                ax.text(counts[0], 0.9, " target 0.9 x", fontsize=7, va="bottom")
+                ax.axhline(1.0, color="#7f7f7f", linewidth=0.8)
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(counts)
+                ax.set_xticklabels([str(n) for n in counts])
+                ax.set_xlabel("threads (one created stream each)")
+                ax.set_ylabel("throughput / raw throughput (paired median)")
+                ax.set_title("concurrent alloc+free, ratio to raw: %s" % note, fontsize=10)
+                ax.legend(fontsize=7)
+                ax.grid(alpha=0.3)
+                save(fig, "threads-ratio.png")
 
         live = comparisons(rust, "live")
         if live:
@@ -186,6 +213,33 @@ def main():
             ax.legend()
             ax.grid(alpha=0.3)
             save(fig, "python-threads.png")
+
+    summary = load(os.path.join(run_dir, "summary.json"))
+    targets = [t for t in (summary or {}).get("targets", []) if t.get("value") is not None]
+    if targets:
+        # One row per measured target: its value (green met, red missed) and its limit.
+        units = sorted({t["limit"]["unit"] for t in targets}, key=lambda u: u != "x")
+        fig, axes = plt.subplots(len(units), 1, squeeze=False,
+                                 figsize=(9, 1.2 + 0.45 * len(targets) + 0.6 * len(units)))
+        for ax, unit in zip(axes[:, 0], units):
+            rows = [t for t in targets if t["limit"]["unit"] == unit]
+            y = list(range(len(rows)))
+            for yi, t in zip(y, rows):
+                limit = t["limit"].get("at_most", t["limit"].get("at_least"))
+                sign = "≤" if "at_most" in t["limit"] else "≥"
+                ax.plot([t["value"]], [yi], "o", color="#2ca02c" if t["met"] else "#d62728")
+                ax.plot([limit, limit], [yi - 0.35, yi + 0.35], color="black", linewidth=1.5)
+                ax.text(t["value"], yi + 0.25, " %.3g %s" % (t["value"], unit), fontsize=7)
+                ax.text(limit, yi - 0.3, " %s %.3g" % (sign, limit), fontsize=7)
+            ax.set_yticks(y)
+            ax.set_yticklabels([t["target"] for t in rows], fontsize=7)
+            ax.invert_yaxis()
+            ax.set_xlabel("ratio (x)" if unit == "x" else unit)
+            ax.grid(axis="x", alpha=0.3)
+            ax.margins(x=0.15, y=0.2)
+        fig.suptitle("targets, each measured side by side in one run: %s"
+                     % (device_note(rust or python)), fontsize=9)
+        save(fig, "targets.png")
 
     for name in written:
         print(name)

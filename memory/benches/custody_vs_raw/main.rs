@@ -262,6 +262,8 @@ fn drops(c: &mut Criterion, s: &Settings, setup: &Setup) {
     let (pool, stream) = (setup.pool(), &setup.stream);
     let helper = Helper::start();
     let helper = &helper;
+    let legacy = StreamHandle::legacy();
+    let legacy = &legacy;
     let handles = move |n: u64| -> Vec<DevicePtrHandle> {
         (0..n)
             .map(|_| DevicePtrHandle::alloc_from_pool(SIZE, pool, stream).unwrap())
@@ -314,7 +316,7 @@ fn drops(c: &mut Criterion, s: &Settings, setup: &Setup) {
                 ),
                 Variant::new(
                     "other thread",
-                    "drop of a DevicePtrHandle on a thread with no context (activation and restore)",
+                    "drop of a DevicePtrHandle on a thread with no context (a created stream: no context call, D2)",
                     move |n| {
                         let hs = handles(n);
                         helper.run(move || {
@@ -324,8 +326,25 @@ fn drops(c: &mut Criterion, s: &Settings, setup: &Setup) {
                         })
                     },
                 ),
+                Variant::new(
+                    "other thread, legacy token",
+                    "as other thread, for buffers recorded on the legacy default stream token (activation and restore of the bound context)",
+                    move |n| {
+                        let hs: Vec<DevicePtrHandle> = (0..n)
+                            .map(|_| DevicePtrHandle::alloc_from_pool(SIZE, pool, legacy).unwrap())
+                            .collect();
+                        helper.run(move || {
+                            let start = Instant::now();
+                            drop(hs);
+                            start.elapsed()
+                        })
+                    },
+                ),
             ],
-            between: Box::new(|| setup.sync()),
+            between: Box::new(|| {
+                setup.sync();
+                legacy.synchronize().expect("legacy sync");
+            }),
         },
     );
 }
@@ -493,15 +512,50 @@ fn deferred(c: &mut Criterion, s: &Settings, setup: &Setup) {
     );
 }
 
+/// Streams whose boxes share no cache line with one another, whatever the handles' layout: each
+/// is created on a thread of its own (glibc gives a new thread its own arena) and followed by
+/// 4 KiB of spacer allocations, kept with the streams.
+struct PaddedStreams(
+    Vec<StreamHandle>,
+    #[allow(dead_code)] Vec<Vec<Box<[u8; 256]>>>,
+);
+
+fn padded_streams(ctx: &ContextHandle, count: usize) -> PaddedStreams {
+    let (streams, spacers) = std::thread::scope(|scope| {
+        let made: Vec<_> = (0..count)
+            .map(|_| {
+                scope.spawn(|| {
+                    let stream = StreamHandle::create(ctx, 0, 0).expect("stream");
+                    let spacer: Vec<Box<[u8; 256]>> =
+                        (0..16).map(|_| Box::new([0u8; 256])).collect();
+                    (stream, spacer)
+                })
+            })
+            .collect();
+        made.into_iter()
+            .map(|h| h.join().expect("stream thread"))
+            .unzip()
+    });
+    PaddedStreams(streams, spacers)
+}
+
 /// `threads` threads, each with its own created stream (same context, same pool), allocating
 /// and freeing concurrently; the time is the wall time from a common start to the last thread's
 /// end, so per-pair figures read as inverse throughput.
 fn threads(c: &mut Criterion, s: &Settings, setup: &Setup) {
     for &count in &s.threads {
+        // Created back to back on one thread, as an application's would be: their boxes are
+        // neighbouring allocations, which may share cache lines unless the handles pad them.
         let streams: Vec<StreamHandle> = (0..count)
             .map(|_| StreamHandle::create(&setup.ctx, 0, 0).expect("stream"))
             .collect();
         let streams = &streams;
+        let padded = padded_streams(&setup.ctx, count);
+        let padded = &padded.0;
+        let own: Vec<Arc<DeviceMemoryResource>> = (0..count)
+            .map(|_| DeviceMemoryResource::new(0).expect("a resource per thread"))
+            .collect();
+        let own = &own;
         let ctx = &setup.ctx;
         let pool = setup.pool();
         let mr = &setup.mr;
@@ -552,11 +606,38 @@ fn threads(c: &mut Criterion, s: &Settings, setup: &Setup) {
                         },
                     ),
                     Variant::new(
+                        "raw+2 cuCtxGetCurrent",
+                        "the raw pair plus two cuCtxGetCurrent (what custody's pair cost before D2 skipped them)",
+                        move |n| {
+                            concurrent(n, &|t, n| {
+                                let raw = raws[t];
+                                for _ in 0..n {
+                                    raw.current();
+                                    let p = raw.alloc();
+                                    raw.current();
+                                    raw.free(p);
+                                }
+                            })
+                        },
+                    ),
+                    Variant::new(
                         "handle",
                         "DevicePtrHandle::alloc_from_pool + drop",
                         move |n| {
                             concurrent(n, &|t, n| {
                                 let st = &streams[t];
+                                for _ in 0..n {
+                                    drop(DevicePtrHandle::alloc_from_pool(SIZE, pool, st).unwrap());
+                                }
+                            })
+                        },
+                    ),
+                    Variant::new(
+                        "handle, padded streams",
+                        "as handle, each thread's stream created on a thread of its own, 4 KiB of spacers after it (no two streams' boxes on one cache line, whatever the handles' layout)",
+                        move |n| {
+                            concurrent(n, &|t, n| {
+                                let st = &padded[t];
                                 for _ in 0..n {
                                     drop(DevicePtrHandle::alloc_from_pool(SIZE, pool, st).unwrap());
                                 }
@@ -576,9 +657,23 @@ fn threads(c: &mut Criterion, s: &Settings, setup: &Setup) {
                             })
                         },
                     ),
+                    Variant::new(
+                        "buffer, close, a resource per thread",
+                        "as buffer, close, each thread allocating from a DeviceMemoryResource of its own (same pool): what sharing one resource between threads costs",
+                        move |n| {
+                            concurrent(n, &|t, n| {
+                                let st = &streams[t];
+                                let mr = &own[t];
+                                for _ in 0..n {
+                                    let b = Arc::clone(mr).allocate(SIZE, st).unwrap();
+                                    b.close().unwrap();
+                                }
+                            })
+                        },
+                    ),
                 ],
                 between: Box::new(move || {
-                    for st in streams {
+                    for st in streams.iter().chain(padded) {
                         st.synchronize().unwrap();
                     }
                 }),
@@ -762,7 +857,14 @@ fn main() {
         ("live", live),
     ];
     for (name, group) in groups {
-        if wanted(name) {
+        let selected = match &settings.count {
+            // Counting mode: only the groups of the named variants (`pair-legacy/..` is `pair`'s).
+            Some((_, names)) => names
+                .iter()
+                .any(|n| n.split('/').next().is_some_and(|g| g.starts_with(name))),
+            None => wanted(name),
+        };
+        if selected {
             group(&mut c, &settings, &setup);
         }
     }

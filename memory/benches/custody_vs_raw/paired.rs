@@ -29,6 +29,10 @@ pub struct Settings {
     pub max_live: usize,
     /// Thread counts of the `threads` group.
     pub threads: Vec<usize>,
+    /// Counting mode, for instruction counts under callgrind (`bench/callgrind.py --rust`):
+    /// run only the variants named `group/variant` (or `group/param/variant`) in
+    /// `CUSTODY_BENCH_VARIANT` (`;`-separated), `CUSTODY_BENCH_COUNT` iterations each, once, without criterion.
+    pub count: Option<(u64, Vec<String>)>,
 }
 
 impl Settings {
@@ -44,8 +48,16 @@ impl Settings {
             .ok()
             .map(|v| v.split(',').filter_map(|t| t.trim().parse().ok()).collect())
             .unwrap_or_else(|| vec![1, 2, 4, 8, 16]);
+        let count = std::env::var("CUSTODY_BENCH_COUNT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(|n| {
+                let names = std::env::var("CUSTODY_BENCH_VARIANT").unwrap_or_default();
+                (n, names.split(';').map(|v| v.trim().to_owned()).collect())
+            });
         if quick {
             Settings {
+                count,
                 quick,
                 samples: 15,
                 warm_up: Duration::from_millis(100),
@@ -55,6 +67,7 @@ impl Settings {
             }
         } else {
             Settings {
+                count,
                 quick,
                 samples: 30,
                 warm_up: Duration::from_millis(500),
@@ -150,6 +163,20 @@ pub fn run(c: &mut Criterion, settings: &Settings, comparison: Comparison<'_>) {
         mut variants,
         mut between,
     } = comparison;
+    if let Some((iters, wanted)) = &settings.count {
+        for v in &mut variants {
+            let name = match param {
+                Some(p) => format!("{group_name}/{p}/{}", v.name),
+                None => format!("{group_name}/{}", v.name),
+            };
+            if wanted.contains(&name) {
+                let took = (v.run)(*iters);
+                between();
+                println!("counted {name}: {iters} iterations in {took:?}");
+            }
+        }
+        return;
+    }
     let subject_index = variants
         .iter()
         .position(|v| v.name == subject)
