@@ -32,6 +32,11 @@ pub enum ContextKind {
     Borrowed,
 }
 
+/// Aligned to 128 bytes, so that a box has its cache lines to itself (Intel's adjacent-line
+/// prefetcher pairs 64-byte lines): it is read by every allocation on its streams, and its
+/// reference count is written by every default-stream recipe made and dropped; a neighbour's
+/// writes on the same line would slow those down (handles/DESIGN.md, "Layout").
+#[repr(align(128))]
 struct ContextBox {
     raw: usize,
     device: CUdevice,

@@ -18,6 +18,11 @@ use crate::report::{report_leak, Subject};
 use crate::sys::{check, driver, init};
 use crate::HandleError;
 
+/// Aligned to 128 bytes, so that a box has its cache lines to itself (Intel's adjacent-line
+/// prefetcher pairs 64-byte lines): it is read by every allocation from the pool, and its
+/// reference count is written by every allocation from an owned pool; a neighbour's writes on the
+/// same line would slow those down (handles/DESIGN.md, "Layout").
+#[repr(align(128))]
 struct PoolBox {
     raw: usize,
     device: Option<i32>,

@@ -143,6 +143,12 @@ enum StreamRelease {
     Token(DefaultStream),
 }
 
+/// Aligned to 128 bytes, so that a box has its cache lines to itself (Intel's adjacent-line
+/// prefetcher pairs 64-byte lines): its reference count is written by every recipe made and
+/// dropped (one per allocation), and two streams' boxes made back to back would otherwise share
+/// a line, so that threads working on different streams would slow one another down
+/// (handles/DESIGN.md, "Layout").
+#[repr(align(128))]
 struct StreamBox {
     raw: usize,
     context: Option<ContextHandle>,
