@@ -6,6 +6,8 @@
 use std::any::Any;
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 
@@ -23,21 +25,131 @@ pub(crate) enum Deferred {
     SyncFree(SyncFree),
 }
 
-/// Lock-free: pushing takes no lock, so it is safe inside a user-object destructor that runs
-/// on a driver thread or synchronously inside our own `cuGraphExecDestroy` call.
-static QUEUE: SegQueue<Deferred> = SegQueue::new();
+/// One item of the queue, and its link. A user object's data pointer is the node its payload
+/// will be queued in, made with the user object ([`Node::leak_payload`]), so that the
+/// destructor queues it without allocating or freeing anything; the consumer frees the node
+/// once the item has run.
+pub(crate) struct Node {
+    next: *mut Node,
+    item: Deferred,
+}
+
+impl Node {
+    /// A node holding `payload`, leaked, for a user object's data pointer; its destructor
+    /// queues it ([`user_object_destructor`]) and the consumer frees it.
+    pub(crate) fn leak_payload(payload: Box<dyn Any + Send>) -> *mut Node {
+        Box::into_raw(Box::new(Node {
+            next: ptr::null_mut(),
+            item: Deferred::Payload(payload),
+        }))
+    }
+
+    /// The payload of a node from [`Node::leak_payload`] that was never queued (the user
+    /// object could not be created).
+    ///
+    /// # Safety
+    /// `node` came from [`Node::leak_payload`], was handed to no driver that may still call the
+    /// destructor with it, and is reclaimed once.
+    pub(crate) unsafe fn reclaim_payload(node: *mut Node) -> Box<dyn Any + Send> {
+        // SAFETY: the caller's promise: the node is ours, from `Box::into_raw`.
+        let node = unsafe { Box::from_raw(node) };
+        match node.item {
+            Deferred::Payload(payload) => payload,
+            Deferred::SyncFree(_) => unreachable!("leak_payload makes payload nodes only"),
+        }
+    }
+}
+
+/// The queue: a lock-free stack of [`Node`]s (push is one compare-and-swap, and takes no lock,
+/// so it is safe inside a user-object destructor that runs on a driver thread or synchronously
+/// inside our own `cuGraphExecDestroy` call). The consumer takes the whole stack at once (one
+/// swap) and runs it oldest first. No node is ever popped singly, so the stack has no ABA
+/// problem; a taken node is reachable from the consumer's [`TAKEN`] list only.
+///
+/// On its own 128-byte block: every push and every take writes it, and the worker's state
+/// should not share its lines.
+#[repr(align(128))]
+struct Queue {
+    head: AtomicPtr<Node>,
+    /// Queued or taken and not yet started (incremented before a push, so never below zero).
+    pending: AtomicUsize,
+    /// Set by the worker before it parks and checks the queue once more; a push wakes it only
+    /// while it is set (no write to the worker's state otherwise).
+    worker_sleeping: AtomicBool,
+}
+
+static QUEUE: Queue = Queue {
+    head: AtomicPtr::new(ptr::null_mut()),
+    pending: AtomicUsize::new(0),
+    worker_sleeping: AtomicBool::new(false),
+};
+
+impl Queue {
+    /// Pushes `node` (one owned box, leaked into the stack).
+    fn push(&self, node: *mut Node) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `node` is owned by the caller and not yet reachable by anyone else.
+            unsafe { (*node).next = head };
+            // SeqCst: ordered against the worker's `worker_sleeping` store and its check of
+            // the head before it parks, so that either it sees this node or the pusher sees it
+            // sleeping.
+            match self
+                .head
+                .compare_exchange_weak(head, node, Ordering::SeqCst, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.head.load(Ordering::SeqCst).is_null()
+    }
+
+    /// The next item for the consumer on this thread (which holds [`CONSUMER`], or is nested
+    /// inside its own consumption): from the list it took before, else the whole stack, taken
+    /// now and reversed to oldest first.
+    fn next(&self) -> Option<Deferred> {
+        let mut first = TAKEN.with(Cell::get);
+        if first.is_null() {
+            let mut taken = self.head.swap(ptr::null_mut(), Ordering::Acquire);
+            // Reverse: the stack's top is the newest.
+            while !taken.is_null() {
+                // SAFETY: the swap made every node of the taken list this thread's alone;
+                // each came from `Box::into_raw` and is visited once.
+                let next = unsafe { (*taken).next };
+                // SAFETY: as above.
+                unsafe { (*taken).next = first };
+                first = taken;
+                taken = next;
+            }
+            if first.is_null() {
+                return None;
+            }
+        }
+        // SAFETY: `first` heads this thread's taken list (above, or left by an earlier call on
+        // this thread): owned, from `Box::into_raw`, unlinked here once.
+        let node = unsafe { Box::from_raw(first) };
+        TAKEN.with(|t| t.set(node.next));
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+        Some(node.item)
+    }
+}
 
 /// Frees that wait for a capture to end (docs/decisions.md D11): a free on the legacy stream
 /// while a blocking stream of its context is captured, or on a stream whose capture was
 /// invalidated (or could not take the memory). Retried by the worker every [`PARKED_RETRY`]
-/// while any wait, and by every [`drain_deferred_cleanup`].
+/// while any wait, and by every [`drain_deferred_cleanup`]. Rare: a plain lock-free queue.
 static PARKED: SegQueue<Box<dyn Any + Send>> = SegQueue::new();
 
 /// How often the worker retries parked frees.
 const PARKED_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Held by whoever is consuming the queue (the worker or a [`drain_deferred_cleanup`] caller)
-/// while it pops and processes items, so that a drain returns only when everything queued
+/// while it takes and processes items, so that a drain returns only when everything queued
 /// before it has been processed. Never taken by a push.
 static CONSUMER: Mutex<()> = Mutex::new(());
 
@@ -48,6 +160,9 @@ thread_local! {
     static CONSUMING: Cell<bool> = const { Cell::new(false) };
     /// Whether this thread is the cleanup worker.
     static IS_WORKER: Cell<bool> = const { Cell::new(false) };
+    /// The nodes this thread took from the queue and has not started yet, oldest first: a
+    /// drain nested in one of their drops runs them too, as it would have found them queued.
+    static TAKEN: Cell<*mut Node> = const { Cell::new(ptr::null_mut()) };
 }
 
 /// On the worker only: after a failed restore left a recipe's context current, unbind it, so
@@ -108,23 +223,31 @@ fn unpark_all() {
     let waiting = PARKED.len();
     for _ in 0..waiting {
         let Some(payload) = PARKED.pop() else { break };
-        QUEUE.push(Deferred::Payload(payload));
+        QUEUE.push(Node::leak_payload(payload));
     }
 }
 
 /// Queues an item from ordinary Rust code (starting the worker if needed) and wakes the worker.
 pub(crate) fn push(item: Deferred) {
     ensure_worker();
-    push_from_callback(item);
+    push_from_callback(Box::into_raw(Box::new(Node {
+        next: ptr::null_mut(),
+        item,
+    })));
 }
 
-/// Queues an item and wakes the worker, without starting anything: safe in a user-object
-/// destructor (no lock that user code may hold, no driver call).
+/// Queues a node and wakes the worker if it sleeps, without starting anything: safe in a
+/// user-object destructor (no lock that user code may hold, no driver call, no allocation).
 #[inline]
-fn push_from_callback(item: Deferred) {
-    QUEUE.push(item);
-    if let Some(Some(worker)) = WORKER.get() {
-        worker.unpark();
+fn push_from_callback(node: *mut Node) {
+    QUEUE.push(node);
+    // A plain load first: while the worker is awake, a push writes nothing it reads.
+    if QUEUE.worker_sleeping.load(Ordering::SeqCst)
+        && QUEUE.worker_sleeping.swap(false, Ordering::SeqCst)
+    {
+        if let Some(Some(worker)) = WORKER.get() {
+            worker.unpark();
+        }
     }
 }
 
@@ -137,10 +260,9 @@ pub(crate) extern "C" fn user_object_destructor(data: *mut std::ffi::c_void) {
     if data.is_null() {
         return;
     }
-    // SAFETY: `data` is the `Box<Box<dyn Any + Send>>` leaked by `UserObjectOwnership::new`,
-    // and the driver calls a user object's destructor exactly once.
-    let payload = unsafe { Box::from_raw(data.cast::<Box<dyn Any + Send>>()) };
-    push_from_callback(Deferred::Payload(*payload));
+    // `data` is the node leaked by `UserObjectOwnership::new` (`Node::leak_payload`), and the
+    // driver calls a user object's destructor exactly once: it is queued as it is.
+    push_from_callback(data.cast::<Node>());
 }
 
 fn worker_main(ready: std::sync::mpsc::Sender<()>) {
@@ -168,12 +290,18 @@ fn worker_main(ready: std::sync::mpsc::Sender<()>) {
         if !QUEUE.is_empty() {
             consume();
         }
-        if PARKED.is_empty() {
-            std::thread::park();
-        } else {
-            std::thread::park_timeout(PARKED_RETRY);
-            unpark_all();
+        // Say so before the last look at the queue: a push after that look sees the flag and
+        // wakes the worker (both sides SeqCst).
+        QUEUE.worker_sleeping.store(true, Ordering::SeqCst);
+        if QUEUE.is_empty() {
+            if PARKED.is_empty() {
+                std::thread::park();
+            } else {
+                std::thread::park_timeout(PARKED_RETRY);
+                unpark_all();
+            }
         }
+        QUEUE.worker_sleeping.store(false, Ordering::Relaxed);
     }
 }
 
@@ -214,7 +342,7 @@ fn consume() -> usize {
     CONSUMING.with(|c| c.set(true));
     let mut processed = 0;
     while !exiting() {
-        let Some(item) = QUEUE.pop() else { break };
+        let Some(item) = QUEUE.next() else { break };
         process(item);
         processed += 1;
     }
@@ -264,7 +392,7 @@ pub fn drain_deferred_cleanup() -> usize {
 /// How many deferred cleanups are queued and not yet started (frees waiting for a capture to
 /// end are counted by [`deferred_frees_waiting_for_a_capture`]).
 pub fn deferred_cleanup_pending() -> usize {
-    QUEUE.len()
+    QUEUE.pending.load(Ordering::Relaxed)
 }
 
 /// How many frees wait for a capture to end: on the legacy stream while a blocking stream of its

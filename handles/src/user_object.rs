@@ -9,7 +9,7 @@ use cuda_sys::types::{CUgraph, CUuserObject};
 
 use crate::context::in_context;
 use crate::context::ContextHandle;
-use crate::deferred::{ensure_worker, user_object_destructor};
+use crate::deferred::{ensure_worker, user_object_destructor, Node};
 use crate::scope::destroy_in_context;
 use crate::sys::check;
 use crate::HandleError;
@@ -60,7 +60,7 @@ impl UserObjectOwnership {
         payload: Box<dyn Any + Send>,
     ) -> Result<UserObjectOwnership, (HandleError, Box<dyn Any + Send>)> {
         ensure_worker();
-        let data = Box::into_raw(Box::new(payload));
+        let data = Node::leak_payload(payload);
         let created = in_context(context, "cuUserObjectCreate", |d| {
             let mut raw: CUuserObject = std::ptr::null_mut();
             // SAFETY: `raw` is a valid out-pointer; `data` stays valid until the destructor
@@ -83,9 +83,10 @@ impl UserObjectOwnership {
                 held: true,
             }),
             Err(error) => {
-                // SAFETY: the driver did not take `data` (creation failed): it is still ours.
-                let payload = unsafe { Box::from_raw(data) };
-                Err((error, *payload))
+                // SAFETY: the driver did not take `data` (creation failed): it is still ours,
+                // reclaimed once.
+                let payload = unsafe { Node::reclaim_payload(data) };
+                Err((error, payload))
             }
         }
     }
