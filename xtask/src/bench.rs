@@ -384,6 +384,7 @@ fn import_results(root: &Path, results: &Path, label: Option<&str>) -> Result<St
         None => slug(&first.device()),
     };
     let run_dir = root.join(RUNS_DIR).join(&label);
+    refuse_to_overwrite(&run_dir, &label, &files)?;
     fs::create_dir_all(&run_dir)?;
     for file in &files {
         let name = file.file_name().context("a file name")?;
@@ -398,6 +399,40 @@ fn import_results(root: &Path, results: &Path, label: Option<&str>) -> Result<St
         )?;
     }
     Ok(label)
+}
+
+/// Refuses to store `files` as run `label` when that run already holds a measurement made at
+/// another time (a suite whose `unix_time` differs, or one the new results lack): the previous
+/// run stays beside the new one in `docs/benchmarks.md` only if it is moved aside first.
+fn refuse_to_overwrite(run_dir: &Path, label: &str, files: &[PathBuf]) -> Result<()> {
+    let when = |path: &Path| -> Result<i64> {
+        Ok(Suite::load(path)?.json["unix_time"].as_i64().unwrap_or(0))
+    };
+    for name in ["rust.json", "python.json"] {
+        let stored = run_dir.join(name);
+        if !stored.is_file() {
+            continue;
+        }
+        let new = files
+            .iter()
+            .find(|f| f.file_name().is_some_and(|n| n == name));
+        let same = match new {
+            Some(new) => when(new)? == when(&stored)?,
+            None => false,
+        };
+        if !same {
+            bail!(
+                "run `{label}` ({}) already holds another measurement ({name} of {}); keep it \
+                 beside the new one: `git mv {} {}-DATE` and rename its `bench:{label}:` markers \
+                 in docs/benchmarks.md, or import with --label NAME",
+                run_dir.display(),
+                date(when(&stored)?),
+                run_dir.display(),
+                run_dir.display(),
+            );
+        }
+    }
+    Ok(())
 }
 
 // ----------------------------------------------------------------------------------------
