@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use custody::{
     cleanup_error_count, drain_deferred_cleanup, raw, Buffer, ContextHandle, DeviceMemoryResource,
-    EventHandle, Graph, MemoryResource, StreamHandle, EVENT_DISABLE_TIMING,
+    EventFlags, EventHandle, Graph, MemoryResource, StreamFlags, StreamHandle,
 };
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -48,8 +48,8 @@ fn run() -> Result {
     // Device 0's primary context, and two streams in it. Nothing needs to be current: a
     // created stream carries its context.
     let context = ContextHandle::primary(0)?;
-    let producer = StreamHandle::create(&context, 0, 0)?;
-    let consumer = StreamHandle::create(&context, 0, 0)?;
+    let producer = StreamHandle::create(&context, StreamFlags::DEFAULT, 0)?;
+    let consumer = StreamHandle::create(&context, StreamFlags::DEFAULT, 0)?;
     let mr = DeviceMemoryResource::new(0)?;
 
     println!("1. allocate, and copy in and out through typed slices");
@@ -79,7 +79,7 @@ fn run() -> Result {
 
     println!("2. hand the buffer over from the producer stream to the consumer stream");
     output.as_slice_mut::<f32>()?.fill(1.0, &producer)?;
-    let filled = EventHandle::create(&context, EVENT_DISABLE_TIMING)?;
+    let filled = EventHandle::create(&context, EventFlags::DISABLE_TIMING)?;
     filled.record(&producer)?;
     consumer.wait_event(&filled)?;
     let read = output.as_slice::<f32>()?.slice(..8)?.to_vec(&consumer)?;

@@ -15,9 +15,9 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use custody::{ContextHandle, DeviceMemoryResource, MemoryResource, StreamHandle};
+//! use custody::{ContextHandle, DeviceMemoryResource, MemoryResource, StreamFlags, StreamHandle};
 //!
-//! let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+//! let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 //! let mr = DeviceMemoryResource::new(0)?;
 //! let mut buffer = Arc::clone(&mr).allocate(4 * 256, &stream)?;
 //! buffer.as_slice_mut::<u32>()?.copy_from_slice(&[7; 256], &stream)?;
@@ -64,7 +64,7 @@ pub use memory;
 /// let mut host = vec![0u8; 8];
 /// // SAFETY: `host` outlives the view; nothing touches it until the view is gone.
 /// let view = unsafe { custody::raw::borrowed(host.as_mut_ptr() as u64, host.len()) };
-/// let stream = custody::StreamHandle::create(&custody::ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = custody::StreamHandle::create(&custody::ContextHandle::primary(0)?, custody::StreamFlags::DEFAULT, 0)?;
 /// view.as_range().copy_from_host(&[3; 8], &stream)?;
 /// drop(view);
 /// assert_eq!(host, [3; 8]);
@@ -77,9 +77,9 @@ pub use handles::raw;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use custody::{ContextHandle, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryResource, StreamHandle};
+/// use custody::{ContextHandle, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryResource, StreamFlags, StreamHandle};
 ///
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let own_pool = DeviceMemoryResource::with_options(0, DeviceMemoryResourceOptions::default())?;
 /// let buffer = Arc::clone(&own_pool).allocate(1 << 20, &stream)?;
 /// assert_eq!(buffer.size(), 1 << 20);
@@ -95,14 +95,14 @@ pub use memory::{Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Memo
 ///
 /// ```
 /// use std::sync::Arc;
-/// use custody::{ContextHandle, DeviceMemoryResource, DeviceSlice, DeviceSliceMut, MemoryResource, Pod, StreamHandle};
+/// use custody::{ContextHandle, DeviceMemoryResource, DeviceSlice, DeviceSliceMut, MemoryResource, Pod, StreamFlags, StreamHandle};
 ///
 /// fn halves<'a, T: Pod>(
 ///     view: &DeviceSlice<'a, T>,
 /// ) -> Result<(DeviceSlice<'a, T>, DeviceSlice<'a, T>), custody::MemoryError> {
 ///     Ok((view.slice(..view.len() / 2)?, view.slice(view.len() / 2..)?))
 /// }
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let mut buffer = Arc::clone(&DeviceMemoryResource::new(0)?).allocate(8 * 4, &stream)?;
 /// let mut all: DeviceSliceMut<'_, u64> = buffer.as_slice_mut()?;
 /// all.copy_from_slice(&[1, 2, 3, 4], &stream)?;
@@ -117,9 +117,9 @@ pub use memory::{DeviceSlice, DeviceSliceMut, Pod, Zeroable};
 ///
 /// ```
 /// use std::sync::Arc;
-/// use custody::{ContextHandle, DeviceMemoryResource, FillValue, MemoryResource, StreamHandle};
+/// use custody::{ContextHandle, DeviceMemoryResource, FillValue, MemoryResource, StreamFlags, StreamHandle};
 ///
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let buffer = Arc::clone(&DeviceMemoryResource::new(0)?).allocate(8, &stream)?;
 /// buffer.fill(FillValue::U16(0x0102), &stream)?;
 /// let mut bytes = [0u8; 8];
@@ -133,9 +133,9 @@ pub use memory::FillValue;
 /// Managed memory (`cuMemAllocManaged`): reachable from the host and every device.
 ///
 /// ```
-/// use custody::{ContextHandle, ManagedBuffer, ManagedMemoryResource, StreamHandle};
+/// use custody::{ContextHandle, ManagedBuffer, ManagedMemoryResource, StreamFlags, StreamHandle};
 ///
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let managed: ManagedBuffer = ManagedMemoryResource::new().allocate_managed(64, &stream)?;
 /// assert_eq!(managed.as_buffer().is_managed(), Ok(true));
 /// managed.close()?;
@@ -149,10 +149,10 @@ pub use memory::{ManagedBuffer, ManagedMemoryResource};
 /// use std::sync::Arc;
 /// use custody::{
 ///     ContextHandle, LegacyPinnedMemoryResource, MemoryResource, PinnedMemoryResource,
-///     PinnedMemoryResourceOptions, StreamHandle,
+///     PinnedMemoryResourceOptions, StreamFlags, StreamHandle,
 /// };
 ///
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let pool = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default())?;
 /// let pinned = Arc::clone(&pool).allocate(256, &stream)?;
 /// let legacy = LegacyPinnedMemoryResource::new().allocate(256, &stream)?;
@@ -181,9 +181,9 @@ pub use memory::SynchronousMemoryResource;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use custody::{CaptureMode, ContextHandle, DeviceMemoryResource, GraphBuilder, GraphMemoryResource, MemoryResource, StreamHandle};
+/// use custody::{CaptureMode, ContextHandle, DeviceMemoryResource, GraphBuilder, GraphMemoryResource, MemoryResource, StreamFlags, StreamHandle};
 ///
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0x1, 0)?; // non-blocking
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::NON_BLOCKING, 0)?;
 /// let kept = Arc::clone(&DeviceMemoryResource::new(0)?).allocate(64, &stream)?;
 /// let builder = GraphBuilder::new(&stream)?;
 /// builder.begin_building(CaptureMode::ThreadLocal)?;
@@ -206,9 +206,9 @@ pub use memory::{CaptureMode, GraphBuilder, GraphMemoryResource};
 ///
 /// ```
 /// use std::sync::Arc;
-/// use custody::{ContextHandle, DeviceMemoryResource, Graph, GraphExec, GraphNode, MemoryResource, StreamHandle};
+/// use custody::{ContextHandle, DeviceMemoryResource, Graph, GraphExec, GraphNode, MemoryResource, StreamFlags, StreamHandle};
 ///
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let mr = DeviceMemoryResource::new(0)?;
 /// let (a, b) = (Arc::clone(&mr).allocate(16, &stream)?, Arc::clone(&mr).allocate(16, &stream)?);
 /// let graph = Graph::new(0)?;
@@ -229,9 +229,9 @@ pub use memory::{Graph, GraphExec, GraphNode};
 ///
 /// ```
 /// use std::sync::Arc;
-/// use custody::{ContextHandle, DeviceMemoryResource, DeviceMemoryResourceOptions, IpcBufferDescriptor, MemoryResource, PoolMemoryResource, StreamHandle};
+/// use custody::{ContextHandle, DeviceMemoryResource, DeviceMemoryResourceOptions, IpcBufferDescriptor, MemoryResource, PoolMemoryResource, StreamFlags, StreamHandle};
 ///
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let options = DeviceMemoryResourceOptions { ipc_enabled: true, ..Default::default() };
 /// let mr = DeviceMemoryResource::with_options(0, options)?;
 /// assert!(mr.is_ipc_enabled());
@@ -247,9 +247,9 @@ pub use memory::{IpcBufferDescriptor, PoolMemoryResource};
 ///
 /// ```
 /// use std::sync::Arc;
-/// use custody::{ContextHandle, CudaError, CudaErrorCode, DeviceMemoryResource, HandleError, LoadError, MemoryError, MemoryResource, StreamHandle};
+/// use custody::{ContextHandle, CudaError, CudaErrorCode, DeviceMemoryResource, HandleError, LoadError, MemoryError, MemoryResource, StreamFlags, StreamHandle};
 ///
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let mr = DeviceMemoryResource::new(0)?;
 /// let error = Arc::clone(&mr).allocate(0, &stream).unwrap_err();
 /// assert!(matches!(error, MemoryError::InvalidSize { size: 0, .. }));
@@ -272,9 +272,9 @@ pub use memory::MemoryError;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use custody::{raw, AdoptError, Buffer, ContextHandle, DeviceMemoryResource, MemoryResource, OwnedAllocation, PoolMemoryResource, StreamHandle};
+/// use custody::{raw, AdoptError, Buffer, ContextHandle, DeviceMemoryResource, MemoryResource, OwnedAllocation, PoolMemoryResource, StreamFlags, StreamHandle};
 ///
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let mr = DeviceMemoryResource::new(0)?;
 /// // Memory "allocated elsewhere": here a pool allocation whose handle gives it up.
 /// let elsewhere = custody::DevicePtrHandle::alloc_from_pool(256, mr.pool(), &stream)?;
@@ -290,30 +290,37 @@ pub use handles::OwnedAllocation;
 #[doc(inline)]
 pub use memory::AdoptError;
 
-/// Contexts: a device's primary context (retained), or one custody created.
+/// Contexts: a device's primary context (retained), or one custody created (with
+/// [`ContextFlags`], `CU_CTX_*`).
 ///
 /// ```
-/// use custody::{ContextHandle, ContextKind};
+/// use custody::{ContextFlags, ContextHandle, ContextKind};
 ///
 /// let primary = ContextHandle::primary(0)?;
 /// assert_eq!(primary.kind(), ContextKind::Primary);
+/// let created = ContextHandle::create(0, ContextFlags::SCHED_AUTO)?;
+/// assert_eq!(created.kind(), ContextKind::Created);
 /// assert!(ContextHandle::current()?.is_none()); // custody never leaves one current
 /// primary.make_current()?;
 /// assert_eq!(ContextHandle::current()?, Some(primary));
 /// ContextHandle::clear_current()?;
 /// # Ok::<(), custody::HandleError>(())
 /// ```
-pub use handles::{ContextHandle, ContextKind};
+pub use handles::{ContextFlags, ContextHandle, ContextKind};
 
 /// Streams and events: created streams carry their context; default-stream tokens are bound
-/// to the context current when a recipe records them.
+/// to the context current when a recipe records them. Creation flags are typed sets named
+/// after the driver's (`CU_STREAM_NON_BLOCKING` is [`StreamFlags::NON_BLOCKING`],
+/// `CU_EVENT_DISABLE_TIMING` is [`EventFlags::DISABLE_TIMING`]).
 ///
 /// ```
-/// use custody::{ContextHandle, DefaultStream, EventHandle, StreamHandle, EVENT_DISABLE_TIMING};
+/// use custody::{ContextHandle, DefaultStream, EventFlags, EventHandle, StreamFlags, StreamHandle};
 ///
 /// let context = ContextHandle::primary(0)?;
-/// let (producer, consumer) = (StreamHandle::create(&context, 0, 0)?, StreamHandle::create(&context, 0, 0)?);
-/// let done = EventHandle::create(&context, EVENT_DISABLE_TIMING)?;
+/// let producer = StreamHandle::create(&context, StreamFlags::DEFAULT, 0)?;
+/// let consumer = StreamHandle::create(&context, StreamFlags::NON_BLOCKING, 0)?;
+/// assert_eq!(consumer.flags()?, StreamFlags::NON_BLOCKING);
+/// let done = EventHandle::create(&context, EventFlags::DISABLE_TIMING)?;
 /// done.record(&producer)?;
 /// consumer.wait_event(&done)?; // the consumer's later work runs after the producer's
 /// consumer.synchronize()?;
@@ -321,7 +328,7 @@ pub use handles::{ContextHandle, ContextKind};
 /// assert!(producer.context().is_some_and(|c| c.ptr_eq(&context)));
 /// # Ok::<(), custody::HandleError>(())
 /// ```
-pub use handles::{DefaultStream, EventHandle, StreamHandle, EVENT_DISABLE_TIMING};
+pub use handles::{DefaultStream, EventFlags, EventHandle, StreamFlags, StreamHandle};
 
 /// Memory pools: a device's current pool (borrowed) or one a resource owns.
 ///
@@ -336,13 +343,14 @@ pub use handles::{DefaultStream, EventHandle, StreamHandle, EVENT_DISABLE_TIMING
 pub use handles::MemoryPoolHandle;
 
 /// A buffer's memory as the handle layer holds it: its release rule, its recipe, and the
-/// checked byte ranges that copies and fills take.
+/// checked byte ranges that copies and fills take; managed memory is attached as
+/// [`MemAttachFlags`] say (`CU_MEM_ATTACH_*`).
 ///
 /// ```
 /// use std::sync::Arc;
-/// use custody::{ContextHandle, DeallocationRecipe, DeviceMemoryResource, DevicePtrHandle, DeviceRange, MemoryResource, ReleaseKind, StreamHandle};
+/// use custody::{ContextHandle, DeallocationRecipe, DeviceMemoryResource, DevicePtrHandle, DeviceRange, MemAttachFlags, MemoryResource, ReleaseKind, StreamFlags, StreamHandle};
 ///
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let buffer = Arc::clone(&DeviceMemoryResource::new(0)?).allocate(64, &stream)?;
 /// let handle: &DevicePtrHandle = buffer.handle();
 /// assert_eq!(handle.kind(), ReleaseKind::Pool);
@@ -351,9 +359,11 @@ pub use handles::MemoryPoolHandle;
 /// let tail: DeviceRange<'_> = handle.range(32, 32)?;
 /// tail.fill_u8(1, &stream)?;
 /// assert!(handle.range(32, 33).is_err()); // out of bounds, refused before any driver call
+/// let managed = DevicePtrHandle::alloc_managed(64, MemAttachFlags::GLOBAL, &stream)?;
+/// assert_eq!(managed.kind(), ReleaseKind::Managed);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub use handles::{DeallocationRecipe, DevicePtrHandle, DeviceRange, ReleaseKind};
+pub use handles::{DeallocationRecipe, DevicePtrHandle, DeviceRange, MemAttachFlags, ReleaseKind};
 
 /// How adopted memory is freed at teardown, for callers of the handle layer: a
 /// [`Deallocator`] receives the [`OwnedAllocation`] and the recipe's stream, with the
@@ -361,7 +371,7 @@ pub use handles::{DeallocationRecipe, DevicePtrHandle, DeviceRange, ReleaseKind}
 ///
 /// ```
 /// use std::sync::Arc;
-/// use custody::{raw, ContextHandle, Deallocator, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle};
+/// use custody::{raw, ContextHandle, Deallocator, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamFlags, StreamHandle};
 ///
 /// struct FreeAsync;
 /// impl Deallocator for FreeAsync {
@@ -369,7 +379,7 @@ pub use handles::{DeallocationRecipe, DevicePtrHandle, DeviceRange, ReleaseKind}
 ///         allocation.free_async(stream)
 ///     }
 /// }
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let elsewhere = DevicePtrHandle::alloc_from_pool(128, &MemoryPoolHandle::device_current(0)?, &stream)?;
 /// let (ptr, size) = (elsewhere.ptr(), elsewhere.size());
 /// std::mem::forget(elsewhere);
@@ -426,9 +436,9 @@ pub use handles::{
 ///
 /// ```
 /// use std::sync::Arc;
-/// use custody::{deferred_cleanup_pending, drain_deferred_cleanup, ContextHandle, DeviceMemoryResource, Graph, MemoryResource, StreamHandle};
+/// use custody::{deferred_cleanup_pending, drain_deferred_cleanup, ContextHandle, DeviceMemoryResource, Graph, MemoryResource, StreamFlags, StreamHandle};
 ///
-/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let buffer = Arc::clone(&DeviceMemoryResource::new(0)?).allocate(64, &stream)?;
 /// let graph = Graph::new(0)?;
 /// graph.add_memset(&[], &buffer, 1u8)?;

@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use handles::sys_types::{CUdeviceptr, MemPoolAttribute};
 use handles::{
-    cleanup_error_count, ContextHandle, DevicePtrHandle, MemoryPoolHandle, StreamHandle,
+    cleanup_error_count, ContextHandle, DevicePtrHandle, MemoryPoolHandle, StreamFlags,
+    StreamHandle,
 };
 
 const PAIRS: usize = 50_000;
@@ -28,7 +29,7 @@ fn main() {
     println!("driver: {} (version {})", d.path(), d.version());
     let a = ContextHandle::primary(0).expect("device 0");
     a.make_current().unwrap();
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let pool = MemoryPoolHandle::device_default(0).unwrap();
     let (raw_pool, raw_stream) = (pool.raw(), stream.raw());
 

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use cuda_sys::types::{CUcontext, CUdevice};
 use cuda_sys::{CudaError, CudaErrorCode, Driver};
 
+use crate::flags::ContextFlags;
 use crate::report::{report_leak, Consequence, Subject};
 use crate::scope::{activate, report_restore, restore, run_in, Switch};
 use crate::sys::{as_ctx, check, current_context, driver, init};
@@ -102,7 +103,8 @@ impl ContextHandle {
         })))
     }
 
-    /// Creates a new context on device `ordinal` with `flags` (`CU_CTX_*`), owned by the handle.
+    /// Creates a new context on device `ordinal` with `flags` (`CU_CTX_*`;
+    /// [`ContextFlags::SCHED_AUTO`] for the driver's defaults), owned by the handle.
     ///
     /// The driver pushes a created context onto the calling thread's stack; this pops it again,
     /// so the caller's binding is unchanged. Use [`ContextHandle::make_current`] to bind it.
@@ -113,12 +115,12 @@ impl ContextHandle {
     ///
     /// Driver calls: `cuInit` (once), `cuDeviceGet`, `cuCtxCreate_v2`, `cuCtxPopCurrent_v2`;
     /// `cuCtxDestroy_v2` when the last clone drops.
-    pub fn create(ordinal: i32, flags: u32) -> Result<ContextHandle, HandleError> {
+    pub fn create(ordinal: i32, flags: ContextFlags) -> Result<ContextHandle, HandleError> {
         let d = init()?;
         let device = device_of_ordinal(d, ordinal)?;
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: `ctx` is a valid out-pointer; read only after success.
-        let status = unsafe { (d.cuCtxCreate_v2)(&mut ctx, flags, device) };
+        let status = unsafe { (d.cuCtxCreate_v2)(&mut ctx, flags.bits(), device) };
         check("cuCtxCreate_v2", status)?;
         let mut popped: CUcontext = std::ptr::null_mut();
         // SAFETY: the context just created is on top of this thread's stack; `popped` is a

@@ -14,7 +14,8 @@ use cuda_sys::Driver;
 use crate::allocation::{AdoptError, Deallocator, OwnedAllocation};
 use crate::context::ContextHandle;
 use crate::deferred::{self, Deferred};
-use crate::event::{create_raw, destroy_raw, EVENT_DISABLE_TIMING};
+use crate::event::{create_raw, destroy_raw};
+use crate::flags::{EventFlags, MemAttachFlags};
 use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
 use crate::report::{
@@ -464,7 +465,8 @@ impl DevicePtrHandle {
     }
 
     /// Allocates `size` bytes of managed memory (`cuMemAllocManaged` with `flags`,
-    /// `CU_MEM_ATTACH_*`) in the recipe's context. Released like [`DevicePtrHandle::alloc`].
+    /// `CU_MEM_ATTACH_*`: [`MemAttachFlags::GLOBAL`] or [`MemAttachFlags::HOST`]) in the
+    /// recipe's context. Released like [`DevicePtrHandle::alloc`].
     ///
     /// # Errors
     /// As [`DevicePtrHandle::alloc`].
@@ -473,7 +475,7 @@ impl DevicePtrHandle {
     /// release as [`DevicePtrHandle::alloc`].
     pub fn alloc_managed(
         size: usize,
-        flags: u32,
+        flags: MemAttachFlags,
         stream: &StreamHandle,
     ) -> Result<DevicePtrHandle, HandleError> {
         reject_zero(size)?;
@@ -485,7 +487,7 @@ impl DevicePtrHandle {
             "cuMemAllocManaged",
             |d, _, ptr| {
                 // SAFETY: `ptr` is a valid out-pointer; the recipe's context is current.
-                unsafe { (d.cuMemAllocManaged)(ptr, size, flags) }
+                unsafe { (d.cuMemAllocManaged)(ptr, size, flags.bits()) }
             },
             |d, ptr, _| {
                 let _ = SyncKind::Device.free(d, ptr);
@@ -1126,7 +1128,7 @@ impl PtrBox {
                 }
                 _ => return Ok(()),
             }
-            let raw = create_raw(EVENT_DISABLE_TIMING)?;
+            let raw = create_raw(EventFlags::DISABLE_TIMING)?;
             // SAFETY: the event was just created in the current (recipe) context; the recipe
             // keeps the stream alive.
             let status = unsafe { (d.cuEventRecord)(raw as cuda_sys::types::CUevent, raw_stream) };
@@ -1182,7 +1184,7 @@ impl PtrBox {
 ///
 /// Driver calls: `cuEventCreate`, `cuEventRecord`, `cuEventSynchronize`, `cuEventDestroy_v2`.
 fn wait_for_new_event(d: &Driver, raw_stream: CUstream) -> Result<(), HandleError> {
-    let raw = create_raw(EVENT_DISABLE_TIMING)?;
+    let raw = create_raw(EventFlags::DISABLE_TIMING)?;
     let event = raw as cuda_sys::types::CUevent;
     // SAFETY: the event was just created in the current context; the caller keeps the stream
     // alive.

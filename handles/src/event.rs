@@ -8,6 +8,7 @@ use cuda_sys::CudaErrorCode;
 
 use crate::context::ContextHandle;
 use crate::context::{in_context, in_context_or_undo};
+use crate::flags::EventFlags;
 use crate::report::Subject;
 use crate::scope::release_in;
 use crate::stream::StreamHandle;
@@ -26,11 +27,9 @@ struct EventBox {
 #[derive(Clone)]
 pub struct EventHandle(Arc<EventBox>);
 
-/// `CU_EVENT_DISABLE_TIMING`: the cheapest event, for ordering only.
-pub const EVENT_DISABLE_TIMING: u32 = 0x2;
-
 impl EventHandle {
-    /// Creates an event in `context` with `flags` (`CU_EVENT_*`).
+    /// Creates an event in `context` with `flags` (`CU_EVENT_*`; [`EventFlags::DISABLE_TIMING`]
+    /// for an event that only orders work).
     ///
     /// # Errors
     /// [`HandleError::Driver`] when the creation fails; [`HandleError::ContextNotActivated`] or
@@ -38,7 +37,7 @@ impl EventHandle {
     /// failed restore is destroyed).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuEventCreate`.
-    pub fn create(context: &ContextHandle, flags: u32) -> Result<EventHandle, HandleError> {
+    pub fn create(context: &ContextHandle, flags: EventFlags) -> Result<EventHandle, HandleError> {
         let raw = in_context_or_undo(
             context,
             "cuEventCreate",
@@ -117,11 +116,11 @@ impl EventHandle {
 }
 
 /// Creates an event in the current context. Driver calls: `cuEventCreate`.
-pub(crate) fn create_raw(flags: u32) -> Result<usize, HandleError> {
+pub(crate) fn create_raw(flags: EventFlags) -> Result<usize, HandleError> {
     let d = driver()?;
     let mut raw: CUevent = std::ptr::null_mut();
     // SAFETY: `raw` is a valid out-pointer; read only after success.
-    let status = unsafe { (d.cuEventCreate)(&mut raw, flags) };
+    let status = unsafe { (d.cuEventCreate)(&mut raw, flags.bits()) };
     check("cuEventCreate", status)?;
     Ok(raw as usize)
 }

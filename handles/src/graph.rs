@@ -10,6 +10,7 @@ use cuda_sys::types::{CUgraph, CUgraphExec};
 
 use crate::context::{in_context, ContextHandle};
 use crate::deviceptr::DevicePtrHandle;
+use crate::flags::GraphInstantiateFlags;
 use crate::scope::destroy_in_context;
 use crate::stream::StreamHandle;
 use crate::sys::check;
@@ -122,7 +123,10 @@ impl GraphExecHandle {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuUserObjectCreate`,
     /// `cuGraphRetainUserObject`, `cuGraphInstantiateWithFlags`, `cuGraphReleaseUserObject`;
     /// `cuGraphExecDestroy` when the last clone drops.
-    pub fn instantiate(graph: &GraphHandle, flags: u64) -> Result<GraphExecHandle, HandleError> {
+    pub fn instantiate(
+        graph: &GraphHandle,
+        flags: GraphInstantiateFlags,
+    ) -> Result<GraphExecHandle, HandleError> {
         let context = graph.context();
         let kept = Arc::new(ExecAttachments::default());
         let payload: Box<dyn Any + Send> = Box::new(Arc::clone(&kept));
@@ -132,7 +136,8 @@ impl GraphExecHandle {
         let made = in_context(context, "cuGraphInstantiateWithFlags", |d| {
             let mut raw: CUgraphExec = std::ptr::null_mut();
             // SAFETY: `raw` is a valid out-pointer; the graph handle is alive.
-            let status = unsafe { (d.cuGraphInstantiateWithFlags)(&mut raw, graph.raw(), flags) };
+            let status =
+                unsafe { (d.cuGraphInstantiateWithFlags)(&mut raw, graph.raw(), flags.bits()) };
             check("cuGraphInstantiateWithFlags", status).map(|()| raw as usize)
         });
         // The executable (if made) holds its own reference now; the graph gives its back.

@@ -10,7 +10,8 @@ use cuda_sys::types::CUmemPoolPtrExportData;
 use crate::allocation::{Deallocator, OwnedAllocation};
 use crate::context::ContextHandle;
 use crate::deviceptr::DevicePtrHandle;
-use crate::event::{EventHandle, EVENT_DISABLE_TIMING};
+use crate::event::EventHandle;
+use crate::flags::EventFlags;
 use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
 use crate::stream::StreamHandle;
@@ -179,7 +180,7 @@ fn give_back(key: &ImportKey, stream: &StreamHandle) -> Result<(), HandleError> 
             Some(context) => context.clone(),
             None => ContextHandle::current()?.ok_or(HandleError::NoCurrentContext)?,
         };
-        let event = EventHandle::create(&context, EVENT_DISABLE_TIMING)?;
+        let event = EventHandle::create(&context, EventFlags::DISABLE_TIMING)?;
         event.record(stream)?;
         entry.live -= 1;
         entry.gone.push(event);

@@ -8,7 +8,8 @@
 //! - [`ContextHandle`], [`ContextScope`]: contexts, and running code in one without disturbing
 //!   the caller's binding (docs/decisions.md D2).
 //! - [`StreamHandle`], [`EventHandle`], [`MemoryPoolHandle`]: the things a free is ordered on
-//!   and allocated from.
+//!   and allocated from; [`StreamFlags`], [`EventFlags`], [`ContextFlags`], [`MemAttachFlags`],
+//!   [`GraphInstantiateFlags`]: the driver's flag words their constructors take, typed.
 //! - [`DevicePtrHandle`], [`DeallocationRecipe`], [`Deallocator`]: memory and how it is freed
 //!   (D1, D4, D5, D9); [`DeviceRange`]: checked byte ranges, the input of every copy and fill;
 //!   [`OwnedAllocation`]: the right to free memory outside custody.
@@ -29,6 +30,7 @@ mod device;
 mod deviceptr;
 mod error;
 mod event;
+mod flags;
 mod graph;
 mod graph_nodes;
 mod ipc;
@@ -60,7 +62,8 @@ pub use device::{
 };
 pub use deviceptr::{DevicePtrHandle, ReleaseKind};
 pub use error::{DeallocatorSource, HandleError};
-pub use event::{EventHandle, EVENT_DISABLE_TIMING};
+pub use event::EventHandle;
+pub use flags::{ContextFlags, EventFlags, GraphInstantiateFlags, MemAttachFlags, StreamFlags};
 pub use graph::{GraphExecHandle, GraphHandle};
 pub use graph_nodes::{retain_in_capture, GraphNode};
 pub use ipc::{export_pointer, import_pointer};

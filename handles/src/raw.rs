@@ -35,7 +35,7 @@
 //! // SAFETY: `bytes` outlives `view`, and no Rust reference to it is used while the copy runs.
 //! let view = unsafe { handles::raw::borrowed(bytes.as_mut_ptr() as u64, bytes.len()) };
 //! let context = handles::ContextHandle::primary(0)?;
-//! let stream = handles::StreamHandle::create(&context, 0, 0)?;
+//! let stream = handles::StreamHandle::create(&context, handles::StreamFlags::DEFAULT, 0)?;
 //! view.as_range().copy_from_host(&[7; 16], &stream)?;
 //! drop(view);
 //! assert_eq!(bytes, [7; 16]);

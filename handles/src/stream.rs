@@ -13,6 +13,7 @@ use cuda_sys::Driver;
 
 use crate::context::{context_for_current, ContextHandle};
 use crate::context::{in_context, in_context_or_undo};
+use crate::flags::StreamFlags;
 use crate::report::Subject;
 use crate::scope::release_in;
 use crate::sys::{check, check_token, driver, init};
@@ -196,7 +197,8 @@ impl StreamHandle {
         Arc::into_inner(self.0).map(|last| Box::new(last) as Box<dyn Send>)
     }
 
-    /// Creates a stream in `context` with `flags` (`CU_STREAM_*`) and `priority` (0 is the
+    /// Creates a stream in `context` with `flags` (`CU_STREAM_*`: [`StreamFlags::DEFAULT`] for a
+    /// blocking stream, [`StreamFlags::NON_BLOCKING`]) and `priority` (0 is the
     /// default; lower numbers are higher priorities). The stream embeds the context, so the
     /// context lives at least as long as the stream.
     ///
@@ -211,7 +213,7 @@ impl StreamHandle {
     /// `cuStreamCreateWithPriority`; `cuStreamDestroy_v2` when the last clone drops.
     pub fn create(
         context: &ContextHandle,
-        flags: u32,
+        flags: StreamFlags,
         priority: i32,
     ) -> Result<StreamHandle, HandleError> {
         let raw = in_context_or_undo(
@@ -221,7 +223,8 @@ impl StreamHandle {
                 let mut raw: CUstream = std::ptr::null_mut();
                 // SAFETY: `raw` is a valid out-pointer; `in_context_or_undo` makes `context`
                 // current.
-                let status = unsafe { (d.cuStreamCreateWithPriority)(&mut raw, flags, priority) };
+                let status =
+                    unsafe { (d.cuStreamCreateWithPriority)(&mut raw, flags.bits(), priority) };
                 check("cuStreamCreateWithPriority", status).map(|()| raw)
             },
             |d, raw| {
@@ -569,8 +572,8 @@ impl Drop for StreamBox {
 /// What a stream was created with, for the Python bindings' `Stream.is_nonblocking` and
 /// `Stream.priority`.
 impl StreamHandle {
-    /// The stream's creation flags (`CU_STREAM_NON_BLOCKING` is 0x1). For an unbound token,
-    /// those of the token in the caller's context.
+    /// The stream's creation flags ([`StreamFlags::NON_BLOCKING`] or not). For an unbound
+    /// token, those of the token in the caller's context.
     ///
     /// # Errors
     /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
@@ -578,7 +581,7 @@ impl StreamHandle {
     /// `cuStreamGetFlags`.
     ///
     /// Driver calls: `cuStreamGetFlags` (inside the stream's context).
-    pub fn flags(&self) -> Result<u32, HandleError> {
+    pub fn flags(&self) -> Result<StreamFlags, HandleError> {
         let token = self.is_unbound_token();
         self.in_own_context("cuStreamGetFlags", |d| {
             let get = d.cuStreamGetFlags().map_err(HandleError::Load)?;
@@ -586,7 +589,7 @@ impl StreamHandle {
             // SAFETY: the handle keeps the stream alive; `flags` is a valid out-pointer.
             let status = unsafe { get(self.raw(), &mut flags) };
             check_token("cuStreamGetFlags", status, token)?;
-            Ok(flags)
+            Ok(StreamFlags::from_bits_retain(flags))
         })
     }
 

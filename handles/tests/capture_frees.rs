@@ -14,7 +14,7 @@ use handles::sys_types::CUstreamCaptureMode;
 use handles::CaptureStatus;
 use handles::{
     deferred_frees_waiting_for_a_capture, drain_deferred_cleanup, ContextHandle, DevicePtrHandle,
-    GraphExecHandle, StreamHandle,
+    GraphExecHandle, GraphInstantiateFlags, MemAttachFlags, StreamFlags, StreamHandle,
 };
 
 const GLOBAL: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
@@ -52,7 +52,7 @@ impl Kind {
             Kind::Pool => pool_buffer(stream),
             Kind::Device => DevicePtrHandle::alloc(256, stream),
             Kind::PinnedHost => DevicePtrHandle::alloc_host(256, stream),
-            Kind::Managed => DevicePtrHandle::alloc_managed(256, 1, stream),
+            Kind::Managed => DevicePtrHandle::alloc_managed(256, MemAttachFlags::GLOBAL, stream),
         }
         .expect("allocation")
     }
@@ -75,7 +75,7 @@ fn freed_after_the_capture_graph_goes(kind: Kind, close: bool) {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let s = StreamHandle::create(&a, 0, 0).unwrap();
+    let s = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = kind.alloc(&s);
     let ptr = buffer.ptr();
     let alloc = alloc_of(ptr);
@@ -104,7 +104,7 @@ fn freed_after_the_capture_graph_goes(kind: Kind, close: bool) {
         kind.allocated(ptr, &a, base),
         "{kind:?}: the graph keeps the memory"
     );
-    let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
+    let exec = GraphExecHandle::instantiate(&graph, GraphInstantiateFlags::empty()).unwrap();
     drop(graph);
     exec.launch(&s).unwrap();
     s.synchronize().unwrap();
@@ -172,7 +172,7 @@ fn synchronous_memory_closed_during_a_capture_of_its_stream_goes_with_the_graph(
 fn a_graph_allocation_dropped_during_its_capture_is_freed_inside_it() {
     let _serial = start();
     let a = primary(0);
-    let s = StreamHandle::create(&a, 0, 0).unwrap();
+    let s = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     handles::begin_capture(&s, RELAXED).unwrap();
     let buffer = DevicePtrHandle::alloc_async(4096, &s).unwrap();
     let ptr = buffer.ptr();
@@ -180,7 +180,7 @@ fn a_graph_allocation_dropped_during_its_capture_is_freed_inside_it() {
     drop(buffer);
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     let graph = handles::end_capture(&s).unwrap();
-    let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
+    let exec = GraphExecHandle::instantiate(&graph, GraphInstantiateFlags::empty()).unwrap();
     exec.launch(&s).unwrap();
     exec.launch(&s).unwrap();
     s.synchronize().unwrap();
@@ -207,7 +207,7 @@ fn a_legacy_stream_free_waits_for_a_capture_of_a_blocking_stream() {
     a.make_current().unwrap();
     let legacy_buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
     let ptr = legacy_buffer.ptr();
-    let blocking = StreamHandle::create(&a, 0, 0).unwrap(); // flags 0: a blocking stream
+    let blocking = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap(); // flags 0: a blocking stream
     handles::begin_capture(&blocking, GLOBAL).unwrap();
     drop(legacy_buffer);
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
@@ -235,14 +235,14 @@ fn a_legacy_stream_free_waits_for_a_capture_of_a_blocking_stream() {
 fn the_cleanup_worker_frees_during_another_threads_global_capture_without_breaking_it() {
     let _serial = start();
     let a = primary(0);
-    let s1 = StreamHandle::create(&a, 0, 0).unwrap();
+    let s1 = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(256, &s1).unwrap();
     let ptr = buffer.ptr();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let a2 = a.clone();
     let capturer = std::thread::spawn(move || {
-        let s2 = StreamHandle::create(&a2, 1, 0).unwrap(); // non-blocking
+        let s2 = StreamHandle::create(&a2, StreamFlags::NON_BLOCKING, 0).unwrap(); // non-blocking
         handles::begin_capture(&s2, GLOBAL).unwrap();
         ready_tx.send(()).unwrap();
         done_rx.recv().unwrap();

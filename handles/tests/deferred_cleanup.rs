@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::*;
 use handles::{
-    drain_deferred_cleanup, ContextHandle, GraphExecHandle, GraphHandle, StreamHandle,
-    UserObjectOwnership,
+    drain_deferred_cleanup, ContextHandle, GraphExecHandle, GraphHandle, GraphInstantiateFlags,
+    StreamFlags, StreamHandle, UserObjectOwnership,
 };
 
 /// A graph whose user object owns `payload`, and its executable.
@@ -22,7 +22,7 @@ fn graph_owning(
         .unwrap()
         .move_into_graph(&graph)
         .unwrap();
-    let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
+    let exec = GraphExecHandle::instantiate(&graph, GraphInstantiateFlags::empty()).unwrap();
     (graph, exec)
 }
 
@@ -80,7 +80,7 @@ fn destructor_inside_exec_destroy_while_draining_does_not_deadlock() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let alloc = alloc_of(ptr);
@@ -181,7 +181,7 @@ fn the_worker_frees_a_graphs_created_stream_buffers_with_one_call_each_in_queue_
     const COUNT: usize = 40; // more than one batch of the old queue's blocks (31 items)
     let _serial = start();
     let a = primary(0);
-    let s = StreamHandle::create(&a, 0, 0).unwrap();
+    let s = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let base = default_used(&a);
     let graph = GraphHandle::create(&a).unwrap();
     let mut ptrs = Vec::new();

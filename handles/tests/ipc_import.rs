@@ -14,7 +14,9 @@ use cuda_sys::types::{
     c_void, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocationType, CUmemPoolProps,
     CUmemPoolPtrExportData, CUmemoryPool,
 };
-use handles::{DevicePtrHandle, HandleError, MemoryPoolHandle, ReleaseKind, StreamHandle};
+use handles::{
+    DevicePtrHandle, HandleError, MemoryPoolHandle, ReleaseKind, StreamFlags, StreamHandle,
+};
 
 fn ipc_pool_props() -> CUmemPoolProps {
     // SAFETY: a plain C struct for which all-zero is a valid value.
@@ -40,7 +42,7 @@ fn imported_pointer_is_freed_with_its_recipe_and_holds_its_pool() {
     };
     let a = primary(0);
     let d = cuda_sys::driver().unwrap();
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let exporter = MemoryPoolHandle::create(&ipc_pool_props()).unwrap();
 
     let mut fd: c_int = -1;
@@ -118,7 +120,7 @@ fn imported_pointer_is_freed_with_its_recipe_and_holds_its_pool() {
 fn bad_export_data_is_a_driver_error_and_imports_nothing() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let pool = default_pool();
     let used_before = default_used(&a);
     let live_before = with_emulator(|emu| emu.live_allocations().len());

@@ -10,7 +10,9 @@
 mod common;
 
 use common::*;
-use handles::{ContextHandle, DevicePtrHandle, MemoryPoolHandle, StreamHandle};
+use handles::{
+    ContextFlags, ContextHandle, DevicePtrHandle, MemoryPoolHandle, StreamFlags, StreamHandle,
+};
 use test_support::emu::Emulator;
 
 /// The `cuStreamDestroy_v2` calls for `stream` since `from`.
@@ -27,7 +29,7 @@ fn stream_whose_last_user_handle_dropped_still_orders_the_pending_free() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let raw = stream.raw() as u64;
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
@@ -74,7 +76,7 @@ fn explicit_stream_close_defers_to_the_recipe() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let raw = stream.raw() as u64;
     let from = mark();
@@ -96,8 +98,8 @@ fn replaced_recipe_releases_the_old_stream() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let s1 = StreamHandle::create(&a, 0, 0).unwrap();
-    let s2 = StreamHandle::create(&a, 0, 0).unwrap();
+    let s1 = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
+    let s2 = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&s1).unwrap();
     s1.synchronize().unwrap();
     let raw = s1.raw() as u64;
@@ -121,7 +123,7 @@ fn replaced_recipe_releases_the_old_stream() {
 fn owned_pool_lives_until_its_last_allocation_is_freed() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     // SAFETY-free construction of the properties: a device-0 pinned pool.
     let mut props: cuda_sys::types::CUmemPoolProps = unsafe_zeroed_props();
     props.allocType = cuda_sys::types::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -175,7 +177,7 @@ fn device_pool_is_borrowed_and_never_destroyed() {
     assert!(!pool.is_owned());
     let raw_pool = pool.raw();
     let base = pool_used(&pool, &a);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = DevicePtrHandle::alloc_from_pool(64, &pool, &stream).unwrap();
     let seen = buffer.pool().expect("a pool allocation names its pool");
     assert!(
@@ -201,7 +203,7 @@ fn created_context_outlives_its_handles_while_a_recipe_needs_it() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let c = ContextHandle::create(0, 0).unwrap();
+    let c = ContextHandle::create(0, ContextFlags::SCHED_AUTO).unwrap();
     c.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
     ContextHandle::clear_current().unwrap();
@@ -238,7 +240,7 @@ fn clones_share_one_box_and_the_last_one_frees() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let clone = buffer.clone();
     assert!(clone.ptr_eq(&buffer));

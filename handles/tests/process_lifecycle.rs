@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::*;
 use handles::{
-    ContextHandle, DeallocationRecipe, DevicePtrHandle, HandleError, StreamHandle,
+    ContextHandle, DeallocationRecipe, DevicePtrHandle, HandleError, StreamFlags, StreamHandle,
     UserObjectOwnership,
 };
 
@@ -85,7 +85,7 @@ fn cleanup_still_queued_at_exit_is_leaked() {
         }
         // These stay queued behind it: a payload and a synchronous free.
         drop(UserObjectOwnership::new(&a, Box::new(Loud)).unwrap());
-        let stream = StreamHandle::create(&a, 0, 0).unwrap();
+        let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
         drop(DevicePtrHandle::alloc(64, &stream).unwrap());
         assert!(handles::deferred_cleanup_pending() >= 2);
         eprintln!("child: exiting with cleanup queued");
@@ -109,7 +109,7 @@ fn two_failing_frees_are_two_distinct_reports() {
         return;
     };
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let first = pool_buffer(&stream).unwrap();
     let second = pool_buffer(&stream).unwrap();
     let (p1, p2) = (first.ptr(), second.ptr());

@@ -14,8 +14,8 @@ use cuda_sys::CudaErrorCode;
 use handles::sys_types::CUmemPool_attribute;
 use handles::{
     cleanup_warning_count, drain_deferred_cleanup, CleanupWarningKind, ContextHandle, Deallocator,
-    DefaultStream, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle,
-    ThreadToken,
+    DefaultStream, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamFlags,
+    StreamHandle, ThreadToken,
 };
 
 #[test]
@@ -491,7 +491,7 @@ fn per_thread_free_on_another_thread_during_a_capture_waits_for_it_with_one_warn
     let ptr = buffer.ptr();
     let alloc = alloc_of(ptr);
     a.make_current().unwrap();
-    let blocking = StreamHandle::create(&a, 0, 0).unwrap();
+    let blocking = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     handles::begin_capture(
         &blocking,
         handles::sys_types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,

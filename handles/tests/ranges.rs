@@ -5,7 +5,9 @@
 mod common;
 
 use common::*;
-use handles::{ContextHandle, DevicePtrHandle, DeviceRange, HandleError, StreamHandle};
+use handles::{
+    ContextHandle, DevicePtrHandle, DeviceRange, HandleError, StreamFlags, StreamHandle,
+};
 
 fn device_buffer(size: usize, stream: &StreamHandle) -> DevicePtrHandle {
     DevicePtrHandle::alloc_from_pool(size, &default_pool(), stream).expect("pool allocation")
@@ -21,7 +23,7 @@ fn read(range: DeviceRange<'_>, stream: &StreamHandle) -> Vec<u8> {
 fn ranges_are_checked_against_the_handle_size() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = device_buffer(64, &stream);
     let whole = buffer.as_range();
     assert_eq!(
@@ -60,7 +62,7 @@ fn ranges_are_checked_against_the_handle_size() {
 fn host_round_trip_and_device_copies_move_exactly_the_range() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let src = device_buffer(64, &stream);
     let dst = device_buffer(64, &stream);
     let pattern: Vec<u8> = (0..64).collect();
@@ -85,7 +87,7 @@ fn host_round_trip_and_device_copies_move_exactly_the_range() {
 fn fills_of_every_width_cover_only_the_range() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = device_buffer(32, &stream);
     buffer.as_range().fill_u8(0, &stream).unwrap();
     buffer
@@ -113,7 +115,7 @@ fn fills_of_every_width_cover_only_the_range() {
 fn bad_lengths_and_alignments_are_refused_before_any_driver_call() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = device_buffer(64, &stream);
     let other = device_buffer(64, &stream);
     let me = tid();
@@ -151,7 +153,7 @@ fn bad_lengths_and_alignments_are_refused_before_any_driver_call() {
 fn an_unbound_token_needs_a_current_context() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = device_buffer(16, &stream);
     let legacy = StreamHandle::legacy();
     let error = buffer.as_range().fill_u8(1, &legacy).unwrap_err();

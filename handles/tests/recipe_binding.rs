@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use handles::{
     ContextHandle, ContextKind, DeallocationRecipe, Deallocator, DefaultStream, DevicePtrHandle,
-    HandleError, OwnedAllocation, ReleaseKind, StreamHandle, ThreadToken,
+    HandleError, MemAttachFlags, OwnedAllocation, ReleaseKind, StreamFlags, StreamHandle,
+    ThreadToken,
 };
 
 /// Records every `deallocate` call: (ptr, size, stream, context current during the call).
@@ -91,7 +92,7 @@ fn per_thread_token_binds_the_context_and_the_recording_thread() {
 fn created_stream_brings_its_context_without_a_lookup() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let me = tid();
     let from = mark();
     let recipe = DeallocationRecipe::record(&stream).unwrap();
@@ -186,7 +187,7 @@ fn adopt_binds_first_and_leaves_the_pointer_with_the_caller_on_failure() {
 fn adopt_with_a_stream_deallocates_with_that_stream_in_its_context() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let deallocator = Arc::new(RecordingDeallocator::default());
     let buffer =
         DevicePtrHandle::adopt(test_allocation(0x7000, 96), &stream, deallocator.clone()).unwrap();
@@ -245,7 +246,7 @@ fn raw_token_value_wraps_as_the_token() {
 fn wrapping_an_owned_stream_returns_the_owning_handle() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     // SAFETY: `stream` is a live stream this crate owns (and returns as the owning handle).
     let wrapped = unsafe { handles::raw::wrap_stream(stream.raw() as usize, None) }.unwrap();
     assert!(wrapped.ptr_eq(&stream));
@@ -305,14 +306,14 @@ fn set_deallocation_stream_moves_the_free_and_every_clone_sees_it() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let s1 = StreamHandle::create(&a, 0, 0).unwrap();
-    let s2 = StreamHandle::create(&a, 0, 0).unwrap();
+    let s1 = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
+    let s2 = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&s1).unwrap();
     let attachment = buffer.clone();
     buffer.set_deallocation_stream(&s2).unwrap();
     assert!(attachment.deallocation_stream().unwrap().ptr_eq(&s2));
     // Work on s1 must be ordered before the free on s2: the caller's job (D4).
-    let event = handles::EventHandle::create(&a, handles::EVENT_DISABLE_TIMING).unwrap();
+    let event = handles::EventHandle::create(&a, handles::EventFlags::DISABLE_TIMING).unwrap();
     event.record(&s1).unwrap();
     s2.wait_event(&event).unwrap();
     let ptr = buffer.ptr();
@@ -335,7 +336,7 @@ fn failed_set_deallocation_stream_keeps_the_old_recipe() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let s1 = StreamHandle::create(&a, 0, 0).unwrap();
+    let s1 = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&s1).unwrap();
     let buffer2 = buffer.clone();
     let error = on_fresh_thread(move || {
@@ -363,8 +364,8 @@ fn release_on_is_set_then_release() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let s1 = StreamHandle::create(&a, 0, 0).unwrap();
-    let s2 = StreamHandle::create(&a, 0, 0).unwrap();
+    let s1 = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
+    let s2 = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&s1).unwrap();
     s1.synchronize().unwrap();
     let ptr = buffer.ptr();
@@ -387,7 +388,7 @@ fn release_on_is_set_then_release() {
 fn bad_input_null_pointer_with_an_owning_rule() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let deallocator = Arc::new(RecordingDeallocator::default());
     let refused =
         DevicePtrHandle::adopt(test_allocation(0, 64), &stream, deallocator.clone()).unwrap_err();
@@ -420,7 +421,7 @@ fn bad_input_null_pointer_with_an_owning_rule() {
 fn bad_input_zero_bytes_where_the_driver_rejects_them() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let me = tid();
     let from = mark();
     let error = DevicePtrHandle::alloc(0, &stream).unwrap_err();
@@ -429,7 +430,7 @@ fn bad_input_zero_bytes_where_the_driver_rejects_them() {
         "{error:?}"
     );
     assert!(error.to_string().starts_with("invalid size: "));
-    let error = DevicePtrHandle::alloc_managed(0, 1, &stream).unwrap_err();
+    let error = DevicePtrHandle::alloc_managed(0, MemAttachFlags::GLOBAL, &stream).unwrap_err();
     assert!(matches!(
         error,
         HandleError::InvalidArgument { what: "size", .. }
@@ -450,7 +451,7 @@ fn bad_input_stream_of_another_device() {
     }
     let a = primary(0);
     let b = primary(1);
-    let other_device_stream = StreamHandle::create(&b, 0, 0).unwrap();
+    let other_device_stream = StreamHandle::create(&b, StreamFlags::DEFAULT, 0).unwrap();
     let base = default_used(&a);
     let live_before = with_emulator(|emu| emu.live_allocations().len());
     let error = pool_buffer(&other_device_stream).unwrap_err();
@@ -472,7 +473,7 @@ fn bad_input_stream_of_another_device() {
         );
     });
 
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let error = buffer
         .set_deallocation_stream(&other_device_stream)
@@ -534,12 +535,12 @@ fn owner_and_borrowed_pointers_free_nothing() {
 fn replace_deallocation_stream_hands_back_the_old_recipe_and_its_last_references() {
     let _serial = start();
     let a = primary(0);
-    let s1 = StreamHandle::create(&a, 0, 0).unwrap();
-    let s2 = StreamHandle::create(&a, 0, 0).unwrap();
+    let s1 = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
+    let s2 = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let raw1 = s1.raw() as u64;
     let buffer = pool_buffer(&s1).unwrap();
     // The allocation on s1 ordered before the free on s2 (the caller's job, D4).
-    let event = handles::EventHandle::create(&a, handles::EVENT_DISABLE_TIMING).unwrap();
+    let event = handles::EventHandle::create(&a, handles::EventFlags::DISABLE_TIMING).unwrap();
     event.record(&s1).unwrap();
     s2.wait_event(&event).unwrap();
     // s1 still has a user handle: giving up the old recipe destroys nothing.

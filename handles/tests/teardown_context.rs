@@ -10,9 +10,9 @@ use common::*;
 use cuda_sys::CudaErrorCode;
 use handles::MemoryType;
 use handles::{
-    cleanup_error_count, drain_deferred_cleanup, CleanupStep, Consequence, ContextHandle,
-    ContextScope, Deallocator, DevicePtrHandle, HandleError, OwnedAllocation, ReleaseKind,
-    StreamHandle,
+    cleanup_error_count, drain_deferred_cleanup, CleanupStep, Consequence, ContextFlags,
+    ContextHandle, ContextScope, Deallocator, DevicePtrHandle, HandleError, MemAttachFlags,
+    OwnedAllocation, ReleaseKind, StreamFlags, StreamHandle,
 };
 
 #[test]
@@ -79,7 +79,7 @@ fn drop_with_another_context_current_frees_in_the_recorded_one_and_restores() {
     let _serial = start();
     let a = primary(0);
     let x = other_context();
-    let b = ContextHandle::create(x.device(), 0).unwrap();
+    let b = ContextHandle::create(x.device(), ContextFlags::SCHED_AUTO).unwrap();
     let base = default_used(&a);
     a.make_current().unwrap();
     let buffer = pool_buffer(&StreamHandle::legacy()).unwrap();
@@ -152,7 +152,7 @@ fn created_stream_buffer_dropped_with_no_context_frees_without_context_calls() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let alloc = alloc_of(ptr);
@@ -190,13 +190,13 @@ fn created_context_recipe_is_kept_alive_and_used() {
     let _serial = start();
     let a = primary(0);
     let base = default_used(&a);
-    let c = ContextHandle::create(0, 0).unwrap();
+    let c = ContextHandle::create(0, ContextFlags::SCHED_AUTO).unwrap();
     assert_eq!(
         current_raw(),
         0,
         "creating a context leaves the caller's binding alone"
     );
-    let stream = StreamHandle::create(&c, 0, 0).unwrap();
+    let stream = StreamHandle::create(&c, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = DevicePtrHandle::alloc_async(128, &stream).unwrap();
     assert_eq!(buffer.recipe().unwrap().context(), &c);
     let ptr = buffer.ptr();
@@ -240,7 +240,7 @@ fn injected_free_failure_on_drop_reaches_the_hook_once_with_attribution() {
         return;
     };
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let before = cleanup_error_count();
@@ -273,7 +273,7 @@ fn explicit_release_returns_the_free_failure() {
         return;
     };
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let before = cleanup_error_count();
@@ -296,7 +296,7 @@ fn deinitialized_is_not_reported() {
         return;
     };
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = pool_buffer(&stream).unwrap();
     let ptr = buffer.ptr();
     let before = cleanup_error_count();
@@ -472,7 +472,7 @@ fn explicit_release_whose_activation_fails_says_nothing_ran() {
 /// Frees pool memory at `ptr` that custody leaked (a test made it leak), on a created stream of
 /// `a`.
 fn give_back(ptr: u64, a: &ContextHandle) {
-    let stream = StreamHandle::create(a, 0, 0).unwrap();
+    let stream = StreamHandle::create(a, StreamFlags::DEFAULT, 0).unwrap();
     // SAFETY: the handle that owned `ptr` is gone without freeing it (the test made the free
     // fail before it ran); nothing else frees or uses it.
     let leaked = unsafe { handles::raw::owned_allocation(ptr, POOL_BUFFER as usize) };
@@ -496,7 +496,7 @@ fn hook_runs_after_the_context_was_restored() {
     let _serial = start();
     let a = primary(0);
     let b = other_context();
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     // A failing deallocator (any driver), and on the emulator a failing cuMemFreeAsync.
     let deallocator = Arc::new(ContextRecordingFailingDeallocator(Default::default()));
     let adopted =
@@ -570,7 +570,7 @@ fn context_scope_switches_only_when_needed_and_restores_none() {
 fn synchronous_free_on_drop_never_blocks_and_is_ordered_by_an_event() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(512, &stream).unwrap();
     assert_eq!(buffer.kind(), ReleaseKind::Synchronous);
     let ptr = buffer.ptr();
@@ -614,7 +614,7 @@ fn synchronous_free_on_drop_never_blocks_and_is_ordered_by_an_event() {
 fn synchronous_free_is_done_by_the_worker_without_a_drain() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
     let ptr = buffer.ptr();
     let alloc = alloc_of(ptr);
@@ -646,7 +646,7 @@ fn synchronous_free_is_done_by_the_worker_without_a_drain() {
 fn synchronous_explicit_release_blocks_and_returns() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let buffer = DevicePtrHandle::alloc(64, &stream).unwrap();
     let ptr = buffer.ptr();
     let alloc = alloc_of(ptr);
@@ -682,13 +682,13 @@ fn synchronous_explicit_release_blocks_and_returns() {
 fn pinned_host_and_managed_frees_go_through_the_worker() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let host = DevicePtrHandle::alloc_host(256, &stream).unwrap();
     assert_eq!(
         (host.kind(), host.device()),
         (ReleaseKind::PinnedHost, None)
     );
-    let managed = DevicePtrHandle::alloc_managed(256, 1, &stream).unwrap();
+    let managed = DevicePtrHandle::alloc_managed(256, MemAttachFlags::GLOBAL, &stream).unwrap();
     assert_eq!(managed.kind(), ReleaseKind::Managed);
     let (host_ptr, managed_ptr) = (host.ptr(), managed.ptr());
     let (host_alloc, managed_alloc) = (alloc_of(host_ptr), alloc_of(managed_ptr));
@@ -731,7 +731,7 @@ impl Deallocator for FailingDeallocator {
 fn deallocator_failure_is_reported_on_drop_and_returned_on_release() {
     let _serial = start();
     let a = primary(0);
-    let stream = StreamHandle::create(&a, 0, 0).unwrap();
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let dropped = DevicePtrHandle::adopt(
         test_allocation(0x3000, 8),
         &stream,
@@ -802,7 +802,7 @@ impl Deallocator for HostRecordingDeallocator {
 fn host_deallocator_has_no_recipe_and_needs_no_context() {
     let _serial = start();
     let a = primary(0);
-    let created = StreamHandle::create(&a, 0, 0).unwrap();
+    let created = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
     let deallocator = Arc::new(HostRecordingDeallocator {
         seen: Default::default(),
         fail: false,

@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 
 use handles::sys_types::MemPoolAttribute;
 use handles::{
-    ContextHandle, DevicePtrHandle, EventHandle, StreamHandle, UserObjectOwnership,
-    EVENT_DISABLE_TIMING,
+    ContextFlags, ContextHandle, DevicePtrHandle, EventFlags, EventHandle, StreamFlags,
+    StreamHandle, UserObjectOwnership,
 };
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, MemoryResource,
@@ -585,7 +585,8 @@ fn run(call_log: bool) -> Result<()> {
     }
 
     let a = ContextHandle::primary(0).map_err(|e| err("device 0's primary context", e))?;
-    let b = ContextHandle::create(0, 0).map_err(|e| err("creating a second context", e))?;
+    let b = ContextHandle::create(0, ContextFlags::SCHED_AUTO)
+        .map_err(|e| err("creating a second context", e))?;
     demo.names.add("context", a.raw() as u64, "A");
     demo.names.add("context", b.raw() as u64, "B");
     println!(
@@ -642,8 +643,10 @@ fn run(call_log: bool) -> Result<()> {
 /// Scenario 1: producer and consumer streams, the free handed to the consumer.
 fn hand_off(demo: &mut Demo, a: &ContextHandle, mr: &Arc<DeviceMemoryResource>) -> Result<()> {
     println!("\n[1/3] stream hand-off: the producer fills, the consumer reads, the consumer frees");
-    let producer = StreamHandle::create(a, 0, 0).map_err(|e| err("creating a stream", e))?;
-    let consumer = StreamHandle::create(a, 0, 0).map_err(|e| err("creating a stream", e))?;
+    let producer = StreamHandle::create(a, StreamFlags::DEFAULT, 0)
+        .map_err(|e| err("creating a stream", e))?;
+    let consumer = StreamHandle::create(a, StreamFlags::DEFAULT, 0)
+        .map_err(|e| err("creating a stream", e))?;
     demo.names.add("stream", producer.raw() as u64, "producer");
     demo.names.add("stream", consumer.raw() as u64, "consumer");
     let baseline = used(mr)?;
@@ -659,7 +662,7 @@ fn hand_off(demo: &mut Demo, a: &ContextHandle, mr: &Arc<DeviceMemoryResource>) 
     buffer
         .fill(0x5au8, &producer)
         .map_err(|e| err("fill on the producer", e))?;
-    let filled = EventHandle::create(a, EVENT_DISABLE_TIMING).map_err(|e| err("event", e))?;
+    let filled = EventHandle::create(a, EventFlags::DISABLE_TIMING).map_err(|e| err("event", e))?;
     filled.record(&producer).map_err(|e| err("record", e))?;
     consumer
         .wait_event(&filled)
@@ -762,7 +765,8 @@ fn graph_retained(
     mr: &Arc<DeviceMemoryResource>,
 ) -> Result<()> {
     println!("\n[3/3] a buffer retained by a CUDA graph, freed by deferred cleanup");
-    let work = StreamHandle::create(a, 0, 0).map_err(|e| err("creating a stream", e))?;
+    let work = StreamHandle::create(a, StreamFlags::DEFAULT, 0)
+        .map_err(|e| err("creating a stream", e))?;
     demo.names.add("stream", work.raw() as u64, "work");
     let baseline = used(mr)?;
     let buffer = Arc::clone(mr)

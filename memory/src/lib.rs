@@ -70,7 +70,7 @@
 //! them is used while the copy runs), the view works:
 //!
 //! ```
-//! # let stream = handles::StreamHandle::create(&handles::ContextHandle::primary(0)?, 0, 0)?;
+//! # let stream = handles::StreamHandle::create(&handles::ContextHandle::primary(0)?, handles::StreamFlags::DEFAULT, 0)?;
 //! let mut words = vec![0u8; 16];
 //! // SAFETY: `words` outlives `view`; nothing reads or writes it until `view` is gone.
 //! let view = unsafe { handles::raw::borrowed(words.as_mut_ptr() as u64, words.len()) };

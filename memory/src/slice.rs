@@ -79,9 +79,9 @@ fn element_range(
 ///
 /// ```
 /// # use std::sync::Arc;
-/// # use handles::{ContextHandle, StreamHandle};
+/// # use handles::{ContextHandle, StreamFlags, StreamHandle};
 /// # use memory::{DeviceMemoryResource, MemoryResource};
-/// # let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// # let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let mr = DeviceMemoryResource::new(0)?;
 /// let mut buffer = mr.allocate(4 * 8, &stream)?;
 /// buffer.as_slice_mut::<u32>()?.copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8], &stream)?;
@@ -104,9 +104,9 @@ pub struct DeviceSlice<'a, T> {
 /// [`DeviceSliceMut::split_at_mut`] (two disjoint views of one buffer, to copy between them).
 ///
 /// ```
-/// # use handles::{ContextHandle, StreamHandle};
+/// # use handles::{ContextHandle, StreamFlags, StreamHandle};
 /// # use memory::{DeviceMemoryResource, MemoryResource};
-/// # let stream = StreamHandle::create(&ContextHandle::primary(0)?, 0, 0)?;
+/// # let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let mut buffer = DeviceMemoryResource::new(0)?.allocate(8 * 2, &stream)?;
 /// let mut all = buffer.as_slice_mut::<u64>()?;
 /// let (mut low, mut high) = all.split_at_mut(1)?;

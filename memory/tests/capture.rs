@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use common::*;
 use handles::sys_types::CUstreamCaptureMode;
-use handles::CaptureStatus;
 use handles::GraphExecHandle;
+use handles::{CaptureStatus, GraphInstantiateFlags};
 use memory::{
     DeviceMemoryResource, GraphMemoryResource, MemoryError, MemoryResource, PoolMemoryResource,
 };
@@ -115,7 +115,7 @@ fn closing_during_capture_adds_the_free_to_the_graph() {
     assert_capture_freed_on(ptr, from, &s);
     assert_eq!(handles::capture_status(&s).unwrap(), CaptureStatus::Active);
     let graph = handles::end_capture(&s).unwrap();
-    let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
+    let exec = GraphExecHandle::instantiate(&graph, GraphInstantiateFlags::empty()).unwrap();
     exec.launch(&s).unwrap();
     s.synchronize().unwrap();
     drop(exec);
@@ -133,7 +133,7 @@ fn closing_after_capture_is_an_ordinary_free_on_the_capture_stream() {
     buffer.fill(0x22u8, &s).unwrap();
     let graph = handles::end_capture(&s).unwrap();
     assert_eq!(handles::capture_status(&s).unwrap(), CaptureStatus::None);
-    let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
+    let exec = GraphExecHandle::instantiate(&graph, GraphInstantiateFlags::empty()).unwrap();
     exec.launch(&s).unwrap();
     // The graph's allocation is live (an allocation with an identity) once the graph ran.
     let alloc = alloc_of(buffer.ptr());

@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use adopt::Ownership;
 use handles::{
-    CleanupError, ContextHandle, CudaErrorCode, EventHandle, OwnedAllocation, StreamHandle,
-    EVENT_DISABLE_TIMING,
+    CleanupError, ContextFlags, ContextHandle, CudaErrorCode, EventFlags, EventHandle,
+    OwnedAllocation, StreamFlags, StreamHandle,
 };
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, LegacyPinnedMemoryResource,
@@ -98,7 +98,7 @@ fn primary(n: i32) -> ContextHandle {
 }
 
 fn stream_in(context: &ContextHandle) -> StreamHandle {
-    StreamHandle::create(context, 0, 0).expect("stream")
+    StreamHandle::create(context, StreamFlags::DEFAULT, 0).expect("stream")
 }
 
 /// Another context than device 0's primary one: device 1's primary context when there is one.
@@ -106,7 +106,7 @@ fn other_context() -> ContextHandle {
     if handles::device_count().expect("cuDeviceGetCount") >= 2 {
         primary(1)
     } else {
-        ContextHandle::create(0, 0).expect("cuCtxCreate")
+        ContextHandle::create(0, ContextFlags::SCHED_AUTO).expect("cuCtxCreate")
     }
 }
 
@@ -803,7 +803,7 @@ fn stream_released_with_the_last_recipe_that_held_it() {
 #[test]
 fn created_context_released_with_its_last_stream_and_buffer() {
     sweep("created context released by the last buffer", || {
-        let created = ContextHandle::create(0, 0).expect("cuCtxCreate");
+        let created = ContextHandle::create(0, ContextFlags::SCHED_AUTO).expect("cuCtxCreate");
         let stream = stream_in(&created);
         let buffer = used_buffer(device_pool(), &stream);
         let (ctx, ptr, stream_raw) = (created.raw() as u64, buffer.ptr(), stream.raw() as u64);
@@ -844,7 +844,7 @@ fn event_released() {
     sweep("event released", || {
         let context = primary(0);
         let stream = stream_in(&context);
-        let event = EventHandle::create(&context, EVENT_DISABLE_TIMING).expect("event");
+        let event = EventHandle::create(&context, EventFlags::DISABLE_TIMING).expect("event");
         event.record(&stream).expect("record");
         Prepared {
             bind: Some(other_context()),

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use adopt::Ownership;
 use handles::sys_types::MemPoolAttribute;
-use handles::{ContextHandle, HandleError, OwnedAllocation, StreamHandle};
+use handles::{ContextHandle, HandleError, OwnedAllocation, StreamFlags, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, FillValue, IpcBufferDescriptor, LegacyPinnedMemoryResource,
     ManagedMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
@@ -54,7 +54,7 @@ fn primary() -> ContextHandle {
 }
 
 fn stream() -> StreamHandle {
-    StreamHandle::create(&primary(), 0, 0).expect("stream")
+    StreamHandle::create(&primary(), StreamFlags::DEFAULT, 0).expect("stream")
 }
 
 /// What must be back where it was after a case: the emulator's live allocations and the
@@ -284,7 +284,7 @@ proptest! {
                 StreamChoice::None => None,
                 StreamChoice::Created => Some(stream()),
                 StreamChoice::OtherDevice if two_devices => Some(
-                    StreamHandle::create(&ContextHandle::primary(1).unwrap(), 0, 0).unwrap(),
+                    StreamHandle::create(&ContextHandle::primary(1).unwrap(), StreamFlags::DEFAULT, 0).unwrap(),
                 ),
                 StreamChoice::OtherDevice => Some(stream()),
                 StreamChoice::LegacyToken => Some(StreamHandle::legacy()),
@@ -360,7 +360,8 @@ fn resource(index: usize) -> (&'static str, Arc<dyn MemoryResource>) {
 /// Orders everything issued on `from` so far before what is issued on `to` from now on: the
 /// operations run on `from`, frees may be recorded on either.
 fn hand_over(from: &StreamHandle, to: &StreamHandle) {
-    let event = handles::EventHandle::create(&primary(), handles::EVENT_DISABLE_TIMING).unwrap();
+    let event =
+        handles::EventHandle::create(&primary(), handles::EventFlags::DISABLE_TIMING).unwrap();
     event.record(from).unwrap();
     to.wait_event(&event).unwrap();
 }

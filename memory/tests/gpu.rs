@@ -14,7 +14,8 @@ use adopt::Ownership;
 use handles::sys_types::CUstreamCaptureMode;
 use handles::CaptureStatus;
 use handles::{
-    ContextHandle, EventHandle, GraphExecHandle, HandleError, StreamHandle, EVENT_DISABLE_TIMING,
+    ContextHandle, EventFlags, EventHandle, GraphExecHandle, GraphInstantiateFlags, HandleError,
+    StreamFlags, StreamHandle,
 };
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
@@ -24,7 +25,12 @@ use memory::{
 };
 
 fn stream() -> StreamHandle {
-    StreamHandle::create(&ContextHandle::primary(0).expect("device 0"), 0, 0).expect("stream")
+    StreamHandle::create(
+        &ContextHandle::primary(0).expect("device 0"),
+        StreamFlags::DEFAULT,
+        0,
+    )
+    .expect("stream")
 }
 
 fn read(buffer: &Buffer, stream: &StreamHandle) -> Vec<u8> {
@@ -123,7 +129,7 @@ fn graph_memory_under_capture() {
     buffer.fill(0x42u8, &s).unwrap();
     let graph = handles::end_capture(&s).unwrap();
     assert_eq!(refused, MemoryError::StreamCapturing);
-    let exec = GraphExecHandle::instantiate(&graph, 0).unwrap();
+    let exec = GraphExecHandle::instantiate(&graph, GraphInstantiateFlags::empty()).unwrap();
     exec.launch(&s).unwrap();
     assert_eq!(read(&buffer, &s), vec![0x42; 4096]);
     buffer.close().unwrap();
@@ -138,7 +144,7 @@ fn stream_hand_off() {
     let buffer = Arc::clone(&mr).allocate(1 << 20, &producer).unwrap();
     let out = Arc::clone(&mr).allocate(1 << 20, &consumer).unwrap();
     buffer.fill(0x77u8, &producer).unwrap();
-    let event = EventHandle::create(&a, EVENT_DISABLE_TIMING).unwrap();
+    let event = EventHandle::create(&a, EventFlags::DISABLE_TIMING).unwrap();
     event.record(&producer).unwrap();
     consumer.wait_event(&event).unwrap();
     buffer.set_deallocation_stream(&consumer).unwrap();

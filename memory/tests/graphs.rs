@@ -15,7 +15,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use handles::sys_types::MemPoolAttribute;
-use handles::{CleanupWarning, ContextHandle, CudaErrorCode, HandleError, StreamHandle};
+use handles::{
+    CleanupWarning, ContextFlags, ContextHandle, CudaErrorCode, HandleError, StreamFlags,
+    StreamHandle,
+};
 use memory::{
     Buffer, CaptureMode, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, GraphBuilder,
     MemoryError, MemoryResource, PoolMemoryResource,
@@ -69,7 +72,7 @@ fn primary() -> ContextHandle {
 }
 
 fn stream() -> StreamHandle {
-    StreamHandle::create(&primary(), 0, 0).expect("stream")
+    StreamHandle::create(&primary(), StreamFlags::DEFAULT, 0).expect("stream")
 }
 
 /// A resource with a pool of its own, so that its used memory starts at 0 and only this test
@@ -347,7 +350,7 @@ fn the_deferred_free_runs_in_the_recipe_context_and_the_caller_keeps_its_own() {
 
     // Another context is current on this thread when the executable goes and when the
     // deferred free runs.
-    let other = ContextHandle::create(0, 0).unwrap();
+    let other = ContextHandle::create(0, ContextFlags::SCHED_AUTO).unwrap();
     other.make_current().unwrap();
     let from = emu.as_ref().map(mark);
     exec.close();
@@ -404,7 +407,7 @@ fn a_destructor_inside_exec_destruction_inside_a_drain_neither_deadlocks_nor_los
         })
         .unwrap();
 
-    let other = ContextHandle::create(0, 0).unwrap();
+    let other = ContextHandle::create(0, ContextFlags::SCHED_AUTO).unwrap();
     other.make_current().unwrap();
     let from = emu.as_ref().map(mark);
     outer.close();

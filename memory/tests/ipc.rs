@@ -12,7 +12,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use handles::{ContextHandle, StreamHandle};
+use handles::{ContextHandle, StreamFlags, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, IpcBufferDescriptor, MemoryError,
     MemoryResource, PoolMemoryResource,
@@ -25,7 +25,12 @@ const CHILD: &str = "CUSTODY_MEMORY_IPC_CHILD";
 const SIZE: usize = 64 << 10;
 
 fn stream() -> StreamHandle {
-    StreamHandle::create(&ContextHandle::primary(0).expect("device 0"), 0, 0).expect("stream")
+    StreamHandle::create(
+        &ContextHandle::primary(0).expect("device 0"),
+        StreamFlags::DEFAULT,
+        0,
+    )
+    .expect("stream")
 }
 
 fn ipc_resource() -> Arc<DeviceMemoryResource> {

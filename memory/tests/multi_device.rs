@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use handles::sys_types::MemPoolAttribute;
-use handles::{ContextHandle, EventHandle, MemoryPoolHandle, StreamHandle, EVENT_DISABLE_TIMING};
+use handles::{ContextHandle, EventFlags, EventHandle, MemoryPoolHandle, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, IpcBufferDescriptor,
     LegacyPinnedMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
@@ -625,7 +625,7 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
     // Another stream of device 1 is accepted; the hand-off is ordered by an event, and the
     // free then runs on it, in device 1's context, under device 0.
     let other1 = stream_on(1);
-    let ready = EventHandle::create(&ctx1, EVENT_DISABLE_TIMING).unwrap();
+    let ready = EventHandle::create(&ctx1, EventFlags::DISABLE_TIMING).unwrap();
     ready.record(&s1).unwrap();
     other1.wait_event(&ready).unwrap();
     buffer.set_deallocation_stream(&other1).unwrap();

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use adopt::Ownership;
 use common::*;
-use handles::{EventHandle, HandleError, StreamHandle, EVENT_DISABLE_TIMING};
+use handles::{EventFlags, EventHandle, HandleError, StreamHandle};
 use memory::{Buffer, DeviceMemoryResource, MemoryError, MemoryResource};
 
 fn device_mr() -> Arc<DeviceMemoryResource> {
@@ -232,7 +232,7 @@ fn hand_off(set_consumer_as_deallocation_stream: bool) -> (AllocationId, Vec<u8>
     let out = Arc::clone(&mr).allocate(4096, &consumer).unwrap();
     let alloc = alloc_of(buffer.ptr());
     buffer.fill(0x5au8, &producer).unwrap();
-    let filled = EventHandle::create(&a, EVENT_DISABLE_TIMING).unwrap();
+    let filled = EventHandle::create(&a, EventFlags::DISABLE_TIMING).unwrap();
     filled.record(&producer).unwrap();
     consumer.wait_event(&filled).unwrap();
     if set_consumer_as_deallocation_stream {

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use adopt::Ownership;
 use handles::sys_types::MemPoolAttribute;
 use handles::{
-    ContextHandle, DefaultStream, EventHandle, MemoryPoolHandle, OwnedAllocation, StreamHandle,
-    EVENT_DISABLE_TIMING,
+    ContextHandle, DefaultStream, EventFlags, EventHandle, MemoryPoolHandle, OwnedAllocation,
+    StreamFlags, StreamHandle,
 };
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, GraphExec,
@@ -198,7 +198,7 @@ fn used(pool: &MemoryPoolHandle) -> u64 {
 /// Records an event on `from` and makes `to` wait for it: everything issued on `from` so far
 /// is ordered before anything issued on `to` from now on.
 fn order(world: &World, from: &StreamHandle, to: &StreamHandle) -> EventHandle {
-    let event = EventHandle::create(&world.context, EVENT_DISABLE_TIMING).expect("event");
+    let event = EventHandle::create(&world.context, EventFlags::DISABLE_TIMING).expect("event");
     event.record(from).expect("cuEventRecord");
     to.wait_event(&event).expect("cuStreamWaitEvent");
     event
@@ -375,7 +375,8 @@ impl Worker<'_> {
         let Some(held) = self.take_random() else {
             return;
         };
-        let event = EventHandle::create(&self.world.context, EVENT_DISABLE_TIMING).expect("event");
+        let event =
+            EventHandle::create(&self.world.context, EventFlags::DISABLE_TIMING).expect("event");
         event.record(&held.stream).expect("cuEventRecord");
         let to = self.rng.below(self.world.mailboxes.len());
         self.world.mailboxes[to].lock().unwrap().push(Handoff {
@@ -502,7 +503,7 @@ fn run_thread(world: &World, index: usize, config: Config) -> usize {
     if rng.chance(50) {
         world.context.make_current().expect("cuCtxSetCurrent");
     }
-    let own_stream = StreamHandle::create(&world.context, 0, 0).expect("stream");
+    let own_stream = StreamHandle::create(&world.context, StreamFlags::DEFAULT, 0).expect("stream");
     let mut worker = Worker {
         world,
         index,
@@ -588,10 +589,10 @@ fn random_operations_on_many_threads_lose_nothing() {
     let started = Instant::now();
     let world = World {
         streams: vec![
-            StreamHandle::create(&context, 0, 0).expect("stream"),
-            StreamHandle::create(&context, 0, 0).expect("stream"),
+            StreamHandle::create(&context, StreamFlags::DEFAULT, 0).expect("stream"),
+            StreamHandle::create(&context, StreamFlags::DEFAULT, 0).expect("stream"),
             // CU_STREAM_NON_BLOCKING: no implicit ordering with the legacy stream.
-            StreamHandle::create(&context, 1, 0).expect("stream"),
+            StreamHandle::create(&context, StreamFlags::NON_BLOCKING, 0).expect("stream"),
             StreamHandle::bound_default_stream(DefaultStream::Legacy, &context),
         ],
         resources: vec![

@@ -355,7 +355,7 @@ pub(crate) fn _create_graph_builder(
     let handle = context.get().handle.clone();
     // CU_STREAM_NON_BLOCKING: capture a stream that does not synchronise with the legacy stream.
     let stream = py
-        .detach(|| handles::StreamHandle::create(&handle, 0x1, 0))
+        .detach(|| handles::StreamHandle::create(&handle, handles::StreamFlags::NON_BLOCKING, 0))
         .map_err(Error::from)?;
     let object = Py::new(py, PyStream::new(stream.clone()))?;
     builder_on(py, stream, object)

@@ -10,7 +10,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
-use handles::{ContextHandle, DefaultStream, EventHandle, StreamHandle};
+use handles::{ContextHandle, DefaultStream, EventFlags, EventHandle, StreamFlags, StreamHandle};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pyclass::{CompareOp, PyTraverseError, PyVisit};
@@ -19,14 +19,13 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 use crate::errors::{closed, expected, Error, NO_CONTEXT};
 use crate::report::{release, PyObjRef};
 
-/// `CU_STREAM_NON_BLOCKING`.
-const STREAM_NON_BLOCKING: u32 = 0x1;
+// The `CU_EVENT_*` bits as the plain word a `PyEvent` keeps (and `EventOptions` builds).
 /// `CU_EVENT_BLOCKING_SYNC`.
-pub(crate) const EVENT_BLOCKING_SYNC: u32 = 0x1;
+pub(crate) const EVENT_BLOCKING_SYNC: u32 = EventFlags::BLOCKING_SYNC.bits();
 /// `CU_EVENT_DISABLE_TIMING`.
-pub(crate) const EVENT_DISABLE_TIMING: u32 = 0x2;
+pub(crate) const EVENT_DISABLE_TIMING: u32 = EventFlags::DISABLE_TIMING.bits();
 /// `CU_EVENT_INTERPROCESS`.
-pub(crate) const EVENT_INTERPROCESS: u32 = 0x4;
+pub(crate) const EVENT_INTERPROCESS: u32 = EventFlags::INTERPROCESS.bits();
 
 /// A hash of `(kind, raw)`: objects of different kinds that wrap equal raw values hash apart.
 pub(crate) fn hash_of(kind: &str, raw: u64) -> u64 {
@@ -464,7 +463,7 @@ impl PyStream {
     fn is_nonblocking(&self, py: Python<'_>) -> PyResult<bool> {
         let stream = self.handle()?;
         let flags = py.detach(|| stream.flags()).map_err(Error::from)?;
-        Ok(flags & STREAM_NON_BLOCKING != 0)
+        Ok(flags.contains(StreamFlags::NON_BLOCKING))
     }
 
     /// The stream's priority, lower numbers first (``cuStreamGetPriority``); ``RuntimeError`` once
@@ -545,7 +544,7 @@ impl PyStream {
             })?;
             let context = PyStream::context_handle(py, &other)?;
             py.detach(|| {
-                let event = EventHandle::create(&context, EVENT_DISABLE_TIMING)?;
+                let event = EventHandle::create(&context, EventFlags::DISABLE_TIMING)?;
                 event.record(&other)?;
                 Ok::<_, handles::HandleError>(event)
             })
@@ -685,7 +684,7 @@ impl PyEvent {
     /// A new event in `context` with `flags` (`CU_EVENT_*`).
     pub(crate) fn create(py: Python<'_>, context: &ContextHandle, flags: u32) -> PyResult<PyEvent> {
         let handle = py
-            .detach(|| EventHandle::create(context, flags))
+            .detach(|| EventHandle::create(context, EventFlags::from_bits_retain(flags)))
             .map_err(Error::from)?;
         Ok(PyEvent::wrap(handle, flags))
     }
@@ -1291,7 +1290,11 @@ fn create_stream_handle(
             priority
         }
     };
-    let flags = if nonblocking { STREAM_NON_BLOCKING } else { 0 };
+    let flags = if nonblocking {
+        StreamFlags::NON_BLOCKING
+    } else {
+        StreamFlags::DEFAULT
+    };
     Ok(py
         .detach(|| StreamHandle::create(context, flags, priority))
         .map_err(Error::from)?)
@@ -1307,7 +1310,11 @@ pub(crate) fn _create_stream(
     priority: i32,
 ) -> PyResult<PyStream> {
     let handle = context.get().handle.clone();
-    let flags = if nonblocking { STREAM_NON_BLOCKING } else { 0 };
+    let flags = if nonblocking {
+        StreamFlags::NON_BLOCKING
+    } else {
+        StreamFlags::DEFAULT
+    };
     let stream = py
         .detach(|| StreamHandle::create(&handle, flags, priority))
         .map_err(Error::from)?;

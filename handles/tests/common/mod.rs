@@ -16,7 +16,9 @@ pub use test_support::emu::{AllocationId, Call, Emulator, Hazard};
 pub use test_support::*;
 
 use handles::sys_types::CUmemPool_attribute;
-use handles::{ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation};
+use handles::{
+    ContextFlags, ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation,
+};
 
 /// A context other than device 0's primary one, for "another context is current" cases:
 /// device 1's primary context when there is a second device, else a context created on
@@ -25,7 +27,7 @@ pub fn other_context() -> ContextHandle {
     if handles::device_count().expect("cuDeviceGetCount") >= 2 {
         primary(1)
     } else {
-        ContextHandle::create(0, 0).expect("cuCtxCreate on device 0")
+        ContextHandle::create(0, ContextFlags::SCHED_AUTO).expect("cuCtxCreate on device 0")
     }
 }
 

@@ -26,7 +26,7 @@ use cuda_sys::types::{CUcontext, CUdeviceptr, CUgraph, CUmemoryPool, CUstream, C
 use cuda_sys::Driver;
 use handles::{
     drain_deferred_cleanup, ContextHandle, DevicePtrHandle, GraphHandle, MemoryPoolHandle,
-    StreamHandle, UserObjectOwnership,
+    StreamFlags, StreamHandle, UserObjectOwnership,
 };
 use memory::{Buffer, DeviceMemoryResource, MemoryResource, PoolMemoryResource};
 
@@ -350,7 +350,7 @@ fn drops(c: &mut Criterion, s: &Settings, setup: &Setup) {
 }
 
 fn set_deallocation_stream(c: &mut Criterion, s: &Settings, setup: &Setup) {
-    let other = StreamHandle::create(&setup.ctx, 0, 0).expect("second stream");
+    let other = StreamHandle::create(&setup.ctx, StreamFlags::DEFAULT, 0).expect("second stream");
     let (stream, other) = (&setup.stream, &other);
     let handle = DevicePtrHandle::alloc_from_pool(SIZE, setup.pool(), stream).unwrap();
     let owned: Buffer = Arc::clone(&setup.mr).allocate(SIZE, stream).unwrap();
@@ -525,7 +525,8 @@ fn padded_streams(ctx: &ContextHandle, count: usize) -> PaddedStreams {
         let made: Vec<_> = (0..count)
             .map(|_| {
                 scope.spawn(|| {
-                    let stream = StreamHandle::create(ctx, 0, 0).expect("stream");
+                    let stream =
+                        StreamHandle::create(ctx, StreamFlags::DEFAULT, 0).expect("stream");
                     let spacer: Vec<Box<[u8; 256]>> =
                         (0..16).map(|_| Box::new([0u8; 256])).collect();
                     (stream, spacer)
@@ -547,7 +548,7 @@ fn threads(c: &mut Criterion, s: &Settings, setup: &Setup) {
         // Created back to back on one thread, as an application's would be: their boxes are
         // neighbouring allocations, which may share cache lines unless the handles pad them.
         let streams: Vec<StreamHandle> = (0..count)
-            .map(|_| StreamHandle::create(&setup.ctx, 0, 0).expect("stream"))
+            .map(|_| StreamHandle::create(&setup.ctx, StreamFlags::DEFAULT, 0).expect("stream"))
             .collect();
         let streams = &streams;
         let padded = padded_streams(&setup.ctx, count);
@@ -828,7 +829,7 @@ fn main() {
         .expect("make the primary context current");
     let setup = Setup {
         d,
-        stream: StreamHandle::create(&ctx, 0, 0).expect("a created stream"),
+        stream: StreamHandle::create(&ctx, StreamFlags::DEFAULT, 0).expect("a created stream"),
         mr: DeviceMemoryResource::new(0).expect("device 0's memory resource"),
         ctx,
     };

@@ -24,7 +24,10 @@ mod builder;
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use handles::{ContextHandle, DevicePtrHandle, GraphExecHandle, GraphHandle, StreamHandle};
+use handles::{
+    ContextHandle, DevicePtrHandle, GraphExecHandle, GraphHandle, GraphInstantiateFlags,
+    StreamHandle,
+};
 
 use crate::{Buffer, FillValue, MemoryError};
 
@@ -315,7 +318,8 @@ impl Graph {
     pub fn instantiate(&self) -> Result<GraphExec, MemoryError> {
         self.with_open(|graph| {
             Ok(GraphExec::from_handle(GraphExecHandle::instantiate(
-                graph, 0,
+                graph,
+                GraphInstantiateFlags::empty(),
             )?))
         })
     }

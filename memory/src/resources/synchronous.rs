@@ -11,7 +11,8 @@
 use std::sync::Arc;
 
 use handles::{
-    ContextHandle, DefaultStream, DevicePtrHandle, OwnedAllocation, ReleaseKind, StreamHandle,
+    ContextHandle, DefaultStream, DevicePtrHandle, MemAttachFlags, OwnedAllocation, ReleaseKind,
+    StreamHandle,
 };
 
 use crate::buffer::{adopt_synchronous, Access, IpcRole};
@@ -95,9 +96,6 @@ impl MemoryResource for LegacyPinnedMemoryResource {
     }
 }
 
-/// `CU_MEM_ATTACH_GLOBAL`: managed memory any stream may access.
-const ATTACH_GLOBAL: u32 = 1;
-
 /// Managed memory from `cuMemAllocManaged` (attached globally), allocated in the stream's
 /// context; accessible from the host and every device.
 ///
@@ -151,7 +149,7 @@ impl MemoryResource for ManagedMemoryResource {
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
         check_size(size)?;
-        let handle = DevicePtrHandle::alloc_managed(size, ATTACH_GLOBAL, stream)?;
+        let handle = DevicePtrHandle::alloc_managed(size, MemAttachFlags::GLOBAL, stream)?;
         Ok(Buffer::new(
             handle,
             Some(self),

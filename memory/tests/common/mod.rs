@@ -19,13 +19,14 @@ pub use test_support::*;
 
 use handles::sys_types::{CUdeviceptr, MemPoolAttribute};
 use handles::{
-    ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle,
+    ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamFlags,
+    StreamHandle,
 };
 use memory::{Buffer, MemoryError, MemoryResource};
 
 /// A created stream in device `n`'s primary context.
 pub fn stream_on(n: i32) -> StreamHandle {
-    StreamHandle::create(&primary(n), 0, 0).expect("stream")
+    StreamHandle::create(&primary(n), StreamFlags::DEFAULT, 0).expect("stream")
 }
 
 /// `pool`'s `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` in bytes, read once every stream of device 0's
