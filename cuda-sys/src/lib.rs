@@ -175,6 +175,12 @@ macro_rules! __driver_function_list {
                 cuIpcGetEventHandle(pHandle: *mut CUipcEventHandle, event: CUevent);
                 cuIpcOpenEventHandle(phEvent: *mut CUevent, handle: CUipcEventHandle);
                 cuMemGetMemPool(pool: *mut CUmemoryPool, location: *mut RawMemLocation, type_: c_uint);
+                cuMemAdvise_v2(devPtr: CUdeviceptr, count: usize, advice: c_uint, location: RawMemLocation);
+                cuMemPrefetchAsync_v2(devPtr: CUdeviceptr, count: usize, location: RawMemLocation, flags: c_uint, hStream: CUstream);
+                cuMemRangeGetAttribute(data: *mut c_void, dataSize: usize, attribute: c_uint, devPtr: CUdeviceptr, count: usize);
+                cuMemPrefetchBatchAsync(dptrs: *const CUdeviceptr, sizes: *const usize, count: usize, prefetchLocs: *const RawMemLocation, prefetchLocIdxs: *const usize, numPrefetchLocs: usize, flags: c_ulonglong, hStream: CUstream);
+                cuMemDiscardBatchAsync(dptrs: *const CUdeviceptr, sizes: *const usize, count: usize, flags: c_ulonglong, hStream: CUstream);
+                cuMemDiscardAndPrefetchBatchAsync(dptrs: *const CUdeviceptr, sizes: *const usize, count: usize, prefetchLocs: *const RawMemLocation, prefetchLocIdxs: *const usize, numPrefetchLocs: usize, flags: c_ulonglong, hStream: CUstream);
             }
         }
     };

@@ -13,6 +13,8 @@
 //! - [`DevicePtrHandle`], [`DeallocationRecipe`], [`Deallocator`]: memory and how it is freed
 //!   (D1, D4, D5, D9); [`DeviceRange`]: checked byte ranges, the input of every copy and fill;
 //!   [`OwnedAllocation`]: the right to free memory outside custody.
+//! - [`MemAdvice`], [`MemLocation`], [`prefetch_batch`]: where managed memory lives (advice,
+//!   prefetch, discard and the range attributes that report them).
 //! - [`raw`]: the `unsafe` doors through which raw addresses and driver handles enter.
 //! - [`set_cleanup_error_hook`] and friends: where failures that no caller can receive go (D3).
 //! - [`drain_deferred_cleanup`], [`UserObjectOwnership`], [`GraphHandle`], [`GraphExecHandle`]:
@@ -35,6 +37,7 @@ mod graph;
 mod graph_nodes;
 mod ipc;
 mod lifecycle;
+mod managed;
 mod pointer;
 mod pool;
 mod range;
@@ -68,6 +71,7 @@ pub use graph::{GraphExecHandle, GraphHandle};
 pub use graph_nodes::{retain_in_capture, GraphNode};
 pub use ipc::{export_pointer, import_pointer};
 pub use lifecycle::exiting;
+pub use managed::{discard_batch, discard_prefetch_batch, prefetch_batch, MemAdvice, MemLocation};
 pub use pointer::{pointer_attributes, MemoryType, PointerAttributes};
 pub use pool::{
     create_managed_pool, create_pool, export_pool, import_pool, managed_pools_supported,

@@ -108,6 +108,17 @@ pub enum MemoryError {
     /// view).
     #[error("the buffer has no memory resource to allocate from")]
     NoMemoryResource,
+    /// A managed-memory operation (advice, prefetch, discard) on memory that is neither from a
+    /// managed memory resource nor managed by the driver's account (found with a pointer query
+    /// at most, before the operation's own driver call).
+    #[error(
+        "{operation} needs a managed-memory allocation (cuMemAllocManaged or a managed memory \
+         pool); this buffer's memory is not managed"
+    )]
+    NotManaged {
+        /// The operation refused.
+        operation: &'static str,
+    },
     /// A graph operation that the graph's or builder's state does not allow: a closed graph or
     /// executable, a builder that is not building (or already is), a stream a builder cannot
     /// capture.

@@ -86,13 +86,15 @@
 // The modules' layers, lowest first; each imports only from layers below it (a tidy test fails
 // on a cycle): `error`; `checks` (sizes, stream devices); `buffer` (`Buffer`, `ManagedBuffer` and
 // the `MemoryResource` trait, which name each other); `copy` (fills, copies, host transfers);
-// `slice` (typed views); `resources`, `ipc` and `graph` (what makes and uses buffers).
+// `slice` (typed views); `managed` (managed-memory placement); `resources`, `ipc` and `graph`
+// (what makes and uses buffers).
 mod buffer;
 mod checks;
 mod copy;
 mod error;
 mod graph;
 mod ipc;
+mod managed;
 mod resources;
 mod slice;
 
@@ -104,6 +106,7 @@ pub use copy::FillValue;
 pub use error::MemoryError;
 pub use graph::{CaptureMode, Graph, GraphBuilder, GraphExec, GraphNode};
 pub use ipc::IpcBufferDescriptor;
+pub use managed::{discard_batch, discard_prefetch_batch, prefetch_batch};
 pub use resources::{
     DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
     LegacyPinnedMemoryResource, ManagedMemoryResource, ManagedPoolMemoryResource,

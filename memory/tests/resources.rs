@@ -1,9 +1,10 @@
 //! The built-in memory resources: owned pools and their lifetime, pool limits, pinned pools,
 //! the synchronous resources whose drops never wait on the GPU (docs/decisions.md D9) while an
-//! explicit close does, adoption by a synchronous resource, managed buffers and managed pools,
-//! and explicit `deallocate` errors. Runs on the emulator and on a real driver: everywhere a free
-//! is seen in a pool's used memory or, for `cuMemFree`/`cuMemFreeHost`, in the driver no longer
-//! knowing the address; which thread made which call (a drop that never blocks) only on the emulator.
+//! explicit close does, adoption by a synchronous resource, managed buffers, managed pools and
+//! managed-memory placement, and explicit `deallocate` errors. Runs on the emulator and on a
+//! real driver: everywhere a free is seen in a pool's used memory or, for
+//! `cuMemFree`/`cuMemFreeHost`, in the driver no longer knowing the address; which thread made
+//! which call (a drop that never blocks) only on the emulator.
 
 mod adopt;
 mod common;
@@ -13,10 +14,13 @@ use std::sync::Arc;
 use adopt::Ownership;
 use common::*;
 use handles::sys_types::MemPoolAttribute;
-use handles::{CudaErrorCode, DevicePtrHandle, HandleError, ManagedPoolLocation, StreamHandle};
+use handles::{
+    CudaErrorCode, DevicePtrHandle, HandleError, ManagedPoolLocation, MemAdvice, MemLocation,
+    StreamHandle,
+};
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, LegacyPinnedMemoryResource,
-    ManagedMemoryResource, ManagedPoolMemoryResource, MemoryError, MemoryResource,
+    ManagedBuffer, ManagedMemoryResource, ManagedPoolMemoryResource, MemoryError, MemoryResource,
     PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
     SynchronousMemoryResource,
 };
@@ -166,6 +170,128 @@ fn managed_pool_memory_is_managed_and_only_an_own_pool_is_destroyed() {
     with_emulator(|emu| assert_eq!(destroys(emu), 1));
     drop(current);
     with_emulator(|emu| assert_eq!(destroys(emu), 1, "the current pool is borrowed"));
+    assert_no_hazards();
+}
+
+/// Managed-memory placement: advice set and read back through the range attributes, prefetch
+/// and the last prefetch location, discard, the batch forms, and memory that is not managed (a
+/// `ManagedBuffer` over device memory) refused before the operation's driver call.
+#[test]
+fn managed_memory_advice_prefetch_and_discard() {
+    let _serial = start();
+    let s = stream_on(0);
+    let mr = ManagedMemoryResource::new();
+    let a = Arc::clone(&mr).allocate(4096, &s).unwrap();
+    let b = Arc::clone(&mr).allocate(4096, &s).unwrap();
+
+    assert!(!a.read_mostly().unwrap());
+    a.advise(MemAdvice::SetReadMostly).unwrap();
+    assert!(a.read_mostly().unwrap());
+    a.advise(MemAdvice::UnsetReadMostly).unwrap();
+    assert!(!a.read_mostly().unwrap());
+
+    assert_eq!(a.preferred_location().unwrap(), None);
+    a.advise(MemAdvice::SetPreferredLocation(MemLocation::Device(0)))
+        .unwrap();
+    assert_eq!(
+        a.preferred_location().unwrap(),
+        Some(MemLocation::Device(0))
+    );
+    a.advise(MemAdvice::SetPreferredLocation(MemLocation::Host))
+        .unwrap();
+    assert_eq!(a.preferred_location().unwrap(), Some(MemLocation::Host));
+    a.advise(MemAdvice::UnsetPreferredLocation).unwrap();
+    assert_eq!(a.preferred_location().unwrap(), None);
+
+    assert_eq!(a.accessed_by().unwrap(), []);
+    a.advise(MemAdvice::SetAccessedBy(MemLocation::Device(0)))
+        .unwrap();
+    assert_eq!(a.accessed_by().unwrap(), [MemLocation::Device(0)]);
+    a.advise(MemAdvice::UnsetAccessedBy(MemLocation::Device(0)))
+        .unwrap();
+    assert_eq!(a.accessed_by().unwrap(), []);
+
+    a.prefetch(MemLocation::Device(0), &s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(
+        a.last_prefetch_location().unwrap(),
+        Some(MemLocation::Device(0))
+    );
+    memory::prefetch_batch(&[&a, &b], &[MemLocation::Host, MemLocation::Device(0)], &s).unwrap();
+    s.synchronize().unwrap();
+    // The host as the driver names it after a prefetch there: with or without a NUMA node.
+    assert!(
+        matches!(
+            a.last_prefetch_location().unwrap(),
+            Some(MemLocation::Host | MemLocation::HostNuma(_))
+        ),
+        "{:?}",
+        a.last_prefetch_location()
+    );
+    assert_eq!(
+        b.last_prefetch_location().unwrap(),
+        Some(MemLocation::Device(0))
+    );
+    memory::discard_batch(&[&a, &b], &s).unwrap();
+    a.discard_prefetch(MemLocation::Device(0), &s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(
+        a.last_prefetch_location().unwrap(),
+        Some(MemLocation::Device(0))
+    );
+
+    // Refused before any driver call: no buffers, not one location per buffer.
+    let from = mark();
+    let refused = memory::prefetch_batch(&[&a, &b], &[MemLocation::Host], &s).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            MemoryError::Handle(HandleError::InvalidArgument { .. })
+        ),
+        "{refused}"
+    );
+    assert!(matches!(
+        memory::discard_batch(&[], &s),
+        Err(MemoryError::Handle(HandleError::InvalidArgument { .. }))
+    ));
+
+    let device = DeviceMemoryResource::new(0)
+        .unwrap()
+        .allocate(4096, &s)
+        .unwrap();
+    let not_managed = ManagedBuffer::from_parts(device.handle().clone(), None);
+    let error = not_managed
+        .as_buffer()
+        .prefetch(MemLocation::Device(0), &s)
+        .unwrap_err();
+    assert_eq!(
+        error,
+        MemoryError::NotManaged {
+            operation: "prefetch"
+        }
+    );
+    assert!(error.to_string().contains("managed-memory allocation"));
+    assert!(matches!(
+        not_managed.as_buffer().advise(MemAdvice::SetReadMostly),
+        Err(MemoryError::NotManaged { .. })
+    ));
+    with_emulator(|emu| {
+        let calls: Vec<String> = emu
+            .calls_since(from)
+            .into_iter()
+            .map(|c| c.function)
+            .filter(|f| {
+                f.starts_with("cuMemPrefetch")
+                    || f.starts_with("cuMemAdvise")
+                    || f.starts_with("cuMemDiscard")
+            })
+            .collect();
+        assert_eq!(calls, Vec::<String>::new());
+    });
+    drop(not_managed);
+    device.close().unwrap();
+    a.close().unwrap();
+    b.close().unwrap();
     assert_no_hazards();
 }
 

@@ -324,6 +324,14 @@ fn advise(ptr: u64, count: usize, advice: u32, loc: RawLocation) -> Res {
     Ok(())
 }
 
+/// The loader's `CUmemLocation` (the same layout) as the emulator's.
+fn raw_location(location: RawMemLocation) -> RawLocation {
+    RawLocation {
+        kind: location.type_,
+        id: location.id,
+    }
+}
+
 fn location_of_device(device: CUdevice) -> RawLocation {
     if device == DEVICE_CPU {
         RawLocation {
@@ -355,10 +363,10 @@ pub unsafe extern "C" fn cuMemAdvise_v2(
     ptr: CUdeviceptr,
     count: usize,
     advice: c_uint,
-    location: RawLocation,
+    location: RawMemLocation,
 ) -> CUresult {
     entry("cuMemAdvise_v2", None, Some(ptr), |_| {
-        advise(ptr, count, advice, location)
+        advise(ptr, count, advice, raw_location(location))
     })
 }
 
@@ -403,7 +411,7 @@ pub unsafe extern "C" fn cuMemPrefetchAsync(
 pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
     ptr: CUdeviceptr,
     count: usize,
-    location: RawLocation,
+    location: RawMemLocation,
     flags: c_uint,
     s: CUstream,
 ) -> CUresult {
@@ -412,7 +420,7 @@ pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
         if flags != 0 {
             return Err(codes::INVALID_VALUE);
         }
-        prefetch(ptr, count, location, s, info)
+        prefetch(ptr, count, raw_location(location), s, info)
     })
 }
 
@@ -480,7 +488,7 @@ pub unsafe extern "C" fn cuMemPrefetchBatchAsync(
     ptrs: *const CUdeviceptr,
     sizes: *const usize,
     count: usize,
-    locs: *const RawLocation,
+    locs: *const RawMemLocation,
     loc_indices: *const usize,
     num_locs: usize,
     flags: c_ulonglong,
@@ -494,7 +502,7 @@ pub unsafe extern "C" fn cuMemPrefetchBatchAsync(
                 ptrs,
                 sizes,
                 count,
-                locs,
+                locs.cast::<RawLocation>(),
                 loc_indices,
                 num_locs,
                 flags,
@@ -511,7 +519,7 @@ pub unsafe extern "C" fn cuMemDiscardAndPrefetchBatchAsync(
     ptrs: *const CUdeviceptr,
     sizes: *const usize,
     count: usize,
-    locs: *const RawLocation,
+    locs: *const RawMemLocation,
     loc_indices: *const usize,
     num_locs: usize,
     flags: c_ulonglong,
@@ -525,7 +533,7 @@ pub unsafe extern "C" fn cuMemDiscardAndPrefetchBatchAsync(
                 ptrs,
                 sizes,
                 count,
-                locs,
+                locs.cast::<RawLocation>(),
                 loc_indices,
                 num_locs,
                 flags,
