@@ -12,7 +12,7 @@
 //! | `MemoryError::ResourceClosed` | `RuntimeError("DeviceMemoryResource has been closed")` (or Pinned...) |
 //! | `HandleError::Deallocator` | the exception the Python memory resource's `deallocate` raised (it travels as the error's source); else `RuntimeError` |
 //! | `MemoryError::InvalidSize` | `ValueError` (zero bytes) or `OverflowError` (more than `isize::MAX`) |
-//! | `SizeMismatch`, `InvalidFill`, `WrongDevice`, `OwnershipConflict`, `NoMemoryResource`, `HandleError::InvalidArgument`, `HandleError::WrongDevice` | `ValueError` |
+//! | `SizeMismatch`, `InvalidFill`, `WrongDevice`, `OwnershipConflict`, `NoMemoryResource`, `NotManaged`, `HandleError::InvalidArgument`, `HandleError::WrongDevice` | `ValueError` |
 //! | `NotCapturing`, `StreamCapturing`, `Ipc`, `Graph` | `RuntimeError` |
 
 use handles::HandleError;
@@ -98,7 +98,7 @@ impl From<Error> for PyErr {
             | MemoryError::Ipc { .. }
             | MemoryError::Graph { .. } => PyRuntimeError::new_err(error.to_string()),
             // InvalidSize (zero), SizeMismatch, InvalidFill, WrongDevice, OwnershipConflict,
-            // NoMemoryResource, and anything added later.
+            // NoMemoryResource, NotManaged, and anything added later.
             other => PyValueError::new_err(other.to_string()),
         }
     }

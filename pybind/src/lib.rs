@@ -7,9 +7,11 @@
 //! - `stream`: `Stream`, `Event`, `Context`, default streams, device-level functions.
 //! - `resource`: `MemoryResource` (subclassable in Python) and the built-in resources.
 //! - `nested`: one Python `deallocate` at a time per thread (a release inside one is queued).
-//! - `buffer`: `Buffer`, `ManagedBuffer`, DLPack, IPC descriptors; `shared`: the closable,
+//! - `buffer`: `Buffer`, `ManagedBuffer` (with managed-memory placement and its batch
+//!   functions), DLPack, IPC descriptors; `shared`: the closable,
 //!   shared state of a Python `Buffer` over the Rust buffer it holds.
 //! - `graph`: `GraphBuilder` (stream capture that retains buffers) and `Graph`.
+//! - `location`: managed-memory locations (`Device`, `Host`) as the handles crate's.
 //! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor).
 //!
 //! Every class is `frozen` and `Send + Sync`; every driver call that can block runs with the
@@ -23,6 +25,7 @@ mod buffer;
 mod errors;
 mod ffi;
 mod graph;
+mod location;
 mod nested;
 mod report;
 mod resource;

@@ -2,11 +2,13 @@
 "cuda.core compatibility"): pointer-likes in from_handle, Device's properties and identity,
 events with cuda.core's options and timing, the object protocols (weak references, equality and
 hashing by handle, subclassing Stream), resources' zero-size allocations, optional streams and
-attributes, stream priorities and graphs, and messages that name the class called. Each test
+attributes, managed pools and managed-memory placement (Host, advice, prefetch, discard and their
+batches), stream priorities and graphs, and messages that name the class called. Each test
 asserts what any driver shows; they run on the emulator and on a GPU."""
 
 import ctypes
 import gc
+import pickle
 import re
 import uuid
 import weakref
@@ -440,6 +442,183 @@ def test_pinned_memory_of_a_resource_bound_to_no_gpu_is_cuda_host(device, stream
     buf = NoGpu().allocate(64)
     assert buf.__dlpack_device__() == (3, 0)
     buf.close()
+
+
+def test_host_locations_are_singletons_that_pickle():
+    assert custody.Host() is custody.Host() and custody.Host(numa_id=1) is custody.Host(1)
+    assert custody.Host.numa_current() is custody.Host(is_numa_current=True)
+    assert custody.Host() != custody.Host.numa_current() != custody.Host(numa_id=0)
+    assert (custody.Host().numa_id, custody.Host(3).numa_id) == (None, 3)
+    assert custody.Host.numa_current().is_numa_current and not custody.Host().is_numa_current
+    assert [repr(h) for h in (custody.Host(), custody.Host(2), custody.Host.numa_current())] == [
+        "Host()", "Host(numa_id=2)", "Host.numa_current()"]
+    for host in (custody.Host(), custody.Host(2), custody.Host.numa_current()):
+        assert pickle.loads(pickle.dumps(host)) is host
+    for bad in (-1, True, "0", 1.0):
+        with pytest.raises(ValueError, match="numa_id must be a non-negative int"):
+            custody.Host(numa_id=bad)
+    with pytest.raises(ValueError, match="not both"):
+        custody.Host(0, is_numa_current=True)
+
+
+def test_location_coercion(device):
+    assert custody._coerce_location(device) == ("device", 0)
+    assert custody._coerce_location(custody.Host()).kind == "host"
+    assert custody._coerce_location(custody.Host(3)) == ("host_numa", 3)
+    assert custody._coerce_location(custody.Host.numa_current()).kind == "host_numa_current"
+    assert custody._coerce_location(None, allow_none=True) is None
+    with pytest.raises(ValueError, match="location is required"):
+        custody._coerce_location(None)
+    for bad in (0, "device"):
+        with pytest.raises(TypeError, match="Device, Host, or None"):
+            custody._coerce_location(bad)
+
+
+@pytest.fixture(params=["pool", "cuMemAllocManaged"])
+def managed(request, device, stream):
+    """A page of managed memory from a managed pool, or from cuMemAllocManaged adopted with
+    ManagedBuffer.from_handle (owner=)."""
+    if request.param == "pool":
+        buf = custody.ManagedMemoryResource().allocate(4096, stream=stream)
+        yield buf
+        buf.close(stream)
+    else:
+        plain = custody.LegacyManagedMemoryResource().allocate(4096, stream=stream)
+        yield custody.ManagedBuffer.from_handle(plain.handle, plain.size, owner=plain)
+        plain.close()
+
+
+def test_managed_buffer_advice_round_trips(device, managed, emu):
+    """read_mostly, preferred_location and accessed_by give the driver advice (cuMemAdvise_v2)
+    and read it back from the range attributes."""
+    if emu is not None:
+        emu.clear_calls()
+    assert managed.read_mostly is False
+    managed.read_mostly = True
+    assert managed.read_mostly is True
+    managed.read_mostly = False
+    assert managed.read_mostly is False
+    if emu is not None:
+        assert [c["function"] for c in emu.calls()].count("cuMemAdvise_v2") == 2
+    assert managed.preferred_location is None
+    managed.preferred_location = device
+    assert managed.preferred_location is device
+    managed.preferred_location = custody.Host()
+    assert managed.preferred_location is custody.Host()
+    managed.preferred_location = None
+    assert managed.preferred_location is None
+    with pytest.raises(TypeError, match="Device, Host, or None"):
+        managed.preferred_location = 0
+
+    accessed = managed.accessed_by
+    assert len(accessed) == 0 and device not in accessed and accessed == set()
+    accessed.add(device)
+    assert device in managed.accessed_by and set(managed.accessed_by) == {device}
+    accessed.discard(custody.Host(numa_id=0))  # never a member: a no-op
+    accessed.discard(device)
+    assert device not in accessed
+    with pytest.raises(KeyError):
+        accessed.remove(device)
+    managed.accessed_by = {device, custody.Host()}
+    assert set(managed.accessed_by) == {device, custody.Host()}
+    assert accessed | {custody.Host(1)} == {device, custody.Host(), custody.Host(1)}
+    # Checked before anything changes: the advice stays as it was.
+    with pytest.raises(ValueError, match="does not support location_type='host_numa'"):
+        managed.accessed_by = {device, custody.Host(numa_id=0)}
+    with pytest.raises(ValueError, match="does not support location_type='host_numa_current'"):
+        managed.accessed_by.add(custody.Host.numa_current())
+    assert set(managed.accessed_by) == {device, custody.Host()}
+    managed.accessed_by = set()
+    assert len(managed.accessed_by) == 0
+
+
+def test_managed_buffer_prefetch_and_discard(device, stream, managed, emu):
+    if emu is not None:
+        emu.clear_calls()
+    assert managed.last_prefetch_location is None
+    managed.prefetch(device, stream=stream)
+    stream.sync()
+    assert managed.last_prefetch_location is device
+    managed.prefetch(custody.Host(), stream=stream)
+    stream.sync()
+    # The host as the driver names it after a prefetch there: with or without its NUMA node.
+    assert isinstance(managed.last_prefetch_location, custody.Host)
+    managed.discard(stream=stream)
+    managed.discard_prefetch(device, stream=stream)
+    stream.sync()
+    assert managed.last_prefetch_location is device
+    if emu is not None:
+        calls = [c["function"] for c in emu.calls()]
+        assert calls.count("cuMemPrefetchAsync_v2") == 2
+        assert "cuMemDiscardBatchAsync" in calls and "cuMemDiscardAndPrefetchBatchAsync" in calls
+    with pytest.raises(ValueError, match="location is required"):
+        managed.prefetch(None, stream=stream)
+    with pytest.raises(TypeError, match="stream is keyword-only"):
+        managed.prefetch(device, stream)
+    with pytest.raises(TypeError, match="stream is required"):
+        managed.discard()
+
+
+def test_managed_operations_refuse_memory_that_is_not_managed(device, stream, emu):
+    plain = custody.DeviceMemoryResource(0).allocate(4096, stream=stream)
+    wrapped = custody.ManagedBuffer.from_handle(plain.handle, plain.size, owner=plain)
+    if emu is not None:
+        emu.clear_calls()
+    with pytest.raises(ValueError, match="managed-memory allocation"):
+        wrapped.read_mostly = True
+    with pytest.raises(ValueError, match="managed-memory allocation"):
+        wrapped.prefetch(device, stream=stream)
+    with pytest.raises(ValueError, match="managed-memory allocation"):
+        wrapped.discard_prefetch(device, stream=stream)
+    with pytest.raises(ValueError, match="managed-memory allocation"):
+        custody.prefetch_batch(stream, [wrapped], device)
+    if emu is not None:
+        names = [c["function"] for c in emu.calls()]
+        assert not [n for n in names if n.startswith(("cuMemAdvise", "cuMemPrefetch", "cuMemDiscard"))]
+    wrapped.close()
+    plain.close(stream)
+
+
+def test_managed_batches(device, stream, emu):
+    mr = custody.LegacyManagedMemoryResource()
+    bufs = [mr.allocate(4096, stream=stream) for _ in range(3)]
+    if emu is not None:
+        emu.clear_calls()
+    custody.prefetch_batch(stream, bufs, device)
+    stream.sync()
+    assert [b.last_prefetch_location for b in bufs] == [device] * 3
+    custody.prefetch_batch(stream, bufs, [custody.Host(), device, custody.Host()])
+    stream.sync()
+    assert [isinstance(b.last_prefetch_location, custody.Host) for b in bufs] == [True, False, True]
+    custody.discard_batch(stream, bufs)
+    custody.discard_prefetch_batch(stream, tuple(bufs), device)
+    stream.sync()
+    assert [b.last_prefetch_location for b in bufs] == [device] * 3
+    if emu is not None:
+        calls = [c["function"] for c in emu.calls()]
+        assert calls.count("cuMemPrefetchBatchAsync") == 2
+        assert calls.count("cuMemDiscardBatchAsync") == 1
+        assert calls.count("cuMemDiscardAndPrefetchBatchAsync") == 1
+        emu.clear_calls()
+    for fn, args in ((custody.prefetch_batch, (custody.Host(),)), (custody.discard_batch, ()),
+                     (custody.discard_prefetch_batch, (device,))):
+        with pytest.raises(TypeError, match="sequence of Buffers"):
+            fn(stream, bufs[0], *args)
+        with pytest.raises(TypeError, match="sequence of Buffers"):
+            fn(stream, [bufs[0], 7], *args)
+        with pytest.raises(ValueError, match="at least one buffer"):
+            fn(stream, [], *args)
+    for fn in (custody.prefetch_batch, custody.discard_prefetch_batch):
+        with pytest.raises(ValueError, match="length"):
+            fn(stream, bufs, [custody.Host()])
+        with pytest.raises(TypeError, match="Device, Host, or None"):
+            fn(stream, bufs, 0)
+    with pytest.raises(TypeError, match="stream is required"):
+        custody.discard_batch(None, bufs)
+    if emu is not None:
+        assert not [c for c in emu.calls() if c["function"].startswith(("cuMemPrefetch", "cuMemDiscard"))]
+    for b in bufs:
+        b.close()
 
 
 def test_graph_memory_resource_is_one_object_per_device_with_attributes(device, stream):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools as _functools
 import threading
 import uuid as _uuid
+from collections.abc import MutableSet as _MutableSet
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import NamedTuple, Optional
@@ -49,7 +50,10 @@ from custody._custody import (
     Stream,
     SynchronousMemoryResource,
     default_stream,
+    discard_batch,
+    discard_prefetch_batch,
     drain_deferred_cleanup,
+    prefetch_batch,
 )
 from custody import _custody
 from custody._properties import DeviceProperties
@@ -74,6 +78,7 @@ __all__ = [
     "GraphCompleteOptions",
     "GraphMemoryResource",
     "GraphMemoryResourceAttributes",
+    "Host",
     "IPCAllocationHandle",
     "IPCBufferDescriptor",
     "IPCEventDescriptor",
@@ -91,7 +96,10 @@ __all__ = [
     "StreamOptions",
     "SynchronousMemoryResource",
     "default_stream",
+    "discard_batch",
+    "discard_prefetch_batch",
     "drain_deferred_cleanup",
+    "prefetch_batch",
     "system",
 ]
 
@@ -467,6 +475,142 @@ _NOT_PROVIDED = {
         "graphics interop and tensor maps are outside custody's scope",
     ),
 }
+
+
+# --- Managed-memory locations ---
+#
+# ``ManagedBuffer``'s placement methods and the batch functions take a ``Device`` or a ``Host``;
+# the extension asks ``_coerce_location`` for the ``(kind, id)`` pair the driver's location is
+# made of, and ``_location_object`` for the object a location read back from the driver names.
+
+
+class Host:
+    """The host as a managed-memory location, beside :class:`Device` (for
+    ``ManagedBuffer.prefetch``, ``discard_prefetch``, ``preferred_location``, ``accessed_by`` and
+    the batch functions). ``Host()``: any NUMA node; ``Host(numa_id=n)``: NUMA node ``n``
+    (``ValueError`` unless a non-negative int); ``Host.numa_current()`` (or
+    ``Host(is_numa_current=True)``): the NUMA node of the calling thread (``ValueError`` with
+    ``numa_id``). The same arguments give the same object, so equality and hashing are by
+    identity; a ``Host`` pickles to the same object.
+    """
+
+    __slots__ = ("_numa_id", "_numa_current", "__weakref__")
+    _instances: "dict[tuple, Host]" = {}
+    _lock = threading.Lock()
+
+    def __new__(cls, numa_id: "Optional[int]" = None, *, is_numa_current: bool = False) -> "Host":
+        if numa_id is not None:
+            if is_numa_current:
+                raise ValueError("Host takes numa_id or is_numa_current=True, not both")
+            if isinstance(numa_id, bool) or not isinstance(numa_id, int) or numa_id < 0:
+                raise ValueError(f"numa_id must be a non-negative int, got {numa_id!r}")
+        key = (numa_id, bool(is_numa_current))
+        with cls._lock:
+            host = cls._instances.get(key)
+            if host is None:
+                host = super().__new__(cls)
+                host._numa_id, host._numa_current = key
+                cls._instances[key] = host
+        return host
+
+    @classmethod
+    def numa_current(cls) -> "Host":
+        """The NUMA node of the calling thread (``CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT``)."""
+        return cls(is_numa_current=True)
+
+    @property
+    def numa_id(self) -> "Optional[int]":
+        """The NUMA node, or ``None`` for any node (and for :meth:`numa_current`)."""
+        return self._numa_id
+
+    @property
+    def is_numa_current(self) -> bool:
+        """Whether this is the calling thread's NUMA node (:meth:`numa_current`)."""
+        return self._numa_current
+
+    def __reduce__(self):
+        return (_host_of, (self._numa_id, self._numa_current))
+
+    def __repr__(self) -> str:
+        if self._numa_current:
+            return "Host.numa_current()"
+        return "Host()" if self._numa_id is None else f"Host(numa_id={self._numa_id})"
+
+
+def _host_of(numa_id, is_numa_current):
+    return Host(numa_id, is_numa_current=is_numa_current)
+
+
+class _Location(NamedTuple):
+    """A location as the driver takes it: ``kind`` ``"device"``, ``"host"``, ``"host_numa"`` or
+    ``"host_numa_current"``, and ``id`` (the device ordinal or NUMA node; 0 where none)."""
+
+    kind: str
+    id: int = 0
+
+
+def _coerce_location(value, *, allow_none: bool = False) -> "Optional[_Location]":
+    """The :class:`_Location` of a :class:`Device` or :class:`Host`; ``None`` for ``None`` when
+    ``allow_none``, else ``ValueError``; ``TypeError`` for anything else (an int included: say
+    ``Device(n)`` or ``Host()``)."""
+    if isinstance(value, Device):
+        return _Location("device", value.device_id)
+    if isinstance(value, Host):
+        if value.is_numa_current:
+            return _Location("host_numa_current")
+        if value.numa_id is not None:
+            return _Location("host_numa", value.numa_id)
+        return _Location("host")
+    if value is None:
+        if allow_none:
+            return None
+        raise ValueError("a location is required: pass a Device or a Host")
+    raise TypeError(f"a location must be a Device, Host, or None; got {type(value).__name__}")
+
+
+def _location_object(kind: str, id: int):
+    """The :class:`Device` or :class:`Host` a location read from the driver names."""
+    if kind == "device":
+        return Device(id)
+    if kind == "host_numa":
+        return Host(id)
+    if kind == "host_numa_current":
+        return Host.numa_current()
+    return Host()
+
+
+class _AccessedBy(_MutableSet):
+    """``ManagedBuffer.accessed_by``: a live set of the locations (:class:`Device`,
+    ``Host()``) the buffer's accessed-by advice is set for, read from the driver each time;
+    ``add`` and ``discard`` give the driver advice. Operators give plain sets."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self, buffer):
+        self._buffer = buffer
+
+    @classmethod
+    def _from_iterable(cls, iterable):
+        return set(iterable)
+
+    def __contains__(self, location) -> bool:
+        return location in self._buffer._accessed_by_list()
+
+    def __iter__(self):
+        return iter(self._buffer._accessed_by_list())
+
+    def __len__(self) -> int:
+        return len(self._buffer._accessed_by_list())
+
+    def add(self, location) -> None:
+        self._buffer._advise_accessed_by(location, True)
+
+    def discard(self, location) -> None:
+        if location in self:
+            self._buffer._advise_accessed_by(location, False)
+
+    def __repr__(self) -> str:
+        return f"AccessedBy({set(self)!r})"
 
 
 def __getattr__(name: str):

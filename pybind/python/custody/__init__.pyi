@@ -16,6 +16,7 @@ driver loads, the first CUDA call raises a :class:`CUDAError` that says what was
 """
 
 import uuid
+from collections.abc import Iterable, MutableSet, Sequence
 from typing import Any, Optional, Protocol, SupportsIndex, Tuple, Union
 
 __version__: str
@@ -458,6 +459,110 @@ class ManagedBuffer(Buffer):
     ) -> "ManagedBuffer":
         """As :meth:`Buffer.from_handle`, for managed memory (reported host- and
         device-accessible and managed without asking the driver)."""
+    @property
+    def read_mostly(self) -> bool:
+        """Whether read-mostly advice is set (``CU_MEM_ADVISE_SET_READ_MOSTLY``: reads may be
+        served from read-only copies on every processor that reads); assigning gives or takes
+        back that advice. ``ValueError`` for memory that is not managed; ``RuntimeError`` once
+        closed; :class:`CUDAError` when the driver refuses.
+        """
+    @read_mostly.setter
+    def read_mostly(self, value: bool) -> None: ...
+    @property
+    def preferred_location(self) -> Union["Device", "Host", None]:
+        """Where the memory is advised to live: a :class:`Device`, a :class:`Host`, or ``None``
+        for no preference; assigning one gives that advice, ``None`` takes it back. Errors as
+        :attr:`read_mostly`; ``TypeError`` for a value that is no location.
+        """
+    @preferred_location.setter
+    def preferred_location(self, value: Union["Device", "Host", None]) -> None: ...
+    @property
+    def accessed_by(self) -> "MutableSet[Union[Device, Host]]":
+        """The devices (and ``Host()``) the memory is advised to stay mapped for
+        (``CU_MEM_ADVISE_SET_ACCESSED_BY``): a live set, read from the driver on each use, whose
+        ``add`` and ``discard`` give and take back the advice; assigning a set of locations
+        makes the advice that set (all are checked before any changes). Only a :class:`Device` or
+        ``Host()`` qualifies (``ValueError`` for a NUMA node); errors otherwise as
+        :attr:`read_mostly`.
+        """
+    @accessed_by.setter
+    def accessed_by(self, value: "Iterable[Union[Device, Host]]") -> None: ...
+    @property
+    def last_prefetch_location(self) -> Union["Device", "Host", None]:
+        """Where the memory was last prefetched to (:meth:`prefetch`, the batch functions): a
+        :class:`Device`, a :class:`Host`, or ``None`` when it never was (read from the driver's
+        ``CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION``; not in cuda.core 1.2). Errors as
+        :attr:`read_mostly`.
+        """
+    def prefetch(self, location: Union["Device", "Host"], *, stream: StreamLike) -> None:
+        """Migrates the memory to ``location`` (a :class:`Device` or :class:`Host`), ordered on
+        ``stream`` (keyword-only: a :class:`Stream`, a :class:`GraphBuilder`, or an object with
+        ``__cuda_stream__``); does not block. ``ValueError`` for memory that is not managed or
+        for ``location=None``, ``TypeError`` for a value that is no location or a missing
+        stream; ``RuntimeError`` once closed; :class:`CUDAError` when the driver refuses.
+        """
+    def discard(self, *, stream: StreamLike) -> None:
+        """Discards the memory's contents (they read as undefined until written; no pages are
+        migrated back), ordered on ``stream`` (keyword-only, as :meth:`prefetch`); does not
+        block. Errors as :meth:`prefetch`; :class:`CUDAError` from a driver before CUDA 12.8.
+        """
+    def discard_prefetch(self, location: Union["Device", "Host"], *, stream: StreamLike) -> None:
+        """Discards the memory's contents and migrates it to ``location``, ordered on ``stream``
+        (keyword-only, as :meth:`prefetch`); does not block. Errors as :meth:`discard`.
+        """
+
+LocationLike = Union["Device", "Host"]
+
+def prefetch_batch(
+    stream: StreamLike,
+    buffers: Sequence[Buffer],
+    locations: Union[LocationLike, Sequence[LocationLike]],
+) -> None:
+    """Migrates each of ``buffers`` (a sequence of managed :class:`Buffer` objects) to its
+    location, ordered on ``stream``, in one driver call (``cuMemPrefetchBatchAsync``); does not
+    block. ``locations``: one :class:`Device` or :class:`Host` for all, or a list or tuple of one
+    per buffer (``ValueError`` when the lengths differ). ``TypeError`` for a single buffer or
+    anything but a sequence of buffers, or a missing stream; ``ValueError`` for an empty sequence
+    or memory that is not managed; ``RuntimeError`` for a closed buffer; :class:`CUDAError` when
+    the driver refuses (or predates CUDA 12.8).
+    """
+
+def discard_batch(stream: StreamLike, buffers: Sequence[Buffer]) -> None:
+    """Discards the contents of ``buffers`` (a sequence of managed :class:`Buffer` objects),
+    ordered on ``stream``, in one driver call (``cuMemDiscardBatchAsync``); does not block.
+    Errors as :func:`prefetch_batch`.
+    """
+
+def discard_prefetch_batch(
+    stream: StreamLike,
+    buffers: Sequence[Buffer],
+    locations: Union[LocationLike, Sequence[LocationLike]],
+) -> None:
+    """Discards the contents of ``buffers`` and migrates each to its location, ordered on
+    ``stream``, in one driver call (``cuMemDiscardAndPrefetchBatchAsync``); does not block.
+    ``locations`` and errors as :func:`prefetch_batch`.
+    """
+
+class Host:
+    """The host as a managed-memory location, beside :class:`Device` (for
+    ``ManagedBuffer.prefetch``, ``discard_prefetch``, ``preferred_location``, ``accessed_by`` and
+    the batch functions). ``Host()``: any NUMA node; ``Host(numa_id=n)``: NUMA node ``n``
+    (``ValueError`` unless a non-negative int); ``Host.numa_current()`` (or
+    ``Host(is_numa_current=True)``): the NUMA node of the calling thread (``ValueError`` with
+    ``numa_id``). The same arguments give the same object, so equality and hashing are by
+    identity; a ``Host`` pickles to the same object.
+    """
+
+    def __new__(cls, numa_id: Optional[int] = None, *, is_numa_current: bool = False) -> "Host": ...
+    @classmethod
+    def numa_current(cls) -> "Host":
+        """The NUMA node of the calling thread (``CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT``)."""
+    @property
+    def numa_id(self) -> Optional[int]:
+        """The NUMA node, or ``None`` for any node (and for :meth:`numa_current`)."""
+    @property
+    def is_numa_current(self) -> bool:
+        """Whether this is the calling thread's NUMA node (:meth:`numa_current`)."""
 
 class IPCBufferDescriptor:
     """What another process needs to import one buffer: the pool's export data for it (the payload:
