@@ -135,6 +135,11 @@ struct PtrBox {
     /// that free nothing, and after release.
     recipe: Mutex<Option<DeallocationRecipe>>,
     release: Release,
+    /// Streams other than the deallocation stream that use the memory
+    /// ([`DevicePtrHandle::record_use`]), bound like recipes; at the free, the free's stream
+    /// waits for the work enqueued on each so far. Apart from the recipe, so that replacing the
+    /// recipe (docs/decisions.md D4) carries them over. Empty (no allocation) for most memory.
+    uses: Mutex<Vec<DeallocationRecipe>>,
     released: bool,
     /// A free being retried after it waited for a capture (the handle a deferred free gave its
     /// release rule to): its one-time warnings were reported already.
@@ -682,6 +687,7 @@ impl DevicePtrHandle {
             device,
             recipe: Mutex::new(recipe),
             release,
+            uses: Mutex::new(Vec::new()),
             released: false,
             retried: false,
         }))
@@ -843,6 +849,53 @@ impl DevicePtrHandle {
             .replace(recipe))
     }
 
+    /// Declares that work on `stream` uses this memory: when the memory is freed, the free's
+    /// stream first waits (`cuStreamWaitEvent`) for an event recorded on `stream` at that moment,
+    /// so the free is ordered after everything enqueued on `stream` until the free, not only
+    /// until this call (docs/decisions.md D12). Nothing is recorded or synchronised now, and the
+    /// host never blocks for it later (a drop stays non-blocking, docs/decisions.md D9). The use
+    /// is kept apart from the recipe: [`DevicePtrHandle::set_deallocation_stream`] keeps it, and
+    /// every clone shares it. Recording the same stream again does nothing; a use on the
+    /// deallocation stream itself costs nothing at the free. The stream is kept alive until the
+    /// free. A default-stream token is bound as a recipe binds it (docs/decisions.md D1): to the
+    /// current context, and the per-thread default stream also to the calling thread (freed on
+    /// another thread, the event is recorded on the bound context's legacy stream, which waits
+    /// for the recording thread's per-thread stream, docs/decisions.md D6). For memory that
+    /// frees nothing (owner-kept, borrowed) or host memory adopted with a host-only
+    /// deallocator, nothing is recorded.
+    ///
+    /// # Errors
+    /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
+    /// [`HandleError::WrongDevice`] for a stream whose context is on another device than the
+    /// memory (as a deallocation stream would be refused). On error nothing is recorded.
+    ///
+    /// Driver calls: `cuCtxGetCurrent` (unbound tokens only); at the free, per use stream
+    /// (cold path: none when no use is recorded), `cuStreamGetCaptureInfo_v2`, `cuEventCreate`,
+    /// `cuEventRecord`, `cuStreamWaitEvent`, `cuEventDestroy_v2`, each in the context it needs
+    /// (`cuCtxGetCurrent`, `cuCtxSetCurrent` if needed).
+    pub fn record_use(&self, stream: &StreamHandle) -> Result<(), HandleError> {
+        if matches!(
+            self.0.release,
+            Release::Owner(_) | Release::NonOwning | Release::HostDeallocator(_)
+        ) {
+            return Ok(());
+        }
+        let recorded = DeallocationRecipe::record(stream)?;
+        check_device(self.0.device, &recorded)?;
+        let mut uses = self.0.uses.lock().unwrap_or_else(|e| e.into_inner());
+        if !uses.iter().any(|u| u.same_target(&recorded)) {
+            uses.push(recorded);
+        }
+        Ok(())
+    }
+
+    /// The streams recorded by [`DevicePtrHandle::record_use`], in the order they were first
+    /// recorded (one clone each).
+    pub fn use_streams(&self) -> Vec<StreamHandle> {
+        let uses = self.0.uses.lock().unwrap_or_else(|e| e.into_inner());
+        uses.iter().map(|u| u.stream().clone()).collect()
+    }
+
     /// Releases this handle now. When it is the last one, frees the memory as its rule says
     /// and returns the outcome instead of reporting it; the handle is gone either way. When
     /// other clones remain, nothing is freed and `Ok(())` is returned.
@@ -909,17 +962,35 @@ impl PtrBox {
         // others find out from their own failure (F16) or ask where an event would be recorded.
         // A free away from the recording thread always looks first: issuing work on the legacy
         // stream while a blocking stream of its context is captured would break that capture.
-        let looks_first = match &self.release {
-            Release::Pool(_) | Release::Async => !stream.identifies_its_context(),
-            Release::IpcImport(_) | Release::IpcShare(..) | Release::Deallocator(_) => true,
-            Release::Synchronous | Release::Managed | Release::PinnedHost => explicit,
-            Release::Owner(_) | Release::NonOwning | Release::HostDeallocator(_) => false,
-        };
+        // Declared uses (D12) look first too: the free's stream must not be captured when it
+        // waits for them.
+        let has_uses = !self
+            .uses
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
+        let looks_first = has_uses
+            || match &self.release {
+                Release::Pool(_) | Release::Async => !stream.identifies_its_context(),
+                Release::IpcImport(_) | Release::IpcShare(..) | Release::Deallocator(_) => true,
+                Release::Synchronous | Release::Managed | Release::PinnedHost => explicit,
+                Release::Owner(_) | Release::NonOwning | Release::HostDeallocator(_) => false,
+            };
         if looks_first
-            && (other_thread || capture_may_be_active())
+            && (other_thread || has_uses || capture_may_be_active())
             && self.defer_if_captured(d, &recipe)
         {
             return Ok(());
+        }
+        if has_uses {
+            match self.order_after_uses(d, &recipe, stream) {
+                Ok(UsesOrdered::Yes) => {}
+                Ok(UsesOrdered::WaitForCapture) => {
+                    self.defer_captured(CaptureState::Blocked, recipe);
+                    return Ok(());
+                }
+                Err(error) => return self.unordered_use(error, &recipe, stream, explicit),
+            }
         }
         match &self.release {
             Release::Pool(_) | Release::Async => {
@@ -991,6 +1062,117 @@ impl PtrBox {
         }
     }
 
+    /// D12: makes `free` (the stream this free is issued on, resolved in `recipe`'s context)
+    /// wait for the work enqueued so far on every declared use stream: an event recorded on the
+    /// use stream now (in the use's context; on the legacy stream of that context for a
+    /// per-thread-default-stream use away from its recording thread, D6), waited for by `free`
+    /// (`cuStreamWaitEvent`, in the recipe's context), then destroyed (the driver keeps a
+    /// waited-for event until the wait is done). A use on `free` itself is skipped. Takes the
+    /// uses; when a use stream is being captured, puts them back and says the free must wait
+    /// for the capture to end (an event recorded there would be a capture node, and waiting on
+    /// it would pull the free into the capture).
+    ///
+    /// # Errors
+    /// The first failing driver call; the free must then not run (it would be unordered).
+    ///
+    /// Driver calls: per use, `cuStreamGetCaptureInfo_v2`, `cuEventCreate`, `cuEventRecord`,
+    /// `cuStreamWaitEvent`, `cuEventDestroy_v2`, with `cuCtxGetCurrent` and `cuCtxSetCurrent`
+    /// where the context differs.
+    #[cold]
+    #[inline(never)]
+    fn order_after_uses(
+        &mut self,
+        d: &'static Driver,
+        recipe: &DeallocationRecipe,
+        free: &StreamHandle,
+    ) -> Result<UsesOrdered, HandleError> {
+        let uses = std::mem::take(self.uses.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let free_raw = free.raw();
+        for use_recipe in &uses {
+            let on = use_recipe.free_stream();
+            let use_raw = on.raw();
+            if use_raw == free_raw && use_recipe.context_raw() == recipe.context_raw() {
+                continue; // the free's own stream: ordered already
+            }
+            let recorded = run_in(d, use_recipe.context_raw(), || {
+                if capture_state(d, use_raw) != CaptureState::Free {
+                    return Ok(None);
+                }
+                let raw = create_raw(EventFlags::DISABLE_TIMING)?;
+                // SAFETY: the event was just created in the current (the use's) context; the
+                // use recipe keeps its stream alive.
+                let status = unsafe { (d.cuEventRecord)(raw as cuda_sys::types::CUevent, use_raw) };
+                if let Err(error) = check("cuEventRecord", status) {
+                    destroy_raw(raw);
+                    return Err(error);
+                }
+                Ok(Some(raw))
+            });
+            let about = || subject(&self.release, "cuEventRecord", self.ptr, recipe);
+            let recorded = ran_value(recorded, "cuEventRecord", use_recipe.context_raw(), about);
+            let Some(event) = recorded? else {
+                // Every use goes back (those ordered already cost one more event later).
+                *self.uses.get_mut().unwrap_or_else(|e| e.into_inner()) = uses;
+                return Ok(UsesOrdered::WaitForCapture);
+            };
+            let waited = run_in(d, recipe.context_raw(), || {
+                // SAFETY: the event is ours and recorded; the recipe keeps the free's stream
+                // alive, and for a token its context is current.
+                let status = unsafe {
+                    (d.cuStreamWaitEvent)(free_raw, event as cuda_sys::types::CUevent, 0)
+                };
+                check("cuStreamWaitEvent", status)
+            });
+            // In the event's own context.
+            let destroyed = run_in(d, use_recipe.context_raw(), || {
+                check("cuEventDestroy_v2", destroy_raw(event))
+            });
+            let about = || subject(&self.release, "cuStreamWaitEvent", self.ptr, recipe);
+            ran_value(waited, "cuStreamWaitEvent", recipe.context_raw(), about)?;
+            let about = || subject(&self.release, "cuEventDestroy_v2", self.ptr, recipe);
+            let destroyed = ran_value(
+                destroyed,
+                "cuEventDestroy_v2",
+                use_recipe.context_raw(),
+                about,
+            );
+            if let Err(error) = destroyed {
+                // The wait is in place: the event's leak does not unorder the free (reported).
+                report(about(), CleanupStep::Ordering, Consequence::Leaked, error);
+            }
+        }
+        Ok(UsesOrdered::Yes)
+    }
+
+    /// A free whose declared uses could not be ordered (D12) is not issued (it would be
+    /// unordered): the memory is leaked, and the error returned (`explicit`) or reported.
+    #[cold]
+    #[inline(never)]
+    fn unordered_use(
+        &self,
+        error: HandleError,
+        recipe: &DeallocationRecipe,
+        stream: &StreamHandle,
+        explicit: bool,
+    ) -> Result<(), HandleError> {
+        if explicit {
+            return Err(error);
+        }
+        report(
+            Subject::new(
+                self.release.resource(),
+                "cuStreamWaitEvent",
+                self.ptr,
+                stream.raw_usize() as u64,
+                recipe.context_raw() as u64,
+            ),
+            CleanupStep::Ordering,
+            Consequence::Leaked,
+            error,
+        );
+        Ok(())
+    }
+
     /// D11: when the stream the free is issued on ([`DeallocationRecipe::free_stream`]) is
     /// being captured (or, for the legacy stream, blocked by a capture), defers the free instead
     /// of issuing it, and says so; `false` (and nothing done) when the stream is free to use.
@@ -1053,6 +1235,7 @@ impl PtrBox {
     /// frees with the same recipe when it is dropped later.
     fn defer_captured(&mut self, state: CaptureState, recipe: DeallocationRecipe) {
         let release = std::mem::replace(&mut self.release, Release::NonOwning);
+        let uses = std::mem::take(self.uses.get_mut().unwrap_or_else(|e| e.into_inner()));
         let context = recipe.context().clone();
         let handle = DevicePtrHandle(Arc::new(PtrBox {
             ptr: self.ptr,
@@ -1060,6 +1243,7 @@ impl PtrBox {
             device: self.device,
             recipe: Mutex::new(Some(recipe)),
             release,
+            uses: Mutex::new(uses),
             released: false,
             retried: true,
         }));
@@ -1176,6 +1360,38 @@ impl PtrBox {
             report_ordering(ran, &self.release, ptr, &recipe);
         }
         Ok(())
+    }
+}
+
+/// What [`PtrBox::order_after_uses`] found.
+enum UsesOrdered {
+    /// The free's stream waits for every use stream.
+    Yes,
+    /// A use stream is being captured: the free must wait for the capture to end.
+    WaitForCapture,
+}
+
+/// The outcome of `operation` run in `context`: [`HandleError::ContextNotActivated`] when it
+/// did not run; otherwise its own, a failure to put the caller's context back being reported as
+/// `subject`'s (the step itself is done either way).
+fn ran_value<T>(
+    ran: Ran<Result<T, HandleError>>,
+    operation: &'static str,
+    context: usize,
+    subject: impl FnOnce() -> Subject,
+) -> Result<T, HandleError> {
+    match ran {
+        Ran::NotActivated(failure) => Err(HandleError::ContextNotActivated {
+            operation,
+            context: context as u64,
+            error: failure.error(),
+        }),
+        Ran::Done { value, restore, .. } => {
+            if restore != 0 {
+                report_restore(subject(), Consequence::ContextNotRestored, restore);
+            }
+            value
+        }
     }
 }
 

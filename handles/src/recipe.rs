@@ -236,6 +236,15 @@ impl DeallocationRecipe {
         }
     }
 
+    /// Whether `other` names the same stream in the same context (and, for the per-thread
+    /// default stream, the same recording thread): a second use of it orders nothing more.
+    #[inline]
+    pub(crate) fn same_target(&self, other: &DeallocationRecipe) -> bool {
+        self.stream().raw_usize() == other.stream().raw_usize()
+            && self.context_raw == other.context_raw
+            && self.ptds_thread == other.ptds_thread
+    }
+
     /// The stream a free with this recipe is issued on when it runs on the calling thread: the
     /// recorded stream, except for a per-thread-default-stream recipe away from its recording
     /// thread ([`DeallocationRecipe::is_other_thread`]), which gives the unbound legacy token

@@ -100,9 +100,9 @@ pub(crate) enum IpcRole {
 /// Copies and fills on the buffer itself take `&self`, as a queue writes to a shared GPU
 /// buffer in wgpu: the work runs on the GPU in stream order, not through Rust references, and
 /// the memory may be shared with graphs that write it when they run. The typed views add the
-/// borrow checker's exclusivity for Rust code that wants it. Ordering work on other streams
-/// before the free is the caller's job: record an event, wait on it from the deallocation
-/// stream, or hand the free over to the stream that used the memory last.
+/// borrow checker's exclusivity for Rust code that wants it. Work on other streams than the
+/// deallocation stream is ordered before the free once declared with [`Buffer::record_use`]
+/// (or the caller hands the free over to the stream that used the memory last).
 ///
 /// Closing twice, or using a closed buffer, does not compile:
 ///
@@ -286,6 +286,44 @@ impl Buffer {
         self.handle
             .replace_deallocation_stream(stream)
             .map_err(device_error)
+    }
+
+    /// Declares that work on `stream` uses this buffer (PyTorch's `record_stream` is the
+    /// analogue): when the memory is freed, on whichever thread and by whichever holder, the
+    /// free's stream first waits for an event recorded on `stream` at that moment
+    /// (`cuStreamWaitEvent`), so the free is ordered after everything enqueued on `stream`
+    /// before it, uses made after this call included (docs/decisions.md D12). Nothing is
+    /// recorded, synchronised or polled now or later; a drop stays non-blocking. Every memory
+    /// kind, deferred cleanup (a graph's release) and [`Buffer::set_deallocation_stream`] (the
+    /// uses carry over) take part; recording a stream twice, or the deallocation stream itself,
+    /// orders nothing more. The buffer keeps `stream` alive until the free. A default-stream
+    /// token is bound to the current context (the per-thread default stream also to the calling
+    /// thread, docs/decisions.md D6). For views and owner-kept memory, which free nothing,
+    /// nothing is recorded.
+    ///
+    /// # Errors
+    /// On error nothing is recorded:
+    /// - [`MemoryError::WrongDevice`]: a stream of another device than the memory's (for memory
+    ///   of one device; pinned and managed memory accept any device's stream).
+    /// - [`MemoryError::Handle`] with [`handles::HandleError::NoCurrentContext`]: a
+    ///   default-stream token on a thread with no current context.
+    ///
+    /// Driver calls: `cuCtxGetCurrent` (default-stream tokens only); at the free, per recorded
+    /// stream, `cuStreamGetCaptureInfo_v2`, `cuEventCreate`, `cuEventRecord`,
+    /// `cuStreamWaitEvent`, `cuEventDestroy_v2` (`handles::DevicePtrHandle::record_use`).
+    pub fn record_use(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
+        if self.handle.device().is_none() {
+            // Adopted memory: the handle does not know its device, the resource does.
+            if let Some(device) = self.access.get().and_then(|a| a.bound_device()) {
+                check_stream_device(stream, device)?;
+            }
+        }
+        self.handle.record_use(stream).map_err(device_error)
+    }
+
+    /// The streams recorded with [`Buffer::record_use`], first recorded first.
+    pub fn use_streams(&self) -> Vec<StreamHandle> {
+        self.handle.use_streams()
     }
 
     /// Closes the buffer: when it holds the last reference to the memory, frees it now with
