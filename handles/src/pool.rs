@@ -432,10 +432,16 @@ pub fn export_pool(pool: &MemoryPoolHandle) -> Result<OwnedFd, HandleError> {
 /// `None` for a host pool. Allocate nothing from it: pointers come in through
 /// [`crate::import_pointer`].
 ///
-/// # Errors
-/// [`HandleError::Driver`] when the driver rejects the descriptor.
+/// An imported host pool starts with no device access in the importing process
+/// (`docs/driver-facts.md` F21), as a created one does in its own: every device is granted
+/// read-write access, as [`create_pool`] does.
 ///
-/// Driver calls: `cuInit` (once), `cuMemPoolImportFromShareableHandle`.
+/// # Errors
+/// [`HandleError::Driver`] when the driver rejects the descriptor, or the access grant of a host
+/// pool (the imported pool is then released).
+///
+/// Driver calls: `cuInit` (once), `cuMemPoolImportFromShareableHandle`; for a host pool
+/// `cuDeviceGetCount` and `cuMemPoolSetAccess`.
 pub fn import_pool(
     fd: BorrowedFd<'_>,
     device: Option<i32>,
@@ -453,7 +459,11 @@ pub fn import_pool(
         )
     };
     check("cuMemPoolImportFromShareableHandle", status)?;
-    Ok(MemoryPoolHandle::from_raw_owned(raw, device))
+    let pool = MemoryPoolHandle::from_raw_owned(raw, device);
+    if device.is_none() {
+        grant_all_devices(d, raw)?; // on error `pool` drops and releases the imported pool
+    }
+    Ok(pool)
 }
 
 // Managed memory pools (`CU_MEM_ALLOCATION_TYPE_MANAGED`, CUDA 13 drivers): what the Python
