@@ -116,12 +116,13 @@ pub(crate) const CAPTURE_WRONG_THREAD: CUresult = C::STREAM_CAPTURE_WRONG_THREAD
 pub(crate) const CAPTURE_ISOLATION: CUresult = C::STREAM_CAPTURE_ISOLATION.0;
 /// `cuEventSynchronize` of an event last recorded in a capture, which also invalidates that
 /// capture (measured on an H200, driver 580.159.04, from another thread than the one that began
-/// a thread-local capture: driver facts F17, conformance `facts_capture::f17_*`; from the
-/// capturing thread, and in the other capture modes, a guess: the same).
+/// a thread-local capture and from the capturing thread: driver facts F17, conformance
+/// `facts_capture::f17_*`; in the other capture modes, a guess: the same).
 pub(crate) const CAPTURED_EVENT_SYNCHRONIZE: CUresult = C::CAPTURED_EVENT.0;
-/// `cuEventQuery` of an event last recorded in a capture: `CUDA_ERROR_INVALID_VALUE`, not the
-/// documented `CUDA_ERROR_CAPTURED_EVENT`, and the capture is invalidated (measured as
-/// [`CAPTURED_EVENT_SYNCHRONIZE`] was; the capturing thread and other modes: a guess).
+/// `cuEventQuery` of an event last recorded in a capture that is already invalidated (or over):
+/// `CUDA_ERROR_INVALID_VALUE`. While the capture is active the query is refused with
+/// [`CAPTURED_EVENT_SYNCHRONIZE`]'s code and invalidates it (measured on an H200, driver
+/// 580.159.04, on the capturing thread and on another: driver facts F17).
 pub(crate) const CAPTURED_EVENT_QUERY: CUresult = C::INVALID_VALUE.0;
 /// `cuStreamEndCapture` on a stream that is not capturing (measured), or `cuStreamBeginCapture`
 /// on one that already is (guess).
@@ -132,6 +133,13 @@ pub(crate) const CAPTURE_STATE: CUresult = C::ILLEGAL_STATE.0;
 pub(crate) const NOT_SUPPORTED: CUresult = C::NOT_SUPPORTED.0;
 /// `cuEventElapsedTime` with an event created with `CU_EVENT_DISABLE_TIMING` (documented).
 pub(crate) const EVENT_NO_TIMING: CUresult = C::INVALID_HANDLE.0;
+/// `cuIpcGetEventHandle` of an event made without `CU_EVENT_INTERPROCESS` (flags 0, or
+/// `CU_EVENT_DISABLE_TIMING` alone): `CUDA_ERROR_INVALID_HANDLE`, not `INVALID_VALUE`
+/// (measured on an H200, driver 580.159.04: driver facts F20).
+pub(crate) const IPC_EVENT_NOT_INTERPROCESS: CUresult = C::INVALID_HANDLE.0;
+/// A memset by a device that was not granted access to the host pool of the memory
+/// (`docs/driver-facts.md` F21): `CUDA_ERROR_INVALID_VALUE`.
+pub(crate) const NO_POOL_ACCESS: CUresult = C::INVALID_VALUE.0;
 /// `cuEventElapsedTime` with an event that was never recorded (documented).
 pub(crate) const EVENT_NOT_RECORDED: CUresult = C::INVALID_HANDLE.0;
 /// An emulator bug caught as a panic: never expected.

@@ -86,15 +86,15 @@
 //!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` for synchronous or synchronising calls that the
 //!   capture mode forbids (after the calling thread's interaction mode,
 //!   `cuThreadExchangeStreamCaptureMode`: global by default, relaxed forbids nothing; conformance
-//!   `basic_not_yet_measured_*relaxed*`), `..._IMPLICIT` for the legacy stream, invalidation,
+//!   `basic_*relaxed*`), `..._IMPLICIT` for the legacy stream, invalidation,
 //!   `..._UNJOINED`.
 //!   A captured `cuMemFreeAsync` of a graph allocation is a free node; of any other memory it
 //!   fails with `CUDA_ERROR_INVALID_VALUE`, captures nothing and leaves the capture valid
 //!   (measured: `docs/driver-facts.md` F16). An event last recorded in a capture:
-//!   `cuEventSynchronize` fails with `CUDA_ERROR_CAPTURED_EVENT`, `cuEventQuery` with
-//!   `CUDA_ERROR_INVALID_VALUE`, and either invalidates the capture (measured from another
-//!   thread, F17; the capturing thread is assumed to get the same); `cuStreamWaitEvent` on it
-//!   joins the waiting stream to the capture (documented; conformance `f17_not_yet_measured_*`).
+//!   the first `cuEventSynchronize` or `cuEventQuery` on any thread fails with
+//!   `CUDA_ERROR_CAPTURED_EVENT` and invalidates the capture, a query after that with
+//!   `CUDA_ERROR_INVALID_VALUE` (measured, F17); `cuStreamWaitEvent` on it joins the waiting
+//!   stream to the capture (measured; conformance `f17_*`).
 //! - **User objects**: counted references held by the program, graphs, clones and execs; the
 //!   destructor runs when the last goes, on the calling thread inside the call (G2) or, when an
 //!   exec is destroyed with a launch pending, on the stream's worker thread after that launch
@@ -108,7 +108,7 @@
 //!   the stream priority range, stream and context ids, the CUDA 13 `_v2` context and stream
 //!   queries, event records with flags and event timing (`cuEventElapsedTime`: host time at
 //!   which each record's stream reached it), `cuPointerGetAttributes` (an unknown pointer reads
-//!   as NULL values, no error), address ranges, pools by location (`cuMemGetMemPool` and
+//!   as the H200 wrote it: NULL values, no error, F19), address ranges, pools by location (`cuMemGetMemPool` and
 //!   friends), managed pools, managed memory advice, prefetch and range attributes (bookkeeping
 //!   only: all memory is one host memory), the managed pool of no preferred location, graph
 //!   event record/wait nodes, node and edge queries, edges added and removed

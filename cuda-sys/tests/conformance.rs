@@ -35,12 +35,13 @@
 //!   allocated before it fails with `CUDA_ERROR_INVALID_VALUE`, captures nothing and leaves the
 //!   capture valid and the memory allocated; a graph allocation freed in its capture is a free
 //!   node;
-//! - F17 (`facts_capture::f17_*`): `cuEventSynchronize` and `cuEventQuery` from another thread
-//!   of an event recorded in a thread-local capture fail (`CUDA_ERROR_CAPTURED_EVENT`,
-//!   `CUDA_ERROR_INVALID_VALUE`) and invalidate the capture; the `f17_not_yet_measured_*` cases
-//!   assert the emulator's reading of the documentation for what was not measured (each call
-//!   alone, the capturing thread's calls, `cuStreamWaitEvent` of the event from another stream),
-//!   for a GPU run to settle;
+//! - F17 (`facts_capture::f17_*`): the first `cuEventSynchronize` or `cuEventQuery`, from any
+//!   thread, of an event recorded in a thread-local capture fails with
+//!   `CUDA_ERROR_CAPTURED_EVENT` and invalidates the capture; a later query is
+//!   `CUDA_ERROR_INVALID_VALUE`; `cuStreamWaitEvent` of the event joins the waiting stream;
+//! - F19-F21 (`basics_memory::basic_pointer_get_attributes_*`, `ipc_events::ipc_event_handle_*`,
+//!   `ipc::ipc_host_numa_pool_*`): what `cuPointerGetAttributes` writes for an unknown address,
+//!   `cuIpcGetEventHandle` of a plain event, and a host NUMA pool's device access;
 //! - F18 (`facts_reuse::f18_*`): 64 allocate/free rounds of 64 bytes on one stream get some
 //!   address back more than once, each allocation with its own `CU_POINTER_ATTRIBUTE_BUFFER_ID`;
 //! - G1-G3 (`facts_graph`): a user object moved into a graph outlives `cuGraphDestroy` while an

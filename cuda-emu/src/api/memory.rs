@@ -568,6 +568,7 @@ fn memset(
         }
         let d = st.resolve(dst, len.max(1), false, function, r)?;
         info.alloc = d.id;
+        st.check_device_access(d.alloc, r)?;
         if n == 0 {
             return Ok(());
         }

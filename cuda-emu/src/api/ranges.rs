@@ -53,36 +53,45 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
                     Err(e) => return Err(e),
                 }
             } else {
-                // Not CUDA memory: every attribute reads as its NULL value, no error
-                // (documented); a context is NULL, the ordinal -2 is the documented "none".
+                // Not CUDA memory: no error, and what a real driver writes (F19).
                 // SAFETY: as above; every attribute's type is at least 4 bytes, pointer-sized
                 // ones get all 8 written.
-                unsafe { default_attribute(attr, slot)? };
+                unsafe { default_attribute(attr, ptr, slot)? };
             }
         }
         Ok(())
     })
 }
 
-/// The value `cuPointerGetAttributes` gives an attribute of a pointer the driver does not know.
+/// What `cuPointerGetAttributes` writes for an attribute of a pointer the driver does not know
+/// (measured on an H200, driver 580.159.04, for freed device memory, pageable host memory and a
+/// small integer: `docs/driver-facts.md` F19): NULL values (a context, device pointer, buffer ID
+/// or pool of 0; a memory type, managed, mapped or IPC-capable flag of 0), the device ordinal
+/// -2, the host pointer the address asked about, and nothing at all for the range's start and
+/// size (the caller's storage keeps what it held).
 ///
 /// # Safety
 /// `slot` is valid for a write of the attribute's type.
-unsafe fn default_attribute(attr: u32, slot: *mut c_void) -> Res {
+unsafe fn default_attribute(attr: u32, ptr: CUdeviceptr, slot: *mut c_void) -> Res {
     use cuda_sys::types::CUpointer_attribute as P;
+    let unwritten = [
+        P::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        P::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
     let wide = [
         P::CU_POINTER_ATTRIBUTE_CONTEXT,
         P::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
-        P::CU_POINTER_ATTRIBUTE_HOST_POINTER,
         P::CU_POINTER_ATTRIBUTE_BUFFER_ID,
-        P::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-        P::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
         P::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
         P::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
     ];
     // SAFETY: per this function's contract.
     unsafe {
-        if wide.iter().any(|&w| w as u32 == attr) {
+        if unwritten.iter().any(|&u| u as u32 == attr) {
+            Ok(())
+        } else if attr == P::CU_POINTER_ATTRIBUTE_HOST_POINTER as u32 {
+            put(slot.cast::<u64>(), ptr)
+        } else if wide.iter().any(|&w| w as u32 == attr) {
             put(slot.cast::<u64>(), 0)
         } else if attr == P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL as u32 {
             put(slot.cast::<i32>(), -2)

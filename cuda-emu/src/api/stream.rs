@@ -503,7 +503,7 @@ pub unsafe extern "C" fn cuIpcGetEventHandle(out: *mut IpcEventHandle, e: CUeven
             .as_ref()
             .filter(|_| ev.flags & EVENT_INTERPROCESS != 0)
         else {
-            return Err(codes::INVALID_VALUE);
+            return Err(codes::IPC_EVENT_NOT_INTERPROCESS);
         };
         let reserved = ipc.encode().map(|b| b as std::ffi::c_char);
         // SAFETY: the caller's 64-byte CUipcEventHandle (driver contract).
@@ -633,8 +633,13 @@ pub unsafe extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
         let mut st = initialized()?;
         let ev = st.events.get(&e).ok_or(codes::BAD_HANDLE)?;
         if let Some((id, _)) = ev.captured {
-            // Measured from another thread (F17): refused, and the capture is invalidated.
-            st.invalidate_capture(id);
+            // Measured on both threads (F17): while the capture is active, refused as the
+            // documented CUDA_ERROR_CAPTURED_EVENT, which invalidates the capture; once it is
+            // invalidated (or over), CUDA_ERROR_INVALID_VALUE.
+            if st.captures.get(&id).is_some_and(|c| !c.invalidated) {
+                st.invalidate_capture(id);
+                return Err(codes::CAPTURED_EVENT_SYNCHRONIZE);
+            }
             return Err(codes::CAPTURED_EVENT_QUERY);
         }
         if let Some((ipc, number)) = ev.shared_target() {

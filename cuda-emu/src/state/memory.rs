@@ -181,6 +181,32 @@ impl State {
     /// A pointer in a live allocation must fit in it; a freed device pointer is a
     /// use-after-free hazard; any other pointer outside the device range is pageable host
     /// memory when `host_ok`.
+    /// A memset on stream `stream` of memory from a host-located pool needs the stream's device
+    /// to have been granted access to the pool (`cuMemPoolSetAccess`): a host pool starts with
+    /// none, in the process that made it and in one that imported it, and the memset is then
+    /// `CUDA_ERROR_INVALID_VALUE` (measured on an H200, driver 580.159.04:
+    /// `docs/driver-facts.md` F21; copies were not measured and are not checked).
+    pub(crate) fn check_device_access(&self, alloc: Option<u64>, stream: u64) -> Res {
+        let Some(pool) = alloc.and_then(|start| self.allocs[&start].pool) else {
+            return Ok(());
+        };
+        let (Some(p), Some(s)) = (self.pools.get(&pool), self.streams.get(&stream)) else {
+            return Ok(());
+        };
+        let device = cuda_sys::types::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE as u32;
+        let granted = p
+            .access
+            .iter()
+            .any(|&((kind, id), flags)| kind == device && id == s.device && flags != 0);
+        // Measured for IPC-capable (shareable) host pools, made here or imported; a host pool
+        // without a shareable handle type was not, and is left as it was.
+        let shareable = p.handle_types != 0 || p.imported.is_some();
+        if p.host && !p.managed && shareable && !granted {
+            return Err(codes::NO_POOL_ACCESS);
+        }
+        Ok(())
+    }
+
     pub(crate) fn resolve(
         &mut self,
         addr: u64,

@@ -183,12 +183,13 @@ fn basic_pointer_attributes_of_device_memory() {
     });
 }
 
-/// Documented: `cuPointerGetAttributes` reads several attributes in one call (so no free on
-/// another thread can fall between them); unlike `cuPointerGetAttribute`, which fails with
-/// `CUDA_ERROR_INVALID_VALUE` for an address the driver does not know, it succeeds and gives
-/// NULL values (memory type 0, not managed, range size 0). Asked of live memory, of the same
-/// address once freed, and of pageable host memory. (`handles::pointer_attributes` relies on it;
-/// the device ordinal of an unknown address is not asserted: the documentation gives no value.)
+/// `cuPointerGetAttributes` reads several attributes in one call (so no free on another thread
+/// can fall between them); unlike `cuPointerGetAttribute`, which fails with
+/// `CUDA_ERROR_INVALID_VALUE` for an address the driver does not know, it succeeds (documented)
+/// and, measured (`docs/driver-facts.md` F19), writes memory type 0, not managed and device
+/// ordinal -2, and leaves the range size unwritten (the helper's storage holds 7 before the call).
+/// Asked of live memory, of the same address once freed, and of pageable host memory.
+/// (`handles::pointer_attributes` relies on it and starts its range size at 0.)
 #[test]
 fn basic_pointer_get_attributes_reads_an_unknown_address_as_null_values() {
     on_fresh_thread("pointer-get-attributes", || {
@@ -202,18 +203,16 @@ fn basic_pointer_get_attributes_reads_an_unknown_address_as_null_values() {
         );
         mem_free(p).check();
         pointer_memory_type(p).fails_with(cuda_sys::CudaErrorCode::INVALID_VALUE);
-        let (kind, managed, _, range) = pointer_get_attributes(p).check();
         assert_eq!(
-            (kind, managed, range),
-            (0, 0, 0),
-            "a freed address: NULL values"
+            pointer_get_attributes(p).check(),
+            (0, 0, -2, 7),
+            "a freed address: NULL values, ordinal -2, range size unwritten"
         );
         let pageable = vec![0u8; 64];
-        let (kind, managed, _, range) = pointer_get_attributes(pageable.as_ptr() as u64).check();
         assert_eq!(
-            (kind, managed, range),
-            (0, 0, 0),
-            "pageable host memory: NULL values"
+            pointer_get_attributes(pageable.as_ptr() as u64).check(),
+            (0, 0, -2, 7),
+            "pageable host memory: NULL values, ordinal -2, range size unwritten"
         );
     });
 }

@@ -687,6 +687,38 @@ pub fn mem_pool_set_attribute(pool: CUmemoryPool, attr: CUmemPool_attribute, val
     call!(cuMemPoolSetAttribute(pool, attr, (&mut value as *mut u64).cast()) => ())
 }
 
+/// `CU_MEM_LOCATION_TYPE_HOST_NUMA` (CUDA 12.2): host memory of one NUMA node.
+pub const LOCATION_TYPE_HOST_NUMA: u32 = 3;
+
+/// `cuMemPoolSetAccess` of one device: `flags` as `CU_MEM_ACCESS_FLAGS_PROT_*` (0 none, 3
+/// read-write).
+pub fn mem_pool_set_access(pool: CUmemoryPool, device: c_int, flags: u32) -> Ret {
+    use cuda_sys::types::{CUmemAccessDesc, CUmemAccess_flags, CUmemLocation, CUmemLocationType};
+    let desc = CUmemAccessDesc {
+        location: CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
+        flags: if flags == 0 {
+            CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE
+        } else {
+            CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        },
+    };
+    call!(cuMemPoolSetAccess(pool, &desc, 1) => ())
+}
+
+/// `cuMemPoolGetAccess` of one device, as the `CU_MEM_ACCESS_FLAGS_PROT_*` integer.
+pub fn mem_pool_get_access(pool: CUmemoryPool, device: c_int) -> Ret<u32> {
+    use cuda_sys::types::{CUmemAccess_flags, CUmemLocation, CUmemLocationType};
+    let mut flags = CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    let mut location = CUmemLocation {
+        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: device,
+    };
+    call!(cuMemPoolGetAccess(&mut flags, pool, &mut location) => flags as u32)
+}
+
 /// `cuMemPoolTrimTo`.
 pub fn mem_pool_trim_to(pool: CUmemoryPool, min_bytes_to_keep: usize) -> Ret {
     call!(cuMemPoolTrimTo(pool, min_bytes_to_keep) => ())
@@ -775,6 +807,8 @@ pub fn stream_begin_capture(stream: CUstream, mode: CUstreamCaptureMode) -> Ret 
 pub const CAPTURE_STATUS_NONE: u32 = 0;
 /// See [`CAPTURE_STATUS_NONE`].
 pub const CAPTURE_STATUS_ACTIVE: u32 = 1;
+/// `CU_STREAM_CAPTURE_STATUS_INVALIDATED`: the capture was broken and must be ended.
+pub const CAPTURE_STATUS_INVALIDATED: u32 = 2;
 
 /// `cuStreamIsCapturing`: the status as its integer value (so that no value a newer driver
 /// might return is ever held in a Rust enum).

@@ -5,16 +5,13 @@
 //!   three capture modes; nothing is captured, the capture stays valid, the memory stays
 //!   allocated, and a later free outside the capture succeeds. A graph allocation
 //!   (`cuMemAllocAsync` inside the capture) freed inside it is a free node.
-//! - F17 (`f17_*`): an event recorded on a capturing stream (thread-local capture): from another
-//!   thread, `cuEventSynchronize` fails with `CUDA_ERROR_CAPTURED_EVENT`, `cuEventQuery` with
-//!   `CUDA_ERROR_INVALID_VALUE`, and the capture is invalidated (`cuStreamEndCapture` returns
-//!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
-//!
-//! Cases named `*_not_yet_measured_*` assert what the emulator does where the H200 was not
-//! measured (the capturing thread's own `cuEventSynchronize`/`cuEventQuery`, each call alone, and
-//! `cuStreamWaitEvent` of a captured event from another stream), read from the CUDA driver API
-//! documentation. The GPU run settles them: a failure there is a wrong reading, to be corrected in
-//! the case, in the emulator and in `docs/driver-facts.md`.
+//! - F17 (`f17_*`): an event recorded on a capturing stream (thread-local capture), waited on or
+//!   queried from the capturing thread or another: the first call fails with
+//!   `CUDA_ERROR_CAPTURED_EVENT` and invalidates the capture (`cuStreamEndCapture` returns
+//!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`); a query of it after that is
+//!   `CUDA_ERROR_INVALID_VALUE`. `cuStreamWaitEvent` of it from another stream joins that stream
+//!   to the capture. Every case here passed on the H200 on 2026-12-01, except the two query
+//!   cases, which had read the documentation wrongly and were corrected after that run.
 
 use cuda_sys::types::{CUevent, CUstream, CUstreamCaptureMode};
 use cuda_sys::CudaErrorCode;
@@ -25,7 +22,7 @@ use crate::driver::{
     mem_alloc_from_pool_async, mem_free, mem_free_async, mem_pool_destroy, memcpy_dtoh,
     memset_d8_async, stream_begin_capture, stream_create, stream_destroy, stream_end_capture,
     stream_is_capturing, stream_synchronize, stream_wait_event, thread_exchange_capture_mode,
-    CAPTURE_STATUS_ACTIVE, CAPTURE_STATUS_NONE, STREAM_NON_BLOCKING,
+    CAPTURE_STATUS_ACTIVE, CAPTURE_STATUS_INVALIDATED, CAPTURE_STATUS_NONE, STREAM_NON_BLOCKING,
 };
 use crate::support::{new_pool, on_fresh_thread, primary_current, used, Primary, Shared, N};
 
@@ -182,6 +179,7 @@ fn f17_event_synchronize_and_query_from_another_thread_fail_and_invalidate_the_c
             let event = Shared(e);
             on_other_thread(primary, move || {
                 event_synchronize(event.get()).fails_with(CudaErrorCode::CAPTURED_EVENT);
+                // The capture is invalidated by now: a query is INVALID_VALUE.
                 event_query(event.get()).fails_with(CudaErrorCode::INVALID_VALUE);
             });
         });
@@ -190,7 +188,7 @@ fn f17_event_synchronize_and_query_from_another_thread_fail_and_invalidate_the_c
 }
 
 #[test]
-fn f17_not_yet_measured_event_synchronize_alone_from_another_thread_invalidates_the_capture() {
+fn f17_event_synchronize_alone_from_another_thread_invalidates_the_capture() {
     on_fresh_thread("f17-sync-alone", || {
         init();
         let ended = with_captured_event(|primary, _, e| {
@@ -204,14 +202,16 @@ fn f17_not_yet_measured_event_synchronize_alone_from_another_thread_invalidates_
 }
 
 #[test]
-fn f17_not_yet_measured_event_query_alone_from_another_thread_invalidates_the_capture() {
+fn f17_event_query_alone_from_another_thread_invalidates_the_capture() {
     on_fresh_thread("f17-query-alone", || {
         init();
-        let ended = with_captured_event(|primary, _, e| {
+        let ended = with_captured_event(|primary, s, e| {
             let event = Shared(e);
             on_other_thread(primary, move || {
+                event_query(event.get()).fails_with(CudaErrorCode::CAPTURED_EVENT);
                 event_query(event.get()).fails_with(CudaErrorCode::INVALID_VALUE);
             });
+            assert_eq!(stream_is_capturing(s).check(), CAPTURE_STATUS_INVALIDATED);
         });
         assert_eq!(ended, Err(CudaErrorCode::STREAM_CAPTURE_INVALIDATED));
     });
@@ -221,7 +221,7 @@ fn f17_not_yet_measured_event_query_alone_from_another_thread_invalidates_the_ca
 /// a capturing stream") does not depend on the calling thread: read as the other thread's
 /// result, invalidation included.
 #[test]
-fn f17_not_yet_measured_event_synchronize_on_the_capturing_thread_invalidates_the_capture() {
+fn f17_event_synchronize_on_the_capturing_thread_invalidates_the_capture() {
     on_fresh_thread("f17-sync-same-thread", || {
         init();
         let ended = with_captured_event(|_, _, e| {
@@ -231,13 +231,16 @@ fn f17_not_yet_measured_event_synchronize_on_the_capturing_thread_invalidates_th
     });
 }
 
-/// As the other thread's measured result.
+/// Measured as from another thread: the first query is CUDA_ERROR_CAPTURED_EVENT and breaks the
+/// capture; later ones find it broken (CUDA_ERROR_INVALID_VALUE).
 #[test]
-fn f17_not_yet_measured_event_query_on_the_capturing_thread_invalidates_the_capture() {
+fn f17_event_query_on_the_capturing_thread_invalidates_the_capture() {
     on_fresh_thread("f17-query-same-thread", || {
         init();
-        let ended = with_captured_event(|_, _, e| {
+        let ended = with_captured_event(|_, s, e| {
+            event_query(e).fails_with(CudaErrorCode::CAPTURED_EVENT);
             event_query(e).fails_with(CudaErrorCode::INVALID_VALUE);
+            assert_eq!(stream_is_capturing(s).check(), CAPTURE_STATUS_INVALIDATED);
         });
         assert_eq!(ended, Err(CudaErrorCode::STREAM_CAPTURE_INVALIDATED));
     });
@@ -247,7 +250,7 @@ fn f17_not_yet_measured_event_query_on_the_capturing_thread_invalidates_the_capt
 /// a capture joins that capture; having done nothing else it needs no join back, the capture
 /// ends successfully and the stream leaves it.
 #[test]
-fn f17_not_yet_measured_stream_wait_event_from_another_stream_joins_the_capture() {
+fn f17_stream_wait_event_from_another_stream_joins_the_capture() {
     on_fresh_thread("f17-wait-same-thread", || {
         init();
         let _primary = primary_current(); // keeps the other stream's context alive
@@ -268,7 +271,7 @@ fn f17_not_yet_measured_stream_wait_event_from_another_stream_joins_the_capture(
 /// As the case above, with the waiting stream created and the wait issued on another thread
 /// than the one that began the (thread-local) capture.
 #[test]
-fn f17_not_yet_measured_stream_wait_event_from_another_thread_joins_the_capture() {
+fn f17_stream_wait_event_from_another_thread_joins_the_capture() {
     on_fresh_thread("f17-wait-other-thread", || {
         init();
         let _primary = primary_current(); // keeps the other stream's context alive
@@ -326,7 +329,7 @@ fn free_during_a_global_capture_elsewhere(mode: u32) -> (CudaErrorCode, Result<(
 }
 
 #[test]
-fn basic_not_yet_measured_a_relaxed_thread_frees_during_another_threads_global_capture() {
+fn basic_a_relaxed_thread_frees_during_another_threads_global_capture() {
     on_fresh_thread("relaxed", || {
         init();
         let (freed, ended) = free_during_a_global_capture_elsewhere(2);
@@ -340,7 +343,7 @@ fn basic_not_yet_measured_a_relaxed_thread_frees_during_another_threads_global_c
 }
 
 #[test]
-fn basic_not_yet_measured_a_global_thread_may_not_free_during_another_threads_global_capture() {
+fn basic_a_global_thread_may_not_free_during_another_threads_global_capture() {
     on_fresh_thread("global", || {
         init();
         let (freed, ended) = free_during_a_global_capture_elsewhere(0);

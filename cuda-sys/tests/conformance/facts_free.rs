@@ -8,8 +8,8 @@
 //! and to managed memory's `cuMemFree`, and the `f04_alloc_*` cases show stream-ordered
 //! allocation on a created stream with no (or another) context current, as measured on the H200
 //! (docs/driver-probe/h200-580.159.04-alloc-context.txt): custody makes these calls with no
-//! context calls (docs/decisions.md D2). The `*_not_yet_measured_*` cases (the same frees with
-//! another context current) no GPU run has shown yet; the GPU bundle settles them.
+//! context calls (docs/decisions.md D2). The same frees with another context current
+//! (`f08_mem_free_host_*`, `f08_mem_free_of_managed_*`) passed on the H200 on 2026-12-01.
 
 use cuda_sys::types::{c_void, CUstream, CU_STREAM_LEGACY, CU_STREAM_NULL, CU_STREAM_PER_THREAD};
 
@@ -330,12 +330,12 @@ fn f05_mem_free_of_managed_memory_without_context() {
 }
 
 #[test]
-fn f08_not_yet_measured_mem_free_host_with_other_context_current() {
+fn f08_mem_free_host_with_other_context_current() {
     synchronous_free_without_its_context(SyncFree::PinnedHost, true);
 }
 
 #[test]
-fn f08_not_yet_measured_mem_free_of_managed_memory_with_other_context_current() {
+fn f08_mem_free_of_managed_memory_with_other_context_current() {
     synchronous_free_without_its_context(SyncFree::Managed, true);
 }
 

@@ -130,7 +130,7 @@ fn g3_destructor_deferred_behind_pending_launch_to_driver_thread() {
 /// `GraphExecHandle::retain` adds). Read from the CUDA documentation (an executable holds
 /// references of its own to its graph's user objects); no GPU run has shown it yet.
 #[test]
-fn g1_not_yet_measured_graph_release_after_instantiate_keeps_user_object_for_exec_and_launch() {
+fn g1_graph_release_after_instantiate_keeps_user_object_for_exec_and_launch() {
     on_fresh_thread("g1-release", || {
         init();
         let _primary = primary_current();

@@ -32,9 +32,10 @@ use sendfd::{RecvWithFd, SendWithFd};
 
 use crate::driver::{
     init, mem_alloc_from_pool_async, mem_free_async, mem_pool_create_raw, mem_pool_destroy,
-    mem_pool_export_pointer, mem_pool_export_to_fd, mem_pool_import_from_fd,
-    mem_pool_import_pointer, memcpy_dtoh, memset_d8, stream_create, stream_destroy,
-    stream_synchronize, RawPoolProps, HANDLE_TYPE_POSIX_FD, LOCATION_TYPE_DEVICE,
+    mem_pool_export_pointer, mem_pool_export_to_fd, mem_pool_get_access, mem_pool_import_from_fd,
+    mem_pool_import_pointer, mem_pool_set_access, memcpy_dtoh, memset_d8, memset_d8_async,
+    stream_create, stream_destroy, stream_synchronize, RawPoolProps, HANDLE_TYPE_POSIX_FD,
+    LOCATION_TYPE_DEVICE, LOCATION_TYPE_HOST_NUMA, STREAM_NON_BLOCKING,
 };
 use crate::support::{on_fresh_thread, primary_current, LIVENESS_BOUND, N};
 
@@ -66,6 +67,48 @@ fn export_pool(pool: cuda_sys::types::CUmemoryPool) -> OwnedFd {
     // SAFETY: the driver just created this descriptor for the caller, who owns it; nothing
     // else in the process knows it.
     unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Measured (`docs/driver-facts.md` F21): a pinned pool on host NUMA node 0 exportable as a
+/// POSIX file descriptor (what an IPC-enabled pinned memory resource makes) gives device 0 no
+/// access (`CU_MEM_ACCESS_FLAGS_PROT_NONE`), so a memset of its memory on a stream of device 0
+/// is `CUDA_ERROR_INVALID_VALUE`; after `cuMemPoolSetAccess(device 0, read-write)` it succeeds.
+/// An importing process starts the same way (the Python suite's spawned child checks custody's
+/// import grants access).
+#[test]
+fn ipc_host_numa_pool_gives_devices_no_access_until_granted() {
+    on_fresh_thread("ipc-host-numa-access", || {
+        init();
+        let _primary = primary_current();
+        let mut props = RawPoolProps::new(LOCATION_TYPE_HOST_NUMA, 0);
+        props.handle_types = HANDLE_TYPE_POSIX_FD;
+        props.max_size = 1 << 21;
+        let pool = mem_pool_create_raw(&props).check();
+        let s = stream_create(STREAM_NON_BLOCKING).check();
+        assert_eq!(
+            mem_pool_get_access(pool, 0).check(),
+            0,
+            "no access at first"
+        );
+        let p = mem_alloc_from_pool_async(N, pool, s).check();
+        stream_synchronize(s).check();
+        memset_d8_async(p, 1, N, s).fails_with(CudaErrorCode::INVALID_VALUE);
+        mem_pool_set_access(pool, 0, 3).check();
+        assert_eq!(
+            mem_pool_get_access(pool, 0).check(),
+            3,
+            "read-write once granted"
+        );
+        memset_d8_async(p, 2, N, s).check();
+        stream_synchronize(s).check();
+        // SAFETY: host pool memory is host-accessible at its address; the stream is idle.
+        let first = unsafe { *(p as *const u8) };
+        assert_eq!(first, 2, "the memset wrote the pool's host memory");
+        mem_free_async(p, s).check();
+        stream_synchronize(s).check();
+        stream_destroy(s).check();
+        mem_pool_destroy(pool).check();
+    });
 }
 
 /// Measured: `CUDA_ERROR_INVALID_VALUE` from `cuMemPoolExportPointer` until the pool has been
