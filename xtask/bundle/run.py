@@ -202,7 +202,9 @@ def run_pytest(manifest, env, out_dir):
         env = with_site(env, site)
         log = out_dir / "logs" / "pytest.real.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", str(HERE / python["tests"])],
+        junit = out_dir / "logs" / "pytest.real.xml"  # every test's outcome, by name
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "--junitxml", str(junit),
+                              str(HERE / python["tests"])],
                              capture_output=True, text=True, env=env, errors="replace")
         log.write_text(out.stdout + out.stderr)
         last = (out.stdout.strip().splitlines() or [""])[-1]
