@@ -553,6 +553,45 @@ impl PyBuffer {
         Ok(result.map_err(Error::from)?)
     }
 
+    /// Declares that work on ``stream`` uses this buffer (PyTorch's ``record_stream`` is the
+    /// analogue): when the memory is freed, by ``close()``, a drop, the garbage collector or a
+    /// graph's deferred cleanup, on any thread, the deallocation stream first waits
+    /// (``cuStreamWaitEvent``) for an event recorded on ``stream`` at that moment, so the free is
+    /// ordered after all work enqueued on ``stream`` before it, including work enqueued after
+    /// this call. Nothing is synchronised or polled, now or at the free; a drop does not block.
+    /// Works with every memory kind; ``set_deallocation_stream`` keeps the recorded uses;
+    /// recording a stream twice, or the deallocation stream, adds nothing. The buffer keeps
+    /// ``stream`` alive until the free. A default stream is bound to the current context (the
+    /// per-thread default stream also to the calling thread; freed on another thread, the event
+    /// is recorded on that context's legacy default stream, which waits for it). While
+    /// ``stream`` is being captured into a graph at the free, the free waits until the capture
+    /// ends.
+    ///
+    /// ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream,
+    /// or a default stream with no current context; ``ValueError`` for a stream of another
+    /// device (for device memory; pinned and managed memory accept any device's stream). On
+    /// error nothing is recorded.
+    fn record_use(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        if stream.is_none() {
+            return Err(PyTypeError::new_err(
+                "record_use() requires a Stream, got None",
+            ));
+        }
+        let buffer = self.buffer();
+        // A stream that carries its context: recording makes no driver call, so it runs
+        // attached with the stream borrowed; a default-stream token reads the current context.
+        let recorded = with_stream(stream, |stream| match stream.context() {
+            Some(_) => Ok(buffer.record_use(stream)),
+            None => Err(stream.clone()),
+        })?;
+        match recorded {
+            Ok(result) => Ok(result.map_err(Error::from)?),
+            Err(token) => Ok(py
+                .detach(|| buffer.record_use(&token))
+                .map_err(Error::from)?),
+        }
+    }
+
     /// Records the free on ``stream`` from now on: the whole recipe is replaced atomically,
     /// seen by every holder of the memory. Nothing is freed or synchronised: order the work on
     /// the old stream before the new one yourself.

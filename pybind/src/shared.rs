@@ -148,6 +148,15 @@ impl SharedBuffer {
     }
 
     /// # Errors
+    /// [`MemoryError::Closed`]; as `Buffer::record_use`.
+    pub(crate) fn record_use(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
+        self.lock()
+            .as_ref()
+            .ok_or(MemoryError::Closed)?
+            .record_use(stream)
+    }
+
+    /// # Errors
     /// [`MemoryError::Closed`]; as `Buffer::replace_deallocation_stream`.
     pub(crate) fn replace_deallocation_stream(
         &self,
