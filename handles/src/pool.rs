@@ -1,7 +1,7 @@
 //! [`MemoryPoolHandle`]: a device's current or default memory pool (borrowed, never destroyed)
 //! or a pool this crate created (destroyed after its last handle, allocations included, drops);
 //! pools made with explicit properties ([`create_pool`]) and pool IPC ([`export_pool`],
-//! [`import_pool`]).
+//! [`import_pool`]), and which devices may use a pool's memory ([`MemAccess`]).
 
 use std::ffi::c_int;
 use std::fmt;
@@ -579,5 +579,94 @@ impl MemoryPoolHandle {
             ));
         }
         Ok(Self::wrap(raw, None, false))
+    }
+}
+
+// Which devices may use a pool's memory (`cuMemPoolGetAccess`, `cuMemPoolSetAccess`).
+
+/// A device's access to a pool's memory (`CUmemAccess_flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemAccess {
+    /// `CU_MEM_ACCESS_FLAGS_PROT_NONE`: none.
+    None,
+    /// `CU_MEM_ACCESS_FLAGS_PROT_READ`: read-only.
+    Read,
+    /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`: read and write.
+    ReadWrite,
+}
+
+impl MemAccess {
+    fn flags(self) -> CUmemAccess_flags {
+        match self {
+            MemAccess::None => CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+            MemAccess::Read => CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
+            MemAccess::ReadWrite => CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        }
+    }
+}
+
+fn device_location(ordinal: i32) -> CUmemLocation {
+    CUmemLocation {
+        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: ordinal,
+    }
+}
+
+impl MemoryPoolHandle {
+    /// Device `ordinal`'s access to this pool's memory (a pool's own device always has
+    /// read-write access).
+    ///
+    /// # Errors
+    /// [`HandleError::Load`] when the driver lacks `cuMemPoolGetAccess`;
+    /// [`HandleError::Driver`] when it refuses (an invalid device).
+    ///
+    /// Driver calls: `cuMemPoolGetAccess`.
+    pub fn access(&self, ordinal: i32) -> Result<MemAccess, HandleError> {
+        let get = driver()?.cuMemPoolGetAccess().map_err(HandleError::Load)?;
+        let mut location = device_location(ordinal);
+        let mut flags: u32 = 0;
+        // SAFETY: `flags` is 4 writable bytes, read as a plain integer (the driver's answer is
+        // never held in the Rust enum); `location` is a valid location; the handle keeps the
+        // pool alive.
+        let status = unsafe {
+            get(
+                (&mut flags as *mut u32).cast::<CUmemAccess_flags>(),
+                self.raw(),
+                &mut location,
+            )
+        };
+        check("cuMemPoolGetAccess", status)?;
+        Ok(match flags {
+            0 => MemAccess::None,
+            1 => MemAccess::Read,
+            _ => MemAccess::ReadWrite,
+        })
+    }
+
+    /// Sets the access of each `(device ordinal, access)` to this pool's memory, in one driver
+    /// call; every allocation of the pool, present and future, is affected. Nothing for an
+    /// empty list.
+    ///
+    /// # Errors
+    /// [`HandleError::Driver`] when the driver refuses (an invalid device, a device that cannot
+    /// access the pool's, the pool's own device's access revoked); nothing changed then.
+    ///
+    /// Driver calls: `cuMemPoolSetAccess` (none for an empty list).
+    pub fn set_access(&self, access: &[(i32, MemAccess)]) -> Result<(), HandleError> {
+        if access.is_empty() {
+            return Ok(());
+        }
+        let d = driver()?;
+        let descs: Vec<CUmemAccessDesc> = access
+            .iter()
+            .map(|&(ordinal, access)| CUmemAccessDesc {
+                location: device_location(ordinal),
+                flags: access.flags(),
+            })
+            .collect();
+        // SAFETY: `descs` holds `descs.len()` valid descriptors; the handle keeps the pool
+        // alive.
+        let status = unsafe { (d.cuMemPoolSetAccess)(self.raw(), descs.as_ptr(), descs.len()) };
+        check("cuMemPoolSetAccess", status)
     }
 }

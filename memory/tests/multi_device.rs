@@ -4,9 +4,9 @@
 //! context was current) dropped and closed; `cuMemAlloc` memory (the deferred D9 free); pinned
 //! host memory (`cuMemAllocHost` and a host pool); one pool per device with its used memory
 //! accounted on the right one; `set_deallocation_stream` to another device's stream refused;
-//! copies between devices; a host pool used by both devices (the memory crate has no setter for
-//! a device pool's peer access, so the access it grants, every device to a host pool, is what
-//! is tested); IPC of a device-1 pool into a child process that frees its import in device 1's
+//! copies between devices; a host pool used by both devices (every device is granted access to
+//! a host pool); a device pool's peer access granted to device 1 and revoked
+//! (`MemoryPoolHandle::set_access`); IPC of a device-1 pool into a child process that frees its import in device 1's
 //! context; a device-1 graph that retains a device-1 buffer, released by deferred cleanup while
 //! device 0 is current.
 //!
@@ -979,4 +979,27 @@ fn ipc_child(path: &std::ffi::OsStr) {
     });
     ContextHandle::clear_current().unwrap();
     connection.write_all(b"ok").unwrap();
+}
+
+/// Peer access to a pool (`MemoryPoolHandle::access`, `set_access`): the pool's own device has
+/// read-write access, device 1 none until granted, and none again once revoked; an empty change
+/// makes no driver call.
+#[test]
+fn peer_access_to_a_pool_is_granted_and_revoked() {
+    let _serial = start();
+    if !two_devices() {
+        return;
+    }
+    let mr = owned_pool(0);
+    let pool = mr.pool();
+    assert_eq!(pool.access(0).unwrap(), handles::MemAccess::ReadWrite);
+    assert_eq!(pool.access(1).unwrap(), handles::MemAccess::None);
+    let from = mark();
+    pool.set_access(&[]).unwrap();
+    with_emulator(|emu| assert!(emu.calls_named("cuMemPoolSetAccess", from).is_empty()));
+    pool.set_access(&[(1, handles::MemAccess::ReadWrite)])
+        .unwrap();
+    assert_eq!(pool.access(1).unwrap(), handles::MemAccess::ReadWrite);
+    pool.set_access(&[(1, handles::MemAccess::None)]).unwrap();
+    assert_eq!(pool.access(1).unwrap(), handles::MemAccess::None);
 }

@@ -1028,7 +1028,104 @@ pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
         let ordinal = device_ordinal(device_id)?;
         import_pool_object(py, "DeviceMemoryResource", Some(ordinal), allocation_handle)
     }
+
+    /// The devices other than the pool's own whose kernels and copies may use its memory: a
+    /// live set of :class:`Device` objects, read from the driver on each use
+    /// (``cuMemPoolGetAccess``); ``in``, ``add`` and ``discard`` take a :class:`Device` or an
+    /// ordinal (the pool's own device is ignored). Assigning an iterable of them grants
+    /// read-write access to those and revokes it from the rest, in one ``cuMemPoolSetAccess``
+    /// call that affects every allocation of the pool. ``ValueError`` for an ordinal out of
+    /// range, ``TypeError`` for anything else (before any change); :class:`CUDAError` when the
+    /// driver refuses (a device that cannot reach this one's memory).
+    #[getter]
+    fn peer_accessible_by<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        slf.py()
+            .import("custody")?
+            .getattr("_PeerAccessibleBy")?
+            .call1((slf,))
+    }
+
+    #[setter]
+    fn set_peer_accessible_by(&self, py: Python<'_>, devices: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut wanted = Vec::new();
+        for device in devices.try_iter()? {
+            let ordinal = self.peer_ordinal(&device?)?;
+            if let Some(ordinal) = ordinal {
+                if !wanted.contains(&ordinal) {
+                    wanted.push(ordinal);
+                }
+            }
+        }
+        let current = self.peers(py)?;
+        let changes: Vec<(i32, handles::MemAccess)> = wanted
+            .iter()
+            .filter(|d| !current.contains(d))
+            .map(|&d| (d, handles::MemAccess::ReadWrite))
+            .chain(
+                current
+                    .iter()
+                    .filter(|d| !wanted.contains(d))
+                    .map(|&d| (d, handles::MemAccess::None)),
+            )
+            .collect();
+        let pool = self.inner.pool().clone();
+        Ok(py.detach(|| pool.set_access(&changes)).map_err(Error::from)?)
+    }
+
+    /// The ordinals of the peers with access (for :attr:`peer_accessible_by`).
+    fn _peer_ids(&self, py: Python<'_>) -> PyResult<Vec<i32>> {
+        self.peers(py)
+    }
+
+    /// Grants (``on``) or revokes one device's access; the pool's own device is ignored (for
+    /// :attr:`peer_accessible_by`).
+    fn _set_peer_access(&self, py: Python<'_>, device: &Bound<'_, PyAny>, on: bool) -> PyResult<()> {
+        let Some(ordinal) = self.peer_ordinal(device)? else {
+            return Ok(());
+        };
+        let access = if on {
+            handles::MemAccess::ReadWrite
+        } else {
+            handles::MemAccess::None
+        };
+        let pool = self.inner.pool().clone();
+        Ok(py
+            .detach(|| pool.set_access(&[(ordinal, access)]))
+            .map_err(Error::from)?)
+    }
 });
+
+impl PyDeviceMemoryResource {
+    /// A peer given as a `Device` or an ordinal: `None` for the pool's own device;
+    /// `ValueError` for an ordinal no device has.
+    fn peer_ordinal(&self, device: &Bound<'_, PyAny>) -> PyResult<Option<i32>> {
+        let ordinal = device_ordinal(device)?;
+        let count = device.py().detach(handles::device_count).map_err(Error::from)?;
+        if ordinal >= count {
+            return Err(PyValueError::new_err(format!(
+                "device ordinal {ordinal} is out of range: the driver sees {count} devices"
+            )));
+        }
+        Ok((Some(ordinal) != self.inner.device_id()).then_some(ordinal))
+    }
+
+    /// The devices other than the pool's own with any access to its memory.
+    fn peers(&self, py: Python<'_>) -> PyResult<Vec<i32>> {
+        let pool = self.inner.pool().clone();
+        let own = self.inner.device_id();
+        Ok(py
+            .detach(|| -> Result<Vec<i32>, HandleError> {
+                let mut peers = Vec::new();
+                for ordinal in 0..handles::device_count()? {
+                    if Some(ordinal) != own && pool.access(ordinal)? != handles::MemAccess::None {
+                        peers.push(ordinal);
+                    }
+                }
+                Ok(peers)
+            })
+            .map_err(Error::from)?)
+    }
+}
 
 /// A file descriptor given as an int, or an object with `handle` / `fileno()`.
 fn fd_of(object: &Bound<'_, PyAny>) -> PyResult<i32> {

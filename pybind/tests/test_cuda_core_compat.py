@@ -621,6 +621,32 @@ def test_managed_batches(device, stream, emu):
         b.close()
 
 
+def test_peer_accessible_by_is_a_live_set_without_the_own_device(device, emu):
+    mr = custody.DeviceMemoryResource(0, custody.DeviceMemoryResourceOptions(max_size=2**21))
+    peers = mr.peer_accessible_by
+    assert peers == set() and len(peers) == 0 and 0 not in peers and device not in peers
+    if emu is not None:
+        emu.clear_calls()
+    mr.peer_accessible_by = []
+    mr.peer_accessible_by = [device, 0]  # the pool's own device is ignored
+    peers.add(device)
+    peers.discard(0)
+    assert set(mr.peer_accessible_by) == set()
+    if emu is not None:
+        assert "cuMemPoolSetAccess" not in [c["function"] for c in emu.calls()]
+    count = custody.system.get_num_devices()
+    with pytest.raises(ValueError, match="out of range"):
+        mr.peer_accessible_by = [count]
+    with pytest.raises(ValueError, match="out of range"):
+        peers.add(count + 3)
+    with pytest.raises(TypeError):
+        mr.peer_accessible_by = ["1"]
+    with pytest.raises(TypeError):
+        mr.peer_accessible_by = 1
+    assert set(mr.peer_accessible_by) == set()
+    mr.close()
+
+
 def test_graph_memory_resource_is_one_object_per_device_with_attributes(device, stream):
     gmr = custody.GraphMemoryResource(0)
     assert gmr is custody.GraphMemoryResource(device)

@@ -3,7 +3,7 @@ is current is freed in device 1's context, and device 0's stays current. Pool bu
 of device 1, or the legacy stream while device 1 is current), dropped and closed; cuMemAlloc and
 pinned memory (the deferred free of docs/decisions.md D9); a Python memory resource's
 deallocate; one pool per device; another device's deallocation stream refused; copies between
-devices.
+devices; a device pool's peer_accessible_by.
 
 Observable everywhere: the context current afterwards (read from the driver), pool used memory,
 bytes read back, what a Python resource's deallocate saw, warnings. On the emulator also the
@@ -270,3 +270,26 @@ def test_copies_between_devices(ctx, emu):
     for b in (on0, on1, copy):
         b.close()
     assert (used(mr0, 0), used(mr1, 1)) == (0, 0)
+
+
+def test_peer_accessible_by_grants_and_revokes_in_one_call(emu):
+    """DeviceMemoryResource.peer_accessible_by (cuda.core 1.2): device 1 given read-write access
+    to device 0's pool, seen by cuMemPoolGetAccess, and revoked."""
+    custody.Device(0).set_current()
+    mr = custody.DeviceMemoryResource(0, custody.DeviceMemoryResourceOptions(max_size=2**21))
+    peer = custody.Device(1)
+    assert peer not in mr.peer_accessible_by
+    if emu is not None:
+        emu.clear_calls()
+    mr.peer_accessible_by = {peer, 0}
+    if emu is not None:
+        assert [c["function"] for c in emu.calls()].count("cuMemPoolSetAccess") == 1
+    assert peer in mr.peer_accessible_by and 1 in mr.peer_accessible_by
+    assert list(mr.peer_accessible_by) == [peer]
+    mr.peer_accessible_by.discard(1)
+    assert set(mr.peer_accessible_by) == set()
+    mr.peer_accessible_by.add(peer)
+    assert set(mr.peer_accessible_by) == {peer}
+    mr.peer_accessible_by = []
+    assert len(mr.peer_accessible_by) == 0
+    mr.close()

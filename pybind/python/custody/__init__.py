@@ -613,6 +613,41 @@ class _AccessedBy(_MutableSet):
         return f"AccessedBy({set(self)!r})"
 
 
+class _PeerAccessibleBy(_MutableSet):
+    """``DeviceMemoryResource.peer_accessible_by``: a live set of the :class:`Device` objects,
+    other than the pool's own, that may use the pool's memory, read from the driver each time;
+    ``in``, ``add`` and ``discard`` take a ``Device`` or an ordinal. Operators give plain sets."""
+
+    __slots__ = ("_mr",)
+
+    def __init__(self, mr):
+        self._mr = mr
+
+    @classmethod
+    def _from_iterable(cls, iterable):
+        return set(iterable)
+
+    def __contains__(self, device) -> bool:
+        ordinal = device.device_id if isinstance(device, Device) else device
+        return ordinal in self._mr._peer_ids()
+
+    def __iter__(self):
+        return iter([Device(ordinal) for ordinal in self._mr._peer_ids()])
+
+    def __len__(self) -> int:
+        return len(self._mr._peer_ids())
+
+    def add(self, device) -> None:
+        self._mr._set_peer_access(device, True)
+
+    def discard(self, device) -> None:
+        if device in self:
+            self._mr._set_peer_access(device, False)
+
+    def __repr__(self) -> str:
+        return f"PeerAccessibleBy({set(self)!r})"
+
+
 def __getattr__(name: str):
     why = _NOT_PROVIDED.get(name)
     if why is not None:

@@ -740,6 +740,19 @@ class DeviceMemoryResource(MemoryResource):
         :class:`CUDAError` when the driver refuses the descriptor.
         """
     @property
+    def peer_accessible_by(self) -> "MutableSet[Device]":
+        """The devices other than the pool's own whose kernels and copies may use its memory: a
+        live set of :class:`Device` objects, read from the driver on each use
+        (``cuMemPoolGetAccess``); ``in``, ``add`` and ``discard`` take a :class:`Device` or an
+        ordinal (the pool's own device is ignored). Assigning an iterable of them grants
+        read-write access to those and revokes it from the rest, in one ``cuMemPoolSetAccess``
+        call that affects every allocation of the pool. ``ValueError`` for an ordinal out of
+        range, ``TypeError`` for anything else (before any change); :class:`CUDAError` when the
+        driver refuses (a device that cannot reach this one's memory).
+        """
+    @peer_accessible_by.setter
+    def peer_accessible_by(self, devices: "Iterable[Union[Device, int]]") -> None: ...
+    @property
     def is_ipc_enabled(self) -> bool:
         """Whether the pool can be shared with other processes."""
     @property
