@@ -2,7 +2,8 @@
 ``allocation_handle`` (an ``IPCAllocationHandle`` that owns its descriptor and pickles through
 ``multiprocessing``), the UUID naming a pool across processes, ``from_allocation_handle`` giving
 back a pool the process has, and IPC events (``Event.ipc_descriptor`` and
-``Event.from_ipc_descriptor``) opened in a spawned child."""
+``Event.from_ipc_descriptor``) opened in a spawned child, and a received buffer passed on to a
+third process."""
 
 import ctypes
 import multiprocessing
@@ -169,3 +170,60 @@ def test_ipc_events_open_in_a_spawned_child(device, stream):
     assert done
     assert reserved == bytes(descriptor.__reduce__()[1][0]), "the descriptor it was opened from"
     assert child.exitcode == 0
+
+
+def _forwarding_child(buffer, onward, done):
+    """Spawned (B): the buffer arrives pickled with its pool; B passes it on to C and closes its
+    own import at once (before the queue's feeder thread pickles it), then waits for C."""
+    custody.Device(0).set_current()
+    onward.put(buffer)
+    buffer.close()
+    done.wait(timeout=120)
+
+
+def _receiving_child(onward, results, done):
+    """Spawned (C): receives the buffer B forwarded, writes it, reports."""
+    try:
+        device = custody.Device(0)
+        device.set_current()
+        buffer = onward.get(timeout=120)
+        stream = device.create_stream()
+        buffer.fill(0x3A, stream=stream)
+        stream.sync()
+        results.put(("ok", type(buffer.memory_resource).__name__, buffer.memory_resource.is_mapped))
+        buffer.close()
+    except BaseException as error:  # noqa: BLE001 - sent back to the test
+        results.put(("error", repr(error)))
+    finally:
+        done.set()
+
+
+@pytest.mark.parametrize("kind", ["DeviceMemoryResource", "PinnedMemoryResource"])
+def test_a_received_buffer_is_passed_on_to_a_third_process(device, stream, kind):
+    """cuda.core's re-export: A's buffer goes to B, which forwards it to C and closes its own
+    import; C writes it and A reads the bytes. A buffer closed without having been received
+    still refuses to pickle."""
+    options = {"ipc_enabled": True, "max_size": 2**21}
+    mr = custody.DeviceMemoryResource(0, options) if kind == "DeviceMemoryResource" else custody.PinnedMemoryResource(options)
+    buf = mr.allocate(SIZE, stream=stream)
+    buf.fill(0, stream=stream)
+    stream.sync()
+    ctx = multiprocessing.get_context("spawn")
+    onward, results, done = ctx.Queue(), ctx.Queue(), ctx.Event()
+    b = ctx.Process(target=_forwarding_child, args=(buf, onward, done))
+    c = ctx.Process(target=_receiving_child, args=(onward, results, done))
+    b.start()
+    c.start()
+    outcome = results.get(timeout=120)
+    b.join(timeout=120)
+    c.join(timeout=120)
+    assert outcome == ("ok", kind, True), outcome
+    assert (b.exitcode, c.exitcode) == (0, 0)
+    staging = custody.LegacyPinnedMemoryResource().allocate(SIZE)
+    staging.copy_from(buf, stream=stream)
+    stream.sync()
+    assert ctypes.string_at(staging.handle, SIZE) == b"\x3a" * SIZE, "C wrote A's buffer"
+    staging.close()
+    buf.close()
+    with pytest.raises(RuntimeError, match="^Buffer has been closed$"):
+        pickle.dumps(buf)

@@ -668,8 +668,9 @@ def __getattr__(name: str):
 # the sharer).
 #
 # ``pickle.dumps(buffer)`` of a buffer from an IPC-enabled pool gives ``(mr, descriptor)``; the
-# resource pickles as ``(kind, uuid, device_id, allocation_handle)``, an imported resource by
-# its UUID alone. Every pool resource that was pickled, unpickled or opened with
+# resource pickles as ``(kind, uuid, device_id, allocation_handle)``; an imported resource with
+# the handle it was unpickled from (so a buffer passes on to a third process), else by its UUID
+# alone. Every pool resource that was pickled, unpickled or opened with
 # ``from_allocation_handle`` is kept, weakly, under its pool's UUID, so that a process opens a
 # given pool once, however many buffers of it arrive, and gets the original object back when
 # one of its own pools returns. Reducers are registered with ``copyreg`` for the exact types
@@ -801,8 +802,10 @@ def _reduce_pool_resource(mr):
         raise RuntimeError(f"{type(mr).__name__} has been closed")
     kind = type(mr).__name__
     if mr.is_mapped:
-        # Imported here: it travels by UUID, to a process that knows the pool already.
-        return (_rebuild_pool_resource, (kind, mr.uuid, mr.device_id, None))
+        # Imported here: it travels with the allocation handle it was opened from when this
+        # process unpickled it (so a buffer can be passed on to a third process), else by UUID,
+        # to a process that knows the pool already.
+        return (_rebuild_pool_resource, (kind, mr.uuid, mr.device_id, _import_handles.get(mr)))
     if not mr.is_ipc_enabled:
         raise RuntimeError(
             f"a {kind} pickles only when its pool was made with ipc_enabled=True"
@@ -825,8 +828,16 @@ def _rebuild_pool_resource(kind, uuid, device_id, handle):
             "(send its resource from the process that made it)"
         )
     if kind == "DeviceMemoryResource":
-        return DeviceMemoryResource.from_allocation_handle(device_id, handle)
-    return PinnedMemoryResource.from_allocation_handle(handle)
+        mr = DeviceMemoryResource.from_allocation_handle(device_id, handle)
+    else:
+        mr = PinnedMemoryResource.from_allocation_handle(handle)
+    # Kept while the resource lives, for pickling it on (`_reduce_pool_resource`).
+    _import_handles[mr] = handle
+    return mr
+
+
+# The allocation handle each unpickled (imported) pool resource was opened from.
+_import_handles: "_weakref.WeakKeyDictionary" = _weakref.WeakKeyDictionary()
 
 
 def _rebuild_event(ipc_descriptor, device_id):
@@ -839,7 +850,14 @@ def _rebuild_event(ipc_descriptor, device_id):
 
 def _reduce_buffer(buffer):
     if buffer.is_closed:
-        raise RuntimeError("Buffer has been closed")
+        # A buffer this process imported by unpickling still names the exporter's memory after
+        # its own close: it pickles as it arrived (a process that passes a buffer on may close
+        # it before multiprocessing's feeder thread pickles it). Any other closed buffer's
+        # memory may be gone.
+        arrived = _imported_buffers.get(buffer)
+        if arrived is None:
+            raise RuntimeError("Buffer has been closed")
+        return (_reduce_helper, arrived)
     mr = buffer.memory_resource
     if not isinstance(mr, (DeviceMemoryResource, PinnedMemoryResource)):
         raise TypeError(
@@ -855,7 +873,13 @@ def _reduce_helper(mr, ipc_descriptor):
     if _custody._current_context() is None:
         device_id = mr.device_id
         Device(device_id if device_id >= 0 else None).set_current()
-    return Buffer.from_ipc_descriptor(mr, ipc_descriptor, stream=default_stream())
+    buffer = Buffer.from_ipc_descriptor(mr, ipc_descriptor, stream=default_stream())
+    _imported_buffers[buffer] = (mr, ipc_descriptor)
+    return buffer
+
+
+# The resource and descriptor each buffer unpickled here arrived with (`_reduce_buffer`).
+_imported_buffers: "_weakref.WeakKeyDictionary" = _weakref.WeakKeyDictionary()
 
 
 for _type in (Buffer, ManagedBuffer):
