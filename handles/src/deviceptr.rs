@@ -17,7 +17,7 @@ use crate::deferred::{self, Deferred};
 use crate::event::{create_raw, destroy_raw};
 use crate::flags::{EventFlags, MemAttachFlags};
 use crate::pool::MemoryPoolHandle;
-use crate::recipe::DeallocationRecipe;
+use crate::recipe::{DeallocationRecipe, RecipeRemains};
 use crate::report::{
     report, report_leak, warn, CleanupStep, CleanupWarning, CleanupWarningKind, Consequence,
     Subject,
@@ -919,6 +919,34 @@ impl DevicePtrHandle {
         }
     }
 
+    /// [`release`](Self::release), handing back what the recipe held last instead of dropping
+    /// it: when this recipe's stream or context had no other holder, their remains, whose drop
+    /// makes a driver call (`cuStreamDestroy`, a context release), so that the caller chooses
+    /// where that happens (a binding: with the interpreter lock released). Unlike taking a
+    /// [`recipe`](Self::recipe) copy first, this costs no lock and no reference-count increment.
+    /// `None` when other clones remain (nothing freed), when the rule frees nothing, or when the
+    /// free was deferred (then the deferred work holds the recipe).
+    ///
+    /// # Errors
+    /// As [`release`](Self::release); the remains come back either way.
+    ///
+    /// Driver calls: as [`release`](Self::release), without the recipe's own last release.
+    pub fn release_with_remains(self) -> (Result<(), HandleError>, Option<RecipeRemains>) {
+        match Arc::try_unwrap(self.0) {
+            Ok(mut inner) => {
+                let result = inner.release_now(true);
+                let remains = inner
+                    .recipe
+                    .get_mut()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .and_then(DeallocationRecipe::into_last_references);
+                (result, remains)
+            }
+            Err(_) => (Ok(()), None),
+        }
+    }
+
     /// `set_deallocation_stream(stream)` then `release()` (docs/decisions.md D4). When recording
     /// the new recipe fails, the handle is returned unchanged with the error.
     ///
@@ -937,6 +965,13 @@ impl DevicePtrHandle {
 }
 
 impl PtrBox {
+    /// Puts a used recipe back into the box (no atomic operation: the box is ours alone), so
+    /// that it goes with the box, or to [`DevicePtrHandle::release_with_remains`]'s caller.
+    #[inline]
+    fn keep_recipe(&mut self, recipe: DeallocationRecipe) {
+        *self.recipe.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(recipe);
+    }
+
     /// Frees per the release rule. `explicit`: return errors (and block for synchronous
     /// families); otherwise report them and never block.
     fn release_now(&mut self, explicit: bool) -> Result<(), HandleError> {
@@ -980,6 +1015,7 @@ impl PtrBox {
             && (other_thread || has_uses || capture_may_be_active())
             && self.defer_if_captured(d, &recipe)
         {
+            self.keep_recipe(recipe);
             return Ok(());
         }
         if has_uses {
@@ -1017,16 +1053,22 @@ impl PtrBox {
                         value: 0,
                         restore: 0,
                         ..
-                    } => return Ok(()),
+                    } => {
+                        self.keep_recipe(recipe);
+                        return Ok(());
+                    }
                     // F16: the driver refuses a captured free of memory the capture did not
                     // allocate; if that is why, the graph being captured takes the memory.
                     Ran::Done { value, .. } if value != 0 && self.defer_if_captured(d, &recipe) => {
-                        return Ok(())
+                        self.keep_recipe(recipe);
+                        return Ok(());
                     }
                     _ => {}
                 }
                 let ran = ran.map(checked("cuMemFreeAsync"));
-                finish(ran, &self.release, "cuMemFreeAsync", ptr, &recipe, explicit)
+                let result = finish(ran, &self.release, "cuMemFreeAsync", ptr, &recipe, explicit);
+                self.keep_recipe(recipe);
+                result
             }
             Release::IpcImport(_) => {
                 // Kept in the recipe's context: no measurement shows an imported pointer's free

@@ -576,3 +576,62 @@ fn replace_deallocation_stream_hands_back_the_old_recipe_and_its_last_references
     s2.synchronize().unwrap();
     assert_no_hazards();
 }
+
+#[test]
+fn release_with_remains_frees_and_hands_back_the_recipes_last_stream_reference() {
+    let _serial = start();
+    let a = primary(0);
+    let destroys = |raw: u64, from| {
+        with_emulator(|emu: &test_support::emu::Emulator| {
+            emu.calls()
+                .into_iter()
+                .filter(|c| c.seq >= from && c.function == "cuStreamDestroy_v2")
+                .filter(|c| c.stream == Some(raw))
+                .count()
+        })
+    };
+    // The user keeps the stream: the free runs, nothing is last.
+    let kept = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
+    let buffer = pool_buffer(&kept).unwrap();
+    let id = with_emulator(|_| alloc_of(buffer.ptr()));
+    let from = mark();
+    let (result, remains) = buffer.release_with_remains();
+    result.unwrap();
+    assert!(
+        remains.is_none(),
+        "the user's handle still holds the stream"
+    );
+    with_emulator(|emu| assert_eq!(emu.count_calls("cuMemFreeAsync", id.unwrap(), from), 1));
+    // Another clone of the handle: nothing is freed, nothing comes back.
+    let buffer = pool_buffer(&kept).unwrap();
+    let clone = buffer.clone();
+    let id = with_emulator(|_| alloc_of(clone.ptr()));
+    let from = mark();
+    let (result, remains) = buffer.release_with_remains();
+    result.unwrap();
+    assert!(remains.is_none());
+    with_emulator(|emu| assert_eq!(emu.count_calls("cuMemFreeAsync", id.unwrap(), from), 0));
+    drop(clone);
+    // The recipe holds the stream's last handle: the memory is freed, the stream is destroyed
+    // only when the remains are dropped.
+    let last = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
+    let raw = last.raw() as u64;
+    let buffer = pool_buffer(&last).unwrap();
+    let id = with_emulator(|_| alloc_of(buffer.ptr()));
+    drop(last);
+    let from = mark();
+    let (result, remains) = buffer.release_with_remains();
+    result.unwrap();
+    let remains = remains.expect("the recipe held the stream's last handle");
+    with_emulator(|emu| assert_eq!(emu.count_calls("cuMemFreeAsync", id.unwrap(), from), 1));
+    // On a real driver (no call log) the destroy is not observable here.
+    assert_ne!(
+        destroys(raw, from),
+        Some(1),
+        "not destroyed before the remains go"
+    );
+    drop(remains);
+    assert_ne!(destroys(raw, from), Some(0), "destroyed with the remains");
+    kept.synchronize().unwrap();
+    assert_no_hazards();
+}

@@ -353,6 +353,26 @@ impl Buffer {
         Ok(result?)
     }
 
+    /// [`close`](Self::close), handing back the remains of the recipe's stream or context when
+    /// the recipe held their last reference (their drop calls `cuStreamDestroy` or releases a
+    /// context), so that the caller chooses where that happens: a binding drops them with the
+    /// interpreter lock released. Cheaper than taking a copy of the recipe before the close (no
+    /// lock, no reference-count increment).
+    /// [`DevicePtrHandle::release_with_remains`](handles::DevicePtrHandle::release_with_remains)
+    /// says when there are none.
+    ///
+    /// # Errors
+    /// As [`close`](Self::close); the remains come back either way.
+    ///
+    /// Driver calls: as [`close`](Self::close), without the recipe's own last release.
+    pub fn close_with_remains(self) -> (Result<(), MemoryError>, Option<handles::RecipeRemains>) {
+        let Buffer { handle, mr, .. } = self;
+        let (result, remains) = handle.release_with_remains();
+        // The resource goes after its memory (a pool outlives its allocations).
+        drop(mr);
+        (result.map_err(MemoryError::from), remains)
+    }
+
     /// How the memory can be used: from the memory resource, else (once) from the driver.
     fn access(&self, ptr: CUdeviceptr) -> Result<Access, MemoryError> {
         if let Some(access) = self.access.get() {

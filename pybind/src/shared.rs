@@ -83,13 +83,11 @@ impl SharedBuffer {
         if !free_never_blocks(&buffer) {
             return release(py, move || close_owned(buffer));
         }
-        // The recipe's stream and context, kept until after the free: the free then cannot be
-        // the one to destroy the stream or release the context (driver calls that are not
-        // documented as non-blocking); when this copy turns out to be their last reference,
-        // it goes with the GIL released.
-        let keep = buffer.handle().recipe();
-        let result = buffer.close();
-        if let Some(last) = keep.and_then(DeallocationRecipe::into_last_references) {
+        // The free does not drop the recipe: when it held the last reference to its stream or
+        // context, their remains come back, and go with the GIL released (destroying a stream
+        // or releasing a context is not documented as non-blocking).
+        let (result, remains) = buffer.close_with_remains();
+        if let Some(last) = remains {
             release(py, move || drop(last));
         }
         result
