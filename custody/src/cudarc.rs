@@ -6,10 +6,14 @@
 //! [`DeviceSlice::device_ptr`](crate::DeviceSlice::device_ptr) a `CUdeviceptr`, which cudarc's
 //! launch builder takes as an argument (`builder.arg(&ptr)`; `u64` is a `DeviceRepr`). Both
 //! must load the same driver: custody loads `CUSTODY_CUDA_DRIVER` (else `libcuda.so.1`), cudarc
-//! the system's `libcuda.so`; with the emulated driver named in `CUSTODY_CUDA_DRIVER`, the two
-//! are different drivers and must not share handles.
+//! the first `libcuda.so` (or `libcuda.so.1`, ...) the library path finds. Where
+//! `CUSTODY_CUDA_DRIVER` names the emulated driver, the two are different drivers and must not
+//! share handles, unless the library path's `libcuda.so` is that same file (the process then
+//! loads it once): `cargo xtask test` links it so for these doc examples, which run on the
+//! emulator (kernel launches are not emulated; `examples/cudarc_interop.rs` launches one on a
+//! GPU host).
 //!
-//! ```no_run
+//! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! use custody::{DeviceMemoryResource, MemoryResource};
@@ -44,6 +48,24 @@ use crate::{HandleError, StreamHandle};
 /// Driver calls: `cuStreamGetCtx`, and those of wrapping its context (`cuCtxGetCurrent`,
 /// `cuCtxSetCurrent`, `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`,
 /// `cuDevicePrimaryCtxRetain`).
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use custody::{DeviceMemoryResource, MemoryResource};
+///
+/// let theirs = cudarc::driver::CudaContext::new(0)?.new_stream()?;
+/// let ours = custody::cudarc::stream(&theirs)?;
+/// assert_eq!(ours.raw(), theirs.cu_stream()); // one stream, two handles
+/// assert!(ours.context().is_some()); // read from the driver
+/// let mut buffer = Arc::clone(&DeviceMemoryResource::new(0)?).allocate(4 * 64, &ours)?;
+/// buffer.as_slice_mut::<f32>()?.copy_from_slice(&[1.5; 64], &ours)?;
+/// drop(theirs); // custody's handle keeps cudarc's stream alive
+/// assert_eq!(buffer.as_slice::<f32>()?.to_vec(&ours)?, [1.5; 64]);
+/// drop(buffer); // freed on the wrapped stream
+/// # Ok(())
+/// # }
+/// ```
 #[allow(unsafe_code)]
 pub fn stream(stream: &Arc<CudaStream>) -> Result<StreamHandle, HandleError> {
     let raw = stream.cu_stream() as usize;

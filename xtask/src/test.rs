@@ -125,12 +125,32 @@ fn rust_suite(emulator: &Path) -> Result<Suite> {
 }
 
 /// The doc examples, which nextest does not run: `cargo test --workspace --doc` against the
-/// emulator.
+/// emulator, with the facade's `cudarc` feature on. cudarc loads `libcuda.so` (or
+/// `libcuda.so.1`) from the library path itself, so a folder whose two names link to the
+/// emulator goes first on `LD_LIBRARY_PATH`: the process then loads the emulator once, and
+/// custody's and cudarc's handles name the same driver's objects.
 fn doc_suite(emulator: &Path) -> Result<Suite> {
+    let libcuda = emulator
+        .parent()
+        .context("the emulator's folder")?
+        .join("libcuda-emu");
+    std::fs::create_dir_all(&libcuda)?;
+    for name in ["libcuda.so", "libcuda.so.1"] {
+        let link = libcuda.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(emulator, &link)
+            .with_context(|| format!("linking {} to {}", link.display(), emulator.display()))?;
+    }
+    let mut paths = vec![libcuda];
+    if let Some(inherited) = std::env::var_os("LD_LIBRARY_PATH") {
+        paths.extend(std::env::split_paths(&inherited));
+    }
     let mut command = cmd::cargo();
     command
-        .args(["test", "--workspace", "--doc", "--no-fail-fast"])
-        .env(DRIVER_ENV, emulator);
+        .args(["test", "--workspace", "--doc", "--no-fail-fast", "--features"])
+        .arg(format!("{}/cudarc", cmd::FACADE_PACKAGE))
+        .env(DRIVER_ENV, emulator)
+        .env("LD_LIBRARY_PATH", std::env::join_paths(paths)?);
     let exit = cmd::status(&mut command)?;
     let outcome = if exit.success() {
         Outcome::Passed
@@ -139,7 +159,10 @@ fn doc_suite(emulator: &Path) -> Result<Suite> {
     };
     Ok(Suite {
         name: "doctest",
-        how: "cargo test --workspace --doc".to_owned(),
+        how: format!(
+            "cargo test --workspace --doc --features {}/cudarc (cudarc's libcuda.so: the emulator)",
+            cmd::FACADE_PACKAGE
+        ),
         outcome,
     })
 }
