@@ -312,3 +312,42 @@ fn a_free_whose_use_stream_is_being_captured_waits_for_the_capture() {
     assert_eq!(scene.finish(), vec![0x5a; SIZE]);
     assert_no_hazards();
 }
+
+/// Pinned memory accepts a use stream of another device: the event is recorded in that
+/// stream's context (device 1's) and the free's stream (device 0's) waits for it.
+#[test]
+fn pinned_memory_freed_after_a_use_on_another_devices_stream() {
+    let _serial = start();
+    if handles::device_count().unwrap_or(1) < 2 {
+        eprintln!("skipped: needs two devices");
+        return;
+    }
+    let (a, b) = (stream_on(0), stream_on(1));
+    let buffer = LegacyPinnedMemoryResource::new()
+        .allocate(SIZE, &a)
+        .unwrap();
+    let alloc = alloc_of(buffer.ptr());
+    buffer.fill(0x5au8, &a).unwrap();
+    a.synchronize().unwrap();
+    let out = DeviceMemoryResource::new(1)
+        .unwrap()
+        .allocate(SIZE, &b)
+        .unwrap();
+    buffer.copy_to(&out, &b).unwrap(); // the use on device 1
+    buffer.record_use(&b).unwrap();
+    let from = mark();
+    drop(buffer);
+    handles::drain_deferred_cleanup();
+    assert_eq!(
+        waits_on(&a, from).unwrap_or(1),
+        1,
+        "a (device 0) waited for b (device 1)"
+    );
+    with_emulator(|emu| {
+        assert!(!emu.is_live(alloc), "freed");
+        assert_eq!(emu.hazards_for(alloc), vec![], "after the read on device 1");
+    });
+    assert_eq!(read(&out, &b), vec![0x5a; SIZE]);
+    out.close().unwrap();
+    assert_no_hazards();
+}
