@@ -263,6 +263,19 @@ pub use memory::{IpcBufferDescriptor, PoolMemoryResource};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub use handles::{CudaError, CudaErrorCode, HandleError, LoadError};
+/// The memory layer's error: what a buffer or resource operation refused, or the handle
+/// layer's error it wraps.
+///
+/// ```
+/// use std::sync::Arc;
+/// use custody::{ContextHandle, DeviceMemoryResource, MemoryError, MemoryResource, StreamFlags, StreamHandle};
+///
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
+/// let mr = DeviceMemoryResource::new(0)?;
+/// let refused = Arc::clone(&mr).allocate(0, &stream);
+/// assert!(matches!(refused, Err(MemoryError::InvalidSize { size: 0, .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[doc(inline)]
 pub use memory::MemoryError;
 
@@ -287,6 +300,24 @@ pub use memory::MemoryError;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub use handles::OwnedAllocation;
+/// A refused adoption: why, and the allocation, given back untouched.
+///
+/// ```
+/// use custody::{raw, AdoptError, Buffer, ContextHandle, DeviceMemoryResource, DevicePtrHandle, PoolMemoryResource, StreamFlags, StreamHandle};
+///
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
+/// let mr = DeviceMemoryResource::new(0)?;
+/// let elsewhere = DevicePtrHandle::alloc_from_pool(256, mr.pool(), &stream)?;
+/// let (ptr, size) = (elsewhere.ptr(), elsewhere.size());
+/// std::mem::forget(elsewhere);
+/// // SAFETY: a pool allocation of `size` bytes that nothing else frees.
+/// let allocation = unsafe { raw::owned_allocation(ptr, size) };
+/// // No context is current, so the legacy default-stream token cannot be recorded.
+/// let refused: AdoptError = Buffer::adopt(allocation, mr.clone(), Some(&StreamHandle::legacy())).unwrap_err();
+/// let buffer = Buffer::adopt(refused.allocation, mr.clone(), Some(&stream)).map_err(|e| e.error)?;
+/// assert_eq!(buffer.size(), 256);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[doc(inline)]
 pub use memory::AdoptError;
 
