@@ -218,3 +218,16 @@ def test_a_stream_of_another_device_raises_value_error(device, emu, no_hazards):
     if emu:
         assert emu.calls_to("cuStreamWaitEvent") == [], "nothing was recorded"
     s1.close()
+
+
+def test_a_buffer_that_frees_nothing_records_nothing(device, emu, no_hazards):
+    a, b = device.create_stream(), device.create_stream()
+    backing = custody.DeviceMemoryResource(0).allocate(SIZE, stream=a)
+    view = custody.Buffer.from_handle(backing.handle, SIZE)
+    view.record_use(b)
+    if emu:
+        emu.clear_calls()
+    view.close()
+    if emu:
+        assert emu.calls_to("cuStreamWaitEvent") == [] and emu.calls_to("cuEventRecord") == []
+    backing.close()

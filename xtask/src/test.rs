@@ -147,7 +147,13 @@ fn doc_suite(emulator: &Path) -> Result<Suite> {
     }
     let mut command = cmd::cargo();
     command
-        .args(["test", "--workspace", "--doc", "--no-fail-fast", "--features"])
+        .args([
+            "test",
+            "--workspace",
+            "--doc",
+            "--no-fail-fast",
+            "--features",
+        ])
         .arg(format!("{}/cudarc", cmd::FACADE_PACKAGE))
         .env(DRIVER_ENV, emulator)
         .env("LD_LIBRARY_PATH", std::env::join_paths(paths)?);

@@ -351,7 +351,7 @@ class Buffer:
         per-thread default stream also to the calling thread; freed on another thread, the event
         is recorded on that context's legacy default stream, which waits for it). While
         ``stream`` is being captured into a graph at the free, the free waits until the capture
-        ends.
+        ends. A buffer that frees nothing (``from_handle`` without ``mr``) records nothing.
 
         ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream,
         or a default stream with no current context; ``ValueError`` for a stream of another
