@@ -136,6 +136,7 @@ macro_rules! __driver_function_list {
                 cuGetErrorString(error: CUresult, pStr: *mut *const c_char);
                 cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: c_int, flags: cuuint64_t, symbolStatus: *mut CUdriverProcAddressQueryResult);
                 cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice);
+                cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice);
                 cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice);
                 cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice);
                 cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool);

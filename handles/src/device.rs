@@ -1,7 +1,7 @@
 //! Device queries, which the Python bindings' `Device` needs: [`device_count`],
-//! [`device_attribute`], [`device_name`], [`device_uuid`], [`device_can_access_peer`],
-//! [`stream_priority_range`] and the graph memory attributes ([`graph_mem_attribute`],
-//! [`set_graph_mem_attribute`], [`graph_mem_trim`]).
+//! [`device_attribute`], [`device_name`], [`device_uuid`], [`device_pci_bus_id`],
+//! [`device_can_access_peer`], [`stream_priority_range`] and the graph memory attributes
+//! ([`graph_mem_attribute`], [`set_graph_mem_attribute`], [`graph_mem_trim`]).
 
 use std::ffi::{c_char, c_int};
 
@@ -80,6 +80,29 @@ pub fn device_name(ordinal: i32) -> Result<String, HandleError> {
     let status = unsafe { get(name.as_mut_ptr(), name.len() as c_int, device) };
     check("cuDeviceGetName", status)?;
     let bytes: Vec<u8> = name
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The PCI address of device `ordinal` as the driver writes it: `domain:bus:device.function`
+/// in hexadecimal (13 bytes with the NUL, the documented size). No context need be current.
+///
+/// # Errors
+/// [`HandleError::Driver`] for a bad ordinal; [`HandleError::Load`] when the driver lacks
+/// `cuDeviceGetPCIBusId`.
+///
+/// Driver calls: `cuInit` (once), `cuDeviceGet`, `cuDeviceGetPCIBusId`.
+pub fn device_pci_bus_id(ordinal: i32) -> Result<String, HandleError> {
+    let (d, device) = device_of(ordinal)?;
+    let get = d.cuDeviceGetPCIBusId().map_err(HandleError::Load)?;
+    let mut text = [0 as c_char; 13];
+    // SAFETY: `text` holds 13 bytes and the driver writes at most `len` of them, NUL included.
+    let status = unsafe { get(text.as_mut_ptr(), text.len() as c_int, device) };
+    check("cuDeviceGetPCIBusId", status)?;
+    let bytes: Vec<u8> = text
         .iter()
         .take_while(|&&c| c != 0)
         .map(|&c| c as u8)

@@ -1224,6 +1224,14 @@ pub(crate) fn _device_name(py: Python<'_>, device_id: i32) -> PyResult<String> {
         .map_err(Error::from)?)
 }
 
+/// Device `device_id`'s PCI address, `domain:bus:device.function` (`cuDeviceGetPCIBusId`).
+#[pyfunction]
+pub(crate) fn _device_pci_bus_id(py: Python<'_>, device_id: i32) -> PyResult<String> {
+    Ok(py
+        .detach(|| handles::device_pci_bus_id(device_id))
+        .map_err(Error::from)?)
+}
+
 /// Whether device `device_id` can access device `peer`'s memory (`cuDeviceCanAccessPeer`).
 #[pyfunction]
 pub(crate) fn _can_access_peer(py: Python<'_>, device_id: i32, peer: i32) -> PyResult<bool> {
@@ -1360,6 +1368,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(_device_attribute, m)?)?;
     m.add_function(wrap_pyfunction!(_device_name, m)?)?;
+    m.add_function(wrap_pyfunction!(_device_pci_bus_id, m)?)?;
     m.add_function(wrap_pyfunction!(_device_uuid, m)?)?;
     m.add_function(wrap_pyfunction!(_can_access_peer, m)?)?;
     m.add_function(wrap_pyfunction!(_primary_context, m)?)?;

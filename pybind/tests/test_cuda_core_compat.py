@@ -62,6 +62,17 @@ def test_from_handle_takes_pointer_likes(device, stream):
 # --- 2. Device -----------------------------------------------------------------------------
 
 
+def test_device_pci_bus_id_names_the_device_attributes(device):
+    """domain:bus:device.function in hexadecimal, the device's PCI attributes (cuDeviceGetPCIBusId)."""
+    domain, bus, rest = device.pci_bus_id.split(":")
+    dev, function = rest.split(".")
+    props = device.properties
+    assert len(domain) == 4
+    assert (int(domain, 16), int(bus, 16), int(dev, 16)) == (
+        props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
+    int(function, 16)
+
+
 def test_device_identity_and_properties(device):
     assert isinstance(device.name, str) and device.name
     assert re.fullmatch(r"<Device 0 \(.+\)>", repr(device))

@@ -260,6 +260,39 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
     })
 }
 
+/// `domain:bus:device.function` in hexadecimal, the documented format (13 bytes with the NUL):
+/// the emulated device's PCI domain, bus and device attributes, function 0. Truncated to `len`
+/// bytes, NUL included, as `cuDeviceGetName` truncates.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(
+    bus_id: *mut c_char,
+    len: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    use cuda_sys::types::CUdevice_attribute as A;
+    entry("cuDeviceGetPCIBusId", None, None, |_| {
+        need(bus_id)?;
+        if len <= 0 {
+            return Err(codes::INVALID_VALUE);
+        }
+        initialized()?.device(dev)?;
+        let of = |a: A| attribute(a as u32, dev).unwrap_or(0);
+        let text = format!(
+            "{:04x}:{:02x}:{:02x}.0",
+            of(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+            of(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
+            of(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)
+        );
+        let n = text.len().min(len as usize - 1);
+        // SAFETY: `bus_id` is writable for `len` bytes (driver contract); we write n + 1 <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), bus_id.cast::<u8>(), n);
+            bus_id.add(n).write(0);
+        }
+        Ok(())
+    })
+}
+
 fn attribute(attr: u32, dev: CUdevice) -> Option<c_int> {
     use cuda_sys::types::CUdevice_attribute as A;
     let table: &[(A, c_int)] = &[
@@ -283,6 +316,8 @@ fn attribute(attr: u32, dev: CUdevice) -> Option<c_int> {
         (A::CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1),
         (A::CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 1),
         (A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 0x18 + dev),
+        (A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, 0),
+        (A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 0),
         (A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, 2_619_000),
         (A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 6144),
         (A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 62_914_560),

@@ -92,7 +92,6 @@ not_supported! {
     cuDeviceGetNvSciSyncAttributes
     cuDeviceGetP2PAtomicCapabilities
     cuDeviceGetP2PAttribute
-    cuDeviceGetPCIBusId
     cuDeviceGetProperties
     cuDeviceGetTexture1DLinearMaxWidth
     cuDevicePrimaryCtxRelease

@@ -1,5 +1,5 @@
 //! Queries and small controls that NVIDIA's cuda.core reads beyond custody's own needs: device
-//! attributes and UUIDs, stream priorities, event timing, pointer and address-range queries,
+//! attributes, UUIDs and PCI bus ids, stream priorities, event timing, pointer and address-range queries,
 //! pools by location (the managed pool of no preferred location), graph node queries and the
 //! device's graph memory attributes.
 //!
@@ -124,6 +124,38 @@ fn device_uuid_is_stable_and_the_same_through_both_forms() {
         assert_eq!(a, b);
         assert_eq!(a, c);
         assert_ne!(a, [0u8; 16]);
+    });
+}
+
+type DeviceGetPciBusId = unsafe extern "C" fn(*mut std::ffi::c_char, c_int, c_int) -> CUresult;
+
+/// Documented: `cuDeviceGetPCIBusId` writes `domain:bus:device.function` in hexadecimal and
+/// needs room for 13 bytes with the NUL; the parts are the device's `PCI_DOMAIN_ID` (50),
+/// `PCI_BUS_ID` (33) and `PCI_DEVICE_ID` (34) attributes. Not yet measured (cuda.core's
+/// `test_device.py::test_pci_bus_id` compares with the runtime, which the H200 run had; a GPU
+/// run of this suite settles the case and the letters' case).
+#[test]
+fn pci_bus_id_names_the_device_attributes() {
+    on_fresh_thread("pci-bus-id", || {
+        init();
+        let get = resolve!(c"cuDeviceGetPCIBusId" as DeviceGetPciBusId);
+        let mut text = [0 as std::ffi::c_char; 13];
+        status!("cuDeviceGetPCIBusId", get(text.as_mut_ptr(), 13, device0())).check();
+        // SAFETY: the driver wrote a NUL-terminated string into the 13 bytes.
+        let id = unsafe { CStr::from_ptr(text.as_ptr()) }
+            .to_str()
+            .expect("ASCII")
+            .to_owned();
+        let hex =
+            |part: &str| i32::from_str_radix(part, 16).unwrap_or_else(|e| panic!("{id}: {e}"));
+        let (domain, rest) = id.split_once(':').expect("domain:");
+        let (bus, rest) = rest.split_once(':').expect("bus:");
+        let (device, function) = rest.split_once('.').expect("device.function");
+        assert_eq!(domain.len(), 4, "{id}");
+        assert_eq!(hex(domain), device_attribute(50), "PCI_DOMAIN_ID in {id}");
+        assert_eq!(hex(bus), device_attribute(33), "PCI_BUS_ID in {id}");
+        assert_eq!(hex(device), device_attribute(34), "PCI_DEVICE_ID in {id}");
+        hex(function);
     });
 }
 

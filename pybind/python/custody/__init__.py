@@ -333,6 +333,12 @@ class Device:
         return str(_uuid.UUID(bytes=bytes(_custody._device_uuid(self._id))))
 
     @property
+    def pci_bus_id(self) -> str:
+        """The device's PCI address, ``"domain:bus:device.function"`` in hexadecimal (as
+        ``cuDeviceGetPCIBusId`` writes it; :class:`CUDAError` on a driver failure)."""
+        return _custody._device_pci_bus_id(self._id)
+
+    @property
     def compute_capability(self) -> ComputeCapability:
         """``(major, minor)``, e.g. ``ComputeCapability(major=9, minor=0)`` for an H200."""
         props = self.properties

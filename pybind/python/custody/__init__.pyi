@@ -1213,6 +1213,11 @@ class Device:
     def uuid(self) -> str:
         """The device's UUID as ``"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"`` (``cuDeviceGetUuid``)."""
     @property
+    def pci_bus_id(self) -> str:
+        """The device's PCI address, ``"domain:bus:device.function"`` in hexadecimal (as
+        ``cuDeviceGetPCIBusId`` writes it; :class:`CUDAError` on a driver failure).
+        """
+    @property
     def compute_capability(self) -> ComputeCapability:
         """``(major, minor)``, e.g. ``ComputeCapability(major=9, minor=0)`` for an H200."""
     @property
