@@ -29,8 +29,9 @@
 //!   `cuStreamWaitValue32_v2` on a flag in pinned host memory; thread B's
 //!   `cuStreamWriteValue32_v2` of a marker waits for it on the legacy stream (`CU_STREAM_LEGACY`
 //!   or NULL) and does not on B's own per-thread stream, a created blocking stream or a
-//!   non-blocking one; plus (`basic_stream_wait_value*`) the stream memory operations
-//!   themselves, as documented;
+//!   non-blocking one; an event B records on the legacy stream waits for A too (not yet
+//!   measured; custody's cross-thread synchronous frees and declared uses rely on it); plus
+//!   (`basic_stream_wait_value*`) the stream memory operations themselves, as documented;
 //! - F16 (`facts_capture::f16_*`): `cuMemFreeAsync` during a capture (each mode) of pool memory
 //!   allocated before it fails with `CUDA_ERROR_INVALID_VALUE`, captures nothing and leaves the
 //!   capture valid and the memory allocated; a graph allocation freed in its capture is a free

@@ -27,8 +27,9 @@ use cuda_sys::types::{
 use cuda_sys::CudaErrorCode;
 
 use crate::driver::{
-    ctx_set_current, init, stream_create, stream_destroy, stream_query, stream_synchronize,
-    stream_wait_value32, stream_wait_value64, stream_write_value32, stream_write_value64,
+    ctx_set_current, event_create, event_destroy, event_query, event_record, init, stream_create,
+    stream_destroy, stream_query, stream_synchronize, stream_wait_event, stream_wait_value32,
+    stream_wait_value64, stream_write_value32, stream_write_value64, EVENT_DISABLE_TIMING,
     STREAM_NON_BLOCKING, STREAM_WAIT_VALUE_EQ, STREAM_WAIT_VALUE_GEQ,
 };
 use crate::support::{on_fresh_thread, primary_current, Flag, HostWord, Shared};
@@ -161,6 +162,52 @@ fn f14_legacy_token_waits_for_another_threads_per_thread_stream() {
 #[test]
 fn f14_null_stream_waits_for_another_threads_per_thread_stream() {
     legacy_waits_for_another_threads_per_thread_stream(CU_STREAM_NULL);
+}
+
+/// F14 for an event, which custody relies on (docs/decisions.md D6 and D12: a synchronous free's
+/// ordering event, and a declared use's event, recorded on the legacy stream away from the
+/// recording thread): B records an event on `CU_STREAM_LEGACY` while A's per-thread stream is
+/// held; a created non-blocking stream X waits for the event and writes a marker. While A is
+/// held the event is not complete (`cuEventQuery`: `CUDA_ERROR_NOT_READY`) and the marker is
+/// unwritten; once A goes on, X's write lands. Not yet measured: F14 was observed with a stream
+/// write on the legacy stream, not with an event recorded there.
+#[test]
+fn f14_event_recorded_on_the_legacy_stream_waits_for_another_threads_per_thread_stream_not_yet_measured(
+) {
+    on_fresh_thread("f14-event", || {
+        init();
+        let primary = primary_current();
+        let marker = HostWord::new();
+        let held = HeldPerThreadStream::start(primary.ctx());
+
+        let (ctx, m) = (Shared(primary.ctx()), Shared(marker.dev()));
+        let (event, x) = on_fresh_thread("B", move || {
+            init();
+            ctx_set_current(ctx.get()).check();
+            let event = event_create(EVENT_DISABLE_TIMING).check();
+            event_record(event, CU_STREAM_LEGACY).check();
+            let x = stream_create(STREAM_NON_BLOCKING).check();
+            stream_wait_event(x, event).check();
+            stream_write_value32(x, m.get(), MARKER).check();
+            event_query(event).fails_with(CudaErrorCode::NOT_READY);
+            (Shared(event), Shared(x))
+        });
+        assert_eq!(
+            marker.read(),
+            0,
+            "the event on the legacy stream waited for A's per-thread stream, and X for the event"
+        );
+        assert!(!held.watchdog_fired());
+
+        held.release();
+        stream_synchronize(x.get()).check();
+        assert_eq!(marker.read(), MARKER, "written once A's stream went on");
+        event_query(event.get()).check();
+        event_destroy(event.get()).check();
+        stream_destroy(x.get()).check();
+        held.finish();
+        marker.free();
+    });
 }
 
 /// The stream B writes on in an F15 case.
