@@ -14,6 +14,7 @@
 //! inside the driver call that dropped it, when no launch is pending (G2), or on the stream's
 //! worker thread after the last pending launch of a destroyed exec completes (G3).
 
+use crate::clock::VectorClock;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -218,6 +219,10 @@ pub(crate) struct ExecLife {
     pub(crate) pending: usize,
     pub(crate) destroyed: bool,
     pub(crate) refs: Vec<(u64, u64)>,
+    /// The clocks of the launches that have run to completion, merged: what the host has learnt
+    /// once a user-object destructor runs because they are done (a destructor runs after the
+    /// work that held its object, G2/G3, so whatever it sets in motion is ordered after it).
+    pub(crate) done: VectorClock,
 }
 
 pub(crate) struct GraphExec {

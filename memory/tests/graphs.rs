@@ -510,6 +510,45 @@ fn a_destructor_after_an_in_flight_launch_frees_only_once_the_launch_is_done() {
     out.close().unwrap();
 }
 
+/// A graph launched on another stream than the buffer's deallocation stream, whose executable is
+/// closed while the launch is in flight and never synchronised by the host: the destructor runs
+/// once the launch is done (G3) and the free on the recipe's stream comes after it, so the
+/// hazard checker sees an ordered free (it counts a destructor's run as the host learning the
+/// launch finished). A new user's program had this report `unordered_free`, in most runs.
+#[test]
+fn a_graph_launched_on_another_stream_and_closed_in_flight_frees_in_order() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s1, s2, mr) = (stream(), stream(), owned_pool());
+    let base = used(&mr, &s1);
+    let buffer = alloc(&mr, SIZE, &s1);
+    let alloc = alloc_of(buffer.ptr());
+    let gate = Arc::new(Gate::default());
+    let graph = Graph::new(0).unwrap();
+    let set = graph.add_memset(&[], &buffer, 0x31u8).unwrap();
+    {
+        let gate = Arc::clone(&gate);
+        graph
+            .add_host_function(&[set], move || gate.pass())
+            .unwrap();
+    }
+    let exec = graph.instantiate().unwrap();
+    graph.close();
+    buffer.close().unwrap();
+    let from = emu.as_ref().map(mark);
+    exec.launch(&s2).unwrap();
+    gate.wait_entered();
+    exec.close();
+    gate.open();
+    drain_until(|| used(&mr, &s1) == base);
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        assert_freed_once(emu, from, alloc, &s1, &primary());
+        assert!(!is_live(emu, alloc));
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+}
+
 #[test]
 fn ten_thousand_attachments_released_at_once_are_all_freed_after_one_drain() {
     const COUNT: usize = 10_000;

@@ -185,6 +185,7 @@ impl State {
                     pending: 0,
                     destroyed: false,
                     refs,
+                    done: Default::default(),
                 })),
             },
         );
@@ -195,15 +196,20 @@ impl State {
     /// last pending launch releases them on its worker thread).
     pub(crate) fn destroy_exec(&mut self, e: u64) -> Res<Vec<Callback>> {
         let exec = self.execs.remove(&e).ok_or(codes::BAD_HANDLE)?;
-        let refs = {
+        let (refs, done) = {
             let mut life = lock(&exec.life);
             life.destroyed = true;
             if life.pending == 0 {
-                std::mem::take(&mut life.refs)
+                (std::mem::take(&mut life.refs), life.done.clone())
             } else {
-                Vec::new()
+                (Vec::new(), Default::default())
             }
         };
+        if !refs.is_empty() {
+            // The destructors run now, after every launch of the exec: the host knows those
+            // launches are done (G2).
+            self.host_observed(&done);
+        }
         Ok(self.release_refs(&refs))
     }
 
@@ -338,23 +344,29 @@ impl State {
             }
         }
         lock(&life).pending += 1;
+        let launch_clock = self.streams[&s].clock.clone();
         let run = move || {
             for step in steps {
                 step.run();
             }
-            let refs = {
+            let (refs, done) = {
                 let mut l = lock(&life);
                 l.pending -= 1;
+                l.done.merge(&launch_clock);
                 if l.destroyed && l.pending == 0 {
-                    std::mem::take(&mut l.refs)
+                    (std::mem::take(&mut l.refs), l.done.clone())
                 } else {
-                    Vec::new()
+                    (Vec::new(), Default::default())
                 }
             };
             if !refs.is_empty() {
                 // The exec was destroyed while this launch was pending (G3): its user-object
-                // references go now, on this driver thread.
-                let due = crate::state::state().release_refs(&refs);
+                // references go now, on this driver thread, which knows the launches are done.
+                let due = {
+                    let mut st = crate::state::state();
+                    st.host_observed(&done);
+                    st.release_refs(&refs)
+                };
                 run_destructors(due);
             }
         };
