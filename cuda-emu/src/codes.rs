@@ -11,6 +11,10 @@ use cuda_sys::{CUresult, CudaErrorCode as C};
 /// The result of an emulated call body: `Err` carries the status to return.
 pub(crate) type Res<T = ()> = Result<T, CUresult>;
 
+/// `cuMemHostRegister` of a range that overlaps memory the driver knows (documented).
+pub(crate) const ALREADY_REGISTERED: CUresult = C::HOST_MEMORY_ALREADY_REGISTERED.0;
+/// `cuMemHostUnregister` of an address no registration starts at (documented).
+pub(crate) const NOT_REGISTERED: CUresult = C::HOST_MEMORY_NOT_REGISTERED.0;
 /// `CUDA_SUCCESS`.
 pub(crate) const SUCCESS: CUresult = C::SUCCESS.0;
 /// A call other than `cuDriverGetVersion`/`cuGetError*`/`cuGetProcAddress*` before `cuInit`

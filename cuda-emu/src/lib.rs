@@ -104,7 +104,9 @@
 //! - **Entry points**: every name of the CUDA 13.3 driver API is exported (`api::names` lists
 //!   them with the version each variant appeared in). The ones the emulator serves are custody's
 //!   (`cuda_sys::with_driver_functions!`) plus what NVIDIA's cuda.core 1.2 asks for in the same
-//!   domain (`api::info`, `api::ranges`, `api::graph_nodes`): device UUIDs and total memory,
+//!   domain (`api::info`, `api::ranges`, `api::graph_nodes`, `api::memory`): device UUIDs,
+//!   PCI bus ids and total memory, host memory registration (`cuMemHostRegister`: the
+//!   program's own bytes, known as host memory until `cuMemHostUnregister`),
 //!   the stream priority range, stream and context ids, the CUDA 13 `_v2` context and stream
 //!   queries, event records with flags and event timing (`cuEventElapsedTime`: host time at
 //!   which each record's stream reached it), `cuPointerGetAttributes` (an unknown pointer reads

@@ -58,6 +58,8 @@ enum Owner {
     Heap(Layout),
     Arena(Arc<Arena>, u64),
     Mapped(#[allow(dead_code)] Arc<SharedMap>),
+    /// The program's own bytes (`cuMemHostRegister`): never freed here.
+    Program,
 }
 
 // SAFETY: a Backing is plain memory owned by the value; concurrent access to the bytes is the
@@ -106,6 +108,16 @@ impl Backing {
         }))
     }
 
+    /// The program's own `len` bytes at `ptr`, registered with `cuMemHostRegister`: read and
+    /// written where they are, left to the program when the registration goes.
+    pub(crate) fn program(ptr: *mut u8, len: usize) -> Arc<Backing> {
+        Arc::new(Backing {
+            ptr,
+            len,
+            owner: Owner::Program,
+        })
+    }
+
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.ptr
     }
@@ -117,7 +129,7 @@ impl Drop for Backing {
             // SAFETY: allocated in `heap` with this layout, freed once.
             Owner::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr, *layout) },
             Owner::Arena(arena, offset) => arena.free(*offset, self.len as u64),
-            Owner::Mapped(_) => {}
+            Owner::Mapped(_) | Owner::Program => {}
         }
     }
 }
@@ -129,6 +141,8 @@ pub(crate) enum AllocKind {
     Managed,
     Pool,
     Ipc,
+    /// The program's host memory, page-locked by `cuMemHostRegister`.
+    Registered,
 }
 
 impl AllocKind {
@@ -139,12 +153,16 @@ impl AllocKind {
             AllocKind::Managed => "managed",
             AllocKind::Pool => "pool",
             AllocKind::Ipc => "ipc",
+            AllocKind::Registered => "registered",
         }
     }
 
     /// Whether the address is the host address of the bytes.
     pub(crate) fn host_accessible(self, pool_host: bool) -> bool {
-        matches!(self, AllocKind::Host | AllocKind::Managed) || pool_host
+        matches!(
+            self,
+            AllocKind::Host | AllocKind::Managed | AllocKind::Registered
+        ) || pool_host
     }
 }
 

@@ -427,6 +427,31 @@ def test_adopted_pinned_memory_names_the_device_that_made_it(device, stream):
     assert custody.Buffer.from_handle(ctypes.addressof(pageable), 16, owner=pageable).device_id == -1
 
 
+def test_adopted_registered_memory_names_the_device_that_registered_it(device):
+    """Host memory page-locked with cuMemHostRegister (through the driver custody loaded) and
+    adopted with from_handle: device- and host-accessible, on the registering context's device;
+    after cuMemHostUnregister the same bytes are pageable again (device_id -1)."""
+    from conftest import DRIVER
+
+    page = (ctypes.c_byte * 4096)()
+    ptr = ctypes.addressof(page)
+    register = DRIVER.cuMemHostRegister_v2
+    register.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+    assert register(ptr, 4096, 0) == 0
+    try:
+        view = custody.Buffer.from_handle(ptr, 4096, owner=page)
+        assert view.is_device_accessible and view.is_host_accessible
+        assert view.device_id == device.device_id
+        view.close()
+    finally:
+        unregister = DRIVER.cuMemHostUnregister
+        unregister.argtypes = [ctypes.c_void_p]
+        assert unregister(ptr) == 0
+    pageable = custody.Buffer.from_handle(ptr, 4096, owner=page)
+    assert pageable.device_id == -1 and not pageable.is_device_accessible
+    pageable.close()
+
+
 def test_pinned_memory_of_a_resource_bound_to_no_gpu_is_cuda_host(device, stream):
     """__dlpack_device__ of device- and host-accessible memory that is not managed is
     (kDLCUDAHost, 0) without asking the resource's device_id (which may raise)."""

@@ -118,7 +118,7 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
             st.current_ctx()?;
             let start = st.find_live(p as u64).ok_or(codes::NOT_HOST_MAPPED)?;
             let a = &st.allocs[&start];
-            if a.kind != AllocKind::Host {
+            if !matches!(a.kind, AllocKind::Host | AllocKind::Registered) {
                 return Err(codes::NOT_HOST_MAPPED);
             }
             info.alloc = Some(a.id);
@@ -127,6 +127,77 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
             unsafe { put(pdptr, p as u64) }
         },
     )
+}
+
+/// `CU_MEMHOSTREGISTER_PORTABLE | _DEVICEMAP | _IOMEMORY | _READ_ONLY`.
+const HOST_REGISTER_FLAGS: c_uint = 0xf;
+
+/// Page-locks the program's `size` bytes at `p` in the current context (documented): the range
+/// becomes host memory the driver knows, its device pointer its own address (unified
+/// addressing), until `cuMemHostUnregister`. A range that overlaps known memory is refused
+/// with `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED` (documented).
+fn host_register(p: *mut c_void, size: usize, flags: c_uint, info: &mut CallInfo) -> Res {
+    if p.is_null() || size == 0 || flags & !HOST_REGISTER_FLAGS != 0 {
+        return Err(codes::INVALID_VALUE);
+    }
+    let mut st = initialized()?;
+    let ctx = st.current_ctx()?;
+    let (addr, end) = (p as u64, p as u64 + size as u64);
+    let overlaps = st.find_live(addr).is_some() || st.allocs.range(addr..end).next().is_some();
+    if overlaps {
+        return Err(codes::ALREADY_REGISTERED);
+    }
+    let id = st.insert_alloc(Alloc {
+        id: 0,
+        addr,
+        size: size as u64,
+        kind: AllocKind::Registered,
+        device: -1,
+        ctx,
+        pool: None,
+        pool_core: None,
+        host: true,
+        backing: Backing::program(p.cast::<u8>(), size),
+        uses: VectorClock::default(),
+        ipc_offset: None,
+    });
+    info.alloc = Some(id);
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostRegister_v2(
+    p: *mut c_void,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
+    entry("cuMemHostRegister_v2", None, Some(p as u64), |info| {
+        host_register(p, size, flags, info)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostRegister(p: *mut c_void, size: usize, flags: c_uint) -> CUresult {
+    entry("cuMemHostRegister", None, Some(p as u64), |info| {
+        host_register(p, size, flags, info)
+    })
+}
+
+/// Ends the registration that starts at `p`; the bytes stay the program's
+/// (`CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED` for an address no registration starts at:
+/// documented).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    entry("cuMemHostUnregister", None, Some(p as u64), |info| {
+        let mut st = initialized()?;
+        let addr = p as u64;
+        match st.allocs.get(&addr) {
+            Some(a) if a.kind == AllocKind::Registered => info.alloc = Some(a.id),
+            _ => return Err(codes::NOT_REGISTERED),
+        }
+        st.remove_alloc(addr);
+        Ok(())
+    })
 }
 
 #[no_mangle]
@@ -163,10 +234,11 @@ fn free_sync(addr: u64, function: &'static str, host: bool, info: &mut CallInfo)
             }
             return Err(codes::BAD_POINTER);
         };
+        // Registered memory is the program's: only cuMemHostUnregister lets it go.
         let ok = if host {
             a.kind == AllocKind::Host
         } else {
-            a.kind != AllocKind::Host
+            !matches!(a.kind, AllocKind::Host | AllocKind::Registered)
         };
         if !ok {
             return Err(codes::BAD_POINTER);
@@ -326,7 +398,10 @@ fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
         }
         return Err(codes::BAD_POINTER);
     };
-    if matches!(kind, AllocKind::Host | AllocKind::Managed) {
+    if matches!(
+        kind,
+        AllocKind::Host | AllocKind::Managed | AllocKind::Registered
+    ) {
         return Err(codes::NOT_STREAM_ORDERED);
     }
     if capturing {
@@ -689,7 +764,9 @@ pub(crate) unsafe fn pointer_attribute(st: &State, attr: u32, ptr: u64, data: *m
             CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
         };
         let ordinal = match a.kind {
-            AllocKind::Host => st.contexts.get(&a.ctx).map_or(-1, |c| c.device),
+            AllocKind::Host | AllocKind::Registered => {
+                st.contexts.get(&a.ctx).map_or(-1, |c| c.device)
+            }
             _ => a.device,
         };
         // SAFETY: (all arms) `data` is non-null and points to storage of the attribute's

@@ -152,6 +152,9 @@ extra_exports! {
     cuMemGetAddressRange_v2
     cuMemGetDefaultMemPool
     cuMemGetMemPool
+    cuMemHostRegister
+    cuMemHostRegister_v2
+    cuMemHostUnregister
     cuMemPrefetchAsync
     cuMemPrefetchAsync_v2
     cuMemPrefetchBatchAsync

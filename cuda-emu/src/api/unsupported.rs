@@ -300,9 +300,6 @@ not_supported! {
     cuMemGetInfo
     cuMemHostGetDevicePointer
     cuMemHostGetFlags
-    cuMemHostRegister
-    cuMemHostRegister_v2
-    cuMemHostUnregister
     cuMemImportFromShareableHandle
     cuMemMap
     cuMemMapArrayAsync

@@ -1,7 +1,7 @@
 //! Queries and small controls that NVIDIA's cuda.core reads beyond custody's own needs: device
-//! attributes, UUIDs and PCI bus ids, stream priorities, event timing, pointer and address-range queries,
-//! pools by location (the managed pool of no preferred location), graph node queries and the
-//! device's graph memory attributes.
+//! attributes, UUIDs and PCI bus ids, stream priorities, event timing, pointer and address-range
+//! queries, host memory registration, pools by location (the managed pool of no preferred
+//! location), graph node queries and the device's graph memory attributes.
 //!
 //! Most of these entry points are not in custody's loader list; the cases resolve them by their
 //! base name with `cuGetProcAddress_v2` for CUDA 13.0, as cuda.core does, which hands out the
@@ -279,6 +279,47 @@ fn address_range_and_pointer_attributes() {
         }
         mem_free(managed).check();
         mem_free(p).check();
+    });
+}
+
+type MemHostRegister = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CUresult;
+type MemHostUnregister = unsafe extern "C" fn(*mut c_void) -> CUresult;
+
+/// Documented: `cuMemHostRegister` page-locks the program's own bytes in the current context;
+/// the driver then knows the range as host memory (`CU_POINTER_ATTRIBUTE_MEMORY_TYPE` host, the
+/// context's device as `DEVICE_ORDINAL`, not managed); registering it again is
+/// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`; `cuMemHostUnregister` ends the registration (the
+/// address is unknown again) and a second one is `CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED`. Not
+/// yet measured: cuda.core's `test_memory.py::test_buffer_external_pinned_registered` relies on
+/// it, but that file did not import in the H200 run; a GPU run of this suite settles it.
+#[test]
+fn host_register_makes_program_memory_known_until_unregistered() {
+    on_fresh_thread("host-register", || {
+        init();
+        let _primary = primary_current();
+        let register = resolve!(c"cuMemHostRegister" as MemHostRegister);
+        let unregister = resolve!(c"cuMemHostUnregister" as MemHostUnregister);
+        let layout = std::alloc::Layout::from_size_align(8192, 4096).expect("layout");
+        // SAFETY: a non-zero size; freed below with the same layout.
+        let bytes = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!bytes.is_null());
+        let p = bytes.cast::<c_void>();
+        status!("cuMemHostRegister", register(p, 8192, 0)).check();
+        let (kind, managed, ordinal, _) = crate::driver::pointer_get_attributes(p as u64).check();
+        assert_eq!(
+            kind,
+            crate::driver::MEMORYTYPE_HOST,
+            "registered memory is host memory"
+        );
+        assert_eq!((managed, ordinal), (0, 0));
+        status!("cuMemHostRegister", register(p, 8192, 0))
+            .fails_with(CudaErrorCode::HOST_MEMORY_ALREADY_REGISTERED);
+        status!("cuMemHostUnregister", unregister(p)).check();
+        crate::driver::pointer_memory_type(p as u64).fails_with(CudaErrorCode::INVALID_VALUE);
+        status!("cuMemHostUnregister", unregister(p))
+            .fails_with(CudaErrorCode::HOST_MEMORY_NOT_REGISTERED);
+        // SAFETY: allocated above with this layout; no registration is left.
+        unsafe { std::alloc::dealloc(bytes, layout) };
     });
 }
 
