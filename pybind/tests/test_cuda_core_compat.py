@@ -524,9 +524,20 @@ def managed(request, device, stream):
         plain.close()
 
 
-def test_managed_buffer_advice_round_trips(device, managed, emu):
+@pytest.fixture
+def managed_external(device, stream):
+    """A page from cuMemAllocManaged adopted with ManagedBuffer.from_handle (owner=): cuda.core's
+    advice tests use such memory, since pool-allocated managed memory declines some advice on
+    some drivers."""
+    plain = custody.LegacyManagedMemoryResource().allocate(4096, stream=stream)
+    yield custody.ManagedBuffer.from_handle(plain.handle, plain.size, owner=plain)
+    plain.close()
+
+
+def test_managed_buffer_advice_round_trips(device, managed_external, emu):
     """read_mostly, preferred_location and accessed_by give the driver advice (cuMemAdvise_v2)
     and read it back from the range attributes."""
+    managed = managed_external
     if emu is not None:
         emu.clear_calls()
     assert managed.read_mostly is False
