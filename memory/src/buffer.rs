@@ -15,6 +15,7 @@ use handles::{
 };
 
 use crate::checks::{check_size, check_stream_device, device_error};
+use crate::graph::gate::{GraphSlot, LaunchGate};
 use crate::MemoryError;
 
 /// Where memory can be used from, fixed when a buffer is made (from its memory resource) or
@@ -114,6 +115,9 @@ pub(crate) enum IpcRole {
 /// # }
 /// ```
 pub struct Buffer {
+    /// A graph allocation's second reference, given to its capture's gate before `handle` is
+    /// released (declared first: dropped first). `None` for all other memory.
+    graph: Option<GraphSlot>,
     handle: DevicePtrHandle,
     mr: Option<Arc<dyn MemoryResource>>,
     access: AccessCell,
@@ -134,11 +138,18 @@ impl Buffer {
             None => AccessCell::Lazy(OnceLock::new()),
         };
         Buffer {
+            graph: None,
             handle,
             mr,
             access,
             ipc,
         }
+    }
+
+    /// Makes this graph allocation's frees wait for its graph's first launch while the graph is
+    /// built and not yet launched (the gate of the graph module).
+    pub(crate) fn attach_launch_gate(&mut self, gate: Arc<LaunchGate>) {
+        self.graph = Some(GraphSlot::new(gate, self.handle.clone()));
     }
 
     /// A buffer over memory `handle` already owns (or borrows), for a memory resource of the
@@ -346,7 +357,11 @@ impl Buffer {
     /// `cuMemFree` / `cuMemFreeHost`; a resource's `deallocate`), in the recipe's context
     /// (`cuCtxGetCurrent`, `cuCtxSetCurrent` if needed).
     pub fn close(self) -> Result<(), MemoryError> {
-        let Buffer { handle, mr, .. } = self;
+        let Buffer {
+            graph, handle, mr, ..
+        } = self;
+        // A graph allocation waiting for its graph's first launch: parked, `handle` frees nothing.
+        drop(graph);
         let result = handle.release();
         // The resource goes after its memory (a pool outlives its allocations).
         drop(mr);
@@ -366,7 +381,10 @@ impl Buffer {
     ///
     /// Driver calls: as [`close`](Self::close), without the recipe's own last release.
     pub fn close_with_remains(self) -> (Result<(), MemoryError>, Option<handles::RecipeRemains>) {
-        let Buffer { handle, mr, .. } = self;
+        let Buffer {
+            graph, handle, mr, ..
+        } = self;
+        drop(graph);
         let (result, remains) = handle.release_with_remains();
         // The resource goes after its memory (a pool outlives its allocations).
         drop(mr);

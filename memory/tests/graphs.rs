@@ -888,6 +888,85 @@ fn a_builder_retains_the_buffers_it_fills_and_copies_but_not_its_graph_allocatio
     out_b.close().unwrap();
 }
 
+/// A graph allocation not freed in its capture has no memory until a launch runs its allocation
+/// node: closing (or dropping) its buffer before that launch parks the free, and the first launch
+/// through custody issues it, after the launch (docs/decisions.md D11).
+#[test]
+fn a_graph_allocation_closed_before_the_first_launch_is_freed_after_that_launch() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, launch_stream) = (stream(), stream());
+    let builder = GraphBuilder::new(&s).unwrap();
+    builder.begin_building(CaptureMode::ThreadLocal).unwrap();
+    let closed = builder.allocate(SIZE).unwrap();
+    let dropped = builder.allocate(SIZE).unwrap();
+    builder.fill(&closed, 0x5au8).unwrap();
+    builder.fill(&dropped, 0xa5u8).unwrap();
+    let (closed_ptr, dropped_ptr) = (closed.ptr(), dropped.ptr());
+    let graph = builder.end_building().unwrap();
+    let exec = graph.instantiate().unwrap();
+
+    let from = emu.as_ref().map(mark);
+    closed
+        .close()
+        .expect("a close before the first launch succeeds");
+    drop(dropped);
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        let calls = calls_since(emu, from);
+        assert!(frees_at(&calls, closed_ptr).is_empty(), "{calls:#?}");
+        assert!(frees_at(&calls, dropped_ptr).is_empty(), "{calls:#?}");
+    }
+
+    exec.launch(&launch_stream).unwrap();
+    launch_stream.synchronize().unwrap();
+    s.synchronize().unwrap();
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        let calls = calls_since(emu, from);
+        for ptr in [closed_ptr, dropped_ptr] {
+            let frees = frees_at(&calls, ptr);
+            assert_eq!(frees.len(), 1, "one free after the launch: {frees:#?}");
+            assert_eq!(
+                frees[0].stream,
+                Some(s.raw() as u64),
+                "on the recipe's stream"
+            );
+            assert!(emu.allocation_at(ptr).is_none(), "freed: {ptr:#x}");
+        }
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+    exec.close();
+    graph.close();
+    handles::drain_deferred_cleanup();
+}
+
+/// A built graph never launched: the parked free of its allocation is never issued (there is no
+/// memory to free), and no call fails.
+#[test]
+fn a_graph_allocation_closed_before_a_launch_that_never_comes_frees_nothing() {
+    let _serial = start();
+    let emu = Emulator::get();
+    let s = stream();
+    let builder = GraphBuilder::new(&s).unwrap();
+    builder.begin_building(CaptureMode::ThreadLocal).unwrap();
+    let buffer = builder.allocate(SIZE).unwrap();
+    let ptr = buffer.ptr();
+    let graph = builder.end_building().unwrap();
+    let from = emu.as_ref().map(mark);
+    buffer.close().unwrap();
+    graph.close();
+    drop(graph);
+    drop(builder);
+    handles::drain_deferred_cleanup();
+    s.synchronize().unwrap();
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        let calls = calls_since(emu, from);
+        assert!(frees_at(&calls, ptr).is_empty(), "{calls:#?}");
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+}
+
 #[test]
 fn a_builder_dropped_while_building_ends_its_capture_and_releases_what_it_retained() {
     let _serial = start();

@@ -145,6 +145,38 @@ def test_graph_memory_resource_under_capture(device, stream, emu):
     gb.close()
 
 
+def test_graph_allocation_closed_before_the_first_launch_is_freed_after_it(device, emu):
+    """A graph allocation not freed in its capture has no memory until the graph runs: closing
+    it between ``end_building()`` and the first launch succeeds and frees nothing yet; the
+    launch then frees it on its recipe's stream, after the launch (docs/decisions.md D11)."""
+    gmr = custody.GraphMemoryResource(0)
+    gb = device.create_graph_builder()
+    gb.begin_building()
+    buf = gmr.allocate(64, stream=gb)
+    buf.fill(3, stream=gb)
+    ptr = buf.handle
+    gb.end_building()
+    if emu:
+        emu.clear_calls()
+    buf.close()
+    assert buf.handle == 0
+    if emu:
+        assert emu.calls_to("cuMemFreeAsync") == []
+    graph = gb.complete()
+    launch_stream = device.create_stream()
+    graph.launch(launch_stream)
+    launch_stream.sync()
+    gb.stream.sync()
+    if emu:
+        frees = emu.calls_to("cuMemFreeAsync", ptr)
+        assert [(f["stream"], f["result"]) for f in frees] == [(gb.stream.handle, 0)]
+        assert ptr not in emu.live_pointers()
+        assert emu.hazards() == []
+    graph.close()
+    gb.close()
+    launch_stream.close()
+
+
 def test_pool_allocation_while_capturing_is_refused(device):
     """70: DeviceMemoryResource.allocate on a capturing builder -> RuntimeError pointing at
     GraphMemoryResource."""

@@ -3,12 +3,13 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use handles::sys_types::{CUdeviceptr, CUstreamCaptureMode};
 use handles::CaptureStatus;
 use handles::{DevicePtrHandle, StreamHandle};
 
+use super::gate::LaunchGate;
 use super::{bound_device, check_fill, Graph};
 use crate::{Buffer, FillValue, GraphMemoryResource, MemoryError, MemoryResource};
 
@@ -41,6 +42,8 @@ struct Building {
     /// Graph allocations made through this builder during the capture: the graph's own memory,
     /// freed by the graph or on the capture stream, never retained.
     graph_allocations: HashSet<CUdeviceptr>,
+    /// Where those allocations' frees wait for the graph's first launch once the capture ends.
+    gate: Option<Arc<LaunchGate>>,
 }
 
 /// Records a graph by capturing a stream: between [`GraphBuilder::begin_building`] and
@@ -119,12 +122,19 @@ impl GraphBuilder {
         handles::begin_capture(&self.stream, mode.raw())?;
         state.active = true;
         state.graph_allocations.clear();
+        state.gate = Some(LaunchGate::new());
         Ok(())
     }
 
     /// Allocates `size` bytes of graph memory (an allocation node of the graph being built);
     /// the buffer's deallocation stream is the capture stream. Closing it while building adds
-    /// a free node; closing it after the graph has run frees it on the stream.
+    /// a free node; closing it after the graph has run frees it on the stream. Closing (or
+    /// dropping) it after [`GraphBuilder::end_building`] but before the graph's first launch,
+    /// when the memory does not exist yet, succeeds and defers the free: the first
+    /// [`GraphExec::launch`](crate::GraphExec::launch) (or [`Graph::launch`]) of the graph, a
+    /// clone or an executable issues it on the capture stream, ordered after that launch
+    /// (docs/decisions.md D11). A graph never launched through custody frees nothing (there is
+    /// nothing to free); one launched only through its raw handle leaves that memory allocated.
     ///
     /// # Errors
     /// [`MemoryError::NotCapturing`] when not building; as
@@ -136,8 +146,11 @@ impl GraphBuilder {
         if !state.active {
             return Err(MemoryError::NotCapturing);
         }
-        let buffer = GraphMemoryResource::new(self.device).allocate(size, &self.stream)?;
+        let mut buffer = GraphMemoryResource::new(self.device).allocate(size, &self.stream)?;
         state.graph_allocations.insert(buffer.ptr());
+        if let Some(gate) = &state.gate {
+            buffer.attach_launch_gate(gate.clone());
+        }
         Ok(buffer)
     }
 
@@ -280,7 +293,13 @@ impl GraphBuilder {
             Ok(graph) => {
                 state.active = false;
                 state.graph_allocations.clear();
-                Ok(Graph::from_handle(graph))
+                Ok(match state.gate.take() {
+                    Some(gate) => {
+                        gate.built();
+                        Graph::captured(graph, gate)
+                    }
+                    None => Graph::from_handle(graph),
+                })
             }
             Err(error) => {
                 let still = matches!(
@@ -290,6 +309,7 @@ impl GraphBuilder {
                 state.active = still;
                 if !still {
                     state.graph_allocations.clear();
+                    state.gate = None;
                 }
                 Err(error.into())
             }

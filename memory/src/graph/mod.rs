@@ -20,9 +20,12 @@
 //! same way, through a user object, so that closing it before the graph is gone frees nothing.
 
 mod builder;
+pub(crate) mod gate;
 
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use gate::LaunchGate;
 
 use handles::{
     ContextHandle, DevicePtrHandle, GraphExecHandle, GraphHandle, GraphInstantiateFlags,
@@ -85,6 +88,8 @@ fn memset_value(value: FillValue) -> (u32, u32) {
 pub struct Graph {
     state: Mutex<Option<GraphHandle>>,
     context: ContextHandle,
+    /// For a captured graph: the frees of its allocations that wait for its first launch.
+    launch_gate: Option<Arc<LaunchGate>>,
 }
 
 impl Graph {
@@ -115,6 +120,15 @@ impl Graph {
         Graph {
             state: Mutex::new(Some(handle)),
             context,
+            launch_gate: None,
+        }
+    }
+
+    /// The graph a capture produced, whose allocations' frees wait for its first launch.
+    pub(crate) fn captured(handle: GraphHandle, gate: Arc<LaunchGate>) -> Graph {
+        Graph {
+            launch_gate: Some(gate),
+            ..Graph::from_handle(handle)
         }
     }
 
@@ -301,7 +315,12 @@ impl Graph {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphClone`.
     pub fn try_clone(&self) -> Result<Graph, MemoryError> {
-        self.with_open(|graph| Ok(Graph::from_handle(graph.clone_graph()?)))
+        self.with_open(|graph| {
+            Ok(Graph {
+                launch_gate: self.launch_gate.clone(),
+                ..Graph::from_handle(graph.clone_graph()?)
+            })
+        })
     }
 
     /// Instantiates the graph. The executable holds its own references to what the graph
@@ -317,10 +336,13 @@ impl Graph {
     /// (the executable's own attachment: [`handles::GraphExecHandle::instantiate`]).
     pub fn instantiate(&self) -> Result<GraphExec, MemoryError> {
         self.with_open(|graph| {
-            Ok(GraphExec::from_handle(GraphExecHandle::instantiate(
-                graph,
-                GraphInstantiateFlags::empty(),
-            )?))
+            Ok(GraphExec {
+                launch_gate: self.launch_gate.clone(),
+                ..GraphExec::from_handle(GraphExecHandle::instantiate(
+                    graph,
+                    GraphInstantiateFlags::empty(),
+                )?)
+            })
         })
     }
 
@@ -364,12 +386,15 @@ impl fmt::Debug for Graph {
 /// `Send + Sync`; launches are serialised (the driver requires it).
 pub struct GraphExec {
     state: Mutex<Option<GraphExecHandle>>,
+    /// As [`Graph`]'s: its first launch issues the parked frees.
+    launch_gate: Option<Arc<LaunchGate>>,
 }
 
 impl GraphExec {
     pub(crate) fn from_handle(handle: GraphExecHandle) -> GraphExec {
         GraphExec {
             state: Mutex::new(Some(handle)),
+            launch_gate: None,
         }
     }
 
@@ -378,18 +403,28 @@ impl GraphExec {
     }
 
     /// Launches the graph on `stream`, ordered after the work queued there. Does not block.
+    /// The first successful launch of a captured graph (its clones and executables included)
+    /// then issues the frees of its graph allocations that were closed before any launch
+    /// ([`GraphBuilder::allocate`]), on their streams, ordered after this launch.
     ///
     /// # Errors
     /// [`MemoryError::Graph`] when the executable is closed; [`MemoryError::Handle`] for the
-    /// driver's failure.
+    /// driver's failure (nothing deferred is issued then).
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphLaunch`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphLaunch`; after
+    /// the first launch, per deferred free `cuEventCreate`, `cuEventRecord`, `cuStreamWaitEvent`,
+    /// `cuEventDestroy_v2`, `cuMemFreeAsync`.
     pub fn launch(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
         let guard = self.lock();
         let handle = guard.as_ref().ok_or(MemoryError::Graph {
             reason: "the executable graph is closed",
         })?;
-        Ok(handle.launch(stream)?)
+        handle.launch(stream)?;
+        drop(guard);
+        if let Some(gate) = &self.launch_gate {
+            gate.launched(stream);
+        }
+        Ok(())
     }
 
     /// Uploads the executable to the device on `stream`, so that the next launch need not.

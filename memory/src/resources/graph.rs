@@ -16,7 +16,9 @@ use crate::{Buffer, MemoryError, MemoryResource};
 ///
 /// The capturing stream is the buffer's deallocation stream: closing the buffer while the
 /// capture runs adds a free node to the graph; closing it after the capture ended (and the
-/// graph was launched) issues an ordinary `cuMemFreeAsync` on that stream.
+/// graph was launched) issues an ordinary `cuMemFreeAsync` on that stream. For allocations made
+/// through [`crate::GraphBuilder::allocate`], a close between the capture's end and the graph's
+/// first launch is deferred until that launch (docs/decisions.md D11).
 #[derive(Debug)]
 pub struct GraphMemoryResource {
     device: i32,

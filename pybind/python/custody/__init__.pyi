@@ -988,7 +988,10 @@ class GraphMemoryResource(MemoryResource):
     """Graph memory of one device: ``allocate`` works only on a stream that is being captured
     (``RuntimeError`` otherwise), and the allocation becomes part of the graph; zero bytes give
     an empty buffer. ``GraphMemoryResource(n)`` is the same object every time for a given device
-    (``ValueError`` for an ordinal out of range).
+    (``ValueError`` for an ordinal out of range). A buffer allocated with ``stream=builder`` and
+    closed (or collected) after ``end_building()`` but before the graph's first launch, when its
+    memory does not exist yet, closes without error: its ``cuMemFreeAsync`` is issued by that
+    first launch (``Graph.launch``), on the builder's stream, ordered after the launch.
     """
 
     def __new__(cls, device_id: Union[int, "Device"]) -> "GraphMemoryResource":
