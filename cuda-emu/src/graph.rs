@@ -181,6 +181,29 @@ pub(crate) enum NodeKind {
     EventWait {
         event: u64,
     },
+    /// A conditional node (`CU_GRAPH_NODE_TYPE_CONDITIONAL`): `ctype` is the
+    /// `CUgraphConditionalNodeType`, `cond` the conditional handle, `value` the handle's default
+    /// launch value (the value every launch sees: kernels, which alone can set it, are not
+    /// emulated), `bodies` the key of its body graphs in `State::cond_bodies`. Instantiation
+    /// puts the chosen body's nodes in its place.
+    Conditional {
+        cond: u64,
+        ctype: u32,
+        value: u32,
+        bodies: u64,
+    },
+}
+
+/// `CUgraphConditionalNodeType`.
+pub(crate) const COND_IF: u32 = 0;
+pub(crate) const COND_WHILE: u32 = 1;
+pub(crate) const COND_SWITCH: u32 = 2;
+
+/// A conditional handle (`cuGraphConditionalHandleCreate`): the graph it was made for and its
+/// default launch value.
+pub(crate) struct Condition {
+    pub(crate) graph: u64,
+    pub(crate) default: u32,
 }
 
 impl NodeKind {
@@ -195,6 +218,7 @@ impl NodeKind {
             NodeKind::EventRecord { .. } => 7,
             NodeKind::MemAlloc { .. } => 10,
             NodeKind::MemFree { .. } => 11,
+            NodeKind::Conditional { .. } => 13,
         }
     }
 }
@@ -227,6 +251,9 @@ pub(crate) struct ExecLife {
 
 pub(crate) struct GraphExec {
     pub(crate) nodes: Vec<NodeKind>,
+    /// A WHILE node whose condition is non-zero: on a GPU the loop runs until a kernel clears
+    /// the condition; no kernel runs here, so a launch is refused (`CUDA_ERROR_NOT_SUPPORTED`).
+    pub(crate) endless: bool,
     pub(crate) auto_free: bool,
     pub(crate) life: Arc<Mutex<ExecLife>>,
 }

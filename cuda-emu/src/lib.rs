@@ -115,7 +115,12 @@
 //!   only: all memory is one host memory), the managed pool of no preferred location, graph
 //!   event record/wait nodes, node and edge queries, edges added and removed
 //!   (`cuGraphAddDependencies`), `cuGraphInstantiateWithParams`, upload, the graph memory
-//!   attributes (freed graph memory counts until `cuDeviceGraphMemTrim`) and IPC events
+//!   attributes (freed graph memory counts until `cuDeviceGraphMemTrim`), conditional nodes
+//!   (`api::graph_cond`: `cuGraphConditionalHandleCreate`, and `cuGraphAddNode`/`_v2` with
+//!   `CU_GRAPH_NODE_TYPE_CONDITIONAL` parameters, IF with one or two bodies, WHILE, SWITCH with
+//!   any number; the driver makes the empty body graphs and writes its array of them to
+//!   `phGraph_out`; they are cloned and destroyed with their node's graph; other node types
+//!   through `cuGraphAddNode` answer `CUDA_ERROR_NOT_SUPPORTED`) and IPC events
 //!   (`cuIpcGetEventHandle`/`cuIpcOpenEventHandle`: an interprocess event's records are counted
 //!   on a shared memfd page that another process opens through `/proc/<pid>/fd`). **Every other
 //!   entry point returns `CUDA_ERROR_NOT_SUPPORTED`** without reading its arguments
@@ -173,8 +178,17 @@
 //! memory); `_ptds` entry points (the `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM` flag is
 //! ignored); the effect of memory advice and prefetch (recorded, reported, not acted on); event
 //! timing on the device's clock (host time stands in); virtual memory management; child graph
-//! nodes, node removal and graph launches into a capture; graph exec update; conditional
-//! graph nodes; an interprocess event recorded in the importing process is seen there but not
+//! nodes, node removal and graph launches into a capture; graph exec update; a conditional
+//! node's value set at run time (only kernels set one, `cudaGraphSetConditional`): every launch
+//! sees the handle's default launch value, with or without `CU_GRAPH_COND_ASSIGN_DEFAULT`, so
+//! instantiation puts in each conditional node's place the body that value chooses (IF: the
+//! first when non-zero, the second, if any, when zero; SWITCH: body `value`, none when out of
+//! range; WHILE: none when zero), and a WHILE node whose default is non-zero, which a GPU would
+//! run for ever with no kernel to clear it, instantiates but its launch answers
+//! `CUDA_ERROR_NOT_SUPPORTED`; `cuGraphNodeGetParams` (CUDA 13.2; the emulator reports 13.0, so
+//! cuda.core 1.2 gives a conditional node it finds in a graph no type or branches, as on the
+//! H200's 13.0 driver); the body-graph node-type rules (bodies take any node type here); an
+//! interprocess event recorded in the importing process is seen there but not
 //! by the exporter, which follows its own records; the
 //! real driver's opportunistic reuse of memory whose free has completed on the GPU without being
 //! ordered before the new allocation (it depends on timing), and its suballocation of blocks of

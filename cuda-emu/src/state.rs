@@ -157,6 +157,11 @@ pub(crate) struct State {
     /// Node handle -> (graph, index in the graph).
     pub(crate) nodes: HashMap<u64, (u64, usize)>,
     pub(crate) execs: HashMap<u64, GraphExec>,
+    /// Conditional handles (`cuGraphConditionalHandleCreate`), until their graph is destroyed.
+    pub(crate) conditions: HashMap<u64, crate::graph::Condition>,
+    /// A conditional node's body graphs ([`crate::graph::NodeKind::Conditional`]'s `bodies`):
+    /// the driver-owned array that `phGraph_out` points to, alive as long as the node.
+    pub(crate) cond_bodies: HashMap<u64, Box<[u64]>>,
     pub(crate) user_objects: HashMap<u64, UserObject>,
     pub(crate) captures: HashMap<u64, Capture>,
     /// What the host has seen complete (stream, event and context synchronisation, synchronous
@@ -195,6 +200,8 @@ impl State {
             graphs: HashMap::new(),
             nodes: HashMap::new(),
             execs: HashMap::new(),
+            conditions: HashMap::new(),
+            cond_bodies: HashMap::new(),
             user_objects: HashMap::new(),
             captures: HashMap::new(),
             host_clock: VectorClock::default(),

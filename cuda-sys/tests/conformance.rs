@@ -59,6 +59,11 @@
 //! attributes, stream-ordered allocation, memset/memcpy read back, pointer attributes, and error
 //! codes for invalid input that is safe to pass to a real driver;
 //!
+//! plus conditional graph nodes as NVIDIA's cuda.core builds them (`conditional`): handles, IF,
+//! WHILE and SWITCH nodes with their driver-made body graphs (what cuda.core's tests passing on
+//! an H200 imply) and, marked `not_yet_measured`, the node type, the documented limits and the
+//! body a condition's default launch value chooses at launch;
+//!
 //! plus what was measured on an NVIDIA H200 (driver 580.159.04, CUDA 13.0):
 //! - `measured`: one case per fact printed by the driver probe (`docs/driver-probe/probe.c`,
 //!   its output in `docs/driver-probe/h200-580.159.04.txt`) that no other module checks, each
@@ -96,6 +101,8 @@ mod basics_errors;
 mod basics_memory;
 #[path = "conformance/basics_streams.rs"]
 mod basics_streams;
+#[path = "conformance/conditional.rs"]
+mod conditional;
 #[path = "conformance/facts_capture.rs"]
 mod facts_capture;
 #[path = "conformance/facts_free.rs"]

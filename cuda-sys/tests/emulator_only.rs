@@ -1369,3 +1369,150 @@ fn thread_local_capture_only_restricts_its_own_thread() {
         CudaErrorCode::STREAM_CAPTURE_INVALIDATED
     );
 }
+
+/// `CUgraphNodeParams` holding `CUDA_CONDITIONAL_NODE_PARAMS` (handle, type, size,
+/// `phGraph_out`, context) and zeros for the rest.
+#[repr(C)]
+struct ConditionalNodeParams {
+    node_type: u32,
+    reserved0: [c_int; 3],
+    handle: u64,
+    cond_type: u32,
+    size: u32,
+    graphs_out: *mut CUgraph,
+    ctx: CUcontext,
+    rest: [i64; 26],
+}
+
+/// `cuGraphConditionalHandleCreate` and `cuGraphAddNode_v2`, resolved through the driver.
+fn conditional_entry_points(
+    d: &Driver,
+) -> (
+    unsafe extern "C" fn(*mut u64, CUgraph, CUcontext, c_uint, c_uint) -> CUresult,
+    unsafe extern "C" fn(
+        *mut CUgraphNode,
+        CUgraph,
+        *const CUgraphNode,
+        *const c_void,
+        usize,
+        *mut ConditionalNodeParams,
+    ) -> CUresult,
+) {
+    let mut pfns = [std::ptr::null_mut(); 2];
+    for (name, pfn) in [c"cuGraphConditionalHandleCreate", c"cuGraphAddNode"]
+        .into_iter()
+        .zip(&mut pfns)
+    {
+        let mut status = CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        ok!(
+            d,
+            cuGetProcAddress_v2(name.as_ptr(), pfn, 13000, 0, &mut status)
+        );
+        assert!(!pfn.is_null(), "{name:?}");
+    }
+    // SAFETY: the CUDA 13.0 signatures of the two entry points, restated.
+    unsafe { (std::mem::transmute(pfns[0]), std::mem::transmute(pfns[1])) }
+}
+
+/// Conditional nodes in the emulator (crate docs of `cuda-emu`): every launch sees the
+/// condition's default value, so a WHILE node whose default is non-zero would loop for ever on
+/// a GPU (no kernel clears it here): it instantiates, and its launch is refused with
+/// `CUDA_ERROR_NOT_SUPPORTED`; with default 0 it runs no body. A clone of a graph copies its
+/// conditional nodes' bodies (the clone's IF runs its own copy of the body's memset node), and
+/// destroying the graphs destroys the bodies with them.
+#[test]
+fn conditional_while_refused_and_clones_copy_bodies() {
+    let (d, _, ctx) = setup();
+    let (create, add) = conditional_entry_points(d);
+    let s = stream(d);
+    let mut p: CUdeviceptr = 0;
+    ok!(d, cuMemAlloc_v2(&mut p, 16));
+    ok!(d, cuMemsetD8_v2(p, 0, 16));
+    let add_conditional = |g: CUgraph, cond_type: u32, default: c_uint| -> Vec<CUgraph> {
+        let mut handle = 0u64;
+        // SAFETY: a live graph and context, valid out-pointers.
+        let status = unsafe { create(&mut handle, g, ctx, default, 1) };
+        assert_eq!(code(status), CudaErrorCode::SUCCESS);
+        let mut params = ConditionalNodeParams {
+            node_type: 13,
+            reserved0: [0; 3],
+            handle,
+            cond_type,
+            size: 1,
+            graphs_out: std::ptr::null_mut(),
+            ctx,
+            rest: [0; 26],
+        };
+        let mut node: CUgraphNode = std::ptr::null_mut();
+        // SAFETY: as above; no dependencies.
+        let status = unsafe {
+            add(
+                &mut node,
+                g,
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                &mut params,
+            )
+        };
+        assert_eq!(code(status), CudaErrorCode::SUCCESS);
+        // SAFETY: the driver's array of `size` (1) body graphs.
+        vec![unsafe { *params.graphs_out }]
+    };
+    for (default, launch) in [
+        (1, CudaErrorCode::NOT_SUPPORTED),
+        (0, CudaErrorCode::SUCCESS),
+    ] {
+        let mut g: CUgraph = std::ptr::null_mut();
+        ok!(d, cuGraphCreate(&mut g, 0));
+        add_conditional(g, 1, default);
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        ok!(d, cuGraphInstantiateWithFlags(&mut exec, g, 0));
+        assert_eq!(
+            code(cu!(d, cuGraphLaunch(exec, s))),
+            launch,
+            "WHILE, default {default}"
+        );
+        ok!(d, cuGraphExecDestroy(exec));
+        ok!(d, cuGraphDestroy(g));
+    }
+    let mut g: CUgraph = std::ptr::null_mut();
+    ok!(d, cuGraphCreate(&mut g, 0));
+    let body = add_conditional(g, 0, 1)[0];
+    let set = CUDA_MEMSET_NODE_PARAMS {
+        dst: p,
+        pitch: 0,
+        value: 0x5a,
+        elementSize: 1,
+        width: 16,
+        height: 1,
+    };
+    let mut node: CUgraphNode = std::ptr::null_mut();
+    ok!(
+        d,
+        cuGraphAddMemsetNode(&mut node, body, std::ptr::null(), 0, &set, ctx)
+    );
+    let mut clone: CUgraph = std::ptr::null_mut();
+    ok!(d, cuGraphClone(&mut clone, g));
+    ok!(d, cuGraphDestroy(g));
+    let mut empty: CUgraphNode = std::ptr::null_mut();
+    assert_eq!(
+        code(cu!(
+            d,
+            cuGraphAddEmptyNode(&mut empty, body, std::ptr::null(), 0)
+        )),
+        CudaErrorCode::INVALID_HANDLE,
+        "the body went with its graph"
+    );
+    let mut exec: CUgraphExec = std::ptr::null_mut();
+    ok!(d, cuGraphInstantiateWithFlags(&mut exec, clone, 0));
+    ok!(d, cuGraphLaunch(exec, s));
+    ok!(d, cuStreamSynchronize(s));
+    let mut out = [0u8; 16];
+    ok!(d, cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), p, 16));
+    assert_eq!(out, [0x5a; 16], "the clone's IF ran its copy of the body");
+    ok!(d, cuGraphExecDestroy(exec));
+    ok!(d, cuGraphDestroy(clone));
+    ok!(d, cuMemFree_v2(p));
+    ok!(d, cuStreamDestroy_v2(s));
+}

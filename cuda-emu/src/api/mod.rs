@@ -8,6 +8,7 @@
 mod context;
 mod device;
 mod graph;
+mod graph_cond;
 mod graph_nodes;
 mod info;
 mod memory;
@@ -20,6 +21,7 @@ pub(crate) mod unsupported;
 pub(crate) use context::*;
 pub(crate) use device::*;
 pub(crate) use graph::*;
+pub(crate) use graph_cond::*;
 pub(crate) use graph_nodes::*;
 pub(crate) use info::*;
 pub(crate) use memory::*;
@@ -129,6 +131,9 @@ extra_exports! {
     cuGraphAddDependencies_v2
     cuGraphAddEventRecordNode
     cuGraphAddEventWaitNode
+    cuGraphAddNode
+    cuGraphAddNode_v2
+    cuGraphConditionalHandleCreate
     cuGraphEventRecordNodeGetEvent
     cuGraphEventWaitNodeGetEvent
     cuGraphExecGetFlags

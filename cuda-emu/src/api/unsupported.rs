@@ -148,12 +148,9 @@ not_supported! {
     cuGraphAddExternalSemaphoresWaitNode
     cuGraphAddKernelNode
     cuGraphAddKernelNode_v2
-    cuGraphAddNode
-    cuGraphAddNode_v2
     cuGraphBatchMemOpNodeGetParams
     cuGraphBatchMemOpNodeSetParams
     cuGraphChildGraphNodeGetGraph
-    cuGraphConditionalHandleCreate
     cuGraphDebugDotPrint
     cuGraphDestroyNode
     cuGraphEventRecordNodeSetEvent

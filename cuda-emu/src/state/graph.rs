@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use crate::codes::{self, Res};
 use crate::graph::{
     dependency_order, run_destructors, thread_mode, Callback, Copy3D, ExecLife, Graph, GraphExec,
-    Node, NodeKind, Step, MODE_GLOBAL, MODE_RELAXED,
+    Node, NodeKind, Step, COND_IF, COND_SWITCH, COND_WHILE, MODE_GLOBAL, MODE_RELAXED,
 };
 use crate::log;
 use crate::memory::{AllocKind, Backing};
@@ -131,11 +131,108 @@ impl State {
     /// Destroys graph `g`; returns the destructors now due.
     pub(crate) fn destroy_graph(&mut self, g: u64) -> Res<Vec<Callback>> {
         let graph = self.graphs.remove(&g).ok_or(codes::BAD_HANDLE)?;
+        let mut due = Vec::new();
         for n in &graph.nodes {
             self.nodes.remove(&n.handle);
+            // A conditional node's body graphs live as long as the node.
+            if let NodeKind::Conditional { bodies, .. } = n.kind {
+                for body in self.cond_bodies.remove(&bodies).unwrap_or_default().iter() {
+                    due.extend(self.destroy_graph(*body).unwrap_or_default());
+                }
+            }
         }
+        self.conditions.retain(|_, c| c.graph != g);
         let refs: Vec<(u64, u64)> = graph.user_objects.into_iter().collect();
-        Ok(self.release_refs(&refs))
+        due.extend(self.release_refs(&refs));
+        Ok(due)
+    }
+
+    /// Adds a conditional node to graph `g` with fresh, empty body graphs: one for WHILE, one
+    /// or two for IF, `size` (at least 1) for SWITCH (documented; anything else is
+    /// `CUDA_ERROR_INVALID_VALUE`, as is a handle the driver did not make). Returns the node's
+    /// handle and the body graphs' array, which stays where it is as long as the node.
+    pub(crate) fn add_conditional(
+        &mut self,
+        g: u64,
+        deps: Vec<usize>,
+        cond: u64,
+        ctype: u32,
+        size: u32,
+    ) -> Res<(u64, *const u64)> {
+        self.graph(g)?;
+        let value = self
+            .conditions
+            .get(&cond)
+            .ok_or(codes::INVALID_VALUE)?
+            .default;
+        let size_ok = match ctype {
+            COND_IF => size == 1 || size == 2,
+            COND_WHILE => size == 1,
+            COND_SWITCH => size >= 1,
+            _ => false,
+        };
+        if !size_ok {
+            return Err(codes::INVALID_VALUE);
+        }
+        let graphs: Box<[u64]> = (0..size)
+            .map(|_| {
+                let body = self.new_handle();
+                self.graphs.insert(body, Graph::default());
+                body
+            })
+            .collect();
+        let at = graphs.as_ptr();
+        let bodies = self.new_handle();
+        self.cond_bodies.insert(bodies, graphs);
+        let kind = NodeKind::Conditional {
+            cond,
+            ctype,
+            value,
+            bodies,
+        };
+        let (handle, _) = self.add_node(g, kind, deps)?;
+        Ok((handle, at))
+    }
+
+    /// The body graphs of conditional node kind `kind` (none for other kinds).
+    pub(crate) fn bodies_of(&self, kind: &NodeKind) -> &[u64] {
+        match kind {
+            NodeKind::Conditional { bodies, .. } => {
+                self.cond_bodies.get(bodies).map_or(&[], |b| &b[..])
+            }
+            _ => &[],
+        }
+    }
+
+    /// Graph `g`'s nodes in launch order, each conditional node replaced by the nodes of the
+    /// body its value chooses (IF: the first body when non-zero, the second, if any, when
+    /// zero; SWITCH: body `value`, none when out of range; WHILE: none when zero, and when
+    /// non-zero `endless` is set). A cycle, or a body graph destroyed by the caller, is
+    /// `CUDA_ERROR_INVALID_VALUE` (not measured).
+    fn launch_order(&self, g: u64, out: &mut Vec<NodeKind>, endless: &mut bool) -> Res {
+        let graph = self.graphs.get(&g).ok_or(codes::INVALID_VALUE)?;
+        let order = dependency_order(&graph.nodes).ok_or(codes::INVALID_VALUE)?;
+        for i in order {
+            let kind = graph.nodes[i].kind;
+            let NodeKind::Conditional { ctype, value, .. } = kind else {
+                out.push(kind);
+                continue;
+            };
+            let bodies = self.bodies_of(&kind);
+            let chosen = match ctype {
+                COND_IF if value != 0 => bodies.first(),
+                COND_IF => bodies.get(1),
+                COND_SWITCH => bodies.get(value as usize),
+                _ => {
+                    *endless |= value != 0;
+                    None
+                }
+            };
+            if let Some(&body) = chosen {
+                self.launch_order(body, out, endless)?;
+            }
+        }
+        Ok(())
     }
 
     /// Copies graph `g` (new node handles, new references on its user objects).
@@ -147,7 +244,31 @@ impl State {
         let clone = self.new_handle();
         self.graphs.insert(clone, Graph::default());
         for n in nodes {
-            self.add_node(clone, n.kind, n.deps)?;
+            let kind = match n.kind {
+                NodeKind::Conditional {
+                    cond,
+                    ctype,
+                    value,
+                    bodies,
+                } => {
+                    // The clone's node gets copies of the bodies.
+                    let originals = self.cond_bodies.get(&bodies).cloned().unwrap_or_default();
+                    let copies = originals
+                        .iter()
+                        .map(|&b| self.clone_graph(b))
+                        .collect::<Res<Box<[u64]>>>()?;
+                    let bodies = self.new_handle();
+                    self.cond_bodies.insert(bodies, copies);
+                    NodeKind::Conditional {
+                        cond,
+                        ctype,
+                        value,
+                        bodies,
+                    }
+                }
+                kind => kind,
+            };
+            self.add_node(clone, kind, n.deps)?;
         }
         for (&uo, &n) in &uos {
             self.retain_user_object(uo, n)?;
@@ -156,21 +277,16 @@ impl State {
         Ok(clone)
     }
 
-    /// Instantiates graph `g`.
     /// Instantiates graph `g`; a graph whose edges form a cycle is refused with
-    /// `CUDA_ERROR_INVALID_VALUE` (a guess: no driver was asked).
+    /// `CUDA_ERROR_INVALID_VALUE` (a guess: no driver was asked). Conditional nodes are
+    /// resolved here ([`State::launch_order`]): their values cannot change between launches.
     pub(crate) fn instantiate(&mut self, g: u64, flags: u64) -> Res<u64> {
-        let (nodes, refs) = {
+        let (nodes, refs, endless) = {
             let graph = self.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
             let refs: Vec<(u64, u64)> = graph.user_objects.iter().map(|(&u, &n)| (u, n)).collect();
-            let order = dependency_order(&graph.nodes).ok_or(codes::INVALID_VALUE)?;
-            (
-                order
-                    .iter()
-                    .map(|&i| graph.nodes[i].kind)
-                    .collect::<Vec<_>>(),
-                refs,
-            )
+            let (mut nodes, mut endless) = (Vec::new(), false);
+            self.launch_order(g, &mut nodes, &mut endless)?;
+            (nodes, refs, endless)
         };
         for &(uo, n) in &refs {
             self.retain_user_object(uo, n)?;
@@ -180,6 +296,7 @@ impl State {
             handle,
             GraphExec {
                 nodes,
+                endless,
                 auto_free: flags & 1 != 0,
                 life: Arc::new(Mutex::new(ExecLife {
                     pending: 0,
@@ -218,6 +335,10 @@ impl State {
         const F: &str = "cuGraphLaunch";
         let (nodes, auto_free, life) = {
             let exec = self.execs.get(&e).ok_or(codes::BAD_HANDLE)?;
+            if exec.endless {
+                log::note_unsupported(F, "while-loop");
+                return Err(codes::NOT_SUPPORTED);
+            }
             (exec.nodes.clone(), exec.auto_free, exec.life.clone())
         };
         if self.enqueue_check(s)? {
@@ -267,7 +388,10 @@ impl State {
         }
         for n in nodes {
             match n {
-                NodeKind::Empty | NodeKind::EventRecord { .. } | NodeKind::EventWait { .. } => {}
+                NodeKind::Empty
+                | NodeKind::EventRecord { .. }
+                | NodeKind::EventWait { .. }
+                | NodeKind::Conditional { .. } => {}
                 NodeKind::Host(cb) => steps.push(Step::Host(cb)),
                 NodeKind::Memset(m) => {
                     let Ok(len) = m.extent() else { continue };
