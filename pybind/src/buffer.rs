@@ -270,6 +270,12 @@ fn adopt(
     let mr = mr.filter(|o| !o.is_none());
     let owner = owner.filter(|o| !o.is_none());
     let stream = stream.filter(|o| !o.is_none());
+    if ptr.checked_add(size as u64).is_none() {
+        return Err(PyValueError::new_err(format!(
+            "the range of {size} bytes at 0x{ptr:x} wraps past the end of the address space \
+             (ptr + size must be below 2**64)"
+        )));
+    }
     if mr.is_some() && owner.is_some() {
         return Err(PyValueError::new_err(
             "owner and memory resource cannot be both specified together: with mr the buffer \
@@ -445,10 +451,16 @@ impl PyBuffer {
     ///   bound to the current context), in that recipe's context, on whatever thread drops it.
     ///   Prefer a created stream if the buffer may be freed on another thread.
     ///
+    /// The pointer is taken on the caller's word: custody does not check that it is device or
+    /// host memory of this process, and one that is not (or a ``size`` larger than the
+    /// allocation) can crash the process when a copy or fill uses it, as in cuda.core.
+    ///
     /// The recipe is recorded before ownership is taken: on any error the pointer is still
     /// the caller's and ``deallocate`` is not called. ``ValueError``: ``stream`` without
-    /// ``mr``, ``mr`` with ``owner``, zero size, a null owned pointer; ``TypeError``: a bad
-    /// ``mr`` or stream, or a ``stream`` passed by position (it is keyword-only);
+    /// ``mr``, ``mr`` with ``owner``, zero size, a null owned pointer, a range that wraps
+    /// past the end of the address space (``ptr + size`` not below ``2**64``, with or
+    /// without ``mr``); ``TypeError``: a bad ``mr`` or stream, or a ``stream`` passed by
+    /// position (it is keyword-only);
     /// ``OverflowError``: negative or too large numbers; ``RuntimeError``: no CUDA context is
     /// current for a default stream, or a closed stream.
     #[staticmethod]

@@ -131,6 +131,8 @@ def test_resource_constructors(device, ctor, exc, pattern):
         ((0x1000, HUGE), {}, OverflowError, ""),
         ((0x1000, 8), {"mr": "x"}, TypeError, "MemoryResource expected, got str"),
         ((0x1000, 8), {"stream": 1}, ValueError, "stream requires a memory resource"),
+        ((2**64 - 8, 16), {}, ValueError, "wraps past the end of the address space"),
+        ((2**64 - 8, 8), {}, ValueError, "wraps past the end of the address space"),
     ],
 )
 def test_from_handle_arguments(device, args, kwargs, exc, pattern):
@@ -145,6 +147,9 @@ def test_from_handle_with_mr_refuses_without_taking_ownership(device, stream):
         check(exc, "", lambda: custody.Buffer.from_handle(ptr, size, mr=rec, stream=stream))
     check(ValueError, "null pointer", lambda: custody.Buffer.from_handle(0, 8, mr=rec, stream=stream))
     check(TypeError, "Stream", lambda: custody.Buffer.from_handle(ptr, 64, mr=rec, stream=object()))
+    for wrapping in [lambda: custody.Buffer.from_handle(2**64 - 8, 16, mr=rec, stream=stream),
+                     lambda: custody.ManagedBuffer.from_handle(2**64 - 8, 16, mr=rec, stream=stream)]:
+        check(ValueError, "wraps past the end", wrapping)
     assert rec.calls == [] and list(rec.live) == [ptr]
     rec.release_all()
 

@@ -304,10 +304,16 @@ class Buffer:
           bound to the current context), in that recipe's context, on whatever thread drops it.
           Prefer a created stream if the buffer may be freed on another thread.
 
+        The pointer is taken on the caller's word: custody does not check that it is device or
+        host memory of this process, and one that is not (or a ``size`` larger than the
+        allocation) can crash the process when a copy or fill uses it, as in cuda.core.
+
         The recipe is recorded before ownership is taken: on any error the pointer is still
         the caller's and ``deallocate`` is not called. ``ValueError``: ``stream`` without
-        ``mr``, ``mr`` with ``owner``, zero size, a null owned pointer; ``TypeError``: a bad
-        ``mr`` or stream, or a ``stream`` passed by position (it is keyword-only);
+        ``mr``, ``mr`` with ``owner``, zero size, a null owned pointer, a range that wraps
+        past the end of the address space (``ptr + size`` not below ``2**64``, with or
+        without ``mr``); ``TypeError``: a bad ``mr`` or stream, or a ``stream`` passed by
+        position (it is keyword-only);
         ``OverflowError``: negative or too large numbers; ``RuntimeError``: no CUDA context is
         current for a default stream, or a closed stream.
         """
