@@ -264,6 +264,9 @@ pub(crate) struct Capture {
     pub(crate) mode: u32,
     pub(crate) thread: u64,
     pub(crate) graph: u64,
+    /// Whether the capture made its graph (`cuStreamBeginCapture`), and so destroys it when
+    /// the capture fails; a graph captured into (`cuStreamBeginCaptureToGraph`) is the caller's.
+    pub(crate) owns_graph: bool,
     pub(crate) invalidated: bool,
     /// Stream -> the nodes its next captured operation depends on.
     pub(crate) ends: HashMap<u64, Vec<usize>>,

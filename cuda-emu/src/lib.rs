@@ -120,7 +120,10 @@
 //!   `CU_GRAPH_NODE_TYPE_CONDITIONAL` parameters, IF with one or two bodies, WHILE, SWITCH with
 //!   any number; the driver makes the empty body graphs and writes its array of them to
 //!   `phGraph_out`; they are cloned and destroyed with their node's graph; other node types
-//!   through `cuGraphAddNode` answer `CUDA_ERROR_NOT_SUPPORTED`) and IPC events
+//!   through `cuGraphAddNode` answer `CUDA_ERROR_NOT_SUPPORTED`), captures into an existing graph
+//!   (`cuStreamBeginCaptureToGraph`: a failed capture leaves that graph to its owner) and a
+//!   capture's dependencies set or added by hand (`cuStreamUpdateCaptureDependencies`/`_v2`),
+//!   which is how cuda.core builds conditional nodes in a stream capture, and IPC events
 //!   (`cuIpcGetEventHandle`/`cuIpcOpenEventHandle`: an interprocess event's records are counted
 //!   on a shared memfd page that another process opens through `/proc/<pid>/fd`). **Every other
 //!   entry point returns `CUDA_ERROR_NOT_SUPPORTED`** without reading its arguments

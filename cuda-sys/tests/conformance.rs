@@ -61,8 +61,9 @@
 //!
 //! plus conditional graph nodes as NVIDIA's cuda.core builds them (`conditional`): handles, IF,
 //! WHILE and SWITCH nodes with their driver-made body graphs (what cuda.core's tests passing on
-//! an H200 imply) and, marked `not_yet_measured`, the node type, the documented limits and the
-//! body a condition's default launch value chooses at launch;
+//! an H200 imply) and, marked `not_yet_measured`, the node type, the documented limits, the
+//! body a condition's default launch value chooses at launch, and a node built in a capture
+//! (`cuStreamBeginCaptureToGraph`, `cuStreamUpdateCaptureDependencies`);
 //!
 //! plus what was measured on an NVIDIA H200 (driver 580.159.04, CUDA 13.0):
 //! - `measured`: one case per fact printed by the driver probe (`docs/driver-probe/probe.c`,

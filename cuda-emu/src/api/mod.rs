@@ -166,7 +166,10 @@ extra_exports! {
     cuMemRangeGetAttribute
     cuMemRangeGetAttributes
     cuMemSetMemPool
+    cuStreamBeginCaptureToGraph
     cuStreamGetCaptureInfo_v3
+    cuStreamUpdateCaptureDependencies
+    cuStreamUpdateCaptureDependencies_v2
     cuStreamGetCtx_v2
     cuStreamGetDevice
     cuStreamGetId

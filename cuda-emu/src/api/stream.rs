@@ -659,14 +659,16 @@ pub unsafe extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
     })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCapture_v2(
-    s: CUstream,
-    mode: CUstreamCaptureMode,
+/// Begins a capture on stream `s` in `mode`: into a new graph, or (`into`: the graph and the
+/// nodes the first captured work depends on) into an existing one, which the capture does not
+/// own (`cuStreamBeginCaptureToGraph`: an invalidated or unjoined capture leaves it in place).
+fn begin_capture(
+    function: &'static str,
+    s: u64,
+    mode: u32,
+    into: Option<(u64, Vec<u64>)>,
 ) -> CUresult {
-    let s = s as u64;
-    let mode = mode as u32;
-    entry("cuStreamBeginCapture_v2", Some(s), None, |info| {
+    entry(function, Some(s), None, |info| {
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
         info.resolved(&st, r);
@@ -679,8 +681,17 @@ pub unsafe extern "C" fn cuStreamBeginCapture_v2(
         if st.streams[&r].capture.is_some() {
             return Err(codes::CAPTURE_STATE);
         }
-        let graph = st.new_handle();
-        st.graphs.insert(graph, Graph::default());
+        let (graph, ends, owns_graph) = match into {
+            Some((graph, deps)) => {
+                st.graphs.get(&graph).ok_or(codes::BAD_HANDLE)?;
+                (graph, st.node_indices(graph, &deps)?, false)
+            }
+            None => {
+                let graph = st.new_handle();
+                st.graphs.insert(graph, Graph::default());
+                (graph, Vec::new(), true)
+            }
+        };
         let id = st.next_capture_id;
         st.next_capture_id += 1;
         st.captures.insert(
@@ -690,14 +701,153 @@ pub unsafe extern "C" fn cuStreamBeginCapture_v2(
                 mode,
                 thread: thread_id(),
                 graph,
+                owns_graph,
                 invalidated: false,
-                ends: HashMap::from([(r, Vec::new())]),
+                ends: HashMap::from([(r, ends)]),
                 info_buffers: HashMap::new(),
             },
         );
         st.streams.get_mut(&r).expect("resolved").capture = Some(id);
         Ok(())
     })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2(
+    s: CUstream,
+    mode: CUstreamCaptureMode,
+) -> CUresult {
+    begin_capture("cuStreamBeginCapture_v2", s as u64, mode as u32, None)
+}
+
+/// Edge data (`CUgraphEdgeData`, 8 bytes each) must be NULL or plain: the only edges emulated.
+///
+/// # Safety
+/// `edges` is NULL or holds `n` items.
+unsafe fn plain_edge_data(edges: *const c_void, n: usize) -> Res {
+    if !edges.is_null() && n > 0 {
+        // SAFETY: per this function's contract.
+        let data: Vec<u64> = unsafe { get_slice(edges.cast::<u64>(), n)? };
+        if data.iter().any(|&d| d != 0) {
+            return Err(codes::NOT_SUPPORTED);
+        }
+    }
+    Ok(())
+}
+
+/// Begins a capture of stream `s` into the existing graph `g`, the first captured work
+/// depending on `deps` (nodes of `g`); `cuStreamEndCapture` hands back `g`.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
+    s: CUstream,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const c_void,
+    n: usize,
+    mode: CUstreamCaptureMode,
+) -> CUresult {
+    // SAFETY: the caller's arrays (driver contract).
+    let read = unsafe { plain_edge_data(edges, n).and_then(|()| node_handles(deps, n)) };
+    match read {
+        Ok(deps) => begin_capture(
+            "cuStreamBeginCaptureToGraph",
+            s as u64,
+            mode as u32,
+            Some((g as u64, deps)),
+        ),
+        Err(e) => entry("cuStreamBeginCaptureToGraph", Some(s as u64), None, |_| {
+            Err(e)
+        }),
+    }
+}
+
+/// `CU_STREAM_ADD_CAPTURE_DEPENDENCIES` and `CU_STREAM_SET_CAPTURE_DEPENDENCIES`.
+const CAPTURE_DEPS_ADD: c_uint = 0;
+const CAPTURE_DEPS_SET: c_uint = 1;
+
+/// Adds to or replaces the nodes stream `s`'s next captured work depends on (nodes of its
+/// capture's graph). Documented: a stream not capturing is `CUDA_ERROR_ILLEGAL_STATE`, flags
+/// other than ADD or SET `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// `deps` holds `n` handles and `edges` is NULL or `n` items, when `n > 0`.
+unsafe fn update_capture_deps(
+    s: CUstream,
+    deps: *const CUgraphNode,
+    edges: *const c_void,
+    n: usize,
+    flags: c_uint,
+    function: &'static str,
+) -> CUresult {
+    let s = s as u64;
+    entry(function, Some(s), None, |info| {
+        if flags != CAPTURE_DEPS_ADD && flags != CAPTURE_DEPS_SET {
+            return Err(codes::INVALID_VALUE);
+        }
+        // SAFETY: per this function's contract.
+        let deps = unsafe {
+            plain_edge_data(edges, n)?;
+            node_handles(deps, n)?
+        };
+        let mut st = initialized()?;
+        let r = st.resolve_stream(s)?;
+        info.resolved(&st, r);
+        let id = st.streams[&r].capture.ok_or(codes::CAPTURE_STATE)?;
+        let graph = st.captures.get(&id).ok_or(codes::CAPTURE_STATE)?.graph;
+        let indices = st.node_indices(graph, &deps)?;
+        let c = st.captures.get_mut(&id).ok_or(codes::CAPTURE_STATE)?;
+        let ends = c.ends.entry(r).or_default();
+        if flags == CAPTURE_DEPS_SET {
+            ends.clear();
+        }
+        for i in indices {
+            if !ends.contains(&i) {
+                ends.push(i);
+            }
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies(
+    s: CUstream,
+    deps: *mut CUgraphNode,
+    n: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's array (driver contract).
+    unsafe {
+        update_capture_deps(
+            s,
+            deps,
+            std::ptr::null(),
+            n,
+            flags,
+            "cuStreamUpdateCaptureDependencies",
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies_v2(
+    s: CUstream,
+    deps: *mut CUgraphNode,
+    edges: *const c_void,
+    n: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's arrays (driver contract).
+    unsafe {
+        update_capture_deps(
+            s,
+            deps,
+            edges,
+            n,
+            flags,
+            "cuStreamUpdateCaptureDependencies_v2",
+        )
+    }
 }
 
 #[no_mangle]

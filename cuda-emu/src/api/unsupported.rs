@@ -409,7 +409,6 @@ not_supported! {
     cuStreamBatchMemOp_v2
     cuStreamBeginCapture
     cuStreamBeginCaptureToCig
-    cuStreamBeginCaptureToGraph
     cuStreamBeginRecaptureToGraph
     cuStreamCopyAttributes
     cuStreamDestroy
@@ -419,8 +418,6 @@ not_supported! {
     cuStreamGetDevResource
     cuStreamGetGreenCtx
     cuStreamSetAttribute
-    cuStreamUpdateCaptureDependencies
-    cuStreamUpdateCaptureDependencies_v2
     cuStreamWaitValue32
     cuStreamWaitValue64
     cuStreamWriteValue32

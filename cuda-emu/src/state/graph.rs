@@ -620,7 +620,9 @@ impl State {
             }
         }
         if c.invalidated {
-            let _ = self.destroy_graph(c.graph);
+            if c.owns_graph {
+                let _ = self.destroy_graph(c.graph);
+            }
             return Err(codes::CAPTURE_INVALIDATED);
         }
         // Every forked stream must have joined back into the origin stream.
@@ -638,7 +640,9 @@ impl State {
             .filter(|(&stream, _)| stream != s)
             .any(|(_, ends)| ends.iter().any(|n| !joined.contains(n)));
         if unjoined {
-            let _ = self.destroy_graph(c.graph);
+            if c.owns_graph {
+                let _ = self.destroy_graph(c.graph);
+            }
             return Err(codes::CAPTURE_UNJOINED);
         }
         Ok(c.graph)

@@ -14,13 +14,15 @@
 use std::ffi::{c_int, c_uint, c_void, CStr};
 use std::ptr;
 
-use cuda_sys::types::{CUcontext, CUgraph, CUgraphNode, CUDA_MEMSET_NODE_PARAMS};
+use cuda_sys::types::{
+    CUcontext, CUgraph, CUgraphNode, CUstream, CUstreamCaptureMode, CUDA_MEMSET_NODE_PARAMS,
+};
 use cuda_sys::{CUresult, CudaErrorCode};
 
 use crate::driver::{
     get_proc_address, graph_add_memset_node, graph_create, graph_destroy, graph_exec_destroy,
     graph_instantiate, graph_launch, init, mem_alloc, mem_free, memcpy_dtoh, memset_d8,
-    stream_create, stream_destroy, stream_synchronize, Ret,
+    memset_d8_async, stream_create, stream_destroy, stream_end_capture, stream_synchronize, Ret,
 };
 use crate::support::{on_fresh_thread, primary_current};
 
@@ -32,6 +34,7 @@ const WHILE: u32 = 1;
 const SWITCH: u32 = 2;
 /// `CU_GRAPH_NODE_TYPE_CONDITIONAL`.
 const NODE_TYPE_CONDITIONAL: u32 = 13;
+const GLOBAL: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 type HandleCreate = unsafe extern "C" fn(*mut u64, CUgraph, CUcontext, c_uint, c_uint) -> CUresult;
 type AddNode = unsafe extern "C" fn(
@@ -273,5 +276,74 @@ fn conditional_default_value_chooses_the_body_not_yet_measured() {
         }
         mem_free(buffer).check();
         stream_destroy(stream).check();
+    });
+}
+
+type BeginCaptureToGraph = unsafe extern "C" fn(
+    CUstream,
+    CUgraph,
+    *const CUgraphNode,
+    *const c_void,
+    usize,
+    CUstreamCaptureMode,
+) -> CUresult;
+type UpdateCaptureDependencies =
+    unsafe extern "C" fn(CUstream, *mut CUgraphNode, *const c_void, usize, c_uint) -> CUresult;
+
+/// Documented (and what cuda.core's `GraphBuilder.if_then` does, which
+/// `graph/test_graph_builder.py::test_graph_definition_conditional_body_during_capture_raises`
+/// passed on the H200 with, though through a capture that made its own graph): a capture into
+/// an existing graph (`cuStreamBeginCaptureToGraph`) ends with that graph; a conditional node
+/// added to it by hand becomes what the stream's next work depends on after
+/// `cuStreamUpdateCaptureDependencies` with `CU_STREAM_SET_CAPTURE_DEPENDENCIES` (1); a second
+/// stream captures into the node's body graph and ends with it.
+#[test]
+fn conditional_node_built_in_a_capture_not_yet_measured() {
+    on_fresh_thread("conditional-capture", || {
+        init();
+        let primary = primary_current();
+        let ctx = primary.ctx();
+        let cond = Conditional::resolve();
+        let begin_to_graph = entry_point(c"cuStreamBeginCaptureToGraph");
+        let update_deps = entry_point(c"cuStreamUpdateCaptureDependencies");
+        let get_nodes = entry_point(c"cuGraphGetNodes");
+        // SAFETY: the CUDA 13.0 signatures, restated by the types.
+        let (begin_to_graph, update_deps, get_nodes) = unsafe {
+            (
+                std::mem::transmute::<*mut c_void, BeginCaptureToGraph>(begin_to_graph),
+                std::mem::transmute::<*mut c_void, UpdateCaptureDependencies>(update_deps),
+                std::mem::transmute::<*mut c_void, GraphGetNodes>(get_nodes),
+            )
+        };
+        let (outer, inner) = (stream_create(0).check(), stream_create(0).check());
+        let buffer = mem_alloc(16).check();
+        let graph = graph_create().check();
+        // SAFETY: live stream and graph; no dependencies.
+        let status = unsafe { begin_to_graph(outer, graph, ptr::null(), ptr::null(), 0, GLOBAL) };
+        Ret::from_status("cuStreamBeginCaptureToGraph", status).check();
+        let handle = cond.handle(graph, ctx, 1, ASSIGN_DEFAULT).check();
+        let (mut node, bodies) = cond.add(graph, ctx, handle, IF, 1).check();
+        // SAFETY: a capturing stream and a node of its capture's graph.
+        let status = unsafe { update_deps(outer, &mut node, ptr::null(), 1, 1) };
+        Ret::from_status("cuStreamUpdateCaptureDependencies_v2", status).check();
+        // SAFETY: as above, into the body graph.
+        let status =
+            unsafe { begin_to_graph(inner, bodies[0], ptr::null(), ptr::null(), 0, GLOBAL) };
+        Ret::from_status("cuStreamBeginCaptureToGraph", status).check();
+        memset_d8_async(buffer, 7, 16, inner).check();
+        assert_eq!(stream_end_capture(inner).check(), bodies[0]);
+        memset_d8_async(buffer, 9, 16, outer).check();
+        assert_eq!(stream_end_capture(outer).check(), graph);
+        for (g, expected) in [(graph, 2), (bodies[0], 1)] {
+            let mut count = usize::MAX;
+            // SAFETY: a live graph; NULL asks for the count only.
+            let status = unsafe { get_nodes(g, ptr::null_mut(), &mut count) };
+            Ret::from_status("cuGraphGetNodes", status).check();
+            assert_eq!(count, expected, "nodes captured into {g:?}");
+        }
+        graph_destroy(graph).check();
+        mem_free(buffer).check();
+        stream_destroy(inner).check();
+        stream_destroy(outer).check();
     });
 }
