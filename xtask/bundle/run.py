@@ -140,9 +140,9 @@ def run_test(binary, name, env, timeout):
                              capture_output=True, text=True, env=env, timeout=timeout,
                              errors="replace")
     except subprocess.TimeoutExpired as expired:
-        output = (expired.stdout or "") + (expired.stderr or "")
-        if isinstance(output, bytes):
-            output = output.decode(errors="replace")
+        # TimeoutExpired carries bytes even under text=True: decode each part on its own.
+        output = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part
+                         for part in (expired.stdout or "", expired.stderr or ""))
         return {"status": TIMEOUT, "rc": None, "seconds": timeout,
                 "output": output + "\n[killed after %d s]" % timeout}
     seconds = round(time.monotonic() - started, 3)
