@@ -317,7 +317,19 @@ fn advise(ptr: u64, count: usize, advice: u32, loc: RawLocation) -> Res {
     with_advice(start, backing, |a| match advice {
         1 => a.read_mostly = true,
         2 => a.read_mostly = false,
-        3 => a.preferred = Some(loc),
+        // Measured on the H200 (one NUMA node; the GPU's own NUMA id -1), driver facts F22:
+        // the host reads back with location id -1, and a preferred location on host NUMA node 0
+        // is accepted but not kept (reads back as none).
+        3 => {
+            a.preferred = match loc.kind {
+                LOCATION_HOST => Some(RawLocation {
+                    id: DEVICE_CPU,
+                    ..loc
+                }),
+                LOCATION_HOST_NUMA => None,
+                _ => Some(loc),
+            }
+        }
         4 => a.preferred = None,
         5 => {
             if !a.accessed_by.contains(&loc) {

@@ -450,6 +450,27 @@ pub fn mem_alloc_managed(bytes: usize, flags: c_uint) -> Ret<CUdeviceptr> {
     call!(cuMemAllocManaged(&mut dptr, bytes, flags) => dptr)
 }
 
+/// `cuMemAdvise_v2` with a location (`CU_MEM_LOCATION_TYPE_*`, id).
+pub fn mem_advise(
+    dptr: CUdeviceptr,
+    bytes: usize,
+    advice: c_uint,
+    location: (c_uint, c_int),
+) -> Ret {
+    let location = cuda_sys::types::RawMemLocation {
+        type_: location.0,
+        id: location.1,
+    };
+    call!(cuMemAdvise_v2(dptr, bytes, advice, location) => ())
+}
+
+/// `cuMemRangeGetAttribute` of a 4-byte attribute (`CU_MEM_RANGE_ATTRIBUTE_*` as its integer),
+/// over the whole of `[dptr, dptr + bytes)`.
+pub fn mem_range_attribute_i32(dptr: CUdeviceptr, bytes: usize, attribute: c_uint) -> Ret<c_int> {
+    let mut value: c_int = 0x7777;
+    call!(cuMemRangeGetAttribute((&mut value as *mut c_int).cast(), 4, attribute, dptr, bytes) => value)
+}
+
 /// `cuMemAllocAsync` (from the device's current pool).
 pub fn mem_alloc_async(bytes: usize, stream: CUstream) -> Ret<CUdeviceptr> {
     let mut dptr = 0;

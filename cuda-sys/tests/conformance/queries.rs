@@ -539,3 +539,35 @@ fn graph_memory_stays_until_trim() {
         stream_destroy(s).check();
     });
 }
+
+/// Measured on the H200 (`docs/driver-facts.md` F22: one NUMA node, the GPU's own NUMA id -1):
+/// `CU_MEM_ADVISE_SET_PREFERRED_LOCATION` on `cuMemAllocManaged` memory reads back, through the
+/// legacy attribute and the CUDA 12.2 type/id pair, as device 0 -> (0, DEVICE, 0), the host ->
+/// (-1, HOST, -1), and host NUMA node 0 -> accepted but not kept: (-2, INVALID, -2).
+#[test]
+fn managed_preferred_location_reads_back_as_measured() {
+    use crate::driver::{mem_advise, mem_range_attribute_i32};
+    const SET_PREFERRED: u32 = 3; // CU_MEM_ADVISE_SET_PREFERRED_LOCATION
+    on_fresh_thread("managed-preferred-location", || {
+        // CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, ..._TYPE, ..._ID.
+        let (legacy, kind, id) = (2, 5, 6);
+        init();
+        let _primary = primary_current();
+        let bytes = 1 << 21;
+        for (location, expected) in [
+            ((1, 0), (0, 1, 0)),
+            ((2, 0), (-1, 2, -1)),
+            ((3, 0), (-2, 0, -2)),
+        ] {
+            let p = mem_alloc_managed(bytes, 1).check();
+            mem_advise(p, bytes, SET_PREFERRED, location).check();
+            let read = (
+                mem_range_attribute_i32(p, bytes, legacy).check(),
+                mem_range_attribute_i32(p, bytes, kind).check(),
+                mem_range_attribute_i32(p, bytes, id).check(),
+            );
+            assert_eq!(read, expected, "preferred location {location:?}");
+            mem_free(p).check();
+        }
+    });
+}
