@@ -117,6 +117,16 @@ impl PyGraphBuilder {
     fn complete(&self, py: Python<'_>, options: Option<&Bound<'_, PyAny>>) -> PyResult<PyGraph> {
         self.builder()?;
         let options = options.filter(|o| !o.is_none());
+        crate::resource::check_options(
+            options,
+            "GraphCompleteOptions",
+            &[
+                "auto_free_on_launch",
+                "upload_stream",
+                "device_launch",
+                "use_node_priority",
+            ],
+        )?;
         for name in ["auto_free_on_launch", "device_launch", "use_node_priority"] {
             if crate::resource::option(options, name, false)? {
                 return Err(pyo3::exceptions::PyNotImplementedError::new_err(format!(

@@ -457,7 +457,54 @@ fn device_ordinal(device: &Bound<'_, PyAny>) -> PyResult<i32> {
         .map_err(|_| PyValueError::new_err(format!("device ordinal {ordinal} is out of range")))
 }
 
-/// Reads option `name` from an options object (attribute) or a dict (key).
+/// Checks an options parameter as cuda.core 1.2 does before building its options dataclass:
+/// `None` (the defaults), an instance of the dataclass named `class` (custody's, cuda.core's,
+/// or a subclass), or a dict whose keys are among `fields` (what `class(**dict)` accepts).
+/// Every options parameter is checked here before [`option`] reads it.
+///
+/// # Errors
+/// `TypeError` for a dict key that is not a field (or not a string), and for any other type
+/// (an int, a string, an arbitrary object), as cuda.core refuses them.
+pub(crate) fn check_options(
+    options: Option<&Bound<'_, PyAny>>,
+    class: &str,
+    fields: &[&str],
+) -> PyResult<()> {
+    let Some(options) = options.filter(|o| !o.is_none()) else {
+        return Ok(());
+    };
+    if let Ok(dict) = options.cast::<PyDict>() {
+        for key in dict.keys() {
+            let Ok(key) = key.extract::<String>() else {
+                return Err(PyTypeError::new_err(format!(
+                    "{class}: option names (dict keys) must be strings, got {}",
+                    key.get_type().name()?
+                )));
+            };
+            if !fields.contains(&key.as_str()) {
+                return Err(PyTypeError::new_err(format!(
+                    "{class}.__init__() got an unexpected keyword argument '{key}' (its fields: \
+                     {})",
+                    fields.join(", ")
+                )));
+            }
+        }
+        return Ok(());
+    }
+    for base in options.get_type().mro() {
+        if base.getattr("__name__")?.extract::<String>()? == class {
+            return Ok(());
+        }
+    }
+    Err(PyTypeError::new_err(format!(
+        "options must be provided as an object of type {class} or as a dict with its fields, \
+         got {}",
+        options.get_type().name()?
+    )))
+}
+
+/// Reads option `name` from an options object (attribute) or a dict (key), once
+/// [`check_options`] accepted it.
 pub(crate) fn option<'py, T: pyo3::conversion::FromPyObjectOwned<'py>>(
     options: Option<&Bound<'py, PyAny>>,
     name: &str,
@@ -994,6 +1041,11 @@ pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
     ) -> PyResult<PyClassInitializer<Self>> {
         let ordinal = device_ordinal(device_id)?;
         let options = options.filter(|o| !o.is_none());
+        check_options(
+            options,
+            "DeviceMemoryResourceOptions",
+            &["ipc_enabled", "max_size"],
+        )?;
         let inner = match options {
             None => py
                 .detach(|| DeviceMemoryResource::new(ordinal))
@@ -1182,6 +1234,11 @@ pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
         options: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let options = options.filter(|o| !o.is_none());
+        check_options(
+            options,
+            "PinnedMemoryResourceOptions",
+            &["ipc_enabled", "max_size", "numa_id"],
+        )?;
         let ipc_enabled = option(options, "ipc_enabled", false)?;
         let numa_id = match option::<Option<i64>>(options, "numa_id", None)? {
             Some(node) if node < 0 => {
@@ -1309,6 +1366,11 @@ fn managed_location(
     py: Python<'_>,
     options: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<ManagedPoolLocation> {
+    check_options(
+        options,
+        "ManagedMemoryResourceOptions",
+        &["preferred_location", "preferred_location_type"],
+    )?;
     let location = option::<Option<i64>>(options, "preferred_location", None)?;
     let kind = option::<Option<String>>(options, "preferred_location_type", None)?;
     let ordinal = |value: i64| {

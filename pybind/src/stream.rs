@@ -287,6 +287,11 @@ fn bool_option(options: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<bool>
 /// interprocess events) or an option has the wrong type.
 pub(crate) fn event_flags(options: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
     let options = options.filter(|o| !o.is_none());
+    crate::resource::check_options(
+        options,
+        "EventOptions",
+        &["timing_enabled", "blocking_sync", "ipc_enabled"],
+    )?;
     let timing = bool_option(options, "timing_enabled")?;
     let blocking = bool_option(options, "blocking_sync")?;
     let ipc = bool_option(options, "ipc_enabled")?;
@@ -1280,6 +1285,7 @@ fn create_stream_handle(
     options: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<StreamHandle> {
     let options = options.filter(|o| !o.is_none());
+    crate::resource::check_options(options, "StreamOptions", &["nonblocking", "priority"])?;
     let nonblocking: bool = crate::resource::option(options, "nonblocking", true)?;
     let priority: Option<i32> = crate::resource::option(options, "priority", None)?;
     let priority = match priority {

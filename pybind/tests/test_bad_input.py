@@ -119,6 +119,51 @@ def test_resource_constructors(device, ctor, exc, pattern):
     check(exc, pattern, ctor)
 
 
+@pytest.mark.parametrize("bad", [5, "abc", object(), 1.5, [("ipc_enabled", True)]])
+def test_options_of_another_type_are_refused_as_cuda_core_does(device, bad):
+    """cuda.core 1.2 builds its options dataclass from a dict and refuses every other type with
+    TypeError; custody did the same nowhere and made a default pool or stream instead."""
+    for make in [
+        lambda: custody.DeviceMemoryResource(0, bad),
+        lambda: custody.PinnedMemoryResource(bad),
+        lambda: custody.ManagedMemoryResource(bad),
+        lambda: device.create_stream(options=bad),
+        lambda: device.create_event(options=bad),
+    ]:
+        check(TypeError, "must be provided as an object of type .*Options or as a dict", make)
+
+
+@pytest.mark.parametrize(
+    "make, key",
+    [
+        (lambda d, o: custody.DeviceMemoryResource(0, o), "ipc_enable"),
+        (lambda d, o: custody.PinnedMemoryResource(o), "max_sizes"),
+        (lambda d, o: custody.ManagedMemoryResource(o), "preferred"),
+        (lambda d, o: d.create_stream(options=o), "non_blocking"),
+        (lambda d, o: d.create_event(options=o), "timing"),
+    ],
+)
+def test_misspelled_option_names_are_refused(device, make, key):
+    """An unknown dict key is a TypeError naming it (as ``Options(**dict)`` in cuda.core), not a
+    silently ignored option: ``{'ipc_enable': True}`` made a non-IPC pool and
+    ``{'non_blocking': False}`` a non-blocking stream."""
+    check(TypeError, f"unexpected keyword argument '{key}'", lambda: make(device, {key: True}))
+    check(TypeError, "must be strings", lambda: make(device, {1: True}))
+
+
+def test_options_dataclasses_and_valid_dicts_still_work(device):
+    mr = custody.DeviceMemoryResource(0, custody.DeviceMemoryResourceOptions(max_size=0))
+    mr.close()
+    mr = custody.DeviceMemoryResource(0, {"max_size": 0})
+    mr.close()
+    s = device.create_stream(options={"nonblocking": False})
+    assert not s.is_nonblocking
+    s.close()
+    s = device.create_stream(options=custody.StreamOptions(nonblocking=True))
+    assert s.is_nonblocking
+    s.close()
+
+
 @pytest.mark.parametrize(
     "args, kwargs, exc, pattern",
     [
