@@ -111,6 +111,8 @@ class DeviceMemoryResourceOptions:
     """Options for a :class:`DeviceMemoryResource` with a pool of its own. ``ipc_enabled``: other
     processes can open the pool (through a POSIX file descriptor); ``max_size``: the pool's
     largest size in bytes, 0 for no limit.
+    A dict of these fields works in its place; an unknown key, or any other type, is a
+    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
     """
 
     ipc_enabled: bool = False
@@ -124,6 +126,8 @@ class PinnedMemoryResourceOptions:
     NUMA node of the memory (``ValueError`` if negative); ``None`` lets the operating system place
     it, or with ``ipc_enabled`` (a shared pool names its node) takes the current device's
     ``host_numa_id`` (``RuntimeError`` when the driver reports none).
+    A dict of these fields works in its place; an unknown key, or any other type, is a
+    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
     """
 
     ipc_enabled: bool = False
@@ -150,6 +154,8 @@ class ManagedMemoryResourceOptions:
     (>= 0); ``"host"``: ``preferred_location`` must be ``None``; ``"host_numa"``: a NUMA node
     (>= 0), or ``None`` for the current device's ``host_numa_id``. A
     :class:`ManagedMemoryLocationType` or its string.
+    A dict of these fields works in its place; an unknown key, or any other type, is a
+    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
     """
 
     preferred_location: Optional[int] = None
@@ -161,6 +167,8 @@ class StreamOptions:
     """Options for :meth:`Device.create_stream`. ``nonblocking`` (default True): the stream does
     not synchronise with the legacy default stream; ``priority``: lower numbers run first,
     ``None`` is 0, ``ValueError`` outside the device's range.
+    A dict of these fields works in its place; an unknown key, or any other type, is a
+    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
     """
 
     nonblocking: bool = True
@@ -173,6 +181,8 @@ class EventOptions:
     ``timing_enabled``: the event records a timestamp (for ``end - start``); ``blocking_sync``:
     ``sync()`` yields the CPU instead of spinning; ``ipc_enabled``: shareable with other
     processes (``TypeError`` together with ``timing_enabled``).
+    A dict of these fields works in its place; an unknown key, or any other type, is a
+    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
     """
 
     timing_enabled: Optional[bool] = False
@@ -186,6 +196,8 @@ class GraphCompleteOptions:
     the graph there at once. ``auto_free_on_launch``, ``device_launch`` and
     ``use_node_priority`` exist for cuda.core's interface and are not supported
     (``NotImplementedError`` when set).
+    A dict of these fields works in its place; an unknown key, or any other type, is a
+    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
     """
 
     auto_free_on_launch: bool = False
