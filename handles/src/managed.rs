@@ -10,6 +10,7 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use cuda_sys::types::{CUdeviceptr, RawMemLocation};
 
+use crate::context::{in_context, ContextHandle};
 use crate::range::DeviceRange;
 use crate::stream::StreamHandle;
 use crate::sys::{check, driver};
@@ -117,6 +118,17 @@ const RANGE_LAST_PREFETCH_LOCATION_ID: c_uint = 8;
 const TYPED_LOCATIONS: i32 = 12020;
 
 impl DeviceRange<'_> {
+    /// The context advice and range queries run in: a real driver refuses
+    /// `cuMemRangeGetAttribute` with no context current (`CUDA_ERROR_INVALID_CONTEXT`,
+    /// `docs/driver-facts.md` F23). The recipe's context for memory that has one, else the
+    /// primary context of the memory's device (device 0 for memory of no device).
+    fn placement_context(&self) -> Result<ContextHandle, HandleError> {
+        match self.handle().recipe() {
+            Some(recipe) => Ok(recipe.context().clone()),
+            None => ContextHandle::primary(self.handle().device().unwrap_or(0)),
+        }
+    }
+
     /// Gives the driver `advice` for this range of managed memory. Not ordered on any stream;
     /// does not block.
     ///
@@ -125,13 +137,17 @@ impl DeviceRange<'_> {
     /// [`HandleError::Driver`] when it refuses (memory that is not managed, a location the
     /// advice does not take: `CUDA_ERROR_INVALID_VALUE`, `CUDA_ERROR_INVALID_DEVICE`).
     ///
-    /// Driver calls: `cuMemAdvise_v2`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed: the memory's context),
+    /// `cuMemAdvise_v2`.
     pub fn advise(&self, advice: MemAdvice) -> Result<(), HandleError> {
         let advise = driver()?.cuMemAdvise_v2().map_err(HandleError::Load)?;
         let (kind, location) = advice.raw();
-        // SAFETY: the range lies inside memory its borrowed handle keeps alive; plain values.
-        let status = unsafe { advise(self.ptr(), self.len(), kind, location) };
-        check("cuMemAdvise_v2", status)
+        let (ptr, len) = (self.ptr(), self.len());
+        in_context(&self.placement_context()?, "cuMemAdvise_v2", |_| {
+            // SAFETY: the range lies inside memory its borrowed handle keeps alive; plain values.
+            let status = unsafe { advise(ptr, len, kind, location) };
+            check("cuMemAdvise_v2", status)
+        })
     }
 
     /// Migrates this range of managed memory to `location`, ordered on `stream`. Does not
@@ -163,20 +179,23 @@ impl DeviceRange<'_> {
         let get = driver()?
             .cuMemRangeGetAttribute()
             .map_err(HandleError::Load)?;
-        let mut value: c_int = 0;
-        // SAFETY: `value` is 4 writable bytes; the range lies inside memory its borrowed
-        // handle keeps alive.
-        let status = unsafe {
-            get(
-                (&mut value as *mut c_int).cast::<c_void>(),
-                std::mem::size_of::<c_int>(),
-                attribute,
-                self.ptr(),
-                self.len(),
-            )
-        };
-        check("cuMemRangeGetAttribute", status)?;
-        Ok(value)
+        let (ptr, len) = (self.ptr(), self.len());
+        in_context(&self.placement_context()?, "cuMemRangeGetAttribute", |_| {
+            let mut value: c_int = 0;
+            // SAFETY: `value` is 4 writable bytes; the range lies inside memory its borrowed
+            // handle keeps alive.
+            let status = unsafe {
+                get(
+                    (&mut value as *mut c_int).cast::<c_void>(),
+                    std::mem::size_of::<c_int>(),
+                    attribute,
+                    ptr,
+                    len,
+                )
+            };
+            check("cuMemRangeGetAttribute", status)?;
+            Ok(value)
+        })
     }
 
     /// A location the driver reports as a `(type, id)` pair (CUDA 12.2 on) or else as a device
@@ -203,7 +222,8 @@ impl DeviceRange<'_> {
     /// [`HandleError::Load`] when the driver lacks `cuMemRangeGetAttribute`;
     /// [`HandleError::Driver`] when it refuses (memory that is not managed).
     ///
-    /// Driver calls: `cuMemRangeGetAttribute`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed: the memory's context),
+    /// `cuMemRangeGetAttribute`.
     pub fn read_mostly(&self) -> Result<bool, HandleError> {
         Ok(self.range_attribute(RANGE_READ_MOSTLY)? != 0)
     }
@@ -214,7 +234,7 @@ impl DeviceRange<'_> {
     /// # Errors
     /// As [`DeviceRange::read_mostly`].
     ///
-    /// Driver calls: `cuMemRangeGetAttribute` (twice on CUDA 12.2 and later: the location's
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemRangeGetAttribute` (twice on CUDA 12.2 and later: the location's
     /// type and id).
     pub fn preferred_location(&self) -> Result<Option<MemLocation>, HandleError> {
         self.location_attribute(
@@ -245,7 +265,8 @@ impl DeviceRange<'_> {
     /// # Errors
     /// As [`DeviceRange::read_mostly`].
     ///
-    /// Driver calls: `cuDeviceGetCount`, `cuMemRangeGetAttribute`.
+    /// Driver calls: `cuDeviceGetCount`, `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed: the
+    /// memory's context), `cuMemRangeGetAttribute`.
     pub fn accessed_by(&self) -> Result<Vec<MemLocation>, HandleError> {
         let get = driver()?
             .cuMemRangeGetAttribute()
@@ -253,18 +274,21 @@ impl DeviceRange<'_> {
         // Every device and the host: one slot each.
         let slots = crate::device::device_count()?.max(0) as usize + 1;
         let mut ids: Vec<c_int> = vec![-2; slots];
-        // SAFETY: `ids` is `slots` writable 32-bit values; the range lies inside memory its
-        // borrowed handle keeps alive.
-        let status = unsafe {
-            get(
-                ids.as_mut_ptr().cast::<c_void>(),
-                slots * std::mem::size_of::<c_int>(),
-                RANGE_ACCESSED_BY,
-                self.ptr(),
-                self.len(),
-            )
-        };
-        check("cuMemRangeGetAttribute", status)?;
+        let (ptr, len) = (self.ptr(), self.len());
+        in_context(&self.placement_context()?, "cuMemRangeGetAttribute", |_| {
+            // SAFETY: `ids` is `slots` writable 32-bit values; the range lies inside memory its
+            // borrowed handle keeps alive.
+            let status = unsafe {
+                get(
+                    ids.as_mut_ptr().cast::<c_void>(),
+                    slots * std::mem::size_of::<c_int>(),
+                    RANGE_ACCESSED_BY,
+                    ptr,
+                    len,
+                )
+            };
+            check("cuMemRangeGetAttribute", status)
+        })?;
         Ok(ids
             .into_iter()
             .filter_map(MemLocation::from_device_id)

@@ -659,6 +659,8 @@ pub unsafe extern "C" fn cuMemRangeGetAttribute(
 ) -> CUresult {
     entry("cuMemRangeGetAttribute", None, Some(ptr), |_| {
         let st = initialized()?;
+        // Measured on the H200: with no context current, CUDA_ERROR_INVALID_CONTEXT (F23).
+        st.current_ctx()?;
         // SAFETY: the caller's storage of `size` bytes (driver contract).
         unsafe { range_attribute(&st, data, size, attr, ptr, count) }
     })

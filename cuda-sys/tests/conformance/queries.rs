@@ -571,3 +571,23 @@ fn managed_preferred_location_reads_back_as_measured() {
         }
     });
 }
+
+/// Measured on the H200 (`docs/driver-facts.md` F23): `cuMemRangeGetAttribute` of managed memory
+/// on a thread with no context current is `CUDA_ERROR_INVALID_CONTEXT` (custody's range queries
+/// and advice make the memory's context current for it).
+#[test]
+fn managed_range_attribute_needs_a_current_context() {
+    use crate::driver::{ctx_set_current, mem_range_attribute_i32};
+    on_fresh_thread("managed-range-no-context", || {
+        init();
+        let primary = primary_current();
+        let bytes = 1 << 16;
+        let p = mem_alloc_managed(bytes, 1).check();
+        ctx_set_current(std::ptr::null_mut()).check();
+        // CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY.
+        mem_range_attribute_i32(p, bytes, 1).fails_with(cuda_sys::CudaErrorCode::INVALID_CONTEXT);
+        ctx_set_current(primary.ctx()).check();
+        assert_eq!(mem_range_attribute_i32(p, bytes, 1).check(), 0);
+        mem_free(p).check();
+    });
+}
