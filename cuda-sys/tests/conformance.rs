@@ -61,7 +61,7 @@
 //!
 //! plus conditional graph nodes as NVIDIA's cuda.core builds them (`conditional`): handles, IF,
 //! WHILE and SWITCH nodes with their driver-made body graphs (what cuda.core's tests passing on
-//! an H200 imply) and, marked `not_yet_measured`, the node type, the documented limits, the
+//! an H200 imply) and, run on the H200 on 2026-12-01, the node type, the documented limits, the
 //! body a condition's default launch value chooses at launch, and a node built in a capture
 //! (`cuStreamBeginCaptureToGraph`, `cuStreamUpdateCaptureDependencies`);
 //!

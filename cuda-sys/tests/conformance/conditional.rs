@@ -6,8 +6,8 @@
 //! Neither entry point is in custody's loader list: the cases resolve them by their base name
 //! with `cuGetProcAddress_v2` for CUDA 13.0, as cuda.core does (`cuGraphAddNode` gives the
 //! `_v2` form, with edge data). *Measured* marks what NVIDIA's cuda.core 1.2 test suite on an
-//! H200 (driver 580.159.04, CUDA 13.0) passed a test for; the cases named `not_yet_measured`
-//! assert what the CUDA driver API reference states, for the GPU run of this suite to settle.
+//! H200 (driver 580.159.04, CUDA 13.0) passed a test for; the other cases assert what the CUDA
+//! driver API reference states, and passed on the H200 on 2026-12-01.
 //! No case launches a WHILE node with a non-zero condition: with no kernel to clear it, a GPU
 //! would loop for ever (the emulator refuses that launch with `CUDA_ERROR_NOT_SUPPORTED`).
 
@@ -181,7 +181,7 @@ fn conditional_nodes_come_with_their_body_graphs() {
 /// SWITCH, and handle flags other than 0 or `CU_GRAPH_COND_ASSIGN_DEFAULT`, are
 /// `CUDA_ERROR_INVALID_VALUE`.
 #[test]
-fn conditional_node_type_bodies_and_limits_not_yet_measured() {
+fn conditional_node_type_bodies_and_limits() {
     on_fresh_thread("conditional-limits", || {
         init();
         let primary = primary_current();
@@ -238,7 +238,7 @@ fn fill16(dst: u64, value: u8) -> CUDA_MEMSET_NODE_PARAMS {
 /// second when it is zero; SWITCH runs body `value` and none when the value is out of range.
 /// Each body here holds one memset node (allowed in a body) that marks the buffer.
 #[test]
-fn conditional_default_value_chooses_the_body_not_yet_measured() {
+fn conditional_default_value_chooses_the_body() {
     on_fresh_thread("conditional-launch", || {
         init();
         let primary = primary_current();
@@ -298,7 +298,7 @@ type UpdateCaptureDependencies =
 /// `cuStreamUpdateCaptureDependencies` with `CU_STREAM_SET_CAPTURE_DEPENDENCIES` (1); a second
 /// stream captures into the node's body graph and ends with it.
 #[test]
-fn conditional_node_built_in_a_capture_not_yet_measured() {
+fn conditional_node_built_in_a_capture() {
     on_fresh_thread("conditional-capture", || {
         init();
         let primary = primary_current();

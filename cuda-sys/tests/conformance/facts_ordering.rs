@@ -169,11 +169,10 @@ fn f14_null_stream_waits_for_another_threads_per_thread_stream() {
 /// recording thread): B records an event on `CU_STREAM_LEGACY` while A's per-thread stream is
 /// held; a created non-blocking stream X waits for the event and writes a marker. While A is
 /// held the event is not complete (`cuEventQuery`: `CUDA_ERROR_NOT_READY`) and the marker is
-/// unwritten; once A goes on, X's write lands. Not yet measured: F14 was observed with a stream
-/// write on the legacy stream, not with an event recorded there.
+/// unwritten; once A goes on, X's write lands. F14 was first observed with a stream write on the
+/// legacy stream; this case, with an event recorded there, passed on the H200 on 2026-12-01.
 #[test]
-fn f14_event_recorded_on_the_legacy_stream_waits_for_another_threads_per_thread_stream_not_yet_measured(
-) {
+fn f14_event_recorded_on_the_legacy_stream_waits_for_another_threads_per_thread_stream() {
     on_fresh_thread("f14-event", || {
         init();
         let primary = primary_current();
