@@ -351,14 +351,31 @@ pub fn prefetch_batch(
     locations: &[MemLocation],
     stream: &StreamHandle,
 ) -> Result<(), HandleError> {
+    located_batch(
+        "cuMemPrefetchBatchAsync",
+        driver()?.cuMemPrefetchBatchAsync(),
+        ranges,
+        locations,
+        stream,
+    )
+}
+
+/// The batch calls that take ranges and their locations (`cuMemPrefetchBatchAsync`,
+/// `cuMemDiscardAndPrefetchBatchAsync`, which share a signature), with no flags, ordered on
+/// `stream`.
+fn located_batch(
+    name: &'static str,
+    call: Result<cuda_sys::fn_types::cuMemPrefetchBatchAsync, cuda_sys::LoadError>,
+    ranges: &[DeviceRange<'_>],
+    locations: &[MemLocation],
+    stream: &StreamHandle,
+) -> Result<(), HandleError> {
     if locations.is_empty() {
         return Err(HandleError::invalid("locations", "no locations given"));
     }
     let b = batch(ranges, locations)?;
-    let call = driver()?
-        .cuMemPrefetchBatchAsync()
-        .map_err(HandleError::Load)?;
-    stream.run("cuMemPrefetchBatchAsync", |_, s| {
+    let call = call.map_err(HandleError::Load)?;
+    stream.run(name, |_, s| {
         // SAFETY: the arrays hold `count` and `numPrefetchLocs` items and outlive the call; the
         // ranges lie inside memory their borrowed handles keep alive; the stream is alive and
         // its context current.
@@ -411,26 +428,11 @@ pub fn discard_prefetch_batch(
     locations: &[MemLocation],
     stream: &StreamHandle,
 ) -> Result<(), HandleError> {
-    if locations.is_empty() {
-        return Err(HandleError::invalid("locations", "no locations given"));
-    }
-    let b = batch(ranges, locations)?;
-    let call = driver()?
-        .cuMemDiscardAndPrefetchBatchAsync()
-        .map_err(HandleError::Load)?;
-    stream.run("cuMemDiscardAndPrefetchBatchAsync", |_, s| {
-        // SAFETY: as in `prefetch_batch`.
-        unsafe {
-            call(
-                b.ptrs.as_ptr(),
-                b.sizes.as_ptr(),
-                b.ptrs.len(),
-                b.locations.as_ptr(),
-                b.first.as_ptr(),
-                b.locations.len(),
-                0,
-                s,
-            )
-        }
-    })
+    located_batch(
+        "cuMemDiscardAndPrefetchBatchAsync",
+        driver()?.cuMemDiscardAndPrefetchBatchAsync(),
+        ranges,
+        locations,
+        stream,
+    )
 }
