@@ -295,6 +295,34 @@ fn managed_memory_advice_prefetch_and_discard() {
     assert_no_hazards();
 }
 
+/// Advice and the last prefetch location belong to one allocation: a managed allocation made
+/// where a freed one was (the same size, allocated and freed in a loop, lands at a freed address)
+/// starts with none of them. The emulator once kept them per address and handed the freed
+/// allocation's to its successor (a CI run saw a new buffer's last prefetch location already
+/// set).
+#[test]
+fn a_new_managed_allocation_has_no_advice_or_prefetch_of_a_freed_one() {
+    let _serial = start();
+    let s = stream_on(0);
+    let mr = ManagedMemoryResource::new();
+    for round in 0..16 {
+        let a = Arc::clone(&mr).allocate(4096, &s).unwrap();
+        assert_eq!(a.last_prefetch_location().unwrap(), None, "round {round}");
+        assert!(!a.read_mostly().unwrap(), "round {round}");
+        assert_eq!(a.preferred_location().unwrap(), None, "round {round}");
+        a.advise(MemAdvice::SetReadMostly).unwrap();
+        a.advise(MemAdvice::SetPreferredLocation(MemLocation::Device(0)))
+            .unwrap();
+        a.prefetch(MemLocation::Device(0), &s).unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(
+            a.last_prefetch_location().unwrap(),
+            Some(MemLocation::Device(0))
+        );
+        a.close().unwrap();
+    }
+}
+
 /// Drops `buffer` (synchronously freed memory: `cuMemFree` or `cuMemFreeHost`) on a fresh
 /// thread and drains deferred cleanup. Everywhere: the dropping thread is left with no
 /// context, nothing is reported, and afterwards the driver no longer knows the address. On the

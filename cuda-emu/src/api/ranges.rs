@@ -256,8 +256,10 @@ pub unsafe extern "C" fn cuMemSetMemPool(
 /// What advice and prefetch recorded for one managed allocation.
 #[derive(Clone, Default)]
 struct Advice {
-    /// The allocation's backing, to tell a later allocation at the same address apart.
-    backing: usize,
+    /// The allocation's identity ([`Alloc::id`](crate::memory::Alloc)), to tell a later
+    /// allocation at the same address apart: the address of its backing is not enough, the heap
+    /// hands a freed backing's address to the next one.
+    alloc_id: u64,
     read_mostly: bool,
     preferred: Option<RawLocation>,
     accessed_by: Vec<RawLocation>,
@@ -271,8 +273,9 @@ const DEVICE_CPU: i32 = -1;
 /// The "no location" of the range attributes (documented `CU_DEVICE_INVALID`).
 const DEVICE_INVALID: i32 = -2;
 
-/// The managed allocation containing `[ptr, ptr + count)`, and its advice entry key.
-fn managed_range(st: &State, ptr: u64, count: usize) -> Res<(u64, usize)> {
+/// The managed allocation containing `[ptr, ptr + count)`: its start (the advice entry's key)
+/// and its identity.
+fn managed_range(st: &State, ptr: u64, count: usize) -> Res<(u64, u64)> {
     let start = st.find_live(ptr).ok_or(codes::BAD_POINTER)?;
     let a = &st.allocs[&start];
     if count == 0 || ptr + count as u64 > start + a.size {
@@ -285,15 +288,15 @@ fn managed_range(st: &State, ptr: u64, count: usize) -> Res<(u64, usize)> {
     if !managed {
         return Err(codes::INVALID_VALUE);
     }
-    Ok((start, std::sync::Arc::as_ptr(&a.backing) as usize))
+    Ok((start, a.id))
 }
 
-fn with_advice<R>(start: u64, backing: usize, f: impl FnOnce(&mut Advice) -> R) -> R {
+fn with_advice<R>(start: u64, alloc_id: u64, f: impl FnOnce(&mut Advice) -> R) -> R {
     let mut table = lock(&ADVICE);
     let entry = table.entry(start).or_default();
-    if entry.backing != backing {
+    if entry.alloc_id != alloc_id {
         *entry = Advice {
-            backing,
+            alloc_id,
             ..Advice::default()
         };
     }
@@ -310,11 +313,11 @@ fn check_location(st: &State, loc: RawLocation) -> Res {
 
 fn advise(ptr: u64, count: usize, advice: u32, loc: RawLocation) -> Res {
     let st = initialized()?;
-    let (start, backing) = managed_range(&st, ptr, count)?;
+    let (start, alloc_id) = managed_range(&st, ptr, count)?;
     if matches!(advice, 3 | 5 | 6) {
         check_location(&st, loc)?;
     }
-    with_advice(start, backing, |a| match advice {
+    with_advice(start, alloc_id, |a| match advice {
         1 => a.read_mostly = true,
         2 => a.read_mostly = false,
         // Measured on the H200 (one NUMA node; the GPU's own NUMA id -1), driver facts F22:
@@ -402,7 +405,7 @@ fn prefetch(
     let mut st = initialized()?;
     let r = st.resolve_stream(s)?;
     info.resolved(&st, r);
-    let (start, backing) = managed_range(&st, ptr, count)?;
+    let (start, alloc_id) = managed_range(&st, ptr, count)?;
     check_location(&st, loc)?;
     if st.enqueue_check(r)? {
         // Captured prefetches are not emulated (no graph node kind for them).
@@ -411,7 +414,7 @@ fn prefetch(
     let (deps, time) = st.prepare(r);
     st.record_use(Some(start), r, time);
     st.submit(r, deps, None, false);
-    with_advice(start, backing, |a| a.last_prefetch = Some(loc));
+    with_advice(start, alloc_id, |a| a.last_prefetch = Some(loc));
     Ok(())
 }
 
@@ -496,8 +499,8 @@ unsafe fn batch(
             Some(k) => prefetch(p, n, locs[k], s, info)?,
             None => {
                 let st = initialized()?;
-                let (start, backing) = managed_range(&st, p, n)?;
-                with_advice(start, backing, |a| a.last_prefetch = None);
+                let (start, alloc_id) = managed_range(&st, p, n)?;
+                with_advice(start, alloc_id, |a| a.last_prefetch = None);
             }
         }
     }
@@ -608,8 +611,8 @@ unsafe fn range_attribute(
     count: usize,
 ) -> Res {
     need(data)?;
-    let (start, backing) = managed_range(st, ptr, count)?;
-    let a = with_advice(start, backing, |a| a.clone());
+    let (start, alloc_id) = managed_range(st, ptr, count)?;
+    let a = with_advice(start, alloc_id, |a| a.clone());
     let id_of = |l: Option<RawLocation>| match l {
         Some(l) if l.kind == LOCATION_DEVICE => l.id,
         Some(_) => DEVICE_CPU,
