@@ -1,8 +1,11 @@
 //! `Buffer` and `ManagedBuffer` (a thin shell around a `memory::Buffer` shared by the object's
 //! references, [`SharedBuffer`]), adoption with `from_handle`, copies and fills, DLPack, and IPC
 //! descriptors.
+//!
+//! The structs of `Buffer` and `ManagedBuffer`, which graphs and resources name, are in
+//! `classes`; their methods are here.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use handles::{MemAdvice, MemLocation, StreamHandle};
 use memory::{Buffer, FillValue, IpcBufferDescriptor, ManagedBuffer, MemoryError};
@@ -11,11 +14,11 @@ use pyo3::prelude::*;
 use pyo3::pyclass::{CompareOp, PyTraverseError, PyVisit};
 use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple, PyType};
 
-use crate::errors::{class_name, closed, expected, stream_is_keyword_only, Error};
+use crate::classes::{Kept, PyBuffer, PyGraphBuilder, PyManagedBuffer};
+use crate::errors::{class_name, expected, stream_is_keyword_only, Error};
 use crate::ffi::{
     dlpack_capsule, dlpack_capsule_versioned, owned_allocation, unowned_handle, DLPACK_VERSION,
 };
-use crate::graph::PyGraphBuilder;
 use crate::location::{kind_name, location, location_object, required_location};
 use crate::report::{release, PyObjRef};
 use crate::resource::{pool_of, python_device_id, resolve};
@@ -28,102 +31,7 @@ const DL_CUDA: i32 = 2;
 const DL_CUDA_HOST: i32 = 3;
 const DL_CUDA_MANAGED: i32 = 13;
 
-/// Memory with the deallocation recipe (stream and context) that will order and legalise its
-/// free.
-///
-/// Made by ``MemoryResource.allocate`` or ``Buffer.from_handle``; cannot be instantiated
-/// directly (``RuntimeError``). Any thread may use, close or drop it. Closed objects raise
-/// ``RuntimeError("Buffer has been closed")`` except for ``close()``, ``handle``, ``size``,
-/// ``is_closed``, ``memory_resource``, ``owner``, ``is_mapped`` and ``repr``. Sizes are in
-/// bytes.
-///
-/// A reference cycle through a buffer (an ``owner=`` or a memory resource that holds the
-/// buffer) is collected by ``gc.collect()``; a free through a Python ``deallocate`` then runs
-/// before any object of the cycle is cleared, with the recorded stream and the recipe's
-/// context.
-///
-/// ``pickle`` (and ``multiprocessing``) send a buffer of an IPC-enabled
-/// ``DeviceMemoryResource`` or ``PinnedMemoryResource`` as ``(mr, ipc_descriptor)``; unpickling
-/// imports it with ``stream=default_stream()``, first making ``Device(mr.device_id)`` (device 0
-/// for a pinned pool) current when no context is. ``RuntimeError`` for a closed buffer or a
-/// pool without IPC; ``TypeError`` for a buffer of any other resource (or none).
-//
-// The recipe is docs/decisions.md D1. Cyclic garbage collection (D10): the object reports the
-// Python objects it holds to the collector (its memory resource object, and, while it alone
-// holds the memory, the owner or the Python resource that the memory's handle keeps); memory
-// whose free calls a Python `deallocate` is freed by `__del__`, which CPython runs on every
-// object of a garbage cycle before it clears any, so `deallocate` finds its resource intact;
-// any other memory is freed by `__clear__` (the free first, with its recipe and its resource,
-// then the memory resource object is let go).
-#[pyclass(frozen, subclass, weakref, name = "Buffer", module = "custody")]
-pub struct PyBuffer {
-    /// Always `Some` until the object is deallocated (then taken, to drop it with the GIL
-    /// released).
-    inner: Option<SharedBuffer>,
-    /// The memory resource object, reported while the buffer is open; let go by `__clear__`
-    /// after the free. Never made or dropped under the lock.
-    mr: Mutex<Option<Py<PyAny>>>,
-    /// The Python objects the memory's handle holds strongly.
-    kept: Kept,
-    /// `(address, size)` when made: what equality and the hash compare (kept after `close()`,
-    /// so that the hash never changes).
-    identity: (u64, usize),
-}
-
-/// The Python objects a buffer's memory handle holds, seen through `Weak`s: for the `owner`
-/// property and for the collector.
-#[derive(Default)]
-pub(crate) struct Kept {
-    /// The owner given to `from_handle(owner=...)`.
-    pub(crate) owner: Option<Weak<PyObjRef>>,
-    /// The Python memory resource whose `deallocate` frees the memory.
-    pub(crate) resource: Option<Weak<PyObjRef>>,
-}
-
-/// A :class:`Buffer` of managed memory (``ManagedMemoryResource.allocate``).
-#[pyclass(frozen, extends = PyBuffer, name = "ManagedBuffer", module = "custody")]
-pub struct PyManagedBuffer;
-
 impl PyBuffer {
-    /// The Python object for `buffer` (a `ManagedBuffer` when `managed`).
-    pub(crate) fn wrap(
-        py: Python<'_>,
-        buffer: Buffer,
-        mr: Option<Py<PyAny>>,
-        managed: bool,
-        kept: Kept,
-    ) -> PyResult<Py<PyAny>> {
-        let base = PyBuffer {
-            identity: (buffer.ptr(), buffer.size()),
-            inner: Some(SharedBuffer::new(buffer)),
-            mr: Mutex::new(mr),
-            kept,
-        };
-        if managed {
-            let init = PyClassInitializer::from(base).add_subclass(PyManagedBuffer);
-            Ok(Py::new(py, init)?.into_any())
-        } else {
-            Ok(Py::new(py, base)?.into_any())
-        }
-    }
-
-    /// A buffer of zero bytes from `mr` (address 0; no driver call, nothing to free), as
-    /// `allocate(0)` returns. Where its memory could be used is `mr`'s.
-    pub(crate) fn empty(
-        py: Python<'_>,
-        mr: Option<Py<PyAny>>,
-        managed: bool,
-    ) -> PyResult<Py<PyAny>> {
-        let handle = unowned_handle(0, 0, None).map_err(Error::from)?;
-        PyBuffer::wrap(
-            py,
-            Buffer::from_parts(handle, None),
-            mr,
-            managed,
-            Kept::default(),
-        )
-    }
-
     /// The memory resource of an empty buffer (`allocate(0)`), which describes its (absent)
     /// memory.
     fn empty_of<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
@@ -131,23 +39,6 @@ impl PyBuffer {
             return None;
         }
         Some(self.memory_resource_object(py)?.into_bound(py))
-    }
-
-    #[inline]
-    pub(crate) fn buffer(&self) -> &SharedBuffer {
-        match &self.inner {
-            Some(buffer) => buffer,
-            None => unreachable!("the buffer is taken only when the object is deallocated"),
-        }
-    }
-
-    /// The open Rust buffer, for an operation that may release the GIL.
-    ///
-    /// # Errors
-    /// `RuntimeError("Buffer has been closed")`.
-    #[inline]
-    pub(crate) fn open(&self, py: Python<'_>) -> PyResult<Arc<Buffer>> {
-        self.buffer().get(py).map_err(|_| closed("Buffer"))
     }
 
     fn open_handle(&self, py: Python<'_>) -> PyResult<handles::DevicePtrHandle> {
@@ -242,18 +133,6 @@ impl PyBuffer {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Drop for PyBuffer {
-    fn drop(&mut self) {
-        // Nothing else can reach the state any more: read without its lock.
-        let Some(buffer) = self.inner.take().and_then(SharedBuffer::into_open) else {
-            return;
-        };
-        // Deallocation always runs attached; the free itself runs with the GIL released
-        // (except on a thread that may not attach again once the interpreter is exiting).
-        Python::attach(|py| release(py, move || drop(buffer)));
-    }
 }
 
 /// `Buffer.from_handle` / `ManagedBuffer.from_handle`.
@@ -1134,9 +1013,7 @@ impl PyManagedBuffer {
     /// :attr:`read_mostly`.
     #[getter]
     fn accessed_by<'py>(slf: &Bound<'py, Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        py.import("custody")?
-            .getattr("_AccessedBy")?
-            .call1((slf,))
+        py.import("custody")?.getattr("_AccessedBy")?.call1((slf,))
     }
 
     #[setter]
@@ -1260,9 +1137,7 @@ impl PyManagedBuffer {
         }
         let stream = accept_stream(&required_stream(stream)?)?;
         let buffer = slf.as_super().get().open(py)?;
-        Ok(py
-            .detach(|| buffer.discard(&stream))
-            .map_err(Error::from)?)
+        Ok(py.detach(|| buffer.discard(&stream)).map_err(Error::from)?)
     }
 
     /// Discards the memory's contents and migrates it to ``location``, ordered on ``stream``

@@ -1,6 +1,7 @@
 //! The one place where Rust errors become Python exceptions: [`Error`] (a `MemoryError` or
 //! `HandleError` on its way out) and `From<Error> for PyErr`, plus `custody.CUDAError` and
-//! `custody.CUDAWarning`.
+//! `custody.CUDAWarning`, and [`Failure`], a Python `deallocate`'s failure as it travels through
+//! the handles crate as a deallocator error's source (made by `nested`, re-raised here).
 //!
 //! | Rust error | Python exception |
 //! |---|---|
@@ -72,6 +73,37 @@ impl From<HandleError> for Error {
     }
 }
 
+/// Why a call did not free: the error a Python memory resource's deallocation carries through
+/// the handles crate (`HandleError::Deallocator`'s source).
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The Python call raised: the text names the resource, the pointer and the exception, and
+    /// the exception itself travels along, for an explicit close to re-raise.
+    Raised { text: String, exception: PyErr },
+    /// Python could not be reached (the interpreter is shutting down): not called, leaked.
+    Skipped { text: String },
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Raised { text, .. } | Failure::Skipped { text } => f.write_str(text),
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl Failure {
+    /// The exception the Python `deallocate` raised, if it ran and raised.
+    pub(crate) fn exception(&self) -> Option<&PyErr> {
+        match self {
+            Failure::Raised { exception, .. } => Some(exception),
+            Failure::Skipped { .. } => None,
+        }
+    }
+}
+
 fn cuda_error(name: &'static str, code: u32, message: String) -> PyErr {
     Python::attach(|py| {
         let error = CUDAError::new_err(message);
@@ -131,8 +163,8 @@ fn handle_error(error: HandleError) -> PyErr {
         HandleError::Deallocator { source } => {
             // A Python deallocate's own exception travels in the error: re-raised as it was.
             let raised = source
-                .downcast_ref::<crate::nested::Failure>()
-                .and_then(crate::nested::Failure::exception)
+                .downcast_ref::<Failure>()
+                .and_then(Failure::exception)
                 .map(|exception| Python::attach(|py| exception.clone_ref(py)));
             raised
                 .unwrap_or_else(|| PyRuntimeError::new_err(format!("deallocate failed: {source}")))

@@ -2,55 +2,22 @@
 //! they touch) and `Graph` (its executable form), over `memory::GraphBuilder` / `memory::Graph`
 //! / `memory::GraphExec`; both have `retain(buffer)` for work custody does not see (a kernel
 //! that CuPy, PyTorch or Numba launched on the captured stream).
+//!
+//! `GraphBuilder`'s struct, which streams, buffers and resources name, is in `classes`; its
+//! methods are here.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use memory::{CaptureMode, Graph, GraphBuilder, GraphExec};
+use memory::{CaptureMode, GraphExec};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::PyTuple;
 
-use crate::buffer::{Kept, PyBuffer};
+use crate::classes::{builder_on, Kept, PyBuffer, PyGraphBuilder, PyStream};
 use crate::errors::{closed, expected, Error};
-use crate::stream::{accept_stream, PyContext, PyStream};
-
-/// Records work into a CUDA graph by capturing a stream (``Device.create_graph_builder()``,
-/// ``Stream.create_graph_builder()``).
-///
-/// Pass it as the ``stream`` of ``Buffer.fill``, ``Buffer.copy_to`` / ``copy_from`` (the graph
-/// then keeps those buffers' memory alive, even after they are closed, until the graph and
-/// every executable made from it are gone; the free then runs with the buffer's recipe, on the
-/// cleanup worker or in ``drain_deferred_cleanup()``), of ``GraphMemoryResource.allocate``, and
-/// of ``Buffer.set_deallocation_stream`` (the captured stream). Work issued on ``stream``
-/// directly, such as a kernel that CuPy, PyTorch or Numba launches there, is captured but keeps
-/// nothing alive: :meth:`retain` the buffers it uses. Cannot be instantiated directly.
-#[pyclass(frozen, weakref, name = "GraphBuilder", module = "custody")]
-pub struct PyGraphBuilder {
-    /// Cloned out before any driver call: no lock of ours is held while the GIL is released
-    /// (a thread re-attaching while holding it could deadlock with one waiting on it).
-    builder: Mutex<Option<Arc<GraphBuilder>>>,
-    /// The captured stream, as a Python object (`stream` property).
-    stream: Py<PyStream>,
-    /// The graph recorded by the last `end_building()`.
-    graph: Mutex<Option<Arc<Graph>>>,
-}
-
-impl PyGraphBuilder {
-    /// The builder; `RuntimeError("Graph builder has been closed.")` once closed.
-    pub(crate) fn builder(&self) -> PyResult<Arc<GraphBuilder>> {
-        self.builder
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| PyRuntimeError::new_err("Graph builder has been closed."))
-    }
-
-    /// The captured stream's handle.
-    pub(crate) fn stream_handle(&self) -> PyResult<handles::StreamHandle> {
-        Ok(self.builder()?.stream().clone())
-    }
-}
+use crate::options::{check_options, option};
+use crate::stream::{accept_stream, PyContext};
 
 fn mode_of(mode: &str) -> PyResult<CaptureMode> {
     match mode {
@@ -116,8 +83,7 @@ impl PyGraphBuilder {
     #[pyo3(signature = (options = None))]
     fn complete(&self, py: Python<'_>, options: Option<&Bound<'_, PyAny>>) -> PyResult<PyGraph> {
         self.builder()?;
-        let options = options.filter(|o| !o.is_none());
-        crate::resource::check_options(
+        let options = check_options(
             options,
             "GraphCompleteOptions",
             &[
@@ -128,7 +94,7 @@ impl PyGraphBuilder {
             ],
         )?;
         for name in ["auto_free_on_launch", "device_launch", "use_node_priority"] {
-            if crate::resource::option(options, name, false)? {
+            if option(options, name, false)? {
                 return Err(pyo3::exceptions::PyNotImplementedError::new_err(format!(
                     "GraphCompleteOptions.{name} is not supported by custody"
                 )));
@@ -369,21 +335,6 @@ pub(crate) fn _create_graph_builder(
         .map_err(Error::from)?;
     let object = Py::new(py, PyStream::new(stream.clone()))?;
     builder_on(py, stream, object)
-}
-
-/// A graph builder capturing `stream`, whose Python object is `object` (`Stream.create_graph_builder`).
-pub(crate) fn builder_on(
-    py: Python<'_>,
-    stream: handles::StreamHandle,
-    object: Py<PyStream>,
-) -> PyResult<PyGraphBuilder> {
-    let _ = py;
-    let builder = GraphBuilder::new(&stream).map_err(Error::from)?;
-    Ok(PyGraphBuilder {
-        builder: Mutex::new(Some(Arc::new(builder))),
-        stream: object,
-        graph: Mutex::new(None),
-    })
 }
 
 /// `GraphMemoryResource.allocate(size, stream=builder)`: a graph allocation the builder knows

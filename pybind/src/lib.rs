@@ -1,18 +1,26 @@
 //! The `custody._custody` extension module: the Rust half of the Python package `custody`
 //! (cuda.core 1.2's names for buffers, streams and memory resources, on custody's handles).
 //!
-//! - `errors`: the one mapping from Rust errors to Python exceptions; `CUDAError`, `CUDAWarning`.
+//! The modules, lowest first; each imports only modules before it (pybind/DESIGN.md, "Module
+//! order"):
+//!
+//! - `errors`: the one mapping from Rust errors to Python exceptions; `CUDAError`, `CUDAWarning`;
+//!   `Failure`, a Python `deallocate`'s failure carried through the handles crate.
 //! - `report`: cleanup reports as `CUDAWarning`s, attaching to the interpreter safely from any
 //!   thread, interpreter shutdown.
-//! - `stream`: `Stream`, `Event`, `Context`, default streams, device-level functions.
-//! - `resource`: `MemoryResource` (subclassable in Python) and the built-in resources.
-//! - `nested`: one Python `deallocate` at a time per thread (a release inside one is queued).
-//! - `buffer`: `Buffer`, `ManagedBuffer` (with managed-memory placement and its batch
-//!   functions), DLPack, IPC descriptors; `shared`: the closable,
-//!   shared state of a Python `Buffer` over the Rust buffer it holds.
+//! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor);
+//!   `shared`: the closable, shared state of a Python `Buffer` over the Rust buffer it holds.
+//! - `location`: managed-memory locations (`Device`, `Host`) as the handles crate's; `options`:
+//!   cuda.core's options dataclasses (or dicts of their fields), checked and read.
+//! - `classes`: the structs of the classes that several families name (`Stream`,
+//!   `GraphBuilder`, `Buffer`, `ManagedBuffer`), with their constructors and accessors.
+//! - `stream`: `Stream`, `Event`, `Context`, stream arguments, default streams, device-level
+//!   functions.
 //! - `graph`: `GraphBuilder` (stream capture that retains buffers) and `Graph`.
-//! - `location`: managed-memory locations (`Device`, `Host`) as the handles crate's.
-//! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor).
+//! - `nested`: one Python `deallocate` at a time per thread (a release inside one is queued).
+//! - `resource`: `MemoryResource` (subclassable in Python) and the built-in resources.
+//! - `buffer`: `Buffer`, `ManagedBuffer` (with managed-memory placement and its batch
+//!   functions), DLPack, IPC descriptors.
 //!
 //! Every class is `frozen` and `Send + Sync`; every driver call that can block runs with the
 //! GIL released (`Python::detach`; the stream-ordered free of `Buffer.close()` keeps it,
@@ -22,11 +30,13 @@
 #![deny(unsafe_code)]
 
 mod buffer;
+mod classes;
 mod errors;
 mod ffi;
 mod graph;
 mod location;
 mod nested;
+mod options;
 mod report;
 mod resource;
 mod shared;

@@ -27,8 +27,10 @@ use handles::{ContextHandle, ContextScope, StreamHandle};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::classes::PyStream;
+use crate::errors::Failure;
 use crate::report::{report, with_python, PyObjRef};
-use crate::stream::{default_stream, PyStream};
+use crate::stream::default_stream;
 
 /// One call of a Python memory resource's `deallocate(ptr, size, stream=...)`.
 pub(crate) struct Deallocate {
@@ -54,37 +56,6 @@ thread_local! {
     static RUNNING: Cell<bool> = const { Cell::new(false) };
     /// Calls released while one was running, in order.
     static QUEUE: RefCell<VecDeque<Queued>> = const { RefCell::new(VecDeque::new()) };
-}
-
-/// Why a call did not free: the error a Python memory resource's deallocation carries through
-/// the handles crate (`HandleError::Deallocator`'s source).
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// The Python call raised: the text names the resource, the pointer and the exception, and
-    /// the exception itself travels along, for an explicit close to re-raise.
-    Raised { text: String, exception: PyErr },
-    /// Python could not be reached (the interpreter is shutting down): not called, leaked.
-    Skipped { text: String },
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Raised { text, .. } | Failure::Skipped { text } => f.write_str(text),
-        }
-    }
-}
-
-impl std::error::Error for Failure {}
-
-impl Failure {
-    /// The exception the Python `deallocate` raised, if it ran and raised.
-    pub(crate) fn exception(&self) -> Option<&PyErr> {
-        match self {
-            Failure::Raised { exception, .. } => Some(exception),
-            Failure::Skipped { .. } => None,
-        }
-    }
 }
 
 impl Deallocate {

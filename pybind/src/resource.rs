@@ -23,11 +23,12 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::buffer::{Kept, PyBuffer};
+use crate::classes::{Kept, PyBuffer, PyGraphBuilder};
 use crate::errors::{class_name, expected, stream_is_keyword_only, Error};
 use crate::ffi::{owned_allocation, with_borrowed_fd};
-use crate::graph::{allocate_in, PyGraphBuilder};
+use crate::graph::allocate_in;
 use crate::nested;
+use crate::options::{check_options, option};
 use crate::report::PyObjRef;
 use crate::stream::{accept_stream, default_stream_handle, required_stream};
 
@@ -455,84 +456,6 @@ fn device_ordinal(device: &Bound<'_, PyAny>) -> PyResult<i32> {
     }
     i32::try_from(ordinal)
         .map_err(|_| PyValueError::new_err(format!("device ordinal {ordinal} is out of range")))
-}
-
-/// Checks an options parameter as cuda.core 1.2 does before building its options dataclass:
-/// `None` (the defaults), an instance of the dataclass named `class` (custody's, cuda.core's,
-/// or a subclass), or a dict whose keys are among `fields` (what `class(**dict)` accepts).
-/// Every options parameter is checked here before [`option`] reads it.
-///
-/// # Errors
-/// `TypeError` for a dict key that is not a field (or not a string), and for any other type
-/// (an int, a string, an arbitrary object), as cuda.core refuses them.
-pub(crate) fn check_options(
-    options: Option<&Bound<'_, PyAny>>,
-    class: &str,
-    fields: &[&str],
-) -> PyResult<()> {
-    let Some(options) = options.filter(|o| !o.is_none()) else {
-        return Ok(());
-    };
-    if let Ok(dict) = options.cast::<PyDict>() {
-        for key in dict.keys() {
-            let Ok(key) = key.extract::<String>() else {
-                return Err(PyTypeError::new_err(format!(
-                    "{class}: option names (dict keys) must be strings, got {}",
-                    key.get_type().name()?
-                )));
-            };
-            if !fields.contains(&key.as_str()) {
-                return Err(PyTypeError::new_err(format!(
-                    "{class}.__init__() got an unexpected keyword argument '{key}' (its fields: \
-                     {})",
-                    fields.join(", ")
-                )));
-            }
-        }
-        return Ok(());
-    }
-    for base in options.get_type().mro() {
-        if base.getattr("__name__")?.extract::<String>()? == class {
-            return Ok(());
-        }
-    }
-    Err(PyTypeError::new_err(format!(
-        "options must be provided as an object of type {class} or as a dict with its fields, \
-         got {}",
-        options.get_type().name()?
-    )))
-}
-
-/// Reads option `name` from an options object (attribute) or a dict (key), once
-/// [`check_options`] accepted it.
-pub(crate) fn option<'py, T: pyo3::conversion::FromPyObjectOwned<'py>>(
-    options: Option<&Bound<'py, PyAny>>,
-    name: &str,
-    default: T,
-) -> PyResult<T> {
-    let Some(options) = options else {
-        return Ok(default);
-    };
-    let value = if let Ok(dict) = options.cast::<PyDict>() {
-        dict.get_item(name)?
-    } else if options.hasattr(name)? {
-        Some(options.getattr(name)?)
-    } else {
-        None
-    };
-    match value {
-        Some(value) if !value.is_none() => value.extract::<T>().map_err(|error| {
-            let error: PyErr = error.into();
-            let py = value.py();
-            let text = format!("option {name}: {}", error.value(py));
-            if error.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
-                pyo3::exceptions::PyOverflowError::new_err(text)
-            } else {
-                PyTypeError::new_err(text)
-            }
-        }),
-        _ => Ok(default),
-    }
 }
 
 /// A pool resource, for IPC and attributes.
@@ -1040,8 +963,7 @@ pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
         options: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let ordinal = device_ordinal(device_id)?;
-        let options = options.filter(|o| !o.is_none());
-        check_options(
+        let options = check_options(
             options,
             "DeviceMemoryResourceOptions",
             &["ipc_enabled", "max_size"],
@@ -1121,7 +1043,9 @@ pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
             )
             .collect();
         let pool = self.inner.pool().clone();
-        Ok(py.detach(|| pool.set_access(&changes)).map_err(Error::from)?)
+        Ok(py
+            .detach(|| pool.set_access(&changes))
+            .map_err(Error::from)?)
     }
 
     /// The ordinals of the peers with access (for :attr:`peer_accessible_by`).
@@ -1131,7 +1055,12 @@ pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
 
     /// Grants (``on``) or revokes one device's access; the pool's own device is ignored (for
     /// :attr:`peer_accessible_by`).
-    fn _set_peer_access(&self, py: Python<'_>, device: &Bound<'_, PyAny>, on: bool) -> PyResult<()> {
+    fn _set_peer_access(
+        &self,
+        py: Python<'_>,
+        device: &Bound<'_, PyAny>,
+        on: bool,
+    ) -> PyResult<()> {
         let Some(ordinal) = self.peer_ordinal(device)? else {
             return Ok(());
         };
@@ -1152,7 +1081,10 @@ impl PyDeviceMemoryResource {
     /// `ValueError` for an ordinal no device has.
     fn peer_ordinal(&self, device: &Bound<'_, PyAny>) -> PyResult<Option<i32>> {
         let ordinal = device_ordinal(device)?;
-        let count = device.py().detach(handles::device_count).map_err(Error::from)?;
+        let count = device
+            .py()
+            .detach(handles::device_count)
+            .map_err(Error::from)?;
         if ordinal >= count {
             return Err(PyValueError::new_err(format!(
                 "device ordinal {ordinal} is out of range: the driver sees {count} devices"
@@ -1233,8 +1165,7 @@ pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
         py: Python<'_>,
         options: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let options = options.filter(|o| !o.is_none());
-        check_options(
+        let options = check_options(
             options,
             "PinnedMemoryResourceOptions",
             &["ipc_enabled", "max_size", "numa_id"],
@@ -1366,7 +1297,7 @@ fn managed_location(
     py: Python<'_>,
     options: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<ManagedPoolLocation> {
-    check_options(
+    let options = check_options(
         options,
         "ManagedMemoryResourceOptions",
         &["preferred_location", "preferred_location_type"],

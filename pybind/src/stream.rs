@@ -5,6 +5,8 @@
 //! The object protocols follow cuda.core 1.2: streams, events and contexts are weak-referenceable,
 //! compare equal when they wrap the same driver handle and hash by it; `Stream` can be
 //! subclassed in Python (`MyStream._init(...)`, `MyStream._legacy_default()`).
+//!
+//! `Stream`'s struct, which the other families name, is in `classes`; its methods are here.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -16,7 +18,9 @@ use pyo3::prelude::*;
 use pyo3::pyclass::{CompareOp, PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyTuple, PyType};
 
+use crate::classes::{builder_on, PyGraphBuilder, PyStream};
 use crate::errors::{closed, expected, Error, NO_CONTEXT};
+use crate::options::{check_options, option};
 use crate::report::{release, PyObjRef};
 
 // The `CU_EVENT_*` bits as the plain word a `PyEvent` keeps (and `EventOptions` builds).
@@ -35,31 +39,6 @@ pub(crate) fn hash_of(kind: &str, raw: u64) -> u64 {
     hasher.finish()
 }
 
-/// A CUDA stream: created (``Device.create_stream()``), wrapped from another library
-/// (``Stream.from_handle``), or a default-stream singleton.
-///
-/// A created stream lives at least as long as any pending free recorded on it, even after
-/// ``close()``. Two ``Stream`` objects for one driver stream are equal and hash alike while
-/// open; streams are weak-referenceable and can be subclassed in Python (made with the
-/// class methods ``_init``, ``_legacy_default``, ``_per_thread_default``). Cannot be
-/// instantiated directly (``RuntimeError``).
-//
-// A stream wrapped from an object with `__cuda_stream__` keeps that object (in its handle):
-// while this is the handle's only holder, the collector sees that reference, so an object that
-// keeps the `Stream` wrapping it is collected (docs/decisions.md D10).
-#[pyclass(frozen, subclass, weakref, name = "Stream", module = "custody")]
-pub struct PyStream {
-    /// Cloned out (attached, briefly) by every use, so its count is stable while a collection
-    /// runs. No Python object is made or dropped while the lock is held.
-    handle: Mutex<Option<StreamHandle>>,
-    /// The `__cuda_stream__` object the handle keeps, if any.
-    protocol: Option<Weak<PyObjRef>>,
-    /// The raw `CUstream`, kept after `close()` so that the hash never changes.
-    raw: usize,
-    /// The process-wide default-stream singletons cannot be closed.
-    singleton: bool,
-}
-
 /// What a `Stream` (or a Python subclass of it) is made from: the only argument its constructor
 /// accepts. Made by custody only (`Stream._init`, `_legacy_default`, `_per_thread_default`).
 #[pyclass(frozen, name = "_StreamInit", module = "custody._custody")]
@@ -69,31 +48,12 @@ pub struct PyStreamInit {
 }
 
 impl PyStream {
-    pub(crate) fn new(handle: StreamHandle) -> PyStream {
-        PyStream {
-            raw: handle.raw() as usize,
-            handle: Mutex::new(Some(handle)),
-            protocol: None,
-            singleton: false,
-        }
-    }
-
     /// A stream object for `handle`, which keeps the `__cuda_stream__` object `protocol` sees.
     fn with_protocol(handle: StreamHandle, protocol: Option<Weak<PyObjRef>>) -> PyStream {
         PyStream {
             protocol,
             ..PyStream::new(handle)
         }
-    }
-
-    /// The stream handle; `RuntimeError` once closed.
-    #[inline]
-    pub(crate) fn handle(&self) -> PyResult<StreamHandle> {
-        self.handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| closed("Stream"))
     }
 
     /// The stream's context: its own, or for an unbound token the one current now.
@@ -148,7 +108,7 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
     if let Ok(stream) = object.cast::<PyStream>() {
         return stream.get().handle();
     }
-    if let Ok(builder) = object.cast::<crate::graph::PyGraphBuilder>() {
+    if let Ok(builder) = object.cast::<PyGraphBuilder>() {
         return builder.get().stream_handle();
     }
     if object.is_none() {
@@ -276,7 +236,7 @@ fn stream_from_handle(
 
 /// Reads option `name` (a bool) from an options dataclass or a dict; `None` reads as `false`.
 fn bool_option(options: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<bool> {
-    crate::resource::option(options, name, false)
+    option(options, name, false)
 }
 
 /// The `CU_EVENT_*` flags for `EventOptions` (`timing_enabled`, `blocking_sync`,
@@ -286,8 +246,7 @@ fn bool_option(options: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<bool>
 /// `TypeError` when `ipc_enabled` and `timing_enabled` are both set (the driver does not time
 /// interprocess events) or an option has the wrong type.
 pub(crate) fn event_flags(options: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
-    let options = options.filter(|o| !o.is_none());
-    crate::resource::check_options(
+    let options = check_options(
         options,
         "EventOptions",
         &["timing_enabled", "blocking_sync", "ipc_enabled"],
@@ -605,12 +564,9 @@ impl PyStream {
     }
 
     /// A :class:`GraphBuilder` that captures this stream (``RuntimeError`` once closed).
-    fn create_graph_builder(
-        slf: &Bound<'_, Self>,
-        py: Python<'_>,
-    ) -> PyResult<crate::graph::PyGraphBuilder> {
+    fn create_graph_builder(slf: &Bound<'_, Self>, py: Python<'_>) -> PyResult<PyGraphBuilder> {
         let stream = slf.get().handle()?;
-        crate::graph::builder_on(py, stream, slf.clone().unbind())
+        builder_on(py, stream, slf.clone().unbind())
     }
 
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
@@ -1284,10 +1240,9 @@ fn create_stream_handle(
     context: &ContextHandle,
     options: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<StreamHandle> {
-    let options = options.filter(|o| !o.is_none());
-    crate::resource::check_options(options, "StreamOptions", &["nonblocking", "priority"])?;
-    let nonblocking: bool = crate::resource::option(options, "nonblocking", true)?;
-    let priority: Option<i32> = crate::resource::option(options, "priority", None)?;
+    let options = check_options(options, "StreamOptions", &["nonblocking", "priority"])?;
+    let nonblocking: bool = option(options, "nonblocking", true)?;
+    let priority: Option<i32> = option(options, "priority", None)?;
     let priority = match priority {
         None => 0,
         Some(priority) => {

@@ -1010,12 +1010,8 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
     None
 }
 
-/// Crates whose modules still import one another in a cycle, each owned by its crate's work;
-/// the list only shrinks (the test below fails when a listed crate has become acyclic, so that
-/// it comes off the list). pybind's cycle and the layering that breaks it: pybind/DESIGN.md,
-/// "The module cycle (remaining)".
-const NOT_YET_ACYCLIC: [&str; 1] = ["pybind"];
-
+/// Each crate's modules import one another one way (their graph is a DAG); pybind's layering
+/// is in pybind/DESIGN.md, "Module order".
 #[test]
 fn each_crates_modules_import_one_another_without_a_cycle() {
     let root = workspace_root();
@@ -1025,13 +1021,8 @@ fn each_crates_modules_import_one_another_without_a_cycle() {
         if !src.is_dir() {
             continue;
         }
-        let cycle = find_cycle(&module_graph(&src));
-        match (cycle, NOT_YET_ACYCLIC.contains(&name)) {
-            (Some(cycle), false) => wrong.push(format!("{name}: {}", cycle.join(" -> "))),
-            (None, true) => wrong.push(format!(
-                "{name} has no module cycle any more: take it off NOT_YET_ACYCLIC"
-            )),
-            _ => {}
+        if let Some(cycle) = find_cycle(&module_graph(&src)) {
+            wrong.push(format!("{name}: {}", cycle.join(" -> ")));
         }
     }
     assert!(
