@@ -422,6 +422,10 @@ pub use handles::{DeallocationRecipe, DevicePtrHandle, DeviceRange, MemAttachFla
 /// ```
 pub use handles::Deallocator;
 
+/// A [`Deallocator`] (or a [`MemoryResource`]'s `deallocate`) that panicked: the source of the
+/// [`HandleError::Deallocator`] its call became, saying whether the memory was freed first.
+pub use handles::DeallocatorPanic;
+
 /// Where frees that no caller can receive report: a process-wide hook for errors and one for
 /// warnings (default: a line on stderr each), and counters.
 ///

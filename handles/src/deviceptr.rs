@@ -5,13 +5,12 @@
 use std::any::Any;
 use std::borrow::Cow;
 use std::fmt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 use cuda_sys::types::{c_void, CUdeviceptr, CUgraph, CUmemPoolPtrExportData, CUstream};
 use cuda_sys::Driver;
 
-use crate::allocation::{AdoptError, Deallocator, OwnedAllocation};
+use crate::allocation::{call_deallocator, AdoptError, Deallocator, Freed, OwnedAllocation};
 use crate::context::ContextHandle;
 use crate::deferred::{self, Deferred};
 use crate::event::{create_raw, destroy_raw};
@@ -19,8 +18,7 @@ use crate::flags::{EventFlags, MemAttachFlags};
 use crate::pool::MemoryPoolHandle;
 use crate::recipe::{DeallocationRecipe, RecipeRemains};
 use crate::report::{
-    report, report_leak, warn, CleanupStep, CleanupWarning, CleanupWarningKind, Consequence,
-    Subject,
+    report, warn, CleanupStep, CleanupWarning, CleanupWarningKind, Consequence, Subject,
 };
 use crate::scope::{report_restore, run_in, run_in_from, Ran};
 use crate::stream::{capture_may_be_active, capture_state, CaptureState, StreamHandle};
@@ -904,7 +902,9 @@ impl DevicePtrHandle {
     /// frees before returning.
     ///
     /// # Errors
-    /// The free's error ([`HandleError::Driver`], or the [`Deallocator`]'s): nothing was freed;
+    /// The free's error ([`HandleError::Driver`], or the [`Deallocator`]'s): nothing was freed
+    /// (for a deallocator that panicked, its [`DeallocatorPanic`](crate::DeallocatorPanic)
+    /// source says whether it freed the memory first, or that this cannot be known);
     /// [`HandleError::ContextNotActivated`]: the recipe's context could not be made current, so
     /// the free did not run (the memory has leaked); [`HandleError::ContextNotRestored`]: the
     /// memory *was* freed, but the caller's context could not be put back.
@@ -1092,13 +1092,22 @@ impl PtrBox {
                 // stream recipe, the legacy token (D6).
                 let size = self.size;
                 let ran = run_in(d, recipe.context_raw(), || {
-                    let allocation = OwnedAllocation::new(ptr, size);
-                    catch_unwind(AssertUnwindSafe(|| {
-                        deallocator.deallocate(allocation, stream)
-                    }))
-                    .unwrap_or_else(|_| Err(HandleError::deallocator("the deallocator panicked")))
+                    call_deallocator(deallocator.as_ref(), ptr, size, stream)
                 });
-                finish(ran, &self.release, "deallocate", ptr, &recipe, explicit)
+                let freed = match &ran {
+                    Ran::Done {
+                        value: (_, freed), ..
+                    } => *freed,
+                    Ran::NotActivated(_) => Freed::No,
+                };
+                let ran = ran.map(|(result, _)| result);
+                let subject = || subject(&self.release, "deallocate", ptr, &recipe);
+                if explicit {
+                    ran.into_result_for("deallocate", recipe.context_raw(), subject, drop)
+                } else {
+                    ran.report_as(subject, freed.consequence());
+                    Ok(())
+                }
             }
             Release::HostDeallocator(_) | Release::Owner(_) | Release::NonOwning => Ok(()),
         }
@@ -1479,11 +1488,7 @@ fn release_host(
     explicit: bool,
 ) -> Result<(), HandleError> {
     let stream = StreamHandle::legacy();
-    let allocation = OwnedAllocation::new(ptr, size);
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        deallocator.deallocate(allocation, &stream)
-    }))
-    .unwrap_or_else(|_| Err(HandleError::deallocator("the deallocator panicked")));
+    let (result, freed) = call_deallocator(deallocator, ptr, size, &stream);
     match result {
         Err(error) if !explicit => {
             let subject = Subject::new(
@@ -1493,7 +1498,7 @@ fn release_host(
                 stream.raw_usize() as u64,
                 0,
             );
-            report_leak(subject, error);
+            report(subject, CleanupStep::Operation, freed.consequence(), error);
             Ok(())
         }
         result => result,

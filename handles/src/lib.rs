@@ -51,7 +51,7 @@ mod sync_free;
 mod sys;
 mod user_object;
 
-pub use allocation::{AdoptError, Deallocator, OwnedAllocation};
+pub use allocation::{AdoptError, Deallocator, DeallocatorPanic, OwnedAllocation};
 pub use capture::{
     begin_capture, capture_may_be_active, capture_status, end_capture, CaptureStatus,
 };

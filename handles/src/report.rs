@@ -54,6 +54,11 @@ pub enum Consequence {
     /// The free could not be handed to the graph being captured on its stream: it waits until
     /// the capture is over and is retried then (docs/decisions.md D11).
     Deferred,
+    /// Whether the resource was released cannot be known: a [`Deallocator`](crate::Deallocator)
+    /// panicked after taking its allocation out of custody's sight
+    /// ([`OwnedAllocation::into_raw`](crate::OwnedAllocation::into_raw), or passing it on), so
+    /// it may have freed the memory by its own means before panicking, or not.
+    Unknown,
 }
 
 /// A cleanup that failed where no caller could receive the error: what it was about (the
@@ -140,6 +145,7 @@ impl fmt::Display for CleanupError {
             Consequence::Deferred => f.write_str(
                 "the free waits until the stream's capture is over, and is retried then",
             ),
+            Consequence::Unknown => f.write_str("whether it was released cannot be known"),
         }
     }
 }

@@ -266,6 +266,13 @@ impl Ran<Result<(), HandleError>> {
     /// the one report path; a restore failure is reported after the operation's own.
     #[inline]
     pub(crate) fn report(self, subject: impl FnOnce() -> Subject) {
+        self.report_as(subject, Consequence::Leaked);
+    }
+
+    /// [`Ran::report`], with `failed` as the consequence of the operation's own failure (a
+    /// deallocator's failure may come after it freed the memory, or leave that unknown).
+    #[inline]
+    pub(crate) fn report_as(self, subject: impl FnOnce() -> Subject, failed: Consequence) {
         if !matches!(
             self,
             Ran::Done {
@@ -274,13 +281,13 @@ impl Ran<Result<(), HandleError>> {
                 ..
             }
         ) {
-            self.report_failed(subject());
+            self.report_failed(subject(), failed);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn report_failed(self, subject: Subject) {
+    fn report_failed(self, subject: Subject, failed: Consequence) {
         match self {
             Ran::NotActivated(failure) => report(
                 subject,
@@ -291,18 +298,13 @@ impl Ran<Result<(), HandleError>> {
             Ran::Done { value, restore, .. } => {
                 let released = value.is_ok();
                 if let Err(error) = value {
-                    report(
-                        subject.clone(),
-                        CleanupStep::Operation,
-                        Consequence::Leaked,
-                        error,
-                    );
+                    report(subject.clone(), CleanupStep::Operation, failed, error);
                 }
                 if restore != 0 {
                     let consequence = if released {
                         Consequence::Released
                     } else {
-                        Consequence::Leaked
+                        failed
                     };
                     report_restore(subject, consequence, restore);
                 }

@@ -770,6 +770,194 @@ fn deallocator_failure_is_reported_on_drop_and_returned_on_release() {
     assert!(errors_for(0x3100).is_empty());
 }
 
+/// What a [`PanickingDeallocator`] does with its token before it panics (or, for
+/// `FreeThenFail`, returns an error).
+#[derive(Clone, Copy)]
+enum BeforePanic {
+    /// Frees it with `OwnedAllocation::free_async`.
+    Free,
+    /// Drops it unfreed.
+    Drop,
+    /// Takes the address with `into_raw` (and frees nothing).
+    IntoRaw,
+    /// Frees it with `free_async`, then returns an error instead of panicking.
+    FreeThenFail,
+}
+
+struct PanickingDeallocator(BeforePanic);
+
+impl Deallocator for PanickingDeallocator {
+    fn deallocate(
+        &self,
+        allocation: OwnedAllocation,
+        stream: &StreamHandle,
+    ) -> Result<(), HandleError> {
+        match self.0 {
+            BeforePanic::Free => allocation.free_async(stream)?,
+            BeforePanic::Drop => drop(allocation),
+            BeforePanic::IntoRaw => {
+                let _ = allocation.into_raw();
+            }
+            BeforePanic::FreeThenFail => {
+                allocation.free_async(stream)?;
+                return Err(HandleError::deallocator(
+                    "bookkeeping failed after the free",
+                ));
+            }
+        }
+        panic!("deallocator bug")
+    }
+
+    fn name(&self) -> &str {
+        "PanickingResource"
+    }
+}
+
+/// A real pool allocation of [`POOL_BUFFER`] bytes on `stream`, adopted with `deallocator`.
+fn adopted_pool_memory(
+    stream: &StreamHandle,
+    deallocator: PanickingDeallocator,
+) -> DevicePtrHandle {
+    let elsewhere = pool_buffer(stream).unwrap();
+    let (ptr, size) = (elsewhere.ptr(), elsewhere.size());
+    std::mem::forget(elsewhere);
+    // SAFETY: a pool allocation whose handle was forgotten: nothing else frees it.
+    let allocation = unsafe { handles::raw::owned_allocation(ptr, size) };
+    DevicePtrHandle::adopt(allocation, stream, Arc::new(deallocator)).unwrap()
+}
+
+fn panic_of(error: &HandleError) -> handles::DeallocatorPanic {
+    let HandleError::Deallocator { source } = error else {
+        panic!("{error:?}")
+    };
+    source
+        .downcast_ref::<handles::DeallocatorPanic>()
+        .unwrap_or_else(|| panic!("not a panic: {source}"))
+        .clone()
+}
+
+#[test]
+fn a_deallocator_that_frees_then_panics_is_reported_as_released() {
+    let _serial = start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
+    let base = default_used(&a);
+
+    let dropped = adopted_pool_memory(&stream, PanickingDeallocator(BeforePanic::Free));
+    let ptr = dropped.ptr();
+    drop(dropped);
+    assert_eq!(default_used(&a), base, "the deallocator freed it");
+    let errors = errors_for(ptr);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(
+        (errors[0].step, errors[0].consequence),
+        (CleanupStep::Operation, Consequence::Released),
+        "{}",
+        errors[0]
+    );
+    assert!(errors[0].released());
+    let text = errors[0].to_string();
+    assert!(
+        text.starts_with("deallocate(0x") && text.contains("[PanickingResource]"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(
+            "failed: deallocator failed: the deallocator panicked after freeing the memory: \
+             deallocator bug; it was released"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("leaked"), "{text}");
+    assert_eq!(
+        panic_of(&errors[0].error),
+        handles::DeallocatorPanic {
+            freed: Some(true),
+            message: Some("deallocator bug".into())
+        }
+    );
+
+    // The pool hands the address out again (docs/driver-facts.md F18): only new reports count.
+    captured().errors.lock().unwrap().clear();
+    let released = adopted_pool_memory(&stream, PanickingDeallocator(BeforePanic::Free));
+    let ptr = released.ptr();
+    let error = released.release().unwrap_err();
+    assert_eq!(panic_of(&error).freed, Some(true), "{error}");
+    assert_eq!(default_used(&a), base, "freed");
+    assert!(errors_for(ptr).is_empty(), "returned, not reported");
+
+    // An error returned after one of the token's frees succeeded: released, not leaked.
+    let failed = adopted_pool_memory(&stream, PanickingDeallocator(BeforePanic::FreeThenFail));
+    let ptr = failed.ptr();
+    drop(failed);
+    assert_eq!(default_used(&a), base, "freed");
+    let errors = errors_for(ptr);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(
+        errors[0].consequence,
+        Consequence::Released,
+        "{}",
+        errors[0]
+    );
+    assert_no_hazards();
+}
+
+#[test]
+fn a_deallocator_that_panics_unfreed_or_out_of_sight_says_leaked_or_unknown() {
+    let _serial = start();
+    let a = primary(0);
+    let stream = StreamHandle::create(&a, StreamFlags::DEFAULT, 0).unwrap();
+
+    let dropped = DevicePtrHandle::adopt(
+        test_allocation(0x3200, 8),
+        &stream,
+        Arc::new(PanickingDeallocator(BeforePanic::Drop)),
+    )
+    .unwrap();
+    drop(dropped);
+    let errors = errors_for(0x3200);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].consequence, Consequence::Leaked);
+    assert_eq!(panic_of(&errors[0].error).freed, Some(false));
+    let text = errors[0].to_string();
+    assert!(
+        text.contains("the deallocator panicked without freeing the memory: deallocator bug")
+            && text.ends_with("nothing was released: it has leaked"),
+        "{text}"
+    );
+
+    let raw = DevicePtrHandle::adopt(
+        test_allocation(0x3300, 8),
+        &stream,
+        Arc::new(PanickingDeallocator(BeforePanic::IntoRaw)),
+    )
+    .unwrap();
+    drop(raw);
+    let errors = errors_for(0x3300);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].consequence, Consequence::Unknown);
+    assert!(!errors[0].released());
+    assert_eq!(panic_of(&errors[0].error).freed, None);
+    let text = errors[0].to_string();
+    assert!(
+        text.contains("whether it freed the memory cannot be known")
+            && text.ends_with("whether it was released cannot be known"),
+        "{text}"
+    );
+    assert!(!text.contains("leaked"), "{text}");
+
+    // The host-only path (no recipe) tells the same.
+    let host = DevicePtrHandle::adopt_host(
+        test_allocation(0x3400, 8),
+        Arc::new(PanickingDeallocator(BeforePanic::IntoRaw)),
+    )
+    .unwrap();
+    drop(host);
+    let errors = errors_for(0x3400);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].consequence, Consequence::Unknown);
+}
+
 /// Records each call's stream (raw) and the context current during it; fails when told to.
 struct HostRecordingDeallocator {
     seen: std::sync::Mutex<Vec<(usize, u64)>>,

@@ -625,6 +625,12 @@ pub trait MemoryResource: Send + Sync + 'static {
     /// # Errors
     /// The driver's (or the implementation's) failure: returned by an explicit call or
     /// [`Buffer::close`], reported through the cleanup-error hook on a drop.
+    ///
+    /// # Panics
+    /// At teardown a panic is caught, as a [`Deallocator`]'s is: the report (or
+    /// [`Buffer::close`]'s error, whose source is a `handles::DeallocatorPanic`) says whether
+    /// the memory was freed first (one of the [`OwnedAllocation`]'s frees succeeded), not freed,
+    /// or that this cannot be known (the address was taken with [`OwnedAllocation::into_raw`]).
     fn deallocate(
         &self,
         allocation: OwnedAllocation,
