@@ -90,8 +90,10 @@ pub use handles::raw;
 pub use memory::{Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryResource};
 
 /// Typed views of a buffer, over element ranges: shared ([`DeviceSlice`]) for copies out,
-/// exclusive ([`DeviceSliceMut`]) for copies in and fills. Elements are plain bytes ([`Pod`],
-/// [`Zeroable`], from `bytemuck`).
+/// exclusive ([`DeviceSliceMut`]) for copies in and fills. The exclusivity is that of a borrow
+/// of one [`Buffer`] value, not of its memory: another buffer over the same allocation can write
+/// it meanwhile (memory-safe; stream order orders the writes; see [`DeviceSliceMut`]). Elements
+/// are plain bytes ([`Pod`], [`Zeroable`], from `bytemuck`).
 ///
 /// ```
 /// use std::sync::Arc;

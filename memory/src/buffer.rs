@@ -101,7 +101,9 @@ pub(crate) enum IpcRole {
 /// Copies and fills on the buffer itself take `&self`, as a queue writes to a shared GPU
 /// buffer in wgpu: the work runs on the GPU in stream order, not through Rust references, and
 /// the memory may be shared with graphs that write it when they run. The typed views add the
-/// borrow checker's exclusivity for Rust code that wants it. Work on other streams than the
+/// borrow checker's exclusivity for Rust code that wants it, among the views of this one
+/// buffer value (not of the memory: see [`DeviceSliceMut`](crate::DeviceSliceMut)). Work on
+/// other streams than the
 /// deallocation stream is ordered before the free once declared with [`Buffer::record_use`]
 /// (or the caller hands the free over to the stream that used the memory last).
 ///
@@ -156,6 +158,10 @@ impl Buffer {
     /// caller's: its `allocate` makes the handle (any release rule) and returns
     /// `Buffer::from_parts(handle, Some(self))`. Where the memory can be used comes from `mr`
     /// when given, else from the driver's pointer attributes, read once when first asked.
+    ///
+    /// Two buffers made from clones of one handle are two owners of the same memory: each lends
+    /// its own [`DeviceSliceMut`](crate::DeviceSliceMut)s, so both can write the same bytes (the
+    /// exclusivity of the typed views is per buffer value; see there).
     ///
     /// Driver calls: none.
     pub fn from_parts(handle: DevicePtrHandle, mr: Option<Arc<dyn MemoryResource>>) -> Buffer {
@@ -233,7 +239,9 @@ impl Buffer {
     }
 
     /// The memory's handle. A clone is a new reference (for a graph attachment, say): it keeps
-    /// the memory alive after the buffer is closed and sees every change of recipe.
+    /// the memory alive after the buffer is closed and sees every change of recipe; a buffer
+    /// made from it ([`Buffer::from_parts`]) can write the memory while this buffer lends a
+    /// [`DeviceSliceMut`](crate::DeviceSliceMut).
     pub fn handle(&self) -> &DevicePtrHandle {
         &self.handle
     }
@@ -500,7 +508,8 @@ impl ManagedBuffer {
 
     /// A managed buffer over memory `handle` names, as [`Buffer::from_parts`]; the buffer
     /// reports itself managed, host- and device-accessible without asking the driver (the
-    /// handle's maker vouched that the memory is managed).
+    /// handle's maker vouched that the memory is managed). As there, another buffer over a clone
+    /// of the handle lends mutable views of the same memory.
     ///
     /// Driver calls: none.
     pub fn from_parts(

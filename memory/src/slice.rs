@@ -1,5 +1,6 @@
 //! Typed views of a [`Buffer`]: [`DeviceSlice`] (a shared borrow: copies out of it) and
-//! [`DeviceSliceMut`] (an exclusive borrow: copies into it, fills), over element ranges, made by
+//! [`DeviceSliceMut`] (an exclusive borrow of the buffer value, not of the memory: copies into
+//! it, fills), over element ranges, made by
 //! [`Buffer::as_slice`] and [`Buffer::as_slice_mut`]. Their copies and fills are the byte-range
 //! operations of `copy.rs`.
 //!
@@ -103,6 +104,16 @@ pub struct DeviceSlice<'a, T> {
 /// Made by [`Buffer::as_slice_mut`], [`DeviceSliceMut::slice_mut`] and
 /// [`DeviceSliceMut::split_at_mut`] (two disjoint views of one buffer, to copy between them).
 ///
+/// **What "exclusive" covers.** The view borrows its [`Buffer`] mutably, so while it lives no
+/// other view of that buffer value exists and nothing copies into, fills or closes it through
+/// that value. It does not make the *memory* exclusive: another [`Buffer`] over the same
+/// allocation ([`Buffer::from_parts`] of a clone of [`Buffer::handle`], an IPC import of the
+/// same allocation), a graph that writes the memory when it runs, and work already queued on a
+/// stream can write the same bytes meanwhile. That is memory-safe (device memory is never
+/// handed out as a host reference, and every access is a bounds-checked driver copy or fill),
+/// but it is not a data-race guarantee: what orders the writes is stream order (and
+/// [`Buffer::record_use`] for the free), as for the untyped copies.
+///
 /// ```
 /// # use handles::{ContextHandle, StreamFlags, StreamHandle};
 /// # use memory::{DeviceMemoryResource, MemoryResource};
@@ -113,6 +124,13 @@ pub struct DeviceSlice<'a, T> {
 /// low.copy_from_slice(&[42], &stream)?;
 /// high.copy_from(&low.as_slice(), &stream)?;
 /// assert_eq!(buffer.as_slice::<u64>()?.to_vec(&stream)?, [42, 42]);
+///
+/// // A second buffer over the same memory lends its own mutable view at the same time.
+/// let mut alias = memory::Buffer::from_parts(buffer.handle().clone(), None);
+/// let mut mine = buffer.as_slice_mut::<u64>()?;
+/// alias.as_slice_mut::<u64>()?.copy_from_slice(&[7, 7], &stream)?;
+/// mine.slice_mut(..1)?.copy_from_slice(&[8], &stream)?;
+/// assert_eq!(alias.as_slice::<u64>()?.to_vec(&stream)?, [8, 7]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct DeviceSliceMut<'a, T> {

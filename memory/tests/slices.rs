@@ -253,6 +253,39 @@ fn a_resource_of_the_callers_builds_buffers_from_parts() {
     assert_no_hazards();
 }
 
+/// The exclusivity of `DeviceSliceMut` is that of a borrow of one `Buffer` value (ARCHITECTURE.md,
+/// `memory/src/slice.rs`): a second buffer over a clone of the handle lends its own mutable view
+/// at the same time, and both write the same memory. The memory goes when the last owner does.
+#[test]
+fn mutable_views_are_exclusive_per_buffer_not_per_memory() {
+    let _serial = start();
+    let s = stream_on(0);
+    let base = device_used();
+    let mut buffer = device_mr().allocate(8 * 2, &s).unwrap();
+    let mut alias = Buffer::from_parts(buffer.handle().clone(), None);
+    assert_eq!(alias.ptr(), buffer.ptr());
+    {
+        let mut mine = buffer.as_slice_mut::<u64>().unwrap();
+        let mut theirs = alias.as_slice_mut::<u64>().unwrap();
+        theirs.copy_from_slice(&[7, 7], &s).unwrap();
+        mine.slice_mut(..1)
+            .unwrap()
+            .copy_from_slice(&[8], &s)
+            .unwrap();
+        assert_eq!(mine.device_ptr(), theirs.device_ptr(), "one memory");
+    }
+    assert_eq!(alias.as_slice::<u64>().unwrap().to_vec(&s).unwrap(), [8, 7]);
+    buffer.close().unwrap();
+    assert_eq!(
+        alias.as_slice::<u64>().unwrap().to_vec(&s).unwrap(),
+        [8, 7],
+        "the alias keeps the memory alive"
+    );
+    alias.close().unwrap();
+    assert_eq!(device_used(), base, "freed by the last owner");
+    assert_no_hazards();
+}
+
 #[test]
 fn views_check_the_element_layout_without_a_driver() {
     // SAFETY: a made-up address; nothing is ever copied to or from it (only layouts and
