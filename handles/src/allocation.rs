@@ -168,7 +168,7 @@ impl OwnedAllocation {
     }
 }
 
-/// Dropping the token frees nothing (the memory leaks); inside [`call_deallocator`] the drop is
+/// Dropping the token frees nothing (the memory leaks); inside a deallocator's call the drop is
 /// noted, so that a deallocator that panics holding it is reported as having leaked it.
 impl Drop for OwnedAllocation {
     fn drop(&mut self) {
