@@ -178,6 +178,32 @@ pub use memory::{LegacyPinnedMemoryResource, PinnedMemoryResource, PinnedMemoryR
 /// ```
 pub use memory::SynchronousMemoryResource;
 
+/// An opt-in cache over another memory resource: a buffer's memory goes back to a bin of the
+/// stream its free is ordered on, and the next allocation of its size class on that stream takes
+/// it again without a driver call; `trim` and `close` free what is cached through the upstream.
+///
+/// ```
+/// use std::sync::Arc;
+/// use custody::{
+///     CachingMemoryResource, ContextHandle, DeviceMemoryResource, MemoryResource, StreamFlags,
+///     StreamHandle,
+/// };
+///
+/// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::NON_BLOCKING, 0)?;
+/// let mr = CachingMemoryResource::new(DeviceMemoryResource::new(0)?);
+/// let first = Arc::clone(&mr).allocate(1000, &stream)?;
+/// let ptr = first.ptr();
+/// first.close()?; // cached: no cuMemFreeAsync
+/// let again = Arc::clone(&mr).allocate(900, &stream)?; // the same 1024-byte block
+/// assert_eq!((again.ptr(), again.size()), (ptr, 900));
+/// assert_eq!((mr.stats().hits, mr.stats().misses), (1, 1));
+/// again.close()?;
+/// mr.trim()?; // cuMemFreeAsync on `stream`
+/// assert_eq!(mr.stats().cached_bytes, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub use memory::{CachingMemoryResource, CachingStats};
+
 /// Graphs recorded by stream capture: graph allocations belong to the graph; fills and copies
 /// through the builder make the graph retain the buffers they touch.
 ///

@@ -53,6 +53,10 @@ pub enum ReleaseKind {
     /// touch it, so no recipe orders or legalises its free. The deallocator receives the
     /// legacy default-stream token, unbound, and no context is made current.
     HostDeallocator,
+    /// Memory lent out of a cache ([`DevicePtrHandle::lend`]): at the last drop the cache's
+    /// block goes back to its [`BlockCache`] with this handle's last recipe, after the declared
+    /// uses are ordered before it; no driver call of its own.
+    Lent,
     /// Kept alive by an owner object, dropped with the last handle; nothing is freed.
     Owner,
     /// Not owned: nothing happens at release.
@@ -103,6 +107,11 @@ enum Release {
     IpcShare(PoolRef, Arc<dyn Deallocator>),
     Deallocator(Arc<dyn Deallocator>),
     HostDeallocator(Arc<dyn Deallocator>),
+    /// A cache's block lent out; `None` once given back (or leaked).
+    Lent {
+        block: Option<DevicePtrHandle>,
+        cache: Arc<dyn BlockCache>,
+    },
     Owner(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
     NonOwning,
 }
@@ -118,6 +127,7 @@ impl Release {
             Release::IpcImport(_) | Release::IpcShare(..) => ReleaseKind::IpcImport,
             Release::Deallocator(_) => ReleaseKind::Deallocator,
             Release::HostDeallocator(_) => ReleaseKind::HostDeallocator,
+            Release::Lent { .. } => ReleaseKind::Lent,
             Release::Owner(_) => ReleaseKind::Owner,
             Release::NonOwning => ReleaseKind::NonOwning,
         }
@@ -144,6 +154,39 @@ struct PtrBox {
     retried: bool,
 }
 
+/// Where memory lent out of a cache goes back when its last handle goes
+/// ([`DevicePtrHandle::lend`], [`ReleaseKind::Lent`]): a caching memory resource's bins.
+///
+/// Called once per lent handle, by whoever drops (or releases) the last clone, on that thread
+/// (a user thread, the cleanup worker, a drain), never with a lock of this crate held. By then
+/// the block carries the lent handle's last recipe (its stream is the one the free is ordered
+/// on, [`DeallocationRecipe::free_stream`]) and the free's stream has been made to wait for the
+/// declared use streams (docs/decisions.md D12), so work enqueued on that stream after this
+/// call is ordered after every use of the memory.
+pub trait BlockCache: Send + Sync {
+    /// Takes `block` back. `bin` is the raw value of the stream the free is ordered on when that
+    /// is a created or wrapped stream (one a later allocation can name again); `None` for a
+    /// default-stream token (bound to a context or a thread), whose block should be freed.
+    /// `explicit`: a close or release that returns its error (and may block), rather than a
+    /// drop, which must not block on the GPU (docs/decisions.md D9). To free the block, release
+    /// it (explicit) or drop it.
+    ///
+    /// # Errors
+    /// The block's own free failing (an explicit release); returned by the lent handle's
+    /// explicit release, reported through the cleanup-error hook on a drop.
+    fn give_back(
+        &self,
+        block: DevicePtrHandle,
+        bin: Option<usize>,
+        explicit: bool,
+    ) -> Result<(), HandleError>;
+
+    /// The cache as its user knows it, for cleanup reports. Default: the Rust type's name.
+    fn name(&self) -> &str {
+        std::any::type_name::<Self>()
+    }
+}
+
 /// A device (or pinned host) pointer with its deallocation recipe and release rule.
 ///
 /// Cloning is one atomic increment and every clone shares the recipe: a
@@ -161,6 +204,8 @@ struct PtrBox {
 ///   [`DevicePtrHandle::release`] synchronises the recipe stream and frees before returning,
 ///   with no context call on a created or wrapped stream (F5, F6);
 /// - adopted pointers: the [`Deallocator`], always in the recipe context;
+/// - lent memory ([`DevicePtrHandle::lend`]): its block goes back to the [`BlockCache`] with the
+///   recipe, no driver call (the declared uses are ordered first);
 /// - owner-kept and borrowed pointers: nothing is freed.
 ///
 /// A drop whose free fails reports through the cleanup-error hook; an explicit release returns
@@ -178,6 +223,7 @@ impl Release {
             Release::IpcShare(..) | Release::Deallocator(_) | Release::HostDeallocator(_) => {
                 "deallocate"
             }
+            Release::Lent { .. } => "give_back",
             Release::Owner(_) | Release::NonOwning => "none",
         }
     }
@@ -203,6 +249,7 @@ impl Release {
             Release::Deallocator(deallocator) | Release::HostDeallocator(deallocator) => {
                 return Cow::Owned(deallocator.name().to_owned())
             }
+            Release::Lent { cache, .. } => return Cow::Owned(cache.name().to_owned()),
             Release::Owner(_) => "owner-kept memory",
             Release::NonOwning => "borrowed memory",
         })
@@ -641,6 +688,67 @@ impl DevicePtrHandle {
         ))
     }
 
+    /// Lends the first `size` bytes of `block`, a cache's allocation, as memory ordered on
+    /// `stream` ([`ReleaseKind::Lent`]): the new handle has its own recipe (recorded now for
+    /// `stream`) and its own declared uses, and when its last clone goes, `block` goes back to
+    /// `cache` ([`BlockCache::give_back`]) carrying that handle's last recipe, after the free's
+    /// stream was made to wait for the declared uses (docs/decisions.md D12). A free on a
+    /// capturing stream hands the lent handle to the capture's graph first, as for a
+    /// deallocator (D11); a free whose uses cannot be ordered leaks the block rather than let
+    /// it be reused or freed unordered. The block's own release rule frees it when the cache
+    /// releases or drops it.
+    ///
+    /// # Errors
+    /// With `block` given back: [`HandleError::InvalidArgument`] for a zero `size`, one larger
+    /// than the block, a block with no recipe (owner-kept, borrowed or host-only memory) or one
+    /// with other clones (a block is lent by its one holder); [`HandleError::NoCurrentContext`]
+    /// for an unbound token on a thread with no context; [`HandleError::WrongDevice`] for a
+    /// stream of another device than the block's memory.
+    ///
+    /// Driver calls: `cuCtxGetCurrent` (unbound tokens only); none at release (the block's own
+    /// rule makes the driver calls when the cache frees it; declared uses as
+    /// [`DevicePtrHandle::record_use`] says).
+    pub fn lend(
+        block: DevicePtrHandle,
+        size: usize,
+        stream: &StreamHandle,
+        cache: Arc<dyn BlockCache>,
+    ) -> Result<DevicePtrHandle, (HandleError, DevicePtrHandle)> {
+        let refused = if size == 0 || size > block.size() {
+            Some("the size must be between 1 and the block's size")
+        } else if matches!(
+            block.0.release,
+            Release::Owner(_) | Release::NonOwning | Release::HostDeallocator(_)
+        ) {
+            Some("a block without a deallocation recipe cannot be lent")
+        } else if Arc::strong_count(&block.0) != 1 {
+            Some("a block is lent by its one holder: it has other clones")
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            return Err((HandleError::invalid("block", reason), block));
+        }
+        let recipe = match DeallocationRecipe::record(stream) {
+            Ok(recipe) => recipe,
+            Err(error) => return Err((error, block)),
+        };
+        if let Err(error) = check_device(block.0.device, &recipe) {
+            return Err((error, block));
+        }
+        let (ptr, device) = (block.ptr(), block.0.device);
+        Ok(Self::from_parts(
+            ptr,
+            size,
+            device,
+            Some(recipe),
+            Release::Lent {
+                block: Some(block),
+                cache,
+            },
+        ))
+    }
+
     /// Wraps `size` bytes at `ptr` that `owner` keeps alive: the owner is dropped with the last
     /// handle and nothing is freed. No driver call. For [`crate::raw::with_owner`].
     ///
@@ -757,6 +865,15 @@ impl DevicePtrHandle {
     /// The release family, fixed at creation.
     pub fn kind(&self) -> ReleaseKind {
         self.0.release.kind()
+    }
+
+    /// For lent memory ([`ReleaseKind::Lent`]), the release family of the cache's block behind
+    /// it (which frees the memory when the cache does); `None` for every other rule.
+    pub fn lent_block_kind(&self) -> Option<ReleaseKind> {
+        match &self.0.release {
+            Release::Lent { block, .. } => block.as_ref().map(DevicePtrHandle::kind),
+            _ => None,
+        }
     }
 
     /// The device the memory lives on, when known (`None` for pinned host memory and adopted
@@ -1007,7 +1124,10 @@ impl PtrBox {
         let looks_first = has_uses
             || match &self.release {
                 Release::Pool(_) | Release::Async => !stream.identifies_its_context(),
-                Release::IpcImport(_) | Release::IpcShare(..) | Release::Deallocator(_) => true,
+                Release::IpcImport(_)
+                | Release::IpcShare(..)
+                | Release::Deallocator(_)
+                | Release::Lent { .. } => true,
                 Release::Synchronous | Release::Managed | Release::PinnedHost => explicit,
                 Release::Owner(_) | Release::NonOwning | Release::HostDeallocator(_) => false,
             };
@@ -1025,8 +1145,14 @@ impl PtrBox {
                     self.defer_captured(CaptureState::Blocked, recipe);
                     return Ok(());
                 }
-                Err(error) => return self.unordered_use(error, &recipe, stream, explicit),
+                Err(error) => {
+                    self.leak_lent_block();
+                    return self.unordered_use(error, &recipe, stream, explicit);
+                }
             }
+        }
+        if matches!(self.release, Release::Lent { .. }) {
+            return self.give_back(recipe, explicit);
         }
         match &self.release {
             Release::Pool(_) | Release::Async => {
@@ -1109,7 +1235,66 @@ impl PtrBox {
                     Ok(())
                 }
             }
-            Release::HostDeallocator(_) | Release::Owner(_) | Release::NonOwning => Ok(()),
+            Release::HostDeallocator(_)
+            | Release::Lent { .. }
+            | Release::Owner(_)
+            | Release::NonOwning => Ok(()),
+        }
+    }
+
+    /// Lent memory ([`DevicePtrHandle::lend`]), its uses ordered: the block takes this recipe
+    /// (unless it holds one for the same stream, context and thread already, kept as it is) and
+    /// goes back to its cache, which bins it under the free's stream or frees it. No driver
+    /// call here; the cache's own free of the block makes the block's.
+    #[inline]
+    fn give_back(&mut self, recipe: DeallocationRecipe, explicit: bool) -> Result<(), HandleError> {
+        let ptr = self.ptr;
+        let Release::Lent { block, .. } = &mut self.release else {
+            return Ok(());
+        };
+        let Some(block) = block.take() else {
+            self.keep_recipe(recipe);
+            return Ok(());
+        };
+        let Release::Lent { cache, .. } = &self.release else {
+            return Ok(());
+        };
+        let (stream, other_thread) = recipe.free_target();
+        let bin = (stream.identifies_its_context() && !other_thread).then(|| stream.raw_usize());
+        let replaced = {
+            let mut own = block.0.recipe.lock().unwrap_or_else(|e| e.into_inner());
+            if own.as_ref().is_some_and(|r| r.same_target(&recipe)) {
+                None
+            } else {
+                own.replace(recipe.clone())
+            }
+        };
+        drop(replaced); // outside the lock: it may hold a stream's last reference
+        let result = catch_unwind(AssertUnwindSafe(|| cache.give_back(block, bin, explicit)))
+            .unwrap_or_else(|_| Err(HandleError::deallocator("the block cache panicked")));
+        let result = match result {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                let ran = Ran::Done {
+                    value: Err(error),
+                    restore: 0,
+                    previous: 0,
+                };
+                finish(ran, &self.release, "give_back", ptr, &recipe, explicit)
+            }
+        };
+        self.keep_recipe(recipe);
+        result
+    }
+
+    /// A lent block whose free could not be ordered after its uses (D12) is leaked with the
+    /// memory: neither reused nor freed unordered.
+    #[cold]
+    fn leak_lent_block(&mut self) {
+        if let Release::Lent { block, .. } = &mut self.release {
+            if let Some(block) = block.take() {
+                std::mem::forget(block);
+            }
         }
     }
 

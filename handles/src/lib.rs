@@ -11,7 +11,7 @@
 //!   and allocated from; [`StreamFlags`], [`EventFlags`], [`ContextFlags`], [`MemAttachFlags`],
 //!   [`GraphInstantiateFlags`]: the driver's flag words their constructors take, typed.
 //! - [`DevicePtrHandle`], [`DeallocationRecipe`], [`Deallocator`]: memory and how it is freed
-//!   (D1, D4, D5, D9); [`DeviceRange`]: checked byte ranges, the input of every copy and fill;
+//!   (D1, D4, D5, D9); [`BlockCache`]: where memory lent out of a cache goes back; [`DeviceRange`]: checked byte ranges, the input of every copy and fill;
 //!   [`OwnedAllocation`]: the right to free memory outside custody.
 //! - [`MemAdvice`], [`MemLocation`], [`prefetch_batch`]: where managed memory lives (advice,
 //!   prefetch, discard and the range attributes that report them).
@@ -64,7 +64,7 @@ pub use device::{
     device_uuid, graph_mem_attribute, graph_mem_trim, set_graph_mem_attribute,
     stream_priority_range,
 };
-pub use deviceptr::{DevicePtrHandle, ReleaseKind};
+pub use deviceptr::{BlockCache, DevicePtrHandle, ReleaseKind};
 pub use error::{DeallocatorSource, HandleError};
 pub use event::EventHandle;
 pub use flags::{ContextFlags, EventFlags, GraphInstantiateFlags, MemAttachFlags, StreamFlags};

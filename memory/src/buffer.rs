@@ -148,6 +148,20 @@ impl Buffer {
         }
     }
 
+    /// The memory's handle, for a caching resource to keep as a block
+    /// (`resources/caching.rs`); the buffer back when its memory cannot be cached: a graph
+    /// allocation (its free follows its graph) or an IPC import.
+    pub(crate) fn into_block(self) -> Result<DevicePtrHandle, Buffer> {
+        if self.graph.is_some() || self.ipc == IpcRole::Imported {
+            return Err(self);
+        }
+        let Buffer { handle, mr, .. } = self;
+        // The resource's last reference may go here: its memory is kept alive by the handle
+        // (an owned pool is embedded in it, a deallocator holds its resource).
+        drop(mr);
+        Ok(handle)
+    }
+
     /// Makes this graph allocation's frees wait for its graph's first launch while the graph is
     /// built and not yet launched (the gate of the graph module).
     pub(crate) fn attach_launch_gate(&mut self, gate: Arc<LaunchGate>) {

@@ -108,9 +108,9 @@ pub use graph::{CaptureMode, Graph, GraphBuilder, GraphExec, GraphNode};
 pub use ipc::IpcBufferDescriptor;
 pub use managed::{discard_batch, discard_prefetch_batch, prefetch_batch};
 pub use resources::{
-    DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
-    LegacyPinnedMemoryResource, ManagedMemoryResource, ManagedPoolMemoryResource,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
-    SynchronousMemoryResource,
+    CachingMemoryResource, CachingStats, DeviceMemoryResource, DeviceMemoryResourceOptions,
+    GraphMemoryResource, LegacyPinnedMemoryResource, ManagedMemoryResource,
+    ManagedPoolMemoryResource, PinnedMemoryResource, PinnedMemoryResourceOptions,
+    PoolMemoryResource, SynchronousMemoryResource,
 };
 pub use slice::{DeviceSlice, DeviceSliceMut};

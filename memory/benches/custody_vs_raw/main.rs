@@ -28,7 +28,9 @@ use handles::{
     drain_deferred_cleanup, ContextHandle, DevicePtrHandle, GraphHandle, MemoryPoolHandle,
     StreamFlags, StreamHandle, UserObjectOwnership,
 };
-use memory::{Buffer, DeviceMemoryResource, MemoryResource, PoolMemoryResource};
+use memory::{
+    Buffer, CachingMemoryResource, DeviceMemoryResource, MemoryResource, PoolMemoryResource,
+};
 
 use paired::{timed, Comparison, Settings, Variant};
 
@@ -161,6 +163,9 @@ impl Helper {
 fn pair(c: &mut Criterion, s: &Settings, setup: &Setup) {
     let raw = Raw::of(setup, &setup.stream);
     let (pool, stream, mr) = (setup.pool(), &setup.stream, &setup.mr);
+    // The opt-in cache over the same pool: after the first pair every allocation is a hit.
+    let cache = CachingMemoryResource::new(Arc::clone(mr) as Arc<dyn MemoryResource>);
+    let cache = &cache;
     paired::run(
         c,
         s,
@@ -210,6 +215,16 @@ fn pair(c: &mut Criterion, s: &Settings, setup: &Setup) {
                     move |n| {
                         timed(n, || {
                             let b = Arc::clone(mr).allocate(SIZE, stream).unwrap();
+                            b.close().unwrap();
+                        })
+                    },
+                ),
+                Variant::new(
+                    "caching, close",
+                    "CachingMemoryResource::allocate + Buffer::close (a same-stream hit: no driver call)",
+                    move |n| {
+                        timed(n, || {
+                            let b = Arc::clone(cache).allocate(SIZE, stream).unwrap();
                             b.close().unwrap();
                         })
                     },

@@ -1,0 +1,536 @@
+//! The opt-in caching resource (`CachingMemoryResource`): a same-stream reuse makes no driver
+//! call and hands the same block out again; another stream never gets it; a
+//! `set_deallocation_stream` moves the block to the new stream's bin; declared uses
+//! (docs/decisions.md D12) are ordered before the block is binned; trims, closes and an
+//! out-of-memory retry free what is cached through the upstream resource's own frees; default-
+//! stream tokens and captures pass through. Runs on the emulator and on a real driver: the
+//! addresses handed out, the statistics, a pool's used memory and the bytes read back are
+//! asserted everywhere; the call log, live allocations, hazards and fault injection on the
+//! emulator (a test that needs fault injection says so and returns on a real driver).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use handles::{
+    begin_capture, end_capture, ContextHandle, CudaErrorCode, EventFlags, EventHandle, HandleError,
+    StreamHandle,
+};
+use memory::{
+    Buffer, CachingMemoryResource, CachingStats, DeviceMemoryResource, DeviceMemoryResourceOptions,
+    MemoryError, MemoryResource, SynchronousMemoryResource,
+};
+
+fn cache_over_device_pool() -> Arc<CachingMemoryResource> {
+    CachingMemoryResource::new(DeviceMemoryResource::new(0).expect("device 0's pool"))
+}
+
+fn allocate(mr: &Arc<CachingMemoryResource>, size: usize, stream: &StreamHandle) -> Buffer {
+    Arc::clone(mr).allocate(size, stream).expect("allocate")
+}
+
+/// The live emulator allocations among `ids`.
+fn live(ids: &[AllocationId]) -> Option<usize> {
+    with_emulator(|emu| ids.iter().filter(|id| emu.is_live(**id)).count())
+}
+
+#[test]
+fn a_same_stream_reuse_makes_no_driver_call_and_reports_the_requested_size() {
+    let _serial = start();
+    let base = device_used();
+    let s = stream_on(0);
+    let mr = cache_over_device_pool();
+    let first = allocate(&mr, 1000, &s);
+    assert_eq!(first.size(), 1000, "the size asked for");
+    let ptr = first.ptr();
+    let alloc = alloc_of(ptr);
+    with_emulator(|emu| {
+        let block = emu.allocation_at(ptr).expect("live");
+        assert_eq!(block.size, 1024, "the block is the size class");
+    });
+    first.close().unwrap();
+    assert_eq!(live(&[alloc]).unwrap_or(1), 1, "cached, not freed");
+
+    let from = mark();
+    let again = allocate(&mr, 900, &s);
+    let closed_again = {
+        assert_eq!(again.ptr(), ptr, "the same block, same stream");
+        assert_eq!(again.size(), 900);
+        again.close()
+    };
+    closed_again.unwrap();
+    let dropped = allocate(&mr, 1024, &s);
+    assert_eq!(dropped.ptr(), ptr);
+    drop(dropped);
+    with_emulator(|emu| {
+        let calls = emu.names_on(tid(), from);
+        assert!(
+            calls.is_empty(),
+            "reuse and give-back call nothing: {calls:?}"
+        );
+    });
+    assert_eq!(
+        mr.stats(),
+        CachingStats {
+            in_use_blocks: 0,
+            in_use_bytes: 0,
+            cached_blocks: 1,
+            cached_bytes: 1024,
+            hits: 2,
+            misses: 1,
+            freed_blocks: 0,
+            out_of_memory_retries: 0,
+        }
+    );
+
+    let from = mark();
+    mr.trim().unwrap();
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
+        assert_eq!(free.stream, Some(s.raw() as u64), "freed on its stream");
+        assert!(!emu.is_live(alloc));
+    });
+    let stats = mr.stats();
+    assert_eq!((stats.cached_blocks, stats.cached_bytes), (0, 0));
+    assert_eq!(stats.freed_blocks, 1);
+    assert_eq!(device_used(), base, "trim gave everything back to the pool");
+    assert_no_hazards();
+}
+
+#[test]
+fn another_stream_or_another_size_class_takes_a_new_block() {
+    let _serial = start();
+    let base = device_used();
+    let (a, b) = (stream_on(0), stream_on(0));
+    let mr = cache_over_device_pool();
+    let on_a = allocate(&mr, 4096, &a);
+    let ptr = on_a.ptr();
+    on_a.close().unwrap();
+    let on_b = allocate(&mr, 4096, &b);
+    assert_ne!(on_b.ptr(), ptr, "a block freed on a is not handed out on b");
+    let bigger = allocate(&mr, 8192, &a);
+    assert_ne!(bigger.ptr(), ptr, "another size class");
+    let stats = mr.stats();
+    assert_eq!((stats.hits, stats.misses), (0, 3));
+    assert_eq!((stats.in_use_blocks, stats.cached_blocks), (2, 1));
+    let (ids, ptrs) = (
+        [alloc_of(ptr), alloc_of(on_b.ptr()), alloc_of(bigger.ptr())],
+        [on_b.ptr(), bigger.ptr()],
+    );
+    on_b.close().unwrap();
+    bigger.close().unwrap();
+    assert_eq!(mr.stats().cached_blocks, 3);
+    let again = allocate(&mr, 4000, &b);
+    assert_eq!(again.ptr(), ptrs[0], "b's own block");
+    mr.trim().unwrap();
+    assert_eq!(live(&ids).unwrap_or(1), 1, "the one lent out stays");
+    drop(again);
+    assert_eq!(mr.stats().in_use_blocks, 0, "the dropped one came back");
+    assert_eq!(mr.stats().cached_blocks, 1);
+    mr.trim().unwrap();
+    assert_eq!(live(&ids).unwrap_or(0), 0);
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
+
+#[test]
+fn set_deallocation_stream_moves_the_block_to_the_new_streams_bin() {
+    let _serial = start();
+    let base = device_used();
+    let (a, b) = (stream_on(0), stream_on(0));
+    let mr = cache_over_device_pool();
+    let buffer = allocate(&mr, 4096, &a);
+    let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
+    buffer.fill(7u8, &a).unwrap();
+    // The caller orders a's work before b's, as set_deallocation_stream asks (D4).
+    let filled = EventHandle::create(&a.context().unwrap(), EventFlags::DISABLE_TIMING).unwrap();
+    filled.record(&a).unwrap();
+    b.wait_event(&filled).unwrap();
+    buffer.set_deallocation_stream(&b).unwrap();
+    drop(buffer);
+    let on_a = allocate(&mr, 4096, &a);
+    assert_ne!(on_a.ptr(), ptr, "no longer a's");
+    let on_b = allocate(&mr, 4096, &b);
+    assert_eq!(on_b.ptr(), ptr, "b's now");
+    assert_eq!(read(&on_b, &b), vec![7u8; 4096], "the same memory");
+    on_a.close().unwrap();
+    on_b.close().unwrap();
+    let from = mark();
+    mr.trim().unwrap();
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
+        assert_eq!(
+            free.stream,
+            Some(b.raw() as u64),
+            "the block's recipe followed the buffer's"
+        );
+    });
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
+
+/// A use declared on b is ordered before the block re-enters a's bin: a waits for b at the
+/// give-back, so a's next allocation (and the block's eventual free) follow b's read.
+#[test]
+fn a_declared_use_is_ordered_before_the_block_is_reused() {
+    let _serial = start();
+    let base = device_used();
+    let (a, b) = (stream_on(0), stream_on(0));
+    let mr = cache_over_device_pool();
+    let out = DeviceMemoryResource::new(0)
+        .unwrap()
+        .allocate(4096, &b)
+        .unwrap();
+    let buffer = allocate(&mr, 4096, &a);
+    let (ptr, alloc) = (buffer.ptr(), alloc_of(buffer.ptr()));
+    buffer.fill(0x5au8, &a).unwrap();
+    let filled = EventHandle::create(&a.context().unwrap(), EventFlags::DISABLE_TIMING).unwrap();
+    filled.record(&a).unwrap();
+    b.wait_event(&filled).unwrap();
+    buffer.copy_to(&out, &b).unwrap();
+    buffer.record_use(&b).unwrap();
+    let from = mark();
+    drop(buffer);
+    with_emulator(|emu| {
+        let waits: Vec<_> = emu
+            .calls_named("cuStreamWaitEvent", from)
+            .into_iter()
+            .filter(|c| c.result == 0)
+            .collect();
+        assert_eq!(waits.len(), 1, "{waits:?}");
+        assert_eq!(waits[0].stream, Some(a.raw() as u64), "a waits for b");
+        assert!(emu.calls_named("cuMemFreeAsync", from).is_empty(), "cached");
+    });
+    let reused = allocate(&mr, 4096, &a);
+    assert_eq!(reused.ptr(), ptr);
+    reused.fill(0u8, &a).unwrap(); // after b's read, by stream order
+    assert_eq!(
+        read(&out, &b),
+        vec![0x5a; 4096],
+        "b read what a wrote first"
+    );
+    reused.close().unwrap();
+    out.close().unwrap();
+    mr.close().unwrap();
+    with_emulator(|emu| {
+        assert!(!emu.is_live(alloc));
+        assert_eq!(emu.hazards_for(alloc), vec![]);
+    });
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
+
+#[test]
+fn close_frees_the_cache_and_buffers_still_out_free_when_they_go() {
+    let _serial = start();
+    let base = device_used();
+    let s = stream_on(0);
+    let mr = cache_over_device_pool();
+    let (kept, out) = (allocate(&mr, 4096, &s), allocate(&mr, 4096, &s));
+    let ids = [alloc_of(kept.ptr()), alloc_of(out.ptr())];
+    kept.close().unwrap();
+    mr.close().unwrap();
+    assert!(mr.is_closed());
+    assert_eq!(
+        live(&ids).unwrap_or(1),
+        1,
+        "the cached one is freed, the one out is not"
+    );
+    let refused = Arc::clone(&mr).allocate(4096, &s).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            MemoryError::ResourceClosed {
+                resource: "CachingMemoryResource"
+            }
+        ),
+        "{refused}"
+    );
+    out.fill(1u8, &s).unwrap();
+    let from = mark();
+    out.close().unwrap();
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", ids[1], from);
+        assert_eq!(free.stream, Some(s.raw() as u64));
+    });
+    let stats = mr.stats();
+    assert_eq!(
+        (stats.in_use_blocks, stats.cached_blocks, stats.freed_blocks),
+        (0, 0, 2)
+    );
+    mr.close().unwrap(); // idempotent
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
+
+/// The pool's limit refuses a new block (`CUDA_ERROR_OUT_OF_MEMORY`) while a block of another
+/// class sits in the cache: the cache is flushed and the allocation retried once.
+#[test]
+fn out_of_memory_flushes_the_cache_and_retries_once() {
+    let _serial = start();
+    let s = stream_on(0);
+    let pool = DeviceMemoryResource::with_options(
+        0,
+        DeviceMemoryResourceOptions {
+            // Whole granules everywhere known (resources.rs says why).
+            max_size: 32 << 20,
+            ipc_enabled: false,
+        },
+    )
+    .unwrap();
+    let mr = CachingMemoryResource::new(pool.clone());
+    let big = allocate(&mr, 24 << 20, &s);
+    let big_alloc = alloc_of(big.ptr());
+    big.close().unwrap();
+    assert_eq!(mr.stats().cached_bytes, 24 << 20);
+    let other = allocate(&mr, 16 << 20, &s);
+    let stats = mr.stats();
+    assert_eq!(stats.out_of_memory_retries, 1);
+    assert_eq!(stats.cached_bytes, 0, "flushed");
+    assert_eq!(stats.in_use_bytes, 16 << 20);
+    assert_eq!(live(&[big_alloc]).unwrap_or(0), 0);
+    // Nothing cached to flush: the pool's refusal comes back.
+    let refused = Arc::clone(&mr).allocate(24 << 20, &s).unwrap_err();
+    assert!(
+        matches!(&refused, MemoryError::Handle(e) if e.code() == Some(CudaErrorCode::OUT_OF_MEMORY)),
+        "{refused}"
+    );
+    assert_eq!(mr.stats().out_of_memory_retries, 2);
+    other.close().unwrap();
+    mr.close().unwrap();
+    use memory::PoolMemoryResource;
+    assert_eq!(pool_used(pool.pool()), 0);
+    assert_no_hazards();
+}
+
+#[test]
+fn an_injected_out_of_memory_is_retried_after_the_flush() {
+    let _serial = start();
+    let Some(emu) = emulator_or_skip("fault injection") else {
+        return;
+    };
+    let base = device_used();
+    let s = stream_on(0);
+    let mr = cache_over_device_pool();
+    let cached = allocate(&mr, 4096, &s);
+    let cached_alloc = alloc_of(cached.ptr());
+    drop(cached);
+    assert!(emu.inject_fault("cuMemAllocFromPoolAsync", 1, CudaErrorCode::OUT_OF_MEMORY));
+    let from = mark();
+    let fresh = allocate(&mr, 100_000, &s);
+    let names: Vec<String> = emu
+        .names_on(tid(), from)
+        .into_iter()
+        .filter(|n| n.starts_with("cuMem"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "cuMemAllocFromPoolAsync",
+            "cuMemFreeAsync",
+            "cuMemAllocFromPoolAsync"
+        ],
+        "refused, flushed, retried"
+    );
+    assert!(!emu.is_live(cached_alloc));
+    assert_eq!(mr.stats().out_of_memory_retries, 1);
+    fresh.close().unwrap();
+    mr.trim().unwrap();
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
+
+/// A free the driver refuses, through the cache's flush: returned by an explicit trim and
+/// close, reported through the cleanup-error hook for a buffer dropped after the close.
+#[test]
+fn a_failed_free_of_a_block_is_returned_or_reported() {
+    let _serial = start();
+    let Some(emu) = emulator_or_skip("fault injection") else {
+        return;
+    };
+    let s = stream_on(0);
+    let mr = cache_over_device_pool();
+    let cached = allocate(&mr, 4096, &s);
+    let cached_ptr = cached.ptr();
+    drop(cached);
+    assert!(emu.inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE));
+    let error = mr.trim().unwrap_err();
+    assert!(
+        matches!(&error, MemoryError::Handle(HandleError::Driver(e)) if e.call == "cuMemFreeAsync"),
+        "{error}"
+    );
+    assert_eq!(
+        mr.stats().cached_blocks,
+        0,
+        "taken out of the bins either way"
+    );
+    // The refused free left the block allocated with nobody: the test frees it.
+    unowned(cached_ptr, 4096).free_async(&s).unwrap();
+
+    let dropped = allocate(&mr, 4096, &s);
+    let dropped_ptr = dropped.ptr();
+    mr.close().unwrap();
+    assert!(emu.inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE));
+    drop(dropped);
+    let errors = errors_for(dropped_ptr);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    unowned(dropped_ptr, 4096).free_async(&s).unwrap();
+
+    let closed = CachingMemoryResource::new(DeviceMemoryResource::new(0).unwrap());
+    let buffer = allocate(&closed, 4096, &s);
+    let ptr = buffer.ptr();
+    closed.close().unwrap();
+    assert!(emu.inject_fault("cuMemFreeAsync", 1, CudaErrorCode::INVALID_VALUE));
+    let error = buffer.close().unwrap_err();
+    assert!(
+        matches!(&error, MemoryError::Handle(HandleError::Driver(e)) if e.call == "cuMemFreeAsync"),
+        "an explicit close returns it: {error}"
+    );
+    unowned(ptr, 4096).free_async(&s).unwrap();
+    s.synchronize().unwrap();
+    emu.clear_hazards();
+}
+
+#[test]
+fn a_buffer_dropped_on_another_thread_goes_back_to_its_streams_bin() {
+    let _serial = start();
+    let base = device_used();
+    let s = stream_on(0);
+    let mr = cache_over_device_pool();
+    let buffer = allocate(&mr, 4096, &s);
+    let ptr = buffer.ptr();
+    on_fresh_thread(move || drop(buffer));
+    assert_eq!(mr.stats().cached_blocks, 1);
+    let again = allocate(&mr, 4096, &s);
+    assert_eq!(again.ptr(), ptr);
+    again.close().unwrap();
+    mr.trim().unwrap();
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
+
+/// The legacy default stream is not cached: the upstream allocates, the buffer is its own.
+#[test]
+fn default_stream_tokens_pass_through_to_the_upstream() {
+    let _serial = start();
+    let base = device_used();
+    let context = primary(0);
+    context.make_current().unwrap();
+    let mr = cache_over_device_pool();
+    let legacy = StreamHandle::legacy();
+    let buffer = allocate(&mr, 4096, &legacy);
+    assert_eq!(
+        buffer.memory_resource().unwrap().name(),
+        "DeviceMemoryResource",
+        "the upstream's buffer"
+    );
+    assert_eq!(mr.stats(), CachingStats::default());
+    buffer.close().unwrap();
+    assert_eq!(mr.stats(), CachingStats::default(), "nothing cached");
+
+    // A cached buffer whose free is handed to the legacy stream is freed, with that recipe.
+    let s = stream_on(0);
+    let lent = allocate(&mr, 4096, &s);
+    let alloc = alloc_of(lent.ptr());
+    lent.fill(3u8, &s).unwrap();
+    s.synchronize().unwrap();
+    lent.set_deallocation_stream(&legacy).unwrap();
+    let from = mark();
+    lent.close().unwrap();
+    with_emulator(|emu| {
+        let free = emu.only_call("cuMemFreeAsync", alloc, from);
+        assert_eq!(free.stream, Some(legacy.raw() as u64));
+    });
+    let stats = mr.stats();
+    assert_eq!((stats.cached_blocks, stats.freed_blocks), (0, 1));
+    ContextHandle::clear_current().unwrap();
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
+
+/// A stream being captured (a capture begun through custody) is not served from the bins: the
+/// upstream pool decides, and refuses it (`MemoryError::StreamCapturing`).
+#[test]
+fn a_capturing_stream_is_not_served_from_the_bins() {
+    let _serial = start();
+    let s = stream_on(0);
+    let mr = cache_over_device_pool();
+    drop(allocate(&mr, 4096, &s));
+    begin_capture(
+        &s,
+        handles::sys_types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+    )
+    .unwrap();
+    let refused = Arc::clone(&mr).allocate(4096, &s);
+    let graph = end_capture(&s).unwrap();
+    assert!(
+        matches!(refused, Err(MemoryError::StreamCapturing)),
+        "{:?}",
+        refused.map(|b| b.ptr())
+    );
+    drop(graph);
+    assert_eq!(mr.stats().cached_blocks, 1, "still cached");
+    mr.close().unwrap();
+    assert_no_hazards();
+}
+
+/// Over a synchronous resource (`cuMemAlloc`): the same reuse, and the trim's free is the
+/// resource's own (`cuStreamSynchronize`, `cuMemFree_v2`).
+#[test]
+fn a_cache_over_cumemalloc_reuses_and_frees_with_cumemfree() {
+    let _serial = start();
+    let s = stream_on(0);
+    let mr = CachingMemoryResource::new(SynchronousMemoryResource::new(0).unwrap());
+    let buffer = allocate(&mr, 3000, &s);
+    let (ptr, alloc) = (buffer.ptr(), alloc_of(buffer.ptr()));
+    buffer.fill(1u8, &s).unwrap();
+    drop(buffer);
+    let from = mark();
+    let again = allocate(&mr, 3000, &s);
+    assert_eq!(again.ptr(), ptr);
+    drop(again);
+    with_emulator(|emu| assert!(emu.names_on(tid(), from).is_empty()));
+    let from = mark();
+    mr.trim().unwrap();
+    with_emulator(|emu| {
+        assert_eq!(
+            emu.names_on(tid(), from)
+                .into_iter()
+                .filter(|n| n != "cuCtxGetCurrent" && n != "cuCtxSetCurrent")
+                .collect::<Vec<_>>(),
+            ["cuStreamSynchronize", "cuMemFree_v2"]
+        );
+        assert!(!emu.is_live(alloc));
+    });
+    assert_no_hazards();
+}
+
+/// Over a resource of the caller's (adopted memory freed by its `deallocate`): the flush goes
+/// through that `deallocate`, with the block's last stream.
+#[test]
+fn a_cache_over_a_callers_resource_frees_through_its_deallocate() {
+    let _serial = start();
+    let base = device_used();
+    let (a, b) = (stream_on(0), stream_on(0));
+    let upstream = RecordingResource::new(0);
+    let mr = CachingMemoryResource::new(upstream.clone());
+    let buffer = allocate(&mr, 512, &a);
+    let ptr = buffer.ptr();
+    a.synchronize().unwrap();
+    buffer.set_deallocation_stream(&b).unwrap();
+    drop(buffer);
+    assert!(upstream.deallocations().is_empty(), "cached");
+    mr.trim().unwrap();
+    let freed = upstream.deallocations();
+    assert_eq!(freed.len(), 1);
+    assert_eq!((freed[0].ptr, freed[0].size), (ptr, 512));
+    assert_eq!(
+        freed[0].stream,
+        b.raw() as usize,
+        "the buffer's last stream"
+    );
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
