@@ -534,3 +534,38 @@ fn a_cache_over_a_callers_resource_frees_through_its_deallocate() {
     assert_eq!(device_used(), base);
     assert_no_hazards();
 }
+
+/// `allocate_cached`, the path that never calls the driver: a hit as `allocate` gives it,
+/// `None` (nothing done) for a miss, a token or a closed resource.
+#[test]
+fn allocate_cached_serves_hits_only() {
+    let _serial = start();
+    let base = device_used();
+    let s = stream_on(0);
+    let mr = cache_over_device_pool();
+    assert!(mr.allocate_cached(4096, &s).is_none(), "nothing cached yet");
+    assert_eq!(
+        mr.stats(),
+        CachingStats::default(),
+        "a miss that does nothing"
+    );
+    let first = allocate(&mr, 4096, &s);
+    let ptr = first.ptr();
+    drop(first);
+    let from = mark();
+    let hit = mr.allocate_cached(4000, &s).expect("a hit");
+    assert_eq!((hit.ptr(), hit.size()), (ptr, 4000));
+    assert!(std::ptr::eq(
+        Arc::as_ptr(hit.memory_resource().unwrap()) as *const u8,
+        Arc::as_ptr(&mr) as *const u8
+    ));
+    drop(hit);
+    with_emulator(|emu| assert!(emu.names_on(tid(), from).is_empty()));
+    assert!(mr.allocate_cached(4096, &StreamHandle::legacy()).is_none());
+    assert!(mr.allocate_cached(0, &s).is_none());
+    assert_eq!(mr.stats().hits, 1);
+    mr.close().unwrap();
+    assert!(mr.allocate_cached(4096, &s).is_none(), "closed");
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}

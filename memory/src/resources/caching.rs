@@ -261,6 +261,58 @@ impl CachingMemoryResource {
         free_blocks(blocks)
     }
 
+    /// [`MemoryResource::allocate`] when a cached block serves it, `None` otherwise (nothing
+    /// done: a miss, a request no bin serves, a closed resource, a capture begun through custody
+    /// running anywhere): the allocation path that never calls the driver and never blocks
+    /// beyond the bins' lock, for a caller that would otherwise give up a lock of its own around
+    /// the call (a binding, the Python interpreter lock) and can then call `allocate`.
+    ///
+    /// Driver calls: none.
+    pub fn allocate_cached(self: &Arc<Self>, size: usize, stream: &StreamHandle) -> Option<Buffer> {
+        if size == 0
+            || self.is_closed()
+            || stream.default_kind().is_some()
+            || handles::capture_may_be_active()
+        {
+            return None;
+        }
+        let (index, _) = size_class(size)?;
+        let block = self.lock().take(stream.raw() as usize, index)?;
+        self.lend(block, size, stream).ok()
+    }
+
+    /// Lends `block` (counted as lent out) as `size` bytes ordered on `stream`.
+    ///
+    /// # Errors
+    /// [`MemoryError::WrongDevice`] and the other refusals of `DevicePtrHandle::lend`; the
+    /// block is then freed by its own rule, not cached.
+    #[inline]
+    fn lend(
+        self: &Arc<Self>,
+        block: DevicePtrHandle,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        let cache: Arc<dyn BlockCache> = Arc::clone(self) as Arc<dyn BlockCache>;
+        match DevicePtrHandle::lend(block, size, stream, cache) {
+            Ok(handle) => Ok(Buffer::new(
+                handle,
+                Some(Arc::clone(self) as Arc<dyn MemoryResource>),
+                Some(self.access),
+                IpcRole::None,
+            )),
+            Err((error, block)) => {
+                {
+                    let mut state = self.lock();
+                    state.returned(block.size());
+                    state.stats.freed_blocks += 1;
+                }
+                drop(block); // freed by its own rule, not cached
+                Err(device_error(error))
+            }
+        }
+    }
+
     /// Whether [`CachingMemoryResource::close`] was called.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
@@ -366,18 +418,7 @@ impl MemoryResource for CachingMemoryResource {
                 Err(buffer) => return Ok(buffer),
             },
         };
-        let cache: Arc<dyn BlockCache> = Arc::clone(&self) as Arc<dyn BlockCache>;
-        match DevicePtrHandle::lend(block, size, stream, cache) {
-            Ok(handle) => {
-                let access = self.access;
-                Ok(Buffer::new(handle, Some(self), Some(access), IpcRole::None))
-            }
-            Err((error, block)) => {
-                self.lock().returned(block.size());
-                drop(block); // freed by its own rule, not cached
-                Err(device_error(error))
-            }
-        }
+        self.lend(block, size, stream)
     }
 
     /// Frees memory adopted with this resource as owner, through the upstream resource's
