@@ -1270,8 +1270,16 @@ impl PtrBox {
             }
         };
         drop(replaced); // outside the lock: it may hold a stream's last reference
-        let result = catch_unwind(AssertUnwindSafe(|| cache.give_back(block, bin, explicit)))
-            .unwrap_or_else(|_| Err(HandleError::deallocator("the block cache panicked")));
+                        // A cache that panics took the block: whether it freed or kept it cannot be known.
+        let (result, failed) = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cache.give_back(block, bin, explicit)
+        })) {
+            Ok(result) => (result, Consequence::Leaked),
+            Err(_) => (
+                Err(HandleError::deallocator("the block cache panicked")),
+                Consequence::Unknown,
+            ),
+        };
         let result = match result {
             Ok(()) => Ok(()),
             Err(error) => {
@@ -1280,7 +1288,13 @@ impl PtrBox {
                     restore: 0,
                     previous: 0,
                 };
-                finish(ran, &self.release, "give_back", ptr, &recipe, explicit)
+                let subject = || subject(&self.release, "give_back", ptr, &recipe);
+                if explicit {
+                    ran.into_result_for("give_back", recipe.context_raw(), subject, drop)
+                } else {
+                    ran.report_as(subject, failed);
+                    Ok(())
+                }
             }
         };
         self.keep_recipe(recipe);
