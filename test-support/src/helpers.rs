@@ -335,10 +335,13 @@ pub fn warnings_for(ptr: u64) -> Vec<CleanupWarning> {
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Starts a test: the returned guard serialises it with the other tests of this process; no
-/// context current on the calling thread, the report hooks installed, earlier deferred work
+/// context current on the calling thread, the stack-dump handler installed
+/// ([`crate::stacks::dump_stacks_on_signal`]), the report hooks installed, earlier deferred work
 /// finished and, on the emulator, hazards and faults cleared.
 #[must_use = "hold the guard for the whole test"]
 pub fn start() -> MutexGuard<'static, ()> {
+    // Before anything that could hang: the GPU runner asks a hung test for its stacks.
+    crate::stacks::dump_stacks_on_signal();
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // First, so that a missing driver fails with the loader's reason.
     let emu = emulator();

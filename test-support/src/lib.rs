@@ -2,7 +2,8 @@
 //! with the `helpers` feature, the helpers the integration tests of `handles` and `memory`
 //! share (the emulator when it is the loaded driver, skip helpers, the pretend-real-driver
 //! switch, test serialisation, captured cleanup reports) and `stream_ops` (a stream held by a
-//! stream memory operation, to show on any driver when a free runs).
+//! stream memory operation, to show on any driver when a free runs). [`stacks`]: every thread's
+//! backtrace on stderr when the GPU runner signals a hung test process.
 //!
 //! The same tests run against the emulated driver (`CUSTODY_CUDA_DRIVER=.../libcuda_emu.so`)
 //! and against a real one (the GPU bundle). What any driver shows is asserted everywhere; what
@@ -11,6 +12,7 @@
 //! else, so the compiler keeps every such query inside it (docs/testing.md).
 
 pub mod emu;
+pub mod stacks;
 
 #[cfg(feature = "helpers")]
 mod helpers;

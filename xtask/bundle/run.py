@@ -10,7 +10,11 @@ What it does:
   1. prints the host, the GPU (nvidia-smi) and the driver it is about to test;
   2. lists the tests of each bundled binary and runs EACH test in its own process against the
      real driver (`<bin> --exact <name> --test-threads=1`, with a timeout), except binaries
-     marked emulator-only, which run against the bundled emulator instead;
+     marked emulator-only, which run against the bundled emulator instead; a test still running
+     at its timeout is examined before it is killed: every thread's state, CPU use, wait channel
+     and system call from /proc, and its user-space backtrace, which the test binary prints when
+     sent SIGUSR2 (test-support's `stacks`), all in the test's log (docs/testing.md, "When a test
+     hangs"); --repeat N runs each selected test N times side by side (with --jobs);
   3. runs the conformance binary a second time against the bundled emulator, so that one run
      compares both drivers case by case;
   4. runs the bundled pytest suite against the real driver, if the bundle has one, and the
@@ -38,7 +42,8 @@ What it does:
 Exit status: 0 when everything ran and passed; 1 when a test failed; 2 when no real driver
 could be loaded (the emulator column is still filled in, to check the runner itself).
 
-  python3 gpu-bundle/run.py [--out DIR] [--driver PATH] [--timeout SECONDS] [--filter TEXT]
+  python3 gpu-bundle/run.py [--out DIR] [--driver PATH] [--timeout SECONDS] [--jobs N]
+                            [--filter TEXT ...] [--repeat N] [--tests-only]
                             [--bench | --bench-only] [--bench-quick]
                             [--foreign-tests DIR [--foreign-only] [--foreign-python PY]
                              [--foreign-preset NAME] [--foreign-paths PATH ...]]
@@ -57,9 +62,11 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -130,35 +137,225 @@ def list_tests(binary):
     return [line[:-len(": test")] for line in out.stdout.splitlines() if line.endswith(": test")]
 
 
+class Collector:
+    """Reads one pipe of a child process on its own thread, so that what the child writes can be
+    looked at while it still runs (a hung test's stack dumps) and kept after it is killed."""
+
+    def __init__(self, pipe):
+        self._pipe = pipe
+        self._chunks = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self):
+        fd = self._pipe.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            with self._lock:
+                self._chunks.append(chunk)
+
+    def text(self):
+        with self._lock:
+            data = b"".join(self._chunks)
+        return data.decode(errors="replace")
+
+    def join(self, timeout):
+        self._thread.join(timeout)
+
+
 def run_test(binary, name, env, timeout):
-    """Runs one test in its own process; returns {status, rc, seconds, output}."""
+    """Runs one test in its own process; returns {status, rc, seconds, output}. A test still
+    running after `timeout` seconds is examined (hang_diagnostics) and then killed."""
     started = time.monotonic()
+    # --nocapture so that a test's "skipped ..." line (a stated skip condition, such as a
+    # single-device host) reaches this runner and is counted as a skip, not a pass.
+    proc = subprocess.Popen([str(binary), "--exact", name, "--test-threads=1", "--nocapture"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    stdout, stderr = Collector(proc.stdout), Collector(proc.stderr)
     try:
-        # --nocapture so that a test's "skipped ..." line (a stated skip condition, such as a
-        # single-device host) reaches this runner and is counted as a skip, not a pass.
-        out = subprocess.run([str(binary), "--exact", name, "--test-threads=1", "--nocapture"],
-                             capture_output=True, text=True, env=env, timeout=timeout,
-                             errors="replace")
-    except subprocess.TimeoutExpired as expired:
-        # TimeoutExpired carries bytes even under text=True: decode each part on its own.
-        output = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part
-                         for part in (expired.stdout or "", expired.stderr or ""))
+        returncode = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        diagnostics = hang_diagnostics(proc.pid, stderr)
+        kill_tree(proc)
+        for collector in (stdout, stderr):
+            collector.join(5)  # a leftover grandchild may hold the pipe open
         return {"status": TIMEOUT, "rc": None, "seconds": timeout,
-                "output": output + "\n[killed after %d s]" % timeout}
+                "output": stdout.text() + stderr.text() + "\n" + diagnostics
+                + "\n[killed after %d s]" % timeout}
+    for collector in (stdout, stderr):
+        collector.join(max(1.0, timeout - (time.monotonic() - started)))
     seconds = round(time.monotonic() - started, 3)
-    output = out.stdout + out.stderr
-    if out.returncode == 0:
+    out_text, err_text = stdout.text(), stderr.text()
+    output = out_text + err_text
+    if returncode == 0:
         # libtest exits 0 when the filter matched nothing: make sure the test really ran.
-        status = PASS if "test result: ok. 1 passed" in out.stdout else FAIL
+        status = PASS if "test result: ok. 1 passed" in out_text else FAIL
         if status == PASS and any(line.lstrip().startswith("skipped")
                                   for line in output.splitlines()):
             status = SKIP
-    elif out.returncode < 0:
+    elif returncode < 0:
         status = CRASH
-        output += "\n[killed by signal %d]" % -out.returncode
+        output += "\n[killed by signal %d]" % -returncode
     else:
         status = FAIL
-    return {"status": status, "rc": out.returncode, "seconds": seconds, "output": output}
+    return {"status": status, "rc": returncode, "seconds": seconds, "output": output}
+
+
+# --- Hang diagnostics (docs/testing.md, "When a test hangs") -------------------------------------
+# The signal a test binary's stack-dump handler answers, and the lines around each dump: the
+# test-support crate's `stacks` module (test-support/src/stacks.rs) defines the same.
+STACK_DUMP_SIGNAL = signal.SIGUSR2
+DUMP_END = "custody-stack-dump end tid"
+# How long to wait for one thread's dump, and for all of a process's.
+DUMP_WAIT_S, DUMP_TOTAL_S = 5.0, 60.0
+# x86_64 and aarch64 numbers of the tgkill system call (a signal to one thread of another process).
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+def read_proc(path):
+    """A /proc file's text, or why it could not be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace").strip()
+    except OSError as error:
+        return "(unreadable: %s)" % (error.strerror or error)
+
+
+def thread_ids(pid):
+    try:
+        return sorted(int(t) for t in os.listdir("/proc/%d/task" % pid) if t.isdigit())
+    except OSError:
+        return []
+
+
+def process_tree(pid):
+    """`pid` and its descendants (from /proc/<pid>/task/<tid>/children), parents first."""
+    seen, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        if p in seen:
+            continue
+        seen.append(p)
+        for tid in thread_ids(p):
+            children = read_proc("/proc/%d/task/%d/children" % (p, tid))
+            todo.extend(int(c) for c in children.split() if c.isdigit())
+    return seen
+
+
+def thread_stat(pid, tid):
+    """(state letter, user+system clock ticks) from /proc/<pid>/task/<tid>/stat, or None."""
+    text = read_proc("/proc/%d/task/%d/stat" % (pid, tid))
+    fields = text[text.rfind(")") + 2:].split() if ")" in text else []
+    if len(fields) < 13:
+        return None
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+def catches_signal(pid, signum):
+    """Whether process `pid` has a handler for `signum` (SigCgt in /proc/<pid>/status)."""
+    for line in read_proc("/proc/%d/status" % pid).splitlines():
+        if line.startswith("SigCgt:"):
+            try:
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+            except (IndexError, ValueError):
+                return False
+    return False
+
+
+def tgkill(pid, tid, signum):
+    """Sends `signum` to thread `tid` of process `pid`; None on success, else why not."""
+    number = SYS_TGKILL.get(platform.machine())
+    if number is None:
+        return "no tgkill number for %s" % platform.machine()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(ctypes.c_long(number), ctypes.c_long(pid), ctypes.c_long(tid),
+                    ctypes.c_long(signum)) != 0:
+        return os.strerror(ctypes.get_errno())
+    return None
+
+
+def hang_diagnostics(pid, stderr):
+    """What a hung test process and its descendants are doing, before they are killed: for every
+    thread its name, state, CPU time used over one second, kernel wait channel, current system
+    call and (where readable) kernel stack; then each thread's user-space backtrace, asked for
+    with STACK_DUMP_SIGNAL where the process catches it (running threads first; the dumps land
+    in the test's stderr, `stderr` here); then gdb's or eu-stack's view if the host has one."""
+    lines = ["[hang diagnostics: process %d, %s]" % (pid, datetime.datetime.now().isoformat(timespec="seconds"))]
+    tree = process_tree(pid)
+    before = {(p, t): thread_stat(p, t) for p in tree for t in thread_ids(p)}
+    time.sleep(1.0)
+    running = []
+    for p in tree:
+        lines.append("process %d: %s" % (p, read_proc("/proc/%d/cmdline" % p).replace("\0", " ")))
+        for t in thread_ids(p):
+            base = "/proc/%d/task/%d/" % (p, t)
+            now, then = thread_stat(p, t), before.get((p, t))
+            state = now[0] if now else "?"
+            cpu = "%d ticks in 1 s" % (now[1] - then[1]) if now and then else "cpu unknown"
+            if state == "R":
+                running.append((p, t))
+            lines.append("  tid %d (%s): state %s, %s, wchan %s, syscall %s"
+                         % (t, read_proc(base + "comm"), state, cpu, read_proc(base + "wchan") or "0",
+                            read_proc(base + "syscall")))
+            kernel_stack = read_proc(base + "stack")
+            if not kernel_stack.startswith("(unreadable"):
+                lines.extend("      " + frame for frame in kernel_stack.splitlines())
+            lines.append("      stat: %s" % read_proc(base + "stat"))
+    deadline = time.monotonic() + DUMP_TOTAL_S
+    for p in tree:
+        if not catches_signal(p, STACK_DUMP_SIGNAL):
+            lines.append("process %d does not catch signal %d: no user-space stacks from it "
+                         "(a test binary installs the handler in test-support's start())"
+                         % (p, STACK_DUMP_SIGNAL))
+            continue
+        order = [t for q, t in running if q == p] + [t for t in thread_ids(p) if (p, t) not in running]
+        for t in order:
+            if time.monotonic() > deadline:
+                lines.append("tid %d: not asked (the %d s for all dumps are up)" % (t, DUMP_TOTAL_S))
+                continue
+            error = tgkill(p, t, STACK_DUMP_SIGNAL)
+            if error:
+                lines.append("tid %d: signal not sent: %s" % (t, error))
+                continue
+            marker = "%s %d\n" % (DUMP_END, t)
+            wait_until = min(deadline, time.monotonic() + DUMP_WAIT_S)
+            while marker not in stderr.text() and time.monotonic() < wait_until:
+                time.sleep(0.05)
+            lines.append("tid %d: user-space stack %s" % (
+                t, "dumped (stderr, above)" if marker in stderr.text()
+                else "not dumped within %.0f s (the thread may hold a lock the dump needs)" % DUMP_WAIT_S))
+    for tool, command in (("eu-stack", ["eu-stack", "-p", str(pid)]),
+                          ("gdb", ["gdb", "-batch", "-p", str(pid), "-ex", "thread apply all bt"])):
+        if shutil.which(tool):
+            try:
+                out = subprocess.run(command, capture_output=True, text=True, errors="replace",
+                                     timeout=60)
+                lines.append("%s:\n%s%s" % (tool, out.stdout, out.stderr))
+            except (OSError, subprocess.TimeoutExpired) as error:
+                lines.append("%s failed: %s" % (tool, error))
+            break
+    else:
+        lines.append("(no eu-stack or gdb on this host)")
+    lines.append("[end of hang diagnostics]")
+    return "\n".join(lines)
+
+
+def kill_tree(proc):
+    """Kills a test process and every descendant it left (an IPC test's child), and reaps it."""
+    for p in reversed(process_tree(proc.pid)):
+        if p != proc.pid:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+    proc.kill()
+    proc.wait()
 
 
 def driver_env(library):
@@ -385,7 +582,13 @@ def main():
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test (default 120)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="tests to run at once, each in its own process (default 1)")
-    parser.add_argument("--filter", default="", help="run only tests whose name contains this text")
+    parser.add_argument("--filter", action="append", default=None, metavar="TEXT",
+                        help="run only tests whose name contains this text (repeatable: any of them)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run each selected test N times, each in its own process (side by side "
+                             "with --jobs); the rows say which copy (default 1)")
+    parser.add_argument("--tests-only", action="store_true",
+                        help="run the selected Rust tests only: no pytest, install check or demo")
     parser.add_argument("--bench", action="store_true",
                         help="after the tests, run the benchmarks and write --out/bench/*.json (under 4 minutes)")
     parser.add_argument("--bench-only", action="store_true", help="run only the benchmarks")
@@ -444,17 +647,21 @@ def main():
     for entry in manifest["binaries"]:
         binary = HERE / entry["file"]
         try:
-            tests = [t for t in list_tests(binary) if args.filter in t]
+            filters = args.filter or [""]
+            tests = [t for t in list_tests(binary) if any(f in t for f in filters)]
         except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
             print("%s: cannot list tests: %s" % (entry["file"], error))
             rows.append({"binary": binary.name, "test": "(listing)", "role": entry["role"],
                          "real": {"status": FAIL, "output": str(error)}, "emulator": {"status": NOT_RUN}})
             continue
-        jobs.extend((entry, binary, name) for name in tests)
+        jobs.extend((entry, binary, name, copy) for name in tests
+                    for copy in range(1, max(1, args.repeat) + 1))
 
     def run_row(job):
-        entry, binary, name = job
+        entry, binary, name, copy = job
         row = {"binary": binary.name, "test": name, "role": entry["role"]}
+        if args.repeat > 1:
+            row["copy"] = copy
         if not real_ok:
             row["real"] = {"status": NOT_RUN}
         elif entry["role"] == "emulator-only":
@@ -465,8 +672,8 @@ def main():
             row["emulator"] = run_test(binary, name, driver_env(emulator_path), args.timeout)
         else:
             row["emulator"] = {"status": NOT_RUN}
-        print("  %-8s %-8s %s :: %s" % (row["real"]["status"], row["emulator"]["status"], binary.name, name),
-              flush=True)
+        print("  %-8s %-8s %s :: %s%s" % (row["real"]["status"], row["emulator"]["status"], binary.name, name,
+                                         " (copy %d)" % copy if args.repeat > 1 else ""), flush=True)
         return row
 
     # Every test is its own process (a context per process), so tests may run side by side;
@@ -474,14 +681,18 @@ def main():
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows.extend(pool.map(run_row, jobs))
 
-    if not manifest.get("python"):
+    if args.tests_only:
+        pytest = {"status": NOT_RUN, "detail": "--tests-only"}
+    elif not manifest.get("python"):
         pytest = {"status": SKIP, "detail": "the bundle has no Python package (pybind does not exist yet)"}
     elif not real_ok:
         pytest = {"status": NOT_RUN, "detail": "no real driver"}
     else:
         pytest = run_pytest(manifest, driver_env(driver_path), out_dir)
     print("\n  pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")))
-    if not manifest.get("python"):
+    if args.tests_only:
+        install = {"status": NOT_RUN, "detail": "--tests-only"}
+    elif not manifest.get("python"):
         install = {"status": SKIP, "detail": "the bundle has no Python package"}
     elif not real_ok:
         install = {"status": NOT_RUN, "detail": "no real driver"}
@@ -489,9 +700,12 @@ def main():
         install = run_install_check(manifest, driver_env(driver_path), out_dir)
     print("  install: %s (%s)" % (install["status"], install.get("detail", "")))
 
-    demo = run_demo(manifest, real_ok, driver_path, emulator_path,
-                    emulator["loaded"] and not emulator["error"], out_dir,
-                    args.timeout)
+    if args.tests_only:
+        demo = []
+    else:
+        demo = run_demo(manifest, real_ok, driver_path, emulator_path,
+                        emulator["loaded"] and not emulator["error"], out_dir,
+                        args.timeout)
     print("\n  demo (output in %s):" % (out_dir / "demo"))
     for row in demo:
         print("  %-8s %-8s %s" % (row["real"]["status"], row["emulator"]["status"], row["name"]))
@@ -503,7 +717,9 @@ def main():
         for column in ("real", "emulator"):
             result = row[column]
             if result["status"] not in (PASS, SKIP, NOT_RUN) and result.get("output"):
-                log = out_dir / "logs" / row["binary"] / ("%s.%s.log" % (row["test"].replace("::", "."), column))
+                copy = ".copy%d" % row["copy"] if "copy" in row else ""
+                log = out_dir / "logs" / row["binary"] / ("%s%s.%s.log" % (row["test"].replace("::", "."), copy,
+                                                                             column))
                 log.parent.mkdir(parents=True, exist_ok=True)
                 log.write_text(result["output"])
                 result["log"] = str(log.relative_to(out_dir))
@@ -553,7 +769,8 @@ def main():
              "| binary | test | real driver | emulator |",
              "|---|---|---|---|"]
     for row in rows:
-        lines.append("| %s | %s | %s | %s |" % (row["binary"], row["test"],
+        lines.append("| %s | %s | %s | %s |" % (row["binary"], row["test"] + (" (copy %d)" % row["copy"]
+                                                                              if "copy" in row else ""),
                                                row["real"]["status"], row["emulator"]["status"]))
     lines += ["", "real driver: %(passed)d passed, %(failed)d failed, %(skipped)d skipped" % totals["real"],
               "emulator: %(passed)d passed, %(failed)d failed" % totals["emulator"]]

@@ -21,8 +21,11 @@ use cuda_sys::types::{
 };
 use cuda_sys::{CUresult, CudaErrorCode, Driver};
 
-/// The loaded driver; panics with the loader's reason when there is none.
+/// The loaded driver; panics with the loader's reason when there is none. Every case comes here
+/// first, so this also installs the stack dump the GPU runner asks a hung case for
+/// (`test_support::stacks`).
 pub fn driver() -> &'static Driver {
+    test_support::stacks::dump_stacks_on_signal();
     match cuda_sys::driver() {
         Ok(driver) => driver,
         Err(error) => panic!(
