@@ -15,6 +15,11 @@
 //! (only the case sets it), and the flag is released at the end whatever happens (the `Flag`'s
 //! drop, and a watchdog that fails the case instead of letting a wrong driver hang it).
 //!
+//! - Issue 15 (`f14_an_exited_threads_*`, `basic_ctx_synchronize_returns_after_an_exited_*`, not
+//!   yet measured): after a thread exited with per-thread work pending and another freed on the
+//!   legacy stream, `cuCtxSynchronize` and `cuStreamSynchronize(CU_STREAM_LEGACY)` return (each
+//!   on a thread bounded by the liveness bound, so a driver that hangs there fails the case).
+//!
 //! Also here (`basic_stream_*_value*`): the stream memory operations themselves, as documented:
 //! a wait holds its stream's later work until the memory satisfies it; a write stores its value
 //! when its stream reaches it.
@@ -27,12 +32,15 @@ use cuda_sys::types::{
 use cuda_sys::CudaErrorCode;
 
 use crate::driver::{
-    ctx_set_current, event_create, event_destroy, event_query, event_record, init, stream_create,
-    stream_destroy, stream_query, stream_synchronize, stream_wait_event, stream_wait_value32,
-    stream_wait_value64, stream_write_value32, stream_write_value64, EVENT_DISABLE_TIMING,
-    STREAM_NON_BLOCKING, STREAM_WAIT_VALUE_EQ, STREAM_WAIT_VALUE_GEQ,
+    ctx_set_current, ctx_synchronize, device_get_default_mem_pool, event_create, event_destroy,
+    event_query, event_record, init, mem_alloc_from_pool_async, mem_free_async, memset_d8_async,
+    stream_create, stream_destroy, stream_query, stream_synchronize, stream_wait_event,
+    stream_wait_value32, stream_wait_value64, stream_write_value32, stream_write_value64,
+    EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING, STREAM_WAIT_VALUE_EQ, STREAM_WAIT_VALUE_GEQ,
 };
-use crate::support::{on_fresh_thread, primary_current, Flag, HostWord, Shared};
+use crate::support::{
+    device0, on_fresh_thread, primary_current, Flag, HostWord, Shared, LIVENESS_BOUND, N,
+};
 
 /// What B writes.
 const MARKER: u32 = 0xC0FF_EE01;
@@ -206,6 +214,147 @@ fn f14_event_recorded_on_the_legacy_stream_waits_for_another_threads_per_thread_
         stream_destroy(x.get()).check();
         held.finish();
         marker.free();
+    });
+}
+
+/// Runs `f` on a fresh thread named `name` and returns its result, failing the case if it has not
+/// returned within [`LIVENESS_BOUND`] (the thread is then left behind, stuck in the driver, and the
+/// GPU runner's hang diagnostics show where). Not a timing expectation: every call made this way
+/// waits only for work that the case has already let run.
+#[track_caller]
+fn returns_within_the_liveness_bound<R: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .expect("spawning a bounded thread");
+    match rx.recv_timeout(LIVENESS_BOUND) {
+        Ok(value) => value,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!(
+            "{name} did not return within {LIVENESS_BOUND:?}: the driver call it makes is stuck"
+        ),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{name} panicked"),
+    }
+}
+
+/// Issue 15's hang, reduced to the driver with the pending work made certain: thread A allocates
+/// from device 0's default pool on its per-thread stream, holds that stream with
+/// `cuStreamWaitValue32_v2`, queues a memset of the allocation and a marker behind the wait,
+/// leaves its context (`cuCtxSetCurrent(NULL)`, as custody's tests do) and **exits**. Thread B
+/// then frees the allocation on `CU_STREAM_LEGACY` and writes a marker there. While the flag is
+/// unset both markers stay unwritten and the legacy stream is not ready (F14, for a thread that
+/// has exited: a cuda-bindings probe on the H200 saw that much on 2026-12-01). Once the host
+/// releases the flag, `cuStreamSynchronize(CU_STREAM_LEGACY)` and `cuCtxSynchronize`, each on a
+/// fresh thread, return (the documented meaning of both: block until the preceding work is
+/// done) and the markers are written. Read from the documentation, not yet run on a GPU.
+#[test]
+fn f14_an_exited_threads_held_per_thread_work_orders_a_legacy_free_and_ctx_synchronize_returns_not_yet_measured(
+) {
+    on_fresh_thread("f14-exited", || {
+        init();
+        let primary = primary_current();
+        let flag = Flag::new();
+        let (marker_a, marker_b) = (HostWord::new(), HostWord::new());
+        let pool = Shared(device_get_default_mem_pool(device0()).check());
+        let (ctx, f, ma) = (Shared(primary.ctx()), Shared(flag.dev()), Shared(marker_a.dev()));
+        let ptr = on_fresh_thread("A", move || {
+            init();
+            ctx_set_current(ctx.get()).check();
+            let ptr = mem_alloc_from_pool_async(N, pool.get(), CU_STREAM_PER_THREAD).check();
+            stream_wait_value32(CU_STREAM_PER_THREAD, f.get(), 1, STREAM_WAIT_VALUE_GEQ).check();
+            memset_d8_async(ptr, 0x5a, N, CU_STREAM_PER_THREAD).check();
+            stream_write_value32(CU_STREAM_PER_THREAD, ma.get(), MARKER).check();
+            stream_query(CU_STREAM_PER_THREAD).fails_with(CudaErrorCode::NOT_READY);
+            ctx_set_current(std::ptr::null_mut()).check();
+            ptr
+        }); // A has exited (joined) with its per-thread work pending
+
+        let mb = Shared(marker_b.dev());
+        on_fresh_thread("B", move || {
+            init();
+            ctx_set_current(ctx.get()).check();
+            mem_free_async(ptr, CU_STREAM_LEGACY).check();
+            stream_write_value32(CU_STREAM_LEGACY, mb.get(), MARKER).check();
+            stream_query(CU_STREAM_LEGACY).fails_with(CudaErrorCode::NOT_READY);
+            ctx_set_current(std::ptr::null_mut()).check();
+        });
+        assert_eq!(marker_a.read(), 0, "A's marker waits behind A's held wait");
+        assert_eq!(
+            marker_b.read(),
+            0,
+            "B's write on the legacy stream waits for the exited A's per-thread work"
+        );
+        assert!(!flag.watchdog_fired());
+
+        flag.release();
+        returns_within_the_liveness_bound("legacy-synchronize", move || {
+            init();
+            ctx_set_current(ctx.get()).check();
+            stream_synchronize(CU_STREAM_LEGACY).check();
+            ctx_set_current(std::ptr::null_mut()).check();
+        });
+        assert_eq!(marker_a.read(), MARKER, "A's work ran once released");
+        assert_eq!(marker_b.read(), MARKER, "B's legacy work ran after it");
+        returns_within_the_liveness_bound("ctx-synchronize", move || {
+            init();
+            ctx_set_current(ctx.get()).check();
+            ctx_synchronize().check();
+            ctx_set_current(std::ptr::null_mut()).check();
+        });
+        assert!(!flag.watchdog_fired(), "released by the case, not the watchdog");
+        flag.free();
+        marker_a.free();
+        marker_b.free();
+    });
+}
+
+/// Issue 15's hang as custody's two tests make it, without custody and without a hold: thread A
+/// allocates from device 0's default pool on its per-thread stream, fills the allocation there,
+/// leaves its context and exits, its fill perhaps still pending (on a busy GPU, likely); thread
+/// B frees it on `CU_STREAM_LEGACY`; a fresh thread's `cuCtxSynchronize` returns (documented:
+/// it blocks until the context's preceding work is done), and so does a second one's
+/// `cuStreamSynchronize(CU_STREAM_LEGACY)`. On the GPU host run it many times side by side (the
+/// command is in docs/gpu-validation.md): whether it hangs there as the custody tests did says
+/// whether custody has any part in the hang. Not yet run on a GPU.
+#[test]
+fn basic_ctx_synchronize_returns_after_an_exited_threads_per_thread_fill_and_a_legacy_free_not_yet_measured(
+) {
+    on_fresh_thread("exited-fill", || {
+        init();
+        let primary = primary_current();
+        let pool = Shared(device_get_default_mem_pool(device0()).check());
+        let ctx = Shared(primary.ctx());
+        let ptr = on_fresh_thread("A", move || {
+            init();
+            ctx_set_current(ctx.get()).check();
+            let ptr = mem_alloc_from_pool_async(N, pool.get(), CU_STREAM_PER_THREAD).check();
+            memset_d8_async(ptr, 0x5a, N, CU_STREAM_PER_THREAD).check();
+            ctx_set_current(std::ptr::null_mut()).check();
+            ptr
+        });
+        on_fresh_thread("B", move || {
+            init();
+            ctx_set_current(ctx.get()).check();
+            mem_free_async(ptr, CU_STREAM_LEGACY).check();
+            ctx_set_current(std::ptr::null_mut()).check();
+        });
+        returns_within_the_liveness_bound("ctx-synchronize", move || {
+            init();
+            ctx_set_current(ctx.get()).check();
+            ctx_synchronize().check();
+            ctx_set_current(std::ptr::null_mut()).check();
+        });
+        returns_within_the_liveness_bound("legacy-synchronize", move || {
+            init();
+            ctx_set_current(ctx.get()).check();
+            stream_synchronize(CU_STREAM_LEGACY).check();
+            ctx_set_current(std::ptr::null_mut()).check();
+        });
     });
 }
 
