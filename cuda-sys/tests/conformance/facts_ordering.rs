@@ -15,10 +15,12 @@
 //! (only the case sets it), and the flag is released at the end whatever happens (the `Flag`'s
 //! drop, and a watchdog that fails the case instead of letting a wrong driver hang it).
 //!
-//! - Issue 15 (`f14_an_exited_threads_*`, `basic_ctx_synchronize_returns_after_an_exited_*`, not
-//!   yet measured): after a thread exited with per-thread work pending and another freed on the
-//!   legacy stream, `cuCtxSynchronize` and `cuStreamSynchronize(CU_STREAM_LEGACY)` return (each
-//!   on a thread bounded by the liveness bound, so a driver that hangs there fails the case).
+//! - A thread that exits with per-thread work pending (`f14_an_exited_threads_*`,
+//!   `basic_ctx_synchronize_returns_after_an_exited_*`, not yet measured): after another thread
+//!   freed on the legacy stream, `cuCtxSynchronize` and `cuStreamSynchronize(CU_STREAM_LEGACY)`
+//!   return (each on a thread bounded by the liveness bound, so a driver that hangs there fails
+//!   the case). What two of custody's D6 tests do on a busy GPU, where they hang
+//!   (docs/gpu-validation.md, "The two D6 tests that hang beside other processes").
 //!
 //! Also here (`basic_stream_*_value*`): the stream memory operations themselves, as documented:
 //! a wait holds its stream's later work until the memory satisfies it; a write stores its value
@@ -33,13 +35,14 @@ use cuda_sys::CudaErrorCode;
 
 use crate::driver::{
     ctx_set_current, ctx_synchronize, device_get_default_mem_pool, event_create, event_destroy,
-    event_query, event_record, init, mem_alloc_from_pool_async, mem_free_async, memset_d8_async,
-    stream_create, stream_destroy, stream_query, stream_synchronize, stream_wait_event,
-    stream_wait_value32, stream_wait_value64, stream_write_value32, stream_write_value64,
-    EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING, STREAM_WAIT_VALUE_EQ, STREAM_WAIT_VALUE_GEQ,
+    event_query, event_record, init, mem_alloc_from_pool_async, mem_free_async, mem_pool_destroy,
+    memset_d8_async, stream_create, stream_destroy, stream_query, stream_synchronize,
+    stream_wait_event, stream_wait_value32, stream_wait_value64, stream_write_value32,
+    stream_write_value64, EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING, STREAM_WAIT_VALUE_EQ,
+    STREAM_WAIT_VALUE_GEQ,
 };
 use crate::support::{
-    device0, on_fresh_thread, primary_current, Flag, HostWord, Shared, LIVENESS_BOUND, N,
+    device0, new_pool, on_fresh_thread, primary_current, Flag, HostWord, Shared, LIVENESS_BOUND, N,
 };
 
 /// What B writes.
@@ -242,8 +245,9 @@ fn returns_within_the_liveness_bound<R: Send + 'static>(
     }
 }
 
-/// Issue 15's hang, reduced to the driver with the pending work made certain: thread A allocates
-/// from device 0's default pool on its per-thread stream, holds that stream with
+/// The hang of custody's two D6 tests beside other processes (docs/gpu-validation.md), reduced
+/// to the driver with the pending work made certain: thread A allocates from `pool` (device 0's
+/// default pool, or one that keeps its memory) on its per-thread stream, holds that stream with
 /// `cuStreamWaitValue32_v2`, queues a memset of the allocation and a marker behind the wait,
 /// leaves its context (`cuCtxSetCurrent(NULL)`, as custody's tests do) and **exits**. Thread B
 /// then frees the allocation on `CU_STREAM_LEGACY` and writes a marker there. While the flag is
@@ -252,16 +256,22 @@ fn returns_within_the_liveness_bound<R: Send + 'static>(
 /// releases the flag, `cuStreamSynchronize(CU_STREAM_LEGACY)` and `cuCtxSynchronize`, each on a
 /// fresh thread, return (the documented meaning of both: block until the preceding work is
 /// done) and the markers are written. Read from the documentation, not yet run on a GPU.
-#[test]
-fn f14_an_exited_threads_held_per_thread_work_orders_a_legacy_free_and_ctx_synchronize_returns_not_yet_measured(
-) {
-    on_fresh_thread("f14-exited", || {
+fn exited_threads_held_work_then_legacy_free(own_pool: bool) {
+    on_fresh_thread("f14-exited", move || {
         init();
         let primary = primary_current();
         let flag = Flag::new();
         let (marker_a, marker_b) = (HostWord::new(), HostWord::new());
-        let pool = Shared(device_get_default_mem_pool(device0()).check());
-        let (ctx, f, ma) = (Shared(primary.ctx()), Shared(flag.dev()), Shared(marker_a.dev()));
+        let pool = Shared(if own_pool {
+            new_pool() // release threshold u64::MAX: a synchronisation releases nothing
+        } else {
+            device_get_default_mem_pool(device0()).check()
+        });
+        let (ctx, f, ma) = (
+            Shared(primary.ctx()),
+            Shared(flag.dev()),
+            Shared(marker_a.dev()),
+        );
         let ptr = on_fresh_thread("A", move || {
             init();
             ctx_set_current(ctx.get()).check();
@@ -306,14 +316,38 @@ fn f14_an_exited_threads_held_per_thread_work_orders_a_legacy_free_and_ctx_synch
             ctx_synchronize().check();
             ctx_set_current(std::ptr::null_mut()).check();
         });
-        assert!(!flag.watchdog_fired(), "released by the case, not the watchdog");
+        assert!(
+            !flag.watchdog_fired(),
+            "released by the case, not the watchdog"
+        );
         flag.free();
         marker_a.free();
         marker_b.free();
+        if own_pool {
+            mem_pool_destroy(pool.get()).check();
+        }
     });
 }
 
-/// Issue 15's hang as custody's two tests make it, without custody and without a hold: thread A
+/// [`exited_threads_held_work_then_legacy_free`] with device 0's default pool (release threshold
+/// 0, so a synchronisation may give its freed memory back), as custody's tests allocate.
+#[test]
+fn f14_an_exited_threads_held_per_thread_work_orders_a_legacy_free_and_ctx_synchronize_returns_not_yet_measured(
+) {
+    exited_threads_held_work_then_legacy_free(false);
+}
+
+/// [`exited_threads_held_work_then_legacy_free`] with a pool that keeps its memory across
+/// synchronisations: if only the default-pool case hangs, the pool's release at synchronisation
+/// is involved.
+#[test]
+fn f14_an_exited_threads_held_per_thread_work_orders_a_legacy_free_from_a_keeping_pool_and_ctx_synchronize_returns_not_yet_measured(
+) {
+    exited_threads_held_work_then_legacy_free(true);
+}
+
+/// The same sequence as custody's two hanging D6 tests make it, without custody and without a
+/// hold: thread A
 /// allocates from device 0's default pool on its per-thread stream, fills the allocation there,
 /// leaves its context and exits, its fill perhaps still pending (on a busy GPU, likely); thread
 /// B frees it on `CU_STREAM_LEGACY`; a fresh thread's `cuCtxSynchronize` returns (documented:
