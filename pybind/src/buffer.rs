@@ -173,7 +173,7 @@ fn adopt(
         (None, None) => None,
     };
     if let Some(mr) = mr {
-        let (native, python) = resolve(mr)?;
+        let (native, python) = resolve(mr, ptr, size)?;
         let kept = Kept {
             owner: None,
             resource: python,

@@ -2,7 +2,9 @@
 //! handed to a consumer through a `PyCapsule` named `"dltensor"`, or DLPack 1.0's
 //! `DLManagedTensorVersioned` through one named `"dltensor_versioned"`), borrowing a file
 //! descriptor given as a Python `int` (pool IPC), and wrapping a stream handle given as a Python
-//! `int` (`Stream.from_handle`). Every `unsafe` block names its invariant.
+//! `int` (`Stream.from_handle`), and registering the `Py_AtExit` callback that names the frees
+//! through Python still owed once the interpreter has finished shutting down. Every `unsafe`
+//! block names its invariant.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
@@ -365,4 +367,23 @@ pub(crate) fn unowned_handle(
         // (as cuda.core's `Buffer.from_handle(ptr, size)`).
         None => Ok(unsafe { handles::raw::borrowed(ptr, size) }),
     }
+}
+
+/// CPython's `Py_AtExit` callback: runs at the very end of `Py_FinalizeEx`, once the interpreter
+/// has finished shutting down, and names on stderr the frees through a Python `deallocate` still
+/// owed (buffers the finalization never freed). Calls no Python, as `Py_AtExit` requires; never
+/// unwinds into CPython.
+extern "C" fn at_finalization() {
+    let _ = std::panic::catch_unwind(crate::report::report_owed_at_finalization);
+}
+
+/// Registers [`at_finalization`] with `Py_AtExit`, once per process (at import). `false` when
+/// CPython refused (it keeps at most 32 such callbacks): the owed frees are then not named.
+pub(crate) fn register_at_finalization() -> bool {
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REGISTERED.get_or_init(|| {
+        // SAFETY: `at_finalization` is a plain `extern "C"` function with no arguments that
+        // calls no Python API and catches every panic; registering it has no other effect.
+        unsafe { pyo3::ffi::Py_AtExit(Some(at_finalization)) == 0 }
+    })
 }

@@ -8,7 +8,8 @@
 //!   `Failure`, a Python `deallocate`'s failure carried through the handles crate.
 //! - `report`: cleanup reports as `CUDAWarning`s, attaching to the interpreter safely from any
 //!   thread, interpreter shutdown.
-//! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor);
+//! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor,
+//!   the `Py_AtExit` callback);
 //!   `shared`: the closable, shared state of a Python `Buffer` over the Rust buffer it holds.
 //! - `location`: managed-memory locations (`Device`, `Host`) as the handles crate's; `options`:
 //!   cuda.core's options dataclasses (or dicts of their fields), checked and read.
@@ -75,6 +76,7 @@ fn _custody(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(report::at_python_exit, m)?)?;
     report::init(py)?;
     report::install_hooks();
+    ffi::register_at_finalization();
     let at_exit = m.getattr("at_python_exit")?;
     py.import("atexit")?.call_method1("register", (at_exit,))?;
     Ok(())

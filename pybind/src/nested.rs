@@ -29,7 +29,7 @@ use pyo3::types::PyDict;
 
 use crate::classes::PyStream;
 use crate::errors::Failure;
-use crate::report::{report, with_python, PyObjRef};
+use crate::report::{report, with_python, OwedFree, PyObjRef};
 use crate::stream::default_stream;
 
 /// One call of a Python memory resource's `deallocate(ptr, size, stream=...)`.
@@ -43,6 +43,10 @@ pub(crate) struct Deallocate {
     /// The recipe's stream; `None` for host-only memory, which has no recipe: `deallocate`
     /// then gets `default_stream()`.
     pub(crate) stream: Option<StreamHandle>,
+    /// The free this call makes, owed until the call is made or skipped (then taken and
+    /// dropped, before Python runs); still there if the call never happens (a queued call on a
+    /// thread stopped at exit), for the report at the end of the interpreter's shutdown.
+    pub(crate) owed: Option<OwedFree>,
 }
 
 /// A queued call and the context its release made current for it (`None`: none was).
@@ -67,8 +71,10 @@ impl Deallocate {
         )
     }
 
-    /// Calls the Python `deallocate`, attached for the call.
-    fn invoke(&self) -> Result<(), Failure> {
+    /// Calls the Python `deallocate`, attached for the call. The free is no longer owed from
+    /// here on: the call is made, or skipped and reported.
+    fn invoke(&mut self) -> Result<(), Failure> {
+        drop(self.owed.take());
         let outcome = with_python(|py| -> PyResult<()> {
             let kwargs = PyDict::new(py);
             match &self.stream {
@@ -113,7 +119,7 @@ impl Drop for Running {
 ///
 /// Driver calls: `cuCtxGetCurrent` when queueing; for each queued call run afterwards,
 /// `cuCtxGetCurrent` and `cuCtxSetCurrent` (when its context is not current) around it.
-pub(crate) fn deallocate(call: Deallocate) -> Result<(), Failure> {
+pub(crate) fn deallocate(mut call: Deallocate) -> Result<(), Failure> {
     let running = RUNNING.try_with(|running| running.replace(true));
     match running {
         // Thread-local storage is gone (the thread is exiting): nothing can be queued.
@@ -146,7 +152,7 @@ pub(crate) fn deallocate(call: Deallocate) -> Result<(), Failure> {
 
 /// Runs a queued call in its context and reports what went wrong (after the restore).
 fn run_queued(queued: Queued) {
-    let Queued { call, context } = queued;
+    let Queued { mut call, context } = queued;
     let scope = match context.as_ref().map(ContextScope::enter).transpose() {
         Ok(scope) => scope,
         Err(error) => {

@@ -7,6 +7,9 @@
 //!   shutting down, one line on stderr. A hook never raises and never panics.
 //! - [`with_python`]: attach to the interpreter for one short call, unless it is shutting down.
 //! - [`PyObjRef`]: a strong reference to a Python object that any thread may drop.
+//! - [`OwedFree`]: a free through a Python `deallocate` that is still owed; what is still owed
+//!   when the interpreter has finished shutting down is named on stderr
+//!   ([`report_owed_at_finalization`], called by the `Py_AtExit` callback in `ffi`).
 //!
 //! Shutdown: an `atexit` callback registered at import ([`at_python_exit`]) marks the start of
 //! the interpreter's exit. `atexit` runs callbacks last-registered first, so handlers registered
@@ -25,10 +28,17 @@
 //!
 //! The callback waits, with the GIL released, for threads inside [`with_python`] to leave, so
 //! that none is running Python through custody when finalization starts.
+//!
+//! A buffer of a Python memory resource that the finalization frees has its skipped free
+//! reported by that free. One it never frees (a daemon thread's frame holds the module's
+//! globals, which the interpreter then never clears; an object it never collects) would go
+//! unreported: such frees stay in the [`OwedFree`] registry, and the `Py_AtExit` callback, which
+//! CPython runs at the very end of `Py_FinalizeEx`, names each on stderr.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use pyo3::marker::Ungil;
@@ -150,6 +160,85 @@ impl Drop for PyObjRef {
             // Python code on a thread that may not attach. Leaked on purpose.
             std::mem::forget(slot);
         }
+    }
+}
+
+/// A free through a Python `deallocate` still owed: who frees (the class's name), what.
+struct Owed {
+    type_name: Arc<str>,
+    ptr: u64,
+    size: usize,
+}
+
+/// The frees still owed, by registration order (an id, since an address may be adopted again).
+static OWED: Mutex<BTreeMap<u64, Owed>> = Mutex::new(BTreeMap::new());
+static NEXT_OWED: AtomicU64 = AtomicU64::new(0);
+
+/// A free through a Python `deallocate` still owed: registered when a buffer of a Python memory
+/// resource is adopted, removed when dropped, which happens when the `deallocate` is called or
+/// its call is skipped (and reported), or when the adoption was refused. Never held while
+/// calling Python, so the registry's lock is only ever held for a map operation.
+pub(crate) struct OwedFree(u64);
+
+impl OwedFree {
+    pub(crate) fn new(type_name: Arc<str>, ptr: u64, size: usize) -> OwedFree {
+        let id = NEXT_OWED.fetch_add(1, Ordering::Relaxed);
+        let owed = Owed {
+            type_name,
+            ptr,
+            size,
+        };
+        OWED.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, owed);
+        OwedFree(id)
+    }
+}
+
+impl Drop for OwedFree {
+    fn drop(&mut self) {
+        OWED.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.0);
+    }
+}
+
+/// Names on stderr, one line each, the frees through a Python `deallocate` still owed: called
+/// once the interpreter has finished shutting down (the `Py_AtExit` callback), when they never
+/// will be made. Calls no Python. Waits at most a second for the registry's lock (held only for
+/// a map operation, by a thread that may be stopped at exit); past that, one line says so.
+pub(crate) fn report_owed_at_finalization() {
+    use std::io::Write;
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let owed = loop {
+        match OWED.try_lock() {
+            Ok(owed) => break Some(owed),
+            Err(TryLockError::Poisoned(poisoned)) => break Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(TryLockError::WouldBlock) => break None,
+        }
+    };
+    // `writeln!`, not `eprintln!`: a failed write to stderr is ignored, never a panic.
+    let mut stderr = std::io::stderr().lock();
+    let Some(owed) = owed else {
+        let _ = writeln!(
+            stderr,
+            "custody: CUDAWarning: buffers of Python memory resources may have been alive when \
+             the interpreter finished shutting down (their list could not be read); their \
+             memory is leaked"
+        );
+        return;
+    };
+    for owed in owed.values() {
+        let _ = writeln!(
+            stderr,
+            "custody: CUDAWarning: {}.deallocate(0x{:x}, {}) was not called: the buffer was \
+             still alive when the interpreter finished shutting down (held by something the \
+             interpreter never freed, such as a daemon thread's frame), so the memory is leaked",
+            owed.type_name, owed.ptr, owed.size
+        );
     }
 }
 

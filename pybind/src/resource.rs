@@ -29,7 +29,7 @@ use crate::ffi::{owned_allocation, with_borrowed_fd};
 use crate::graph::allocate_in;
 use crate::nested;
 use crate::options::{check_options, option};
-use crate::report::PyObjRef;
+use crate::report::{OwedFree, PyObjRef};
 use crate::stream::{accept_stream, default_stream_handle, required_stream};
 
 /// The base class of memory resources; subclass it in Python.
@@ -319,6 +319,9 @@ pub(crate) struct PyResourceAdapter {
     device: bool,
     host: bool,
     managed: bool,
+    /// The one free this adapter's buffer owes through Python (an adapter is made per
+    /// adoption), handed to the call when `deallocate` comes.
+    owed: Mutex<Option<OwedFree>>,
 }
 
 impl MemoryResource for PyResourceAdapter {
@@ -349,6 +352,11 @@ impl MemoryResource for PyResourceAdapter {
             // Host-only memory has no recipe: its deallocate gets `default_stream()`, as in
             // cuda.core, and no context is made current for it.
             stream: self.device.then(|| stream.clone()),
+            owed: self
+                .owed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
         })
         .map_err(|failure| {
             // Raised: the exception travels in the error, for an explicit close to re-raise.
@@ -383,13 +391,15 @@ impl MemoryResource for PyResourceAdapter {
 /// What [`resolve`] finds: the Rust resource, and for an adapter a `Weak` to its Python object.
 pub(crate) type Resolved = (Arc<dyn MemoryResource>, Option<Weak<PyObjRef>>);
 
-/// The Rust resource that will own memory adopted with `mr=`: a built-in's own (unless a Python
-/// subclass overrides `deallocate`), or an adapter calling the Python object, with a `Weak` to
-/// the reference the adapter holds (for the collector).
+/// The Rust resource that will own memory adopted with `mr=` (`size` bytes at `ptr`): a
+/// built-in's own (unless a Python subclass overrides `deallocate`), or an adapter calling the
+/// Python object, with a `Weak` to the reference the adapter holds (for the collector). An
+/// adapter registers the free it will owe through Python ([`OwedFree`]) until its `deallocate`
+/// comes, or it is dropped (a refused adoption).
 ///
 /// # Errors
 /// `TypeError` when `mr` is not a `MemoryResource`; what reading its properties raises.
-pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Resolved> {
+pub(crate) fn resolve(mr: &Bound<'_, PyAny>, ptr: u64, size: usize) -> PyResult<Resolved> {
     let py = mr.py();
     let base = mr
         .cast::<PyMemoryResource>()
@@ -409,12 +419,15 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>) -> PyResult<Resolved> {
     };
     let object = Arc::new(PyObjRef::new(mr.clone().unbind()));
     let weak = Arc::downgrade(&object);
+    let type_name: Arc<str> = Arc::from(mr.get_type().name()?.to_string());
+    let owed = OwedFree::new(Arc::clone(&type_name), ptr, size);
     let adapter: Arc<dyn MemoryResource> = Arc::new(PyResourceAdapter {
         object,
-        type_name: Arc::from(mr.get_type().name()?.to_string()),
+        type_name,
         device,
         host,
         managed,
+        owed: Mutex::new(Some(owed)),
     });
     Ok((adapter, Some(weak)))
 }

@@ -77,6 +77,41 @@ def test_exit_with_live_buffers_resource_and_queued_cleanup(tmp_path):
     assert len(lines) == 1, "deallocate ran once before exit, never during finalization"
 
 
+def test_a_buffer_a_daemon_thread_keeps_alive_at_exit_is_reported(tmp_path):
+    """A daemon thread still allocating when the interpreter exits keeps this module's globals
+    alive (its frame holds them, and CPython never clears them then), so the finalization never
+    frees a Python memory resource's buffer held there: its skipped free is still named on
+    stderr, once, by the report at the end of the interpreter's shutdown."""
+    out = run_child(
+        """
+        mr = RecordingResource()
+        leaked = mr.allocate(64, stream=s)
+        print(hex(leaked.handle), flush=True)
+        started = threading.Event()
+
+        def churn():
+            try:
+                while True:
+                    b = pool.allocate(64, stream=s)
+                    started.set()
+                    del b
+            except BaseException:
+                pass  # the interpreter is tearing down under this daemon thread
+
+        threading.Thread(target=churn, daemon=True).start()
+        assert started.wait(30)
+        """,
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    leaked = out.stdout.strip()
+    lines = [l for l in out.stderr.splitlines() if f"RecordingResource.deallocate({leaked}, 64)" in l]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("custody: CUDAWarning: ") and "was not called" in lines[0], lines
+    assert "shutting down" in lines[0] and "leaked" in lines[0], lines
+    assert "Traceback" not in out.stderr and "Fatal" not in out.stderr, out.stderr
+
+
 def test_failing_free_at_exit_goes_to_stderr(tmp_path):
     if EMU is None:
         import pytest
