@@ -15,7 +15,8 @@ cuda.core's, paired: the targets are stated so), and allocate+close runs on 1, 2
 threads at once (`--threads`), a created stream each, for every library.
 
 Variants, each skipped with a stated reason when its package does not import:
-  custody      `mr.allocate(256, stream=s)` + `buf.close()` / `buf.close(stream=s)` / drop
+  custody      `mr.allocate(256, stream=s)` + `buf.close()` / `buf.close(stream=s)` / drop;
+               the same allocate+close through `CachingMemoryResource(mr)` (a same-stream hit)
   cuda.core    the same calls (cuda.core 1.2 names)
   CuPy         `cupy.cuda.MemoryAsyncPool().malloc(256)` + drop, inside `with stream:`
   cuda-bindings  `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` (`cuda.bindings.driver`)
@@ -153,6 +154,21 @@ def variants_for(args, raw, stream_handle, skipped, versions):
         variants.append(("%s: allocate+close" % label, "mr.allocate(256, stream=s); buf.close()", close))
         variants.append(("%s: allocate+close(stream)" % label, "mr.allocate(256, stream=s); buf.close(stream=s)", close_on))
         variants.append(("%s: allocate+drop" % label, "mr.allocate(256, stream=s), dropped (refcount)", drop))
+
+        caching = getattr(module, "CachingMemoryResource", None) if label == "custody" else None
+        if caching is not None:
+            # custody's opt-in cache over the same pool: after the first pair every allocation
+            # is served from the stream's bin and every close gives the block back, no driver call.
+            cache = caching(mr)
+
+            def caching_close(n):
+                allocate = cache.allocate
+                for _ in range(n):
+                    allocate(SIZE, stream=stream).close()
+
+            variants.append(("%s (caching): allocate+close" % label,
+                             "CachingMemoryResource(mr).allocate(256, stream=s); buf.close()",
+                             caching_close))
 
         def worker():
             # On the worker thread: the device current there, a stream of its own.
@@ -493,6 +509,11 @@ def main():
             findings["custody / cuda.core, %s" % what] = ratio
             print("  custody %s takes %.2fx cuda.core's time%s" % (
                 what, ratio, " (target <= 0.75)" if what == "allocate+close" else ""))
+    ratio = paired(samples, names, "custody (caching): allocate+close", "cuda.core: allocate+close")
+    if ratio is not None:
+        findings["custody (caching) / cuda.core, allocate+close"] = ratio
+        print("  custody's caching resource allocate+close takes %.2fx cuda.core's time (target <= 0.4)"
+              % ratio)
     if args.raw_c_ns and "custody: allocate+close" in names:
         custody_med = median([row[names.index("custody: allocate+close")] for row in samples])
         findings["custody allocate+close / raw C pair"] = custody_med / args.raw_c_ns

@@ -187,15 +187,18 @@ fn close_owned(buffer: Buffer) -> Result<(), MemoryError> {
 /// Whether closing `buffer` (held by nothing else in this object) can only be
 /// `cuMemFreeAsync` on its recipe's stream, with `cuCtxGetCurrent`/`cuCtxSetCurrent` in the
 /// recipe's context for a default-stream token: stream-ordered pool or async memory that was
-/// not imported (an import's close waits for its stream). Such a free never blocks and calls
+/// not imported (an import's close waits for its stream), or such memory lent by the caching
+/// resource (given back to its bin, or freed so). Such a free never blocks and calls
 /// no user code (no Python `deallocate`, no report: an explicit close returns its error), so
 /// it may run attached (docs/decisions.md D10). The memory resource outlives it: the Python
 /// buffer holds the resource object, which holds the Rust resource and its pool.
 fn free_never_blocks(buffer: &Buffer) -> bool {
-    matches!(
-        buffer.handle().kind(),
-        ReleaseKind::Pool | ReleaseKind::Async
-    ) && !buffer.is_mapped()
+    let handle = buffer.handle();
+    let stream_ordered = |kind| matches!(kind, ReleaseKind::Pool | ReleaseKind::Async);
+    // Memory lent by the caching resource goes back to its bin (no driver call), or is freed by
+    // its block's own rule: the same rule then decides.
+    (stream_ordered(handle.kind()) || handle.lent_block_kind().is_some_and(stream_ordered))
+        && !buffer.is_mapped()
 }
 
 /// Closes an imported buffer and waits for its deallocation stream, so that when `close()`

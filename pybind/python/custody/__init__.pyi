@@ -1014,6 +1014,70 @@ class GraphMemoryResource(MemoryResource):
     def close(self) -> None:
         """Does nothing: graph memory belongs to the graphs."""
 
+class CachingMemoryResource(MemoryResource):
+    """An opt-in cache over a built-in memory resource (``upstream``: a
+    :class:`DeviceMemoryResource`, :class:`PinnedMemoryResource`,
+    :class:`SynchronousMemoryResource`, ... or a Python subclass of one, whose built-in
+    allocation it uses), as PyTorch's and CuPy's caching allocators keep memory. A buffer
+    closed or dropped goes back to a bin of the stream
+    its free is ordered on (its deallocation stream: the allocation's, or the one
+    ``set_deallocation_stream`` named last), and the next ``allocate`` of its size class on that
+    same stream gets the memory again without a driver call; work enqueued there after the free
+    is ordered after every earlier use by stream order. Another stream never gets it. Streams
+    declared with ``Buffer.record_use`` are waited for (``cuStreamWaitEvent`` on the free's
+    stream) before the memory goes back to a bin. Sizes are rounded up to 512 bytes, then to one
+    of four classes per doubling (at most 25% more); ``Buffer.size`` is the size asked for. A
+    default stream, or a stream being captured, is not cached: the upstream resource allocates
+    (and frees) as it would alone. A cached block keeps its stream alive until :meth:`trim` or
+    :meth:`close` frees it.
+
+    ``CachingMemoryResource(upstream)``. ``TypeError`` for anything but a built-in memory
+    resource (a ``MemoryResource`` subclass that allocates in Python, or a
+    :class:`GraphMemoryResource`, whose memory belongs to its graph). The upstream resource's
+    own statistics count cached memory as allocated, which it is; :attr:`stats` tells cached
+    from lent out.
+    """
+
+    def __init__(self, upstream: MemoryResource) -> None:
+        ...
+    def allocate(self, size: int, *, stream: StreamLike) -> Buffer:
+        """Allocates ``size`` bytes ordered on ``stream`` (keyword-only), which also orders the
+        eventual free: a cached block of its size class last freed on ``stream`` when there is
+        one (no driver call, the GIL kept), else a new block from the upstream resource (the GIL
+        released). Zero bytes give an empty buffer (address 0, no driver call).
+        ``RuntimeError`` once :meth:`close` was called; otherwise as ``MemoryResource.allocate``
+        (``OverflowError``, ``TypeError``, :class:`CUDAError` for the upstream's failure, after
+        one retry with the cache flushed when it was out of memory).
+        """
+    @property
+    def upstream(self) -> MemoryResource:
+        """The resource the cache allocates from and frees through."""
+    @property
+    def stats(self) -> "dict[str, int]":
+        """The cache's counters, as a new ``dict`` of ints: ``in_use_blocks`` and ``in_use_bytes``
+        (blocks lent out, by block size: the requests rounded up to their class),
+        ``cached_blocks`` and ``cached_bytes`` (blocks waiting in a bin), ``hits`` (allocations
+        served from a bin), ``misses`` (allocations that took a new block from the upstream),
+        ``freed_blocks`` (blocks freed through the upstream: trims, closes, frees on a default
+        stream) and ``out_of_memory_retries``. ``in_use_bytes + cached_bytes`` is what the
+        upstream holds for the cache.
+        """
+    def trim(self) -> None:
+        """Frees every cached block now through the upstream resource (for a pool
+        ``cuMemFreeAsync`` on the block's stream, which does not block; for the synchronous
+        resources after its stream has drained), the GIL released. Buffers lent out are not
+        touched. :class:`CUDAError` for the first free that fails (the others are still freed,
+        their failures reported as :class:`CUDAWarning`); the bins are empty either way.
+        """
+    def close(self) -> None:
+        """Closes the resource: it allocates nothing more (``RuntimeError``), its cached blocks are
+        freed as :meth:`trim` frees them, and every buffer still out frees its memory through the
+        upstream when it is closed or dropped. Idempotent. :class:`CUDAError` as :meth:`trim`.
+        """
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+
 class DeviceMemoryResourceOptions:
     """Options for a :class:`DeviceMemoryResource` with a pool of its own. ``ipc_enabled``: other
     processes can open the pool (through a POSIX file descriptor); ``max_size``: the pool's

@@ -1,0 +1,181 @@
+"""The opt-in caching resource, ``custody.CachingMemoryResource(upstream)``: a buffer closed or
+dropped goes back to a bin of its deallocation stream, and the next allocation of its size class
+on that stream gets the same memory with no driver call; another stream does not;
+``set_deallocation_stream`` moves the block to the new stream's bin; a declared use is waited
+for before the reuse; ``trim()`` and ``close()`` free everything through the upstream resource.
+Runs on the emulator and on a GPU (addresses, sizes, statistics, a pool's used memory
+everywhere; the call log and live allocations on the emulator)."""
+
+import gc
+
+import pytest
+
+import custody
+from conftest import run_in_thread
+
+
+def used(mr):
+    """The device pool's used memory once device 0's work is done."""
+    custody.Device(0).sync()
+    return mr.attributes.used_mem_current
+
+
+@pytest.fixture
+def pool(device):
+    return custody.DeviceMemoryResource(0)
+
+
+def test_a_same_stream_reuse_makes_no_driver_call(device, stream, pool, emu):
+    base = used(pool)
+    mr = custody.CachingMemoryResource(pool)
+    assert mr.upstream is pool
+    buf = mr.allocate(1000, stream=stream)
+    assert buf.size == 1000, "the size asked for"
+    assert buf.memory_resource is mr
+    ptr = buf.handle
+    if emu:
+        block = [a for a in emu.allocations() if a["ptr"] == ptr]
+        assert block and block[0]["size"] == 1024, "the block is the size class"
+    buf.close()
+    if emu:
+        emu.clear_calls()
+    again = mr.allocate(900, stream=stream)
+    assert (again.handle, again.size) == (ptr, 900)
+    again.close()
+    dropped = mr.allocate(1024, stream=stream)
+    assert dropped.handle == ptr
+    del dropped
+    gc.collect()
+    if emu:
+        mine = [c["function"] for c in emu.calls() if c["thread"] == emu.thread_id()]
+        assert mine == [], mine
+    stats = mr.stats
+    assert stats == {
+        "in_use_blocks": 0,
+        "in_use_bytes": 0,
+        "cached_blocks": 1,
+        "cached_bytes": 1024,
+        "hits": 2,
+        "misses": 1,
+        "freed_blocks": 0,
+        "out_of_memory_retries": 0,
+    }
+    if emu:
+        emu.clear_calls()
+    assert mr.trim() is None
+    if emu:
+        (free,) = emu.calls_to("cuMemFreeAsync")
+        assert free["stream"] == stream.handle and free["result"] == 0
+    assert mr.stats["cached_bytes"] == 0
+    assert used(pool) == base, "trim gave everything back"
+
+
+def test_another_stream_gets_a_new_block_and_set_deallocation_stream_moves_it(device, pool):
+    base = used(pool)
+    a, b = device.create_stream(), device.create_stream()
+    mr = custody.CachingMemoryResource(pool)
+    buf = mr.allocate(4096, stream=a)
+    ptr = buf.handle
+    buf.close()
+    on_b = mr.allocate(4096, stream=b)
+    assert on_b.handle != ptr, "a's block is not handed out on b"
+    on_b.close()
+    moved = mr.allocate(4096, stream=a)
+    assert moved.handle == ptr
+    b.wait(a)
+    moved.set_deallocation_stream(b)
+    moved.close()
+    fresh = mr.allocate(4096, stream=a)
+    assert fresh.handle != ptr, "no longer a's"
+    from_b = [mr.allocate(4096, stream=b) for _ in range(2)]
+    assert ptr in [x.handle for x in from_b], "b's now"
+    for x in from_b + [fresh]:
+        x.close()
+    mr.close()
+    assert mr.is_closed
+    assert used(pool) == base
+
+
+def test_a_declared_use_is_waited_for_before_the_reuse(device, pool, emu):
+    a, b = device.create_stream(), device.create_stream()
+    mr = custody.CachingMemoryResource(pool)
+    buf = mr.allocate(4096, stream=a)
+    ptr = buf.handle
+    buf.fill(0x5A, stream=a)
+    b.wait(a)
+    out = custody.LegacyPinnedMemoryResource().allocate(4096, stream=b)
+    out.copy_from(buf, stream=b)
+    buf.record_use(b)
+    if emu:
+        emu.clear_calls()
+    buf.close()
+    if emu:
+        waits = [c for c in emu.calls_to("cuStreamWaitEvent") if c["result"] == 0]
+        assert [w["stream"] for w in waits] == [a.handle], "a waits for b"
+        assert emu.calls_to("cuMemFreeAsync") == [], "cached, not freed"
+    again = mr.allocate(4096, stream=a)
+    assert again.handle == ptr
+    again.fill(0, stream=a)  # after b's copy, by stream order
+    b.sync()
+    import ctypes
+
+    assert ctypes.string_at(out.handle, 4096) == b"\x5a" * 4096
+    out.close()
+    again.close()
+    mr.close()
+
+
+def test_close_frees_the_cache_and_buffers_still_out_free_later(device, stream, pool, emu):
+    base = used(pool)
+    mr = custody.CachingMemoryResource(pool)
+    kept, out = mr.allocate(4096, stream=stream), mr.allocate(4096, stream=stream)
+    ids = [emu.alloc_id(kept.handle), emu.alloc_id(out.handle)] if emu else []
+    kept.close()
+    mr.close()
+    if emu:
+        assert [emu.is_live(i) for i in ids] == [False, True]
+    with pytest.raises(RuntimeError, match="closed"):
+        mr.allocate(4096, stream=stream)
+    out.close()
+    if emu:
+        assert not emu.is_live(ids[1])
+    assert mr.stats["freed_blocks"] == 2
+    mr.close()  # idempotent
+    assert used(pool) == base
+
+
+def test_a_buffer_dropped_on_another_thread_comes_back(device, stream, pool):
+    mr = custody.CachingMemoryResource(pool)
+    buf = mr.allocate(4096, stream=stream)
+    ptr = buf.handle
+    holder = [buf]
+    del buf
+    run_in_thread(holder.clear)
+    gc.collect()
+    assert mr.stats["cached_blocks"] == 1
+    again = mr.allocate(4096, stream=stream)
+    assert again.handle == ptr
+    again.close()
+    mr.trim()
+
+
+def test_bad_input(device, stream, pool):
+    with pytest.raises(TypeError):
+        custody.CachingMemoryResource(None)
+    with pytest.raises(TypeError):
+        custody.CachingMemoryResource(object())
+
+    class Mine(custody.MemoryResource):
+        pass
+
+    with pytest.raises(TypeError, match="built-in"):
+        custody.CachingMemoryResource(Mine())
+    mr = custody.CachingMemoryResource(pool)
+    with pytest.raises(TypeError):
+        mr.allocate(64)  # stream is required
+    with pytest.raises(OverflowError):
+        mr.allocate(-1, stream=stream)
+    empty = mr.allocate(0, stream=stream)
+    assert (empty.handle, empty.size) == (0, 0)
+    assert mr.stats["misses"] == 0
+    mr.close()
