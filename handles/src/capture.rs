@@ -1,11 +1,13 @@
 //! Stream capture: [`capture_status`], [`begin_capture`] and [`end_capture`] (which counts the
-//! captures custody began, for [`capture_may_be_active`]); `retain_in_capture`, which attaches
-//! memory to a capture, lives with the graph nodes (`graph_nodes.rs`).
+//! captures custody began, for [`capture_may_be_active`]), and ending a capture to discard it
+//! ([`discard_capture`], and [`abandon_capture`] for a drop, which reports); `retain_in_capture`,
+//! which attaches memory to a capture, lives with the graph nodes (`graph_nodes.rs`).
 
 use cuda_sys::types::{CUgraph, CUstreamCaptureMode, CUstreamCaptureStatus};
 
 use crate::context::ContextHandle;
 use crate::graph::GraphHandle;
+use crate::report::{report, CleanupStep, Consequence, Subject};
 use crate::stream::StreamHandle;
 use crate::HandleError;
 
@@ -91,4 +93,54 @@ pub fn end_capture(stream: &StreamHandle) -> Result<GraphHandle, HandleError> {
     });
     result?;
     Ok(GraphHandle::from_captured(graph, &context))
+}
+
+/// Ends the capture of `stream` and discards what it recorded (the graph is destroyed once its
+/// last handle goes; what the capture retained is then released). A capture that was
+/// invalidated has ended all the same, so `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` is success
+/// here: the capture is over, which is all a discard asks.
+///
+/// # Errors
+/// As [`end_capture`], without the invalidated capture. Then the capture may still be running
+/// (a thread-local or global capture ended on another thread): [`capture_status`] says.
+///
+/// Driver calls: as [`end_capture`].
+pub fn discard_capture(stream: &StreamHandle) -> Result<(), HandleError> {
+    match end_capture(stream) {
+        Ok(graph) => {
+            drop(graph);
+            Ok(())
+        }
+        Err(HandleError::Driver(error)) if error.code.0 == CAPTURE_INVALIDATED => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// [`discard_capture`] where no caller can receive an error (a graph builder dropped while
+/// building): a failure is reported through the cleanup-error hook (docs/decisions.md D3), as
+/// resource `stream capture`, operation `cuStreamEndCapture`, the stream's handle as the address,
+/// with [`Consequence::StillCapturing`] when the stream is still being captured afterwards, else
+/// [`Consequence::Leaked`] (the capture is over, but what it recorded was never handed back).
+///
+/// Driver calls: as [`discard_capture`]; after a failure `cuStreamIsCapturing`.
+pub fn abandon_capture(stream: &StreamHandle) {
+    if let Err(error) = discard_capture(stream) {
+        let still = matches!(
+            capture_status(stream),
+            Ok(CaptureStatus::Active | CaptureStatus::Invalidated)
+        );
+        let consequence = if still {
+            Consequence::StillCapturing
+        } else {
+            Consequence::Leaked
+        };
+        let context = stream.context().map_or(0, |c| c.raw() as u64);
+        let raw = stream.raw_usize() as u64;
+        report(
+            Subject::new("stream capture", "cuStreamEndCapture", raw, raw, context),
+            CleanupStep::Operation,
+            consequence,
+            error,
+        );
+    }
 }

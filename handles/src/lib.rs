@@ -53,7 +53,8 @@ mod user_object;
 
 pub use allocation::{AdoptError, Deallocator, DeallocatorPanic, OwnedAllocation};
 pub use capture::{
-    begin_capture, capture_may_be_active, capture_status, end_capture, CaptureStatus,
+    abandon_capture, begin_capture, capture_may_be_active, capture_status, discard_capture,
+    end_capture, CaptureStatus,
 };
 pub use context::{ContextHandle, ContextKind, ContextScope};
 pub use deferred::{

@@ -54,6 +54,10 @@ pub enum Consequence {
     /// The free could not be handed to the graph being captured on its stream: it waits until
     /// the capture is over and is retried then (docs/decisions.md D11).
     Deferred,
+    /// Ending a stream capture nobody will end (a graph builder dropped while building) failed,
+    /// and the stream is still being captured: work issued on it is recorded, not run, and what
+    /// the capture recorded and retained stays until the capture is ended.
+    StillCapturing,
     /// Whether the resource was released cannot be known: a [`Deallocator`](crate::Deallocator)
     /// panicked after taking its allocation out of custody's sight
     /// ([`OwnedAllocation::into_raw`](crate::OwnedAllocation::into_raw), or passing it on), so
@@ -144,6 +148,10 @@ impl fmt::Display for CleanupError {
             ),
             Consequence::Deferred => f.write_str(
                 "the free waits until the stream's capture is over, and is retried then",
+            ),
+            Consequence::StillCapturing => f.write_str(
+                "the stream is still being captured: its work is recorded, not run, and what \
+                 the capture recorded and retained is kept until the capture ends",
             ),
             Consequence::Unknown => f.write_str("whether it was released cannot be known"),
         }

@@ -990,6 +990,69 @@ fn a_builder_dropped_while_building_ends_its_capture_and_releases_what_it_retain
     again.close().unwrap();
 }
 
+/// Ending a capture can fail (the driver refuses `cuStreamEndCapture`; on a GPU, ending a
+/// thread-local capture on another thread): `abandon_building` returns the error and leaves the
+/// builder building, so that it can be called again; a builder dropped then reports the failure
+/// through the cleanup-error hook (not a line on stderr), naming the capture and saying that
+/// the stream is still being captured.
+#[test]
+fn a_failed_end_of_capture_is_returned_by_abandon_building_and_reported_by_a_drop() {
+    let _serial = start();
+    let Some(emu) = Emulator::get() else {
+        eprintln!("skipped on a real driver: fault injection is emulator-only");
+        return;
+    };
+    let s = stream();
+    let builder = GraphBuilder::new(&s).unwrap();
+    builder.abandon_building().unwrap(); // not building: nothing to do
+    builder.begin_building(CaptureMode::ThreadLocal).unwrap();
+    assert!(emu.inject_fault("cuStreamEndCapture", 1, CudaErrorCode::INVALID_VALUE));
+    let refused = builder.abandon_building().unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(CudaErrorCode::INVALID_VALUE),
+        "{refused}"
+    );
+    assert!(builder.is_building(), "the capture still runs");
+    builder.abandon_building().unwrap();
+    assert!(!builder.is_building());
+    assert_eq!(
+        handles::capture_status(&s).unwrap(),
+        handles::CaptureStatus::None
+    );
+
+    let reported = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&reported);
+    handles::set_cleanup_error_hook(Box::new(move |e| seen.lock().unwrap().push(e.clone())));
+    builder.begin_building(CaptureMode::ThreadLocal).unwrap();
+    assert!(emu.inject_fault("cuStreamEndCapture", 1, CudaErrorCode::INVALID_VALUE));
+    drop(builder);
+    handles::reset_cleanup_error_hook();
+    let reported = reported.lock().unwrap().clone();
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    let error = &reported[0];
+    assert_eq!(
+        (error.resource.as_ref(), error.operation, error.ptr),
+        ("stream capture", "cuStreamEndCapture", s.raw() as u64)
+    );
+    assert_eq!(error.consequence, handles::Consequence::StillCapturing);
+    assert_eq!(error.error_name(), "CUDA_ERROR_INVALID_VALUE");
+    assert!(
+        error.to_string().ends_with(
+            "the stream is still being captured: its work is recorded, not run, and what the \
+             capture recorded and retained is kept until the capture ends"
+        ),
+        "{error}"
+    );
+    // The capture the drop could not end is ended here, so the stream runs work again.
+    handles::discard_capture(&s).unwrap();
+    assert_eq!(
+        handles::capture_status(&s).unwrap(),
+        handles::CaptureStatus::None
+    );
+    assert_no_hazards(&emu);
+}
+
 #[test]
 fn builder_misuse_is_refused_before_any_driver_call() {
     let _serial = start();

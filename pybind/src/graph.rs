@@ -191,9 +191,25 @@ impl PyGraphBuilder {
         Ok((0, self.stream_handle()?.raw() as usize))
     }
 
-    /// Ends a capture still running and releases the builder and its recorded graph (the graph's
-    /// memory is released once every executable made from it is gone). Idempotent.
-    fn close(&self, py: Python<'_>) {
+    /// Ends a capture still running, discarding what it recorded, and releases the builder and
+    /// its recorded graph (the graph's memory is released once every executable made from it is
+    /// gone). Idempotent. A capture that was invalidated has ended all the same: not an error
+    /// here. :class:`CUDAError` when the driver refuses to end the capture (ending a
+    /// ``"thread_local"`` or ``"global"`` capture on another thread, say): the builder then
+    /// stays open and building, so that ``close()`` can be called again, from the thread that
+    /// may end it. A builder dropped while building ends its capture the same way and reports
+    /// such a failure as a :class:`CUDAWarning`, as other objects' drops do. Driver calls:
+    /// ``cuStreamEndCapture`` (and ``cuStreamIsCapturing`` after a failure), ``cuGraphDestroy``.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let building = self
+            .builder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(builder) = building {
+            py.detach(|| builder.abandon_building())
+                .map_err(Error::from)?;
+        }
         let builder = self
             .builder
             .lock()
@@ -208,6 +224,7 @@ impl PyGraphBuilder {
             drop(builder);
             drop(graph);
         });
+        Ok(())
     }
 }
 

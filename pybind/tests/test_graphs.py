@@ -188,6 +188,82 @@ def test_pool_allocation_while_capturing_is_refused(device):
     gb.close()
 
 
+def test_close_raises_when_the_capture_cannot_be_ended_and_can_be_retried(device, emu):
+    """An explicit ``close()`` that cannot end the capture raises ``CUDAError`` (as other
+    explicit closes do) and leaves the builder open and building; closing again ends it."""
+    if emu is None:
+        pytest.skip("needs the emulated driver's fault injection")
+    gb = device.create_graph_builder()
+    gb.begin_building("thread_local")
+    emu.inject_fault("cuStreamEndCapture", 1, 1)  # CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(custody.CUDAError, match="cuStreamEndCapture"):
+        gb.close()
+    assert not gb.is_closed and gb.is_building
+    gb.close()
+    assert gb.is_closed
+    gb.close()  # idempotent
+
+
+def test_close_of_an_invalidated_capture_is_not_an_error(device):
+    """A capture that an unsupported call invalidated (an event recorded in the capture, queried
+    on the capturing thread: docs/driver-facts.md F17) has ended all the same: ``close()``
+    succeeds, and the stream runs work again."""
+    gb = device.create_graph_builder()
+    gb.begin_building("thread_local")
+    event = gb.stream.record()
+    with pytest.raises(custody.CUDAError):
+        event.is_done
+    gb.close()
+    assert gb.is_closed
+    buf = custody.DeviceMemoryResource(0).allocate(64, stream=gb.stream)
+    buf.fill(3, stream=gb.stream)
+    gb.stream.sync()
+    buf.close()
+
+
+def test_a_builder_dropped_while_its_capture_cannot_be_ended_warns(tmp_path):
+    """A builder dropped (never closed) whose capture cannot be ended reports that as a
+    ``CUDAWarning`` through the cleanup hook, as other drops do, not as a bare line on stderr.
+    In a child process: the capture it leaves running is the child's last act."""
+    from conftest import EMU
+
+    if EMU is None:
+        pytest.skip("needs the emulated driver's fault injection")
+    script = textwrap.dedent(
+        """
+        import gc, sys, warnings
+        sys.path.insert(0, {tests!r})
+        import custody
+        from conftest import EMU
+
+        dev = custody.Device(0)
+        dev.set_current()
+        gb = dev.create_graph_builder()
+        stream = gb.stream
+        gb.begin_building("thread_local")
+        EMU.inject_fault("cuStreamEndCapture", 1, 1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del gb
+            gc.collect()
+        found = [str(w.message) for w in caught if issubclass(w.category, custody.CUDAWarning)]
+        print(len(found))
+        for text in found:
+            print(text)
+        """
+    ).format(tests=os.path.dirname(__file__))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "1", out.stdout + out.stderr
+    assert lines[1].startswith("cuStreamEndCapture(0x") and "[stream capture]" in lines[1], lines
+    assert "CUDA_ERROR_INVALID_VALUE" in lines[1], lines
+    assert lines[1].endswith("the stream is still being captured: its work is recorded, not run, "
+                             "and what the capture recorded and retained is kept until the "
+                             "capture ends"), lines
+    assert "ending the capture of a dropped graph builder failed" not in out.stderr, out.stderr
+
+
 def test_builder_bad_input(device):
     gb = device.create_graph_builder()
     with pytest.raises(ValueError, match="capture mode"):

@@ -61,7 +61,9 @@ struct Building {
 ///
 /// `Send + Sync`; operations are serialised under the builder's lock (so the attach-time
 /// warning hook, docs/decisions.md D6, runs with it held and must not use the same builder). A
-/// builder dropped while building ends its capture and discards the graph.
+/// builder dropped while building ends its capture and discards the graph, and reports a
+/// failure to end it through the cleanup-error hook; [`GraphBuilder::abandon_building`] does
+/// the same and returns the error.
 pub struct GraphBuilder {
     stream: StreamHandle,
     device: i32,
@@ -317,6 +319,49 @@ impl GraphBuilder {
     }
 }
 
+impl GraphBuilder {
+    /// Ends a capture still running and discards what it recorded (what it retained goes to the
+    /// cleanup worker once the discarded graph is destroyed), so that the stream runs work
+    /// again: what dropping the builder does, with the error returned. A capture that was
+    /// invalidated has ended all the same and is not an error here. Nothing to do (`Ok`) when
+    /// not building. The builder can begin again.
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`] for the driver's refusal to end the capture (ending a
+    /// thread-local or global capture on another thread, say); the builder is then still
+    /// building if the capture still runs ([`GraphBuilder::is_building`]), so that the call can
+    /// be made again from the thread that may end it.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamEndCapture`
+    /// (and `cuStreamIsCapturing` after a failure); `cuGraphDestroy` for the discarded graph.
+    pub fn abandon_building(&self) -> Result<(), MemoryError> {
+        let mut state = self.lock();
+        if !state.active {
+            return Ok(());
+        }
+        match handles::discard_capture(&self.stream) {
+            Ok(()) => {
+                state.active = false;
+                state.graph_allocations.clear();
+                state.gate = None;
+                Ok(())
+            }
+            Err(error) => {
+                let still = matches!(
+                    handles::capture_status(&self.stream),
+                    Ok(CaptureStatus::Active | CaptureStatus::Invalidated)
+                );
+                state.active = still;
+                if !still {
+                    state.graph_allocations.clear();
+                    state.gate = None;
+                }
+                Err(error.into())
+            }
+        }
+    }
+}
+
 impl Drop for GraphBuilder {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
@@ -324,10 +369,9 @@ impl Drop for GraphBuilder {
             return;
         }
         // An abandoned capture: end it so the stream runs work again, and discard the graph
-        // (what it retained goes to the cleanup worker).
-        if let Err(error) = handles::end_capture(&self.stream) {
-            eprintln!("custody: ending the capture of a dropped graph builder failed: {error}");
-        }
+        // (what it retained goes to the cleanup worker); a failure goes to the cleanup-error
+        // hook (docs/decisions.md D3), as [`GraphBuilder::abandon_building`] would return it.
+        handles::abandon_capture(&self.stream);
     }
 }
 

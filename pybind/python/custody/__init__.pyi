@@ -1221,8 +1221,15 @@ class GraphBuilder:
     def __cuda_stream__(self) -> Tuple[int, int]:
         """``(0, handle)`` of the captured stream (``RuntimeError`` once closed)."""
     def close(self) -> None:
-        """Ends a capture still running and releases the builder and its recorded graph (the graph's
-        memory is released once every executable made from it is gone). Idempotent.
+        """Ends a capture still running, discarding what it recorded, and releases the builder and
+        its recorded graph (the graph's memory is released once every executable made from it is
+        gone). Idempotent. A capture that was invalidated has ended all the same: not an error
+        here. :class:`CUDAError` when the driver refuses to end the capture (ending a
+        ``"thread_local"`` or ``"global"`` capture on another thread, say): the builder then
+        stays open and building, so that ``close()`` can be called again, from the thread that
+        may end it. A builder dropped while building ends its capture the same way and reports
+        such a failure as a :class:`CUDAWarning`, as other objects' drops do. Driver calls:
+        ``cuStreamEndCapture`` (and ``cuStreamIsCapturing`` after a failure), ``cuGraphDestroy``.
         """
 
 class Graph:
