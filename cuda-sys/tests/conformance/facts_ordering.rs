@@ -392,6 +392,69 @@ fn basic_ctx_synchronize_returns_after_an_exited_threads_per_thread_fill_and_a_l
     });
 }
 
+/// The legacy stream's documented rule in its second direction (CUDA driver API, "Stream
+/// synchronization behavior": an action on the legacy stream first waits for every blocking
+/// stream, and then every blocking stream waits for it), which makes work on the legacy stream a
+/// barrier for the blocking streams of its context: a created blocking stream X is held by a wait
+/// on a flag; a marker written on `CU_STREAM_LEGACY` waits for X, and a marker written *after it*
+/// on another created blocking stream Y waits for the legacy stream, so for X too; a created
+/// non-blocking stream Z is not held back. Once the flag is released everything is written. What
+/// a free custody issues on the legacy stream (docs/decisions.md D6) does to the context's
+/// blocking streams. Read from the documentation, not yet run on a GPU.
+#[test]
+fn basic_legacy_work_is_a_barrier_for_later_work_on_blocking_streams_not_yet_measured() {
+    on_fresh_thread("legacy-barrier", || {
+        init();
+        let _primary = primary_current();
+        let flag = Flag::new();
+        let (legacy_marker, y_marker, z_marker) =
+            (HostWord::new(), HostWord::new(), HostWord::new());
+        let x = stream_create(0).check();
+        let y = stream_create(0).check();
+        let z = stream_create(STREAM_NON_BLOCKING).check();
+        stream_wait_value32(x, flag.dev(), 1, STREAM_WAIT_VALUE_GEQ).check();
+        stream_write_value32(CU_STREAM_LEGACY, legacy_marker.dev(), MARKER).check();
+        stream_write_value32(y, y_marker.dev(), MARKER).check();
+        stream_write_value32(z, z_marker.dev(), MARKER).check();
+        stream_synchronize(z).check(); // Z does not wait for the legacy stream
+        assert_eq!(
+            z_marker.read(),
+            MARKER,
+            "the non-blocking stream's write ran"
+        );
+        stream_query(CU_STREAM_LEGACY).fails_with(CudaErrorCode::NOT_READY);
+        stream_query(y).fails_with(CudaErrorCode::NOT_READY);
+        assert_eq!(
+            legacy_marker.read(),
+            0,
+            "the legacy write waits for the held X"
+        );
+        assert_eq!(
+            y_marker.read(),
+            0,
+            "Y's later write waits for the legacy stream, so for X"
+        );
+        assert!(!flag.watchdog_fired());
+
+        flag.release();
+        stream_synchronize(y).check();
+        assert_eq!(legacy_marker.read(), MARKER);
+        assert_eq!(y_marker.read(), MARKER);
+        assert!(
+            !flag.watchdog_fired(),
+            "released by the case, not the watchdog"
+        );
+        for s in [x, y, z] {
+            stream_synchronize(s).check();
+            stream_destroy(s).check();
+        }
+        flag.free();
+        legacy_marker.free();
+        y_marker.free();
+        z_marker.free();
+    });
+}
+
 /// The stream B writes on in an F15 case.
 #[derive(Clone, Copy, Debug)]
 enum Other {
