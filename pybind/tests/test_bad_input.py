@@ -3,6 +3,8 @@ objects raises the documented TypeError / ValueError / RuntimeError / OverflowEr
 message; nothing crashes and nothing half-changes (docs/reference-notes.md section 3.11;
 docs/decisions.md D4, D5)."""
 
+import sys
+
 import pytest
 
 import custody
@@ -196,6 +198,31 @@ def test_from_handle_with_mr_refuses_without_taking_ownership(device, stream):
                      lambda: custody.ManagedBuffer.from_handle(2**64 - 8, 16, mr=rec, stream=stream)]:
         check(ValueError, "wraps past the end", wrapping)
     assert rec.calls == [] and list(rec.live) == [ptr]
+    rec.release_all()
+
+
+@pytest.mark.parametrize("cls", [custody.Buffer, custody.ManagedBuffer])
+def test_from_handle_with_size_zero_is_a_zero_size_view_and_refused_with_mr(device, stream, cls):
+    """What ``from_handle``'s docstring says of ``size`` 0: without ``mr`` (a view, or kept alive
+    by ``owner``) a zero-size buffer over ``ptr`` (0 allowed for a view) that frees nothing;
+    with ``mr`` a ``ValueError``, and ``deallocate`` is never called."""
+    rec = RecordingResource()
+    ptr = rec.raw_allocate(64, stream)
+    owner = object()
+    held = sys.getrefcount(owner)
+    for view in [cls.from_handle(ptr, 0), cls.from_handle(0, 0), cls.from_handle(ptr, 0, owner=owner)]:
+        assert type(view) is cls and view.size == 0 and not view.is_closed
+        assert view.handle in (ptr, 0)
+        view.close()
+        assert view.is_closed
+    assert sys.getrefcount(owner) == held, "the owner was let go"
+    check(ValueError, "null pointer", lambda: cls.from_handle(0, 0, owner=owner))
+    check(ValueError, "invalid size of 0 bytes", lambda: cls.from_handle(ptr, 0, mr=rec))
+    check(ValueError, "invalid size of 0 bytes",
+          lambda: cls.from_handle(ptr, 0, mr=rec, stream=stream))
+    assert rec.calls == [] and list(rec.live) == [ptr], "nothing freed, nothing taken"
+    for doc in (cls.from_handle.__doc__, custody.Buffer.from_handle.__doc__):
+        assert "``size`` 0" in doc, doc
     rec.release_all()
 
 

@@ -308,12 +308,17 @@ class Buffer:
         host memory of this process, and one that is not (or a ``size`` larger than the
         allocation) can crash the process when a copy or fill uses it, as in cuda.core.
 
+        ``size`` 0: without ``mr`` (a view, or kept alive by ``owner``) a zero-size buffer is
+        returned (``size`` 0, ``handle`` the given ``ptr``, which may be 0 for a view), and
+        closing it frees nothing; with ``mr``, ``ValueError`` ("invalid size of 0 bytes"): a
+        buffer that owns its memory needs at least one byte, and ``deallocate`` is not called.
+
         The recipe is recorded before ownership is taken: on any error the pointer is still
         the caller's and ``deallocate`` is not called. ``ValueError``: ``stream`` without
-        ``mr``, ``mr`` with ``owner``, zero size, a null owned pointer, a range that wraps
-        past the end of the address space (``ptr + size`` not below ``2**64``, with or
-        without ``mr``); ``TypeError``: a bad ``mr`` or stream, or a ``stream`` passed by
-        position (it is keyword-only);
+        ``mr``, ``mr`` with ``owner``, zero size with ``mr``, a null pointer with ``mr`` or
+        ``owner``, a range that wraps past the end of the address space (``ptr + size`` not
+        below ``2**64``, with or without ``mr``); ``TypeError``: a bad ``mr`` or stream, or a
+        ``stream`` passed by position (it is keyword-only);
         ``OverflowError``: negative or too large numbers; ``RuntimeError``: no CUDA context is
         current for a default stream, or a closed stream.
         """
@@ -484,7 +489,9 @@ class ManagedBuffer(Buffer):
         stream: Optional[StreamLike] = None,
     ) -> "ManagedBuffer":
         """As :meth:`Buffer.from_handle`, for managed memory (reported host- and
-        device-accessible and managed without asking the driver)."""
+        device-accessible and managed without asking the driver). ``size`` 0 as there: a
+        zero-size ``ManagedBuffer`` without ``mr``, ``ValueError`` with ``mr``.
+        """
     @property
     def read_mostly(self) -> bool:
         """Whether read-mostly advice is set (``CU_MEM_ADVISE_SET_READ_MOSTLY``: reads may be
