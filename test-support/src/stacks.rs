@@ -26,7 +26,8 @@ pub const DUMP_END: &str = "custody-stack-dump end tid";
 /// stderr when [`STACK_DUMP_SIGNAL`] arrives: a `custody-stack-dump begin tid N (name)` line,
 /// `std::backtrace::Backtrace::force_capture()`, and `custody-stack-dump end tid N`. Called by
 /// every test's `start()` (the `helpers` feature) and by the cuda-sys conformance suite's driver
-/// accessor; idempotent and cheap after the first call. Elsewhere than Linux it does nothing.
+/// accessor; idempotent and cheap after the first call. It leaves alone a handler something else
+/// in the process installed for the signal first. Elsewhere than Linux it does nothing.
 ///
 /// # Panics
 /// When `sigaction` refuses the handler (it does not for a valid signal number).
@@ -40,6 +41,16 @@ pub fn dump_stacks_on_signal() {
 
 #[cfg(target_os = "linux")]
 fn install() {
+    // SAFETY: a zeroed `sigaction` is a valid value of the C struct; it only receives the
+    // current action here.
+    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid signal number; no new action (null), the current one written to `current`.
+    let status = unsafe { libc::sigaction(STACK_DUMP_SIGNAL, std::ptr::null(), &mut current) };
+    if status != 0 || current.sa_sigaction != libc::SIG_DFL {
+        // Something in the process (a library loaded before the first test) handles the signal
+        // already: leave it its handler; the runner then gets no dumps from this process.
+        return;
+    }
     // SAFETY: a zeroed `sigaction` is a valid value of the C struct (no handler, no flags, an
     // empty mask); the fields set below are the documented ones.
     let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
