@@ -159,6 +159,10 @@ class Collector:
                 break
             with self._lock:
                 self._chunks.append(chunk)
+        # Closed here, at the end of the child's output: a run of hundreds of tests must not
+        # keep two descriptors per test open.
+        with contextlib.suppress(OSError):
+            self._pipe.close()
 
     def text(self):
         with self._lock:
