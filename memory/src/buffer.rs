@@ -369,16 +369,26 @@ impl Buffer {
     ///
     /// May block: memory whose free is synchronous in the driver (`cuMemAlloc`, pinned host,
     /// managed) waits for the deallocation stream before the free. Stream-ordered frees do not
-    /// block.
+    /// block, except an imported buffer's ([`Buffer::is_mapped`]) when it holds its memory
+    /// alone: its close first waits for all work queued in the recipe's context (every stream of
+    /// it), so that work a caller queued on another stream than the deallocation stream, and did
+    /// not declare ([`Buffer::record_use`]), has run before the mapping can go. An unordered use
+    /// of an imported mapping after its unmap is a device fault that ends the context
+    /// (`CUDA_ERROR_ILLEGAL_ADDRESS`; `docs/cuda-core-compat.md`, "The H200-only failures"),
+    /// where a pool free only hands the bytes back. While a capture begun through custody may
+    /// be running, the wait is left out (a context synchronisation would break it).
     ///
     /// # Errors
     /// The free's failure ([`MemoryError::Handle`]): a driver error, or the memory resource's
-    /// `deallocate` error for adopted memory. The buffer is closed either way.
+    /// `deallocate` error for adopted memory; for an import, the wait's failure when the free
+    /// succeeded. The buffer is closed either way.
     ///
-    /// Driver calls: as the memory's release rule (`cuMemFreeAsync`; `cuStreamSynchronize` and
-    /// `cuMemFree` / `cuMemFreeHost`; a resource's `deallocate`), in the recipe's context
-    /// (`cuCtxGetCurrent`, `cuCtxSetCurrent` if needed).
+    /// Driver calls: for an import held alone, `cuCtxSynchronize` in the recipe's context; then
+    /// as the memory's release rule (`cuMemFreeAsync`; `cuStreamSynchronize` and `cuMemFree` /
+    /// `cuMemFreeHost`; a resource's `deallocate`), in the recipe's context (`cuCtxGetCurrent`,
+    /// `cuCtxSetCurrent` if needed).
     pub fn close(self) -> Result<(), MemoryError> {
+        let waited = self.wait_before_unmap();
         let Buffer {
             graph, handle, mr, ..
         } = self;
@@ -387,7 +397,25 @@ impl Buffer {
         let result = handle.release();
         // The resource goes after its memory (a pool outlives its allocations).
         drop(mr);
-        Ok(result?)
+        result?;
+        Ok(waited?)
+    }
+
+    /// For an imported buffer about to release the last handle to its memory: waits for every
+    /// stream of the recipe's context (see [`Buffer::close`]). Nothing for other buffers, for a
+    /// handle shared with a graph or a DLPack consumer (its last holder frees, on a drop, which
+    /// never blocks: docs/decisions.md D9), or while a custody capture may run.
+    fn wait_before_unmap(&self) -> Result<(), MemoryError> {
+        if self.ipc != IpcRole::Imported
+            || self.handle.handle_count() != 1
+            || handles::capture_may_be_active()
+        {
+            return Ok(());
+        }
+        match self.handle.recipe() {
+            Some(recipe) => Ok(recipe.context().synchronize()?),
+            None => Ok(()),
+        }
     }
 
     /// [`close`](Self::close), handing back the remains of the recipe's stream or context when

@@ -209,3 +209,40 @@ fn concurrent_imports_and_closes_map_and_unmap_in_pairs() {
     e.buffer.close().unwrap();
     assert_no_hazards();
 }
+
+/// Work queued on another stream than an import's deallocation stream, and not declared with
+/// `record_use`, has run before an explicit close unmaps the import: the close waits for the
+/// recipe's context first (`cuCtxSynchronize`), then frees on the recipe's stream. cuda.core's
+/// worker-pool and send-buffers IPC tests fill an import on a non-blocking stream and close it
+/// at once, with its free on the legacy stream; on an H200 that use ran after the unmap, a
+/// device fault (docs/cuda-core-compat.md, "The H200-only failures"). Fails without the wait:
+/// the emulator's hazard checker reports the free as `unordered_free`.
+#[test]
+fn closing_an_import_waits_for_undeclared_work_on_other_streams_before_the_unmap() {
+    let _serial = start();
+    let Some(emu) = emulator_or_skip(ONE_PROCESS_IPC) else {
+        return;
+    };
+    let s0 = stream_on(0);
+    let e = imported(&s0);
+    primary(0).make_current().unwrap();
+    let legacy = handles::StreamHandle::legacy();
+    let other = handles::StreamHandle::create(&primary(0), handles::StreamFlags::NON_BLOCKING, 0)
+        .expect("stream");
+    let import = Buffer::from_ipc_descriptor(&e.imported, &e.descriptor, &legacy).unwrap();
+    let alloc = alloc_of(import.ptr());
+    import.fill(0x5au8, &other).unwrap();
+    let closed = mark();
+    import.close().unwrap();
+    let syncs = emu.calls_named("cuCtxSynchronize", closed);
+    let free = emu.only_call("cuMemFreeAsync", alloc, closed);
+    assert_eq!(free.result, 0);
+    assert!(
+        syncs.iter().any(|c| c.seq < free.seq),
+        "the close did not wait for the context before the unmap: {syncs:#?}"
+    );
+    assert!(!emu.is_live(alloc));
+    assert_eq!(read(&e.buffer, &s0), vec![0x5a; 4096], "the fill landed");
+    e.buffer.close().unwrap();
+    assert_no_hazards();
+}
