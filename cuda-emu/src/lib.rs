@@ -36,6 +36,9 @@
 //!   every host function and graph launch, runs on a worker thread the stream starts on demand.
 //!   Events record stream positions; `cuStreamWaitEvent` makes a stream wait for one; the
 //!   synchronize calls block; the query calls return `CUDA_ERROR_NOT_READY` while work is pending.
+//!   A destroyed stream's queued work still runs, and a context or device synchronisation waits
+//!   for it and observes it (documented for `cuCtxSynchronize` and `cuStreamDestroy`; conformance
+//!   `basic_ctx_synchronize_waits_for_a_destroyed_streams_work_not_yet_measured`).
 //!   Stream memory operations (`cuStreamWaitValue32_v2`/`64_v2`, `cuStreamWriteValue32_v2`/
 //!   `64_v2`) on device memory or pinned host memory (`cuMemAllocHost`, `cuMemHostAlloc`; its
 //!   device pointer from `cuMemHostGetDevicePointer_v2` is its host address): a wait holds its

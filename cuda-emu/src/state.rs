@@ -64,6 +64,11 @@ pub(crate) struct Context {
     pub(crate) legacy: u64,
     /// Created and per-thread streams (not the legacy stream).
     pub(crate) streams: BTreeSet<u64>,
+    /// The last operation and the clock of each stream destroyed with work the host has not
+    /// seen complete: a context or device synchronisation still waits for that work and observes
+    /// it (`cuCtxSynchronize`: "all preceding requested tasks"; `cuStreamDestroy`: the queued work
+    /// still runs). Dropped once done and observed.
+    pub(crate) retired: Vec<(Dep, VectorClock)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -242,6 +247,7 @@ impl State {
                     alive: false,
                     legacy: 0,
                     streams: BTreeSet::new(),
+                    retired: Vec::new(),
                 },
             );
             let pool = self.create_default_pool(ordinal);
@@ -353,8 +359,17 @@ impl State {
     /// Removes a stream from the live table; remembers its handle as destroyed.
     pub(crate) fn destroy_stream_entry(&mut self, s: u64) {
         if let Some(stream) = self.streams.remove(&s) {
+            let host = &self.host_clock;
+            let seen = |dep: &Dep, clock: &VectorClock| {
+                dep.done() && clock.iter().all(|(c, t)| host.get(c) >= t)
+            };
             if let Some(c) = self.contexts.get_mut(&stream.ctx) {
                 c.streams.remove(&s);
+                c.retired.retain(|(dep, clock)| !seen(dep, clock));
+                let last = stream.core.tail_always();
+                if !seen(&last, &stream.clock) {
+                    c.retired.push((last, stream.clock.clone()));
+                }
             }
             if let Some(id) = stream.capture {
                 self.invalidate_capture(id);
@@ -493,6 +508,12 @@ impl State {
             deps.push(d);
             clock.merge(&c);
         }
+        if let Some(c) = self.contexts.get(&ctx) {
+            for (d, c) in &c.retired {
+                deps.push(d.clone());
+                clock.merge(c);
+            }
+        }
         (deps, clock)
     }
 
@@ -505,6 +526,14 @@ impl State {
             if device.is_none_or(|d| d == st.device) {
                 deps.push(st.core.tail_always());
                 clock.merge(&st.clock);
+            }
+        }
+        for c in self.contexts.values() {
+            if device.is_none_or(|d| d == c.device) {
+                for (d, c) in &c.retired {
+                    deps.push(d.clone());
+                    clock.merge(c);
+                }
             }
         }
         (deps, clock)

@@ -123,6 +123,27 @@ fn correctly_ordered_two_stream_program_reports_no_hazard() {
     assert!(hazards_for(&emu, id).is_empty(), "{:?}", emu.hazards());
 }
 
+/// A context synchronisation observes the work of a stream destroyed before it (the
+/// conformance case `basic_ctx_synchronize_waits_for_a_destroyed_streams_work_not_yet_measured`
+/// checks that it waits for it): a free ordered after it is not `unordered_free`. The pattern of
+/// cuda.core's send-buffers IPC test (a buffer filled on a stream of a helper object that goes
+/// before `Device.sync()`), where the emulator used to report one.
+#[test]
+fn context_synchronisation_orders_the_work_of_a_destroyed_stream() {
+    let (d, emu, _) = setup();
+    let (a, b) = (stream(d), stream(d));
+    let p = alloc_async(d, 64, a);
+    ok!(d, cuStreamSynchronize(a));
+    let id = id_at(&emu, p);
+    let c = stream(d);
+    ok!(d, cuMemsetD8Async(p, 1, 64, c));
+    ok!(d, cuStreamDestroy_v2(c));
+    ok!(d, cuCtxSynchronize());
+    ok!(d, cuMemFreeAsync(p, b));
+    ok!(d, cuStreamSynchronize(b));
+    assert!(hazards_for(&emu, id).is_empty(), "{:?}", emu.hazards());
+}
+
 #[test]
 fn host_synchronisation_orders_a_free_on_another_thread() {
     let (d, emu, ctx) = setup();

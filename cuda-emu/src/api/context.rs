@@ -95,6 +95,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
                 alive: false,
                 legacy: 0,
                 streams: BTreeSet::new(),
+                retired: Vec::new(),
             },
         );
         st.activate_context(handle);

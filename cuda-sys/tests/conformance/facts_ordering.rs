@@ -26,7 +26,7 @@
 //! a wait holds its stream's later work until the memory satisfies it; a write stores its value
 //! when its stream reaches it.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use cuda_sys::types::{
     CUcontext, CUstream, CU_STREAM_LEGACY, CU_STREAM_NULL, CU_STREAM_PER_THREAD,
@@ -563,6 +563,48 @@ fn basic_stream_wait_value64_eq_waits_for_the_exact_value() {
         assert_eq!(marker.read64(), u64::MAX - 1);
         stream_destroy(s).check();
         flag.free();
+        marker.free();
+    });
+}
+
+/// Documented, not yet measured: `cuCtxSynchronize` blocks until the context has completed all
+/// preceding requested tasks, and `cuStreamDestroy` of a stream with queued work returns at once
+/// while that work still runs; so a context synchronisation waits for the work of a stream
+/// destroyed before it. The stream is held by a wait on a flag that another thread releases
+/// (after a pause, so that a synchronisation that does not wait returns first and the case sees
+/// it; the assertion is on order only: once the synchronisation has returned, the destroyed
+/// stream's write is there). The emulator used to leave destroyed streams out of context and
+/// device synchronisations: cuda.core's send-buffers IPC test then showed a false
+/// `unordered_free` (a buffer filled on a stream destroyed before `Device.sync()`).
+#[test]
+fn basic_ctx_synchronize_waits_for_a_destroyed_streams_work_not_yet_measured() {
+    on_fresh_thread("ctx-sync-destroyed", || {
+        init();
+        let _primary = primary_current();
+        let (flag, marker) = (Arc::new(Flag::new()), HostWord::new());
+        let s = stream_create(STREAM_NON_BLOCKING).check();
+        stream_wait_value32(s, flag.dev(), 1, STREAM_WAIT_VALUE_GEQ).check();
+        stream_write_value32(s, marker.dev(), MARKER).check();
+        stream_destroy(s).check();
+        assert_eq!(marker.read(), 0, "the write waits behind the wait");
+        let releaser = {
+            let flag = Arc::clone(&flag);
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                flag.release();
+            })
+        };
+        ctx_synchronize().check();
+        let written = marker.read();
+        releaser.join().expect("the releasing thread");
+        assert!(!flag.watchdog_fired());
+        assert_eq!(
+            written, MARKER,
+            "cuCtxSynchronize returned before the destroyed stream's work ran"
+        );
+        Arc::try_unwrap(flag)
+            .unwrap_or_else(|_| panic!("the flag is still shared"))
+            .free();
         marker.free();
     });
 }
