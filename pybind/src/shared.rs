@@ -201,7 +201,9 @@ fn free_never_blocks(buffer: &Buffer) -> bool {
         && !buffer.is_mapped()
 }
 
-/// Closes an imported buffer and waits for its deallocation stream, so that when `close()`
+/// Closes an imported buffer (`memory::Buffer::close`, which first waits for every stream of the
+/// recipe's context when the buffer holds its memory alone, so that undeclared work on other
+/// streams has run before the unmap) and waits for its deallocation stream, so that when `close()`
 /// returns this import's part of the unmap has run (and the unmap itself, when it held the
 /// process's mapping last). The driver requires an importing process's free to have *completed*
 /// before the exporting process frees the allocation; with this, a consumer that closes its
@@ -210,7 +212,8 @@ fn free_never_blocks(buffer: &Buffer) -> bool {
 /// token, its recipe context's legacy stream (which waits for every blocking stream of the
 /// context, docs/driver-facts.md F14).
 ///
-/// Driver calls: those of the close, then `cuStreamSynchronize`.
+/// Driver calls: those of the close (`cuCtxSynchronize` first, for an import held alone), then
+/// `cuStreamSynchronize`.
 fn close_import(buffer: Buffer) -> Result<(), MemoryError> {
     let wait = buffer.handle().recipe().map(|recipe| {
         let stream = recipe.stream();

@@ -345,9 +345,13 @@ class Buffer:
         the buffer is closed either way. The free is ordered on the recorded deallocation stream.
         May block for memory whose free is synchronous in the driver (pinned, managed,
         ``cuMemAlloc``); stream-ordered frees do not wait, except an imported buffer's
-        (``is_mapped``): its close waits for its deallocation stream, so the unmap has run when it
-        returns (the driver requires an importing process's free to have completed before the
-        exporting process frees the allocation: close imports, then tell the exporter).
+        (``is_mapped``): its close first waits for every stream of the buffer's context, so that
+        work queued on another stream than the deallocation stream (and not declared with
+        :meth:`record_use`) has run before the unmap (a use of an unmapped import is a device
+        fault that ends the context), then frees, then waits for its deallocation stream, so the
+        unmap has run when it returns (the driver requires an importing process's free to have
+        completed before the exporting process frees the allocation: close imports, then tell
+        the exporter). The first wait is left out while a capture begun through custody may run.
         """
     def record_use(self, stream: StreamLike) -> None:
         """Declares that work on ``stream`` uses this buffer (PyTorch's ``record_stream`` is the
