@@ -20,7 +20,7 @@ use crate::ffi::{
     dlpack_capsule, dlpack_capsule_versioned, owned_allocation, unowned_handle, DLPACK_VERSION,
 };
 use crate::location::{kind_name, location, location_object, required_location};
-use crate::report::{release, PyObjRef};
+use crate::report::{release, running_python, PyObjRef};
 use crate::resource::{pool_of, python_device_id, resolve};
 use crate::shared::SharedBuffer;
 use crate::stream::{accept_stream, default_stream_handle, required_stream, with_stream};
@@ -54,7 +54,7 @@ impl PyBuffer {
     /// read only when asked); otherwise what the memory knows. `None` for no device.
     fn device_of(&self, py: Python<'_>, buffer: &Buffer) -> PyResult<Option<i32>> {
         if let Some(mr) = self.empty_of(py) {
-            let id: Option<i32> = mr.getattr("device_id")?.extract()?;
+            let id: Option<i32> = running_python(|| mr.getattr("device_id")?.extract())?;
             return Ok(id.filter(|&id| id >= 0));
         }
         if self.kept.resource.is_some() {
@@ -85,13 +85,15 @@ impl PyBuffer {
     fn dlpack_device_of(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
         let buffer = self.open(py)?;
         let (device, host, mut managed) = match self.empty_of(py) {
-            Some(mr) => (
-                mr.getattr("is_device_accessible")?.extract()?,
-                mr.getattr("is_host_accessible")?.extract()?,
-                mr.getattr("is_managed")
-                    .and_then(|v| v.extract())
-                    .unwrap_or(false),
-            ),
+            Some(mr) => running_python(|| -> PyResult<_> {
+                Ok((
+                    mr.getattr("is_device_accessible")?.extract()?,
+                    mr.getattr("is_host_accessible")?.extract()?,
+                    mr.getattr("is_managed")
+                        .and_then(|v| v.extract())
+                        .unwrap_or(false),
+                ))
+            })?,
             None => py
                 .detach(|| -> Result<_, MemoryError> {
                     Ok((
@@ -264,12 +266,17 @@ fn address(object: &Bound<'_, PyAny>) -> PyResult<u64> {
     let py = object.py();
     let value = if object.is_instance_of::<PyInt>() {
         object.clone()
-    } else if object.hasattr("__index__")? {
-        object.call_method0("__index__")?
-    } else if object.hasattr("__int__")? && !object.is_instance_of::<pyo3::types::PyFloat>() {
-        object.call_method0("__int__")?
     } else {
-        return Err(expected("pointer (int, or an object with __int__)", object));
+        running_python(|| {
+            if object.hasattr("__index__")? {
+                object.call_method0("__index__")
+            } else if object.hasattr("__int__")? && !object.is_instance_of::<pyo3::types::PyFloat>()
+            {
+                object.call_method0("__int__")
+            } else {
+                Err(expected("pointer (int, or an object with __int__)", object))
+            }
+        })?
     };
     value.extract::<u64>().map_err(|error| {
         if error.is_instance_of::<PyOverflowError>(py) {
@@ -570,8 +577,7 @@ impl PyBuffer {
                 })?;
                 let kwargs = PyDict::new(py);
                 kwargs.set_item("stream", stream)?;
-                mr.bind(py)
-                    .call_method("allocate", (size,), Some(&kwargs))?
+                running_python(|| mr.bind(py).call_method("allocate", (size,), Some(&kwargs)))?
             }
         };
         let target = dst
@@ -699,7 +705,7 @@ impl PyBuffer {
     #[getter]
     fn is_device_accessible(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
-            return mr.getattr("is_device_accessible")?.extract();
+            return running_python(|| mr.getattr("is_device_accessible")?.extract());
         }
         let buffer = self.open(py)?;
         Ok(py
@@ -711,7 +717,7 @@ impl PyBuffer {
     #[getter]
     fn is_host_accessible(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
-            return mr.getattr("is_host_accessible")?.extract();
+            return running_python(|| mr.getattr("is_host_accessible")?.extract());
         }
         let buffer = self.open(py)?;
         Ok(py
@@ -723,10 +729,11 @@ impl PyBuffer {
     #[getter]
     fn is_managed(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
-            return Ok(mr
-                .getattr("is_managed")
-                .and_then(|v| v.extract())
-                .unwrap_or(false));
+            return Ok(running_python(|| {
+                mr.getattr("is_managed")
+                    .and_then(|v| v.extract())
+                    .unwrap_or(false)
+            }));
         }
         let buffer = self.open(py)?;
         Ok(py.detach(|| buffer.is_managed()).map_err(Error::from)?)

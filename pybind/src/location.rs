@@ -7,6 +7,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::report::running_python;
+
 /// A location argument; `None` for `None` when `allow_none` (else `ValueError`), `TypeError`
 /// for anything that is neither a `Device` nor a `Host`.
 pub(crate) fn location(
@@ -16,10 +18,8 @@ pub(crate) fn location(
     let py = value.py();
     let keywords = PyDict::new(py);
     keywords.set_item("allow_none", allow_none)?;
-    let spec = py
-        .import("custody")?
-        .getattr("_coerce_location")?
-        .call((value,), Some(&keywords))?;
+    let coerce = py.import("custody")?.getattr("_coerce_location")?;
+    let spec = running_python(|| coerce.call((value,), Some(&keywords)))?;
     if spec.is_none() {
         return Ok(None);
     }
@@ -68,9 +68,6 @@ pub(crate) fn location_object(
         MemLocation::Device(id) | MemLocation::HostNuma(id) => id,
         MemLocation::Host | MemLocation::HostNumaCurrent => 0,
     };
-    Ok(py
-        .import("custody")?
-        .getattr("_location_object")?
-        .call1((kind_name(location), id))?
-        .unbind())
+    let make = py.import("custody")?.getattr("_location_object")?;
+    Ok(running_python(|| make.call1((kind_name(location), id)))?.unbind())
 }

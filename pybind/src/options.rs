@@ -7,6 +7,8 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::report::running_python;
+
 /// Checks an options parameter as cuda.core 1.2 does before building its options dataclass:
 /// `None` (the defaults), an instance of the dataclass named `class` (custody's, cuda.core's,
 /// or a subclass), or a dict whose keys are among `fields` (what `class(**dict)` accepts).
@@ -66,8 +68,8 @@ pub(crate) fn option<'py, T: pyo3::conversion::FromPyObjectOwned<'py>>(
     };
     let value = if let Ok(dict) = options.cast::<PyDict>() {
         dict.get_item(name)?
-    } else if options.hasattr(name)? {
-        Some(options.getattr(name)?)
+    } else if running_python(|| options.hasattr(name))? {
+        Some(running_python(|| options.getattr(name))?)
     } else {
         None
     };

@@ -29,7 +29,7 @@ use crate::ffi::{owned_allocation, with_borrowed_fd};
 use crate::graph::allocate_in;
 use crate::nested;
 use crate::options::{check_options, option};
-use crate::report::{OwedFree, PyObjRef};
+use crate::report::{running_python, OwedFree, PyObjRef};
 use crate::stream::{accept_stream, default_stream_handle, required_stream};
 
 /// The base class of memory resources; subclass it in Python.
@@ -421,12 +421,15 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>, ptr: u64, size: usize) -> PyResult<
             return Ok((Arc::clone(native), None));
         }
     }
-    let device: bool = mr.getattr("is_device_accessible")?.extract()?;
-    let host: bool = mr.getattr("is_host_accessible")?.extract()?;
-    let managed: bool = match mr.getattr("is_managed") {
-        Ok(value) => value.extract()?,
-        Err(_) => false,
-    };
+    let (device, host, managed) = running_python(|| -> PyResult<(bool, bool, bool)> {
+        let device: bool = mr.getattr("is_device_accessible")?.extract()?;
+        let host: bool = mr.getattr("is_host_accessible")?.extract()?;
+        let managed: bool = match mr.getattr("is_managed") {
+            Ok(value) => value.extract()?,
+            Err(_) => false,
+        };
+        Ok((device, host, managed))
+    })?;
     let object = Arc::new(PyObjRef::new(mr.clone().unbind()));
     let weak = Arc::downgrade(&object);
     let type_name: Arc<str> = Arc::from(mr.get_type().name()?.to_string());
@@ -447,7 +450,7 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>, ptr: u64, size: usize) -> PyResult<
 /// # Errors
 /// What reading the property raises; `TypeError` for a non-int; `ValueError` out of range.
 pub(crate) fn python_device_id(mr: &Bound<'_, PyAny>) -> PyResult<i32> {
-    let id: Option<i64> = mr.getattr("device_id")?.extract()?;
+    let id: Option<i64> = running_python(|| mr.getattr("device_id")?.extract())?;
     match id {
         None => Ok(-1),
         Some(id) if id < 0 => Ok(-1),
@@ -1139,11 +1142,11 @@ fn fd_of(object: &Bound<'_, PyAny>) -> PyResult<i32> {
     if let Ok(fd) = object.extract::<i32>() {
         return Ok(fd);
     }
-    if object.hasattr("fileno")? {
-        return object.call_method0("fileno")?.extract();
+    if running_python(|| object.hasattr("fileno"))? {
+        return running_python(|| object.call_method0("fileno")?.extract());
     }
-    if object.hasattr("handle")? {
-        return object.getattr("handle")?.extract();
+    if running_python(|| object.hasattr("handle"))? {
+        return running_python(|| object.getattr("handle")?.extract());
     }
     Err(expected("file descriptor (int)", object))
 }
@@ -1645,10 +1648,12 @@ impl PyCachingMemoryResource {
             )));
         };
         let inner = CachingMemoryResource::new(native);
-        Ok(PyMemoryResource::over(inner.clone(), mr.get()).add_subclass(Self {
-            inner,
-            upstream: upstream.clone().unbind(),
-        }))
+        Ok(
+            PyMemoryResource::over(inner.clone(), mr.get()).add_subclass(Self {
+                inner,
+                upstream: upstream.clone().unbind(),
+            }),
+        )
     }
 
     /// Allocates ``size`` bytes ordered on ``stream`` (keyword-only), which also orders the
