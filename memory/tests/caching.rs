@@ -569,3 +569,34 @@ fn allocate_cached_serves_hits_only() {
     assert_eq!(device_used(), base);
     assert_no_hazards();
 }
+
+/// A lent buffer freed while its stream is captured (a capture begun through custody) is handed
+/// to the capture's graph (D11): its block comes back to the bin only once the graph is gone.
+#[test]
+fn a_buffer_freed_during_a_capture_comes_back_when_the_graph_goes() {
+    let _serial = start();
+    let base = device_used();
+    let s = stream_on(0);
+    let mr = cache_over_device_pool();
+    let buffer = allocate(&mr, 4096, &s);
+    let ptr = buffer.ptr();
+    begin_capture(
+        &s,
+        handles::sys_types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+    )
+    .unwrap();
+    buffer.fill(1u8, &s).unwrap();
+    drop(buffer);
+    let graph = end_capture(&s).unwrap();
+    assert_eq!(mr.stats().cached_blocks, 0, "the graph holds it");
+    assert_eq!(mr.stats().in_use_blocks, 1);
+    drop(graph);
+    handles::drain_deferred_cleanup();
+    assert_eq!(mr.stats().cached_blocks, 1, "back once the graph is gone");
+    let again = allocate(&mr, 4096, &s);
+    assert_eq!(again.ptr(), ptr);
+    again.close().unwrap();
+    mr.close().unwrap();
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
