@@ -1252,7 +1252,7 @@ impl PtrBox {
         let Release::Lent { block, .. } = &mut self.release else {
             return Ok(());
         };
-        let Some(block) = block.take() else {
+        let Some(mut block) = block.take() else {
             self.keep_recipe(recipe);
             return Ok(());
         };
@@ -1261,13 +1261,18 @@ impl PtrBox {
         };
         let (stream, other_thread) = recipe.free_target();
         let bin = (stream.identifies_its_context() && !other_thread).then(|| stream.raw_usize());
-        let replaced = {
-            let mut own = block.0.recipe.lock().unwrap_or_else(|e| e.into_inner());
+        let take_this = |own: &mut Option<DeallocationRecipe>| {
             if own.as_ref().is_some_and(|r| r.same_target(&recipe)) {
                 None
             } else {
                 own.replace(recipe.clone())
             }
+        };
+        // The block has no other holder (`lend` checked, and it was never handed out): its
+        // recipe is reached without the lock.
+        let replaced = match Arc::get_mut(&mut block.0) {
+            Some(own) => take_this(own.recipe.get_mut().unwrap_or_else(|e| e.into_inner())),
+            None => take_this(&mut block.0.recipe.lock().unwrap_or_else(|e| e.into_inner())),
         };
         drop(replaced); // outside the lock: it may hold a stream's last reference
                         // A cache that panics took the block: whether it freed or kept it cannot be known.

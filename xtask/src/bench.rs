@@ -260,7 +260,10 @@ fn measure(root: &Path, options: &Options) -> Result<()> {
             // cuda.core and cuda-bindings load `libcuda.so.1`: the same driver, where installed.
             let lib = libcuda_folder(&target_dir, path)?;
             let mut paths = vec![lib];
-            paths.extend(std::env::var_os("LD_LIBRARY_PATH").map(PathBuf::from));
+            // Each entry of an inherited LD_LIBRARY_PATH (a `:`-separated list), after it.
+            if let Some(inherited) = std::env::var_os("LD_LIBRARY_PATH") {
+                paths.extend(std::env::split_paths(&inherited));
+            }
             command.env("LD_LIBRARY_PATH", std::env::join_paths(paths)?);
             command.env("CUSTODY_EMU_DEVICE_COUNT", "1");
         }
