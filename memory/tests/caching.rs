@@ -600,3 +600,43 @@ fn a_buffer_freed_during_a_capture_comes_back_when_the_graph_goes() {
     assert_eq!(device_used(), base);
     assert_no_hazards();
 }
+
+/// A cached block keeps its stream alive: the caller's last handle to the stream goes, the
+/// stream is not destroyed while its block waits in the bin, and the trim's free on it is
+/// followed by its `cuStreamDestroy`.
+#[test]
+fn a_cached_block_keeps_its_stream_alive_until_the_trim() {
+    let _serial = start();
+    let base = device_used();
+    let mr = cache_over_device_pool();
+    let s = stream_on(0);
+    let raw = s.raw() as u64;
+    drop(allocate(&mr, 4096, &s));
+    let from = mark();
+    drop(s);
+    let destroyed = |from| {
+        with_emulator(|emu| {
+            emu.calls_named("cuStreamDestroy_v2", from)
+                .into_iter()
+                .filter(|c| c.stream == Some(raw))
+                .count()
+        })
+    };
+    assert_eq!(
+        destroyed(from).unwrap_or(0),
+        0,
+        "the cached block holds the stream"
+    );
+    mr.trim().unwrap();
+    with_emulator(|emu| {
+        let names: Vec<String> = emu
+            .calls_since(from)
+            .into_iter()
+            .filter(|c| c.stream == Some(raw))
+            .map(|c| c.function)
+            .collect();
+        assert_eq!(names, ["cuMemFreeAsync", "cuStreamDestroy_v2"]);
+    });
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
