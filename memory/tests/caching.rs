@@ -640,3 +640,68 @@ fn a_cached_block_keeps_its_stream_alive_until_the_trim() {
     assert_eq!(device_used(), base);
     assert_no_hazards();
 }
+
+/// Four threads allocate from one cache on streams of their own and hand half their buffers to
+/// the next thread to drop: every block comes back to its stream's bin, the counters add up,
+/// and the trim frees everything.
+#[test]
+fn threads_sharing_one_cache_keep_the_counters_exact() {
+    let _serial = start();
+    let base = device_used();
+    let mr = cache_over_device_pool();
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 200;
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+        .map(|_| std::sync::mpsc::channel::<Buffer>())
+        .unzip();
+    let workers: Vec<_> = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(i, inbox)| {
+            let mr = Arc::clone(&mr);
+            let next = senders[(i + 1) % THREADS].clone();
+            std::thread::spawn(move || {
+                let s = stream_on(0);
+                for round in 0..ROUNDS {
+                    let size = 256 << (round % 4);
+                    let buffer = Arc::clone(&mr).allocate(size, &s).expect("allocate");
+                    assert_eq!(buffer.size(), size);
+                    if round % 2 == 0 {
+                        buffer.close().expect("close");
+                    } else {
+                        next.send(buffer).expect("the next thread");
+                    }
+                    while let Ok(theirs) = inbox.try_recv() {
+                        drop(theirs);
+                    }
+                }
+                drop(next);
+                (inbox, s)
+            })
+        })
+        .collect();
+    drop(senders);
+    let leftovers: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    for (inbox, _) in &leftovers {
+        while let Ok(theirs) = inbox.try_recv() {
+            drop(theirs);
+        }
+    }
+    let stats = mr.stats();
+    assert_eq!(
+        (stats.in_use_blocks, stats.in_use_bytes),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(stats.hits + stats.misses, (THREADS * ROUNDS) as u64);
+    assert!(stats.hits > 0, "{stats:?}");
+    assert_eq!(
+        stats.cached_blocks as u64, stats.misses,
+        "every block back in a bin"
+    );
+    mr.trim().unwrap();
+    drop(leftovers);
+    assert_eq!(mr.stats().cached_bytes, 0);
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
