@@ -19,6 +19,11 @@ use crate::HandleError;
 /// vouched for once, where the handle was made: by the driver (an allocation), or by the
 /// caller of an `unsafe` constructor in [`crate::raw`].
 ///
+/// A copy or fill of zero bytes is checked as any other (lengths, alignment) and then does
+/// nothing: it makes no driver call, waits for nothing and returns `Ok` (nothing is queued, so
+/// stream order is kept trivially). What a driver does with a zero-length `cuMemsetD8Async` or
+/// `cuMemcpyAsync` is not relied on.
+///
 /// Copies and fills are *ordered on a stream* and most do not block: the memory must stay
 /// allocated until the work has run. Keeping the handle (a clone of it) until then, or recording
 /// the free on that stream ([`DevicePtrHandle::set_deallocation_stream`]), orders the free
@@ -120,10 +125,11 @@ impl<'a> DeviceRange<'a> {
     /// # Errors
     /// [`HandleError::InvalidArgument`] when the lengths differ (no driver call);
     /// [`HandleError::NoCurrentContext`] for an unbound default-stream token on a thread with no
-    /// context; [`HandleError::Driver`] when the driver rejects the copy.
+    /// context; [`HandleError::Driver`] when the driver rejects the copy. Zero bytes: `Ok`
+    /// with no driver call.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (when the stream's context is not
-    /// current), `cuMemcpyAsync`.
+    /// current), `cuMemcpyAsync`; none for zero bytes.
     pub fn copy_to(&self, dst: &DeviceRange<'_>, stream: &StreamHandle) -> Result<(), HandleError> {
         if dst.len != self.len {
             return Err(HandleError::invalid(
@@ -133,6 +139,9 @@ impl<'a> DeviceRange<'a> {
                     self.len, dst.len
                 ),
             ));
+        }
+        if self.len == 0 {
+            return Ok(());
         }
         let (dst_ptr, src_ptr, len) = (dst.ptr(), self.ptr(), self.len);
         stream.run("cuMemcpyAsync", |d: &'static Driver, s: CUstream| {
@@ -149,11 +158,15 @@ impl<'a> DeviceRange<'a> {
     /// # Errors
     /// [`HandleError::InvalidArgument`] unless `dst.len()` is the range's length (no driver
     /// call); as [`DeviceRange::copy_to`], and the stream's failure (`cuStreamSynchronize`).
+    /// Zero bytes: `Ok` at once, with no driver call (so no wait for the stream either).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
-    /// `cuStreamSynchronize`.
+    /// `cuStreamSynchronize`; none for zero bytes.
     pub fn copy_to_host(&self, dst: &mut [u8], stream: &StreamHandle) -> Result<(), HandleError> {
         self.check_host_len(dst.len())?;
+        if self.len == 0 {
+            return Ok(());
+        }
         let (host, src, len) = (dst.as_mut_ptr() as CUdeviceptr, self.ptr(), self.len);
         stream.run_then_synchronize("cuMemcpyAsync", |d, s| {
             // SAFETY: `dst` is a writable slice of `len` bytes that outlives the call, which
@@ -172,6 +185,9 @@ impl<'a> DeviceRange<'a> {
     /// Driver calls: as [`DeviceRange::copy_to_host`].
     pub fn copy_from_host(&self, src: &[u8], stream: &StreamHandle) -> Result<(), HandleError> {
         self.check_host_len(src.len())?;
+        if self.len == 0 {
+            return Ok(());
+        }
         let (host, dst, len) = (src.as_ptr() as CUdeviceptr, self.ptr(), self.len);
         stream.run_then_synchronize("cuMemcpyAsync", |d, s| {
             // SAFETY: `src` is a readable slice of `len` bytes that outlives the call, which
@@ -184,10 +200,15 @@ impl<'a> DeviceRange<'a> {
     /// Sets every byte of the range to `value`, ordered on `stream`. Does not block.
     ///
     /// # Errors
-    /// As [`DeviceRange::copy_to`] (without the length check).
+    /// As [`DeviceRange::copy_to`] (without the length check); zero bytes: `Ok` with no
+    /// driver call.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD8Async`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD8Async`; none
+    /// for zero bytes.
     pub fn fill_u8(&self, value: u8, stream: &StreamHandle) -> Result<(), HandleError> {
+        if self.len == 0 {
+            return Ok(());
+        }
         let (dst, count) = (self.ptr(), self.len);
         stream.run("cuMemsetD8Async", |d, s| {
             // SAFETY: the range lies inside memory its borrowed handle keeps alive; the stream
@@ -201,11 +222,16 @@ impl<'a> DeviceRange<'a> {
     ///
     /// # Errors
     /// [`HandleError::InvalidArgument`] when the length or the address is not a multiple of 2
-    /// (no driver call); otherwise as [`DeviceRange::fill_u8`].
+    /// (no driver call); otherwise as [`DeviceRange::fill_u8`] (zero bytes: `Ok`, no driver
+    /// call).
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD16Async`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD16Async`;
+    /// none for zero bytes.
     pub fn fill_u16(&self, value: u16, stream: &StreamHandle) -> Result<(), HandleError> {
         let count = self.elements(2)?;
+        if count == 0 {
+            return Ok(());
+        }
         let dst = self.ptr();
         stream.run("cuMemsetD16Async", |d, s| {
             // SAFETY: `count` 2-byte elements fill exactly the range, which lies inside memory
@@ -219,11 +245,16 @@ impl<'a> DeviceRange<'a> {
     ///
     /// # Errors
     /// [`HandleError::InvalidArgument`] when the length or the address is not a multiple of 4
-    /// (no driver call); otherwise as [`DeviceRange::fill_u8`].
+    /// (no driver call); otherwise as [`DeviceRange::fill_u8`] (zero bytes: `Ok`, no driver
+    /// call).
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD32Async`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD32Async`;
+    /// none for zero bytes.
     pub fn fill_u32(&self, value: u32, stream: &StreamHandle) -> Result<(), HandleError> {
         let count = self.elements(4)?;
+        if count == 0 {
+            return Ok(());
+        }
         let dst = self.ptr();
         stream.run("cuMemsetD32Async", |d, s| {
             // SAFETY: `count` 4-byte elements fill exactly the range, which lies inside memory

@@ -1,6 +1,9 @@
 //! Copies and fills: [`FillValue`], the byte-range operations every copy and fill runs through
 //! (a buffer's own and its typed views'), and a [`Buffer`]'s copies, fills and host transfers.
 //! Every check happens before the first driver call, so a refused operation changes nothing.
+//! Zero bytes pass the size and alignment checks as any length does and then return `Ok`
+//! with no driver call at all (no device check, no copy, fill or wait): nothing is queued, so
+//! stream order holds trivially, and no driver's answer to a zero-length call is relied on.
 
 use handles::sys_types::CUdeviceptr;
 use handles::{DeviceRange, StreamHandle};
@@ -44,6 +47,9 @@ pub(crate) fn copy(
             dst: dst.len,
         });
     }
+    if src.len == 0 {
+        return Ok(());
+    }
     let devices = [src.buffer.ops_device()?, dst.buffer.ops_device()?];
     if let [Some(first), second] | [second, Some(first)] = devices {
         let found = stream_device(stream)?;
@@ -76,6 +82,9 @@ pub(crate) fn fill(
             width,
             reason: "the buffer's address is not aligned to the pattern's width",
         });
+    }
+    if dst.len == 0 {
+        return Ok(());
     }
     if let Some(device) = dst.buffer.ops_device()? {
         check_stream_device(stream, device)?;
@@ -123,6 +132,10 @@ fn host_checks(
         };
         return Err(MemoryError::SizeMismatch { src, dst });
     }
+    if device.len == 0 {
+        // Zero bytes: the handles crate's range makes no driver call either.
+        return Ok(());
+    }
     if let Some(ordinal) = device.buffer.ops_device()? {
         check_stream_device(stream, ordinal)?;
     }
@@ -149,7 +162,10 @@ impl Buffer {
     ///   neither's device.
     /// - [`MemoryError::Handle`]: the driver's failure; no current context for a token.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`.
+    /// Zero bytes (two empty buffers): `Ok`, with no driver call and no device check.
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`; none
+    /// for zero bytes.
     pub fn copy_to(&self, dst: &Buffer, stream: &StreamHandle) -> Result<(), MemoryError> {
         copy(dst.whole(), self.whole(), stream)
     }
@@ -191,8 +207,10 @@ impl Buffer {
     /// - [`MemoryError::WrongDevice`]: device memory and a stream of another device.
     /// - [`MemoryError::Handle`]: the driver's failure; no current context for a token.
     ///
+    /// An empty buffer: `Ok` after the width and alignment checks, with no driver call.
+    ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), one of
-    /// `cuMemsetD8Async`, `cuMemsetD16Async`, `cuMemsetD32Async`.
+    /// `cuMemsetD8Async`, `cuMemsetD16Async`, `cuMemsetD32Async`; none for zero bytes.
     pub fn fill(
         &self,
         value: impl Into<FillValue>,
@@ -207,10 +225,11 @@ impl Buffer {
     /// # Errors
     /// [`MemoryError::SizeMismatch`] unless `dst.len()` is the buffer's size;
     /// [`MemoryError::WrongDevice`] as [`Buffer::fill`]; [`MemoryError::Handle`] for the
-    /// driver's failure.
+    /// driver's failure. Zero bytes: `Ok` at once, with no driver call (no wait for the
+    /// stream either).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
-    /// `cuStreamSynchronize`.
+    /// `cuStreamSynchronize`; none for zero bytes.
     pub fn copy_to_host(&self, dst: &mut [u8], stream: &StreamHandle) -> Result<(), MemoryError> {
         to_host(self.whole(), dst, stream)
     }

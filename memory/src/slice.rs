@@ -195,7 +195,7 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
     /// [`MemoryError::Handle`] for the driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
-    /// `cuStreamSynchronize`.
+    /// `cuStreamSynchronize`; none for an empty view (`Ok` at once).
     pub fn copy_to_host(&self, dst: &mut [T], stream: &StreamHandle) -> Result<(), MemoryError> {
         to_host(self.bytes, bytemuck::cast_slice_mut(dst), stream)
     }
@@ -304,7 +304,8 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     /// [`MemoryError::WrongDevice`] when both are device memory and the stream is on neither's
     /// device; [`MemoryError::Handle`] for the driver's failure.
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`; none for
+    /// an empty view (`Ok`).
     pub fn copy_from(
         &mut self,
         src: &DeviceSlice<'_, T>,

@@ -1584,3 +1584,51 @@ fn retain_misuse_is_refused_before_any_driver_call_and_changes_nothing() {
     buffer.close().unwrap();
     drain_until(|| used(&mr, &s) == 0);
 }
+
+/// An explicit memset or memcpy node of zero bytes is refused before any driver call (the
+/// driver builds no empty node of either kind; nothing is added), while a capture of zero-byte
+/// work records nothing and succeeds, as the stream work itself does.
+#[test]
+fn zero_byte_nodes_are_refused_and_zero_byte_captures_record_nothing() {
+    let _serial = start();
+    let s = stream();
+    // SAFETY: zero bytes: nothing is read or written through the handles.
+    let empty = || Buffer::from_parts(unsafe { handles::raw::borrowed(0, 0) }, None);
+    let (a, b) = (empty(), empty());
+    let graph = Graph::new(0).unwrap();
+    let me = test_support::tid();
+    let from = test_support::mark();
+    let refused = [
+        graph.add_memset(&[], &a, 0x5au8).unwrap_err(),
+        graph.add_memcpy(&[], &b, &a).unwrap_err(),
+    ];
+    let to = test_support::mark();
+    for error in refused {
+        assert!(
+            matches!(error, MemoryError::InvalidSize { size: 0, .. }),
+            "{error:?}"
+        );
+    }
+    if let Some(emu) = Emulator::get() {
+        let calls: Vec<Call> = test_support::EmuLog::calls_on(&emu, me, from)
+            .into_iter()
+            .filter(|c| c.seq < to)
+            .collect();
+        assert!(calls.is_empty(), "no driver call: {calls:?}");
+    } else {
+        eprintln!("call-log part skipped on a real driver: needs the emulator's call log");
+    }
+    let builder = GraphBuilder::new(&s).unwrap();
+    builder.begin_building(CaptureMode::ThreadLocal).unwrap();
+    builder.fill(&a, 0x5au8).unwrap();
+    builder.copy(&b, &a).unwrap();
+    let captured = builder.end_building().unwrap();
+    let exec = captured.instantiate().unwrap();
+    exec.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    // Not building: still refused, empty or not.
+    assert!(matches!(
+        builder.fill(&a, 0x5au8),
+        Err(MemoryError::Graph { .. })
+    ));
+}

@@ -172,6 +172,9 @@ impl GraphBuilder {
     /// the driver's failure; if the retention succeeded and the fill failed, the buffer stays
     /// retained until the graph goes.
     ///
+    /// An empty buffer: `Ok` after these checks, with nothing captured, nothing retained and no
+    /// driver call (as [`Buffer::fill`] of zero bytes queues nothing).
+    ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
     /// `cuStreamGetCaptureInfo_v2`, `cuUserObjectCreate`, `cuGraphRetainUserObject`,
     /// `cuUserObjectRelease`, then as [`Buffer::fill`].
@@ -179,6 +182,9 @@ impl GraphBuilder {
         let value = value.into();
         let handle = buffer.handle().clone();
         check_fill(&handle, value)?;
+        if handle.size() == 0 {
+            return self.building().map(|_| ());
+        }
         if let Some(device) = bound_device(buffer)? {
             if device != self.device {
                 return Err(MemoryError::WrongDevice {
@@ -201,9 +207,11 @@ impl GraphBuilder {
     /// Found before any driver call: [`MemoryError::Graph`] when not building,
     /// [`MemoryError::SizeMismatch`],
     /// [`MemoryError::WrongDevice`] (both device memory and the stream on neither's device).
-    /// Then as [`GraphBuilder::fill`].
+    /// Then as [`GraphBuilder::fill`]. Two empty buffers: `Ok` after the size and building
+    /// checks, with nothing captured, nothing retained and no driver call.
     ///
-    /// Driver calls: as [`GraphBuilder::fill`], then as [`Buffer::copy_to`].
+    /// Driver calls: as [`GraphBuilder::fill`], then as [`Buffer::copy_to`]; none for zero
+    /// bytes.
     pub fn copy(&self, dst: &Buffer, src: &Buffer) -> Result<(), MemoryError> {
         let (dst_handle, src_handle) = (dst.handle().clone(), src.handle().clone());
         if dst_handle.size() != src_handle.size() {
@@ -211,6 +219,9 @@ impl GraphBuilder {
                 src: src_handle.size(),
                 dst: dst_handle.size(),
             });
+        }
+        if src_handle.size() == 0 {
+            return self.building().map(|_| ());
         }
         let devices = [bound_device(src)?, bound_device(dst)?];
         if let [Some(first), second] | [second, Some(first)] = devices {

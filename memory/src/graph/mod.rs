@@ -66,6 +66,19 @@ fn check_fill(handle: &DevicePtrHandle, value: FillValue) -> Result<(), MemoryEr
     Ok(())
 }
 
+/// Refuses an explicit memset or memcpy node of zero bytes, before any driver call: the driver
+/// builds none (`cuGraphAddMemsetNode` needs at least one element), and an empty node is not
+/// a node of that kind. Stream work of zero bytes (and so a capture of it) is a no-op instead.
+fn check_node_size(size: usize) -> Result<(), MemoryError> {
+    if size == 0 {
+        return Err(MemoryError::InvalidSize {
+            size,
+            reason: "a graph's memset or memcpy node needs at least one byte",
+        });
+    }
+    Ok(())
+}
+
 /// The pattern as the driver's memset takes it: the value in the low bits and the width.
 fn memset_value(value: FillValue) -> (u32, u32) {
     match value {
@@ -228,8 +241,9 @@ impl Graph {
     /// per-thread default stream (docs/decisions.md D6).
     ///
     /// # Errors
-    /// Found before any driver call: [`MemoryError::Graph`] (graph closed),
-    /// [`MemoryError::InvalidFill`] (size or address
+    /// Found before any driver call: [`MemoryError::InvalidSize`] for an empty buffer (the
+    /// driver builds no memset node of zero bytes; nothing is added), [`MemoryError::Graph`]
+    /// (graph closed), [`MemoryError::InvalidFill`] (size or address
     /// not a multiple of the pattern's width), [`MemoryError::WrongDevice`] (device memory of
     /// another device than the graph's), [`MemoryError::Handle`] for a dependency of another
     /// graph. Then [`MemoryError::Handle`] for the driver's failure (nothing is retained then).
@@ -245,6 +259,7 @@ impl Graph {
     ) -> Result<GraphNode, MemoryError> {
         let value = value.into();
         let handle = buffer.handle().clone();
+        check_node_size(handle.size())?;
         check_fill(&handle, value)?;
         self.check_device(buffer)?;
         let (pattern, width) = memset_value(value);
@@ -256,8 +271,10 @@ impl Graph {
     /// graph retains both, as [`Graph::add_memset`] does.
     ///
     /// # Errors
-    /// Found before any driver call: [`MemoryError::Graph`] (graph closed),
-    /// [`MemoryError::SizeMismatch`], [`MemoryError::WrongDevice`] (device memory of
+    /// Found before any driver call: [`MemoryError::SizeMismatch`],
+    /// [`MemoryError::InvalidSize`] for two empty buffers (no memcpy node of zero bytes; nothing
+    /// is added), [`MemoryError::Graph`] (graph closed), [`MemoryError::WrongDevice`] (device
+    /// memory of
     /// another device than the graph's), [`MemoryError::Handle`] for a dependency of another
     /// graph. Then [`MemoryError::Handle`] for the driver's failure.
     ///
@@ -275,6 +292,7 @@ impl Graph {
                 dst: dst_handle.size(),
             });
         }
+        check_node_size(src_handle.size())?;
         self.check_device(dst)?;
         self.check_device(src)?;
         self.with_open(|graph| {
