@@ -151,6 +151,14 @@ fn adopt(
     let mr = mr.filter(|o| !o.is_none());
     let owner = owner.filter(|o| !o.is_none());
     let stream = stream.filter(|o| !o.is_none());
+    // First, as `allocate` does: no memory is larger (nothing is kept, `deallocate` not called).
+    if size > isize::MAX as usize {
+        return Err(Error::from(MemoryError::InvalidSize {
+            size,
+            reason: "no allocation can exceed isize::MAX bytes",
+        })
+        .into());
+    }
     if ptr.checked_add(size as u64).is_none() {
         return Err(PyValueError::new_err(format!(
             "the range of {size} bytes at 0x{ptr:x} wraps past the end of the address space \
@@ -352,8 +360,9 @@ impl PyBuffer {
     /// ``owner``, a range that wraps past the end of the address space (``ptr + size`` not
     /// below ``2**64``, with or without ``mr``); ``TypeError``: a bad ``mr`` or stream, or a
     /// ``stream`` passed by position (it is keyword-only);
-    /// ``OverflowError``: negative or too large numbers; ``RuntimeError``: no CUDA context is
-    /// current for a default stream, or a closed stream.
+    /// ``OverflowError``: negative or too large numbers, and a ``size`` over ``isize::MAX``
+    /// (as ``allocate``; checked first); ``RuntimeError``: no CUDA context is current for a
+    /// default stream, or a closed stream.
     #[staticmethod]
     #[pyo3(
         signature = (ptr, size, mr = None, owner = None, *extra, stream = None),
@@ -543,6 +552,7 @@ impl PyBuffer {
     /// ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
     /// is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
     /// mismatch or no memory resource to allocate from; :class:`CUDAError` on a driver failure.
+    /// Zero bytes: after these checks nothing is done and no driver call is made.
     #[pyo3(
         signature = (dst = None, *extra, stream = None),
         text_signature = "($self, dst=None, *, stream)"
@@ -593,6 +603,7 @@ impl PyBuffer {
     /// ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
     /// is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
     /// mismatch; :class:`CUDAError` on a driver failure.
+    /// Zero bytes: after these checks nothing is done and no driver call is made.
     #[pyo3(
         signature = (src, *extra, stream = None),
         text_signature = "($self, src, *, stream)"
@@ -628,6 +639,7 @@ impl PyBuffer {
     /// is not a multiple of it; ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or
     /// one passed by position (it is keyword-only); ``RuntimeError`` for a closed stream or buffer;
     /// :class:`CUDAError` on a driver failure.
+    /// An empty buffer: after these checks nothing is done and no driver call is made.
     #[pyo3(
         signature = (value, *extra, stream = None),
         text_signature = "($self, value, *, stream)"

@@ -345,3 +345,30 @@ def test_ipc_bad_input(device, stream, pool):
     check(RuntimeError, "ipc_enabled", lambda: pool.get_allocation_handle())
     check(ValueError, "non-negative", lambda: custody.DeviceMemoryResource.from_allocation_handle(0, -1))
     check(TypeError, "file descriptor", lambda: custody.DeviceMemoryResource.from_allocation_handle(0, "x"))
+
+
+@pytest.mark.parametrize("cls", [custody.Buffer, custody.ManagedBuffer])
+def test_from_handle_refuses_sizes_over_isize_max_first(device, stream, cls):
+    """A size over ``isize::MAX`` is refused as ``allocate`` refuses it (``OverflowError``),
+    before anything else: without ``mr`` no buffer is made, with ``mr`` ``deallocate`` is never
+    called, and an ``owner`` is not kept."""
+    rec = RecordingResource()
+    ptr = rec.raw_allocate(64, stream)
+    owner = object()
+    held = sys.getrefcount(owner)
+    message = "no allocation can exceed isize::MAX bytes"
+    check(OverflowError, message, lambda: custody.DeviceMemoryResource(0).allocate(ABOVE_ISIZE, stream=stream))
+    for size in (ABOVE_ISIZE, HUGE - 1):
+        check(OverflowError, message, lambda: cls.from_handle(1, size))
+        check(OverflowError, message, lambda: cls.from_handle(ptr, size, owner=owner))
+        check(OverflowError, message, lambda: cls.from_handle(ptr, size, mr=rec, stream=stream))
+        # Found before the other checks (a wrapping range, a stream without mr).
+        check(OverflowError, message, lambda: cls.from_handle(HUGE - 1, size))
+        check(OverflowError, message, lambda: cls.from_handle(ptr, size, stream=stream))
+    assert sys.getrefcount(owner) == held, "the owner was not kept"
+    assert rec.calls == [] and list(rec.live) == [ptr], "nothing freed, nothing taken"
+    # isize::MAX itself is not refused for being too large (a view is the caller's word).
+    view = cls.from_handle(0, ABOVE_ISIZE - 1)
+    assert view.size == ABOVE_ISIZE - 1
+    view.close()
+    rec.release_all()

@@ -319,8 +319,9 @@ class Buffer:
         ``owner``, a range that wraps past the end of the address space (``ptr + size`` not
         below ``2**64``, with or without ``mr``); ``TypeError``: a bad ``mr`` or stream, or a
         ``stream`` passed by position (it is keyword-only);
-        ``OverflowError``: negative or too large numbers; ``RuntimeError``: no CUDA context is
-        current for a default stream, or a closed stream.
+        ``OverflowError``: negative or too large numbers, and a ``size`` over ``isize::MAX``
+        (as ``allocate``; checked first); ``RuntimeError``: no CUDA context is current for a
+        default stream, or a closed stream.
         """
     @classmethod
     def from_ipc_descriptor(
@@ -390,6 +391,7 @@ class Buffer:
         ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
         is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
         mismatch or no memory resource to allocate from; :class:`CUDAError` on a driver failure.
+        Zero bytes: after these checks nothing is done and no driver call is made.
         """
     def copy_from(self, src: "Buffer", *, stream: StreamLike) -> None:
         """Copies ``src`` into this buffer, ordered on ``stream``. Does not block; a
@@ -398,6 +400,7 @@ class Buffer:
         ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one passed by position (it
         is keyword-only); ``RuntimeError`` for a closed stream or buffer; ``ValueError`` for a size
         mismatch; :class:`CUDAError` on a driver failure.
+        Zero bytes: after these checks nothing is done and no driver call is made.
         """
     def fill(self, value: Union[int, bytes, Any], *, stream: StreamLike) -> None:
         """Fills the buffer with ``value`` repeated: an int in [0, 256) (8 bits) or an object of 1, 2
@@ -408,6 +411,7 @@ class Buffer:
         is not a multiple of it; ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or
         one passed by position (it is keyword-only); ``RuntimeError`` for a closed stream or buffer;
         :class:`CUDAError` on a driver failure.
+        An empty buffer: after these checks nothing is done and no driver call is made.
         """
     @property
     def handle(self) -> int:
