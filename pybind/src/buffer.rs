@@ -17,10 +17,11 @@ use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple, PyType};
 use crate::classes::{Kept, PyBuffer, PyGraphBuilder, PyManagedBuffer};
 use crate::errors::{class_name, expected, stream_is_keyword_only, Error};
 use crate::ffi::{
-    dlpack_capsule, dlpack_capsule_versioned, owned_allocation, unowned_handle, DLPACK_VERSION,
+    call_method, dlpack_capsule, dlpack_capsule_versioned, getattr, hasattr, owned_allocation,
+    unowned_handle, DLPACK_VERSION,
 };
 use crate::location::{kind_name, location, location_object, required_location};
-use crate::report::{release, running_python, PyObjRef};
+use crate::report::{release, PyObjRef};
 use crate::resource::{pool_of, python_device_id, resolve};
 use crate::shared::SharedBuffer;
 use crate::stream::{accept_stream, default_stream_handle, required_stream, with_stream};
@@ -54,7 +55,7 @@ impl PyBuffer {
     /// read only when asked); otherwise what the memory knows. `None` for no device.
     fn device_of(&self, py: Python<'_>, buffer: &Buffer) -> PyResult<Option<i32>> {
         if let Some(mr) = self.empty_of(py) {
-            let id: Option<i32> = running_python(|| mr.getattr("device_id")?.extract())?;
+            let id: Option<i32> = getattr(mr.as_any(), "device_id")?.extract()?;
             return Ok(id.filter(|&id| id >= 0));
         }
         if self.kept.resource.is_some() {
@@ -85,15 +86,13 @@ impl PyBuffer {
     fn dlpack_device_of(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
         let buffer = self.open(py)?;
         let (device, host, mut managed) = match self.empty_of(py) {
-            Some(mr) => running_python(|| -> PyResult<_> {
-                Ok((
-                    mr.getattr("is_device_accessible")?.extract()?,
-                    mr.getattr("is_host_accessible")?.extract()?,
-                    mr.getattr("is_managed")
-                        .and_then(|v| v.extract())
-                        .unwrap_or(false),
-                ))
-            })?,
+            Some(mr) => (
+                getattr(mr.as_any(), "is_device_accessible")?.extract()?,
+                getattr(mr.as_any(), "is_host_accessible")?.extract()?,
+                getattr(mr.as_any(), "is_managed")
+                    .and_then(|v| v.extract())
+                    .unwrap_or(false),
+            ),
             None => py
                 .detach(|| -> Result<_, MemoryError> {
                     Ok((
@@ -274,17 +273,12 @@ fn address(object: &Bound<'_, PyAny>) -> PyResult<u64> {
     let py = object.py();
     let value = if object.is_instance_of::<PyInt>() {
         object.clone()
+    } else if hasattr(object, "__index__")? {
+        call_method(object, "__index__", (), None)?
+    } else if hasattr(object, "__int__")? && !object.is_instance_of::<pyo3::types::PyFloat>() {
+        call_method(object, "__int__", (), None)?
     } else {
-        running_python(|| {
-            if object.hasattr("__index__")? {
-                object.call_method0("__index__")
-            } else if object.hasattr("__int__")? && !object.is_instance_of::<pyo3::types::PyFloat>()
-            {
-                object.call_method0("__int__")
-            } else {
-                Err(expected("pointer (int, or an object with __int__)", object))
-            }
-        })?
+        return Err(expected("pointer (int, or an object with __int__)", object));
     };
     value.extract::<u64>().map_err(|error| {
         if error.is_instance_of::<PyOverflowError>(py) {
@@ -587,7 +581,7 @@ impl PyBuffer {
                 })?;
                 let kwargs = PyDict::new(py);
                 kwargs.set_item("stream", stream)?;
-                running_python(|| mr.bind(py).call_method("allocate", (size,), Some(&kwargs)))?
+                call_method(mr.bind(py), "allocate", (size,), Some(&kwargs))?
             }
         };
         let target = dst
@@ -717,7 +711,7 @@ impl PyBuffer {
     #[getter]
     fn is_device_accessible(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
-            return running_python(|| mr.getattr("is_device_accessible")?.extract());
+            return getattr(mr.as_any(), "is_device_accessible")?.extract();
         }
         let buffer = self.open(py)?;
         Ok(py
@@ -729,7 +723,7 @@ impl PyBuffer {
     #[getter]
     fn is_host_accessible(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
-            return running_python(|| mr.getattr("is_host_accessible")?.extract());
+            return getattr(mr.as_any(), "is_host_accessible")?.extract();
         }
         let buffer = self.open(py)?;
         Ok(py
@@ -741,11 +735,9 @@ impl PyBuffer {
     #[getter]
     fn is_managed(&self, py: Python<'_>) -> PyResult<bool> {
         if let Some(mr) = self.empty_of(py) {
-            return Ok(running_python(|| {
-                mr.getattr("is_managed")
-                    .and_then(|v| v.extract())
-                    .unwrap_or(false)
-            }));
+            return Ok(getattr(mr.as_any(), "is_managed")
+                .and_then(|v| v.extract())
+                .unwrap_or(false));
         }
         let buffer = self.open(py)?;
         Ok(py.detach(|| buffer.is_managed()).map_err(Error::from)?)

@@ -3,8 +3,10 @@
 //! `DLManagedTensorVersioned` through one named `"dltensor_versioned"`), borrowing a file
 //! descriptor given as a Python `int` (pool IPC), and wrapping a stream handle given as a Python
 //! `int` (`Stream.from_handle`), and registering the `Py_AtExit` callback that names the frees
-//! through Python still owed once the interpreter has finished shutting down. Every `unsafe`
-//! block names its invariant.
+//! through Python still owed once the interpreter has finished shutting down, and the calls into
+//! Python code below custody's frames ([`getattr`], [`call`]) that park a thread CPython stops at
+//! exit instead of letting its unwind abort the process. Every `unsafe` block names its
+//! invariant.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
@@ -386,4 +388,112 @@ pub(crate) fn register_at_finalization() -> bool {
         // calls no Python API and catches every panic; registering it has no other effect.
         unsafe { pyo3::ffi::Py_AtExit(Some(at_finalization)) == 0 }
     })
+}
+
+/// The two C-API calls through which custody runs Python code below its own frames, declared
+/// `"C-unwind"`: pyo3 declares them `"C"`, which tells the compiler they never unwind, and an
+/// optimized build then leaves their call sites out of the frame's unwind table, so a forced
+/// unwind out of them is refused there (glibc aborts). Both are in the stable ABI.
+mod unwinding {
+    use pyo3::ffi::PyObject;
+
+    extern "C-unwind" {
+        pub fn PyObject_GetAttr(object: *mut PyObject, name: *mut PyObject) -> *mut PyObject;
+        pub fn PyObject_Call(
+            callable: *mut PyObject,
+            args: *mut PyObject,
+            kwargs: *mut PyObject,
+        ) -> *mut PyObject;
+    }
+}
+
+/// Dropped only by an unwind out of a call into Python ([`getattr`], [`call`]): a Rust panic
+/// goes on unwinding; any other unwind parks the thread forever (see [`getattr`]).
+struct ParkOnForcedUnwind;
+
+impl Drop for ParkOnForcedUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// `getattr(object, name)` (`PyObject_GetAttr`), for Python code that custody runs below its own
+/// frames: a Python memory resource's properties, `__cuda_stream__`, custody's Python helpers.
+///
+/// CPython before 3.14 stops a thread (a daemon thread, or one Python did not start) that takes
+/// the GIL once the interpreter is finalizing: `pthread_exit`, whose forced unwind runs up the
+/// stack. Reaching a Rust `catch_unwind` (pyo3's around every method), or a Rust frame whose
+/// unwind table leaves the call out, it aborts the process. Here it meets
+/// [`ParkOnForcedUnwind`] first, which parks the thread for the rest of the process's life, as
+/// pyo3 does when the same happens while it takes the GIL back after `Python::detach`, and as
+/// CPython 3.14 does itself: the thread's frames and what they hold stay as they are (leaked),
+/// and the process exits normally (pybind/DESIGN.md, "Shutdown").
+///
+/// # Errors
+/// What the lookup raises.
+pub(crate) fn getattr<'py>(object: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    let py = object.py();
+    let name = pyo3::types::PyString::new(py, name);
+    let stop = ParkOnForcedUnwind;
+    // SAFETY: attached (`py`); both pointers are live objects the caller and `name` hold for the
+    // call.
+    let raw = unsafe { unwinding::PyObject_GetAttr(object.as_ptr(), name.as_ptr()) };
+    std::mem::forget(stop);
+    // SAFETY: `PyObject_GetAttr` returns a new reference, or NULL with an exception set.
+    unsafe { Bound::from_owned_ptr_or_err(py, raw) }
+}
+
+/// `callable(*args, **kwargs)` (`PyObject_Call`), parked as [`getattr`] is when CPython stops
+/// the thread inside.
+///
+/// # Errors
+/// What the call raises; a conversion of `args` that fails.
+pub(crate) fn call<'py>(
+    callable: &Bound<'py, PyAny>,
+    args: impl IntoPyObject<'py, Target = pyo3::types::PyTuple>,
+    kwargs: Option<&Bound<'py, pyo3::types::PyDict>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = callable.py();
+    let args = pyo3::BoundObject::into_bound(args.into_pyobject(py).map_err(Into::into)?);
+    let kwargs = kwargs.map_or(std::ptr::null_mut(), |kwargs| kwargs.as_ptr());
+    let stop = ParkOnForcedUnwind;
+    // SAFETY: attached (`py`); `callable`, `args` (a tuple) and `kwargs` (a dict, or NULL) are
+    // live objects held for the call.
+    let raw = unsafe { unwinding::PyObject_Call(callable.as_ptr(), args.as_ptr(), kwargs) };
+    std::mem::forget(stop);
+    // SAFETY: `PyObject_Call` returns a new reference, or NULL with an exception set.
+    unsafe { Bound::from_owned_ptr_or_err(py, raw) }
+}
+
+/// `object.name(*args, **kwargs)`, parked as [`getattr`] is.
+///
+/// # Errors
+/// What the lookup or the call raises.
+pub(crate) fn call_method<'py>(
+    object: &Bound<'py, PyAny>,
+    name: &str,
+    args: impl IntoPyObject<'py, Target = pyo3::types::PyTuple>,
+    kwargs: Option<&Bound<'py, pyo3::types::PyDict>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    call(&getattr(object, name)?, args, kwargs)
+}
+
+/// `hasattr(object, name)`, parked as [`getattr`] is: an `AttributeError` is `false`, any other
+/// exception is returned.
+///
+/// # Errors
+/// What the lookup raises other than `AttributeError`.
+pub(crate) fn hasattr(object: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
+    match getattr(object, name) {
+        Ok(_) => Ok(true),
+        Err(error) if error.is_instance_of::<pyo3::exceptions::PyAttributeError>(object.py()) => {
+            Ok(false)
+        }
+        Err(error) => Err(error),
+    }
 }

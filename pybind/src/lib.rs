@@ -10,7 +10,7 @@
 //!   thread, interpreter shutdown.
 //! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor,
 //!   the `Py_AtExit` callback, the `handles::raw` doors for pointers and streams given as
-//!   integers);
+//!   integers, calls into Python that park a thread CPython stops at exit);
 //!   `shared`: the closable, shared state of a Python `Buffer` over the Rust buffer it holds.
 //! - `location`: managed-memory locations (`Device`, `Host`) as the handles crate's; `options`:
 //!   cuda.core's options dataclasses (or dicts of their fields), checked and read.

@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::report::running_python;
+use crate::ffi::call;
 
 /// A location argument; `None` for `None` when `allow_none` (else `ValueError`), `TypeError`
 /// for anything that is neither a `Device` nor a `Host`.
@@ -19,7 +19,7 @@ pub(crate) fn location(
     let keywords = PyDict::new(py);
     keywords.set_item("allow_none", allow_none)?;
     let coerce = py.import("custody")?.getattr("_coerce_location")?;
-    let spec = running_python(|| coerce.call((value,), Some(&keywords)))?;
+    let spec = call(&coerce, (value,), Some(&keywords))?;
     if spec.is_none() {
         return Ok(None);
     }
@@ -69,5 +69,5 @@ pub(crate) fn location_object(
         MemLocation::Host | MemLocation::HostNumaCurrent => 0,
     };
     let make = py.import("custody")?.getattr("_location_object")?;
-    Ok(running_python(|| make.call1((kind_name(location), id)))?.unbind())
+    Ok(call(&make, (kind_name(location), id), None)?.unbind())
 }

@@ -81,7 +81,8 @@ impl Deallocate {
                 Some(stream) => kwargs.set_item("stream", PyStream::new(stream.clone()))?,
                 None => kwargs.set_item("stream", default_stream(py)?)?,
             }
-            self.resource.get().bind(py).call_method(
+            crate::ffi::call_method(
+                self.resource.get().bind(py),
                 "deallocate",
                 (self.ptr, self.size),
                 Some(&kwargs),

@@ -7,7 +7,7 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::report::running_python;
+use crate::ffi::{getattr, hasattr};
 
 /// Checks an options parameter as cuda.core 1.2 does before building its options dataclass:
 /// `None` (the defaults), an instance of the dataclass named `class` (custody's, cuda.core's,
@@ -68,8 +68,8 @@ pub(crate) fn option<'py, T: pyo3::conversion::FromPyObjectOwned<'py>>(
     };
     let value = if let Ok(dict) = options.cast::<PyDict>() {
         dict.get_item(name)?
-    } else if running_python(|| options.hasattr(name))? {
-        Some(running_python(|| options.getattr(name))?)
+    } else if hasattr(options, name)? {
+        Some(getattr(options, name)?)
     } else {
         None
     };

@@ -6,8 +6,6 @@
 //!   escalated to an exception, it goes to `sys.unraisablehook`; once the interpreter is
 //!   shutting down, one line on stderr. A hook never raises and never panics.
 //! - [`with_python`]: attach to the interpreter for one short call, unless it is shutting down.
-//! - [`running_python`]: run Python code below custody's frames so that CPython stopping the
-//!   thread there at exit parks it instead of aborting the process.
 //! - [`PyObjRef`]: a strong reference to a Python object that any thread may drop.
 //! - [`OwedFree`]: a free through a Python `deallocate` that is still owed; what is still owed
 //!   when the interpreter has finished shutting down is named on stderr
@@ -101,41 +99,6 @@ pub(crate) fn release<R: Ungil>(py: Python<'_>, f: impl Ungil + FnOnce() -> R) -
     }
 }
 
-/// Runs `f`, which runs Python code below custody's frames (a Python memory resource's method or
-/// property, a `__cuda_stream__`, custody's own Python helpers), so that CPython stopping this
-/// thread inside it does not abort the process.
-///
-/// CPython before 3.14 stops a thread (a daemon thread, or one that Python never created) that
-/// takes the GIL once the interpreter is finalizing: `pthread_exit`, which unwinds the stack with
-/// a forced unwind. Where that unwind reaches a Rust `catch_unwind` (pyo3's wrapper around every
-/// method, the handles crate's around deallocators and hooks) glibc aborts the process (`FATAL:
-/// exception not rethrown`). Here the unwind meets [`ParkOnForcedUnwind`] first, which parks the
-/// thread for the rest of the process's life instead, as pyo3 does when the same happens while
-/// it takes the GIL back after `Python::detach` and as CPython 3.14 does itself: the thread's
-/// frames and what they hold stay as they are (leaked), and the process exits normally.
-#[inline]
-pub(crate) fn running_python<R>(f: impl FnOnce() -> R) -> R {
-    let guard = ParkOnForcedUnwind;
-    let result = f();
-    std::mem::forget(guard);
-    result
-}
-
-/// Dropped only by an unwind out of [`running_python`]'s call: a Rust panic goes on unwinding;
-/// any other unwind (the forced unwind of a thread CPython stops) parks the thread forever.
-struct ParkOnForcedUnwind;
-
-impl Drop for ParkOnForcedUnwind {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            return;
-        }
-        loop {
-            std::thread::park();
-        }
-    }
-}
-
 /// Runs `f` attached to the interpreter (attaching for the call if this thread is not), unless
 /// the interpreter is exiting and this thread may not run Python any more (see the module
 /// documentation): then `None`, and `f` does not run; what `f` would release is leaked, what it
@@ -143,11 +106,9 @@ impl Drop for ParkOnForcedUnwind {
 pub(crate) fn with_python<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
     IN_PYTHON.fetch_add(1, Ordering::SeqCst);
     let result = if !EXIT_STARTED.load(Ordering::SeqCst) {
-        running_python(|| Python::try_attach(f))
+        Python::try_attach(f)
     } else if on_exit_thread() {
-        running_python(|| {
-            Python::try_attach(|py| (!interpreter_finalizing(py)).then(|| f(py))).flatten()
-        })
+        Python::try_attach(|py| (!interpreter_finalizing(py)).then(|| f(py))).flatten()
     } else {
         None
     };

@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use handles::sys_types::{CUdeviceptr, CUmemPool_attribute};
 use handles::{HandleError, ManagedPoolLocation, MemoryPoolHandle, OwnedAllocation, StreamHandle};
 use memory::{
-    Buffer, CachingMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryResource,
-    LegacyPinnedMemoryResource, ManagedMemoryResource, ManagedPoolMemoryResource, MemoryError,
-    MemoryResource, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
-    SynchronousMemoryResource,
+    Buffer, CachingMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions,
+    GraphMemoryResource, LegacyPinnedMemoryResource, ManagedMemoryResource,
+    ManagedPoolMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -25,11 +25,11 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::classes::{Kept, PyBuffer, PyGraphBuilder};
 use crate::errors::{class_name, expected, stream_is_keyword_only, Error};
-use crate::ffi::{owned_allocation, with_borrowed_fd};
+use crate::ffi::{call_method, getattr, hasattr, owned_allocation, with_borrowed_fd};
 use crate::graph::allocate_in;
 use crate::nested;
 use crate::options::{check_options, option};
-use crate::report::{running_python, OwedFree, PyObjRef};
+use crate::report::{OwedFree, PyObjRef};
 use crate::stream::{accept_stream, default_stream_handle, required_stream};
 
 /// The base class of memory resources; subclass it in Python.
@@ -105,7 +105,10 @@ impl PyMemoryResource {
 
     /// A built-in over another resource's memory (the caching resource): its buffers are
     /// managed, and its stream optional, as `upstream`'s.
-    fn over(native: Arc<dyn MemoryResource>, upstream: &PyMemoryResource) -> PyClassInitializer<Self> {
+    fn over(
+        native: Arc<dyn MemoryResource>,
+        upstream: &PyMemoryResource,
+    ) -> PyClassInitializer<Self> {
         PyClassInitializer::from(PyMemoryResource {
             native: Some(native),
             managed: upstream.managed,
@@ -421,15 +424,12 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>, ptr: u64, size: usize) -> PyResult<
             return Ok((Arc::clone(native), None));
         }
     }
-    let (device, host, managed) = running_python(|| -> PyResult<(bool, bool, bool)> {
-        let device: bool = mr.getattr("is_device_accessible")?.extract()?;
-        let host: bool = mr.getattr("is_host_accessible")?.extract()?;
-        let managed: bool = match mr.getattr("is_managed") {
-            Ok(value) => value.extract()?,
-            Err(_) => false,
-        };
-        Ok((device, host, managed))
-    })?;
+    let device: bool = getattr(mr, "is_device_accessible")?.extract()?;
+    let host: bool = getattr(mr, "is_host_accessible")?.extract()?;
+    let managed: bool = match getattr(mr, "is_managed") {
+        Ok(value) => value.extract()?,
+        Err(_) => false,
+    };
     let object = Arc::new(PyObjRef::new(mr.clone().unbind()));
     let weak = Arc::downgrade(&object);
     let type_name: Arc<str> = Arc::from(mr.get_type().name()?.to_string());
@@ -450,7 +450,7 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>, ptr: u64, size: usize) -> PyResult<
 /// # Errors
 /// What reading the property raises; `TypeError` for a non-int; `ValueError` out of range.
 pub(crate) fn python_device_id(mr: &Bound<'_, PyAny>) -> PyResult<i32> {
-    let id: Option<i64> = running_python(|| mr.getattr("device_id")?.extract())?;
+    let id: Option<i64> = getattr(mr, "device_id")?.extract()?;
     match id {
         None => Ok(-1),
         Some(id) if id < 0 => Ok(-1),
@@ -1142,11 +1142,11 @@ fn fd_of(object: &Bound<'_, PyAny>) -> PyResult<i32> {
     if let Ok(fd) = object.extract::<i32>() {
         return Ok(fd);
     }
-    if running_python(|| object.hasattr("fileno"))? {
-        return running_python(|| object.call_method0("fileno")?.extract());
+    if hasattr(object, "fileno")? {
+        return call_method(object, "fileno", (), None)?.extract();
     }
-    if running_python(|| object.hasattr("handle"))? {
-        return running_python(|| object.getattr("handle")?.extract());
+    if hasattr(object, "handle")? {
+        return getattr(object, "handle")?.extract();
     }
     Err(expected("file descriptor (int)", object))
 }

@@ -21,7 +21,7 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 use crate::classes::{builder_on, PyGraphBuilder, PyStream};
 use crate::errors::{closed, expected, Error, NO_CONTEXT};
 use crate::options::{check_options, option};
-use crate::report::{release, running_python, PyObjRef};
+use crate::report::{release, PyObjRef};
 
 // The `CU_EVENT_*` bits as the plain word a `PyEvent` keeps (and `EventOptions` builds).
 /// `CU_EVENT_BLOCKING_SYNC`.
@@ -92,7 +92,7 @@ fn stream_of_class<'py>(
                     protocol,
                 },
             )?;
-            running_python(|| cls.call1((init,)))
+            crate::ffi::call(cls.as_any(), (init,), None)
         }
         _ => Ok(Bound::new(py, PyStream::with_protocol(handle, protocol))?.into_any()),
     }
@@ -114,7 +114,7 @@ pub(crate) fn accept_stream(object: &Bound<'_, PyAny>) -> PyResult<StreamHandle>
     if object.is_none() {
         return Err(stream_required());
     }
-    if running_python(|| object.hasattr("__cuda_stream__"))? {
+    if crate::ffi::hasattr(object, "__cuda_stream__")? {
         return Ok(wrap_protocol(object)?.0);
     }
     Err(expected(
@@ -179,7 +179,7 @@ pub(crate) fn with_stream<R>(
 /// Wraps an object implementing the `__cuda_stream__` protocol (`(version, handle)`); the
 /// handle keeps the object, seen through the returned `Weak`.
 fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<(StreamHandle, Weak<PyObjRef>)> {
-    let info = running_python(|| object.call_method0("__cuda_stream__"))?;
+    let info = crate::ffi::call_method(object, "__cuda_stream__", (), None)?;
     let tuple = info.cast::<PyTuple>().map_err(|_| {
         PyTypeError::new_err("__cuda_stream__ must return a (version, handle) tuple")
     })?;
@@ -217,7 +217,7 @@ fn stream_from_handle(
             "a stream handle (int) is required, got None",
         ));
     }
-    if running_python(|| handle.hasattr("__cuda_stream__"))? {
+    if crate::ffi::hasattr(handle, "__cuda_stream__")? {
         let (stream, protocol) = wrap_protocol(handle)?;
         return Ok((stream, Some(protocol)));
     }
@@ -312,7 +312,7 @@ impl PyStream {
         let py = cls.py();
         let (handle, protocol) = match obj.filter(|o| !o.is_none()) {
             Some(obj) => {
-                if !running_python(|| obj.hasattr("__cuda_stream__"))? {
+                if !crate::ffi::hasattr(obj, "__cuda_stream__")? {
                     return Err(expected("an object with __cuda_stream__", obj));
                 }
                 let (handle, protocol) = wrap_protocol(obj)?;
