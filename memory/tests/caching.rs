@@ -705,3 +705,26 @@ fn threads_sharing_one_cache_keep_the_counters_exact() {
     assert_eq!(device_used(), base);
     assert_no_hazards();
 }
+
+/// Over an IPC-enabled pool, a lent buffer is not exportable: another process could not follow
+/// its block's reuse.
+#[test]
+fn a_lent_buffer_is_not_exportable_even_from_an_ipc_pool() {
+    let _serial = start();
+    let s = stream_on(0);
+    let pool = DeviceMemoryResource::with_options(
+        0,
+        DeviceMemoryResourceOptions {
+            max_size: 0,
+            ipc_enabled: true,
+        },
+    )
+    .unwrap();
+    let mr = CachingMemoryResource::new(pool);
+    let buffer = allocate(&mr, 4096, &s);
+    let refused = buffer.ipc_descriptor().unwrap_err();
+    assert!(matches!(refused, MemoryError::Ipc { .. }), "{refused}");
+    buffer.close().unwrap();
+    mr.close().unwrap();
+    assert_no_hazards();
+}

@@ -179,3 +179,13 @@ def test_bad_input(device, stream, pool):
     assert (empty.handle, empty.size) == (0, 0)
     assert mr.stats["misses"] == 0
     mr.close()
+
+
+def test_a_lent_buffer_is_not_exportable_even_from_an_ipc_pool(device, stream):
+    pool = custody.DeviceMemoryResource(0, custody.DeviceMemoryResourceOptions(ipc_enabled=True))
+    mr = custody.CachingMemoryResource(pool)
+    buf = mr.allocate(4096, stream=stream)
+    with pytest.raises(RuntimeError):
+        buf.ipc_descriptor
+    buf.close()
+    mr.close()

@@ -183,6 +183,9 @@ fn is_out_of_memory(error: &MemoryError) -> bool {
 ///   asked for. A block serves requests of its class only (no splitting, no best fit).
 /// - **Streams stay alive** while blocks of theirs are cached: a block's recipe holds its
 ///   stream. [`CachingMemoryResource::trim`] frees them.
+/// - **No IPC**: a lent buffer is not exportable ([`Buffer::ipc_descriptor`] refuses it with
+///   [`MemoryError::Ipc`]), even over an IPC-enabled pool: another process could not follow
+///   the block's reuse.
 /// - **Flushes**: [`CachingMemoryResource::trim`] frees every cached block through the upstream
 ///   resource's own release rule (`cuMemFreeAsync` on the block's stream for a pool);
 ///   [`CachingMemoryResource::close`] trims and from then on frees every block given back; an

@@ -1044,7 +1044,8 @@ class CachingMemoryResource(MemoryResource):
     of four classes per doubling (at most 25% more); ``Buffer.size`` is the size asked for. A
     default stream, or a stream being captured, is not cached: the upstream resource allocates
     (and frees) as it would alone. A cached block keeps its stream alive until :meth:`trim` or
-    :meth:`close` frees it.
+    :meth:`close` frees it. Its buffers cannot be exported to another process
+    (``ipc_descriptor`` raises ``RuntimeError``), even over an IPC-enabled pool.
 
     ``CachingMemoryResource(upstream)``. ``TypeError`` for anything but a built-in memory
     resource (a ``MemoryResource`` subclass that allocates in Python, or a
