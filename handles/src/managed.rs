@@ -138,11 +138,14 @@ impl DeviceRange<'_> {
     /// advice does not take: `CUDA_ERROR_INVALID_VALUE`, `CUDA_ERROR_INVALID_DEVICE`).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed: the memory's context),
-    /// `cuMemAdvise_v2`.
+    /// `cuMemAdvise_v2`; none for zero bytes (`Ok`: nothing to advise).
     pub fn advise(&self, advice: MemAdvice) -> Result<(), HandleError> {
         let advise = driver()?.cuMemAdvise_v2().map_err(HandleError::Load)?;
         let (kind, location) = advice.raw();
         let (ptr, len) = (self.ptr(), self.len());
+        if len == 0 {
+            return Ok(());
+        }
         in_context(&self.placement_context()?, "cuMemAdvise_v2", |_| {
             // SAFETY: the range lies inside memory its borrowed handle keeps alive; plain values.
             let status = unsafe { advise(ptr, len, kind, location) };
@@ -157,7 +160,8 @@ impl DeviceRange<'_> {
     /// [`HandleError::Load`] when the driver lacks `cuMemPrefetchAsync_v2` (before CUDA 12.2);
     /// [`HandleError::Driver`] when it refuses (memory that is not managed, a bad location).
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemPrefetchAsync_v2`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemPrefetchAsync_v2`;
+    /// none for zero bytes (`Ok`: nothing to migrate).
     pub fn prefetch(
         &self,
         location: MemLocation,
@@ -167,6 +171,9 @@ impl DeviceRange<'_> {
             .cuMemPrefetchAsync_v2()
             .map_err(HandleError::Load)?;
         let (ptr, len, location) = (self.ptr(), self.len(), location.raw());
+        if len == 0 {
+            return Ok(());
+        }
         stream.run("cuMemPrefetchAsync_v2", |_, s| {
             // SAFETY: the range lies inside memory its borrowed handle keeps alive; the stream
             // is alive and its context current.
@@ -305,13 +312,19 @@ struct Batch {
     first: Vec<usize>,
 }
 
+/// Ranges of zero bytes are checked with the others and then left out (with their locations):
+/// no driver's answer to a zero-length entry is relied on, and a batch of only empty ranges makes
+/// no call ([`Batch::is_empty`]).
 fn batch(ranges: &[DeviceRange<'_>], locations: &[MemLocation]) -> Result<Batch, HandleError> {
     if ranges.is_empty() {
         return Err(HandleError::invalid("ranges", "no ranges given"));
     }
+    let kept: Vec<usize> = (0..ranges.len())
+        .filter(|&i| !ranges[i].is_empty())
+        .collect();
     let mut out = Batch {
-        ptrs: ranges.iter().map(DeviceRange::ptr).collect(),
-        sizes: ranges.iter().map(DeviceRange::len).collect(),
+        ptrs: kept.iter().map(|&i| ranges[i].ptr()).collect(),
+        sizes: kept.iter().map(|&i| ranges[i].len()).collect(),
         locations: Vec::new(),
         first: Vec::new(),
     };
@@ -328,13 +341,20 @@ fn batch(ranges: &[DeviceRange<'_>], locations: &[MemLocation]) -> Result<Batch,
             ),
         ));
     }
-    for (i, l) in locations.iter().enumerate() {
-        if i == 0 || locations[i - 1] != *l {
-            out.locations.push(l.raw());
-            out.first.push(i);
+    for (at, &i) in kept.iter().enumerate() {
+        if at == 0 || locations[kept[at - 1]] != locations[i] {
+            out.locations.push(locations[i].raw());
+            out.first.push(at);
         }
     }
     Ok(out)
+}
+
+impl Batch {
+    /// Whether every range was empty: the batch then makes no driver call.
+    fn is_empty(&self) -> bool {
+        self.ptrs.is_empty()
+    }
 }
 
 /// Migrates each range to its location (`locations[i]` for `ranges[i]`), ordered on `stream`,
@@ -344,6 +364,8 @@ fn batch(ranges: &[DeviceRange<'_>], locations: &[MemLocation]) -> Result<Batch,
 /// [`HandleError::InvalidArgument`] for no ranges or not one location per range (before any
 /// driver call); [`HandleError::Load`] when the driver lacks `cuMemPrefetchBatchAsync` (before
 /// CUDA 12.8); [`HandleError::Driver`] when it refuses (memory that is not managed).
+///
+/// Ranges of zero bytes are left out of the call, and a batch of only empty ranges makes none.
 ///
 /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemPrefetchBatchAsync`.
 pub fn prefetch_batch(
@@ -375,6 +397,9 @@ fn located_batch(
     }
     let b = batch(ranges, locations)?;
     let call = call.map_err(HandleError::Load)?;
+    if b.is_empty() {
+        return Ok(());
+    }
     stream.run(name, |_, s| {
         // SAFETY: the arrays hold `count` and `numPrefetchLocs` items and outlive the call; the
         // ranges lie inside memory their borrowed handles keep alive; the stream is alive and
@@ -402,12 +427,17 @@ fn located_batch(
 /// [`HandleError::Load`] when the driver lacks `cuMemDiscardBatchAsync` (before CUDA 12.8);
 /// [`HandleError::Driver`] when it refuses (memory that is not managed).
 ///
+/// Ranges of zero bytes are left out of the call, and a batch of only empty ranges makes none.
+///
 /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemDiscardBatchAsync`.
 pub fn discard_batch(ranges: &[DeviceRange<'_>], stream: &StreamHandle) -> Result<(), HandleError> {
     let b = batch(ranges, &[])?;
     let call = driver()?
         .cuMemDiscardBatchAsync()
         .map_err(HandleError::Load)?;
+    if b.is_empty() {
+        return Ok(());
+    }
     stream.run("cuMemDiscardBatchAsync", |_, s| {
         // SAFETY: the arrays hold `count` items and outlive the call; the ranges lie inside
         // memory their borrowed handles keep alive; the stream is alive and its context current.

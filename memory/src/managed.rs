@@ -5,7 +5,9 @@
 //! Every operation first checks that the memory is managed: by its memory resource, else by
 //! asking the driver (`CU_POINTER_ATTRIBUTE_IS_MANAGED`), so a [`crate::ManagedBuffer`] made over
 //! memory that is not managed is refused with [`MemoryError::NotManaged`] before the operation's
-//! driver call.
+//! driver call. A buffer of zero bytes then gets no placement call at all (advice, prefetch
+//! and discard return `Ok`; a batch leaves it out, and a batch of only empty buffers makes no
+//! call): the handles crate's ranges skip zero-length calls.
 
 use handles::{DeviceRange, MemAdvice, MemLocation, StreamHandle};
 
