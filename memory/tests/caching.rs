@@ -297,7 +297,7 @@ fn out_of_memory_flushes_the_cache_and_retries_once() {
         matches!(&refused, MemoryError::Handle(e) if e.code() == Some(CudaErrorCode::OUT_OF_MEMORY)),
         "{refused}"
     );
-    assert_eq!(mr.stats().out_of_memory_retries, 2);
+    assert_eq!(mr.stats().out_of_memory_retries, 1, "not retried");
     other.close().unwrap();
     mr.close().unwrap();
     use memory::PoolMemoryResource;

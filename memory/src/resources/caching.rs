@@ -339,11 +339,14 @@ impl CachingMemoryResource {
             Err(error) if is_out_of_memory(&error) => {
                 let blocks = {
                     let mut state = self.lock();
-                    state.stats.out_of_memory_retries += 1;
-                    state.drain()
+                    let blocks = state.drain();
+                    if !blocks.is_empty() {
+                        state.stats.out_of_memory_retries += 1;
+                    }
+                    blocks
                 };
                 if blocks.is_empty() {
-                    return Err(error);
+                    return Err(error); // nothing cached: nothing to retry with
                 }
                 free_blocks(blocks)?;
                 Arc::clone(&self.upstream).allocate(class_size, stream)?
