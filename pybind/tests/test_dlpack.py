@@ -210,3 +210,22 @@ def test_neither_accessible_is_a_buffer_error(device, stream):
         buf.__dlpack__()
     buf.close()
     backing.close()
+
+
+def test_zero_size_buffers_export_an_empty_tensor(device, stream):
+    """A zero-size buffer (``allocate(0)``, ``from_handle(0, 0)``) exports a valid 1-D tensor of
+    shape ``(0,)`` in both capsule forms, on the device ``__dlpack_device__`` names: kDLCUDA for
+    the device resource's. (For the view at address 0 the driver's pointer attributes say which
+    device; that answer is not asserted here.)"""
+    mr = custody.DeviceMemoryResource(0)
+    for buf, expected in [(mr.allocate(0, stream=stream), (2, 0)),
+                          (custody.Buffer.from_handle(0, 0), None)]:
+        device_type, device_id = buf.__dlpack_device__()
+        assert expected in (None, (device_type, device_id))
+        capsules = (buf.__dlpack__(), buf.__dlpack__(max_version=(1, 0)))  # kept while read
+        for t in (tensor_of(capsules[0]).contents.dl_tensor,
+                  versioned_tensor_of(capsules[1]).contents.dl_tensor):
+            assert (t.ndim, t.shape[0]) == (1, 0)
+            assert (t.device.device_type, t.device.device_id) == (device_type, device_id)
+        del t, capsules
+        buf.close()
