@@ -164,9 +164,12 @@ struct PtrBox {
 /// declared use streams (docs/decisions.md D12), so work enqueued on that stream after this
 /// call is ordered after every use of the memory.
 pub trait BlockCache: Send + Sync {
-    /// Takes `block` back. `bin` is the raw value of the stream the free is ordered on when that
-    /// is a created or wrapped stream (one a later allocation can name again); `None` for a
-    /// default-stream token (bound to a context or a thread), whose block should be freed.
+    /// Takes `block` back. `bin` is the raw value of the stream the free is ordered on when the
+    /// block's recipe keeps that stream alive ([`StreamHandle::pins_its_stream`]: a created
+    /// stream, or a wrapped one with an owner), so that the value names that stream while the
+    /// block sits in a bin; `None` otherwise (a stream wrapped without an owner, which its maker
+    /// may destroy and whose value a new stream may get, or a default-stream token bound to a
+    /// context or a thread), whose block should be freed.
     /// `explicit`: a close or release that returns its error (and may block), rather than a
     /// drop, which must not block on the GPU (docs/decisions.md D9). To free the block, release
     /// it (explicit) or drop it.
@@ -1260,7 +1263,7 @@ impl PtrBox {
             return Ok(());
         };
         let (stream, other_thread) = recipe.free_target();
-        let bin = (stream.identifies_its_context() && !other_thread).then(|| stream.raw_usize());
+        let bin = (stream.pins_its_stream() && !other_thread).then(|| stream.raw_usize());
         let take_this = |own: &mut Option<DeallocationRecipe>| {
             if own.as_ref().is_some_and(|r| r.same_target(&recipe)) {
                 None

@@ -337,6 +337,20 @@ impl StreamHandle {
         matches!(self.0.release, StreamRelease::Owned)
     }
 
+    /// Whether holding this handle keeps the stream from being destroyed, so that its raw value
+    /// names this stream for as long as the handle lives: a created stream (the handle destroys
+    /// it), or a wrapped one with an owner object (which keeps it alive, as the `__cuda_stream__`
+    /// provider does). A stream wrapped without an owner, and a default-stream token, do not:
+    /// its maker may destroy it while the handle lives, and a new stream may get its value. What
+    /// a block cache keys its bins on ([`DevicePtrHandle::lend`](crate::DevicePtrHandle::lend)).
+    #[inline]
+    pub fn pins_its_stream(&self) -> bool {
+        matches!(
+            self.0.release,
+            StreamRelease::Owned | StreamRelease::Foreign(Some(_))
+        )
+    }
+
     /// Whether both handles share one box.
     pub fn ptr_eq(&self, other: &StreamHandle) -> bool {
         Arc::ptr_eq(&self.0, &other.0)

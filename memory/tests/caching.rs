@@ -728,3 +728,88 @@ fn a_lent_buffer_is_not_exportable_even_from_an_ipc_pool() {
     mr.close().unwrap();
     assert_no_hazards();
 }
+
+/// A stream wrapped without an owner (`raw::wrap_stream(raw, None)`, Python's
+/// `Stream.from_handle(int)`) is not one the cache can keep alive: its maker may destroy it
+/// while a block would sit in its bin (the block's free then fails, and a new stream may get
+/// its value). So nothing is cached on it: an allocation on it is the upstream's own buffer,
+/// and a lent block whose free is moved to it is freed, not binned. With an owner the wrapper
+/// keeps the stream alive, and the cache bins on it. (A new user's trial: a cached block on a
+/// destroyed foreign stream leaked at exit.)
+#[test]
+fn a_stream_wrapped_without_an_owner_is_not_cached_on() {
+    let _serial = start();
+    let base = device_used();
+    let context = primary(0);
+    let d = cuda_sys::driver().expect("driver");
+    context.make_current().unwrap();
+    let mut raw: cuda_sys::types::CUstream = std::ptr::null_mut();
+    // SAFETY: `raw` is a valid out-pointer; a context is current.
+    let status = unsafe { (d.cuStreamCreate().expect("cuStreamCreate"))(&mut raw, 0) };
+    assert_eq!(status, 0);
+    ContextHandle::clear_current().unwrap();
+    let mr = cache_over_device_pool();
+    {
+        // SAFETY: `raw` was created above and is destroyed only after every wrapper, buffer and
+        // cached block that names it is gone (the trim below).
+        let unpinned = unsafe { handles::raw::wrap_stream(raw as usize, None) }.unwrap();
+        assert!(!unpinned.pins_its_stream());
+        let own = allocate(&mr, 4096, &unpinned);
+        assert_eq!(
+            mr.stats(),
+            CachingStats::default(),
+            "the upstream's own buffer"
+        );
+        own.close().unwrap();
+        assert_eq!(mr.stats().cached_blocks, 0);
+        assert!(mr.allocate_cached(4096, &unpinned).is_none());
+
+        let s = stream_on(0);
+        let lent = allocate(&mr, 4096, &s);
+        s.synchronize().unwrap(); // the allocation on `s` before a free on another stream
+        lent.set_deallocation_stream(&unpinned).unwrap();
+        lent.close().unwrap();
+        let stats = mr.stats();
+        assert_eq!(
+            (stats.misses, stats.cached_blocks, stats.freed_blocks),
+            (1, 0, 1),
+            "freed on the unpinned stream, not binned under it"
+        );
+
+        // SAFETY: as above; the owner stands for whatever keeps the stream alive.
+        let pinned =
+            unsafe { handles::raw::wrap_stream(raw as usize, Some(Box::new("the test"))) }.unwrap();
+        assert!(pinned.pins_its_stream());
+        allocate(&mr, 4096, &pinned).close().unwrap();
+        assert_eq!(
+            mr.stats().cached_blocks,
+            1,
+            "binned under a wrapper with an owner"
+        );
+        mr.trim().unwrap();
+        assert_eq!(mr.stats().cached_blocks, 0);
+        unpinned.synchronize().unwrap();
+    }
+    assert_eq!(device_used(), base, "everything freed");
+    context.make_current().unwrap();
+    // SAFETY: the stream was created above and nothing uses it any more.
+    assert_eq!(unsafe { (d.cuStreamDestroy_v2)(raw) }, 0);
+    ContextHandle::clear_current().unwrap();
+    assert_no_hazards();
+}
+
+/// An allocation the upstream refuses is no miss, and with nothing cached there is no retry to
+/// count (a new user's trial saw `misses: 1, out_of_memory_retries: 1` on a fresh cache after a
+/// refused huge request).
+#[test]
+fn a_refused_allocation_with_nothing_cached_counts_no_miss_and_no_retry() {
+    let _serial = start();
+    let s = stream_on(0);
+    let mr = cache_over_device_pool();
+    // 1 PiB: refused by the pool (the emulator says CUDA_ERROR_OUT_OF_MEMORY; which error a
+    // real driver gives does not matter here).
+    let error = Arc::clone(&mr).allocate(1 << 50, &s).unwrap_err();
+    assert!(matches!(&error, MemoryError::Handle(_)), "{error}");
+    assert_eq!(mr.stats(), CachingStats::default());
+    assert_no_hazards();
+}

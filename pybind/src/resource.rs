@@ -1613,8 +1613,9 @@ impl PyGraphMemoryAttributes {
 /// stream) before the memory goes back to a bin. Sizes are rounded up to 512 bytes, then to one
 /// of four classes per doubling (at most 25% more); ``Buffer.size`` is the size asked for. A
 /// default stream, or a stream being captured, is not cached: the upstream resource allocates
-/// (and frees) as it would alone. A cached block keeps its stream alive until :meth:`trim` or
-/// :meth:`close` frees it. Its buffers cannot be exported to another process
+/// (and frees) as it would alone, and so is a stream wrapped from a bare ``int``
+/// (``Stream.from_handle(int)``: custody cannot keep it alive, and its maker may destroy it). A
+/// cached block keeps its stream alive until :meth:`trim` or :meth:`close` frees it. Its buffers cannot be exported to another process
 /// (``ipc_descriptor`` raises ``RuntimeError``), even over an IPC-enabled pool.
 ///
 /// ``CachingMemoryResource(upstream)``. ``TypeError`` for anything but a built-in memory

@@ -6,12 +6,13 @@ for before the reuse; ``trim()`` and ``close()`` free everything through the ups
 Runs on the emulator and on a GPU (addresses, sizes, statistics, a pool's used memory
 everywhere; the call log and live allocations on the emulator)."""
 
+import ctypes
 import gc
 
 import pytest
 
 import custody
-from conftest import run_in_thread
+from conftest import DRIVER, run_in_thread
 
 
 def used(mr):
@@ -188,4 +189,29 @@ def test_a_lent_buffer_is_not_exportable_even_from_an_ipc_pool(device, stream):
     with pytest.raises(RuntimeError):
         buf.ipc_descriptor
     buf.close()
+    mr.close()
+
+
+def test_a_stream_wrapped_from_a_bare_int_is_not_cached_on(device, pool):
+    """``Stream.from_handle(int)`` keeps nothing alive: its maker may destroy the stream while a
+    block would wait in its bin (its free would then fail and leak, a new user's trial saw it at
+    exit). So the cache does not lend on it: the upstream allocates and frees as it would alone,
+    and the stream can be destroyed right after the close."""
+    DRIVER.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+    DRIVER.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
+    raw = ctypes.c_void_p()
+    assert DRIVER.cuStreamCreate(ctypes.byref(raw), 1) == 0  # CU_STREAM_NON_BLOCKING
+    base = used(pool)
+    mr = custody.CachingMemoryResource(pool)
+    foreign = custody.Stream.from_handle(raw.value)
+    buf = mr.allocate(4096, stream=foreign)
+    assert buf.memory_resource is pool, "the upstream's own buffer"
+    buf.close()
+    stats = mr.stats
+    assert (stats["misses"], stats["cached_blocks"], stats["in_use_blocks"]) == (0, 0, 0)
+    foreign.sync()
+    del buf, foreign
+    gc.collect()
+    assert DRIVER.cuStreamDestroy_v2(raw) == 0
+    assert used(pool) == base
     mr.close()

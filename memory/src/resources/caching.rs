@@ -59,7 +59,8 @@ pub struct CachingStats {
     pub cached_bytes: usize,
     /// Allocations served from a bin (no driver call).
     pub hits: u64,
-    /// Allocations that took a new block from the upstream resource.
+    /// Allocations that took a new block from the upstream resource (one it refused is not
+    /// counted).
     pub misses: u64,
     /// Blocks freed through the upstream resource's own release rule (trims, closes, frees
     /// on a default-stream token, blocks given back after the cache was closed).
@@ -182,7 +183,11 @@ fn is_out_of_memory(error: &MemoryError) -> bool {
 ///   doubling (a block is at most 25% larger than the request); [`Buffer::size`] is the size
 ///   asked for. A block serves requests of its class only (no splitting, no best fit).
 /// - **Streams stay alive** while blocks of theirs are cached: a block's recipe holds its
-///   stream. [`CachingMemoryResource::trim`] frees them.
+///   stream. [`CachingMemoryResource::trim`] frees them. So only streams whose handle keeps
+///   them alive are cached on ([`StreamHandle::pins_its_stream`]: created streams, and wrapped
+///   ones with an owner object); on a stream wrapped without one, which its maker may destroy
+///   while a block would wait in its bin, the upstream resource allocates and frees as it would
+///   alone, and a lent block whose free was moved to such a stream is freed, not cached.
 /// - **No IPC**: a lent buffer is not exportable ([`Buffer::ipc_descriptor`] refuses it with
 ///   [`MemoryError::Ipc`]), even over an IPC-enabled pool: another process could not follow
 ///   the block's reuse.
@@ -274,7 +279,7 @@ impl CachingMemoryResource {
     pub fn allocate_cached(self: &Arc<Self>, size: usize, stream: &StreamHandle) -> Option<Buffer> {
         if size == 0
             || self.is_closed()
-            || stream.default_kind().is_some()
+            || !stream.pins_its_stream()
             || handles::capture_may_be_active()
         {
             return None;
@@ -334,7 +339,6 @@ impl CachingMemoryResource {
         class_size: usize,
         stream: &StreamHandle,
     ) -> Result<Result<DevicePtrHandle, Buffer>, MemoryError> {
-        self.lock().stats.misses += 1;
         let buffer = match Arc::clone(&self.upstream).allocate(class_size, stream) {
             Err(error) if is_out_of_memory(&error) => {
                 let blocks = {
@@ -353,26 +357,35 @@ impl CachingMemoryResource {
             }
             result => result?,
         };
-        if buffer.size() != class_size {
-            return Ok(Err(buffer));
-        }
-        let block = match buffer.into_block() {
+        // Counted once the upstream has allocated: a refused allocation is no miss.
+        let block = if buffer.size() == class_size {
+            buffer.into_block()
+        } else {
+            Err(buffer)
+        };
+        let block = match block {
             Ok(block) => block,
-            Err(buffer) => return Ok(Err(buffer)),
+            Err(buffer) => {
+                self.lock().stats.misses += 1;
+                return Ok(Err(buffer));
+            }
         };
         let mut state = self.lock();
+        state.stats.misses += 1;
         state.stats.in_use_blocks += 1;
         state.stats.in_use_bytes += class_size;
         Ok(Ok(block))
     }
 
-    /// Whether an allocation on `stream` may use the bins: a created or wrapped stream, not
-    /// being captured by a capture begun through custody.
+    /// Whether an allocation on `stream` may use the bins: a stream whose handle keeps it alive
+    /// (created, or wrapped with an owner: [`StreamHandle::pins_its_stream`]; a block binned
+    /// under a stream wrapped without one could outlive it, its free then failing, and its
+    /// value could name a new stream), not being captured by a capture begun through custody.
     ///
     /// Driver calls: `cuStreamIsCapturing` only while a custody capture runs.
     #[inline]
     fn caches_on(stream: &StreamHandle) -> Result<bool, MemoryError> {
-        if stream.default_kind().is_some() {
+        if !stream.pins_its_stream() {
             return Ok(false);
         }
         Ok(!handles::capture_may_be_active()
@@ -385,7 +398,8 @@ impl MemoryResource for CachingMemoryResource {
     /// whose last free was ordered on `stream` when there is one (no driver call), else a new
     /// block of the class's size from the upstream resource. The buffer reports `size` bytes
     /// and this resource; its free gives the block back (see [`CachingMemoryResource`]). On a
-    /// default-stream token, on a stream a custody capture is capturing, or for a request whose
+    /// default-stream token, on a stream wrapped without an owner (which the cache cannot keep
+    /// alive: [`StreamHandle::pins_its_stream`]), on a stream a custody capture is capturing, or for a request whose
     /// class would exceed `isize::MAX` bytes, the upstream resource allocates `size` bytes
     /// itself and the buffer is its own.
     ///
