@@ -99,6 +99,25 @@ pub(crate) fn release<R: Ungil>(py: Python<'_>, f: impl Ungil + FnOnce() -> R) -
     }
 }
 
+/// Refuses an allocation through `resource` (a custody memory resource) on a thread other than
+/// the interpreter's exit thread once the exit has begun (custody's `atexit` callback ran):
+/// such a thread may no longer free through a Python `deallocate` (its frees are skipped and
+/// leaked) and CPython stops it when finalization starts, so memory made there could never be
+/// freed; daemon threads that kept allocating made garbage faster than the exit thread could
+/// free it, and the exit stalled. `RuntimeError`, naming the class and the reason.
+pub(crate) fn refuse_allocation_at_exit(resource: &Bound<'_, PyAny>) -> PyResult<()> {
+    if may_detach() {
+        return Ok(());
+    }
+    Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+        "{}.allocate: the interpreter is shutting down: custody allocates no memory on a \
+         thread other than the interpreter's exit thread once custody's atexit callback has \
+         run (memory made there could not be freed through Python and the thread is stopped \
+         at finalization)",
+        crate::errors::class_name(resource)
+    )))
+}
+
 /// Runs `f` attached to the interpreter (attaching for the call if this thread is not), unless
 /// the interpreter is exiting and this thread may not run Python any more (see the module
 /// documentation): then `None`, and `f` does not run; what `f` would release is leaked, what it

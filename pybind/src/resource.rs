@@ -29,7 +29,7 @@ use crate::ffi::{call_method, getattr, hasattr, owned_allocation, with_borrowed_
 use crate::graph::allocate_in;
 use crate::nested;
 use crate::options::{check_options, option};
-use crate::report::{OwedFree, PyObjRef};
+use crate::report::{refuse_allocation_at_exit, OwedFree, PyObjRef};
 use crate::stream::{accept_stream, default_stream_handle, required_stream};
 
 /// The base class of memory resources; subclass it in Python.
@@ -147,8 +147,9 @@ impl PyMemoryResource {
     /// than ``isize::MAX``; ``TypeError`` for a missing, None or non-stream ``stream``, or one
     /// passed by position, the message naming the class called; ``RuntimeError`` for a closed
     /// stream or a default stream with no current context; :class:`CUDAError` for the driver's
-    /// failure. The base class raises ``TypeError``, and so does a subclass that does not define
-    /// it.
+    /// failure; ``RuntimeError`` (``the interpreter is shutting down: ...``) on a thread other
+    /// than the interpreter's exit thread once custody's ``atexit`` callback has run. The base
+    /// class raises ``TypeError``, and so does a subclass that does not define it.
     // pyo3 parses the arguments: under the 3.11 stable ABI the method is called with
     // `METH_FASTCALL | METH_KEYWORDS` and keyword names are compared in place, so the usual
     // call `allocate(n, stream=s)` builds no argument tuple and no keyword dict (a hand parser
@@ -169,6 +170,7 @@ impl PyMemoryResource {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        refuse_allocation_at_exit(slf.as_any())?;
         let this = slf.get();
         let (size, stream) = allocate_arguments(slf, size, extra, stream, this.stream_optional)?;
         let native = Arc::clone(native_of(slf, "allocate")?);
@@ -1664,7 +1666,7 @@ impl PyCachingMemoryResource {
     /// released). Zero bytes give an empty buffer (address 0, no driver call).
     /// ``RuntimeError`` once :meth:`close` was called; otherwise as ``MemoryResource.allocate``
     /// (``OverflowError``, ``TypeError``, :class:`CUDAError` for the upstream's failure, after
-    /// one retry with the cache flushed when it was out of memory).
+    /// one retry with the cache flushed when it was out of memory, and ``RuntimeError`` at exit).
     #[pyo3(
         signature = (size, *extra, stream = None),
         text_signature = "($self, size, *, stream)"
@@ -1675,6 +1677,7 @@ impl PyCachingMemoryResource {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        refuse_allocation_at_exit(slf.as_any())?;
         let base = slf.as_super();
         let this = base.get();
         let (size, stream) = allocate_arguments(base, size, extra, stream, this.stream_optional)?;

@@ -705,8 +705,9 @@ class MemoryResource:
         than ``isize::MAX``; ``TypeError`` for a missing, None or non-stream ``stream``, or one
         passed by position, the message naming the class called; ``RuntimeError`` for a closed
         stream or a default stream with no current context; :class:`CUDAError` for the driver's
-        failure. The base class raises ``TypeError``, and so does a subclass that does not define
-        it.
+        failure; ``RuntimeError`` (``the interpreter is shutting down: ...``) on a thread other
+        than the interpreter's exit thread once custody's ``atexit`` callback has run. The base
+        class raises ``TypeError``, and so does a subclass that does not define it.
         """
     def deallocate(self, ptr: int, size: int, *, stream: StreamLike) -> None:
         """Frees ``size`` bytes at ``ptr``, which this resource allocated, ordered on ``stream``
@@ -1064,7 +1065,7 @@ class CachingMemoryResource(MemoryResource):
         released). Zero bytes give an empty buffer (address 0, no driver call).
         ``RuntimeError`` once :meth:`close` was called; otherwise as ``MemoryResource.allocate``
         (``OverflowError``, ``TypeError``, :class:`CUDAError` for the upstream's failure, after
-        one retry with the cache flushed when it was out of memory).
+        one retry with the cache flushed when it was out of memory, and ``RuntimeError`` at exit).
         """
     @property
     def upstream(self) -> MemoryResource:
