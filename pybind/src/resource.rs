@@ -947,7 +947,7 @@ macro_rules! pool_methods {
                 self.inner.pool().is_owned()
             }
 
-            #[doc = concat!("Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and\n``Buffer.from_ipc_descriptor`` then raise ``RuntimeError(\"", $name, " has been closed\")``;\n``deallocate`` and the buffers already made keep working. The pool goes with the last of\nthis object and its buffers (an owned pool outlives its allocations). Idempotent.")]
+            #[doc = concat!("Closes this resource: ``allocate`` (of one byte or more: zero bytes still give an empty\nbuffer, which holds no memory), ``get_allocation_handle``, pickling and\n``Buffer.from_ipc_descriptor`` then raise ``RuntimeError(\"", $name, " has been closed\")``;\n``deallocate`` and the buffers already made keep working. The pool goes with the last of\nthis object and its buffers (an owned pool outlives its allocations). Idempotent.")]
             fn close(&self) {
                 self.inner.close();
             }
@@ -1664,9 +1664,10 @@ impl PyCachingMemoryResource {
     /// eventual free: a cached block of its size class last freed on ``stream`` when there is
     /// one (no driver call, the GIL kept), else a new block from the upstream resource (the GIL
     /// released). Zero bytes give an empty buffer (address 0, no driver call).
-    /// ``RuntimeError`` once :meth:`close` was called; otherwise as ``MemoryResource.allocate``
-    /// (``OverflowError``, ``TypeError``, :class:`CUDAError` for the upstream's failure, after
-    /// one retry with the cache flushed when it was out of memory, and ``RuntimeError`` at exit).
+    /// ``RuntimeError`` for one byte or more once :meth:`close` was called; otherwise as
+    /// ``MemoryResource.allocate`` (``OverflowError``, ``TypeError``, :class:`CUDAError` for
+    /// the upstream's failure, after one retry with the cache flushed when it was out of
+    /// memory, and ``RuntimeError`` at exit).
     #[pyo3(
         signature = (size, *extra, stream = None),
         text_signature = "($self, size, *, stream)"

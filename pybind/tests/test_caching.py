@@ -214,3 +214,15 @@ def test_a_stream_wrapped_from_a_bare_int_is_not_cached_on(device, pool):
     assert DRIVER.cuStreamDestroy_v2(raw) == 0
     assert used(pool) == base
     mr.close()
+
+
+def test_a_closed_cache_refuses_allocations_of_one_byte_or_more(device, stream, pool):
+    """After ``close()``: ``RuntimeError`` for one byte or more; zero bytes still give an empty
+    buffer, which holds no memory (as every resource's ``allocate`` documents)."""
+    mr = custody.CachingMemoryResource(pool)
+    mr.close()
+    with pytest.raises(RuntimeError, match="has been closed"):
+        mr.allocate(1, stream=stream)
+    empty = mr.allocate(0, stream=stream)
+    assert (empty.handle, empty.size) == (0, 0)
+    empty.close()

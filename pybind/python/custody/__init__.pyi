@@ -813,7 +813,8 @@ class DeviceMemoryResource(MemoryResource):
         and its buffers); ``False`` for a device's current pool.
         """
     def close(self) -> None:
-        """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
+        """Closes this resource: ``allocate`` (of one byte or more: zero bytes still give an empty
+        buffer, which holds no memory), ``get_allocation_handle``, pickling and
         ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("DeviceMemoryResource has been closed")``;
         ``deallocate`` and the buffers already made keep working. The pool goes with the last of
         this object and its buffers (an owned pool outlives its allocations). Idempotent.
@@ -892,7 +893,8 @@ class PinnedMemoryResource(MemoryResource):
         and its buffers); ``False`` for a device's current pool.
         """
     def close(self) -> None:
-        """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
+        """Closes this resource: ``allocate`` (of one byte or more: zero bytes still give an empty
+        buffer, which holds no memory), ``get_allocation_handle``, pickling and
         ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("PinnedMemoryResource has been closed")``;
         ``deallocate`` and the buffers already made keep working. The pool goes with the last of
         this object and its buffers (an owned pool outlives its allocations). Idempotent.
@@ -986,7 +988,8 @@ class ManagedMemoryResource(MemoryResource):
         and its buffers); ``False`` for a device's current pool.
         """
     def close(self) -> None:
-        """Closes this resource: ``allocate``, ``get_allocation_handle``, pickling and
+        """Closes this resource: ``allocate`` (of one byte or more: zero bytes still give an empty
+        buffer, which holds no memory), ``get_allocation_handle``, pickling and
         ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("ManagedMemoryResource has been closed")``;
         ``deallocate`` and the buffers already made keep working. The pool goes with the last of
         this object and its buffers (an owned pool outlives its allocations). Idempotent.
@@ -1063,9 +1066,10 @@ class CachingMemoryResource(MemoryResource):
         eventual free: a cached block of its size class last freed on ``stream`` when there is
         one (no driver call, the GIL kept), else a new block from the upstream resource (the GIL
         released). Zero bytes give an empty buffer (address 0, no driver call).
-        ``RuntimeError`` once :meth:`close` was called; otherwise as ``MemoryResource.allocate``
-        (``OverflowError``, ``TypeError``, :class:`CUDAError` for the upstream's failure, after
-        one retry with the cache flushed when it was out of memory, and ``RuntimeError`` at exit).
+        ``RuntimeError`` for one byte or more once :meth:`close` was called; otherwise as
+        ``MemoryResource.allocate`` (``OverflowError``, ``TypeError``, :class:`CUDAError` for
+        the upstream's failure, after one retry with the cache flushed when it was out of
+        memory, and ``RuntimeError`` at exit).
         """
     @property
     def upstream(self) -> MemoryResource:
