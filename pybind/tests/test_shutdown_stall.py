@@ -18,6 +18,12 @@ SCRIPT = textwrap.dedent(
     """
     import atexit, gc, sys, threading
     sys.path.insert(0, {tests!r})
+    # No automatic collection: the garbage the daemon threads make before the exit waits for
+    # the late handler's collections, so that the work the exit has to do is bounded by what
+    # was made before it (plus what the daemon threads make during it, which is the point). An
+    # automatic collection before the exit can itself be outrun by the daemon threads (each
+    # free through Python hands the GIL over), and how long that takes is the scheduler's.
+    gc.disable()
 
     workers = []
     refused = []
