@@ -91,6 +91,24 @@ impl GraphBuilder {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// After the driver refused to end the capture: the builder is still building if the
+    /// capture still runs (or was invalidated and must still be ended), else it forgets the
+    /// capture's allocations and gate. Returns `error`, converted.
+    ///
+    /// Driver calls: `cuStreamIsCapturing`.
+    fn failed_to_end(&self, state: &mut Building, error: handles::HandleError) -> MemoryError {
+        let still = matches!(
+            handles::capture_status(&self.stream),
+            Ok(CaptureStatus::Active | CaptureStatus::Invalidated)
+        );
+        state.active = still;
+        if !still {
+            state.graph_allocations.clear();
+            state.gate = None;
+        }
+        error.into()
+    }
+
     /// The stream being captured: work issued on it while building is recorded, not run.
     pub fn stream(&self) -> &StreamHandle {
         &self.stream
@@ -314,18 +332,7 @@ impl GraphBuilder {
                     None => Graph::from_handle(graph),
                 })
             }
-            Err(error) => {
-                let still = matches!(
-                    handles::capture_status(&self.stream),
-                    Ok(CaptureStatus::Active | CaptureStatus::Invalidated)
-                );
-                state.active = still;
-                if !still {
-                    state.graph_allocations.clear();
-                    state.gate = None;
-                }
-                Err(error.into())
-            }
+            Err(error) => Err(self.failed_to_end(&mut state, error)),
         }
     }
 }
@@ -357,18 +364,7 @@ impl GraphBuilder {
                 state.gate = None;
                 Ok(())
             }
-            Err(error) => {
-                let still = matches!(
-                    handles::capture_status(&self.stream),
-                    Ok(CaptureStatus::Active | CaptureStatus::Invalidated)
-                );
-                state.active = still;
-                if !still {
-                    state.graph_allocations.clear();
-                    state.gate = None;
-                }
-                Err(error.into())
-            }
+            Err(error) => Err(self.failed_to_end(&mut state, error)),
         }
     }
 }
