@@ -1,28 +1,35 @@
 //! The `custody._custody` extension module: the Rust half of the Python package `custody`
 //! (cuda.core 1.2's names for buffers, streams and memory resources, on custody's handles).
 //!
-//! The modules, lowest first; each imports only modules before it (pybind/DESIGN.md, "Module
-//! order"):
+//! The modules import one another one way (pybind/DESIGN.md, "Module order"). Below every family,
+//! lowest first:
 //!
 //! - `errors`: the one mapping from Rust errors to Python exceptions; `CUDAError`, `CUDAWarning`;
 //!   `Failure`, a Python `deallocate`'s failure carried through the handles crate.
+//! - `identity`: how the objects hash (by the driver handle they wrap).
 //! - `report`: cleanup reports as `CUDAWarning`s, attaching to the interpreter safely from any
 //!   thread, interpreter shutdown.
 //! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor,
 //!   the `Py_AtExit` callback, the `handles::raw` doors for pointers and streams given as
-//!   integers, calls into Python that park a thread CPython stops at exit);
-//!   `shared`: the closable, shared state of a Python `Buffer` over the Rust buffer it holds.
+//!   integers, calls into Python that park a thread CPython stops at exit).
 //! - `location`: managed-memory locations (`Device`, `Host`) as the handles crate's; `options`:
 //!   cuda.core's options dataclasses (or dicts of their fields), checked and read.
-//! - `classes`: the structs of the classes that several families name (`Stream`,
-//!   `GraphBuilder`, `Buffer`, `ManagedBuffer`), with their constructors and accessors.
+//!
+//! One folder per family of classes, each class's struct beside its methods:
+//!
 //! - `stream`: `Stream`, `Event`, `Context`, stream arguments, default streams, device-level
 //!   functions.
 //! - `graph`: `GraphBuilder` (stream capture that retains buffers) and `Graph`.
-//! - `nested`: one Python `deallocate` at a time per thread (a release inside one is queued).
-//! - `resource`: `MemoryResource` (subclassable in Python) and the built-in resources.
 //! - `buffer`: `Buffer`, `ManagedBuffer` (with managed-memory placement and its batch
 //!   functions), DLPack, IPC descriptors.
+//! - `resource`: `MemoryResource` (subclassable in Python), the built-in resources, pool IPC and
+//!   attributes, the caching resource.
+//!
+//! A family's struct that other families name (a stream argument, a buffer a resource makes)
+//! is in its folder's `class` module, which imports none of them; its `#[pymethods]` are in
+//! the same folder, in a module above theirs. `nested` (one Python `deallocate` at a time per
+//! thread: a release inside one is queued) sits between the stream family, whose objects it
+//! hands to `deallocate`, and the resource family, whose adapter calls it.
 //!
 //! Every class is `frozen` and `Send + Sync`; every driver call that can block runs with the
 //! GIL released (`Python::detach`; the stream-ordered free of `Buffer.close()` keeps it,
@@ -32,16 +39,15 @@
 #![deny(unsafe_code)]
 
 mod buffer;
-mod classes;
 mod errors;
 mod ffi;
 mod graph;
+mod identity;
 mod location;
 mod nested;
 mod options;
 mod report;
 mod resource;
-mod shared;
 mod stream;
 
 use pyo3::prelude::*;

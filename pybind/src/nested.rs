@@ -27,10 +27,10 @@ use handles::{ContextHandle, ContextScope, StreamHandle};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::classes::PyStream;
 use crate::errors::Failure;
 use crate::report::{report, with_python, OwedFree, PyObjRef};
-use crate::stream::default_stream;
+use crate::stream::class::PyStream;
+use crate::stream::methods::default_stream;
 
 /// One call of a Python memory resource's `deallocate(ptr, size, stream=...)`.
 pub(crate) struct Deallocate {

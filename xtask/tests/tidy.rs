@@ -900,21 +900,45 @@ fn named_paths(module: &str, code: &str) -> Vec<Vec<String>> {
 }
 
 /// The import graph of one crate's modules: `module -> modules it names`, where a path is
-/// resolved to the longest module that prefixes it, and a name the root re-exports (`pub use
-/// a::B;` in `lib.rs`) to the module it comes from. Edges to the root itself and to oneself are
-/// left out (the root declares every module; that is not an import).
+/// resolved to the longest module that prefixes it, and a name a module re-exports (`pub use
+/// a::B;` in `lib.rs`, `pub(crate) use class::B;` in a folder's `mod.rs`) also to the module it
+/// comes from. Edges to the root itself and to oneself are left out (the root declares every
+/// module; that is not an import), and so are a module's edges to its own children.
 fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let files = module_files(src);
+    let modules: Vec<(String, String)> = module_files(src)
+        .into_iter()
+        .map(|(module, file)| {
+            let text = fs::read_to_string(&file).expect("reading a module");
+            (module, text)
+        })
+        .collect();
+    graph_of(&modules)
+}
+
+/// [`module_graph`] over `(module, source text)` pairs.
+fn graph_of(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
     let modules: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
-    // Root re-exports: name -> defining module.
-    let mut reexports: BTreeMap<String, String> = BTreeMap::new();
-    if let Some((_, root)) = files.iter().find(|(m, _)| m.is_empty()) {
-        let code = code_of(&fs::read_to_string(root).expect("reading the crate root"));
+    // Re-exports: (re-exporting module, name) -> defining module.
+    let mut reexports: BTreeMap<(String, String), String> = BTreeMap::new();
+    for (module, text) in files {
+        let code = code_of(text);
+        let parent = module.rsplit_once("::").map_or("", |(parent, _)| parent);
+        let within = |path: &str| {
+            if module.is_empty() {
+                path.to_owned()
+            } else {
+                format!("{module}::{path}")
+            }
+        };
         for statement in code.split(';') {
-            let statement = statement.trim();
-            let Some(rest) = statement
-                .strip_prefix("pub use ")
-                .or_else(|| statement.strip_prefix("pub(crate) use "))
+            let mut statement = statement.trim();
+            // Attributes on the statement (`#[doc(inline)]`).
+            while let Some(rest) = statement.strip_prefix("#[") {
+                statement = rest.split_once(']').map_or("", |(_, after)| after).trim();
+            }
+            let Some(rest) = ["pub use ", "pub(crate) use ", "pub(super) use "]
+                .iter()
+                .find_map(|prefix| statement.strip_prefix(prefix))
             else {
                 continue;
             };
@@ -925,35 +949,68 @@ fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
                     None => continue,
                 },
             };
-            let path = path
-                .trim_start_matches("crate::")
-                .trim_start_matches("self::");
-            if !modules.contains(path) {
+            // The defining module, from the path as written: absolute, relative to this
+            // module or to its parent; a bare path names a child (or another crate).
+            let source = if let Some(path) = path.strip_prefix("crate::") {
+                path.to_owned()
+            } else if let Some(path) = path.strip_prefix("self::") {
+                within(path)
+            } else if let Some(path) = path.strip_prefix("super::") {
+                if parent.is_empty() {
+                    path.to_owned()
+                } else {
+                    format!("{parent}::{path}")
+                }
+            } else {
+                within(path)
+            };
+            if !modules.contains(&source) {
                 continue;
             }
             for name in names.split(',') {
                 let name = name.split(" as ").last().unwrap_or(name).trim();
                 if !name.is_empty() {
-                    reexports.insert(name.to_owned(), path.to_owned());
+                    reexports.insert((module.clone(), name.to_owned()), source.clone());
                 }
             }
         }
     }
-    let resolve = |path: &[String]| -> Option<String> {
-        for len in (1..=path.len()).rev() {
-            let candidate = path[..len].join("::");
-            if modules.contains(&candidate) {
-                return Some(candidate);
+    // The modules a path names: the longest module prefixing it and, when that module
+    // re-exports the next name, the modules that re-export leads to.
+    let resolve = |path: &[String]| -> Vec<String> {
+        let mut path = path.to_vec();
+        let mut found = Vec::new();
+        // A chain of re-exports is short; the bound only guards against a loop.
+        for _ in 0..16 {
+            let len = (0..=path.len())
+                .rev()
+                .find(|&len| modules.contains(&path[..len].join("::")))
+                .unwrap_or(0);
+            let module = path[..len].join("::");
+            if !module.is_empty() {
+                found.push(module.clone());
             }
+            let Some(name) = path.get(len).cloned() else {
+                break;
+            };
+            let Some(source) = reexports.get(&(module, name.clone())) else {
+                break;
+            };
+            path = source
+                .split("::")
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .chain([name])
+                .collect();
         }
-        path.first().and_then(|first| reexports.get(first).cloned())
+        found
     };
     let mut graph = BTreeMap::new();
-    for (module, file) in &files {
-        let code = code_of(&fs::read_to_string(file).expect("reading a module"));
+    for (module, text) in files {
+        let code = code_of(text);
         let targets: BTreeSet<String> = named_paths(module, &code)
             .iter()
-            .filter_map(|path| resolve(path))
+            .flat_map(|path| resolve(path))
             .filter(|target| !target.is_empty() && target != module)
             // A module naming its own child (`use self::x` aside) is declaring, not importing.
             .filter(|target| !target.starts_with(&format!("{module}::")) || module.is_empty())
@@ -1080,6 +1137,53 @@ fn the_module_graph_check_itself() {
         handles["stream"].contains("context"),
         "{:?}",
         handles["stream"]
+    );
+    // A name that a folder's `mod.rs` re-exports leads to the module that defines it (as well
+    // as to the folder), so that a cycle through a family's re-exported names is found.
+    let crate_of = |files: &[(&str, &str)]| -> Vec<(String, String)> {
+        files
+            .iter()
+            .map(|(m, text)| ((*m).to_owned(), (*text).to_owned()))
+            .collect()
+    };
+    let family = |class: &str| {
+        crate_of(&[
+            ("", "mod fam;\nmod user;\n"),
+            (
+                "fam",
+                "mod class;\nmod methods;\npub(crate) use class::Thing;\n\
+                 pub(crate) use self::methods::{run, stop as halt};\n",
+            ),
+            ("fam::class", class),
+            ("fam::methods", "use super::Thing;\npub fn run() {}\n"),
+            (
+                "user",
+                "use crate::fam::{halt, Thing};\npub fn helper() {}\n",
+            ),
+        ])
+    };
+    let acyclic = graph_of(&family("pub struct Thing;\n"));
+    for used in ["fam", "fam::class", "fam::methods"] {
+        assert!(
+            acyclic["user"].contains(used),
+            "user -> {used}: {acyclic:?}"
+        );
+    }
+    assert!(
+        acyclic["fam::methods"].contains("fam::class"),
+        "{acyclic:?}"
+    );
+    assert_eq!(find_cycle(&acyclic), None);
+    let cyclic = graph_of(&family("use crate::user::helper;\npub struct Thing;\n"));
+    let cycle = find_cycle(&cyclic).expect("user -> fam::class -> user");
+    assert!(cycle.contains(&"fam::class".to_owned()), "{cycle:?}");
+    // And so on the bindings' folders: a resource makes buffers, through the buffer family's
+    // re-exported struct.
+    let pybind = module_graph(&workspace_root().join("pybind/src"));
+    assert!(
+        pybind["resource::methods"].contains("buffer::class"),
+        "{:?}",
+        pybind["resource::methods"]
     );
 }
 

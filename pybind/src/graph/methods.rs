@@ -1,10 +1,6 @@
-//! `GraphBuilder` (a graph recorded by stream capture, whose fills and copies retain the buffers
-//! they touch) and `Graph` (its executable form), over `memory::GraphBuilder` / `memory::Graph`
-//! / `memory::GraphExec`; both have `retain(buffer)` for work custody does not see (a kernel
-//! that CuPy, PyTorch or Numba launched on the captured stream).
-//!
-//! `GraphBuilder`'s struct, which streams, buffers and resources name, is in `classes`; its
-//! methods are here.
+//! `GraphBuilder`'s methods (its struct is in `class`) and `Graph`, the executable form, with
+//! `retain(buffer)` on both; a graph builder made on a new stream (`Device.create_graph_builder`)
+//! and a graph allocation's buffer (`GraphMemoryResource.allocate` on a builder).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -14,10 +10,13 @@ use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::PyTuple;
 
-use crate::classes::{builder_on, Kept, PyBuffer, PyGraphBuilder, PyStream};
+use super::class::{builder_on, PyGraphBuilder};
+use crate::buffer::class::{Kept, PyBuffer};
 use crate::errors::{closed, expected, Error};
 use crate::options::{check_options, option};
-use crate::stream::{accept_stream, PyContext};
+use crate::stream::accept::accept_stream;
+use crate::stream::class::PyStream;
+use crate::stream::context::PyContext;
 
 fn mode_of(mode: &str) -> PyResult<CaptureMode> {
     match mode {
@@ -365,12 +364,4 @@ pub(crate) fn allocate_in(
     let inner = builder.builder()?;
     let buffer = py.detach(|| inner.allocate(size)).map_err(Error::from)?;
     PyBuffer::wrap(py, buffer, Some(mr), false, Kept::default())
-}
-
-/// Registers the graph classes on the module.
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyGraphBuilder>()?;
-    m.add_class::<PyGraph>()?;
-    m.add_function(wrap_pyfunction!(_create_graph_builder, m)?)?;
-    Ok(())
 }

@@ -1,119 +1,17 @@
-//! The classes that more than one family of the extension names, as plain Rust structs: their
-//! fields, their `Drop`, and the constructors and accessors the other modules call. Each
-//! class's `#[pymethods]` block (its Python methods, one block per class) and its private
-//! helpers stay with its family: `Stream` in `stream`, `GraphBuilder` in `graph`, `Buffer` and
-//! `ManagedBuffer` in `buffer`. Living here, below every family, they let the families import
-//! one another one way (pybind/DESIGN.md, "Module order").
+//! The structs of `Buffer` and `ManagedBuffer`, which graphs and resources name (they make
+//! buffers), as plain Rust structs: their fields, `Buffer`'s `Drop`, and the constructors and
+//! accessors the other modules call. Their `#[pymethods]` blocks are in `methods` and
+//! `managed`, with their private helpers.
 
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
-use handles::StreamHandle;
-use memory::{Buffer, Graph, GraphBuilder};
-use pyo3::exceptions::PyRuntimeError;
+use memory::Buffer;
 use pyo3::prelude::*;
 
+use super::shared::SharedBuffer;
 use crate::errors::{closed, Error};
 use crate::ffi::unowned_handle;
 use crate::report::{release, PyObjRef};
-use crate::shared::SharedBuffer;
-
-/// A CUDA stream: created (``Device.create_stream()``), wrapped from another library
-/// (``Stream.from_handle``), or a default-stream singleton.
-///
-/// A created stream lives at least as long as any pending free recorded on it, even after
-/// ``close()``. Two ``Stream`` objects for one driver stream are equal and hash alike while
-/// open; streams are weak-referenceable and can be subclassed in Python (made with the
-/// class methods ``_init``, ``_legacy_default``, ``_per_thread_default``). Cannot be
-/// instantiated directly (``RuntimeError``).
-//
-// A stream wrapped from an object with `__cuda_stream__` keeps that object (in its handle):
-// while this is the handle's only holder, the collector sees that reference, so an object that
-// keeps the `Stream` wrapping it is collected (docs/decisions.md D10).
-#[pyclass(frozen, subclass, weakref, name = "Stream", module = "custody")]
-pub struct PyStream {
-    /// Cloned out (attached, briefly) by every use, so its count is stable while a collection
-    /// runs. No Python object is made or dropped while the lock is held.
-    pub(crate) handle: Mutex<Option<StreamHandle>>,
-    /// The `__cuda_stream__` object the handle keeps, if any.
-    pub(crate) protocol: Option<Weak<PyObjRef>>,
-    /// The raw `CUstream`, kept after `close()` so that the hash never changes.
-    pub(crate) raw: usize,
-    /// The process-wide default-stream singletons cannot be closed.
-    pub(crate) singleton: bool,
-}
-
-impl PyStream {
-    pub(crate) fn new(handle: StreamHandle) -> PyStream {
-        PyStream {
-            raw: handle.raw() as usize,
-            handle: Mutex::new(Some(handle)),
-            protocol: None,
-            singleton: false,
-        }
-    }
-
-    /// The stream handle; `RuntimeError` once closed.
-    #[inline]
-    pub(crate) fn handle(&self) -> PyResult<StreamHandle> {
-        self.handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| closed("Stream"))
-    }
-}
-
-/// Records work into a CUDA graph by capturing a stream (``Device.create_graph_builder()``,
-/// ``Stream.create_graph_builder()``).
-///
-/// Pass it as the ``stream`` of ``Buffer.fill``, ``Buffer.copy_to`` / ``copy_from`` (the graph
-/// then keeps those buffers' memory alive, even after they are closed, until the graph and
-/// every executable made from it are gone; the free then runs with the buffer's recipe, on the
-/// cleanup worker or in ``drain_deferred_cleanup()``), of ``GraphMemoryResource.allocate``, and
-/// of ``Buffer.set_deallocation_stream`` (the captured stream). Work issued on ``stream``
-/// directly, such as a kernel that CuPy, PyTorch or Numba launches there, is captured but keeps
-/// nothing alive: :meth:`retain` the buffers it uses. Cannot be instantiated directly.
-#[pyclass(frozen, weakref, name = "GraphBuilder", module = "custody")]
-pub struct PyGraphBuilder {
-    /// Cloned out before any driver call: no lock of ours is held while the GIL is released
-    /// (a thread re-attaching while holding it could deadlock with one waiting on it).
-    pub(crate) builder: Mutex<Option<Arc<GraphBuilder>>>,
-    /// The captured stream, as a Python object (`stream` property).
-    pub(crate) stream: Py<PyStream>,
-    /// The graph recorded by the last `end_building()`.
-    pub(crate) graph: Mutex<Option<Arc<Graph>>>,
-}
-
-impl PyGraphBuilder {
-    /// The builder; `RuntimeError("Graph builder has been closed.")` once closed.
-    pub(crate) fn builder(&self) -> PyResult<Arc<GraphBuilder>> {
-        self.builder
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| PyRuntimeError::new_err("Graph builder has been closed."))
-    }
-
-    /// The captured stream's handle.
-    pub(crate) fn stream_handle(&self) -> PyResult<handles::StreamHandle> {
-        Ok(self.builder()?.stream().clone())
-    }
-}
-
-/// A graph builder capturing `stream`, whose Python object is `object` (`Stream.create_graph_builder`).
-pub(crate) fn builder_on(
-    py: Python<'_>,
-    stream: handles::StreamHandle,
-    object: Py<PyStream>,
-) -> PyResult<PyGraphBuilder> {
-    let _ = py;
-    let builder = GraphBuilder::new(&stream).map_err(Error::from)?;
-    Ok(PyGraphBuilder {
-        builder: Mutex::new(Some(Arc::new(builder))),
-        stream: object,
-        graph: Mutex::new(None),
-    })
-}
 
 /// Memory with the deallocation recipe (stream and context) that will order and legalise its
 /// free.

@@ -1,0 +1,172 @@
+//! `CachingMemoryResource`: an opt-in cache over a built-in resource (`memory::CachingMemoryResource`),
+//! whose hits keep the GIL.
+
+use std::sync::Arc;
+
+use memory::{CachingMemoryResource, MemoryResource};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use super::class::PyMemoryResource;
+use super::graph::PyGraphMemoryResource;
+use super::methods::{allocate_arguments, allocation_error};
+use crate::buffer::class::{Kept, PyBuffer};
+use crate::errors::{class_name, expected, Error};
+use crate::report::refuse_allocation_at_exit;
+use crate::stream::accept::{accept_stream, default_stream_handle};
+
+/// An opt-in cache over a built-in memory resource (``upstream``: a
+/// :class:`DeviceMemoryResource`, :class:`PinnedMemoryResource`,
+/// :class:`SynchronousMemoryResource`, ... or a Python subclass of one, whose built-in
+/// allocation it uses), as PyTorch's and CuPy's caching allocators keep memory. A buffer
+/// closed or dropped goes back to a bin of the stream
+/// its free is ordered on (its deallocation stream: the allocation's, or the one
+/// ``set_deallocation_stream`` named last), and the next ``allocate`` of its size class on that
+/// same stream gets the memory again without a driver call; work enqueued there after the free
+/// is ordered after every earlier use by stream order. Another stream never gets it. Streams
+/// declared with ``Buffer.record_use`` are waited for (``cuStreamWaitEvent`` on the free's
+/// stream) before the memory goes back to a bin. Sizes are rounded up to 512 bytes, then to one
+/// of four classes per doubling (at most 25% more); ``Buffer.size`` is the size asked for. A
+/// default stream, or a stream being captured, is not cached: the upstream resource allocates
+/// (and frees) as it would alone, and so is a stream wrapped from a bare ``int``
+/// (``Stream.from_handle(int)``: custody cannot keep it alive, and its maker may destroy it). A
+/// cached block keeps its stream alive until :meth:`trim` or :meth:`close` frees it. Its buffers cannot be exported to another process
+/// (``ipc_descriptor`` raises ``RuntimeError``), even over an IPC-enabled pool.
+///
+/// ``CachingMemoryResource(upstream)``. ``TypeError`` for anything but a built-in memory
+/// resource (a ``MemoryResource`` subclass that allocates in Python, or a
+/// :class:`GraphMemoryResource`, whose memory belongs to its graph). The upstream resource's
+/// own statistics count cached memory as allocated, which it is; :attr:`stats` tells cached
+/// from lent out.
+#[pyclass(frozen, extends = PyMemoryResource, name = "CachingMemoryResource", module = "custody")]
+pub struct PyCachingMemoryResource {
+    inner: Arc<CachingMemoryResource>,
+    upstream: Py<PyAny>,
+}
+
+#[pymethods]
+impl PyCachingMemoryResource {
+    #[new]
+    fn py_new(upstream: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
+        let Ok(mr) = upstream.cast::<PyMemoryResource>() else {
+            return Err(expected("MemoryResource", upstream));
+        };
+        if mr.is_instance_of::<PyGraphMemoryResource>() {
+            return Err(PyTypeError::new_err(
+                "CachingMemoryResource cannot cache a GraphMemoryResource: graph memory belongs \
+                 to its graph",
+            ));
+        }
+        let Some(native) = mr.get().native.clone() else {
+            return Err(PyTypeError::new_err(format!(
+                "CachingMemoryResource caches a built-in memory resource, not {} (a \
+                 MemoryResource subclass that allocates in Python)",
+                class_name(upstream)
+            )));
+        };
+        let inner = CachingMemoryResource::new(native);
+        Ok(
+            PyMemoryResource::over(inner.clone(), mr.get()).add_subclass(Self {
+                inner,
+                upstream: upstream.clone().unbind(),
+            }),
+        )
+    }
+
+    /// Allocates ``size`` bytes ordered on ``stream`` (keyword-only), which also orders the
+    /// eventual free: a cached block of its size class last freed on ``stream`` when there is
+    /// one (no driver call, the GIL kept), else a new block from the upstream resource (the GIL
+    /// released). Zero bytes give an empty buffer (address 0, no driver call).
+    /// ``RuntimeError`` for one byte or more once :meth:`close` was called; otherwise as
+    /// ``MemoryResource.allocate`` (``OverflowError``, ``TypeError``, :class:`CUDAError` for
+    /// the upstream's failure, after one retry with the cache flushed when it was out of
+    /// memory, and ``RuntimeError`` at exit).
+    #[pyo3(
+        signature = (size, *extra, stream = None),
+        text_signature = "($self, size, *, stream)"
+    )]
+    fn allocate(
+        slf: &Bound<'_, Self>,
+        size: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        refuse_allocation_at_exit(slf.as_any())?;
+        let base = slf.as_super();
+        let this = base.get();
+        let (size, stream) = allocate_arguments(base, size, extra, stream, this.stream_optional)?;
+        let py = slf.py();
+        let mr = || Some(slf.clone().into_any().unbind());
+        let stream = match stream {
+            Some(stream) => accept_stream(&stream)?,
+            None => default_stream_handle(),
+        };
+        if size == 0 {
+            return PyBuffer::empty(py, mr(), this.managed);
+        }
+        let inner = &slf.get().inner;
+        // A hit never calls the driver nor waits beyond the bins' lock: the GIL stays held.
+        let buffer = match inner.allocate_cached(size, &stream) {
+            Some(buffer) => buffer,
+            None => {
+                let inner = Arc::clone(inner);
+                py.detach(move || inner.allocate(size, &stream))
+                    .map_err(|e| allocation_error(base, e))?
+            }
+        };
+        PyBuffer::wrap(py, buffer, mr(), this.managed, Kept::default())
+    }
+
+    /// The resource the cache allocates from and frees through.
+    #[getter]
+    fn upstream(&self, py: Python<'_>) -> Py<PyAny> {
+        self.upstream.clone_ref(py)
+    }
+
+    /// The cache's counters, as a new ``dict`` of ints: ``in_use_blocks`` and ``in_use_bytes``
+    /// (blocks lent out, by block size: the requests rounded up to their class),
+    /// ``cached_blocks`` and ``cached_bytes`` (blocks waiting in a bin), ``hits`` (allocations
+    /// served from a bin), ``misses`` (allocations that took a new block from the upstream),
+    /// ``freed_blocks`` (blocks freed through the upstream: trims, closes, frees on a default
+    /// stream) and ``out_of_memory_retries``. ``in_use_bytes + cached_bytes`` is what the
+    /// upstream holds for the cache.
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.inner.stats();
+        let dict = PyDict::new(py);
+        dict.set_item("in_use_blocks", stats.in_use_blocks)?;
+        dict.set_item("in_use_bytes", stats.in_use_bytes)?;
+        dict.set_item("cached_blocks", stats.cached_blocks)?;
+        dict.set_item("cached_bytes", stats.cached_bytes)?;
+        dict.set_item("hits", stats.hits)?;
+        dict.set_item("misses", stats.misses)?;
+        dict.set_item("freed_blocks", stats.freed_blocks)?;
+        dict.set_item("out_of_memory_retries", stats.out_of_memory_retries)?;
+        Ok(dict)
+    }
+
+    /// Frees every cached block now through the upstream resource (for a pool
+    /// ``cuMemFreeAsync`` on the block's stream, which does not block; for the synchronous
+    /// resources after its stream has drained), the GIL released. Buffers lent out are not
+    /// touched. :class:`CUDAError` for the first free that fails (the others are still freed,
+    /// their failures reported as :class:`CUDAWarning`); the bins are empty either way.
+    fn trim(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = Arc::clone(&self.inner);
+        Ok(py.detach(move || inner.trim()).map_err(Error::from)?)
+    }
+
+    /// Closes the resource: it allocates nothing more (``RuntimeError``), its cached blocks are
+    /// freed as :meth:`trim` frees them, and every buffer still out frees its memory through the
+    /// upstream when it is closed or dropped. Idempotent. :class:`CUDAError` as :meth:`trim`.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = Arc::clone(&self.inner);
+        Ok(py.detach(move || inner.close()).map_err(Error::from)?)
+    }
+
+    /// Whether :meth:`close` was called.
+    #[getter]
+    fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+}
