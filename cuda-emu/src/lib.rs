@@ -30,7 +30,9 @@
 //!   work on it waits for every thread's per-thread stream, while a per-thread stream, a created
 //!   blocking stream and a non-blocking stream wait for no other thread's per-thread stream
 //!   (measured: `docs/driver-facts.md` F14, F15). Execution and the hazard checker's clocks
-//!   follow the same rule.
+//!   follow the same rule. A thread's exit waits for the work of its per-thread streams and
+//!   observes it, as a synchronisation would (measured: a real driver holds the exit until that
+//!   work has run, F24; `state::thread_exit`).
 //! - **Execution** (the `exec` module): each stream runs its operations in order, asynchronously
 //!   to the host. Cheap operations on an idle stream run inline; anything that must wait, and
 //!   every host function and graph launch, runs on a worker thread the stream starts on demand.
@@ -38,7 +40,7 @@
 //!   synchronize calls block; the query calls return `CUDA_ERROR_NOT_READY` while work is pending.
 //!   A destroyed stream's queued work still runs, and a context or device synchronisation waits
 //!   for it and observes it (documented for `cuCtxSynchronize` and `cuStreamDestroy`; conformance
-//!   `basic_ctx_synchronize_waits_for_a_destroyed_streams_work_not_yet_measured`).
+//!   `basic_ctx_synchronize_waits_for_a_destroyed_streams_work`).
 //!   Stream memory operations (`cuStreamWaitValue32_v2`/`64_v2`, `cuStreamWriteValue32_v2`/
 //!   `64_v2`) on device memory or pinned host memory (`cuMemAllocHost`, `cuMemHostAlloc`; its
 //!   device pointer from `cuMemHostGetDevicePointer_v2` is its host address): a wait holds its
@@ -159,7 +161,10 @@
 //!   `use_after_free` (a graph node also when its allocation was freed and the address now
 //!   belongs to another one: nodes remember the identity of the memory they were made for);
 //!   freeing a freed or unknown pointer is `double_free`; a free on a destroyed
-//!   stream is `free_on_destroyed_stream` (where the real driver crashes, F11). Synchronous frees
+//!   stream is `free_on_destroyed_stream` (where the real driver crashes, F11); a thread that
+//!   ends while its per-thread stream has operations no synchronisation has seen complete is
+//!   `thread_exit_with_pending_per_thread_work` (a real driver holds that exit until the GPU has
+//!   run them, which beside other processes was seen to take minutes, F24). Synchronous frees
 //!   are ordered after everything. Detection is at enqueue time, on logical clocks, so it is
 //!   deterministic.
 //! - **Fault injection**: `custodyEmuInjectFault(function, nth, error)` makes the nth next call

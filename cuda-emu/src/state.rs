@@ -17,9 +17,10 @@ use crate::log::CallInfo;
 use crate::thread::{current_context, lock, thread_id};
 
 // The state's operations on memory and on graphs, beside the types they use (`crate::memory`,
-// `crate::graph`, which know nothing of the state).
+// `crate::graph`, which know nothing of the state), and what a thread's exit waits for.
 mod graph;
 mod memory;
+mod thread_exit;
 use crate::memory::{Alloc, Freed, Pool};
 
 /// Handle values start here and step by 0x100, so no handle is ever a token (0, 1, 2), a small
@@ -406,6 +407,8 @@ impl State {
             c.streams.insert(handle);
         }
         self.per_thread.insert(key, handle);
+        // Its exit now waits for this stream (docs/driver-facts.md F24).
+        thread_exit::watch_this_thread(key.0);
         handle
     }
 

@@ -124,7 +124,7 @@ fn correctly_ordered_two_stream_program_reports_no_hazard() {
 }
 
 /// A context synchronisation observes the work of a stream destroyed before it (the
-/// conformance case `basic_ctx_synchronize_waits_for_a_destroyed_streams_work_not_yet_measured`
+/// conformance case `basic_ctx_synchronize_waits_for_a_destroyed_streams_work`
 /// checks that it waits for it): a free ordered after it is not `unordered_free`. The pattern of
 /// cuda.core's send-buffers IPC test (a buffer filled on a stream of a helper object that goes
 /// before `Device.sync()`), where the emulator used to report one.
@@ -184,23 +184,47 @@ fn legacy_stream_implicit_synchronisation_orders_frees() {
     assert_eq!(kinds(&hazards_for(&emu, id)), ["unordered_free"]);
 }
 
+/// A thread that used its per-thread default stream and stays alive, parked, until
+/// [`ParkedThread::finish`], which lets it synchronise that stream and end: a thread must not end
+/// with per-thread work pending (docs/driver-facts.md F24), and its exit would let the host see
+/// that work complete, which is not what the tests below are about.
+struct ParkedThread {
+    finish: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl ParkedThread {
+    fn finish(self) {
+        let _ = self.finish.send(());
+        self.thread.join().expect("the parked thread");
+    }
+}
+
 /// On a new thread with `ctx` current: `n` allocations of 64 bytes on that thread's per-thread
-/// default stream, each filled there; nothing synchronised. Returns them.
-fn used_on_another_threads_per_thread_stream(ctx: CUcontext, n: usize) -> Vec<CUdeviceptr> {
+/// default stream, each filled there; nothing synchronised while the thread stays parked.
+fn used_on_another_threads_per_thread_stream(
+    ctx: CUcontext,
+    n: usize,
+) -> (Vec<CUdeviceptr>, ParkedThread) {
     let ctx = ctx as u64;
-    std::thread::spawn(move || {
+    let (ptrs_tx, ptrs_rx) = std::sync::mpsc::channel();
+    let (finish, finish_rx) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
         let d = cuda_sys::driver().unwrap();
         ok!(d, cuCtxSetCurrent(ctx as CUcontext));
-        (0..n)
+        let ptrs: Vec<_> = (0..n)
             .map(|_| {
                 let p = alloc_async(d, 64, CU_STREAM_PER_THREAD);
                 ok!(d, cuMemsetD8Async(p, 1, 64, CU_STREAM_PER_THREAD));
                 p
             })
-            .collect()
-    })
-    .join()
-    .unwrap()
+            .collect();
+        ptrs_tx.send(ptrs).unwrap();
+        let _ = finish_rx.recv();
+        ok!(d, cuStreamSynchronize(CU_STREAM_PER_THREAD));
+    });
+    let ptrs = ptrs_rx.recv().expect("the thread's allocations");
+    (ptrs, ParkedThread { finish, thread })
 }
 
 #[test]
@@ -209,12 +233,14 @@ fn legacy_free_is_ordered_after_another_threads_per_thread_stream() {
     // context, other threads' per-thread streams included; the checker's clocks agree.
     let (d, emu, ctx) = setup();
     for token in [CU_STREAM_LEGACY, CU_STREAM_NULL] {
-        let p = used_on_another_threads_per_thread_stream(ctx, 1)[0];
-        let id = id_at(&emu, p);
-        ok!(d, cuMemFreeAsync(p, token));
+        let (ptrs, user) = used_on_another_threads_per_thread_stream(ctx, 1);
+        let id = id_at(&emu, ptrs[0]);
+        ok!(d, cuMemFreeAsync(ptrs[0], token));
         assert!(hazards_for(&emu, id).is_empty(), "{:?}", emu.hazards());
+        user.finish();
     }
     ok!(d, cuCtxSynchronize());
+    assert!(emu.hazards().is_empty(), "{:?}", emu.hazards());
 }
 
 #[test]
@@ -226,15 +252,72 @@ fn other_streams_free_unordered_after_another_threads_per_thread_stream() {
     let mut nb: CUstream = std::ptr::null_mut();
     ok!(d, cuStreamCreate(&mut nb, 1));
     let frees = [CU_STREAM_PER_THREAD, stream(d), nb];
-    let ptrs = used_on_another_threads_per_thread_stream(ctx, frees.len());
+    let (ptrs, user) = used_on_another_threads_per_thread_stream(ctx, frees.len());
     for (&p, &s) in ptrs.iter().zip(&frees) {
         let id = id_at(&emu, p);
         ok!(d, cuMemFreeAsync(p, s));
         let hazards = hazards_for(&emu, id);
         assert_eq!(kinds(&hazards), ["unordered_free"], "{s:?}: {hazards:?}");
     }
+    user.finish();
     ok!(d, cuCtxSynchronize());
     emu.clear_hazards();
+}
+
+/// docs/driver-facts.md F24 in the emulator: a thread that ends with operations on its
+/// per-thread stream that no synchronisation has seen complete is reported
+/// (`thread_exit_with_pending_per_thread_work`, naming the stream), and its exit lets the host
+/// see them complete (a free on another stream after the join is ordered); a thread that
+/// synchronised its per-thread stream first is not reported. (That the exit waits for held work
+/// is the conformance case `facts_ordering::f24_a_threads_exit_waits_for_its_held_per_thread_work_which_orders_a_legacy_free`.)
+#[test]
+fn a_thread_that_ends_with_unsynchronised_per_thread_work_is_reported() {
+    let (d, emu, ctx) = setup();
+    let ctx = ctx as u64;
+    let (p, per_thread) = std::thread::spawn(move || {
+        let d = cuda_sys::driver().unwrap();
+        ok!(d, cuCtxSetCurrent(ctx as CUcontext));
+        let p = alloc_async(d, 64, CU_STREAM_PER_THREAD);
+        ok!(d, cuMemsetD8Async(p, 1, 64, CU_STREAM_PER_THREAD));
+        let emu = Emulator::get().unwrap();
+        let fill = emu
+            .calls()
+            .into_iter()
+            .rfind(|c| c.function == "cuMemsetD8Async" && c.ptr == Some(p))
+            .expect("the fill's call");
+        (p, fill.resolved_stream.expect("resolved"))
+    })
+    .join()
+    .unwrap();
+    let hazards = emu.hazards();
+    assert_eq!(
+        kinds(&hazards),
+        ["thread_exit_with_pending_per_thread_work"]
+    );
+    assert_eq!((hazards[0].ptr, hazards[0].stream), (0, per_thread));
+    assert_eq!(hazards[0].function, "thread exit");
+    emu.clear_hazards();
+    let id = id_at(&emu, p);
+    let s = stream(d);
+    ok!(d, cuMemFreeAsync(p, s));
+    assert!(
+        hazards_for(&emu, id).is_empty(),
+        "the exit let the host see the fill complete: {:?}",
+        emu.hazards()
+    );
+    ok!(d, cuStreamSynchronize(s));
+
+    std::thread::spawn(move || {
+        let d = cuda_sys::driver().unwrap();
+        ok!(d, cuCtxSetCurrent(ctx as CUcontext));
+        let p = alloc_async(d, 64, CU_STREAM_PER_THREAD);
+        ok!(d, cuMemsetD8Async(p, 1, 64, CU_STREAM_PER_THREAD));
+        ok!(d, cuMemFreeAsync(p, CU_STREAM_PER_THREAD));
+        ok!(d, cuStreamSynchronize(CU_STREAM_PER_THREAD));
+    })
+    .join()
+    .unwrap();
+    assert!(emu.hazards().is_empty(), "{:?}", emu.hazards());
 }
 
 #[test]

@@ -130,7 +130,9 @@ fn per_thread_buffer_retained_by_a_graph_is_freed_by_the_drain_on_the_legacy_str
     let a = primary(0);
     let base = default_used(&a);
     let a2 = a.clone();
-    let (graph, exec, ptr, alloc) = on_fresh_thread(move || {
+    // The recording thread stays alive, parked, until its work and the free are done: it must
+    // not end with per-thread work pending (docs/driver-facts.md F24).
+    let ((graph, exec, ptr, alloc), recorder) = on_parked_thread(&a, move || {
         a2.make_current().unwrap();
         let buffer = pool_buffer(&StreamHandle::per_thread()).unwrap();
         // A use on the recording thread's per-thread stream, not synchronised.
@@ -151,6 +153,7 @@ fn per_thread_buffer_retained_by_a_graph_is_freed_by_the_drain_on_the_legacy_str
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(current_raw(), 0);
     assert_eq!(default_used(&a), base, "freed");
+    recorder.finish(); // its stream has drained (default_used synchronised the context)
     with_emulator(|emu| {
         let free = emu.only_call("cuMemFreeAsync", alloc, from);
         assert_eq!(

@@ -85,7 +85,9 @@ fn per_thread_buffer_dropped_on_another_thread_is_freed_on_the_legacy_stream_wit
     let a = primary(0);
     let base = default_used(&a);
     let a2 = a.clone();
-    let buffer = on_fresh_thread(move || {
+    // The recording thread stays alive, parked, until its work and the free are done: it must
+    // not end with per-thread work pending (docs/driver-facts.md F24).
+    let (buffer, recorder) = on_parked_thread(&a, move || {
         a2.make_current().unwrap();
         let buffer = pool_buffer(&StreamHandle::per_thread()).unwrap();
         // A use on the recording thread's per-thread stream, not synchronised: the free on
@@ -110,6 +112,7 @@ fn per_thread_buffer_dropped_on_another_thread_is_freed_on_the_legacy_stream_wit
     assert!(warnings_for(ptr).is_empty());
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     assert_eq!(default_used(&a), base, "freed");
+    recorder.finish(); // its stream has drained (default_used synchronised the context)
     let legacy = legacy_of(&a);
     with_emulator(|emu| {
         let free = emu.only_call("cuMemFreeAsync", alloc, from);
@@ -119,7 +122,8 @@ fn per_thread_buffer_dropped_on_another_thread_is_freed_on_the_legacy_stream_wit
             "on the legacy stream of the recorded context"
         );
     });
-    // The fill on the recording thread's per-thread stream is ordered before the free (F14).
+    // The fill on the recording thread's per-thread stream, still pending as far as any
+    // synchronisation had seen, is ordered before the free (F14).
     assert_no_hazards();
 }
 
@@ -346,7 +350,8 @@ fn per_thread_synchronous_buffer_dropped_on_another_thread_is_ordered_on_the_leg
     let _serial = start();
     let a = primary(0);
     let a2 = a.clone();
-    let buffer = on_fresh_thread(move || {
+    // Parked until the free is done: it must not end with its fill pending (F24).
+    let (buffer, recorder) = on_parked_thread(&a, move || {
         a2.make_current().unwrap();
         let buffer = DevicePtrHandle::alloc(256, &StreamHandle::per_thread()).unwrap();
         buffer
@@ -365,6 +370,7 @@ fn per_thread_synchronous_buffer_dropped_on_another_thread_is_ordered_on_the_leg
     });
     drain_deferred_cleanup();
     assert_eq!(attributes(ptr), None, "freed by the worker or the drain");
+    recorder.finish();
     assert!(warnings_for(ptr).is_empty(), "{:?}", warnings_for(ptr));
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
     let legacy = legacy_of(&a);
@@ -387,7 +393,8 @@ fn per_thread_synchronous_buffer_released_on_another_thread_waits_on_the_legacy_
     let _serial = start();
     let a = primary(0);
     let a2 = a.clone();
-    let buffer = on_fresh_thread(move || {
+    // Parked until the free is done: it must not end with its fill pending (F24).
+    let (buffer, recorder) = on_parked_thread(&a, move || {
         a2.make_current().unwrap();
         let buffer = DevicePtrHandle::alloc(256, &StreamHandle::per_thread()).unwrap();
         buffer
@@ -405,6 +412,7 @@ fn per_thread_synchronous_buffer_released_on_another_thread_waits_on_the_legacy_
     });
     assert_eq!(after, 0);
     assert_eq!(attributes(ptr), None, "freed by the time release returned");
+    recorder.finish();
     if let Some(names) = names {
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let at = names
@@ -482,7 +490,8 @@ fn per_thread_free_on_another_thread_during_a_capture_waits_for_it_with_one_warn
     let a = primary(0);
     let base = default_used(&a);
     let a2 = a.clone();
-    let (buffer, recorder) = on_fresh_thread(move || {
+    // Parked until the free is done: it must not end with its allocation unsynchronised (F24).
+    let ((buffer, recorder), recording_thread) = on_parked_thread(&a, move || {
         a2.make_current().unwrap();
         let buffer = pool_buffer(&StreamHandle::per_thread()).unwrap();
         ContextHandle::clear_current().unwrap();
@@ -513,6 +522,7 @@ fn per_thread_free_on_another_thread_during_a_capture_waits_for_it_with_one_warn
     drain_deferred_cleanup();
     assert_eq!(handles::deferred_frees_waiting_for_a_capture(), 0);
     assert_eq!(default_used(&a), base, "freed after the capture");
+    recording_thread.finish();
     let warnings = warnings_for(ptr);
     assert_eq!(
         warnings.len(),

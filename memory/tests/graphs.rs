@@ -651,7 +651,9 @@ fn a_per_thread_stream_buffer_retained_by_graphs_warns_nothing_and_is_freed_in_o
     let _serial = start();
     let emu = Emulator::get();
     let mr = owned_pool();
-    let (ptds_ptr, plain_ptr, alloc) = std::thread::spawn({
+    // The recording thread stays alive, parked, until the frees are done: it must not end with
+    // its per-thread fill pending (docs/driver-facts.md F24).
+    let ((ptds_ptr, plain_ptr, alloc), recorder) = test_support::on_parked_thread(&primary(), {
         let mr = Arc::clone(&mr);
         move || {
             // Held until the end: releasing the last retain of a primary context deactivates it.
@@ -688,11 +690,10 @@ fn a_per_thread_stream_buffer_retained_by_graphs_warns_nothing_and_is_freed_in_o
             ContextHandle::clear_current().unwrap();
             (ptr, plain_ptr, alloc)
         }
-    })
-    .join()
-    .expect("test thread");
+    });
     let s = stream();
     drain_until(|| used(&mr, &s) == 0);
+    recorder.finish();
     assert!(
         warnings_for(ptds_ptr).is_empty(),
         "{:#?}",

@@ -232,7 +232,10 @@ def drain_until(predicate, limit_s: float = 30.0) -> bool:
 
 def run_in_thread(fn, *args):
     """Runs fn on a fresh thread (which has no current context) and returns its result or
-    re-raises its exception."""
+    re-raises its exception. The thread ends when fn returns: fn must leave nothing pending on
+    its per-thread default stream (a real driver holds the thread's exit until that work has
+    run, for minutes beside other processes: docs/driver-facts.md F24); a thread whose
+    per-thread work must stay pending while the test goes on is ``run_in_parked_thread``'s."""
     result = {}
 
     def target():
@@ -247,6 +250,47 @@ def run_in_thread(fn, *args):
     if "error" in result:
         raise result["error"]
     return result.get("value")
+
+
+class ParkedThread:
+    """The thread of ``run_in_parked_thread``, alive until ``finish()``."""
+
+    def __init__(self, thread, release):
+        self._thread, self._release = thread, release
+
+    def finish(self, timeout: float = 60.0) -> None:
+        """Lets the thread synchronise its per-thread default stream and end, and joins it."""
+        self._release.set()
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the parked thread did not end"
+
+
+def run_in_parked_thread(device, fn, *args):
+    """Runs fn on a fresh thread and returns (its result, a ``ParkedThread``): the thread stays
+    alive until ``finish()``, then makes ``device`` current, synchronises its per-thread default
+    stream and ends, so that it never ends with per-thread work pending (docs/driver-facts.md
+    F24) while the test frees what it recorded there from another thread. Re-raises fn's
+    exception."""
+    result, release, ready = {}, threading.Event(), threading.Event()
+
+    def target():
+        try:
+            result["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller
+            result["error"] = exc
+        ready.set()
+        release.wait()
+        device.set_current()
+        custody.PER_THREAD_DEFAULT_STREAM.sync()
+
+    t = threading.Thread(target=target)
+    t.start()
+    ready.wait()
+    parked = ParkedThread(t, release)
+    if "error" in result:
+        parked.finish()
+        raise result["error"]
+    return result["value"], parked
 
 
 class RecordingResource(custody.MemoryResource):

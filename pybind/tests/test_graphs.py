@@ -11,7 +11,13 @@ import textwrap
 import pytest
 
 import custody
-from conftest import cuda_warnings, current_context, drain_until, run_in_thread
+from conftest import (
+    cuda_warnings,
+    current_context,
+    drain_until,
+    run_in_parked_thread,
+    run_in_thread,
+)
 
 
 def read(ptr, size, stream):
@@ -99,7 +105,9 @@ def test_ptds_buffer_retained_by_a_graph_is_freed_on_the_legacy_stream(
         buf.fill(3, stream=custody.PER_THREAD_DEFAULT_STREAM)  # not synchronised
         return buf
 
-    buf = run_in_thread(allocate)
+    # The worker stays alive, parked, until the free is done: it must not end with its fill
+    # pending on its per-thread stream (docs/driver-facts.md F24).
+    buf, worker = run_in_parked_thread(device, allocate)
     alloc = emu.alloc_id(buf.handle) if emu else None
     gb = device.create_graph_builder()
     gb.begin_building()
@@ -117,6 +125,7 @@ def test_ptds_buffer_retained_by_a_graph_is_freed_on_the_legacy_stream(
         return pool.attributes.used_mem_current == base
 
     assert drain_until(freed)
+    worker.finish()
     assert cuda_warnings(recorded_warnings) == []
     if emu:
         (free,) = emu.calls_to("cuMemFreeAsync", alloc=alloc)

@@ -268,8 +268,82 @@ pub fn current_raw() -> u64 {
 }
 
 /// Runs `f` on a new thread that has never had a context, and returns its result.
+///
+/// The thread ends when `f` returns: `f` must leave nothing pending on its per-thread default
+/// stream (a real driver holds the thread's exit until that work has run, for minutes beside
+/// other processes: docs/driver-facts.md F24). A thread whose per-thread work must stay pending
+/// while the test goes on is [`on_parked_thread`]'s.
 pub fn on_fresh_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
     std::thread::spawn(f).join().expect("test thread panicked")
+}
+
+/// Runs `f` on a new thread that has never had a context and returns its result, while the
+/// thread stays alive, parked, until [`ParkedThread::finish`] (or the value's drop): then it makes
+/// `context` current, synchronises its per-thread default stream, clears its context and ends.
+/// For a test whose recording thread leaves work pending on its per-thread stream while another
+/// thread frees: the thread must not end with that work pending (docs/driver-facts.md F24).
+pub fn on_parked_thread<R: Send + 'static>(
+    context: &ContextHandle,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> (R, ParkedThread) {
+    let context = context.clone();
+    let (value_tx, value_rx) = std::sync::mpsc::channel();
+    let (finish, finish_rx) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let _ = value_tx.send(f());
+        let _ = finish_rx.recv();
+        context.make_current().expect("cuCtxSetCurrent");
+        handles::StreamHandle::per_thread()
+            .synchronize()
+            .expect("cuStreamSynchronize(CU_STREAM_PER_THREAD)");
+        ContextHandle::clear_current().expect("cuCtxSetCurrent(NULL)");
+    });
+    match value_rx.recv() {
+        Ok(value) => (
+            value,
+            ParkedThread {
+                finish: Some(finish),
+                thread: Some(thread),
+            },
+        ),
+        Err(_) => {
+            let panic = thread.join().expect_err("the thread ended without a value");
+            std::panic::resume_unwind(panic)
+        }
+    }
+}
+
+/// The thread of [`on_parked_thread`], parked until [`ParkedThread::finish`].
+pub struct ParkedThread {
+    finish: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ParkedThread {
+    /// Lets the thread synchronise its per-thread default stream and end, and joins it.
+    ///
+    /// # Panics
+    /// If the thread panicked (its synchronisation failed).
+    pub fn finish(mut self) {
+        self.end();
+    }
+
+    fn end(&mut self) {
+        self.finish.take();
+        if let Some(thread) = self.thread.take() {
+            if let Err(panic) = thread.join() {
+                if !std::thread::panicking() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ParkedThread {
+    fn drop(&mut self) {
+        self.end();
+    }
 }
 
 /// What the driver knows about `ptr` (`None`: an address it does not know, such as memory

@@ -1,4 +1,4 @@
-//! docs/driver-facts.md F14 and F15: what work of thread B waits for work pending on thread A's
+//! docs/driver-facts.md F14, F15 and F24: what work of thread B waits for work pending on thread A's
 //! per-thread default stream, observed as the facts were measured, with stream memory
 //! operations: A's per-thread stream is held by `cuStreamWaitValue32` on a flag in pinned,
 //! device-mapped host memory; B issues `cuStreamWriteValue32` of a marker on the stream under
@@ -10,23 +10,24 @@
 //! - F15 (`f15_*`): on B's own `CU_STREAM_PER_THREAD`, a created blocking stream or a created
 //!   non-blocking stream, B's write does not wait: `cuStreamSynchronize` of that stream returns
 //!   and the marker is written while A is still held.
+//! - F24 (`f24_*`): a thread that ends with work pending on its per-thread stream does not
+//!   finish exiting until that work has run: with the work held, the join that watches the
+//!   exit has not returned, and a legacy free from another thread waits too; once the case
+//!   releases the hold, the work runs and the exit finishes. A thread that synchronised its
+//!   per-thread stream first exits at once, and a legacy free after it completes.
 //!
 //! Nothing here depends on timing: each observation is made while the flag is provably unset
 //! (only the case sets it), and the flag is released at the end whatever happens (the `Flag`'s
-//! drop, and a watchdog that fails the case instead of letting a wrong driver hang it).
-//!
-//! - A thread that exits with per-thread work pending (`f14_an_exited_threads_*`,
-//!   `basic_ctx_synchronize_returns_after_an_exited_*`, not yet measured): after another thread
-//!   freed on the legacy stream, `cuCtxSynchronize` and `cuStreamSynchronize(CU_STREAM_LEGACY)`
-//!   return (each on a thread bounded by the liveness bound, so a driver that hangs there fails
-//!   the case). What two of custody's D6 tests do on a busy GPU, where they hang
-//!   (docs/gpu-validation.md, "The two D6 tests that hang beside other processes").
+//! drop, and a watchdog that fails the case instead of letting a wrong driver hang it). The F24
+//! cases look for the exit to finish while it is held for `EXIT_WINDOW`, which only gives a
+//! driver that does not hold it a chance to show it.
 //!
 //! Also here (`basic_stream_*_value*`): the stream memory operations themselves, as documented:
 //! a wait holds its stream's later work until the memory satisfies it; a write stores its value
 //! when its stream reaches it.
 
 use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 use cuda_sys::types::{
     CUcontext, CUstream, CU_STREAM_LEGACY, CU_STREAM_NULL, CU_STREAM_PER_THREAD,
@@ -245,19 +246,64 @@ fn returns_within_the_liveness_bound<R: Send + 'static>(
     }
 }
 
-/// The hang of custody's two D6 tests beside other processes (docs/gpu-validation.md), reduced
-/// to the driver with the pending work made certain: thread A allocates from `pool` (device 0's
-/// default pool, or one that keeps its memory) on its per-thread stream, holds that stream with
-/// `cuStreamWaitValue32_v2`, queues a memset of the allocation and a marker behind the wait,
-/// leaves its context (`cuCtxSetCurrent(NULL)`, as custody's tests do) and **exits**. Thread B
-/// then frees the allocation on `CU_STREAM_LEGACY` and writes a marker there. While the flag is
-/// unset both markers stay unwritten and the legacy stream is not ready (F14, for a thread that
-/// has exited: a cuda-bindings probe on the H200 saw that much on 2026-12-01). Once the host
-/// releases the flag, `cuStreamSynchronize(CU_STREAM_LEGACY)` and `cuCtxSynchronize`, each on a
-/// fresh thread, return (the documented meaning of both: block until the preceding work is
-/// done) and the markers are written. Read from the documentation, not yet run on a GPU.
-fn exited_threads_held_work_then_legacy_free(own_pool: bool) {
-    on_fresh_thread("f14-exited", move || {
+/// How long a case looks for a thread's exit to finish while that exit has to wait: a driver
+/// that holds the exit passes whatever this is; it only gives one that does not a chance to
+/// show it (not a timing expectation).
+const EXIT_WINDOW: Duration = Duration::from_secs(1);
+
+/// Runs `f` on a new thread named `name` and returns what it returned, sent just before its
+/// thread function ends, with a receiver on which a watcher thread that joins it says when the
+/// thread's exit has finished (`true`; `false` if `f` panicked). The thread's exit is what
+/// docs/driver-facts.md F24 is about: the join returns only once the driver's thread-exit work
+/// is done.
+#[track_caller]
+fn on_watched_thread<R: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> (R, mpsc::Receiver<bool>) {
+    let (value_tx, value_rx) = mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let _ = value_tx.send(f());
+        })
+        .expect("spawning a watched thread");
+    let (exited_tx, exited_rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("{name}-join"))
+        .spawn(move || {
+            let _ = exited_tx.send(thread.join().is_ok());
+        })
+        .expect("spawning a joining thread");
+    match value_rx.recv_timeout(LIVENESS_BOUND) {
+        Ok(value) => (value, exited_rx),
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{name} did not get through its work within {LIVENESS_BOUND:?}")
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{name} panicked"),
+    }
+}
+
+/// F24 with the pending work made certain: thread A allocates from `pool` (device 0's default
+/// pool, or one that keeps its memory) on its per-thread stream, holds that stream with
+/// `cuStreamWaitValue32_v2` on a flag, queues a memset of the allocation and a marker behind
+/// the wait, leaves its context (`cuCtxSetCurrent(NULL)`) and returns from its thread
+/// function. While the flag is unset:
+/// - A's exit does not finish (the join that watches it has not returned within
+///   [`EXIT_WINDOW`]);
+/// - thread B's `cuMemFreeAsync` of the allocation on `CU_STREAM_LEGACY`, and a marker behind
+///   it, wait for the exiting A's per-thread work (F14: the legacy stream is not ready, both
+///   markers unwritten).
+///
+/// Then the case, on its own thread, releases the flag: A's work runs (its marker is written),
+/// B's after it, and A's exit finishes; `cuStreamSynchronize(CU_STREAM_LEGACY)` and
+/// `cuCtxSynchronize` return, each on a fresh thread bounded by [`LIVENESS_BOUND`]. Measured on
+/// the H200 (2026-12-01): the exit did not finish while held (alone for 40 s). That it finishes
+/// once the work has run is what the emulator models; on that day, beside seven other processes,
+/// exits that began with work pending had not finished a minute after the work could run
+/// (docs/driver-facts.md F24 says what a failure of the last steps here would mean).
+fn exiting_threads_held_work_then_legacy_free(own_pool: bool) {
+    on_fresh_thread("f24-held", move || {
         init();
         let primary = primary_current();
         let flag = Flag::new();
@@ -272,7 +318,7 @@ fn exited_threads_held_work_then_legacy_free(own_pool: bool) {
             Shared(flag.dev()),
             Shared(marker_a.dev()),
         );
-        let ptr = on_fresh_thread("A", move || {
+        let (ptr, exited) = on_watched_thread("A", move || {
             init();
             ctx_set_current(ctx.get()).check();
             let ptr = mem_alloc_from_pool_async(N, pool.get(), CU_STREAM_PER_THREAD).check();
@@ -282,7 +328,7 @@ fn exited_threads_held_work_then_legacy_free(own_pool: bool) {
             stream_query(CU_STREAM_PER_THREAD).fails_with(CudaErrorCode::NOT_READY);
             ctx_set_current(std::ptr::null_mut()).check();
             ptr
-        }); // A has exited (joined) with its per-thread work pending
+        }); // A's thread function has returned; its exit has to wait for the held work
 
         let mb = Shared(marker_b.dev());
         on_fresh_thread("B", move || {
@@ -297,19 +343,35 @@ fn exited_threads_held_work_then_legacy_free(own_pool: bool) {
         assert_eq!(
             marker_b.read(),
             0,
-            "B's write on the legacy stream waits for the exited A's per-thread work"
+            "B's write on the legacy stream waits for the exiting A's per-thread work"
+        );
+        assert!(
+            matches!(
+                exited.recv_timeout(EXIT_WINDOW),
+                Err(mpsc::RecvTimeoutError::Timeout)
+            ),
+            "A's exit finished while its per-thread work was held"
         );
         assert!(!flag.watchdog_fired());
 
-        flag.release();
+        flag.release(); // by this thread: A is inside its exit
+        assert!(marker_a.comes_to(MARKER), "A's held work ran once released");
+        assert!(marker_b.comes_to(MARKER), "B's legacy work ran after it");
+        match exited.recv_timeout(LIVENESS_BOUND) {
+            Ok(true) => {}
+            Ok(false) => panic!("A panicked"),
+            Err(_) => panic!(
+                "A's per-thread work has run, but A's exit had not finished {LIVENESS_BOUND:?} \
+                 later: this driver does not finish an exit that began with per-thread work \
+                 pending even once that work is done"
+            ),
+        }
         returns_within_the_liveness_bound("legacy-synchronize", move || {
             init();
             ctx_set_current(ctx.get()).check();
             stream_synchronize(CU_STREAM_LEGACY).check();
             ctx_set_current(std::ptr::null_mut()).check();
         });
-        assert_eq!(marker_a.read(), MARKER, "A's work ran once released");
-        assert_eq!(marker_b.read(), MARKER, "B's legacy work ran after it");
         returns_within_the_liveness_bound("ctx-synchronize", move || {
             init();
             ctx_set_current(ctx.get()).check();
@@ -329,48 +391,56 @@ fn exited_threads_held_work_then_legacy_free(own_pool: bool) {
     });
 }
 
-/// [`exited_threads_held_work_then_legacy_free`] with device 0's default pool (release threshold
-/// 0, so a synchronisation may give its freed memory back), as custody's tests allocate.
+/// [`exiting_threads_held_work_then_legacy_free`] with device 0's default pool (release
+/// threshold 0, so a synchronisation may give its freed memory back), as custody's tests
+/// allocate.
 #[test]
-fn f14_an_exited_threads_held_per_thread_work_orders_a_legacy_free_and_ctx_synchronize_returns_not_yet_measured(
-) {
-    exited_threads_held_work_then_legacy_free(false);
+fn f24_a_threads_exit_waits_for_its_held_per_thread_work_which_orders_a_legacy_free() {
+    exiting_threads_held_work_then_legacy_free(false);
 }
 
-/// [`exited_threads_held_work_then_legacy_free`] with a pool that keeps its memory across
-/// synchronisations: if only the default-pool case hangs, the pool's release at synchronisation
-/// is involved.
+/// [`exiting_threads_held_work_then_legacy_free`] with a pool that keeps its memory across
+/// synchronisations (the pool's release at synchronisation is not involved in F24: on the H200
+/// both shapes held the exit alike).
 #[test]
-fn f14_an_exited_threads_held_per_thread_work_orders_a_legacy_free_from_a_keeping_pool_and_ctx_synchronize_returns_not_yet_measured(
+fn f24_a_threads_exit_waits_for_its_held_per_thread_work_which_orders_a_legacy_free_from_a_keeping_pool(
 ) {
-    exited_threads_held_work_then_legacy_free(true);
+    exiting_threads_held_work_then_legacy_free(true);
 }
 
-/// The same sequence as custody's two hanging D6 tests make it, without custody and without a
-/// hold: thread A
-/// allocates from device 0's default pool on its per-thread stream, fills the allocation there,
-/// leaves its context and exits, its fill perhaps still pending (on a busy GPU, likely); thread
-/// B frees it on `CU_STREAM_LEGACY`; a fresh thread's `cuCtxSynchronize` returns (documented:
-/// it blocks until the context's preceding work is done), and so does a second one's
-/// `cuStreamSynchronize(CU_STREAM_LEGACY)`. On the GPU host run it many times side by side (the
-/// command is in docs/gpu-validation.md): whether it hangs there as the custody tests did says
-/// whether custody has any part in the hang. Not yet run on a GPU.
+/// What F24 asks of a thread that used its per-thread stream, and what custody's tests do:
+/// thread A allocates from device 0's default pool on its per-thread stream, fills the
+/// allocation and writes a marker there, then **synchronises its per-thread stream**, leaves its
+/// context and ends. Its exit finishes (the join returns, bounded by [`LIVENESS_BOUND`]) with
+/// the work done; thread B frees the allocation on `CU_STREAM_LEGACY`; `cuCtxSynchronize` and
+/// `cuStreamSynchronize(CU_STREAM_LEGACY)` return, each on a fresh bounded thread. The same
+/// sequence without the synchronisation (this case before 2026-12-01) finished alone on the
+/// H200 and did not finish within 120 s beside seven other processes: the exit waited.
 #[test]
-fn basic_ctx_synchronize_returns_after_an_exited_threads_per_thread_fill_and_a_legacy_free_not_yet_measured(
-) {
-    on_fresh_thread("exited-fill", || {
+fn f24_a_thread_that_synchronized_its_per_thread_stream_exits_and_a_legacy_free_after_it_completes()
+{
+    on_fresh_thread("f24-drained", || {
         init();
         let primary = primary_current();
+        let marker = HostWord::new();
         let pool = Shared(device_get_default_mem_pool(device0()).check());
-        let ctx = Shared(primary.ctx());
-        let ptr = on_fresh_thread("A", move || {
+        let (ctx, m) = (Shared(primary.ctx()), Shared(marker.dev()));
+        let (ptr, exited) = on_watched_thread("A", move || {
             init();
             ctx_set_current(ctx.get()).check();
             let ptr = mem_alloc_from_pool_async(N, pool.get(), CU_STREAM_PER_THREAD).check();
             memset_d8_async(ptr, 0x5a, N, CU_STREAM_PER_THREAD).check();
+            stream_write_value32(CU_STREAM_PER_THREAD, m.get(), MARKER).check();
+            stream_synchronize(CU_STREAM_PER_THREAD).check();
             ctx_set_current(std::ptr::null_mut()).check();
             ptr
         });
+        match exited.recv_timeout(LIVENESS_BOUND) {
+            Ok(true) => {}
+            Ok(false) => panic!("A panicked"),
+            Err(_) => panic!("A's exit had not finished within {LIVENESS_BOUND:?}"),
+        }
+        assert_eq!(marker.read(), MARKER, "A's work ran before A synchronised");
         on_fresh_thread("B", move || {
             init();
             ctx_set_current(ctx.get()).check();
@@ -389,6 +459,7 @@ fn basic_ctx_synchronize_returns_after_an_exited_threads_per_thread_fill_and_a_l
             stream_synchronize(CU_STREAM_LEGACY).check();
             ctx_set_current(std::ptr::null_mut()).check();
         });
+        marker.free();
     });
 }
 
@@ -400,9 +471,10 @@ fn basic_ctx_synchronize_returns_after_an_exited_threads_per_thread_fill_and_a_l
 /// on another created blocking stream Y waits for the legacy stream, so for X too; a created
 /// non-blocking stream Z is not held back. Once the flag is released everything is written. What
 /// a free custody issues on the legacy stream (docs/decisions.md D6) does to the context's
-/// blocking streams. Read from the documentation, not yet run on a GPU.
+/// blocking streams. Read from the documentation; passed on the H200 on 2026-12-01 (bundle
+/// `d7f8154`, beside seven other processes and alone).
 #[test]
-fn basic_legacy_work_is_a_barrier_for_later_work_on_blocking_streams_not_yet_measured() {
+fn basic_legacy_work_is_a_barrier_for_later_work_on_blocking_streams() {
     on_fresh_thread("legacy-barrier", || {
         init();
         let _primary = primary_current();
@@ -567,7 +639,7 @@ fn basic_stream_wait_value64_eq_waits_for_the_exact_value() {
     });
 }
 
-/// Documented, not yet measured: `cuCtxSynchronize` blocks until the context has completed all
+/// Documented, and passed on the H200 on 2026-12-01 (bundle `d7f8154`): `cuCtxSynchronize` blocks until the context has completed all
 /// preceding requested tasks, and `cuStreamDestroy` of a stream with queued work returns at once
 /// while that work still runs; so a context synchronisation waits for the work of a stream
 /// destroyed before it. The stream is held by a wait on a flag that another thread releases
@@ -577,7 +649,7 @@ fn basic_stream_wait_value64_eq_waits_for_the_exact_value() {
 /// device synchronisations: cuda.core's send-buffers IPC test then showed a false
 /// `unordered_free` (a buffer filled on a stream destroyed before `Device.sync()`).
 #[test]
-fn basic_ctx_synchronize_waits_for_a_destroyed_streams_work_not_yet_measured() {
+fn basic_ctx_synchronize_waits_for_a_destroyed_streams_work() {
     on_fresh_thread("ctx-sync-destroyed", || {
         init();
         let _primary = primary_current();

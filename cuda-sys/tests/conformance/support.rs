@@ -333,6 +333,20 @@ impl HostWord {
             .store(value, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Whether the low 32 bits read `value`, looking until they do or [`LIVENESS_BOUND`] has
+    /// passed: for work the case has already let run, written without any driver call on the
+    /// host (the host only reads its own memory).
+    pub fn comes_to(&self, value: u32) -> bool {
+        let deadline = Instant::now() + LIVENESS_BOUND;
+        while self.read() != value {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
     /// `cuMemFreeHost`, once no stream uses the word any more.
     #[track_caller]
     pub fn free(self) {
