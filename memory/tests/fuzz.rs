@@ -5,9 +5,17 @@
 //! driver; every pool's `USED_MEM_CURRENT` everywhere), and adopted memory that was refused was
 //! never handed to `deallocate`.
 //!
-//! Runs on the emulator and on a GPU. `CUSTODY_FUZZ_CASES` sets the cases per property (default
-//! 64); `PROPTEST_RNG_SEED` fixes the generator's seed (the default is random; a failure prints
-//! the minimal failing input).
+//! Runs on the emulator and on a GPU. Cases per property: 64 for the properties that make no
+//! driver call (descriptor and fill-pattern parsing), everywhere; for those that call the driver
+//! (adoption, allocation, operations on buffers), 64 on the emulator, where a case costs about a
+//! millisecond, and [`REAL_DRIVER_CASES`] on a real driver, where a case's cost is its synchronous
+//! driver calls (a pinned pool made and destroyed, pinned and managed allocations of up to 1 TiB
+//! asked for, context synchronisations), taken under a lock the driver shares with every process
+//! on the GPU: 64 cases ran past the GPU runner's 120 s beside seven other test processes on the
+//! H200, so a real-driver run does a fifth of them in the same shapes, and each property's time
+//! there grows linearly with its cases. `CUSTODY_FUZZ_CASES` sets the cases of every property on
+//! any driver (a longer run by hand); `PROPTEST_RNG_SEED` fixes the generator's seed (the default
+//! is random; a failure prints the minimal failing input). The run prints the count it uses.
 
 mod adopt;
 
@@ -28,20 +36,48 @@ use test_support::emu::{AllocationId, Emulator};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
+    // Before anything that could hang: the GPU runner asks a hung test for its stacks.
+    test_support::stacks::dump_stacks_on_signal();
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn config() -> ProptestConfig {
-    let cases = std::env::var("CUSTODY_FUZZ_CASES")
+/// Cases per property on the emulator, and for the properties that make no driver call.
+const CASES: u32 = 64;
+
+/// Cases per driver-calling property on a real driver (see the file's documentation).
+const REAL_DRIVER_CASES: u32 = 12;
+
+/// `CUSTODY_FUZZ_CASES`, when set.
+fn cases_from_environment() -> Option<u32> {
+    std::env::var("CUSTODY_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(64);
+}
+
+fn with_cases(cases: u32) -> ProptestConfig {
     ProptestConfig {
         cases,
         // Shrunk failures are printed; nothing is written next to the sources.
         failure_persistence: None,
         ..ProptestConfig::default()
     }
+}
+
+/// For the properties that make no driver call.
+fn config() -> ProptestConfig {
+    with_cases(cases_from_environment().unwrap_or(CASES))
+}
+
+/// For the properties that call the driver: [`CASES`] on the emulator, [`REAL_DRIVER_CASES`]
+/// on a real driver (and on the emulator pretending to be one), unless `CUSTODY_FUZZ_CASES` says.
+fn driver_config() -> ProptestConfig {
+    let cases = cases_from_environment().unwrap_or(if emulator().is_some() {
+        CASES
+    } else {
+        REAL_DRIVER_CASES
+    });
+    eprintln!("fuzz: {cases} cases per driver-calling property");
+    with_cases(cases)
 }
 
 fn emulator() -> Option<Emulator> {
@@ -249,7 +285,7 @@ fn sizes() -> impl Strategy<Value = usize> {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(driver_config())]
 
     #[test]
     fn adoption_takes_nothing_it_refuses_and_frees_what_it_takes_once(
@@ -395,7 +431,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(driver_config())]
 
     #[test]
     fn allocation_of_any_size_is_refused_or_freed(
