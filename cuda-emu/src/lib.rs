@@ -103,7 +103,11 @@
 //! - **User objects**: counted references held by the program, graphs, clones and execs; the
 //!   destructor runs when the last goes, on the calling thread inside the call (G2) or, when an
 //!   exec is destroyed with a launch pending, on the stream's worker thread after that launch
-//!   (G3). A driver call from a destructor or host function returns
+//!   (G3). A capture that ends without a graph (invalidated, unjoined) discards the graph it
+//!   recorded into, and the destructors of what only that graph held run inside
+//!   `cuStreamEndCapture`, as inside `cuGraphDestroy` (read from the documentation, not yet
+//!   measured: conformance `basic_an_*_capture_releases_the_user_objects_its_graph_held_*`).
+//!   A driver call from a destructor or host function returns
 //!   `CUDA_ERROR_NOT_PERMITTED` (G4), except `cuStreamSynchronize` of an idle stream and
 //!   `cuDriverGetVersion`, which the real driver was measured to allow.
 //! - **Entry points**: every name of the CUDA 13.3 driver API is exported (`api::names` lists

@@ -991,6 +991,57 @@ fn a_builder_dropped_while_building_ends_its_capture_and_releases_what_it_retain
     again.close().unwrap();
 }
 
+/// A capture the driver invalidated (F17: a query of an event recorded in it) ends without a
+/// graph, and the graph it recorded into is discarded with what it held: a buffer the builder's
+/// fill retained and a buffer whose free was handed to the capture (closed while its stream was
+/// captured) are freed once the capture has ended (the emulator used to keep a discarded
+/// capture's user objects forever; conformance
+/// `facts_capture::basic_an_invalidated_capture_releases_the_user_objects_its_graph_held_not_yet_measured`
+/// asks a real driver the same).
+#[test]
+fn what_an_invalidated_capture_retained_or_was_handed_is_freed_when_the_capture_ends() {
+    let _serial = start();
+    let (s, mr) = (stream(), owned_pool());
+    let retained = alloc(&mr, SIZE, &s);
+    let handed = alloc(&mr, SIZE, &s);
+    s.synchronize().unwrap();
+    let builder = GraphBuilder::new(&s).unwrap();
+    builder.begin_building(CaptureMode::ThreadLocal).unwrap();
+    builder.fill(&retained, 0x3cu8).unwrap();
+    retained.close().unwrap();
+    handed.close().unwrap();
+    let event = handles::EventHandle::create(&primary(), handles::EventFlags::DISABLE_TIMING)
+        .expect("event");
+    event.record(builder.stream()).unwrap();
+    let refused = event.query().unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(CudaErrorCode::CAPTURED_EVENT),
+        "{refused}"
+    );
+    assert_eq!(
+        handles::capture_status(&s).unwrap(),
+        handles::CaptureStatus::Invalidated
+    );
+    let held = mr
+        .pool()
+        .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        .unwrap();
+    assert_eq!(held, 2 * SIZE as u64, "the capture holds both");
+    let ended = builder.end_building().unwrap_err();
+    assert_eq!(
+        ended.code(),
+        Some(CudaErrorCode::STREAM_CAPTURE_INVALIDATED),
+        "{ended}"
+    );
+    assert!(!builder.is_building());
+    drop(event);
+    drain_until(|| used(&mr, &s) == 0);
+    if let Some(emu) = Emulator::get() {
+        assert_no_hazards(&emu);
+    }
+}
+
 /// Ending a capture can fail (the driver refuses `cuStreamEndCapture`; on a GPU, ending a
 /// thread-local capture on another thread): `abandon_building` returns the error and leaves the
 /// builder building, so that it can be called again; a builder dropped then reports the failure

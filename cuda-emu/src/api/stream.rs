@@ -9,7 +9,7 @@ use super::{get_slice, need, put, put_opt, wait_and_observe};
 use crate::clock::VectorClock;
 use crate::codes::{self, Res};
 use crate::exec::StreamCore;
-use crate::graph::{Callback, Capture, Graph, NodeKind, MODE_RELAXED};
+use crate::graph::{run_destructors, Callback, Capture, Graph, NodeKind, MODE_RELAXED};
 use crate::ipc::IpcEvent;
 use crate::log::entry;
 use crate::state::{
@@ -858,7 +858,14 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, ph: *mut CUgraph) -> CU
         let mut st = initialized()?;
         let r = st.resolve_stream(s)?;
         info.resolved(&st, r);
-        let result = st.end_capture(r);
+        let (result, due) = match st.end_capture(r) {
+            Ok(g) => (Ok(g), Vec::new()),
+            Err((code, due)) => (Err(code), due),
+        };
+        drop(st);
+        // A discarded graph's user-object destructors run here, on the calling thread and with
+        // the state unlocked, as inside `cuGraphDestroy`.
+        run_destructors(due);
         let g = *result.as_ref().unwrap_or(&0);
         // SAFETY: checked non-null (driver contract).
         unsafe { put(ph, g as CUgraph)? };

@@ -600,18 +600,24 @@ impl State {
         Err(codes::CAPTURE_UNSUPPORTED)
     }
 
-    /// Ends the capture that stream `s` began; returns the graph.
-    pub(crate) fn end_capture(&mut self, s: u64) -> Res<u64> {
-        let id = self.streams[&s].capture.ok_or(codes::CAPTURE_STATE)?;
+    /// Ends the capture that stream `s` began; returns the graph. A capture that was invalidated
+    /// or left a forked stream unjoined produces no graph: the graph it recorded into (when the
+    /// capture made it) is destroyed, and the destructors of the user objects that graph held
+    /// last come back with the error, for the caller to run once the state is unlocked, as
+    /// `cuGraphDestroy` runs them.
+    pub(crate) fn end_capture(&mut self, s: u64) -> Result<u64, (u32, Vec<Callback>)> {
+        let id = self.streams[&s]
+            .capture
+            .ok_or((codes::CAPTURE_STATE, Vec::new()))?;
         let (origin, mode, thread) = {
             let c = &self.captures[&id];
             (c.origin, c.mode, c.thread)
         };
         if origin != s {
-            return Err(codes::CAPTURE_STATE);
+            return Err((codes::CAPTURE_STATE, Vec::new()));
         }
         if mode != MODE_RELAXED && thread != thread_id() {
-            return Err(codes::CAPTURE_WRONG_THREAD);
+            return Err((codes::CAPTURE_WRONG_THREAD, Vec::new()));
         }
         let c = self.captures.remove(&id).expect("capture exists");
         for stream in c.ends.keys() {
@@ -619,32 +625,37 @@ impl State {
                 st.capture = None;
             }
         }
-        if c.invalidated {
-            if c.owns_graph {
-                let _ = self.destroy_graph(c.graph);
+        let failed = if c.invalidated {
+            Some(codes::CAPTURE_INVALIDATED)
+        } else {
+            // Every forked stream must have joined back into the origin stream.
+            let graph = &self.graphs[&c.graph];
+            let mut joined: HashSet<usize> = HashSet::new();
+            let mut stack: Vec<usize> = c.ends.get(&s).cloned().unwrap_or_default();
+            while let Some(n) = stack.pop() {
+                if joined.insert(n) {
+                    stack.extend(graph.nodes[n].deps.iter().copied());
+                }
             }
-            return Err(codes::CAPTURE_INVALIDATED);
-        }
-        // Every forked stream must have joined back into the origin stream.
-        let graph = &self.graphs[&c.graph];
-        let mut joined: HashSet<usize> = HashSet::new();
-        let mut stack: Vec<usize> = c.ends.get(&s).cloned().unwrap_or_default();
-        while let Some(n) = stack.pop() {
-            if joined.insert(n) {
-                stack.extend(graph.nodes[n].deps.iter().copied());
+            let unjoined = c
+                .ends
+                .iter()
+                .filter(|(&stream, _)| stream != s)
+                .any(|(_, ends)| ends.iter().any(|n| !joined.contains(n)));
+            unjoined.then_some(codes::CAPTURE_UNJOINED)
+        };
+        match failed {
+            None => Ok(c.graph),
+            Some(code) => {
+                // The discarded graph releases its references like a destroyed one: a user
+                // object it held last is destroyed.
+                let due = if c.owns_graph {
+                    self.destroy_graph(c.graph).unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                Err((code, due))
             }
         }
-        let unjoined = c
-            .ends
-            .iter()
-            .filter(|(&stream, _)| stream != s)
-            .any(|(_, ends)| ends.iter().any(|n| !joined.contains(n)));
-        if unjoined {
-            if c.owns_graph {
-                let _ = self.destroy_graph(c.graph);
-            }
-            return Err(codes::CAPTURE_UNJOINED);
-        }
-        Ok(c.graph)
     }
 }

@@ -843,6 +843,24 @@ pub fn stream_is_capturing(stream: CUstream) -> Ret<u32> {
     Ret::new(ret.call, ret.code.0, status)
 }
 
+/// `cuStreamGetCaptureInfo_v2`: (the capture status as its integer value, the capture's unique
+/// id, the graph being captured into; NULL when the stream is not capturing).
+pub fn stream_get_capture_info(stream: CUstream) -> Ret<(u32, u64, CUgraph)> {
+    let mut status: u32 = u32::MAX;
+    let mut id: u64 = 0;
+    let mut graph = ptr::null_mut();
+    let out = (&mut status as *mut u32).cast();
+    let ret = call!(cuStreamGetCaptureInfo_v2(
+        stream,
+        out,
+        &mut id,
+        &mut graph,
+        ptr::null_mut(),
+        ptr::null_mut()
+    ) => ());
+    Ret::new(ret.call, ret.code.0, (status, id, graph))
+}
+
 /// `cuThreadExchangeStreamCaptureMode`: sets the calling thread's capture interaction mode
 /// (`CU_STREAM_CAPTURE_MODE_*` as an integer) and returns the previous one.
 pub fn thread_exchange_capture_mode(mode: u32) -> Ret<u32> {
@@ -904,6 +922,12 @@ pub fn user_object_create_with_flags(
 /// one reference into the graph.
 pub fn graph_retain_user_object_move(graph: CUgraph, object: CUuserObject) -> Ret {
     call!(cuGraphRetainUserObject(graph, object, 1, GRAPH_USER_OBJECT_MOVE) => ())
+}
+
+/// `cuGraphRetainUserObject(graph, object, 1, 0)`: the graph takes a reference of its own; the
+/// caller keeps its one.
+pub fn graph_retain_user_object(graph: CUgraph, object: CUuserObject) -> Ret {
+    call!(cuGraphRetainUserObject(graph, object, 1, 0) => ())
 }
 
 /// `cuGraphReleaseUserObject(graph, object, 1)`: gives back one reference the graph holds.

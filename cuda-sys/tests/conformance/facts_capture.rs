@@ -12,16 +12,21 @@
 //!   `CUDA_ERROR_INVALID_VALUE`. `cuStreamWaitEvent` of it from another stream joins that stream
 //!   to the capture. Every case here passed on the H200 on 2026-12-01, except the two query
 //!   cases, which had read the documentation wrongly and were corrected after that run.
+//! - A capture that ends without a graph (invalidated, or a forked stream left unjoined)
+//!   discards the graph it recorded into, and the user objects that graph held are destroyed
+//!   (`basic_an_*_capture_releases_the_user_objects_its_graph_held_not_yet_measured`: read from
+//!   the documentation, not yet measured).
 
 use cuda_sys::types::{CUevent, CUstream, CUstreamCaptureMode};
 use cuda_sys::CudaErrorCode;
 
 use crate::driver::{
     event_create, event_destroy, event_query, event_record, event_synchronize, graph_destroy,
-    graph_exec_destroy, graph_instantiate, graph_launch, init, mem_alloc, mem_alloc_async,
-    mem_alloc_from_pool_async, mem_free, mem_free_async, mem_pool_destroy, memcpy_dtoh,
-    memset_d8_async, stream_begin_capture, stream_create, stream_destroy, stream_end_capture,
-    stream_is_capturing, stream_synchronize, stream_wait_event, thread_exchange_capture_mode,
+    graph_exec_destroy, graph_instantiate, graph_launch, graph_retain_user_object, init, mem_alloc,
+    mem_alloc_async, mem_alloc_from_pool_async, mem_free, mem_free_async, mem_pool_destroy,
+    memcpy_dtoh, memset_d8_async, stream_begin_capture, stream_create, stream_destroy,
+    stream_end_capture, stream_get_capture_info, stream_is_capturing, stream_synchronize,
+    stream_wait_event, thread_exchange_capture_mode, user_object_create, user_object_release,
     CAPTURE_STATUS_ACTIVE, CAPTURE_STATUS_INVALIDATED, CAPTURE_STATUS_NONE, STREAM_NON_BLOCKING,
 };
 use crate::support::{new_pool, on_fresh_thread, primary_current, used, Primary, Shared, N};
@@ -349,5 +354,89 @@ fn basic_a_global_thread_may_not_free_during_another_threads_global_capture() {
         let (freed, ended) = free_during_a_global_capture_elsewhere(0);
         assert_eq!(freed, CudaErrorCode::STREAM_CAPTURE_UNSUPPORTED);
         assert_eq!(ended, Err(CudaErrorCode::STREAM_CAPTURE_INVALIDATED));
+    });
+}
+
+/// A capture that ends without a graph discards the graph it recorded into: a user object that
+/// graph held (retained with `cuGraphRetainUserObject`, the caller's reference released, as
+/// custody's `retain_in_capture` and its hand-over of a captured free do) must then be
+/// destroyed, or what it owns leaks. Captures a thread-local capture of a new non-blocking
+/// stream, attaches such a user object to the capture graph (`cuStreamGetCaptureInfo_v2`),
+/// lets `spoil` break the capture, ends it with `expected` and returns the probe, whose
+/// `destructor` mark says whether the destructor ran (a real driver may run it on its own
+/// thread, later: the caller waits for it).
+fn user_object_of_a_failed_capture(
+    expected: CudaErrorCode,
+    spoil: impl FnOnce(CUstream, CUevent),
+) -> std::sync::Arc<crate::support::Probe> {
+    let _primary = primary_current();
+    let probe = crate::support::Probe::new();
+    let s = stream_create(STREAM_NON_BLOCKING).check();
+    let e = event_create(0).check();
+    stream_begin_capture(s, THREAD_LOCAL).check();
+    event_record(e, s).check();
+    let (status, _, graph) = stream_get_capture_info(s).check();
+    assert_eq!((status, graph.is_null()), (CAPTURE_STATUS_ACTIVE, false));
+    let marked = std::sync::Arc::clone(&probe);
+    let object = user_object_create(move || marked.mark("destructor")).check();
+    graph_retain_user_object(graph, object).check();
+    user_object_release(object, 1).check();
+    assert!(
+        probe.find("destructor").is_none(),
+        "the capture graph holds the object"
+    );
+    spoil(s, e);
+    let (code, graph) = stream_end_capture(s).into_parts();
+    assert_eq!(code, expected);
+    assert!(graph.is_null(), "no graph comes out of a failed capture");
+    assert_eq!(stream_is_capturing(s).check(), CAPTURE_STATUS_NONE);
+    event_destroy(e).check();
+    stream_destroy(s).check();
+    probe
+}
+
+/// Read from the documentation (a failed capture's graph is discarded) and the emulator's model,
+/// not yet measured: an invalidated capture (F17's invalidation: a query of an event recorded in
+/// it) destroys the user objects its graph held, so their destructors run.
+#[test]
+fn basic_an_invalidated_capture_releases_the_user_objects_its_graph_held_not_yet_measured() {
+    on_fresh_thread("invalidated-user-object", || {
+        init();
+        let probe =
+            user_object_of_a_failed_capture(CudaErrorCode::STREAM_CAPTURE_INVALIDATED, |s, e| {
+                event_query(e).fails_with(CudaErrorCode::CAPTURED_EVENT);
+                assert_eq!(stream_is_capturing(s).check(), CAPTURE_STATUS_INVALIDATED);
+            });
+        assert!(
+            probe.wait_for("destructor").is_some(),
+            "the destructor of a user object held by an invalidated capture never ran"
+        );
+    });
+}
+
+/// As above for a capture that ends with a forked stream not joined back
+/// (`CUDA_ERROR_STREAM_CAPTURE_UNJOINED`): its graph is discarded too.
+#[test]
+fn basic_an_unjoined_capture_releases_the_user_objects_its_graph_held_not_yet_measured() {
+    on_fresh_thread("unjoined-user-object", || {
+        init();
+        let _primary = primary_current(); // the memory's context, kept for the whole case
+        let memory = mem_alloc(N).check();
+        let forked = std::cell::Cell::new(None);
+        let probe =
+            user_object_of_a_failed_capture(CudaErrorCode::STREAM_CAPTURE_UNJOINED, |_, e| {
+                let t = stream_create(STREAM_NON_BLOCKING).check();
+                stream_wait_event(t, e).check();
+                memset_d8_async(memory, 1, N, t).check();
+                forked.set(Some(t));
+            });
+        assert!(
+            probe.wait_for("destructor").is_some(),
+            "the destructor of a user object held by an unjoined capture never ran"
+        );
+        let t = forked.take().expect("the forked stream was created");
+        assert_eq!(stream_is_capturing(t).check(), CAPTURE_STATUS_NONE);
+        stream_destroy(t).check();
+        mem_free(memory).check();
     });
 }
