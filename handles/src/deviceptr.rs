@@ -364,7 +364,8 @@ enum Placement {
     Pool(Option<i32>),
     /// On the device of the recipe's context.
     Context,
-    /// Host memory, usable from any device's context.
+    /// Host (pinned) or managed memory, usable from any device's context: its recipes and
+    /// declared uses may be on any device's stream.
     Host,
 }
 
@@ -519,7 +520,9 @@ impl DevicePtrHandle {
 
     /// Allocates `size` bytes of managed memory (`cuMemAllocManaged` with `flags`,
     /// `CU_MEM_ATTACH_*`: [`MemAttachFlags::GLOBAL`] or [`MemAttachFlags::HOST`]) in the
-    /// recipe's context. Released like [`DevicePtrHandle::alloc`].
+    /// recipe's context. Released like [`DevicePtrHandle::alloc`]. The memory is not bound to
+    /// that context's device: any device's stream may become its deallocation stream or a
+    /// declared use (docs/decisions.md D12), as for pinned host memory.
     ///
     /// # Errors
     /// As [`DevicePtrHandle::alloc`].
@@ -535,7 +538,7 @@ impl DevicePtrHandle {
         Self::allocate(
             size,
             stream,
-            Placement::Context,
+            Placement::Host, // managed memory is not bound to the allocating context's device
             Release::Managed,
             "cuMemAllocManaged",
             |d, _, ptr| {
@@ -879,8 +882,8 @@ impl DevicePtrHandle {
         }
     }
 
-    /// The device the memory lives on, when known (`None` for pinned host memory and adopted
-    /// or borrowed pointers).
+    /// The device the memory lives on, when known (`None` for pinned host and managed memory,
+    /// which any device's streams may use, and for adopted or borrowed pointers).
     pub fn device(&self) -> Option<i32> {
         self.0.device
     }

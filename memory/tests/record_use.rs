@@ -351,3 +351,50 @@ fn pinned_memory_freed_after_a_use_on_another_devices_stream() {
     out.close().unwrap();
     assert_no_hazards();
 }
+
+/// Managed memory (`cuMemAllocManaged`, made in device 0's context) accepts another device's
+/// stream as a use and as its deallocation stream, as pinned memory does and as the managed
+/// pool's buffers do (docs/decisions.md D12): it is not bound to the device of the context it
+/// was allocated in. The free is then ordered on device 1's stream.
+#[test]
+fn managed_memory_accepts_another_devices_stream_as_a_use_and_for_its_free() {
+    let _serial = start();
+    if handles::device_count().unwrap_or(1) < 2 {
+        eprintln!("skipped: needs two devices");
+        return;
+    }
+    let (a, b) = (stream_on(0), stream_on(1));
+    let buffer = ManagedMemoryResource::new().allocate(SIZE, &a).unwrap();
+    let alloc = alloc_of(buffer.ptr());
+    buffer.fill(0x5au8, &a).unwrap();
+    a.synchronize().unwrap();
+    let out = DeviceMemoryResource::new(1)
+        .unwrap()
+        .allocate(SIZE, &b)
+        .unwrap();
+    buffer.copy_to(&out, &b).unwrap(); // the use on device 1
+    buffer
+        .record_use(&b)
+        .expect("managed memory accepts a use on any device's stream");
+    assert_eq!(buffer.use_streams().len(), 1);
+    let c = stream_on(1);
+    buffer
+        .set_deallocation_stream(&c)
+        .expect("managed memory accepts any device's deallocation stream");
+    assert!(buffer.deallocation_stream().unwrap().ptr_eq(&c));
+    let from = mark();
+    drop(buffer);
+    handles::drain_deferred_cleanup();
+    assert_eq!(
+        waits_on(&c, from).unwrap_or(1),
+        1,
+        "c (device 1) waited for b (device 1)"
+    );
+    with_emulator(|emu| {
+        assert!(!emu.is_live(alloc), "freed");
+        assert_eq!(emu.hazards_for(alloc), vec![], "after the read on device 1");
+    });
+    assert_eq!(read(&out, &b), vec![0x5a; SIZE]);
+    out.close().unwrap();
+    assert_no_hazards();
+}

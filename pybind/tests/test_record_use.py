@@ -220,6 +220,26 @@ def test_a_stream_of_another_device_raises_value_error(device, emu, no_hazards):
     s1.close()
 
 
+@pytest.mark.skipif(custody.system.num_devices < 2, reason="needs two CUDA devices")
+def test_managed_memory_accepts_another_devices_stream(device, emu, no_hazards):
+    """``cuMemAllocManaged`` memory is not bound to the device whose context made it: another
+    device's stream is accepted as a use and as its deallocation stream (D12), as the managed
+    pool's buffers are."""
+    m = custody.LegacyManagedMemoryResource().allocate(SIZE, stream=device.create_stream())
+    s1 = custody.Device(1).create_stream()
+    device.set_current()
+    assert m.record_use(s1) is None
+    m.set_deallocation_stream(s1)
+    if emu:
+        alloc = emu.alloc_id(m.handle)
+    m.close()
+    custody.drain_deferred_cleanup()
+    s1.sync()
+    if emu:
+        assert not emu.is_live(alloc)
+    s1.close()
+
+
 def test_a_buffer_that_frees_nothing_records_nothing(device, emu, no_hazards):
     a, b = device.create_stream(), device.create_stream()
     backing = custody.DeviceMemoryResource(0).allocate(SIZE, stream=a)
