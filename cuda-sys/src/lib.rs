@@ -78,6 +78,7 @@ macro_rules! __driver_function_list {
                 cuCtxSetCurrent(ctx: CUcontext);
                 cuCtxGetCurrent(pctx: *mut CUcontext);
                 cuCtxGetDevice(device: *mut CUdevice);
+                cuCtxGetId(ctx: CUcontext, ctxId: *mut c_ulonglong);
                 cuCtxSynchronize();
                 cuStreamCreateWithPriority(phStream: *mut CUstream, flags: c_uint, priority: c_int);
                 cuStreamDestroy_v2(hStream: CUstream);

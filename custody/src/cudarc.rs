@@ -47,7 +47,7 @@ use crate::{HandleError, StreamHandle};
 ///
 /// Driver calls: `cuStreamGetCtx`, and those of wrapping its context (`cuCtxGetCurrent`,
 /// `cuCtxSetCurrent`, `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`,
-/// `cuDevicePrimaryCtxRetain`).
+/// `cuDevicePrimaryCtxRetain`; `cuCtxGetId` for a context that is not primary).
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -42,6 +42,10 @@ struct ContextBox {
     raw: usize,
     device: CUdevice,
     kind: ContextKind,
+    /// For a borrowed context, its unique id (`cuCtxGetId`) when custody first saw it, so that
+    /// binding a recipe can tell that its owner destroyed it (the raw value may even name a
+    /// newer context by then); 0 for the contexts custody holds, which cannot go first.
+    id: u64,
 }
 
 /// A CUDA context: primary (retained), created (owned) or borrowed.
@@ -100,6 +104,7 @@ impl ContextHandle {
             raw: ctx as usize,
             device,
             kind: ContextKind::Primary,
+            id: 0,
         })))
     }
 
@@ -135,6 +140,7 @@ impl ContextHandle {
             raw: ctx as usize,
             device,
             kind: ContextKind::Created,
+            id: 0,
         }));
         let mut registry = created_registry().lock().unwrap_or_else(|e| e.into_inner());
         registry.retain(|_, weak| weak.strong_count() > 0);
@@ -151,7 +157,8 @@ impl ContextHandle {
     /// driver rejects `raw`.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (twice, when `raw` is not already
-    /// current), `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`, `cuDevicePrimaryCtxRetain`.
+    /// current), `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`, `cuDevicePrimaryCtxRetain`;
+    /// `cuCtxGetId` for a context that is neither primary nor one this crate created.
     pub(crate) fn from_raw_borrowed(raw: CUcontext) -> Result<ContextHandle, HandleError> {
         if raw.is_null() {
             return Err(HandleError::invalid(
@@ -178,7 +185,8 @@ impl ContextHandle {
     /// [`HandleError::Driver`] when a query fails.
     ///
     /// Driver calls: `cuCtxGetCurrent`; on the first sight of a context on this thread also
-    /// `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`, `cuDevicePrimaryCtxRetain`.
+    /// `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`, `cuDevicePrimaryCtxRetain`; `cuCtxGetId`
+    /// for a context that is neither primary nor one this crate created.
     pub fn current() -> Result<Option<ContextHandle>, HandleError> {
         let d = driver()?;
         match current_context(d)? {
@@ -235,7 +243,38 @@ impl ContextHandle {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
+    /// Refuses a borrowed context that its owner destroyed: `cuCtxGetId` must still answer
+    /// with the id it had when custody first saw it. Free for the contexts custody holds
+    /// (primary, created), which live as long as this handle.
+    ///
+    /// # Errors
+    /// [`HandleError::ContextDestroyed`].
+    ///
+    /// Driver calls: `cuCtxGetId` (borrowed contexts only).
     #[inline]
+    pub(crate) fn check_alive(&self) -> Result<(), HandleError> {
+        if self.0.kind != ContextKind::Borrowed {
+            return Ok(());
+        }
+        self.check_borrowed_alive()
+    }
+
+    #[cold]
+    fn check_borrowed_alive(&self) -> Result<(), HandleError> {
+        let found = match context_id(driver()?, self.0.raw) {
+            Ok(id) if id == self.0.id => return Ok(()),
+            Ok(id) => format!(
+                "cuCtxGetId names another context (id {id}, not {})",
+                self.0.id
+            ),
+            Err(error) => error,
+        };
+        Err(HandleError::ContextDestroyed {
+            context: self.0.raw as u64,
+            found,
+        })
+    }
+
     pub(crate) fn raw_usize(&self) -> usize {
         self.0.raw
     }
@@ -353,11 +392,26 @@ fn identify(raw: usize, device: CUdevice) -> Result<ContextHandle, HandleError> 
             return Ok(primary);
         }
     }
+    let id = context_id(d, raw).map_err(|found| HandleError::ContextDestroyed {
+        context: raw as u64,
+        found,
+    })?;
     Ok(ContextHandle(Arc::new(ContextBox {
         raw,
         device,
         kind: ContextKind::Borrowed,
+        id,
     })))
+}
+
+/// `cuCtxGetId(raw)`: the context's unique id, or what the driver said instead.
+fn context_id(d: &Driver, raw: usize) -> Result<u64, String> {
+    let mut id: std::ffi::c_ulonglong = 0;
+    // SAFETY: `id` is a valid out-pointer, read only after success; the caller's word (or the
+    // driver's own answer) vouches for `raw`.
+    let status = unsafe { (d.cuCtxGetId)(as_ctx(raw), &mut id) };
+    check("cuCtxGetId", status).map_err(|error| error.to_string())?;
+    Ok(id)
 }
 
 /// A handle for `raw`, which is current on the calling thread. Cached per thread: the common

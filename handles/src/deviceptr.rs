@@ -932,9 +932,11 @@ impl DevicePtrHandle {
     /// # Errors
     /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context;
     /// [`HandleError::WrongDevice`] for a stream whose context is on another device than
-    /// the memory.
+    /// the memory; [`HandleError::ContextDestroyed`] for a stream whose context, one custody
+    /// does not hold, was destroyed by its owner.
     ///
-    /// Driver calls: `cuCtxGetCurrent` (unbound tokens only).
+    /// Driver calls: `cuCtxGetCurrent` (unbound tokens only); `cuCtxGetId` (a stream in a
+    /// context custody does not hold).
     pub fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), HandleError> {
         // The old recipe may hold the last handle of a stream: released outside the lock.
         drop(self.replace_deallocation_stream(stream)?);

@@ -47,6 +47,18 @@ pub enum HandleError {
         /// The device of the stream's context.
         found: i32,
     },
+    /// A stream (or a default-stream token bound to a context) whose context custody does not
+    /// hold, one made by other code, was destroyed by that code: it can order no free or use.
+    /// Found when a recipe or a declared use is bound (`cuCtxGetId` on the context no longer
+    /// answers with the id it had when custody first saw it), so nothing was recorded and an
+    /// old recipe stays (docs/decisions.md D4).
+    #[error("the stream's context 0x{context:x} has been destroyed: {found}")]
+    ContextDestroyed {
+        /// The context, as an integer.
+        context: u64,
+        /// What the driver said instead of the context's id.
+        found: String,
+    },
     /// The context `operation` needs could not be made current (`cuCtxGetCurrent` or
     /// `cuCtxSetCurrent` failed), so `operation` did not run. For a release, the resource was
     /// not released (its handle is gone: the memory has leaked).
@@ -137,6 +149,13 @@ impl PartialEq for HandleError {
                     && context == context2
                     && error == error2
             }
+            (
+                E::ContextDestroyed { context, found },
+                E::ContextDestroyed {
+                    context: context2,
+                    found: found2,
+                },
+            ) => context == context2 && found == found2,
             (E::Deallocator { source: a }, E::Deallocator { source: b }) => {
                 Arc::ptr_eq(a, b) || a.to_string() == b.to_string()
             }
@@ -175,6 +194,7 @@ impl HandleError {
             HandleError::NoCurrentContext => "NoCurrentContext",
             HandleError::InvalidArgument { .. } => "InvalidArgument",
             HandleError::WrongDevice { .. } => "WrongDevice",
+            HandleError::ContextDestroyed { .. } => "ContextDestroyed",
             HandleError::Deallocator { .. } => "Deallocator",
         }
     }

@@ -139,7 +139,8 @@ pub unsafe fn wrap_stream(
 /// stays alive while the handle, any clone, and any recipe or stream holding it lives.
 ///
 /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (twice, when `raw` is not already
-/// current), `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`, `cuDevicePrimaryCtxRetain`.
+/// current), `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`, `cuDevicePrimaryCtxRetain`;
+/// `cuCtxGetId` for a context that is neither primary nor one this crate created.
 pub unsafe fn wrap_context(raw: CUcontext) -> Result<ContextHandle, HandleError> {
     ContextHandle::from_raw_borrowed(raw)
 }

@@ -118,11 +118,14 @@ impl DeallocationRecipe {
     ///
     /// # Errors
     /// [`HandleError::NoCurrentContext`] for an unbound token with no current context;
-    /// [`HandleError::Driver`] when reading the current context fails.
+    /// [`HandleError::Driver`] when reading the current context fails;
+    /// [`HandleError::ContextDestroyed`] for a stream whose context, one custody does not hold
+    /// (made by other code), was destroyed by its owner (docs/decisions.md D4).
     ///
     /// Driver calls: `cuCtxGetCurrent` (unbound tokens only; the first time a context is seen
     /// on a thread also `cuCtxGetDevice`, `cuDevicePrimaryCtxGetState`,
-    /// `cuDevicePrimaryCtxRetain`).
+    /// `cuDevicePrimaryCtxRetain`, and for a context custody does not hold `cuCtxGetId`);
+    /// `cuCtxGetId` for a stream whose context custody does not hold.
     pub fn record(stream: &StreamHandle) -> Result<DeallocationRecipe, HandleError> {
         let current = match stream.unbound_kind() {
             None => 0, // the stream carries its context: nothing to read
@@ -141,10 +144,14 @@ impl DeallocationRecipe {
         let ptds_thread =
             (stream.default_kind() == Some(DefaultStream::PerThread)).then(ThreadToken::current);
         let (bound, context_raw) = match stream.unbound_kind() {
-            None => (
-                Bound::Stream(stream.clone()),
-                stream.carried_context().raw_usize(),
-            ),
+            None => {
+                // D4: a context made by other code may have been destroyed by it since.
+                stream.carried_context().check_alive()?;
+                (
+                    Bound::Stream(stream.clone()),
+                    stream.carried_context().raw_usize(),
+                )
+            }
             Some(kind) => {
                 if current == 0 {
                     return Err(HandleError::NoCurrentContext);

@@ -635,3 +635,76 @@ fn release_with_remains_frees_and_hands_back_the_recipes_last_stream_reference()
     kept.synchronize().unwrap();
     assert_no_hazards();
 }
+
+/// docs/decisions.md D4: a stream whose context was destroyed by the code that made it (a
+/// context custody does not hold) cannot order a free: binding it is refused
+/// ([`HandleError::ContextDestroyed`], found with `cuCtxGetId`), the old recipe stays, no use is
+/// recorded, and the memory is freed by the old recipe (it was accepted, and `close()` then
+/// failed and leaked the memory).
+#[test]
+fn a_stream_whose_context_was_destroyed_is_refused_and_the_old_recipe_stays() {
+    let _serial = start();
+    let Some(emu) = emulator_or_skip(
+        "a destroyed context and its stream handed to the driver (undefined behaviour on a real \
+         driver, the CUDA documentation of cuCtxDestroy says)",
+    ) else {
+        return;
+    };
+    let d = cuda_sys::driver().unwrap();
+    // Other code's context (not current afterwards) and a stream in it, which custody wraps.
+    let mut ctx: cuda_sys::types::CUcontext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out-pointer; device 0 exists.
+    assert_eq!(unsafe { (d.cuCtxCreate_v2)(&mut ctx, 0, 0) }, 0);
+    let mut raw: cuda_sys::types::CUstream = std::ptr::null_mut();
+    // SAFETY: `raw` is a valid out-pointer; `ctx` is current.
+    let status = unsafe { (d.cuStreamCreate().expect("cuStreamCreate"))(&mut raw, 0) };
+    assert_eq!(status, 0);
+    // SAFETY: the context created above is current; popping it leaves none.
+    assert_eq!(unsafe { (d.cuCtxPopCurrent_v2)(std::ptr::null_mut()) }, 0);
+    // SAFETY: the stream lives until the context is destroyed below; the test then shows that
+    // custody refuses it rather than trusting it.
+    let foreign = unsafe { handles::raw::wrap_stream(raw as usize, None) }.unwrap();
+    assert_eq!(foreign.context().unwrap().kind(), ContextKind::Borrowed);
+    let s = StreamHandle::create(&primary(0), StreamFlags::DEFAULT, 0).unwrap();
+    let buffer = pool_buffer(&s).unwrap();
+    // While its context lives, the wrapped stream binds.
+    buffer.set_deallocation_stream(&foreign).unwrap();
+    buffer.set_deallocation_stream(&s).unwrap();
+    // SAFETY: the context was created above; custody holds it only borrowed.
+    assert_eq!(unsafe { (d.cuCtxDestroy_v2)(ctx) }, 0);
+
+    let from = mark();
+    let refused = buffer.set_deallocation_stream(&foreign).unwrap_err();
+    assert!(
+        matches!(refused, HandleError::ContextDestroyed { context, .. } if context == ctx as u64),
+        "{refused:?}"
+    );
+    assert!(
+        refused.to_string().contains("has been destroyed"),
+        "{refused}"
+    );
+    assert!(
+        buffer.deallocation_stream().unwrap().ptr_eq(&s),
+        "the old recipe stays"
+    );
+    let refused = buffer.record_use(&foreign).unwrap_err();
+    assert!(
+        matches!(refused, HandleError::ContextDestroyed { .. }),
+        "{refused:?}"
+    );
+    assert!(buffer.use_streams().is_empty(), "no use was recorded");
+    assert!(
+        emu.calls_since(from)
+            .iter()
+            .any(|c| c.function == "cuCtxGetId"),
+        "cuCtxGetId checks the context"
+    );
+    let alloc = alloc_of(buffer.ptr());
+    let from = mark();
+    buffer.release().expect("freed by the old recipe");
+    let free = emu.only_call("cuMemFreeAsync", alloc, from);
+    assert_eq!((free.stream, free.result), (Some(s.raw() as u64), 0));
+    drop(foreign);
+    s.synchronize().unwrap();
+    assert_no_hazards();
+}

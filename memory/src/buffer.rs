@@ -287,8 +287,11 @@ impl Buffer {
     /// - [`MemoryError::WrongDevice`]: a stream of another device than the memory's.
     /// - [`MemoryError::Handle`] with [`handles::HandleError::NoCurrentContext`]: a
     ///   default-stream token on a thread with no current context.
+    /// - [`MemoryError::Handle`] with [`handles::HandleError::ContextDestroyed`]: a stream whose
+    ///   context, one custody does not hold (made by other code), was destroyed by its owner.
     ///
-    /// Driver calls: `cuCtxGetCurrent` (default-stream tokens only).
+    /// Driver calls: `cuCtxGetCurrent` (default-stream tokens only); `cuCtxGetId` (a stream in a
+    /// context custody does not hold).
     pub fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
         // The old recipe may hold the last handle of a stream: released after the swap.
         drop(self.replace_deallocation_stream(stream)?);
@@ -304,7 +307,8 @@ impl Buffer {
     /// As [`set_deallocation_stream`](Self::set_deallocation_stream).
     ///
     /// Driver calls: `cuCtxGetCurrent` (default-stream tokens only); none for a stream that
-    /// carries its context (created or foreign), also on the error paths.
+    /// carries a context custody holds (created, or foreign in a primary context), also on the
+    /// error paths; `cuCtxGetId` for a stream in a context custody does not hold.
     pub fn replace_deallocation_stream(
         &self,
         stream: &StreamHandle,

@@ -2,6 +2,7 @@
 (docs/reference-notes.md section 5, scenarios 1-3, 5, 7-12, 14-20, 39, 41, 45, 46, 74;
 docs/decisions.md D1, D4, D5)."""
 
+import ctypes
 import gc
 import subprocess
 import sys
@@ -11,8 +12,10 @@ import pytest
 
 import custody
 from conftest import (
+    DRIVER,
     RecordingResource,
     current_context,
+    needs_emulator,
     run_in_thread,
 )
 
@@ -287,6 +290,40 @@ def test_closed_stream_is_rejected_and_the_old_recipe_stays(device, emu):
     buf.close()
     if emu:
         assert free_calls(emu, alloc)[0]["stream"] == s1.handle
+    s1.close()
+
+
+@needs_emulator
+def test_a_stream_whose_context_was_destroyed_is_rejected_and_the_old_recipe_stays(device, emu):
+    """D4: a wrapped stream whose context its maker destroyed (a context custody does not hold)
+    cannot order the free: set_deallocation_stream, close(stream=) and record_use raise and
+    leave the old recipe, and close() frees on it (the stream was accepted, close() then failed
+    and the memory leaked). Emulator only: a real driver given a destroyed context or stream
+    is undefined behaviour (the CUDA documentation of cuCtxDestroy)."""
+    ctx = ctypes.c_void_p()
+    assert DRIVER.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
+    raw = ctypes.c_void_p()
+    assert DRIVER.cuStreamCreate(ctypes.byref(raw), 0) == 0
+    assert DRIVER.cuCtxPopCurrent_v2(None) == 0
+    device.set_current()
+    foreign = custody.Stream.from_handle(raw.value)
+    s1 = device.create_stream()
+    buf = custody.DeviceMemoryResource(0).allocate(64, stream=s1)
+    buf.set_deallocation_stream(foreign)  # its context lives: accepted
+    buf.set_deallocation_stream(s1)
+    alloc = emu.alloc_id(buf.handle)
+    assert DRIVER.cuCtxDestroy_v2(ctx) == 0
+    with pytest.raises(RuntimeError, match="has been destroyed"):
+        buf.set_deallocation_stream(foreign)
+    with pytest.raises(RuntimeError, match="has been destroyed"):
+        buf.close(stream=foreign)
+    with pytest.raises(RuntimeError, match="has been destroyed"):
+        buf.record_use(foreign)
+    assert not buf.is_closed
+    emu.clear_calls()
+    buf.close()
+    (free,) = free_calls(emu, alloc)
+    assert (free["stream"], free["result"]) == (s1.handle, 0)
     s1.close()
 
 
