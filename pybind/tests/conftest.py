@@ -80,10 +80,14 @@ class Emulator:
     def _query(self, what: str):
         name = what.encode()
         size = self._lib.custodyEmuQuery(name, None, 0)
-        buf = ctypes.create_string_buffer(size + 1)
-        written = self._lib.custodyEmuQuery(name, buf, size + 1)
-        assert written <= size + 1
-        return json.loads(buf.value.decode())
+        while True:
+            buf = ctypes.create_string_buffer(size + 1)
+            written = self._lib.custodyEmuQuery(name, buf, size + 1)
+            if written <= size:
+                return json.loads(buf.value.decode())
+            # The record grew between the two queries (another thread's driver calls, such as
+            # the cleanup worker's): nothing was written; ask again with room for it.
+            size = written
 
     def calls(self):
         return self._query("calls")
