@@ -108,6 +108,22 @@ impl CallInfo {
         self.resolved_stream = Some(r);
         self.stream_context = st.streams.get(&r).map(|s| s.ctx);
     }
+
+    /// Resolves the call's stream argument `s` (a default-stream token or a created stream,
+    /// [`State::resolve_stream`]) and records what it resolved to.
+    pub(crate) fn resolve_stream(&mut self, st: &mut State, s: u64) -> Res<u64> {
+        let r = st.resolve_stream(s)?;
+        self.resolved(st, r);
+        Ok(r)
+    }
+
+    /// Locks the initialized driver state and resolves the call's stream argument `s`, as
+    /// [`CallInfo::resolve_stream`]. Returns the locked state and the resolved stream.
+    pub(crate) fn lock_stream(&mut self, s: u64) -> Res<(MutexGuard<'static, State>, u64)> {
+        let mut st = initialized()?;
+        let r = self.resolve_stream(&mut st, s)?;
+        Ok((st, r))
+    }
 }
 
 pub(crate) struct Event {

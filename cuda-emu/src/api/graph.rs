@@ -117,8 +117,7 @@ pub unsafe extern "C" fn cuGraphLaunch(exec: CUgraphExec, s: CUstream) -> CUresu
     entry("cuGraphLaunch", Some(s), None, |info| {
         let mut st = initialized()?;
         st.execs.get(&exec).ok_or(codes::BAD_HANDLE)?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
+        let r = info.resolve_stream(&mut st, s)?;
         st.launch(exec, r)
     })
 }

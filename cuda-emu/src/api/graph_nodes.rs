@@ -514,8 +514,7 @@ pub unsafe extern "C" fn cuGraphUpload(exec: CUgraphExec, s: CUstream) -> CUresu
     entry("cuGraphUpload", Some(s), None, |info| {
         let mut st = initialized()?;
         st.execs.get(&exec).ok_or(codes::BAD_HANDLE)?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
+        info.resolve_stream(&mut st, s)?;
         // Nothing to upload: the launch reads the graph where it is.
         Ok(())
     })

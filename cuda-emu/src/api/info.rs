@@ -9,7 +9,7 @@ use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::{need, put, put_opt, wait_and_observe};
+use super::{need, put, put_opt, stream_property, wait_and_observe};
 use crate::codes::{self, Res};
 use crate::log::entry;
 use crate::memory::DEVICE_MEMORY;
@@ -137,28 +137,15 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut c_ulonglong) -> CUr
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetId(s: CUstream, id: *mut c_ulonglong) -> CUresult {
-    let s = s as u64;
-    entry("cuStreamGetId", Some(s), None, |info| {
-        need(id)?;
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(id, r) }
-    })
+    // Handles are never reused, so the handle is a unique id.
+    // SAFETY: the caller's out-pointer (driver contract).
+    unsafe { stream_property("cuStreamGetId", s, id, |r, _| r) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetDevice(s: CUstream, device: *mut CUdevice) -> CUresult {
-    let s = s as u64;
-    entry("cuStreamGetDevice", Some(s), None, |info| {
-        need(device)?;
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(device, st.streams[&r].device) }
-    })
+    // SAFETY: the caller's out-pointer (driver contract).
+    unsafe { stream_property("cuStreamGetDevice", s, device, |_, stream| stream.device) }
 }
 
 #[no_mangle]
@@ -170,9 +157,7 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
     let s = s as u64;
     entry("cuStreamGetCtx_v2", Some(s), None, |info| {
         need(pctx)?;
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
+        let (st, r) = info.lock_stream(s)?;
         // No green contexts: the green context is NULL (documented for a stream of a context).
         // SAFETY: checked non-null; the green context out-pointer is optional (driver contract).
         unsafe {

@@ -11,6 +11,7 @@ use crate::graph::{Copy3D, Memset, NodeKind, Operand, MEMTYPE_UNIFIED};
 use crate::log::{self, entry, CallInfo, Hazard};
 use crate::memory::{copy_bytes, fill, Alloc, AllocKind, Backing, Mem, DEVICE_MEMORY};
 use crate::state::{initialized, state, State};
+use std::sync::MutexGuard;
 
 /// A synchronous allocation in the current context.
 fn alloc_sync(kind: AllocKind, size: usize, info: &mut CallInfo) -> Res<u64> {
@@ -290,50 +291,52 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     })
 }
 
-/// A stream-ordered allocation from `pool` (None: the stream's device's current pool).
+/// A stream-ordered allocation from `pool` (None: the stream's device's current pool), the body
+/// of `cuMemAllocAsync` and `cuMemAllocFromPoolAsync` (`function`).
 fn alloc_async(
+    function: &'static str,
     dptr: *mut CUdeviceptr,
     size: usize,
-    pool: Option<u64>,
-    s: u64,
-    info: &mut CallInfo,
-) -> Res {
-    need(dptr)?;
-    let mut st = initialized()?;
-    let r = st.resolve_stream(s)?;
-    info.resolved(&st, r);
-    let pool = match pool {
-        Some(p) => p,
-        None => st.device(st.streams[&r].device)?.current_pool,
-    };
-    if !st.pools.contains_key(&pool) {
-        return Err(codes::BAD_HANDLE);
-    }
-    if size == 0 {
-        // Zero bytes succeed (measured on an H200, from the current pool and from a created
-        // one); what the driver hands out is a guess: NULL, which cuMemFreeAsync accepts.
+    pool: Option<CUmemoryPool>,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry(function, Some(s), None, |info| {
+        need(dptr)?;
+        let (mut st, r) = info.lock_stream(s)?;
+        let pool = match pool {
+            Some(p) => p as u64,
+            None => st.device(st.streams[&r].device)?.current_pool,
+        };
+        if !st.pools.contains_key(&pool) {
+            return Err(codes::BAD_HANDLE);
+        }
+        if size == 0 {
+            // Zero bytes succeed (measured on an H200, from the current pool and from a created
+            // one); what the driver hands out is a guess: NULL, which cuMemFreeAsync accepts.
+            // SAFETY: checked non-null (driver contract).
+            return unsafe { put(dptr, 0) };
+        }
+        let size = size as u64;
+        let addr = if st.enqueue_check(r)? {
+            // Captured: a graph allocation node whose address is fixed now.
+            let device = st.pools[&pool].device;
+            let addr = st.device_va(size)?;
+            st.graph_reserved.insert(addr, size);
+            st.capture_node(r, NodeKind::MemAlloc { addr, size, device })?;
+            addr
+        } else {
+            // Ordered first, so that the pool sees which frees the allocation comes after.
+            let (deps, time) = st.prepare(r);
+            let addr = st.pool_alloc(pool, size, r)?;
+            info.alloc = st.alloc_id(addr);
+            st.record_use(Some(addr), r, time);
+            st.submit(r, deps, None, false);
+            addr
+        };
         // SAFETY: checked non-null (driver contract).
-        return unsafe { put(dptr, 0) };
-    }
-    let size = size as u64;
-    let addr = if st.enqueue_check(r)? {
-        // Captured: a graph allocation node whose address is fixed now.
-        let device = st.pools[&pool].device;
-        let addr = st.device_va(size)?;
-        st.graph_reserved.insert(addr, size);
-        st.capture_node(r, NodeKind::MemAlloc { addr, size, device })?;
-        addr
-    } else {
-        // Ordered first, so that the pool sees which frees the allocation comes after.
-        let (deps, time) = st.prepare(r);
-        let addr = st.pool_alloc(pool, size, r)?;
-        info.alloc = st.alloc_id(addr);
-        st.record_use(Some(addr), r, time);
-        st.submit(r, deps, None, false);
-        addr
-    };
-    // SAFETY: checked non-null (driver contract).
-    unsafe { put(dptr, addr) }
+        unsafe { put(dptr, addr) }
+    })
 }
 
 #[no_mangle]
@@ -342,10 +345,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     size: usize,
     s: CUstream,
 ) -> CUresult {
-    let s = s as u64;
-    entry("cuMemAllocAsync", Some(s), None, |info| {
-        alloc_async(dptr, size, None, s, info)
-    })
+    alloc_async("cuMemAllocAsync", dptr, size, None, s)
 }
 
 #[no_mangle]
@@ -355,10 +355,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     pool: CUmemoryPool,
     s: CUstream,
 ) -> CUresult {
-    let s = s as u64;
-    entry("cuMemAllocFromPoolAsync", Some(s), None, |info| {
-        alloc_async(dptr, size, Some(pool as u64), s, info)
-    })
+    alloc_async("cuMemAllocFromPoolAsync", dptr, size, Some(pool), s)
 }
 
 /// A stream-ordered free.
@@ -378,8 +375,7 @@ fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
         });
         return Err(codes::BAD_HANDLE);
     }
-    let r = st.resolve_stream(s)?;
-    info.resolved(&st, r);
+    let r = info.resolve_stream(&mut st, s)?;
     if addr == 0 {
         // Freeing NULL does nothing and succeeds (measured on an H200).
         return Ok(());
@@ -451,9 +447,11 @@ fn finish(pending: Pending) {
     }
 }
 
-/// Resolves the stream of a copy or fill: the legacy stream of the current context for
-/// synchronous calls (which must also pass the capture rules), the argument otherwise.
-fn op_stream(st: &mut State, s: Option<u64>, info: &mut CallInfo) -> Res<u64> {
+/// Locks the state and resolves the stream of a copy or fill: the legacy stream of the current
+/// context for synchronous calls (which must also pass the capture rules), the argument
+/// otherwise.
+fn op_stream(s: Option<u64>, info: &mut CallInfo) -> Res<(MutexGuard<'static, State>, u64)> {
+    let mut st = initialized()?;
     let r = match s {
         Some(s) => st.resolve_stream(s)?,
         None => {
@@ -463,95 +461,105 @@ fn op_stream(st: &mut State, s: Option<u64>, info: &mut CallInfo) -> Res<u64> {
         }
     };
     info.resolved(&st, r);
-    Ok(r)
+    Ok((st, r))
 }
 
-/// A copy of `n` bytes; `s` is None for a synchronous copy.
-#[allow(clippy::too_many_arguments)]
+/// A copy of `n` bytes, the body of `cuMemcpy` and its kin (`function`); `s` is None for a
+/// synchronous copy. `dst_host` and `src_host` say which side may be host memory; an explicitly
+/// host side (the other is device memory) must not be NULL.
 fn copy(
+    function: &'static str,
     dst: u64,
     src: u64,
     n: usize,
-    s: Option<u64>,
+    s: Option<CUstream>,
     dst_host: bool,
     src_host: bool,
-    function: &'static str,
-    info: &mut CallInfo,
-) -> Res {
-    let pending = {
-        let mut st = initialized()?;
-        let r = op_stream(&mut st, s, info)?;
-        let n64 = n as u64;
-        if st.enqueue_check(r)? {
-            let mut ids = [None, None];
-            for (i, (ptr, host)) in [(dst, dst_host), (src, src_host)].into_iter().enumerate() {
-                match st.check_node_memory(ptr, n64.max(1), false, function) {
-                    Ok(id) => ids[i] = id,
-                    Err(e) if host && e == codes::BAD_POINTER && !st.is_device_va(ptr) => {
-                        // Pageable host memory cannot be captured (guess: UNSUPPORTED, and
-                        // the capture is invalidated).
-                        let id = st.streams[&r].capture.expect("capturing");
-                        st.invalidate_capture(id);
-                        return Err(codes::CAPTURE_UNSUPPORTED);
+) -> CUresult {
+    let s = s.map(|s| s as u64);
+    // The call log's pointer is the device side: the source of a device-to-host copy.
+    let (device_side, host_side) = if dst_host && !src_host {
+        (src, dst)
+    } else {
+        (dst, src)
+    };
+    entry(function, s, Some(device_side), |info| {
+        if dst_host != src_host {
+            need(host_side as *const c_void)?;
+        }
+        let pending = {
+            let (mut st, r) = op_stream(s, info)?;
+            let n64 = n as u64;
+            if st.enqueue_check(r)? {
+                let mut ids = [None, None];
+                for (i, (ptr, host)) in [(dst, dst_host), (src, src_host)].into_iter().enumerate() {
+                    match st.check_node_memory(ptr, n64.max(1), false, function) {
+                        Ok(id) => ids[i] = id,
+                        Err(e) if host && e == codes::BAD_POINTER && !st.is_device_va(ptr) => {
+                            // Pageable host memory cannot be captured (guess: UNSUPPORTED, and
+                            // the capture is invalidated).
+                            let id = st.streams[&r].capture.expect("capturing");
+                            st.invalidate_capture(id);
+                            return Err(codes::CAPTURE_UNSUPPORTED);
+                        }
+                        Err(e) => return Err(e),
                     }
-                    Err(e) => return Err(e),
                 }
+                if n == 0 {
+                    return Ok(());
+                }
+                let op = |ptr, alloc| Operand {
+                    memtype: MEMTYPE_UNIFIED,
+                    ptr,
+                    x: 0,
+                    y: 0,
+                    z: 0,
+                    pitch: 0,
+                    height: 0,
+                    alloc,
+                };
+                let c = Copy3D {
+                    src: op(src, ids[1]),
+                    dst: op(dst, ids[0]),
+                    width: n64,
+                    height: 1,
+                    depth: 1,
+                };
+                st.capture_node(r, NodeKind::Memcpy(c))?;
+                return Ok(());
             }
+            let d = st.resolve(dst, n64.max(1), dst_host, function, r)?;
+            let sr = st.resolve(src, n64.max(1), src_host, function, r)?;
+            // The device side's allocation, as for the call log's pointer.
+            info.alloc = if dst_host && !src_host { sr.id } else { d.id };
             if n == 0 {
                 return Ok(());
             }
-            let op = |ptr, alloc| Operand {
-                memtype: MEMTYPE_UNIFIED,
-                ptr,
-                x: 0,
-                y: 0,
-                z: 0,
-                pitch: 0,
-                height: 0,
-                alloc,
-            };
-            let c = Copy3D {
-                src: op(src, ids[1]),
-                dst: op(dst, ids[0]),
-                width: n64,
-                height: 1,
-                depth: 1,
-            };
-            st.capture_node(r, NodeKind::Memcpy(c))?;
-            return Ok(());
-        }
-        let d = st.resolve(dst, n64.max(1), dst_host, function, r)?;
-        let sr = st.resolve(src, n64.max(1), src_host, function, r)?;
-        // The call log's pointer is the device side: the source of a device-to-host copy.
-        info.alloc = if dst_host && !src_host { sr.id } else { d.id };
-        if n == 0 {
-            return Ok(());
-        }
-        let pageable = d.mem.is_pageable() || sr.mem.is_pageable();
-        let (deps, time) = st.prepare(r);
-        st.record_use(d.alloc, r, time);
-        st.record_use(sr.alloc, r, time);
-        let (dm, sm) = (d.mem.clone(), sr.mem.clone());
-        let seq = st.submit(
-            r,
-            deps,
-            Some(Box::new(move || copy_bytes(&dm, &sm, n))),
-            false,
-        );
-        let core = st.streams[&r].core.clone();
-        let observe = (s.is_none() || d.mem.is_pageable()).then(|| st.streams[&r].clock.clone());
-        // Pageable memory: the call returns once the bytes have been read or written.
-        (s.is_none() || pageable).then_some((Dep { core, seq }, observe))
-    };
-    finish(pending);
-    Ok(())
+            let pageable = d.mem.is_pageable() || sr.mem.is_pageable();
+            let (deps, time) = st.prepare(r);
+            st.record_use(d.alloc, r, time);
+            st.record_use(sr.alloc, r, time);
+            let (dm, sm) = (d.mem.clone(), sr.mem.clone());
+            let seq = st.submit(
+                r,
+                deps,
+                Some(Box::new(move || copy_bytes(&dm, &sm, n))),
+                false,
+            );
+            let core = st.streams[&r].core.clone();
+            let observe =
+                (s.is_none() || d.mem.is_pageable()).then(|| st.streams[&r].clock.clone());
+            // Pageable memory: the call returns once the bytes have been read or written.
+            (s.is_none() || pageable).then_some((Dep { core, seq }, observe))
+        };
+        finish(pending);
+        Ok(())
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    entry("cuMemcpy", None, Some(dst), |info| {
-        copy(dst, src, n, None, true, true, "cuMemcpy", info)
-    })
+    copy("cuMemcpy", dst, src, n, None, true, true)
 }
 
 #[no_mangle]
@@ -561,10 +569,7 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     n: usize,
     s: CUstream,
 ) -> CUresult {
-    let s = s as u64;
-    entry("cuMemcpyAsync", Some(s), Some(dst), |info| {
-        copy(dst, src, n, Some(s), true, true, "cuMemcpyAsync", info)
-    })
+    copy("cuMemcpyAsync", dst, src, n, Some(s), true, true)
 }
 
 #[no_mangle]
@@ -573,116 +578,88 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src: *const c_void,
     n: usize,
 ) -> CUresult {
-    entry("cuMemcpyHtoD_v2", None, Some(dst), |info| {
-        need(src)?;
-        copy(
-            dst,
-            src as u64,
-            n,
-            None,
-            false,
-            true,
-            "cuMemcpyHtoD_v2",
-            info,
-        )
-    })
+    copy("cuMemcpyHtoD_v2", dst, src as u64, n, None, false, true)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    entry("cuMemcpyDtoH_v2", None, Some(src), |info| {
-        need(dst)?;
-        copy(
-            dst as u64,
-            src,
-            n,
-            None,
-            true,
-            false,
-            "cuMemcpyDtoH_v2",
-            info,
-        )
-    })
+    copy("cuMemcpyDtoH_v2", dst as u64, src, n, None, true, false)
 }
 
-/// A fill of `n` elements of `elem` bytes; `s` is None for a synchronous fill.
+/// A fill of `n` elements of `elem` bytes, the body of `cuMemsetD8_v2` and its kin
+/// (`function`); `s` is None for a synchronous fill.
 fn memset(
+    function: &'static str,
     dst: u64,
-    value: u32,
+    value: impl Into<u32>,
     elem: u32,
     n: usize,
-    s: Option<u64>,
-    function: &'static str,
-    info: &mut CallInfo,
-) -> Res {
-    let pending = {
-        let mut st = initialized()?;
-        let r = op_stream(&mut st, s, info)?;
-        let len = (n as u64)
-            .checked_mul(u64::from(elem))
-            .ok_or(codes::OUT_OF_RANGE)?;
-        if !dst.is_multiple_of(u64::from(elem)) {
-            return Err(codes::INVALID_VALUE);
-        }
-        if st.enqueue_check(r)? {
-            let alloc = st.check_node_memory(dst, len.max(1), false, function)?;
+    s: Option<CUstream>,
+) -> CUresult {
+    let (s, value) = (s.map(|s| s as u64), value.into());
+    entry(function, s, Some(dst), |info| {
+        let pending = {
+            let (mut st, r) = op_stream(s, info)?;
+            let len = (n as u64)
+                .checked_mul(u64::from(elem))
+                .ok_or(codes::OUT_OF_RANGE)?;
+            if !dst.is_multiple_of(u64::from(elem)) {
+                return Err(codes::INVALID_VALUE);
+            }
+            if st.enqueue_check(r)? {
+                let alloc = st.check_node_memory(dst, len.max(1), false, function)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                let m = Memset {
+                    alloc,
+                    dst,
+                    value,
+                    elem,
+                    width: n as u64,
+                    height: 1,
+                    pitch: 0,
+                };
+                st.capture_node(r, NodeKind::Memset(m))?;
+                return Ok(());
+            }
+            let d = st.resolve(dst, len.max(1), false, function, r)?;
+            info.alloc = d.id;
+            st.check_device_access(d.alloc, r)?;
             if n == 0 {
                 return Ok(());
             }
-            let m = Memset {
-                alloc,
-                dst,
-                value,
-                elem,
-                width: n as u64,
-                height: 1,
-                pitch: 0,
-            };
-            st.capture_node(r, NodeKind::Memset(m))?;
-            return Ok(());
-        }
-        let d = st.resolve(dst, len.max(1), false, function, r)?;
-        info.alloc = d.id;
-        st.check_device_access(d.alloc, r)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let (deps, time) = st.prepare(r);
-        st.record_use(d.alloc, r, time);
-        let mem: Mem = d.mem;
-        let seq = st.submit(
-            r,
-            deps,
-            Some(Box::new(move || fill(&mem, value, elem as usize, n, 1, 0))),
-            false,
-        );
-        let core = st.streams[&r].core.clone();
-        let clock = st.streams[&r].clock.clone();
-        s.is_none().then_some((Dep { core, seq }, Some(clock)))
-    };
-    finish(pending);
-    Ok(())
+            let (deps, time) = st.prepare(r);
+            st.record_use(d.alloc, r, time);
+            let mem: Mem = d.mem;
+            let seq = st.submit(
+                r,
+                deps,
+                Some(Box::new(move || fill(&mem, value, elem as usize, n, 1, 0))),
+                false,
+            );
+            let core = st.streams[&r].core.clone();
+            let clock = st.streams[&r].clock.clone();
+            s.is_none().then_some((Dep { core, seq }, Some(clock)))
+        };
+        finish(pending);
+        Ok(())
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult {
-    entry("cuMemsetD8_v2", None, Some(dst), |info| {
-        memset(dst, u32::from(v), 1, n, None, "cuMemsetD8_v2", info)
-    })
+    memset("cuMemsetD8_v2", dst, v, 1, n, None)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, v: c_ushort, n: usize) -> CUresult {
-    entry("cuMemsetD16_v2", None, Some(dst), |info| {
-        memset(dst, u32::from(v), 2, n, None, "cuMemsetD16_v2", info)
-    })
+    memset("cuMemsetD16_v2", dst, v, 2, n, None)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult {
-    entry("cuMemsetD32_v2", None, Some(dst), |info| {
-        memset(dst, v, 4, n, None, "cuMemsetD32_v2", info)
-    })
+    memset("cuMemsetD32_v2", dst, v, 4, n, None)
 }
 
 #[no_mangle]
@@ -692,10 +669,7 @@ pub unsafe extern "C" fn cuMemsetD8Async(
     n: usize,
     s: CUstream,
 ) -> CUresult {
-    let s = s as u64;
-    entry("cuMemsetD8Async", Some(s), Some(dst), |info| {
-        memset(dst, u32::from(v), 1, n, Some(s), "cuMemsetD8Async", info)
-    })
+    memset("cuMemsetD8Async", dst, v, 1, n, Some(s))
 }
 
 #[no_mangle]
@@ -705,10 +679,7 @@ pub unsafe extern "C" fn cuMemsetD16Async(
     n: usize,
     s: CUstream,
 ) -> CUresult {
-    let s = s as u64;
-    entry("cuMemsetD16Async", Some(s), Some(dst), |info| {
-        memset(dst, u32::from(v), 2, n, Some(s), "cuMemsetD16Async", info)
-    })
+    memset("cuMemsetD16Async", dst, v, 2, n, Some(s))
 }
 
 #[no_mangle]
@@ -718,10 +689,7 @@ pub unsafe extern "C" fn cuMemsetD32Async(
     n: usize,
     s: CUstream,
 ) -> CUresult {
-    let s = s as u64;
-    entry("cuMemsetD32Async", Some(s), Some(dst), |info| {
-        memset(dst, v, 4, n, Some(s), "cuMemsetD32Async", info)
-    })
+    memset("cuMemsetD32Async", dst, v, 4, n, Some(s))
 }
 
 #[no_mangle]

@@ -2,16 +2,17 @@
 
 use std::ffi::c_int;
 
+use cuda_sys::types::MemPoolAttribute as A;
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
 use super::{get, get_slice, need, put};
 use crate::clock::VectorClock;
-use crate::codes;
+use crate::codes::{self, Res};
 use crate::ipc::{self, Arena};
 use crate::log::entry;
-use crate::memory::{pool_limit, Alloc, AllocKind, Backing, Pool, PoolCore};
-use crate::state::initialized;
+use crate::memory::{pool_limit, Alloc, AllocKind, Backing, Pool, PoolCore, PoolStats};
+use crate::state::{initialized, Device};
 use crate::thread::lock;
 
 /// `CUmemPoolProps` read field by field, so that any enumerator value (even one this build's
@@ -57,18 +58,37 @@ pub(crate) const LOCATION_HOST_NUMA: u32 = 3;
 const HANDLE_POSIX_FD: u32 = 1;
 const ACCESS_READWRITE: u32 = 3;
 
+/// The body of `cuDeviceGetDefaultMemPool` and `cuDeviceGetMemPool`: writes the pool of device
+/// `dev` that `which` picks through `pool_out`.
+///
+/// # Safety
+/// `pool_out` is null or valid for a write (the driver API's contract for out-pointers).
+unsafe fn device_pool(
+    function: &'static str,
+    pool_out: *mut CUmemoryPool,
+    dev: CUdevice,
+    which: impl FnOnce(&Device) -> u64,
+) -> CUresult {
+    entry(function, None, None, |_| {
+        need(pool_out)?;
+        let st = initialized()?;
+        let pool = which(st.device(dev)?);
+        // SAFETY: checked non-null, valid per this function's contract.
+        unsafe { put(pool_out, pool as CUmemoryPool) }
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
     pool_out: *mut CUmemoryPool,
     dev: CUdevice,
 ) -> CUresult {
-    entry("cuDeviceGetDefaultMemPool", None, None, |_| {
-        need(pool_out)?;
-        let st = initialized()?;
-        let pool = st.device(dev)?.default_pool;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(pool_out, pool as CUmemoryPool) }
-    })
+    // SAFETY: the caller's out-pointer (driver contract).
+    unsafe {
+        device_pool("cuDeviceGetDefaultMemPool", pool_out, dev, |d| {
+            d.default_pool
+        })
+    }
 }
 
 #[no_mangle]
@@ -76,13 +96,8 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(
     pool_out: *mut CUmemoryPool,
     dev: CUdevice,
 ) -> CUresult {
-    entry("cuDeviceGetMemPool", None, None, |_| {
-        need(pool_out)?;
-        let st = initialized()?;
-        let pool = st.device(dev)?.current_pool;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(pool_out, pool as CUmemoryPool) }
-    })
+    // SAFETY: the caller's out-pointer (driver contract).
+    unsafe { device_pool("cuDeviceGetMemPool", pool_out, dev, |d| d.current_pool) }
 }
 
 #[no_mangle]
@@ -187,20 +202,32 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     })
 }
 
+/// The body of `cuMemPoolGetAttribute` and `cuMemPoolSetAttribute`: refuses a null `value`,
+/// finds `pool`, and runs `body` on its statistics and settings, locked, and the attribute.
+fn pool_attribute(
+    function: &'static str,
+    pool: CUmemoryPool,
+    attr: CUmemPool_attribute,
+    value: *mut c_void,
+    body: impl FnOnce(&mut PoolStats, u32) -> Res,
+) -> CUresult {
+    let (pool, attr) = (pool as u64, attr as u32);
+    entry(function, None, None, |_| {
+        need(value)?;
+        let st = initialized()?;
+        let p = st.pools.get(&pool).ok_or(codes::BAD_HANDLE)?;
+        let mut stats = lock(&p.core.stats);
+        body(&mut stats, attr)
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolGetAttribute(
     pool: CUmemoryPool,
     attr: CUmemPool_attribute,
     value: *mut c_void,
 ) -> CUresult {
-    use cuda_sys::types::MemPoolAttribute as A;
-    let pool = pool as u64;
-    let attr = attr as u32;
-    entry("cuMemPoolGetAttribute", None, None, |_| {
-        need(value)?;
-        let st = initialized()?;
-        let p = st.pools.get(&pool).ok_or(codes::BAD_HANDLE)?;
-        let s = lock(&p.core.stats).clone();
+    pool_attribute("cuMemPoolGetAttribute", pool, attr, value, |s, attr| {
         let flag = |b: bool| c_int::from(b);
         // SAFETY: (all arms) `value` is non-null and points to the attribute's documented type:
         // int for the reuse flags, cuuint64_t for the others (driver contract).
@@ -242,14 +269,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     attr: CUmemPool_attribute,
     value: *mut c_void,
 ) -> CUresult {
-    use cuda_sys::types::MemPoolAttribute as A;
-    let pool = pool as u64;
-    let attr = attr as u32;
-    entry("cuMemPoolSetAttribute", None, None, |_| {
-        need(value)?;
-        let st = initialized()?;
-        let p = st.pools.get(&pool).ok_or(codes::BAD_HANDLE)?;
-        let mut s = lock(&p.core.stats);
+    pool_attribute("cuMemPoolSetAttribute", pool, attr, value, |s, attr| {
         // SAFETY: (all reads) `value` is non-null and points to the attribute's documented
         // type (driver contract).
         let int = || unsafe { get(value.cast::<c_int>()) };

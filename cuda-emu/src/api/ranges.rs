@@ -311,41 +311,51 @@ fn check_location(st: &State, loc: RawLocation) -> Res {
     }
 }
 
-fn advise(ptr: u64, count: usize, advice: u32, loc: RawLocation) -> Res {
-    let st = initialized()?;
-    let (start, alloc_id) = managed_range(&st, ptr, count)?;
-    if matches!(advice, 3 | 5 | 6) {
-        check_location(&st, loc)?;
-    }
-    with_advice(start, alloc_id, |a| match advice {
-        1 => a.read_mostly = true,
-        2 => a.read_mostly = false,
-        // Measured on the H200 (one NUMA node; the GPU's own NUMA id -1), driver facts F22:
-        // the host reads back with location id -1, and a preferred location on host NUMA node 0
-        // is accepted but not kept (reads back as none).
-        3 => {
-            a.preferred = match loc.kind {
-                LOCATION_HOST => Some(RawLocation {
-                    id: DEVICE_CPU,
-                    ..loc
-                }),
-                LOCATION_HOST_NUMA => None,
-                _ => Some(loc),
-            }
+/// A memory advice for `count` bytes at `ptr`, the body of `cuMemAdvise` and `cuMemAdvise_v2`
+/// (`function`).
+fn advise(
+    function: &'static str,
+    ptr: u64,
+    count: usize,
+    advice: u32,
+    loc: RawLocation,
+) -> CUresult {
+    entry(function, None, Some(ptr), |_| {
+        let st = initialized()?;
+        let (start, alloc_id) = managed_range(&st, ptr, count)?;
+        if matches!(advice, 3 | 5 | 6) {
+            check_location(&st, loc)?;
         }
-        4 => a.preferred = None,
-        5 => {
-            if !a.accessed_by.contains(&loc) {
-                a.accessed_by.push(loc);
+        with_advice(start, alloc_id, |a| match advice {
+            1 => a.read_mostly = true,
+            2 => a.read_mostly = false,
+            // Measured on the H200 (one NUMA node; the GPU's own NUMA id -1), driver facts F22:
+            // the host reads back with location id -1, and a preferred location on host NUMA node 0
+            // is accepted but not kept (reads back as none).
+            3 => {
+                a.preferred = match loc.kind {
+                    LOCATION_HOST => Some(RawLocation {
+                        id: DEVICE_CPU,
+                        ..loc
+                    }),
+                    LOCATION_HOST_NUMA => None,
+                    _ => Some(loc),
+                }
             }
+            4 => a.preferred = None,
+            5 => {
+                if !a.accessed_by.contains(&loc) {
+                    a.accessed_by.push(loc);
+                }
+            }
+            6 => a.accessed_by.retain(|l| *l != loc),
+            _ => {}
+        });
+        if advice == 0 || advice > 6 {
+            return Err(codes::INVALID_VALUE);
         }
-        6 => a.accessed_by.retain(|l| *l != loc),
-        _ => {}
-    });
-    if advice == 0 || advice > 6 {
-        return Err(codes::INVALID_VALUE);
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// The loader's `CUmemLocation` (the same layout) as the emulator's.
@@ -377,9 +387,13 @@ pub unsafe extern "C" fn cuMemAdvise(
     advice: c_uint,
     device: CUdevice,
 ) -> CUresult {
-    entry("cuMemAdvise", None, Some(ptr), |_| {
-        advise(ptr, count, advice, location_of_device(device))
-    })
+    advise(
+        "cuMemAdvise",
+        ptr,
+        count,
+        advice,
+        location_of_device(device),
+    )
 }
 
 #[no_mangle]
@@ -389,9 +403,7 @@ pub unsafe extern "C" fn cuMemAdvise_v2(
     advice: c_uint,
     location: RawMemLocation,
 ) -> CUresult {
-    entry("cuMemAdvise_v2", None, Some(ptr), |_| {
-        advise(ptr, count, advice, raw_location(location))
-    })
+    advise("cuMemAdvise_v2", ptr, count, advice, raw_location(location))
 }
 
 /// A prefetch: a stream operation that does nothing but order, and the recorded location.
@@ -402,9 +414,7 @@ fn prefetch(
     s: u64,
     info: &mut crate::log::CallInfo,
 ) -> Res {
-    let mut st = initialized()?;
-    let r = st.resolve_stream(s)?;
-    info.resolved(&st, r);
+    let (mut st, r) = info.lock_stream(s)?;
     let (start, alloc_id) = managed_range(&st, ptr, count)?;
     check_location(&st, loc)?;
     if st.enqueue_check(r)? {
@@ -418,6 +428,25 @@ fn prefetch(
     Ok(())
 }
 
+/// One prefetch, the body of `cuMemPrefetchAsync` and `cuMemPrefetchAsync_v2` (`function`; the
+/// first form has no flags, and passes 0).
+fn prefetch_range(
+    function: &'static str,
+    ptr: u64,
+    count: usize,
+    loc: RawLocation,
+    flags: c_uint,
+    s: CUstream,
+) -> CUresult {
+    let s = s as u64;
+    entry(function, Some(s), Some(ptr), |info| {
+        if flags != 0 {
+            return Err(codes::INVALID_VALUE);
+        }
+        prefetch(ptr, count, loc, s, info)
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPrefetchAsync(
     ptr: CUdeviceptr,
@@ -425,10 +454,14 @@ pub unsafe extern "C" fn cuMemPrefetchAsync(
     device: CUdevice,
     s: CUstream,
 ) -> CUresult {
-    let s = s as u64;
-    entry("cuMemPrefetchAsync", Some(s), Some(ptr), |info| {
-        prefetch(ptr, count, location_of_device(device), s, info)
-    })
+    prefetch_range(
+        "cuMemPrefetchAsync",
+        ptr,
+        count,
+        location_of_device(device),
+        0,
+        s,
+    )
 }
 
 #[no_mangle]
@@ -439,22 +472,24 @@ pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
     flags: c_uint,
     s: CUstream,
 ) -> CUresult {
-    let s = s as u64;
-    entry("cuMemPrefetchAsync_v2", Some(s), Some(ptr), |info| {
-        if flags != 0 {
-            return Err(codes::INVALID_VALUE);
-        }
-        prefetch(ptr, count, raw_location(location), s, info)
-    })
+    prefetch_range(
+        "cuMemPrefetchAsync_v2",
+        ptr,
+        count,
+        raw_location(location),
+        flags,
+        s,
+    )
 }
 
-/// The batch forms: `count` ranges, prefetch location `i` applying from range
+/// The batch forms (`function`): `count` ranges, prefetch location `i` applying from range
 /// `loc_indices[i]` on.
 ///
 /// # Safety
 /// The arrays hold the documented number of items.
 #[allow(clippy::too_many_arguments)]
 unsafe fn batch(
+    function: &'static str,
     ptrs: *const CUdeviceptr,
     sizes: *const usize,
     count: usize,
@@ -462,112 +497,91 @@ unsafe fn batch(
     loc_indices: *const usize,
     num_locs: usize,
     flags: c_ulonglong,
-    s: u64,
+    s: CUstream,
     discard: bool,
-    info: &mut crate::log::CallInfo,
-) -> Res {
-    if count == 0 || flags != 0 {
-        return Err(codes::INVALID_VALUE);
-    }
-    // SAFETY: per this function's contract.
-    let (ptrs, sizes) = unsafe { (get_slice(ptrs, count)?, get_slice(sizes, count)?) };
-    // SAFETY: as above.
-    let (locs, indices) = unsafe {
-        (
-            get_slice(locs, num_locs)?,
-            get_slice(loc_indices, num_locs)?,
-        )
-    };
-    if !discard || num_locs > 0 {
-        if num_locs == 0 || indices.first() != Some(&0) || indices.windows(2).any(|w| w[0] >= w[1])
-        {
+) -> CUresult {
+    let s = s as u64;
+    entry(function, Some(s), None, |info| {
+        if count == 0 || flags != 0 {
             return Err(codes::INVALID_VALUE);
         }
-    }
-    {
-        let st = initialized()?;
-        for (&p, &n) in ptrs.iter().zip(&sizes) {
-            managed_range(&st, p, n)?;
-        }
-        for &l in &locs {
-            check_location(&st, l)?;
-        }
-    }
-    for (i, (&p, &n)) in ptrs.iter().zip(&sizes).enumerate() {
-        let which = indices.iter().rposition(|&from| from <= i);
-        match which {
-            Some(k) => prefetch(p, n, locs[k], s, info)?,
-            None => {
-                let st = initialized()?;
-                let (start, alloc_id) = managed_range(&st, p, n)?;
-                with_advice(start, alloc_id, |a| a.last_prefetch = None);
+        // SAFETY: per this function's contract.
+        let (ptrs, sizes) = unsafe { (get_slice(ptrs, count)?, get_slice(sizes, count)?) };
+        // SAFETY: as above.
+        let (locs, indices) = unsafe {
+            (
+                get_slice(locs, num_locs)?,
+                get_slice(loc_indices, num_locs)?,
+            )
+        };
+        if !discard || num_locs > 0 {
+            if num_locs == 0
+                || indices.first() != Some(&0)
+                || indices.windows(2).any(|w| w[0] >= w[1])
+            {
+                return Err(codes::INVALID_VALUE);
             }
         }
-    }
-    Ok(())
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPrefetchBatchAsync(
-    ptrs: *const CUdeviceptr,
-    sizes: *const usize,
-    count: usize,
-    locs: *const RawMemLocation,
-    loc_indices: *const usize,
-    num_locs: usize,
-    flags: c_ulonglong,
-    s: CUstream,
-) -> CUresult {
-    let s = s as u64;
-    entry("cuMemPrefetchBatchAsync", Some(s), None, |info| {
-        // SAFETY: the caller's arrays (driver contract).
-        unsafe {
-            batch(
-                ptrs,
-                sizes,
-                count,
-                locs.cast::<RawLocation>(),
-                loc_indices,
-                num_locs,
-                flags,
-                s,
-                false,
-                info,
-            )
+        {
+            let st = initialized()?;
+            for (&p, &n) in ptrs.iter().zip(&sizes) {
+                managed_range(&st, p, n)?;
+            }
+            for &l in &locs {
+                check_location(&st, l)?;
+            }
         }
+        for (i, (&p, &n)) in ptrs.iter().zip(&sizes).enumerate() {
+            let which = indices.iter().rposition(|&from| from <= i);
+            match which {
+                Some(k) => prefetch(p, n, locs[k], s, info)?,
+                None => {
+                    let st = initialized()?;
+                    let (start, alloc_id) = managed_range(&st, p, n)?;
+                    with_advice(start, alloc_id, |a| a.last_prefetch = None);
+                }
+            }
+        }
+        Ok(())
     })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemDiscardAndPrefetchBatchAsync(
-    ptrs: *const CUdeviceptr,
-    sizes: *const usize,
-    count: usize,
-    locs: *const RawMemLocation,
-    loc_indices: *const usize,
-    num_locs: usize,
-    flags: c_ulonglong,
-    s: CUstream,
-) -> CUresult {
-    let s = s as u64;
-    entry("cuMemDiscardAndPrefetchBatchAsync", Some(s), None, |info| {
-        // SAFETY: the caller's arrays (driver contract).
-        unsafe {
-            batch(
-                ptrs,
-                sizes,
-                count,
-                locs.cast::<RawLocation>(),
-                loc_indices,
-                num_locs,
-                flags,
-                s,
-                false,
-                info,
-            )
+/// `cuMemPrefetchBatchAsync` and `cuMemDiscardAndPrefetchBatchAsync`: one signature and, here,
+/// one behaviour (discarding leaves the bytes undefined; keeping them is one of the allowed
+/// outcomes), each export logged under its own name.
+macro_rules! prefetch_batch_exports {
+    ($($name:ident)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            ptrs: *const CUdeviceptr,
+            sizes: *const usize,
+            count: usize,
+            locs: *const RawMemLocation,
+            loc_indices: *const usize,
+            num_locs: usize,
+            flags: c_ulonglong,
+            s: CUstream,
+        ) -> CUresult {
+            // SAFETY: the caller's arrays (driver contract).
+            unsafe {
+                batch(
+                    stringify!($name),
+                    ptrs,
+                    sizes,
+                    count,
+                    locs.cast::<RawLocation>(),
+                    loc_indices,
+                    num_locs,
+                    flags,
+                    s,
+                    false,
+                )
+            }
         }
-    })
+    )*};
 }
+
+prefetch_batch_exports!(cuMemPrefetchBatchAsync cuMemDiscardAndPrefetchBatchAsync);
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemDiscardBatchAsync(
@@ -577,25 +591,22 @@ pub unsafe extern "C" fn cuMemDiscardBatchAsync(
     flags: c_ulonglong,
     s: CUstream,
 ) -> CUresult {
-    let s = s as u64;
-    entry("cuMemDiscardBatchAsync", Some(s), None, |info| {
-        // Discarding leaves the bytes undefined; keeping them is one of the allowed outcomes.
-        // SAFETY: the caller's arrays (driver contract).
-        unsafe {
-            batch(
-                ptrs,
-                sizes,
-                count,
-                std::ptr::null(),
-                std::ptr::null(),
-                0,
-                flags,
-                s,
-                true,
-                info,
-            )
-        }
-    })
+    // Discarding leaves the bytes undefined; keeping them is one of the allowed outcomes.
+    // SAFETY: the caller's arrays (driver contract).
+    unsafe {
+        batch(
+            "cuMemDiscardBatchAsync",
+            ptrs,
+            sizes,
+            count,
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            flags,
+            s,
+            true,
+        )
+    }
 }
 
 /// One range attribute into `data` (`size` bytes).

@@ -1,6 +1,7 @@
 //! Streams, events, host functions and stream capture.
 
 use std::collections::HashMap;
+use std::sync::MutexGuard;
 
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
@@ -8,12 +9,13 @@ use cuda_sys::CUresult;
 use super::{get_slice, need, put, put_opt, wait_and_observe};
 use crate::clock::VectorClock;
 use crate::codes::{self, Res};
-use crate::exec::StreamCore;
+use crate::exec::{Dep, StreamCore};
 use crate::graph::{run_destructors, Callback, Capture, Graph, NodeKind, MODE_RELAXED};
 use crate::ipc::IpcEvent;
-use crate::log::entry;
+use crate::log::{entry, CallInfo};
 use crate::state::{
-    initialized, Event, Stream, StreamKind, GREATEST_PRIORITY, LEAST_PRIORITY, STREAM_NON_BLOCKING,
+    initialized, Event, State, Stream, StreamKind, GREATEST_PRIORITY, LEAST_PRIORITY,
+    STREAM_NON_BLOCKING,
 };
 use crate::thread::thread_id;
 
@@ -83,43 +85,63 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
     })
 }
 
+/// The body of a query of one property of a stream (`cuStreamGetFlags` and its kin): refuses a
+/// null `out`, resolves `s` for the call log, and writes what `read` makes of the resolved
+/// stream (its handle and its record) through `out`.
+///
+/// # Safety
+/// `out` is null or valid for a write of `T` (the driver API's contract for out-pointers).
+pub(crate) unsafe fn stream_property<T>(
+    function: &'static str,
+    s: CUstream,
+    out: *mut T,
+    read: impl FnOnce(u64, &Stream) -> T,
+) -> CUresult {
+    let s = s as u64;
+    entry(function, Some(s), None, |info| {
+        need(out)?;
+        let (st, r) = info.lock_stream(s)?;
+        // SAFETY: checked non-null; valid per this function's contract.
+        unsafe { put(out, read(r, &st.streams[&r])) }
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetCtx(s: CUstream, pctx: *mut CUcontext) -> CUresult {
-    let s = s as u64;
-    entry("cuStreamGetCtx", Some(s), None, |info| {
-        need(pctx)?;
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(pctx, st.streams[&r].ctx as CUcontext) }
-    })
+    // SAFETY: the caller's out-pointer (driver contract).
+    unsafe {
+        stream_property("cuStreamGetCtx", s, pctx, |_, stream| {
+            stream.ctx as CUcontext
+        })
+    }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetFlags(s: CUstream, flags: *mut c_uint) -> CUresult {
-    let s = s as u64;
-    entry("cuStreamGetFlags", Some(s), None, |info| {
-        need(flags)?;
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(flags, st.streams[&r].flags) }
-    })
+    // SAFETY: the caller's out-pointer (driver contract).
+    unsafe { stream_property("cuStreamGetFlags", s, flags, |_, stream| stream.flags) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetPriority(s: CUstream, priority: *mut c_int) -> CUresult {
-    let s = s as u64;
-    entry("cuStreamGetPriority", Some(s), None, |info| {
-        need(priority)?;
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(priority, st.streams[&r].priority) }
-    })
+    // SAFETY: the caller's out-pointer (driver contract).
+    unsafe {
+        stream_property("cuStreamGetPriority", s, priority, |_, stream| {
+            stream.priority
+        })
+    }
+}
+
+/// Resolves `s` for a synchronisation or a query and returns what that waits for or looks at:
+/// the stream's last operation and the clock it carries. A capturing stream refuses both: the
+/// capture is invalidated and the call answers `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
+fn synchronization_target(st: &mut State, info: &mut CallInfo, s: u64) -> Res<(Dep, VectorClock)> {
+    let r = info.resolve_stream(st, s)?;
+    if let Some(id) = st.streams[&r].capture {
+        st.invalidate_capture(id);
+        return Err(codes::CAPTURE_UNSUPPORTED);
+    }
+    Ok(st.stream_target(r))
 }
 
 #[no_mangle]
@@ -128,13 +150,7 @@ pub unsafe extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
     entry("cuStreamSynchronize", Some(s), None, |info| {
         let (dep, clock) = {
             let mut st = initialized()?;
-            let r = st.resolve_stream(s)?;
-            info.resolved(&st, r);
-            if let Some(id) = st.streams[&r].capture {
-                st.invalidate_capture(id);
-                return Err(codes::CAPTURE_UNSUPPORTED);
-            }
-            let (dep, clock) = st.stream_target(r);
+            let (dep, clock) = synchronization_target(&mut st, info, s)?;
             if crate::thread::in_callback_now() && !dep.done() {
                 // Waiting for pending work from a callback could deadlock (the callback may be
                 // that work); only an idle stream is measured to succeed there (guess).
@@ -152,13 +168,7 @@ pub unsafe extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
     let s = s as u64;
     entry("cuStreamQuery", Some(s), None, |info| {
         let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
-        if let Some(id) = st.streams[&r].capture {
-            st.invalidate_capture(id);
-            return Err(codes::CAPTURE_UNSUPPORTED);
-        }
-        let (dep, clock) = st.stream_target(r);
+        let (dep, clock) = synchronization_target(&mut st, info, s)?;
         if !dep.done() {
             return Err(codes::NOT_READY);
         }
@@ -171,9 +181,7 @@ pub unsafe extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
 pub unsafe extern "C" fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> CUresult {
     let (s, e) = (s as u64, e as u64);
     entry("cuStreamWaitEvent", Some(s), None, |info| {
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
+        let (mut st, r) = info.lock_stream(s)?;
         if flags > 1 {
             return Err(codes::INVALID_VALUE);
         }
@@ -246,9 +254,7 @@ pub unsafe extern "C" fn cuLaunchHostFunc(s: CUstream, f: CUhostFn, data: *mut c
             func,
             data: data as usize,
         };
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
+        let (mut st, r) = info.lock_stream(s)?;
         if st.enqueue_check(r)? {
             st.capture_node(r, NodeKind::Host(cb))?;
             return Ok(());
@@ -318,77 +324,77 @@ unsafe fn store_value(ptr: *mut u8, value: u64, bits: u32) {
 /// A stream memory operation on `s`: a wait (`wait`) blocks the stream's later work until the
 /// condition holds on the `bits`-bit value at `addr`, polled on the stream's worker thread (so
 /// the host and other streams go on; the host releases it by writing the memory, another
-/// stream by a write operation); a write stores `value` when the stream reaches it.
-#[allow(clippy::too_many_arguments)]
+/// stream by a write operation); a write stores `value` when the stream reaches it. The body of
+/// `cuStreamWaitValue32_v2` and its three kin (`function`), one per width and direction.
 fn memory_operation(
     function: &'static str,
-    s: u64,
+    s: CUstream,
     addr: u64,
-    value: u64,
+    value: impl Into<u64>,
     flags: u32,
     bits: u32,
     wait: bool,
-    info: &mut crate::log::CallInfo,
-) -> Res {
-    let valid_flags = if wait {
-        WAIT_CONDITION | WAIT_FLUSH
-    } else {
-        WRITE_NO_MEMORY_BARRIER
-    };
-    if flags & !valid_flags != 0 || !addr.is_multiple_of(u64::from(bits / 8)) {
-        return Err(codes::BAD_MEMOP);
-    }
-    let mut st = initialized()?;
-    let r = st.resolve_stream(s)?;
-    info.resolved(&st, r);
-    if st.enqueue_check(r)? {
-        let id = st.streams[&r].capture.expect("capturing");
-        st.invalidate_capture(id);
-        return Err(codes::MEMOP_IN_CAPTURE);
-    }
-    let target = st
-        .resolve(addr, u64::from(bits / 8), false, function, r)
-        .map_err(|_| codes::BAD_MEMOP)?;
-    let managed = target
-        .alloc
-        .and_then(|start| st.allocs.get(&start))
-        .is_some_and(|a| a.kind == crate::memory::AllocKind::Managed);
-    if managed {
-        return Err(codes::BAD_MEMOP);
-    }
-    info.alloc = target.id;
-    let (deps, time) = st.prepare(r);
-    st.record_use(target.alloc, r, time);
-    let mem = target.mem;
-    let condition = flags & WAIT_CONDITION;
-    let run: Box<dyn FnOnce() + Send> = if wait {
-        Box::new(move || {
-            let mut polls = 0u32;
-            loop {
-                // SAFETY: `mem` keeps the allocation's bytes alive; the address was
-                // range-checked and is aligned to the value's size (checked above).
-                let current = unsafe { load_value(mem.ptr(), bits) };
-                if wait_satisfied(current, value, condition, bits) {
-                    break;
+) -> CUresult {
+    let (s, value) = (s as u64, value.into());
+    entry(function, Some(s), Some(addr), |info| {
+        let valid_flags = if wait {
+            WAIT_CONDITION | WAIT_FLUSH
+        } else {
+            WRITE_NO_MEMORY_BARRIER
+        };
+        if flags & !valid_flags != 0 || !addr.is_multiple_of(u64::from(bits / 8)) {
+            return Err(codes::BAD_MEMOP);
+        }
+        let (mut st, r) = info.lock_stream(s)?;
+        if st.enqueue_check(r)? {
+            let id = st.streams[&r].capture.expect("capturing");
+            st.invalidate_capture(id);
+            return Err(codes::MEMOP_IN_CAPTURE);
+        }
+        let target = st
+            .resolve(addr, u64::from(bits / 8), false, function, r)
+            .map_err(|_| codes::BAD_MEMOP)?;
+        let managed = target
+            .alloc
+            .and_then(|start| st.allocs.get(&start))
+            .is_some_and(|a| a.kind == crate::memory::AllocKind::Managed);
+        if managed {
+            return Err(codes::BAD_MEMOP);
+        }
+        info.alloc = target.id;
+        let (deps, time) = st.prepare(r);
+        st.record_use(target.alloc, r, time);
+        let mem = target.mem;
+        let condition = flags & WAIT_CONDITION;
+        let run: Box<dyn FnOnce() + Send> = if wait {
+            Box::new(move || {
+                let mut polls = 0u32;
+                loop {
+                    // SAFETY: `mem` keeps the allocation's bytes alive; the address was
+                    // range-checked and is aligned to the value's size (checked above).
+                    let current = unsafe { load_value(mem.ptr(), bits) };
+                    if wait_satisfied(current, value, condition, bits) {
+                        break;
+                    }
+                    polls = polls.saturating_add(1);
+                    if polls < 64 {
+                        std::hint::spin_loop();
+                    } else if polls < 1024 {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    }
                 }
-                polls = polls.saturating_add(1);
-                if polls < 64 {
-                    std::hint::spin_loop();
-                } else if polls < 1024 {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(std::time::Duration::from_micros(100));
-                }
-            }
-        })
-    } else {
-        // SAFETY: as for the wait.
-        Box::new(move || unsafe { store_value(mem.ptr(), value, bits) })
-    };
-    // A wait always runs on the stream's worker thread, which it may hold for as long as the
-    // memory says; a write may run at once when the stream is idle.
-    st.submit(r, deps, Some(run), wait);
-    Ok(())
+            })
+        } else {
+            // SAFETY: as for the wait.
+            Box::new(move || unsafe { store_value(mem.ptr(), value, bits) })
+        };
+        // A wait always runs on the stream's worker thread, which it may hold for as long as the
+        // memory says; a write may run at once when the stream is idle.
+        st.submit(r, deps, Some(run), wait);
+        Ok(())
+    })
 }
 
 #[no_mangle]
@@ -398,11 +404,7 @@ pub unsafe extern "C" fn cuStreamWaitValue32_v2(
     value: c_uint,
     flags: c_uint,
 ) -> CUresult {
-    const F: &str = "cuStreamWaitValue32_v2";
-    let s = s as u64;
-    entry(F, Some(s), Some(addr), |info| {
-        memory_operation(F, s, addr, u64::from(value), flags, 32, true, info)
-    })
+    memory_operation("cuStreamWaitValue32_v2", s, addr, value, flags, 32, true)
 }
 
 #[no_mangle]
@@ -412,11 +414,7 @@ pub unsafe extern "C" fn cuStreamWaitValue64_v2(
     value: cuuint64_t,
     flags: c_uint,
 ) -> CUresult {
-    const F: &str = "cuStreamWaitValue64_v2";
-    let s = s as u64;
-    entry(F, Some(s), Some(addr), |info| {
-        memory_operation(F, s, addr, value, flags, 64, true, info)
-    })
+    memory_operation("cuStreamWaitValue64_v2", s, addr, value, flags, 64, true)
 }
 
 #[no_mangle]
@@ -426,11 +424,7 @@ pub unsafe extern "C" fn cuStreamWriteValue32_v2(
     value: c_uint,
     flags: c_uint,
 ) -> CUresult {
-    const F: &str = "cuStreamWriteValue32_v2";
-    let s = s as u64;
-    entry(F, Some(s), Some(addr), |info| {
-        memory_operation(F, s, addr, u64::from(value), flags, 32, false, info)
-    })
+    memory_operation("cuStreamWriteValue32_v2", s, addr, value, flags, 32, false)
 }
 
 #[no_mangle]
@@ -440,11 +434,7 @@ pub unsafe extern "C" fn cuStreamWriteValue64_v2(
     value: cuuint64_t,
     flags: c_uint,
 ) -> CUresult {
-    const F: &str = "cuStreamWriteValue64_v2";
-    let s = s as u64;
-    entry(F, Some(s), Some(addr), |info| {
-        memory_operation(F, s, addr, value, flags, 64, false, info)
-    })
+    memory_operation("cuStreamWriteValue64_v2", s, addr, value, flags, 64, false)
 }
 
 #[no_mangle]
@@ -561,8 +551,7 @@ pub unsafe extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
     entry("cuEventRecord", Some(s), None, |info| {
         let mut st = initialized()?;
         let ev_ctx = st.events.get(&e).ok_or(codes::BAD_HANDLE)?.ctx;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
+        let r = info.resolve_stream(&mut st, s)?;
         if st.streams[&r].ctx != ev_ctx {
             return Err(codes::EVENT_CONTEXT_MISMATCH);
         }
@@ -669,9 +658,7 @@ fn begin_capture(
     into: Option<(u64, Vec<u64>)>,
 ) -> CUresult {
     entry(function, Some(s), None, |info| {
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
+        let (mut st, r) = info.lock_stream(s)?;
         if mode > MODE_RELAXED {
             return Err(codes::INVALID_VALUE);
         }
@@ -772,12 +759,12 @@ const CAPTURE_DEPS_SET: c_uint = 1;
 /// # Safety
 /// `deps` holds `n` handles and `edges` is NULL or `n` items, when `n > 0`.
 unsafe fn update_capture_deps(
+    function: &'static str,
     s: CUstream,
     deps: *const CUgraphNode,
     edges: *const c_void,
     n: usize,
     flags: c_uint,
-    function: &'static str,
 ) -> CUresult {
     let s = s as u64;
     entry(function, Some(s), None, |info| {
@@ -789,9 +776,7 @@ unsafe fn update_capture_deps(
             plain_edge_data(edges, n)?;
             node_handles(deps, n)?
         };
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
+        let (mut st, r) = info.lock_stream(s)?;
         let id = st.streams[&r].capture.ok_or(codes::CAPTURE_STATE)?;
         let graph = st.captures.get(&id).ok_or(codes::CAPTURE_STATE)?.graph;
         let indices = st.node_indices(graph, &deps)?;
@@ -819,12 +804,12 @@ pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies(
     // SAFETY: the caller's array (driver contract).
     unsafe {
         update_capture_deps(
+            "cuStreamUpdateCaptureDependencies",
             s,
             deps,
             std::ptr::null(),
             n,
             flags,
-            "cuStreamUpdateCaptureDependencies",
         )
     }
 }
@@ -840,12 +825,12 @@ pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies_v2(
     // SAFETY: the caller's arrays (driver contract).
     unsafe {
         update_capture_deps(
+            "cuStreamUpdateCaptureDependencies_v2",
             s,
             deps,
             edges,
             n,
             flags,
-            "cuStreamUpdateCaptureDependencies_v2",
         )
     }
 }
@@ -855,9 +840,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, ph: *mut CUgraph) -> CU
     let s = s as u64;
     entry("cuStreamEndCapture", Some(s), None, |info| {
         need(ph)?;
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
+        let (mut st, r) = info.lock_stream(s)?;
         let (result, due) = match st.end_capture(r) {
             Ok(g) => (Ok(g), Vec::new()),
             Err((code, due)) => (Err(code), due),
@@ -873,7 +856,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, ph: *mut CUgraph) -> CU
     })
 }
 
-fn capture_status(st: &crate::state::State, r: u64) -> u32 {
+fn capture_status(st: &State, r: u64) -> u32 {
     match st.streams[&r].capture.and_then(|id| st.captures.get(&id)) {
         None => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as u32,
         Some(c) if c.invalidated => {
@@ -883,9 +866,30 @@ fn capture_status(st: &crate::state::State, r: u64) -> u32 {
     }
 }
 
+/// The start of a capture query of `s` (`cuStreamIsCapturing`, `cuStreamGetCaptureInfo_v2`):
+/// refuses a null `status`, resolves `s` for the call log, refuses to ask the legacy stream
+/// while a blocking stream of its context captures, and writes the capture status through
+/// `status`. Returns the locked state and the resolved stream.
+///
+/// # Safety
+/// `status` is null or valid for a write (the driver API's contract for out-pointers).
+unsafe fn capture_query(
+    info: &mut CallInfo,
+    s: u64,
+    status: *mut CUstreamCaptureStatus,
+) -> Res<(MutexGuard<'static, State>, u64)> {
+    need(status)?;
+    let (st, r) = info.lock_stream(s)?;
+    check_legacy_query(&st, r)?;
+    // SAFETY: checked non-null, valid per this function's contract; the value is a valid
+    // enumerator.
+    unsafe { put(status.cast::<u32>(), capture_status(&st, r))? };
+    Ok((st, r))
+}
+
 /// The legacy stream may not even be asked about capture while a blocking stream of its
 /// context captures.
-fn check_legacy_query(st: &crate::state::State, r: u64) -> Res {
+fn check_legacy_query(st: &State, r: u64) -> Res {
     let stream = &st.streams[&r];
     if stream.kind != StreamKind::Legacy {
         return Ok(());
@@ -927,13 +931,8 @@ pub unsafe extern "C" fn cuStreamIsCapturing(
 ) -> CUresult {
     let s = s as u64;
     entry("cuStreamIsCapturing", Some(s), None, |info| {
-        need(status)?;
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
-        check_legacy_query(&st, r)?;
-        // SAFETY: checked non-null; the value is a valid enumerator (driver contract).
-        unsafe { put(status.cast::<u32>(), capture_status(&st, r)) }
+        // SAFETY: the caller's out-pointer (driver contract).
+        unsafe { capture_query(info, s, status) }.map(|_| ())
     })
 }
 
@@ -948,14 +947,8 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
 ) -> CUresult {
     let s = s as u64;
     entry("cuStreamGetCaptureInfo_v2", Some(s), None, |info| {
-        need(status)?;
-        let mut st = initialized()?;
-        let r = st.resolve_stream(s)?;
-        info.resolved(&st, r);
-        check_legacy_query(&st, r)?;
-        let code = capture_status(&st, r);
-        // SAFETY: checked non-null; the value is a valid enumerator (driver contract).
-        unsafe { put(status.cast::<u32>(), code)? };
+        // SAFETY: the caller's out-pointer (driver contract).
+        let (mut st, r) = unsafe { capture_query(info, s, status)? };
         let Some(id) = st.streams[&r].capture else {
             return Ok(());
         };
