@@ -191,6 +191,35 @@ pub(crate) struct Alloc {
     pub(crate) ipc_offset: Option<u64>,
 }
 
+impl Alloc {
+    /// An allocation of `size` bytes at `addr` of `kind` on `device` (-1: host memory), living in
+    /// host memory or not (`host`): of no context, pool or arena block, and used by no stream
+    /// yet. Its identity is set by [`State::insert_alloc`](crate::state::State::insert_alloc).
+    pub(crate) fn new(
+        addr: u64,
+        size: u64,
+        kind: AllocKind,
+        device: i32,
+        host: bool,
+        backing: Arc<Backing>,
+    ) -> Alloc {
+        Alloc {
+            id: 0,
+            addr,
+            size,
+            kind,
+            device,
+            ctx: 0,
+            pool: None,
+            pool_core: None,
+            host,
+            backing,
+            uses: VectorClock::default(),
+            ipc_offset: None,
+        }
+    }
+}
+
 /// A freed range, remembered to classify later uses and frees.
 pub(crate) struct Freed {
     /// The identity of the allocation that was freed.
@@ -396,6 +425,26 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
+    /// A pool of `device` (-1: none) holding host memory (`host`) or not, of at most `max_size`
+    /// bytes (0: no limit, [`pool_limit`]): not a default pool, of no handle types, with no
+    /// access granted beyond its own device, not exported, imported or freed from yet.
+    pub(crate) fn new(device: i32, host: bool, max_size: u64) -> Pool {
+        Pool {
+            device,
+            host,
+            handle_types: 0,
+            core: PoolCore::new(max_size),
+            default: false,
+            access: Vec::new(),
+            arena: None,
+            exported: false,
+            imported: None,
+            imported_id: 0,
+            free_blocks: VecDeque::new(),
+            managed: false,
+        }
+    }
+
     /// Remembers the range of a stream-ordered free issued on `stream` at `time`, for reuse.
     pub(crate) fn remember_free_block(&mut self, addr: u64, size: u64, stream: u64, time: u64) {
         if self.host || self.imported.is_some() {

@@ -5,10 +5,10 @@ use std::collections::BTreeSet;
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::{need, put, put_opt, wait_and_observe};
+use super::{context_arg, need, put, put_opt, synchronize_context, wait_and_observe};
 use crate::codes::{self, Res};
 use crate::log::entry;
-use crate::state::{initialized, state, Context};
+use crate::state::{initialized, state, Context, State};
 use crate::thread::{current_context, with_context_stack};
 
 #[no_mangle]
@@ -195,27 +195,34 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
     })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
-    entry("cuCtxGetDevice", None, None, |_| {
+/// The device of context `ctx` (NULL: the current context), the body of `cuCtxGetDevice` and its
+/// `_v2` form (`function`).
+///
+/// # Safety
+/// `device` is null or valid for a write (the driver API's contract for out-pointers).
+pub(crate) unsafe fn context_device(
+    function: &'static str,
+    device: *mut CUdevice,
+    ctx: CUcontext,
+) -> CUresult {
+    entry(function, None, None, |_| {
         need(device)?;
         let st = initialized()?;
-        let ctx = st.current_ctx()?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(device, st.contexts[&ctx].device) }
+        let c = context_arg(&st, ctx)?;
+        // SAFETY: checked non-null, valid per this function's contract.
+        unsafe { put(device, st.contexts[&c].device) }
     })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    // SAFETY: the caller's out-pointer (driver contract).
+    unsafe { context_device("cuCtxGetDevice", device, std::ptr::null_mut()) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     entry("cuCtxSynchronize", None, None, |_| {
-        let targets = {
-            let mut st = initialized()?;
-            let ctx = st.current_ctx()?;
-            st.check_unsafe_call()?;
-            st.context_targets(ctx)
-        };
-        wait_and_observe(&targets.0, &targets.1);
-        Ok(())
+        synchronize_context(State::current_ctx)
     })
 }

@@ -1,5 +1,7 @@
 //! Graphs, graph nodes, graph execs and user objects.
 
+use std::sync::MutexGuard;
+
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
@@ -11,7 +13,7 @@ use crate::graph::{
     run_destructors, Callback, Copy3D, Graph, Memset, NodeKind, Operand, UserObject,
 };
 use crate::graph::{MEMTYPE_DEVICE, MEMTYPE_HOST, MEMTYPE_UNIFIED};
-use crate::log::entry;
+use crate::log::{entry, CallInfo};
 use crate::state::{initialized, State};
 
 /// `CUDA_MEMCPY3D`, with the memory types read as plain integers.
@@ -111,13 +113,24 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     })
 }
 
+/// Locks the state, checks that `exec` is a live graph exec and resolves the call's stream `s`
+/// (`cuGraphLaunch`, `cuGraphUpload`). Returns the locked state and the resolved stream.
+pub(crate) fn exec_on_stream(
+    info: &mut CallInfo,
+    exec: u64,
+    s: u64,
+) -> Res<(MutexGuard<'static, State>, u64)> {
+    let mut st = initialized()?;
+    st.execs.get(&exec).ok_or(codes::BAD_HANDLE)?;
+    let r = info.resolve_stream(&mut st, s)?;
+    Ok((st, r))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphLaunch(exec: CUgraphExec, s: CUstream) -> CUresult {
     let (exec, s) = (exec as u64, s as u64);
     entry("cuGraphLaunch", Some(s), None, |info| {
-        let mut st = initialized()?;
-        st.execs.get(&exec).ok_or(codes::BAD_HANDLE)?;
-        let r = info.resolve_stream(&mut st, s)?;
+        let (mut st, r) = exec_on_stream(info, exec, s)?;
         st.launch(exec, r)
     })
 }

@@ -8,12 +8,12 @@ use std::ffi::{c_uint, c_void};
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::stream::node_handles;
-use super::{get_slice, need, put};
+use super::stream::{node_handles, plain_edge_data};
+use super::{context_arg, need, put};
 use crate::codes::{self, Res};
 use crate::graph::Condition;
 use crate::log::entry;
-use crate::state::{initialized, State};
+use crate::state::initialized;
 
 /// `CU_GRAPH_COND_ASSIGN_DEFAULT`: the default value is assigned at every launch.
 const COND_ASSIGN_DEFAULT: c_uint = 1;
@@ -44,16 +44,6 @@ struct RawNodeParams {
 
 const _: () = assert!(std::mem::size_of::<RawNodeParams>() == 256);
 
-/// The context a conditional handle or node is for: `ctx`, which must be live, or the current
-/// context when NULL.
-fn context_for(st: &State, ctx: CUcontext) -> Res<u64> {
-    match ctx as u64 {
-        0 => st.current_ctx(),
-        c if st.context_alive(c) => Ok(c),
-        _ => Err(codes::BAD_CONTEXT),
-    }
-}
-
 /// Creates a conditional handle for graph `g`. Documented: flags are 0 or
 /// `CU_GRAPH_COND_ASSIGN_DEFAULT` (anything else `CUDA_ERROR_INVALID_VALUE`). The handle lives
 /// until its graph is destroyed; the emulator has no kernels that set it, so every launch sees
@@ -74,7 +64,7 @@ pub unsafe extern "C" fn cuGraphConditionalHandleCreate(
         let mut st = initialized()?;
         let g = g as u64;
         st.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
-        context_for(&st, ctx)?;
+        context_arg(&st, ctx)?;
         let handle = st.new_handle();
         st.conditions.insert(
             handle,
@@ -115,13 +105,8 @@ unsafe fn add_node(
     }
     // SAFETY: per this function's contract.
     let deps = unsafe { node_handles(deps, n)? };
-    if !edges.is_null() && n > 0 {
-        // SAFETY: per this function's contract.
-        let data: Vec<u64> = unsafe { get_slice(edges.cast::<u64>(), n)? };
-        if data.iter().any(|&d| d != 0) {
-            return Err(codes::NOT_SUPPORTED);
-        }
-    }
+    // SAFETY: per this function's contract.
+    unsafe { plain_edge_data(edges, n)? };
     // SAFETY: as above.
     let (cond, ctype, size, ctx) = unsafe {
         let c = &(*raw).conditional;
@@ -130,7 +115,7 @@ unsafe fn add_node(
     let mut st = initialized()?;
     let g = g as u64;
     st.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
-    context_for(&st, ctx)?;
+    context_arg(&st, ctx)?;
     let deps = st.node_indices(g, &deps)?;
     let (handle, bodies) = st.add_conditional(g, deps, cond, ctype, size)?;
     // SAFETY: the caller's params and out-pointer (driver contract); `bodies` is the node's

@@ -7,7 +7,7 @@ use std::ffi::{c_uint, c_void};
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::stream::node_handles;
+use super::stream::{node_handles, plain_edge_data};
 use super::{get_slice, need, put};
 use crate::codes::{self, Res};
 use crate::graph::NodeKind;
@@ -44,30 +44,6 @@ unsafe fn add_event_node(
     })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddEventRecordNode(
-    ph: *mut CUgraphNode,
-    g: CUgraph,
-    deps: *const CUgraphNode,
-    n: usize,
-    event: CUevent,
-) -> CUresult {
-    // SAFETY: the caller's pointers (driver contract).
-    unsafe { add_event_node("cuGraphAddEventRecordNode", ph, g, deps, n, event, true) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddEventWaitNode(
-    ph: *mut CUgraphNode,
-    g: CUgraph,
-    deps: *const CUgraphNode,
-    n: usize,
-    event: CUevent,
-) -> CUresult {
-    // SAFETY: the caller's pointers (driver contract).
-    unsafe { add_event_node("cuGraphAddEventWaitNode", ph, g, deps, n, event, false) }
-}
-
 fn node(st: &State, h: CUgraphNode) -> Res<(u64, usize)> {
     st.nodes.get(&(h as u64)).copied().ok_or(codes::BAD_HANDLE)
 }
@@ -85,26 +61,35 @@ unsafe fn event_of_node(h: CUgraphNode, out: *mut CUevent, record: bool) -> Res 
     unsafe { put(out, event as CUevent) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphEventRecordNodeGetEvent(
-    h: CUgraphNode,
-    out: *mut CUevent,
-) -> CUresult {
-    // SAFETY: the caller's out-pointer (driver contract).
-    entry("cuGraphEventRecordNodeGetEvent", None, None, |_| unsafe {
-        event_of_node(h, out, true)
-    })
+/// The event node exports, a pair per kind (`record`: record nodes, else wait nodes): the add
+/// ([`add_event_node`]) and the query of the node's event ([`event_of_node`]).
+macro_rules! event_node_exports {
+    ($($add:ident, $event_of:ident => $record:literal;)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $add(
+            ph: *mut CUgraphNode,
+            g: CUgraph,
+            deps: *const CUgraphNode,
+            n: usize,
+            event: CUevent,
+        ) -> CUresult {
+            // SAFETY: the caller's pointers (driver contract).
+            unsafe { add_event_node(stringify!($add), ph, g, deps, n, event, $record) }
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $event_of(h: CUgraphNode, out: *mut CUevent) -> CUresult {
+            // SAFETY: the caller's out-pointer (driver contract).
+            entry(stringify!($event_of), None, None, |_| unsafe {
+                event_of_node(h, out, $record)
+            })
+        }
+    )*};
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphEventWaitNodeGetEvent(
-    h: CUgraphNode,
-    out: *mut CUevent,
-) -> CUresult {
-    // SAFETY: the caller's out-pointer (driver contract).
-    entry("cuGraphEventWaitNodeGetEvent", None, None, |_| unsafe {
-        event_of_node(h, out, false)
-    })
+event_node_exports! {
+    cuGraphAddEventRecordNode, cuGraphEventRecordNodeGetEvent => true;
+    cuGraphAddEventWaitNode, cuGraphEventWaitNodeGetEvent => false;
 }
 
 #[no_mangle]
@@ -143,24 +128,40 @@ unsafe fn list(handles: &[u64], out: *mut CUgraphNode, count: *mut usize) -> Res
     unsafe { put(count, handles.len()) }
 }
 
+/// The body of `cuGraphGetNodes` and `cuGraphGetRootNodes` (`function`): [`list`]s the live
+/// nodes of graph `g` that `keep` accepts.
+///
+/// # Safety
+/// As [`list`].
+unsafe fn list_graph_nodes(
+    function: &'static str,
+    g: CUgraph,
+    out: *mut CUgraphNode,
+    count: *mut usize,
+    keep: impl Fn(&crate::graph::Node) -> bool,
+) -> CUresult {
+    entry(function, None, None, |_| {
+        let st = initialized()?;
+        let graph = st.graphs.get(&(g as u64)).ok_or(codes::BAD_HANDLE)?;
+        let handles: Vec<u64> = graph
+            .nodes
+            .iter()
+            .filter(|n| keep(n) && st.nodes.contains_key(&n.handle))
+            .map(|n| n.handle)
+            .collect();
+        // SAFETY: per this function's contract.
+        unsafe { list(&handles, out, count) }
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphGetNodes(
     g: CUgraph,
     out: *mut CUgraphNode,
     count: *mut usize,
 ) -> CUresult {
-    entry("cuGraphGetNodes", None, None, |_| {
-        let st = initialized()?;
-        let graph = st.graphs.get(&(g as u64)).ok_or(codes::BAD_HANDLE)?;
-        let handles: Vec<u64> = graph
-            .nodes
-            .iter()
-            .map(|n| n.handle)
-            .filter(|h| st.nodes.contains_key(h))
-            .collect();
-        // SAFETY: the caller's arrays (driver contract).
-        unsafe { list(&handles, out, count) }
-    })
+    // SAFETY: the caller's arrays (driver contract).
+    unsafe { list_graph_nodes("cuGraphGetNodes", g, out, count, |_| true) }
 }
 
 #[no_mangle]
@@ -169,18 +170,8 @@ pub unsafe extern "C" fn cuGraphGetRootNodes(
     out: *mut CUgraphNode,
     count: *mut usize,
 ) -> CUresult {
-    entry("cuGraphGetRootNodes", None, None, |_| {
-        let st = initialized()?;
-        let graph = st.graphs.get(&(g as u64)).ok_or(codes::BAD_HANDLE)?;
-        let handles: Vec<u64> = graph
-            .nodes
-            .iter()
-            .filter(|n| n.deps.is_empty() && st.nodes.contains_key(&n.handle))
-            .map(|n| n.handle)
-            .collect();
-        // SAFETY: the caller's arrays (driver contract).
-        unsafe { list(&handles, out, count) }
-    })
+    // SAFETY: the caller's arrays (driver contract).
+    unsafe { list_graph_nodes("cuGraphGetRootNodes", g, out, count, |n| n.deps.is_empty()) }
 }
 
 /// The handles of the nodes `h` depends on (`upstream`) or that depend on it.
@@ -221,13 +212,8 @@ unsafe fn change_edges(
 ) -> Res {
     // SAFETY: per this function's contract.
     let (from, to) = unsafe { (get_slice(from, n)?, get_slice(to, n)?) };
-    if !edges.is_null() && n > 0 {
-        // SAFETY: per this function's contract.
-        let data: Vec<u64> = unsafe { get_slice(edges.cast::<u64>(), n)? };
-        if data.iter().any(|&d| d != 0) {
-            return Err(codes::NOT_SUPPORTED);
-        }
-    }
+    // SAFETY: per this function's contract.
+    unsafe { plain_edge_data(edges, n)? };
     let mut st = initialized()?;
     let g = g as u64;
     let mut pairs = Vec::with_capacity(n);
@@ -257,58 +243,42 @@ unsafe fn change_edges(
     Ok(())
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddDependencies(
-    g: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    n: usize,
-) -> CUresult {
-    // SAFETY: the caller's arrays (driver contract).
-    entry("cuGraphAddDependencies", None, None, |_| unsafe {
-        change_edges(g, from, to, std::ptr::null(), n, true)
-    })
+/// The exports of [`change_edges`]: `cuGraphAddDependencies` and `cuGraphRemoveDependencies`
+/// (`add`), each in its first form and in the `_v2` form with edge data.
+macro_rules! edge_exports {
+    ($($name:ident, $name_v2:ident => $add:literal;)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            g: CUgraph,
+            from: *const CUgraphNode,
+            to: *const CUgraphNode,
+            n: usize,
+        ) -> CUresult {
+            // SAFETY: the caller's arrays (driver contract).
+            entry(stringify!($name), None, None, |_| unsafe {
+                change_edges(g, from, to, std::ptr::null(), n, $add)
+            })
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $name_v2(
+            g: CUgraph,
+            from: *const CUgraphNode,
+            to: *const CUgraphNode,
+            edges: *const c_void,
+            n: usize,
+        ) -> CUresult {
+            // SAFETY: the caller's arrays (driver contract).
+            entry(stringify!($name_v2), None, None, |_| unsafe {
+                change_edges(g, from, to, edges, n, $add)
+            })
+        }
+    )*};
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddDependencies_v2(
-    g: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    edges: *const c_void,
-    n: usize,
-) -> CUresult {
-    // SAFETY: the caller's arrays (driver contract).
-    entry("cuGraphAddDependencies_v2", None, None, |_| unsafe {
-        change_edges(g, from, to, edges, n, true)
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphRemoveDependencies(
-    g: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    n: usize,
-) -> CUresult {
-    // SAFETY: the caller's arrays (driver contract).
-    entry("cuGraphRemoveDependencies", None, None, |_| unsafe {
-        change_edges(g, from, to, std::ptr::null(), n, false)
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphRemoveDependencies_v2(
-    g: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    edges: *const c_void,
-    n: usize,
-) -> CUresult {
-    // SAFETY: the caller's arrays (driver contract).
-    entry("cuGraphRemoveDependencies_v2", None, None, |_| unsafe {
-        change_edges(g, from, to, edges, n, false)
-    })
+edge_exports! {
+    cuGraphAddDependencies, cuGraphAddDependencies_v2 => true;
+    cuGraphRemoveDependencies, cuGraphRemoveDependencies_v2 => false;
 }
 
 /// Zeroed edge data for `n` edges where the caller asked for it (every emulated edge is plain).
@@ -347,73 +317,39 @@ unsafe fn node_links(
     })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphNodeGetDependencies(
-    h: CUgraphNode,
-    out: *mut CUgraphNode,
-    count: *mut usize,
-) -> CUresult {
-    // SAFETY: the caller's arrays (driver contract).
-    unsafe {
-        node_links(
-            "cuGraphNodeGetDependencies",
-            h,
-            out,
-            std::ptr::null_mut(),
-            count,
-            true,
-        )
-    }
+/// The exports of [`node_links`]: `cuGraphNodeGetDependencies` and
+/// `cuGraphNodeGetDependentNodes` (`upstream`), each in its first form and in the `_v2` form
+/// with edge data.
+macro_rules! node_link_exports {
+    ($($name:ident, $name_v2:ident => $upstream:literal;)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            h: CUgraphNode,
+            out: *mut CUgraphNode,
+            count: *mut usize,
+        ) -> CUresult {
+            // SAFETY: the caller's arrays (driver contract).
+            unsafe {
+                node_links(stringify!($name), h, out, std::ptr::null_mut(), count, $upstream)
+            }
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $name_v2(
+            h: CUgraphNode,
+            out: *mut CUgraphNode,
+            edges: *mut c_void,
+            count: *mut usize,
+        ) -> CUresult {
+            // SAFETY: the caller's arrays (driver contract).
+            unsafe { node_links(stringify!($name_v2), h, out, edges, count, $upstream) }
+        }
+    )*};
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphNodeGetDependencies_v2(
-    h: CUgraphNode,
-    out: *mut CUgraphNode,
-    edges: *mut c_void,
-    count: *mut usize,
-) -> CUresult {
-    // SAFETY: the caller's arrays (driver contract).
-    unsafe { node_links("cuGraphNodeGetDependencies_v2", h, out, edges, count, true) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphNodeGetDependentNodes(
-    h: CUgraphNode,
-    out: *mut CUgraphNode,
-    count: *mut usize,
-) -> CUresult {
-    // SAFETY: the caller's arrays (driver contract).
-    unsafe {
-        node_links(
-            "cuGraphNodeGetDependentNodes",
-            h,
-            out,
-            std::ptr::null_mut(),
-            count,
-            false,
-        )
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphNodeGetDependentNodes_v2(
-    h: CUgraphNode,
-    out: *mut CUgraphNode,
-    edges: *mut c_void,
-    count: *mut usize,
-) -> CUresult {
-    // SAFETY: the caller's arrays (driver contract).
-    unsafe {
-        node_links(
-            "cuGraphNodeGetDependentNodes_v2",
-            h,
-            out,
-            edges,
-            count,
-            false,
-        )
-    }
+node_link_exports! {
+    cuGraphNodeGetDependencies, cuGraphNodeGetDependencies_v2 => true;
+    cuGraphNodeGetDependentNodes, cuGraphNodeGetDependentNodes_v2 => false;
 }
 
 #[no_mangle]
@@ -512,11 +448,8 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
 pub unsafe extern "C" fn cuGraphUpload(exec: CUgraphExec, s: CUstream) -> CUresult {
     let (exec, s) = (exec as u64, s as u64);
     entry("cuGraphUpload", Some(s), None, |info| {
-        let mut st = initialized()?;
-        st.execs.get(&exec).ok_or(codes::BAD_HANDLE)?;
-        info.resolve_stream(&mut st, s)?;
         // Nothing to upload: the launch reads the graph where it is.
-        Ok(())
+        super::exec_on_stream(info, exec, s).map(|_| ())
     })
 }
 
@@ -548,23 +481,42 @@ pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
     attr: c_uint,
     value: *mut c_void,
 ) -> CUresult {
-    entry("cuDeviceGetGraphMemAttribute", None, None, |_| {
+    graph_mem_attribute(
+        "cuDeviceGetGraphMemAttribute",
+        dev,
+        value,
+        |used, reserved| {
+            if attr >= GRAPH_MEM_ATTRS {
+                return Err(codes::INVALID_VALUE);
+            }
+            let (used_high, reserved_high) = note_graph_high(dev, used, reserved);
+            let v = match attr {
+                0 => used,
+                1 => used_high,
+                2 => reserved,
+                _ => reserved_high,
+            };
+            // SAFETY: checked non-null; the attributes are cuuint64_t (driver contract).
+            unsafe { put(value.cast::<u64>(), v) }
+        },
+    )
+}
+
+/// The body of `cuDeviceGetGraphMemAttribute` and `cuDeviceSetGraphMemAttribute`
+/// (`function`): refuses a null `value` and an unknown device, then runs `body` with the
+/// device's graph memory (used, reserved), the state locked.
+fn graph_mem_attribute(
+    function: &'static str,
+    dev: CUdevice,
+    value: *mut c_void,
+    body: impl FnOnce(u64, u64) -> Res,
+) -> CUresult {
+    entry(function, None, None, |_| {
         need(value)?;
         let st = initialized()?;
         st.device(dev)?;
-        if attr >= GRAPH_MEM_ATTRS {
-            return Err(codes::INVALID_VALUE);
-        }
         let (used, reserved) = st.graph_memory(dev);
-        let (used_high, reserved_high) = note_graph_high(dev, used, reserved);
-        let v = match attr {
-            0 => used,
-            1 => used_high,
-            2 => reserved,
-            _ => reserved_high,
-        };
-        // SAFETY: checked non-null; the attributes are cuuint64_t (driver contract).
-        unsafe { put(value.cast::<u64>(), v) }
+        body(used, reserved)
     })
 }
 
@@ -589,28 +541,29 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
     attr: c_uint,
     value: *mut c_void,
 ) -> CUresult {
-    entry("cuDeviceSetGraphMemAttribute", None, None, |_| {
-        need(value)?;
-        let st = initialized()?;
-        st.device(dev)?;
-        // Only the high watermarks can be set, and only to 0 (a reset to the current value).
-        if attr != 1 && attr != 3 {
-            return Err(codes::INVALID_VALUE);
-        }
-        // SAFETY: checked non-null; cuuint64_t (driver contract).
-        if unsafe { (value.cast::<u64>()).read_unaligned() } != 0 {
-            return Err(codes::INVALID_VALUE);
-        }
-        let (used, reserved) = st.graph_memory(dev);
-        let mut marks = crate::thread::lock(&GRAPH_MEM_HIGH);
-        let entry = marks.entry(dev).or_insert((0, 0));
-        if attr == 1 {
-            entry.0 = used;
-        } else {
-            entry.1 = reserved;
-        }
-        Ok(())
-    })
+    graph_mem_attribute(
+        "cuDeviceSetGraphMemAttribute",
+        dev,
+        value,
+        |used, reserved| {
+            // Only the high watermarks can be set, and only to 0 (a reset to the current value).
+            if attr != 1 && attr != 3 {
+                return Err(codes::INVALID_VALUE);
+            }
+            // SAFETY: checked non-null; cuuint64_t (driver contract).
+            if unsafe { (value.cast::<u64>()).read_unaligned() } != 0 {
+                return Err(codes::INVALID_VALUE);
+            }
+            let mut marks = crate::thread::lock(&GRAPH_MEM_HIGH);
+            let entry = marks.entry(dev).or_insert((0, 0));
+            if attr == 1 {
+                entry.0 = used;
+            } else {
+                entry.1 = reserved;
+            }
+            Ok(())
+        },
+    )
 }
 
 /// Returns the memory of `dev`'s freed graph allocations (documented: blocks not in use by a

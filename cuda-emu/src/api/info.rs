@@ -9,8 +9,8 @@ use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::{need, put, put_opt, stream_property, wait_and_observe};
-use crate::codes::{self, Res};
+use super::{context_arg, need, put, put_opt, stream_property, synchronize_context};
+use crate::codes;
 use crate::log::entry;
 use crate::memory::DEVICE_MEMORY;
 use crate::state::{initialized, GREATEST_PRIORITY, LEAST_PRIORITY};
@@ -23,27 +23,29 @@ fn uuid(dev: CUdevice) -> [u8; 16] {
     bytes
 }
 
-unsafe fn device_uuid(out: *mut c_void, dev: CUdevice) -> Res {
-    need(out)?;
-    initialized()?.device(dev)?;
-    // SAFETY: the caller's 16-byte CUuuid (driver contract).
-    unsafe { put(out.cast::<[u8; 16]>(), uuid(dev)) }
+/// The body of `cuDeviceGetUuid` and its `_v2` form (`function`).
+///
+/// # Safety
+/// `out` is null or the caller's 16-byte `CUuuid` (driver contract).
+unsafe fn device_uuid(function: &'static str, out: *mut c_void, dev: CUdevice) -> CUresult {
+    entry(function, None, None, |_| {
+        need(out)?;
+        initialized()?.device(dev)?;
+        // SAFETY: checked non-null, valid per this function's contract.
+        unsafe { put(out.cast::<[u8; 16]>(), uuid(dev)) }
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetUuid(out: *mut c_void, dev: CUdevice) -> CUresult {
     // SAFETY: the caller's out-pointer (driver contract).
-    entry("cuDeviceGetUuid", None, None, |_| unsafe {
-        device_uuid(out, dev)
-    })
+    unsafe { device_uuid("cuDeviceGetUuid", out, dev) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetUuid_v2(out: *mut c_void, dev: CUdevice) -> CUresult {
     // SAFETY: the caller's out-pointer (driver contract).
-    entry("cuDeviceGetUuid_v2", None, None, |_| unsafe {
-        device_uuid(out, dev)
-    })
+    unsafe { device_uuid("cuDeviceGetUuid_v2", out, dev) }
 }
 
 #[no_mangle]
@@ -72,37 +74,16 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
     })
 }
 
-/// The context a `_v2` context query names: `ctx`, or the calling thread's current one for NULL.
-fn context_arg(st: &crate::state::State, ctx: CUcontext) -> Res<u64> {
-    match ctx as u64 {
-        0 => st.current_ctx(),
-        c if st.context_alive(c) => Ok(c),
-        _ => Err(codes::BAD_CONTEXT),
-    }
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) -> CUresult {
-    entry("cuCtxGetDevice_v2", None, None, |_| {
-        need(device)?;
-        let st = initialized()?;
-        let c = context_arg(&st, ctx)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(device, st.contexts[&c].device) }
-    })
+    // SAFETY: the caller's out-pointer (driver contract).
+    unsafe { super::context_device("cuCtxGetDevice_v2", device, ctx) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     entry("cuCtxSynchronize_v2", None, None, |_| {
-        let targets = {
-            let mut st = initialized()?;
-            let c = context_arg(&st, ctx)?;
-            st.check_unsafe_call()?;
-            st.context_targets(c)
-        };
-        wait_and_observe(&targets.0, &targets.1);
-        Ok(())
+        synchronize_context(|st| context_arg(st, ctx))
     })
 }
 
@@ -207,36 +188,44 @@ pub unsafe extern "C" fn cuEventRecordWithFlags(
 /// `CU_EVENT_DISABLE_TIMING`.
 const EVENT_DISABLE_TIMING: u32 = 0x2;
 
-fn elapsed(ms: *mut f32, start: u64, end: u64) -> Res {
-    need(ms)?;
-    let (a, b) = {
-        let st = initialized()?;
-        let a = st.events.get(&start).ok_or(codes::BAD_HANDLE)?;
-        let b = st.events.get(&end).ok_or(codes::BAD_HANDLE)?;
-        if a.flags & EVENT_DISABLE_TIMING != 0 || b.flags & EVENT_DISABLE_TIMING != 0 {
-            return Err(codes::EVENT_NO_TIMING);
-        }
-        if a.captured.is_some() || b.captured.is_some() {
-            return Err(codes::CAPTURED_EVENT_SYNCHRONIZE);
-        }
-        let (Some((da, _)), Some((db, _))) = (&a.record, &b.record) else {
-            return Err(codes::EVENT_NOT_RECORDED);
+/// The time between two recorded events in milliseconds, the body of `cuEventElapsedTime` and
+/// its `_v2` form (`function`).
+///
+/// # Safety
+/// `ms` is null or valid for a write (the driver API's contract for out-pointers).
+unsafe fn elapsed(function: &'static str, ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+    let (start, end) = (start as u64, end as u64);
+    entry(function, None, None, |_| {
+        need(ms)?;
+        let (a, b) = {
+            let st = initialized()?;
+            let a = st.events.get(&start).ok_or(codes::BAD_HANDLE)?;
+            let b = st.events.get(&end).ok_or(codes::BAD_HANDLE)?;
+            if a.flags & EVENT_DISABLE_TIMING != 0 || b.flags & EVENT_DISABLE_TIMING != 0 {
+                return Err(codes::EVENT_NO_TIMING);
+            }
+            if a.captured.is_some() || b.captured.is_some() {
+                return Err(codes::CAPTURED_EVENT_SYNCHRONIZE);
+            }
+            let (Some((da, _)), Some((db, _))) = (&a.record, &b.record) else {
+                return Err(codes::EVENT_NOT_RECORDED);
+            };
+            if !da.done() || !db.done() {
+                return Err(codes::NOT_READY);
+            }
+            (a.recorded_at.clone(), b.recorded_at.clone())
         };
-        if !da.done() || !db.done() {
+        let (Some(a), Some(b)) = (*crate::thread::lock(&a), *crate::thread::lock(&b)) else {
             return Err(codes::NOT_READY);
-        }
-        (a.recorded_at.clone(), b.recorded_at.clone())
-    };
-    let (Some(a), Some(b)) = (*crate::thread::lock(&a), *crate::thread::lock(&b)) else {
-        return Err(codes::NOT_READY);
-    };
-    let millis = if b >= a {
-        (b - a).as_secs_f64() * 1e3
-    } else {
-        -((a - b).as_secs_f64() * 1e3)
-    };
-    // SAFETY: checked non-null (driver contract).
-    unsafe { put(ms, millis as f32) }
+        };
+        let millis = if b >= a {
+            (b - a).as_secs_f64() * 1e3
+        } else {
+            -((a - b).as_secs_f64() * 1e3)
+        };
+        // SAFETY: checked non-null (driver contract).
+        unsafe { put(ms, millis as f32) }
+    })
 }
 
 #[no_mangle]
@@ -245,9 +234,8 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     start: CUevent,
     end: CUevent,
 ) -> CUresult {
-    entry("cuEventElapsedTime", None, None, |_| {
-        elapsed(ms, start as u64, end as u64)
-    })
+    // SAFETY: the caller's out-pointer (driver contract).
+    unsafe { elapsed("cuEventElapsedTime", ms, start, end) }
 }
 
 #[no_mangle]
@@ -256,9 +244,8 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     start: CUevent,
     end: CUevent,
 ) -> CUresult {
-    entry("cuEventElapsedTime_v2", None, None, |_| {
-        elapsed(ms, start as u64, end as u64)
-    })
+    // SAFETY: the caller's out-pointer (driver contract).
+    unsafe { elapsed("cuEventElapsedTime_v2", ms, start, end) }
 }
 
 /// The driver's private export tables (what the CUDA runtime, `cudart`, initialises through):

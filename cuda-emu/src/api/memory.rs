@@ -40,19 +40,10 @@ fn alloc_sync(kind: AllocKind, size: usize, info: &mut CallInfo) -> Res<u64> {
     } else {
         st.device_va(size)?
     };
+    let device = if kind == AllocKind::Host { -1 } else { device };
     let id = st.insert_alloc(Alloc {
-        id: 0,
-        addr,
-        size,
-        kind,
-        device: if kind == AllocKind::Host { -1 } else { device },
         ctx,
-        pool: None,
-        pool_core: None,
-        host,
-        backing,
-        uses: VectorClock::default(),
-        ipc_offset: None,
+        ..Alloc::new(addr, size, kind, device, host, backing)
     });
     info.alloc = Some(id);
     Ok(addr)
@@ -148,19 +139,10 @@ fn host_register(p: *mut c_void, size: usize, flags: c_uint, info: &mut CallInfo
     if overlaps {
         return Err(codes::ALREADY_REGISTERED);
     }
+    let backing = Backing::program(p.cast::<u8>(), size);
     let id = st.insert_alloc(Alloc {
-        id: 0,
-        addr,
-        size: size as u64,
-        kind: AllocKind::Registered,
-        device: -1,
         ctx,
-        pool: None,
-        pool_core: None,
-        host: true,
-        backing: Backing::program(p.cast::<u8>(), size),
-        uses: VectorClock::default(),
-        ipc_offset: None,
+        ..Alloc::new(addr, size as u64, AllocKind::Registered, -1, true, backing)
     });
     info.alloc = Some(id);
     Ok(())

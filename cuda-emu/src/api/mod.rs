@@ -102,6 +102,30 @@ pub(crate) unsafe fn get_slice<T: Copy>(p: *const T, n: usize) -> Res<Vec<T>> {
         .collect())
 }
 
+/// The context a call names: `ctx`, which must be live, or the calling thread's current context
+/// for NULL (the `_v2` context queries, conditional handles and nodes).
+pub(crate) fn context_arg(st: &crate::state::State, ctx: cuda_sys::types::CUcontext) -> Res<u64> {
+    match ctx as u64 {
+        0 => st.current_ctx(),
+        c if st.context_alive(c) => Ok(c),
+        _ => Err(codes::BAD_CONTEXT),
+    }
+}
+
+/// Waits for the work of the context `which` picks (holding no lock) and records that the host
+/// has seen it complete; refused where a capture forbids it (the body of `cuCtxSynchronize` and
+/// its `_v2` form).
+pub(crate) fn synchronize_context(which: impl FnOnce(&crate::state::State) -> Res<u64>) -> Res {
+    let (deps, clock) = {
+        let mut st = crate::state::initialized()?;
+        let ctx = which(&st)?;
+        st.check_unsafe_call()?;
+        st.context_targets(ctx)
+    };
+    wait_and_observe(&deps, &clock);
+    Ok(())
+}
+
 /// Waits (holding no lock) for `deps`, then records that the host has seen `clock` complete.
 pub(crate) fn wait_and_observe(deps: &[crate::exec::Dep], clock: &crate::clock::VectorClock) {
     crate::exec::wait_all(deps);

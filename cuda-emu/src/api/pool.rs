@@ -7,11 +7,10 @@ use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
 use super::{get, get_slice, need, put};
-use crate::clock::VectorClock;
 use crate::codes::{self, Res};
 use crate::ipc::{self, Arena};
 use crate::log::entry;
-use crate::memory::{pool_limit, Alloc, AllocKind, Backing, Pool, PoolCore, PoolStats};
+use crate::memory::{pool_limit, Alloc, AllocKind, Backing, Pool, PoolStats};
 use crate::state::{initialized, Device};
 use crate::thread::lock;
 
@@ -163,18 +162,10 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         st.pools.insert(
             handle,
             Pool {
-                device,
-                host,
                 handle_types: p.handle_types,
-                core: PoolCore::new(max_size),
-                default: false,
-                access: Vec::new(),
                 arena,
-                exported: false,
-                imported: None,
-                imported_id: 0,
-                free_blocks: Default::default(),
                 managed,
+                ..Pool::new(device, host, max_size)
             },
         );
         // SAFETY: checked non-null (driver contract).
@@ -422,18 +413,10 @@ pub unsafe extern "C" fn cuMemPoolImportFromShareableHandle(
         st.pools.insert(
             handle,
             Pool {
-                device: header.device,
-                host: header.host,
                 handle_types: HANDLE_POSIX_FD,
-                core: PoolCore::new(0),
-                default: false,
-                access: Vec::new(),
-                arena: None,
-                exported: false,
                 imported: Some(map),
                 imported_id: header.id,
-                free_blocks: Default::default(),
-                managed: false,
+                ..Pool::new(header.device, header.host, 0)
             },
         );
         // SAFETY: checked non-null (driver contract).
@@ -510,18 +493,9 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
             st.device_va(size)?
         };
         info.alloc = Some(st.insert_alloc(Alloc {
-            id: 0,
-            addr,
-            size,
-            kind: AllocKind::Ipc,
-            device,
-            ctx: 0,
             pool: Some(pool),
-            pool_core: None,
-            host,
-            backing,
-            uses: VectorClock::default(),
             ipc_offset: Some(offset),
+            ..Alloc::new(addr, size, AllocKind::Ipc, device, host, backing)
         }));
         // SAFETY: checked non-null (driver contract).
         unsafe { put(ptr_out, addr) }

@@ -711,7 +711,7 @@ pub unsafe extern "C" fn cuStreamBeginCapture_v2(
 ///
 /// # Safety
 /// `edges` is NULL or holds `n` items.
-unsafe fn plain_edge_data(edges: *const c_void, n: usize) -> Res {
+pub(crate) unsafe fn plain_edge_data(edges: *const c_void, n: usize) -> Res {
     if !edges.is_null() && n > 0 {
         // SAFETY: per this function's contract.
         let data: Vec<u64> = unsafe { get_slice(edges.cast::<u64>(), n)? };

@@ -434,20 +434,15 @@ impl State {
                     let Some(backing) = Backing::heap(size as usize, 64) else {
                         return Err(codes::OUT_OF_MEMORY);
                     };
-                    self.insert_alloc(crate::memory::Alloc {
-                        id: 0,
+                    let a = crate::memory::Alloc::new(
                         addr,
                         size,
-                        kind: AllocKind::Pool,
+                        AllocKind::Pool,
                         device,
-                        ctx: 0,
-                        pool: None,
-                        pool_core: None,
-                        host: false,
+                        false,
                         backing,
-                        uses: Default::default(),
-                        ipc_offset: None,
-                    });
+                    );
+                    self.insert_alloc(a);
                     self.record_use(Some(addr), s, time);
                 }
                 NodeKind::MemFree { addr } => {

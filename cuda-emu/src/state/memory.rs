@@ -3,14 +3,10 @@
 //! frees, and allocation from pools (a device pool's freed addresses handed out again,
 //! `docs/driver-facts.md` F18). The types they work on are in [`crate::memory`].
 
-use std::collections::VecDeque;
-
-use crate::clock::VectorClock;
 use crate::codes::{self, Res};
 use crate::log::{self, Hazard};
 use crate::memory::{
-    round_up, Alloc, AllocKind, Backing, Freed, Mem, Pool, PoolCore, Target, DEVICE_ALIGN,
-    FREED_MEMORY,
+    round_up, Alloc, AllocKind, Backing, Freed, Mem, Pool, Target, DEVICE_ALIGN, FREED_MEMORY,
 };
 use crate::os::DEVICE_VA_SIZE;
 use crate::state::State;
@@ -22,18 +18,8 @@ impl State {
         self.pools.insert(
             handle,
             Pool {
-                device,
-                host: false,
-                handle_types: 0,
-                core: PoolCore::new(0),
                 default: true,
-                access: Vec::new(),
-                arena: None,
-                exported: false,
-                imported: None,
-                imported_id: 0,
-                free_blocks: VecDeque::new(),
-                managed: false,
+                ..Pool::new(device, false, 0)
             },
         );
         handle
@@ -47,18 +33,9 @@ impl State {
         self.pools.insert(
             handle,
             Pool {
-                device,
-                host: true,
-                handle_types: 0,
-                core: PoolCore::new(0),
                 default: true,
-                access: Vec::new(),
-                arena: None,
-                exported: false,
-                imported: None,
-                imported_id: 0,
-                free_blocks: VecDeque::new(),
                 managed,
+                ..Pool::new(device, true, 0)
             },
         );
         handle
@@ -390,18 +367,10 @@ impl State {
             }
         };
         self.insert_alloc(Alloc {
-            id: 0,
-            addr,
-            size,
-            kind: AllocKind::Pool,
-            device,
-            ctx: 0,
             pool: Some(pool),
             pool_core: Some(core),
-            host,
-            backing,
-            uses: VectorClock::default(),
             ipc_offset,
+            ..Alloc::new(addr, size, AllocKind::Pool, device, host, backing)
         });
         Ok(addr)
     }
