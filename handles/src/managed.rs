@@ -104,15 +104,19 @@ impl MemAdvice {
     }
 }
 
-/// `CU_MEM_RANGE_ATTRIBUTE_*`.
-const RANGE_READ_MOSTLY: c_uint = 1;
-const RANGE_PREFERRED_LOCATION: c_uint = 2;
-const RANGE_ACCESSED_BY: c_uint = 3;
-const RANGE_LAST_PREFETCH_LOCATION: c_uint = 4;
-const RANGE_PREFERRED_LOCATION_TYPE: c_uint = 5;
-const RANGE_PREFERRED_LOCATION_ID: c_uint = 6;
-const RANGE_LAST_PREFETCH_LOCATION_TYPE: c_uint = 7;
-const RANGE_LAST_PREFETCH_LOCATION_ID: c_uint = 8;
+/// What `cuMemRangeGetAttribute` reports of a range (`CU_MEM_RANGE_ATTRIBUTE_*`).
+#[derive(Clone, Copy)]
+#[repr(u32)]
+enum RangeAttribute {
+    ReadMostly = 1,
+    PreferredLocation = 2,
+    AccessedBy = 3,
+    LastPrefetchLocation = 4,
+    PreferredLocationType = 5,
+    PreferredLocationId = 6,
+    LastPrefetchLocationType = 7,
+    LastPrefetchLocationId = 8,
+}
 
 /// Drivers from CUDA 12.2 on report locations by type and id (the `_TYPE`/`_ID` attributes).
 const TYPED_LOCATIONS: i32 = 12020;
@@ -182,7 +186,7 @@ impl DeviceRange<'_> {
     }
 
     /// One 32-bit range attribute.
-    fn range_attribute(&self, attribute: c_uint) -> Result<c_int, HandleError> {
+    fn range_attribute(&self, attribute: RangeAttribute) -> Result<c_int, HandleError> {
         let get = driver()?
             .cuMemRangeGetAttribute()
             .map_err(HandleError::Load)?;
@@ -195,7 +199,7 @@ impl DeviceRange<'_> {
                 get(
                     (&mut value as *mut c_int).cast::<c_void>(),
                     std::mem::size_of::<c_int>(),
-                    attribute,
+                    attribute as c_uint,
                     ptr,
                     len,
                 )
@@ -209,8 +213,8 @@ impl DeviceRange<'_> {
     /// id.
     fn location_attribute(
         &self,
-        typed: (c_uint, c_uint),
-        by_device: c_uint,
+        typed: (RangeAttribute, RangeAttribute),
+        by_device: RangeAttribute,
     ) -> Result<Option<MemLocation>, HandleError> {
         if driver()?.version() >= TYPED_LOCATIONS {
             let type_ = self.range_attribute(typed.0)?;
@@ -232,7 +236,7 @@ impl DeviceRange<'_> {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed: the memory's context),
     /// `cuMemRangeGetAttribute`.
     pub fn read_mostly(&self) -> Result<bool, HandleError> {
-        Ok(self.range_attribute(RANGE_READ_MOSTLY)? != 0)
+        Ok(self.range_attribute(RangeAttribute::ReadMostly)? != 0)
     }
 
     /// The preferred location advised for the whole range; `None` when none is (or the range's
@@ -245,8 +249,11 @@ impl DeviceRange<'_> {
     /// type and id).
     pub fn preferred_location(&self) -> Result<Option<MemLocation>, HandleError> {
         self.location_attribute(
-            (RANGE_PREFERRED_LOCATION_TYPE, RANGE_PREFERRED_LOCATION_ID),
-            RANGE_PREFERRED_LOCATION,
+            (
+                RangeAttribute::PreferredLocationType,
+                RangeAttribute::PreferredLocationId,
+            ),
+            RangeAttribute::PreferredLocation,
         )
     }
 
@@ -259,10 +266,10 @@ impl DeviceRange<'_> {
     pub fn last_prefetch_location(&self) -> Result<Option<MemLocation>, HandleError> {
         self.location_attribute(
             (
-                RANGE_LAST_PREFETCH_LOCATION_TYPE,
-                RANGE_LAST_PREFETCH_LOCATION_ID,
+                RangeAttribute::LastPrefetchLocationType,
+                RangeAttribute::LastPrefetchLocationId,
             ),
-            RANGE_LAST_PREFETCH_LOCATION,
+            RangeAttribute::LastPrefetchLocation,
         )
     }
 
@@ -289,7 +296,7 @@ impl DeviceRange<'_> {
                 get(
                     ids.as_mut_ptr().cast::<c_void>(),
                     slots * std::mem::size_of::<c_int>(),
-                    RANGE_ACCESSED_BY,
+                    RangeAttribute::AccessedBy as c_uint,
                     ptr,
                     len,
                 )
