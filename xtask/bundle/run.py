@@ -401,6 +401,9 @@ def run_pytest(manifest, env, out_dir):
     python = manifest["python"]
     with unpacked_wheels(manifest) as site:
         env = with_site(env, site)
+        if python.get("torch_allocator"):
+            # custody's PyTorch allocator library, for test_interop*.py.
+            env["CUSTODY_TORCH_ALLOCATOR"] = str(HERE / python["torch_allocator"])
         log = out_dir / "logs" / "pytest.real.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         junit = out_dir / "logs" / "pytest.real.xml"  # every test's outcome, by name

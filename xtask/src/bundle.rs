@@ -392,6 +392,19 @@ fn bundle_python(root: &Path, bundle: &Path) -> Result<Value> {
             copy_tree(&source, &bundle.join("python").join(folder))?;
         }
     }
+    // PyTorch's pluggable allocator (the GPU host has no Rust toolchain to build it), which
+    // `run.py` names in CUSTODY_TORCH_ALLOCATOR for pytest.
+    cmd::run(cmd::cargo().args(["build", "--release", "-p", cmd::TORCH_PACKAGE]))
+        .context("building the PyTorch allocator's library")?;
+    let metadata = cmd::metadata()?;
+    let torch_library = format!("python/lib/{}", cmd::TORCH_FILE);
+    fs::create_dir_all(bundle.join("python/lib"))?;
+    copy(
+        &cmd::target_dir(&metadata)?
+            .join("release")
+            .join(cmd::TORCH_FILE),
+        &bundle.join(&torch_library),
+    )?;
     let wheel_files: Vec<String> = built
         .iter()
         .filter_map(|w| w.path.file_name())
@@ -401,6 +414,7 @@ fn bundle_python(root: &Path, bundle: &Path) -> Result<Value> {
         "wheels": wheel_files,
         "tests": "python/tests",
         "install_check": "python/smoke/installed_wheel.py",
+        "torch_allocator": torch_library,
     }))
 }
 

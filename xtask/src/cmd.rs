@@ -14,6 +14,15 @@ pub const DRIVER_ENV: &str = "CUSTODY_CUDA_DRIVER";
 
 /// The emulated driver's package (folder `cuda-emu/`, library `libcuda_emu.so`).
 pub const EMU_PACKAGE: &str = "cuda-custody-emu";
+
+/// PyTorch's pluggable allocator over custody (`torch-allocator/`), a C-ABI library.
+pub const TORCH_PACKAGE: &str = "cuda-custody-torch";
+
+/// The file the torch allocator's package builds (`<target>/<profile>/libcustody_torch.so`).
+pub const TORCH_FILE: &str = "libcustody_torch.so";
+
+/// The environment variable `custody.interop` reads the torch allocator's path from.
+pub const TORCH_ENV: &str = "CUSTODY_TORCH_ALLOCATOR";
 /// The memory crate's package (folder `memory/`): the hand-off demo and the benchmarks.
 pub const MEMORY_PACKAGE: &str = "cuda-custody-memory";
 

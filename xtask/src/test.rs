@@ -276,7 +276,7 @@ fn python_suites(root: &Path, emulator: &Path, target_dir: &Path) -> Vec<Suite> 
             return both(Outcome::Failed(why.clone()), Outcome::Failed(why));
         }
     };
-    let pytest = run_pytest(root, emulator, &python)
+    let pytest = run_pytest(root, emulator, target_dir, &python)
         .unwrap_or_else(|error| Outcome::Failed(format!("{error:#}")));
     let install = install_check(
         root,
@@ -366,12 +366,19 @@ pub fn install_test_wheel(
     Ok((wheel, python))
 }
 
-/// pytest on the package installed in `.venv`.
-fn run_pytest(root: &Path, emulator: &Path, python: &Path) -> Result<Outcome> {
+/// pytest on the package installed in `.venv`, with the PyTorch allocator's library built
+/// (debug) and named in `CUSTODY_TORCH_ALLOCATOR` for the tests that drive it from Python.
+fn run_pytest(root: &Path, emulator: &Path, target_dir: &Path, python: &Path) -> Result<Outcome> {
+    cmd::run(cmd::cargo().args(["build", "-p", cmd::TORCH_PACKAGE]))
+        .context("building the PyTorch allocator's library")?;
     let exit = cmd::status(
         in_venv(root, python)
             .args(["-m", "pytest", "pybind/tests"])
-            .env(DRIVER_ENV, emulator),
+            .env(DRIVER_ENV, emulator)
+            .env(
+                cmd::TORCH_ENV,
+                target_dir.join("debug").join(cmd::TORCH_FILE),
+            ),
     )?;
     Ok(match exit.code() {
         Some(0) => Outcome::Passed,

@@ -31,9 +31,12 @@ const FACADE: &str = "cuda-custody";
 const EMU: &str = "cuda-custody-emu";
 /// The crates' shared test support (`test-support/`): the emulator's client and test helpers.
 const TEST_SUPPORT: &str = "cuda-custody-test-support";
+/// PyTorch's pluggable allocator (`torch-allocator/`): a C-ABI library over memory, a sibling of
+/// the Python bindings.
+const TORCH: &str = "cuda-custody-torch";
 
 /// Every crate of the project, workspace members and the excluded `pybind`.
-const PROJECT_CRATES: [&str; 8] = [
+const PROJECT_CRATES: [&str; 9] = [
     "cuda-custody-sys",
     "cuda-custody-emu",
     "cuda-custody-handles",
@@ -41,6 +44,7 @@ const PROJECT_CRATES: [&str; 8] = [
     "cuda-custody",
     "cuda-custody-test-support",
     "cuda-custody-python",
+    "cuda-custody-torch",
     "xtask",
 ];
 
@@ -62,6 +66,9 @@ fn edge_allowed(from: &str, to: &str, kind: &str) -> bool {
         _ if from == FACADE => to == memory || to == handles,
         // xtask drives cargo; it links against no workspace crate.
         "xtask" => false,
+        // The C-ABI allocator for PyTorch, like the bindings: memory's buffers and handles'
+        // streams; never cuda-sys.
+        _ if from == TORCH => to == memory || to == handles,
         // The bindings wrap handles' streams, events and contexts as well as memory's buffers
         // (the bindings' own design: pybind depends on memory and handles); never cuda-sys.
         _ if from == CHAIN[3] && to == handles => true,
@@ -160,6 +167,16 @@ fn the_dependency_rule_itself() {
     assert!(!edge_allowed(handles, EMU, "dev"));
     assert!(!edge_allowed(EMU, handles, "normal"));
     assert!(!edge_allowed("xtask", sys, "normal"));
+    assert!(edge_allowed(TORCH, memory, "normal"));
+    assert!(edge_allowed(TORCH, handles, "normal"));
+    assert!(
+        !edge_allowed(TORCH, sys, "normal"),
+        "the C-ABI library never calls the driver"
+    );
+    assert!(
+        !edge_allowed(pybind, TORCH, "normal"),
+        "siblings, no edge between them"
+    );
     assert!(edge_allowed(FACADE, memory, "normal"));
     assert!(edge_allowed(FACADE, handles, "normal"));
     assert!(
