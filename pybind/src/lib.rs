@@ -15,6 +15,10 @@
 //! - `location`: managed-memory locations (`Device`, `Host`) as the handles crate's; `options`:
 //!   cuda.core's options dataclasses (or dicts of their fields), checked and read.
 //!
+//! - `interop`: what `custody.utils.StridedMemoryView` reads and makes in C (a producer's DLPack
+//!   tensor, a view's export, where an address lives) and a buffer's export rule (a named
+//!   consumer stream waits and is declared a use).
+//!
 //! One folder per family of classes, each class's struct beside its methods:
 //!
 //! - `stream`: `Stream`, `Event`, `Context`, stream arguments, default streams, device-level
@@ -43,6 +47,7 @@ mod errors;
 mod ffi;
 mod graph;
 mod identity;
+mod interop;
 mod location;
 mod nested;
 mod options;
@@ -78,6 +83,7 @@ fn _custody(m: &Bound<'_, PyModule>) -> PyResult<()> {
     resource::register(m)?;
     buffer::register(m)?;
     graph::register(m)?;
+    interop::register(m)?;
     m.add_function(wrap_pyfunction!(drain_deferred_cleanup, m)?)?;
     m.add_function(wrap_pyfunction!(_cleanup_report_counts, m)?)?;
     m.add_function(wrap_pyfunction!(report::at_python_exit, m)?)?;

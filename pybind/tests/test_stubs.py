@@ -1,4 +1,5 @@
-"""The .pyi stubs match the module: every public name, method and property exists on both sides,
+"""The .pyi stubs (the package's ``__init__.pyi`` and its submodules' ``utils.pyi``, ``interop.pyi``,
+``emulator.pyi``) match the modules: every public name, method and property exists on both sides,
 every stub item has a docstring, parameter names and kinds agree with the runtime signatures,
 and each stub docstring is the runtime ``__doc__`` of the same name, word for word.
 
@@ -23,13 +24,29 @@ import types
 
 import pytest
 
+import importlib
+
 import custody
+import custody.emulator
+import custody.interop
+import custody.utils
 
-STUB = os.path.join(os.path.dirname(custody.__file__), "__init__.pyi")
+# The stubbed modules: the package (``__init__.pyi``) and its public submodules (``<name>.pyi``).
+MODULES = ["custody", "custody.utils", "custody.interop", "custody.emulator"]
 
 
-def stub_tree():
-    with open(STUB) as f:
+def stub_file(module="custody", folder=None):
+    """The stub of ``module`` in ``folder`` (default: the imported package's folder)."""
+    folder = folder or os.path.dirname(custody.__file__)
+    name = "__init__" if module == "custody" else module.rsplit(".", 1)[1]
+    return os.path.join(folder, name + ".pyi")
+
+
+STUB = stub_file()
+
+
+def stub_tree(module="custody"):
+    with open(stub_file(module)) as f:
         return ast.parse(f.read())
 
 
@@ -37,8 +54,8 @@ def is_private(name):
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def stub_classes():
-    return {n.name: n for n in stub_tree().body if isinstance(n, ast.ClassDef)}
+def stub_classes(module="custody"):
+    return {n.name: n for n in stub_tree(module).body if isinstance(n, ast.ClassDef)}
 
 
 def stub_members(cls):
@@ -59,25 +76,29 @@ def test_the_typed_marker_ships():
     assert os.path.exists(os.path.join(os.path.dirname(custody.__file__), "py.typed"))
 
 
-def test_every_public_name_is_stubbed_and_exists():
-    tree = stub_tree()
+@pytest.mark.parametrize("module", MODULES)
+def test_every_public_name_is_stubbed_and_exists(module):
+    runtime = importlib.import_module(module)
+    tree = stub_tree(module)
     names = set()
     for node in tree.body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
             names.add(node.name)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
-    assert set(custody.__all__) <= names, set(custody.__all__) - names
+        elif isinstance(node, ast.ImportFrom):  # re-exports: `from custody import x as x`
+            names.update(a.asname for a in node.names if a.asname and a.asname == a.name)
+    assert set(runtime.__all__) <= names, set(runtime.__all__) - names
     for name in names:
         if name.startswith("_") and name != "__version__":
             continue
-        assert hasattr(custody, name), name
+        assert hasattr(runtime, name), name
 
 
 def test_every_stub_item_has_a_docstring():
     missing = []
     nodes = []
-    for node in stub_tree().body:
+    for node in [n for module in MODULES for n in stub_tree(module).body]:
         if isinstance(node, ast.ClassDef) and node.name == "_CudaStreamLike":
             continue  # a typing device (the __cuda_stream__ protocol), not API
         nodes.extend(ast.walk(node))
@@ -94,10 +115,13 @@ def test_every_stub_item_has_a_docstring():
     assert missing == [], missing
 
 
-@pytest.mark.parametrize("name", sorted(n for n in stub_classes() if not n.startswith("_")))
-def test_class_members_match(name):
-    cls = getattr(custody, name)
-    stub = stub_members(stub_classes()[name])
+@pytest.mark.parametrize(
+    ("module", "name"),
+    sorted((m, n) for m in MODULES for n in stub_classes(m) if not n.startswith("_")),
+)
+def test_class_members_match(module, name):
+    cls = getattr(importlib.import_module(module), name)
+    stub = stub_members(stub_classes(module)[name])
     for member, node in stub.items():
         if isinstance(node, ast.AnnAssign) and issubclass(cls, BaseException):
             continue  # set on each exception instance
@@ -142,12 +166,12 @@ def runtime_parameters(fn):
 
 def test_signatures_match():
     checked = 0
-    tree = stub_tree()
-    for node in tree.body:
+    nodes = [(importlib.import_module(m), n) for m in MODULES for n in stub_tree(m).body]
+    for runtime_module, node in nodes:
         if isinstance(node, ast.FunctionDef):
-            pairs = [(node, getattr(custody, node.name), False)]
+            pairs = [(node, getattr(runtime_module, node.name), False)]
         elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
-            cls = getattr(custody, node.name)
+            cls = getattr(runtime_module, node.name)
             pairs = []
             for member in node.body:
                 if not isinstance(member, ast.FunctionDef):
@@ -201,26 +225,28 @@ def runtime_doc(obj):
     return obj.__doc__
 
 
-def documented_pairs():
+def documented_pairs(module="custody"):
     """``(qualified name, stub node, runtime docstring)`` for the module and every stubbed
     class, method, property and function whose docstring Python shows at run time: not variables or fields
     (no runtime docstring), setters (the property's), constructors (the class's), C slots
     such as ``__sub__`` (CPython's text) or typing protocols."""
-    tree = stub_tree()
-    pairs = [("custody", tree, custody.__doc__)]
+    runtime_module = importlib.import_module(module)
+    tree = stub_tree(module)
+    prefix = "" if module == "custody" else module + "."
+    pairs = [(module, tree, runtime_module.__doc__)]
     for node in tree.body:
         if isinstance(node, ast.FunctionDef):
-            pairs.append((node.name, node, getattr(custody, node.name).__doc__))
+            pairs.append((prefix + node.name, node, getattr(runtime_module, node.name).__doc__))
         if not isinstance(node, ast.ClassDef) or is_protocol(node):
             continue
-        cls = getattr(custody, node.name)
-        pairs.append((node.name, node, cls.__doc__))
+        cls = getattr(runtime_module, node.name)
+        pairs.append((prefix + node.name, node, cls.__doc__))
         for member in node.body:
             if not isinstance(member, ast.FunctionDef) or is_setter(member):
                 continue
             if member.name in CONSTRUCTORS:
                 continue
-            name = f"{node.name}.{member.name}"
+            name = f"{prefix}{node.name}.{member.name}"
             try:
                 obj = inspect.getattr_static(cls, member.name)
             except AttributeError:
@@ -236,10 +262,10 @@ def clean(doc):
     return inspect.cleandoc(doc).strip() if doc else None
 
 
-def docstring_differences():
+def docstring_differences(module="custody"):
     """``(name, node, stub text, runtime text)`` where the two differ or one is missing."""
     out = []
-    for name, node, doc in documented_pairs():
+    for name, node, doc in documented_pairs(module):
         stub = clean(ast.get_docstring(node, clean=True))
         runtime = clean(doc)
         if stub != runtime or runtime is None:
@@ -250,7 +276,8 @@ def docstring_differences():
 def test_constructors_are_documented_by_their_class():
     with_text = [
         f"{cls.name}.{member.name}"
-        for cls in stub_tree().body
+        for module in MODULES
+        for cls in stub_tree(module).body
         if isinstance(cls, ast.ClassDef)
         for member in cls.body
         if isinstance(member, ast.FunctionDef)
@@ -263,8 +290,9 @@ def test_constructors_are_documented_by_their_class():
     )
 
 
-def test_runtime_docstrings_are_the_stubs():
-    differences = docstring_differences()
+@pytest.mark.parametrize("module", MODULES)
+def test_runtime_docstrings_are_the_stubs(module):
+    differences = docstring_differences(module)
     shown = []
     for name, _node, stub, runtime in differences:
         if runtime is None:
@@ -359,11 +387,12 @@ def test_no_docstring_cites_the_repository():
     )
 
 
-def test_no_stub_cites_the_repository():
-    with open(STUB) as f:
+@pytest.mark.parametrize("module", MODULES)
+def test_no_stub_cites_the_repository(module):
+    with open(stub_file(module)) as f:
         lines = f.read().splitlines()
     found = [
-        f"__init__.pyi:{n}: {line.strip()}"
+        f"{os.path.basename(stub_file(module))}:{n}: {line.strip()}"
         for n, line in enumerate(lines, 1)
         if REPOSITORY_REFERENCE.search(line)
     ]
@@ -389,23 +418,23 @@ def format_docstring(text, indent):
 
 
 # The stubs of this source tree (``--write`` edits them, not an installed copy).
-SOURCE_STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "custody",
-                           "__init__.pyi")
+SOURCE_FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "custody")
 
 
-def rewrite_stub_docstrings():
-    """Writes each runtime docstring into the stubs where they differ; returns the names
+def rewrite_stub_docstrings(module="custody"):
+    """Writes each runtime docstring into ``module``'s stub where they differ; returns the names
     changed. A stub item with a body of ``...`` gets the docstring in its place."""
-    if not os.path.samefile(STUB, SOURCE_STUB):
+    stub = stub_file(module)
+    if not os.path.samefile(stub, stub_file(module, SOURCE_FOLDER)):
         sys.exit(
             f"custody is imported from {os.path.dirname(custody.__file__)}, not this tree: "
             "install it editable (maturin develop --manifest-path pybind/Cargo.toml)"
         )
-    with open(STUB) as f:
+    with open(stub) as f:
         lines = f.read().split("\n")
     edits = []  # (first line index, end line index, replacement lines)
     changed = []
-    for name, node, _stub, runtime in docstring_differences():
+    for name, node, _stub, runtime in docstring_differences(module):
         if runtime is None:
             continue
         first = node.body[0]
@@ -427,20 +456,21 @@ def rewrite_stub_docstrings():
         changed.append(name)
     for start, end, text in sorted(edits, reverse=True):
         lines[start:end] = text
-    with open(STUB, "w") as f:
+    with open(stub, "w") as f:
         f.write("\n".join(lines))
     return changed
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
-        names = rewrite_stub_docstrings()
+        names = [n for module in MODULES for n in rewrite_stub_docstrings(module)]
         print(f"{len(names)} stub docstrings written" + "".join(f"\n  {n}" for n in names))
-        left = [d[0] for d in docstring_differences()]
+        left = [d[0] for module in MODULES for d in docstring_differences(module)]
         if left:
             sys.exit("without a runtime docstring (write one in the source): " + ", ".join(left))
     elif sys.argv[1:] == ["--check"]:
-        for name, _node, stub, runtime in docstring_differences():
-            print(f"{name}\n  runtime: {runtime!r}\n  stub:    {stub!r}")
+        for module in MODULES:
+            for name, _node, stub, runtime in docstring_differences(module):
+                print(f"{name}\n  runtime: {runtime!r}\n  stub:    {stub!r}")
     else:
         sys.exit("usage: test_stubs.py --write | --check")

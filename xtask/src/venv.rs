@@ -8,8 +8,10 @@ use anyhow::{Context, Result};
 
 use crate::cmd;
 
-/// The virtual environment's interpreter, creating `.venv` and installing maturin, pytest and
-/// hypothesis (the property-based tests, `pybind/tests/test_fuzz.py`) into it when missing.
+/// The virtual environment's interpreter, creating `.venv` and installing maturin, pytest,
+/// hypothesis (the property-based tests, `pybind/tests/test_fuzz.py`) and NumPy (the
+/// `StridedMemoryView` tests, `pybind/tests/test_strided_memory_view.py`: its dtypes are NumPy's)
+/// into it when missing.
 pub fn venv_python(root: &Path) -> Result<PathBuf> {
     let venv = root.join(".venv");
     let python = venv.join("bin/python");
@@ -27,13 +29,16 @@ pub fn venv_python(root: &Path) -> Result<PathBuf> {
     if !cmd::succeeds(&python, ["-c", "import hypothesis"]) {
         missing.push("hypothesis");
     }
+    if !cmd::succeeds(&python, ["-c", "import numpy"]) {
+        missing.push("numpy");
+    }
     if !missing.is_empty() {
         cmd::run(
             Command::new(&python)
                 .args(["-m", "pip", "install", "--quiet"])
                 .args(&missing),
         )
-        .context("installing maturin, pytest and hypothesis into .venv")?;
+        .context("installing maturin, pytest, hypothesis and numpy into .venv")?;
     }
     Ok(python)
 }

@@ -17,7 +17,7 @@ driver loads, the first CUDA call raises a :class:`CUDAError` that says what was
 
 import uuid
 from collections.abc import Iterable, MutableSet, Sequence
-from typing import Any, Optional, Protocol, SupportsIndex, Tuple, Union
+from typing import Any, Dict, Optional, Protocol, SupportsIndex, Tuple, Union
 
 __version__: str
 
@@ -466,10 +466,35 @@ class Buffer:
         """A DLPack capsule of a 1-D uint8 tensor of ``size`` elements over this memory; the tensor
         keeps the memory alive until its deleter runs. With ``max_version`` at least ``(1, 0)`` a
         ``"dltensor_versioned"`` capsule (DLPack 1.0, writable, not a copy), else a ``"dltensor"``
-        one. ``stream`` is accepted and not used: order the consumer after the producer's work
-        yourself. ``BufferError`` for ``copy=True``, a ``dl_device`` other than the buffer's own, a
-        ``max_version`` that is not two ints, or memory neither a device nor the host can access;
-        ``RuntimeError`` once closed.
+        one.
+
+        ``stream`` is the consumer's stream: 1 (legacy default), 2 (per-thread default), a
+        stream's handle, or (custody's addition) a :class:`Stream` or an object with
+        ``__cuda_stream__``. That stream first waits for the work queued on the buffer's deallocation
+        stream (an event, no host wait), and it is declared a use of the memory, as
+        :meth:`record_use` declares one, so the buffer's free, wherever it happens, waits for the
+        consumer's work. The declaration needs a stream custody can keep alive until the free: a
+        default stream, one custody created, or one wrapped with its owner
+        (``Stream.from_handle(obj)`` of an object with ``__cuda_stream__``); the bare handle of
+        another library's stream only waits (declare its use yourself with :meth:`record_use` of
+        such a wrapper). ``None`` (DLPack's default) and -1 order nothing.
+
+        ``BufferError`` for ``copy=True``, a ``dl_device`` other than the buffer's own, a
+        ``max_version`` that is not two ints, memory neither a device nor the host can access, a
+        ``stream`` of 0 or another negative value, or a deallocation stream being captured;
+        ``TypeError`` for a ``stream`` that is no stream; ``ValueError`` for another device's stream (device
+        memory); ``RuntimeError`` once closed. Nothing is exported, waited for or declared on
+        error.
+        """
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        """The CUDA Array Interface (version 3): the memory as a 1-D ``uint8`` array of ``size``
+        elements, writable, with ``stream`` the deallocation stream (1 for the legacy default
+        stream, 2 for the per-thread one, else the stream's handle; None for memory with no
+        recipe), on which a consumer must order its use. The interface names no consumer stream,
+        so nothing is declared: a consumer reading on another stream declares it with
+        :meth:`record_use`, or views the buffer with ``StridedMemoryView`` and a consumer stream.
+        ``RuntimeError`` once closed; ``AttributeError`` for memory no device can access.
         """
     def __dlpack_device__(self) -> Tuple[int, int]:
         """``(device_type, device_id)``: kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3) or kDLCUDAManaged

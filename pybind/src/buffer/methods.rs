@@ -17,21 +17,17 @@ use super::class::{Kept, PyBuffer};
 use super::ipc::{descriptor_of, PyIpcBufferDescriptor};
 use super::shared::SharedBuffer;
 use crate::errors::{class_name, expected, stream_is_keyword_only, Error};
-use crate::ffi::{call_method, dlpack_capsule, dlpack_capsule_versioned, getattr, DLPACK_VERSION};
+use crate::ffi::dlpack::{export, Keep, TensorSpec, DLPACK_VERSION};
+use crate::ffi::{call_method, getattr};
 use crate::graph::class::PyGraphBuilder;
+use crate::interop::{
+    consumer_stream, cuda_array_interface, export_to_stream, no_interface_for_host_memory, DL_CPU,
+    DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED,
+};
 use crate::report::release;
 use crate::resource::adapter::python_device_id;
 use crate::resource::pools::pool_of;
 use crate::stream::accept::{accept_stream, required_stream, with_stream};
-
-/// `kDLCPU`, `kDLCUDA`, `kDLCUDAHost`, `kDLCUDAManaged`.
-const DL_CPU: i32 = 1;
-
-const DL_CUDA: i32 = 2;
-
-const DL_CUDA_HOST: i32 = 3;
-
-const DL_CUDA_MANAGED: i32 = 13;
 
 impl PyBuffer {
     /// The memory resource of an empty buffer (`allocate(0)`), which describes its (absent)
@@ -646,10 +642,25 @@ impl PyBuffer {
     /// A DLPack capsule of a 1-D uint8 tensor of ``size`` elements over this memory; the tensor
     /// keeps the memory alive until its deleter runs. With ``max_version`` at least ``(1, 0)`` a
     /// ``"dltensor_versioned"`` capsule (DLPack 1.0, writable, not a copy), else a ``"dltensor"``
-    /// one. ``stream`` is accepted and not used: order the consumer after the producer's work
-    /// yourself. ``BufferError`` for ``copy=True``, a ``dl_device`` other than the buffer's own, a
-    /// ``max_version`` that is not two ints, or memory neither a device nor the host can access;
-    /// ``RuntimeError`` once closed.
+    /// one.
+    ///
+    /// ``stream`` is the consumer's stream: 1 (legacy default), 2 (per-thread default), a
+    /// stream's handle, or (custody's addition) a :class:`Stream` or an object with
+    /// ``__cuda_stream__``. That stream first waits for the work queued on the buffer's deallocation
+    /// stream (an event, no host wait), and it is declared a use of the memory, as
+    /// :meth:`record_use` declares one, so the buffer's free, wherever it happens, waits for the
+    /// consumer's work. The declaration needs a stream custody can keep alive until the free: a
+    /// default stream, one custody created, or one wrapped with its owner
+    /// (``Stream.from_handle(obj)`` of an object with ``__cuda_stream__``); the bare handle of
+    /// another library's stream only waits (declare its use yourself with :meth:`record_use` of
+    /// such a wrapper). ``None`` (DLPack's default) and -1 order nothing.
+    ///
+    /// ``BufferError`` for ``copy=True``, a ``dl_device`` other than the buffer's own, a
+    /// ``max_version`` that is not two ints, memory neither a device nor the host can access, a
+    /// ``stream`` of 0 or another negative value, or a deallocation stream being captured;
+    /// ``TypeError`` for a ``stream`` that is no stream; ``ValueError`` for another device's stream (device
+    /// memory); ``RuntimeError`` once closed. Nothing is exported, waited for or declared on
+    /// error.
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__<'py>(
         &self,
@@ -659,9 +670,6 @@ impl PyBuffer {
         dl_device: Option<&Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        // The consumer orders its use after the producer's work: `stream` is accepted and not
-        // used (the memory's own stream is not known to be the last writer).
-        let _ = stream;
         let mut versioned = false;
         if let Some(version) = max_version.filter(|v| !v.is_none()) {
             let (major, _minor): (i64, i64) = version
@@ -690,11 +698,41 @@ impl PyBuffer {
                 ));
             }
         }
-        if versioned {
-            Ok(dlpack_capsule_versioned(py, handle, device_type, device_id)?.into_any())
-        } else {
-            Ok(dlpack_capsule(py, handle, device_type, device_id)?.into_any())
+        let spec = TensorSpec::bytes_of(&handle, (device_type, device_id))?;
+        if let Some(consumer) = consumer_stream(py, stream)? {
+            export_to_stream(py, &*self.open(py)?, &consumer)?;
         }
+        Ok(export(py, spec, Keep::Memory(handle), versioned)?.into_any())
+    }
+
+    /// Applies :meth:`__dlpack__`'s stream rule without exporting: ``stream`` (1, 2 or a
+    /// stream's handle) waits for the buffer's deallocation stream and is declared a use when
+    /// custody can keep it alive. What ``StridedMemoryView`` calls for a buffer it views through
+    /// the CUDA Array Interface with a consumer stream. Errors as :meth:`__dlpack__`'s for
+    /// ``stream``.
+    fn _export_to_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        let buffer = self.open(py)?;
+        if let Some(consumer) = consumer_stream(py, Some(stream))? {
+            export_to_stream(py, &buffer, &consumer)?;
+        }
+        Ok(())
+    }
+
+    /// The CUDA Array Interface (version 3): the memory as a 1-D ``uint8`` array of ``size``
+    /// elements, writable, with ``stream`` the deallocation stream (1 for the legacy default
+    /// stream, 2 for the per-thread one, else the stream's handle; None for memory with no
+    /// recipe), on which a consumer must order its use. The interface names no consumer stream,
+    /// so nothing is declared: a consumer reading on another stream declares it with
+    /// :meth:`record_use`, or views the buffer with ``StridedMemoryView`` and a consumer stream.
+    /// ``RuntimeError`` once closed; ``AttributeError`` for memory no device can access.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let buffer = self.open(py)?;
+        if self.dlpack_device_of(py)?.0 == DL_CPU {
+            return Err(no_interface_for_host_memory());
+        }
+        let stream = buffer.deallocation_stream();
+        cuda_array_interface(py, buffer.ptr(), buffer.size(), stream.as_ref())
     }
 
     /// ``(device_type, device_id)``: kDLCPU (1), kDLCUDA (2), kDLCUDAHost (3) or kDLCUDAManaged
