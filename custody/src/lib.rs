@@ -389,17 +389,20 @@ pub use handles::{ContextFlags, ContextHandle, ContextKind};
 /// ```
 pub use handles::{DefaultStream, EventFlags, EventHandle, StreamFlags, StreamHandle};
 
-/// Memory pools: a device's current pool (borrowed) or one a resource owns.
+/// Memory pools: a device's current pool (borrowed) or one a resource owns, and their
+/// attributes, typed by the width of their value (a byte count is a `u64`, a reuse flag a
+/// `bool`).
 ///
 /// ```
-/// use custody::MemoryPoolHandle;
+/// use custody::{MemoryPoolHandle, PoolAttribute};
 ///
 /// let pool = MemoryPoolHandle::device_current(0)?;
 /// assert!(!pool.is_owned());
 /// assert_eq!(pool.device(), Some(0));
+/// let _used: u64 = pool.attribute(PoolAttribute::USED_MEM_CURRENT)?;
 /// # Ok::<(), custody::HandleError>(())
 /// ```
-pub use handles::MemoryPoolHandle;
+pub use handles::{MemoryPoolHandle, PoolAttribute, PoolAttributeValue};
 
 /// A buffer's memory as the handle layer holds it: its release rule, its recipe, and the
 /// checked byte ranges that copies and fills take; managed memory is attached as

@@ -9,7 +9,8 @@
 
 use std::time::Instant;
 
-use handles::sys_types::{CUdeviceptr, MemPoolAttribute};
+use handles::sys_types::CUdeviceptr;
+use handles::PoolAttribute;
 use handles::{
     cleanup_error_count, ContextHandle, DevicePtrHandle, MemoryPoolHandle, StreamFlags,
     StreamHandle,
@@ -152,9 +153,7 @@ fn main() {
     .unwrap();
     a.make_current().unwrap();
     StreamHandle::legacy().synchronize().unwrap();
-    let used = pool
-        .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
-        .unwrap();
+    let used = pool.attribute(PoolAttribute::USED_MEM_CURRENT).unwrap();
     println!(
         "cross-thread legacy drop: cleanup errors {}, dropping thread context afterwards {:?}, pool used bytes {used}",
         cleanup_error_count() - errors_before,

@@ -77,7 +77,8 @@ pub use managed::{discard_batch, discard_prefetch_batch, prefetch_batch, MemAdvi
 pub use pointer::{pointer_attributes, MemoryType, PointerAttributes};
 pub use pool::{
     create_managed_pool, create_pool, export_pool, import_pool, managed_pools_supported,
-    ManagedPoolLocation, MemAccess, MemoryPoolHandle, PoolLocation, PoolSpec,
+    ManagedPoolLocation, MemAccess, MemoryPoolHandle, PoolAttribute, PoolAttributeValue,
+    PoolLocation, PoolSpec,
 };
 pub use range::DeviceRange;
 pub use recipe::{DeallocationRecipe, RecipeRemains, ThreadToken};

@@ -5,6 +5,7 @@
 
 use std::ffi::c_int;
 use std::fmt;
+use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
@@ -36,6 +37,102 @@ struct PoolBox {
 /// user handle dropped. A device's current or default pool is borrowed: never destroyed.
 #[derive(Clone)]
 pub struct MemoryPoolHandle(Arc<PoolBox>);
+
+/// A memory pool attribute (`CU_MEMPOOL_ATTR_*`) whose value is a `T`: `u64` for the byte
+/// counts and the release threshold (`cuuint64_t` in the driver), `bool` for the reuse flags
+/// (`int`). Read with [`MemoryPoolHandle::attribute`]; the type fixes the size of the buffer the
+/// driver writes, so no attribute can be read into a smaller one.
+pub struct PoolAttribute<T> {
+    raw: CUmemPool_attribute,
+    value: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for PoolAttribute<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for PoolAttribute<T> {}
+
+impl<T> fmt::Debug for PoolAttribute<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PoolAttribute({:?})", self.raw)
+    }
+}
+
+impl<T> PoolAttribute<T> {
+    const fn new(raw: CUmemPool_attribute) -> Self {
+        PoolAttribute {
+            raw,
+            value: PhantomData,
+        }
+    }
+
+    /// The driver's attribute.
+    pub fn raw(self) -> CUmemPool_attribute {
+        self.raw
+    }
+}
+
+impl PoolAttribute<u64> {
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: bytes the pool keeps reserved when synchronised.
+    pub const RELEASE_THRESHOLD: Self =
+        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`: bytes the pool has reserved from the device.
+    pub const RESERVED_MEM_CURRENT: Self =
+        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`: the high-water mark of the reserved bytes.
+    pub const RESERVED_MEM_HIGH: Self =
+        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
+    /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`: bytes allocated from the pool and not freed.
+    pub const USED_MEM_CURRENT: Self =
+        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+    /// `CU_MEMPOOL_ATTR_USED_MEM_HIGH`: the high-water mark of the used bytes.
+    pub const USED_MEM_HIGH: Self = Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+}
+
+impl PoolAttribute<bool> {
+    /// `CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES`.
+    pub const REUSE_FOLLOW_EVENT_DEPENDENCIES: Self =
+        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES);
+    /// `CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC`.
+    pub const REUSE_ALLOW_OPPORTUNISTIC: Self =
+        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC);
+    /// `CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`.
+    pub const REUSE_ALLOW_INTERNAL_DEPENDENCIES: Self =
+        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES);
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for u64 {}
+    impl Sealed for bool {}
+}
+
+/// The value type of a [`PoolAttribute`]: `u64` (the driver's `cuuint64_t`) or `bool` (its
+/// `int` flags). Sealed: the driver's attributes have exactly these widths.
+pub trait PoolAttributeValue: sealed::Sealed + Sized {
+    /// What the driver writes.
+    #[doc(hidden)]
+    type Raw: Default + Copy;
+    #[doc(hidden)]
+    fn from_raw(raw: Self::Raw) -> Self;
+}
+
+impl PoolAttributeValue for u64 {
+    type Raw = u64;
+    fn from_raw(raw: u64) -> u64 {
+        raw
+    }
+}
+
+impl PoolAttributeValue for bool {
+    type Raw = c_int;
+    fn from_raw(raw: c_int) -> bool {
+        raw != 0
+    }
+}
 
 impl MemoryPoolHandle {
     /// Device `ordinal`'s current pool (the one `cuMemAllocAsync` uses), borrowed.
@@ -137,46 +234,53 @@ impl MemoryPoolHandle {
         self.0.owned
     }
 
-    /// Reads a 64-bit pool attribute (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`, in bytes, and the
-    /// other memory counters).
+    /// Reads a pool attribute, typed by the width of its value: a byte count
+    /// ([`PoolAttribute::USED_MEM_CURRENT`] and the other counters, `cuuint64_t` in the driver)
+    /// or a reuse flag ([`PoolAttribute::REUSE_ALLOW_OPPORTUNISTIC`] and the others, `int`). The
+    /// out-buffer is the attribute's own width, so an attribute cannot be read into a buffer
+    /// too small for what the driver writes: the pairing is checked by the compiler.
+    ///
+    /// ```
+    /// # use handles::{MemoryPoolHandle, PoolAttribute};
+    /// let pool = MemoryPoolHandle::device_current(0)?;
+    /// let used: u64 = pool.attribute(PoolAttribute::USED_MEM_CURRENT)?;
+    /// let opportunistic: bool = pool.attribute(PoolAttribute::REUSE_ALLOW_OPPORTUNISTIC)?;
+    /// # let _ = (used, opportunistic);
+    /// # Ok::<(), handles::HandleError>(())
+    /// ```
+    ///
+    /// A 64-bit attribute read as a flag does not compile (the driver would write 8 bytes into
+    /// an `int`):
+    ///
+    /// ```compile_fail
+    /// # use handles::{MemoryPoolHandle, PoolAttribute};
+    /// let pool = MemoryPoolHandle::device_current(0)?;
+    /// let used: bool = pool.attribute(PoolAttribute::<bool>::USED_MEM_CURRENT)?;
+    /// # Ok::<(), handles::HandleError>(())
+    /// ```
     ///
     /// # Errors
     /// [`HandleError::Driver`] when the driver rejects the attribute.
     ///
     /// Driver calls: `cuMemPoolGetAttribute`.
-    pub fn attribute_u64(&self, attribute: CUmemPool_attribute) -> Result<u64, HandleError> {
+    pub fn attribute<T: PoolAttributeValue>(
+        &self,
+        attribute: PoolAttribute<T>,
+    ) -> Result<T, HandleError> {
         let d = driver()?;
-        let mut value: u64 = 0;
-        // SAFETY: the handle keeps the pool alive; `value` is an 8-byte out-buffer, the size
-        // of every 64-bit pool attribute.
-        let status = unsafe {
-            (d.cuMemPoolGetAttribute)(self.raw(), attribute, (&mut value as *mut u64).cast())
-        };
-        check("cuMemPoolGetAttribute", status)?;
-        Ok(value)
-    }
-
-    /// Reads an `int` pool attribute (the `CU_MEMPOOL_ATTR_REUSE_*` flags), for the Python
-    /// bindings' `MemoryPoolAttributes`.
-    ///
-    /// # Errors
-    /// [`HandleError::Driver`] when the driver rejects the attribute.
-    ///
-    /// Driver calls: `cuMemPoolGetAttribute`.
-    pub fn attribute_i32(&self, attribute: CUmemPool_attribute) -> Result<i32, HandleError> {
-        let d = driver()?;
-        let mut value: std::ffi::c_int = 0;
-        // SAFETY: the handle keeps the pool alive; `value` is the `int` out-buffer the
-        // driver writes for these attributes.
+        let mut value = T::Raw::default();
+        // SAFETY: the handle keeps the pool alive; `value` is the attribute's own type (its
+        // `PoolAttribute<T>` says which: `cuuint64_t` or `int`), the out-buffer the driver
+        // writes for it.
         let status = unsafe {
             (d.cuMemPoolGetAttribute)(
                 self.raw(),
-                attribute,
-                (&mut value as *mut std::ffi::c_int).cast(),
+                attribute.raw,
+                (&mut value as *mut T::Raw).cast(),
             )
         };
         check("cuMemPoolGetAttribute", status)?;
-        Ok(value)
+        Ok(T::from_raw(value))
     }
 
     /// Releases this handle now; when it is the last one of an owned pool, destroys the pool

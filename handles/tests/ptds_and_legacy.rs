@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use cuda_sys::CudaErrorCode;
-use handles::sys_types::CUmemPool_attribute;
+use handles::PoolAttribute;
 use handles::{
     cleanup_warning_count, drain_deferred_cleanup, CleanupWarningKind, ContextHandle, Deallocator,
     DefaultStream, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamFlags,
@@ -197,9 +197,7 @@ fn per_thread_free_on_another_thread_waits_for_the_recording_threads_pending_wor
 
     a.make_current().unwrap();
     let waiting = stream_ops::query(LEGACY);
-    let used_while_held = pool
-        .attribute_u64(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
-        .unwrap();
+    let used_while_held = pool.attribute(PoolAttribute::USED_MEM_CURRENT).unwrap();
     ContextHandle::clear_current().unwrap();
     if control {
         assert_eq!(

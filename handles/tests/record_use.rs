@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_sys::CudaErrorCode;
-use handles::sys_types::CUmemPool_attribute;
+use handles::PoolAttribute;
 use handles::{
     ContextHandle, Deallocator, DevicePtrHandle, HandleError, OwnedAllocation, StreamFlags,
     StreamHandle,
@@ -82,7 +82,7 @@ fn pool_free_while_b_is_held(record: bool) {
     let a_now = stream_ops::query(a.raw());
     // Not `default_used`, which synchronises the context (and so would wait for b).
     let used_while_held = default_pool()
-        .attribute_u64(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        .attribute(PoolAttribute::USED_MEM_CURRENT)
         .unwrap();
     if record {
         assert_eq!(a_now, CudaErrorCode::NOT_READY, "the free on a waits for b");

@@ -36,7 +36,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use handles::sys_types::MemPoolAttribute;
+use handles::PoolAttribute;
 use handles::{
     ContextFlags, ContextHandle, DevicePtrHandle, EventFlags, EventHandle, StreamFlags,
     StreamHandle, UserObjectOwnership,
@@ -515,10 +515,7 @@ impl Demo {
             self.check(false, err("synchronizing the deallocation stream", error));
             return;
         }
-        match mr
-            .pool()
-            .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
-        {
+        match mr.pool().attribute(PoolAttribute::USED_MEM_CURRENT) {
             Ok(used) => self.check(
                 used == baseline,
                 format!(
@@ -542,7 +539,7 @@ impl Demo {
 
 fn used(mr: &DeviceMemoryResource) -> Result<u64> {
     mr.pool()
-        .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        .attribute(PoolAttribute::USED_MEM_CURRENT)
         .map_err(|e| err("reading the pool's used memory", e))
 }
 

@@ -23,7 +23,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use adopt::Ownership;
-use handles::sys_types::MemPoolAttribute;
+use handles::PoolAttribute;
 use handles::{ContextHandle, HandleError, OwnedAllocation, StreamFlags, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, FillValue, IpcBufferDescriptor, LegacyPinnedMemoryResource,
@@ -104,7 +104,7 @@ struct Baseline {
 fn used_now(mr: &DeviceMemoryResource) -> u64 {
     primary().synchronize().expect("cuCtxSynchronize");
     mr.pool()
-        .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        .attribute(PoolAttribute::USED_MEM_CURRENT)
         .expect("USED_MEM_CURRENT")
 }
 

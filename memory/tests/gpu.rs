@@ -101,7 +101,7 @@ fn pool_memory_returns_to_the_pool_when_dropped_on_a_thread_without_a_context() 
     let mr = DeviceMemoryResource::with_options(0, DeviceMemoryResourceOptions::default()).unwrap();
     let used = |mr: &DeviceMemoryResource| {
         mr.pool()
-            .attribute_u64(handles::sys_types::MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+            .attribute(handles::PoolAttribute::USED_MEM_CURRENT)
             .unwrap()
     };
     let buffer = Arc::clone(&mr).allocate(1 << 20, &s).unwrap();

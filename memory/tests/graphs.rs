@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use handles::sys_types::MemPoolAttribute;
+use handles::PoolAttribute;
 use handles::{
     CleanupWarning, ContextFlags, ContextHandle, CudaErrorCode, HandleError, StreamFlags,
     StreamHandle,
@@ -85,7 +85,7 @@ fn owned_pool() -> Arc<DeviceMemoryResource> {
 fn used(mr: &DeviceMemoryResource, stream: &StreamHandle) -> u64 {
     stream.synchronize().expect("cuStreamSynchronize");
     mr.pool()
-        .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        .attribute(PoolAttribute::USED_MEM_CURRENT)
         .expect("pool attribute")
 }
 
@@ -468,9 +468,7 @@ fn a_destructor_after_an_in_flight_launch_frees_only_once_the_launch_is_done() {
     exec.close();
     handles::drain_deferred_cleanup();
     let mr_pool = mr.pool().clone();
-    let used_now = mr_pool
-        .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
-        .unwrap();
+    let used_now = mr_pool.attribute(PoolAttribute::USED_MEM_CURRENT).unwrap();
     assert_eq!(
         used_now, used_by_both,
         "nothing freed while the launch is in flight"
@@ -1025,7 +1023,7 @@ fn what_an_invalidated_capture_retained_or_was_handed_is_freed_when_the_capture_
     );
     let held = mr
         .pool()
-        .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        .attribute(PoolAttribute::USED_MEM_CURRENT)
         .unwrap();
     assert_eq!(held, 2 * SIZE as u64, "the capture holds both");
     let ended = builder.end_building().unwrap_err();
@@ -1542,7 +1540,7 @@ fn what_an_executable_retains_outlives_it_while_a_launch_is_in_flight() {
     handles::drain_deferred_cleanup();
     let used_now = mr
         .pool()
-        .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        .attribute(PoolAttribute::USED_MEM_CURRENT)
         .unwrap();
     assert_eq!(
         used_now, used_by_both,

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use handles::sys_types::MemPoolAttribute;
+use handles::PoolAttribute;
 use handles::{ContextHandle, EventFlags, EventHandle, MemoryPoolHandle, StreamHandle};
 use memory::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, IpcBufferDescriptor,
@@ -65,7 +65,7 @@ fn used_on(device: i32, pool: &MemoryPoolHandle) -> u64 {
         context.make_current().expect("cuCtxSetCurrent");
         context.synchronize().expect("cuCtxSynchronize");
         let used = pool
-            .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+            .attribute(PoolAttribute::USED_MEM_CURRENT)
             .expect("cuMemPoolGetAttribute(USED_MEM_CURRENT)");
         ContextHandle::clear_current().expect("cuCtxSetCurrent(NULL)");
         used

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use adopt::Ownership;
 use common::*;
-use handles::sys_types::MemPoolAttribute;
+use handles::PoolAttribute;
 use handles::{
     CudaErrorCode, DevicePtrHandle, HandleError, ManagedPoolLocation, MemAdvice, MemLocation,
     StreamHandle,
@@ -42,7 +42,7 @@ fn owned_pool_outlives_its_resource_until_the_last_buffer_is_freed() {
     s.synchronize().unwrap();
     let used = mr
         .pool()
-        .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        .attribute(PoolAttribute::USED_MEM_CURRENT)
         .unwrap();
     assert!(used >= 1000, "{used}");
     let pool = mr.pool().clone();
@@ -50,11 +50,7 @@ fn owned_pool_outlives_its_resource_until_the_last_buffer_is_freed() {
     drop(mr);
     buffer.close().unwrap();
     s.synchronize().unwrap();
-    assert_eq!(
-        pool.attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
-            .unwrap(),
-        0
-    );
+    assert_eq!(pool.attribute(PoolAttribute::USED_MEM_CURRENT).unwrap(), 0);
     let destroys =
         |emu: &test_support::emu::Emulator| emu.calls_named("cuMemPoolDestroy", from).len();
     with_emulator(|emu| assert_eq!(destroys(emu), 0, "our clone still holds the pool"));

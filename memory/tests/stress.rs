@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use adopt::Ownership;
-use handles::sys_types::MemPoolAttribute;
+use handles::PoolAttribute;
 use handles::{
     ContextHandle, DefaultStream, EventFlags, EventHandle, MemoryPoolHandle, OwnedAllocation,
     StreamFlags, StreamHandle,
@@ -191,7 +191,7 @@ impl World {
 }
 
 fn used(pool: &MemoryPoolHandle) -> u64 {
-    pool.attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    pool.attribute(PoolAttribute::USED_MEM_CURRENT)
         .expect("cuMemPoolGetAttribute(USED_MEM_CURRENT)")
 }
 

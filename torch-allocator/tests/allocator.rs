@@ -12,7 +12,7 @@ use custody_torch::{
     custody_torch_free, custody_torch_last_error, custody_torch_live_allocations,
     custody_torch_live_bytes, custody_torch_malloc, custody_torch_record_use,
 };
-use handles::sys_types::MemPoolAttribute;
+use handles::PoolAttribute;
 use handles::{
     ContextHandle, EventFlags, EventHandle, MemoryPoolHandle, StreamFlags, StreamHandle,
 };
@@ -38,7 +38,7 @@ fn device_used() -> u64 {
         context.synchronize().expect("cuCtxSynchronize");
         let used = MemoryPoolHandle::device_current(0)
             .expect("device 0's pool")
-            .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+            .attribute(PoolAttribute::USED_MEM_CURRENT)
             .expect("cuMemPoolGetAttribute");
         ContextHandle::clear_current().expect("cuCtxSetCurrent(NULL)");
         used

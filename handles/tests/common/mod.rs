@@ -15,7 +15,7 @@
 pub use test_support::emu::{AllocationId, Call, Emulator, Hazard};
 pub use test_support::*;
 
-use handles::sys_types::CUmemPool_attribute;
+use handles::PoolAttribute;
 use handles::{
     ContextFlags, ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation,
 };
@@ -41,7 +41,7 @@ pub fn pool_used(pool: &MemoryPoolHandle, context: &ContextHandle) -> u64 {
         context.make_current().expect("cuCtxSetCurrent");
         context.synchronize().expect("cuCtxSynchronize");
         let used = pool
-            .attribute_u64(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+            .attribute(PoolAttribute::USED_MEM_CURRENT)
             .expect("cuMemPoolGetAttribute(USED_MEM_CURRENT)");
         ContextHandle::clear_current().expect("cuCtxSetCurrent(NULL)");
         used

@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 pub use test_support::emu::{AllocationId, Call, Emulator, Hazard};
 pub use test_support::*;
 
-use handles::sys_types::{CUdeviceptr, MemPoolAttribute};
+use handles::sys_types::CUdeviceptr;
+use handles::PoolAttribute;
 use handles::{
     ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamFlags,
     StreamHandle,
@@ -39,7 +40,7 @@ pub fn pool_used(pool: &MemoryPoolHandle) -> u64 {
         context.make_current().expect("cuCtxSetCurrent");
         context.synchronize().expect("cuCtxSynchronize");
         let used = pool
-            .attribute_u64(MemPoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+            .attribute(PoolAttribute::USED_MEM_CURRENT)
             .expect("cuMemPoolGetAttribute(USED_MEM_CURRENT)");
         ContextHandle::clear_current().expect("cuCtxSetCurrent(NULL)");
         used

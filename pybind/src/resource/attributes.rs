@@ -1,8 +1,7 @@
 //! A pool's attributes (`MemoryPoolAttributes`) and a device's graph memory use
 //! (`GraphMemoryResourceAttributes`), read from the driver when asked.
 
-use handles::sys_types::CUmemPool_attribute;
-use handles::MemoryPoolHandle;
+use handles::{MemoryPoolHandle, PoolAttribute, PoolAttributeValue};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -18,19 +17,17 @@ pub struct PyPoolAttributes {
 }
 
 impl PyPoolAttributes {
-    fn read(&self, py: Python<'_>, attribute: CUmemPool_attribute) -> PyResult<u64> {
+    /// One attribute, typed by its value's width (so a flag is never read into 8 bytes'
+    /// worth of buffer, nor a counter into 4).
+    fn read<T: PoolAttributeValue + Send>(
+        &self,
+        py: Python<'_>,
+        attribute: PoolAttribute<T>,
+    ) -> PyResult<T> {
         let pool = self.pool.clone();
         Ok(py
-            .detach(move || pool.attribute_u64(attribute))
+            .detach(move || pool.attribute(attribute))
             .map_err(Error::from)?)
-    }
-
-    fn flag(&self, py: Python<'_>, attribute: CUmemPool_attribute) -> PyResult<bool> {
-        let pool = self.pool.clone();
-        Ok(py
-            .detach(move || pool.attribute_i32(attribute))
-            .map_err(Error::from)?
-            != 0)
     }
 }
 
@@ -39,66 +36,54 @@ impl PyPoolAttributes {
     /// Bytes allocated from the pool and not freed (``CU_MEMPOOL_ATTR_USED_MEM_CURRENT``).
     #[getter]
     fn used_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        self.read(py, PoolAttribute::USED_MEM_CURRENT)
     }
 
     /// The high-water mark of ``used_mem_current``, in bytes (``CU_MEMPOOL_ATTR_USED_MEM_HIGH``).
     #[getter]
     fn used_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+        self.read(py, PoolAttribute::USED_MEM_HIGH)
     }
 
     /// Bytes the pool holds from the driver (``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT``).
     #[getter]
     fn reserved_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(
-            py,
-            CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-        )
+        self.read(py, PoolAttribute::RESERVED_MEM_CURRENT)
     }
 
     /// The high-water mark of ``reserved_mem_current``, in bytes
     /// (``CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH``).
     #[getter]
     fn reserved_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+        self.read(py, PoolAttribute::RESERVED_MEM_HIGH)
     }
 
     /// Bytes the pool keeps after a synchronisation before memory goes back to the OS
     /// (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``).
     #[getter]
     fn release_threshold(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        self.read(py, PoolAttribute::RELEASE_THRESHOLD)
     }
 
     /// Whether memory freed on one stream may be reused on a stream that waits on an event recorded
     /// after the free (``CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES``).
     #[getter]
     fn reuse_follow_event_dependencies(&self, py: Python<'_>) -> PyResult<bool> {
-        self.flag(
-            py,
-            CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
-        )
+        self.read(py, PoolAttribute::REUSE_FOLLOW_EVENT_DEPENDENCIES)
     }
 
     /// Whether memory whose free has completed may be reused without a dependency
     /// (``CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC``).
     #[getter]
     fn reuse_allow_opportunistic(&self, py: Python<'_>) -> PyResult<bool> {
-        self.flag(
-            py,
-            CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
-        )
+        self.read(py, PoolAttribute::REUSE_ALLOW_OPPORTUNISTIC)
     }
 
     /// Whether the driver may insert dependencies between streams to reuse memory
     /// (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES``).
     #[getter]
     fn reuse_allow_internal_dependencies(&self, py: Python<'_>) -> PyResult<bool> {
-        self.flag(
-            py,
-            CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
-        )
+        self.read(py, PoolAttribute::REUSE_ALLOW_INTERNAL_DEPENDENCIES)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
