@@ -183,6 +183,26 @@ pub(crate) fn expected(expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
     PyTypeError::new_err(format!("{expected} expected, got {}", class_name(got)))
 }
 
+/// A size in bytes given as argument `name`: an `int` from 0 to 2**64 - 1. Refused with the
+/// argument named (pyo3's own conversion says only "can't convert negative int to unsigned"):
+/// `OverflowError` for a negative or too large value, `TypeError` (with pyo3's text, which
+/// names the type given) for anything but an `int`.
+pub(crate) fn size_argument(name: &str, object: &Bound<'_, PyAny>) -> PyResult<usize> {
+    object.extract::<usize>().map_err(|error| {
+        let py = object.py();
+        if error.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+            pyo3::exceptions::PyOverflowError::new_err(format!(
+                "{name} must be a number of bytes from 0 to 2**64 - 1, got {}",
+                object.repr().map(|r| r.to_string()).unwrap_or_default()
+            ))
+        } else if error.is_instance_of::<PyTypeError>(py) {
+            PyTypeError::new_err(format!("{name}: {}", error.value(py)))
+        } else {
+            error
+        }
+    })
+}
+
 /// The name of `object`'s class, as the user called it (a subclass's own name).
 pub(crate) fn class_name(object: &Bound<'_, PyAny>) -> String {
     object

@@ -182,11 +182,28 @@ impl Drop for PyObjRef {
     }
 }
 
-/// A free through a Python `deallocate` still owed: who frees (the class's name), what.
+/// A free through a Python `deallocate` still owed: who frees (the class's name), what, and
+/// whether the Python `Buffer` object let go of the memory (closed or freed) while the free
+/// stayed owed ([`OwedMark`]).
 struct Owed {
     type_name: Arc<str>,
     ptr: u64,
     size: usize,
+    let_go: Arc<AtomicBool>,
+}
+
+/// Set when the Python `Buffer` object of a free still owed lets go of the memory (its
+/// `close()`, or the object freed): if the free is still owed at the end of the interpreter's
+/// shutdown, something in custody holds the memory (a CUDA graph, executable or capture never
+/// destroyed, or another holder of the same memory), not an object the interpreter never freed.
+#[derive(Clone)]
+pub(crate) struct OwedMark(Arc<AtomicBool>);
+
+impl OwedMark {
+    /// The `Buffer` object let go of the memory.
+    pub(crate) fn let_go(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The frees still owed, by registration order (an id, since an address may be adopted again).
@@ -197,20 +214,27 @@ static NEXT_OWED: AtomicU64 = AtomicU64::new(0);
 /// resource is adopted, removed when dropped, which happens when the `deallocate` is called or
 /// its call is skipped (and reported), or when the adoption was refused. Never held while
 /// calling Python, so the registry's lock is only ever held for a map operation.
-pub(crate) struct OwedFree(u64);
+pub(crate) struct OwedFree(u64, OwedMark);
 
 impl OwedFree {
     pub(crate) fn new(type_name: Arc<str>, ptr: u64, size: usize) -> OwedFree {
         let id = NEXT_OWED.fetch_add(1, Ordering::Relaxed);
+        let let_go = Arc::new(AtomicBool::new(false));
         let owed = Owed {
             type_name,
             ptr,
             size,
+            let_go: Arc::clone(&let_go),
         };
         OWED.lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(id, owed);
-        OwedFree(id)
+        OwedFree(id, OwedMark(let_go))
+    }
+
+    /// The mark the buffer's Python object sets when it lets go of the memory.
+    pub(crate) fn mark(&self) -> OwedMark {
+        self.1.clone()
     }
 }
 
@@ -251,11 +275,19 @@ pub(crate) fn report_owed_at_finalization() {
         return;
     };
     for owed in owed.values() {
+        let held = if owed.let_go.load(Ordering::Relaxed) {
+            "its Buffer was closed or freed, but the memory was still held when the interpreter \
+             finished shutting down: by a CUDA graph, executable or stream capture never \
+             destroyed or ended (a buffer closed while its stream was being captured, or one a \
+             graph retained), or by another Buffer object for the same memory"
+        } else {
+            "the buffer was still alive when the interpreter finished shutting down (held by \
+             something the interpreter never freed, such as a daemon thread's frame)"
+        };
         let _ = writeln!(
             stderr,
-            "custody: CUDAWarning: {}.deallocate(0x{:x}, {}) was not called: the buffer was \
-             still alive when the interpreter finished shutting down (held by something the \
-             interpreter never freed, such as a daemon thread's frame), so the memory is leaked",
+            "custody: CUDAWarning: {}.deallocate(0x{:x}, {}) was not called: {held}, so the \
+             memory is leaked",
             owed.type_name, owed.ptr, owed.size
         );
     }

@@ -372,3 +372,35 @@ def test_from_handle_refuses_sizes_over_isize_max_first(device, stream, cls):
     assert view.size == ABOVE_ISIZE - 1
     view.close()
     rec.release_all()
+
+
+def test_a_negative_size_names_the_argument(device, stream):
+    """Issue 26 item 12: a negative size is refused naming the argument (pyo3's conversion said
+    only "can't convert negative int to unsigned")."""
+    mr = custody.DeviceMemoryResource(0)
+    for call in [
+        lambda: mr.allocate(-1, stream=stream),
+        lambda: custody.LegacyPinnedMemoryResource().allocate(-3),
+        lambda: custody.Buffer.from_handle(0x1000, -1),
+        lambda: custody.ManagedBuffer.from_handle(0x1000, -1),
+        lambda: mr.deallocate(0x1000, -8, stream=stream),
+    ]:
+        check(OverflowError, r"size must be a number of bytes from 0 to 2\*\*64 - 1, got -", call)
+    check(OverflowError, r"size must be .* got 1180591620717411303424", lambda: mr.allocate(2**70, stream=stream))
+    check(TypeError, "size: .*str", lambda: mr.allocate("10", stream=stream))
+
+
+@pytest.mark.parametrize("cls", [custody.Stream, custody.GraphBuilder])
+def test_a_stream_class_instead_of_an_instance_names_the_mistake(device, stream, cls):
+    """Issue 26 item 12: the class ``custody.Stream`` (or ``GraphBuilder``) where a stream goes
+    is refused as such (calling the class's ``__cuda_stream__`` said "unbound method
+    Stream.__cuda_stream__() needs an argument")."""
+    buf = custody.DeviceMemoryResource(0).allocate(64, stream=stream)
+    pattern = f"got the class {cls.__name__} itself"
+    check(TypeError, pattern, lambda: buf.record_use(cls))
+    check(TypeError, pattern, lambda: buf.set_deallocation_stream(cls))
+    check(TypeError, pattern, lambda: buf.copy_to(stream=cls))
+    check(TypeError, pattern, lambda: custody.Stream.from_handle(cls))
+    check(TypeError, pattern, lambda: custody.DeviceMemoryResource(0).allocate(64, stream=cls))
+    assert not buf.is_closed
+    buf.close()

@@ -112,6 +112,37 @@ def test_a_buffer_a_daemon_thread_keeps_alive_at_exit_is_reported(tmp_path):
     assert "Traceback" not in out.stderr and "Fatal" not in out.stderr, out.stderr
 
 
+def test_a_buffer_closed_during_a_capture_still_running_at_exit_is_reported_as_held_by_it(
+    tmp_path,
+):
+    """Issue 26 item 12: a Python memory resource's buffer closed while its stream was being
+    captured belongs to the capture's graph; exiting mid-capture, its skipped free is named as
+    still held by a graph or capture, not as held by "something the interpreter never freed,
+    such as a daemon thread's frame"."""
+    out = run_child(
+        """
+        mr = RecordingResource()
+        buf = mr.allocate(64, stream=s)
+        print(hex(buf.handle), flush=True)
+        s.sync()
+        gb = s.create_graph_builder().begin_building()
+        buf.close()  # the capture's graph takes the memory
+        # The builder is never freed (one reference leaked), so the capture is still running
+        # when the interpreter has finished shutting down.
+        import ctypes
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(gb))
+        """,
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    ptr = out.stdout.strip()
+    lines = [l for l in out.stderr.splitlines() if f"RecordingResource.deallocate({ptr}, 64)" in l]
+    assert len(lines) == 1, out.stderr
+    assert "was not called" in lines[0] and "leaked" in lines[0], lines
+    assert "stream capture" in lines[0] and "its Buffer was closed" in lines[0], lines
+    assert "daemon thread" not in lines[0], lines
+
+
 def test_failing_free_at_exit_goes_to_stderr(tmp_path):
     if EMU is None:
         import pytest

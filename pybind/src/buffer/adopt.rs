@@ -64,9 +64,11 @@ pub(super) fn adopt(
     };
     if let Some(mr) = mr {
         let (native, python) = resolve(mr, ptr, size)?;
+        let (resource, owed) = python.unzip();
         let kept = Kept {
             owner: None,
-            resource: python,
+            resource,
+            owed,
         };
         let buffer = py
             .detach(move || {
@@ -92,6 +94,7 @@ pub(super) fn adopt(
             let kept = Kept {
                 owner: Some(Arc::downgrade(&held)),
                 resource: None,
+                owed: None,
             };
             let owner_box: Box<dyn std::any::Any + Send + Sync> = Box::new(held);
             (Some(owner_box), kept)

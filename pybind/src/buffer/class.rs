@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use super::shared::SharedBuffer;
 use crate::errors::{closed, Error};
 use crate::ffi::unowned_handle;
-use crate::report::{release, PyObjRef};
+use crate::report::{release, OwedMark, PyObjRef};
 
 /// Memory with the deallocation recipe (stream and context) that will order and legalise its
 /// free.
@@ -63,6 +63,24 @@ pub(crate) struct Kept {
     pub(crate) owner: Option<Weak<PyObjRef>>,
     /// The Python memory resource whose `deallocate` frees the memory.
     pub(crate) resource: Option<Weak<PyObjRef>>,
+    /// For memory freed through a Python `deallocate`: set when this object lets go of the
+    /// memory (closed, or the object freed), for the report of frees still owed at exit.
+    pub(crate) owed: Option<OwedMark>,
+}
+
+impl Kept {
+    /// The buffer's Python object let go of the memory (a close, a collection).
+    pub(crate) fn let_go(&self) {
+        if let Some(owed) = &self.owed {
+            owed.let_go();
+        }
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        self.let_go();
+    }
 }
 
 /// A :class:`Buffer` of managed memory (``ManagedMemoryResource.allocate``).

@@ -12,7 +12,7 @@ use pyo3::types::{PyTuple, PyType};
 
 use super::adopt::{address, adopt, from_handle_keywords};
 use super::class::{PyBuffer, PyManagedBuffer};
-use crate::errors::{class_name, stream_is_keyword_only, Error};
+use crate::errors::{class_name, size_argument, stream_is_keyword_only, Error};
 use crate::location::{kind_name, location, location_object, required_location};
 use crate::stream::accept::{accept_stream, required_stream};
 
@@ -41,14 +41,22 @@ impl PyManagedBuffer {
     fn from_handle(
         cls: &Bound<'_, PyType>,
         ptr: &Bound<'_, PyAny>,
-        size: usize,
+        size: &Bound<'_, PyAny>,
         mr: Option<&Bound<'_, PyAny>>,
         owner: Option<&Bound<'_, PyAny>>,
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         from_handle_keywords(&cls.name()?.to_string(), extra)?;
-        adopt(cls.py(), address(ptr)?, size, mr, owner, stream, true)
+        adopt(
+            cls.py(),
+            address(ptr)?,
+            size_argument("size", size)?,
+            mr,
+            owner,
+            stream,
+            true,
+        )
     }
 
     /// Whether read-mostly advice is set (``CU_MEM_ADVISE_SET_READ_MOSTLY``: reads may be

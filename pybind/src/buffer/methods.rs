@@ -16,7 +16,7 @@ use super::adopt::{address, adopt, from_handle_keywords};
 use super::class::{Kept, PyBuffer};
 use super::ipc::{descriptor_of, PyIpcBufferDescriptor};
 use super::shared::SharedBuffer;
-use crate::errors::{class_name, expected, stream_is_keyword_only, Error};
+use crate::errors::{class_name, expected, size_argument, stream_is_keyword_only, Error};
 use crate::ffi::dlpack::{export, Keep, TensorSpec, DLPACK_VERSION};
 use crate::ffi::{call_method, getattr};
 use crate::graph::class::PyGraphBuilder;
@@ -227,14 +227,22 @@ impl PyBuffer {
     fn from_handle(
         py: Python<'_>,
         ptr: &Bound<'_, PyAny>,
-        size: usize,
+        size: &Bound<'_, PyAny>,
         mr: Option<&Bound<'_, PyAny>>,
         owner: Option<&Bound<'_, PyAny>>,
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         from_handle_keywords("Buffer", extra)?;
-        adopt(py, address(ptr)?, size, mr, owner, stream, false)
+        adopt(
+            py,
+            address(ptr)?,
+            size_argument("size", size)?,
+            mr,
+            owner,
+            stream,
+            false,
+        )
     }
 
     /// Imports a buffer another process shared, from ``mr`` (a pool opened with
@@ -322,6 +330,9 @@ impl PyBuffer {
             Some(stream) => release(py, || buffer.close_on(stream)),
             None => buffer.close(py),
         };
+        if result.is_ok() {
+            self.kept.let_go();
+        }
         Ok(result.map_err(Error::from)?)
     }
 

@@ -13,7 +13,7 @@ use super::class::PyMemoryResource;
 use crate::errors::expected;
 use crate::ffi::getattr;
 use crate::nested;
-use crate::report::{OwedFree, PyObjRef};
+use crate::report::{OwedFree, OwedMark, PyObjRef};
 
 /// A Python memory resource seen from Rust: `deallocate` calls the object's `deallocate`
 /// (attached to the interpreter for that call only); whether the memory is device-, host- or
@@ -95,8 +95,9 @@ impl MemoryResource for PyResourceAdapter {
     }
 }
 
-/// What [`resolve`] finds: the Rust resource, and for an adapter a `Weak` to its Python object.
-pub(crate) type Resolved = (Arc<dyn MemoryResource>, Option<Weak<PyObjRef>>);
+/// What [`resolve`] finds: the Rust resource, and for an adapter a `Weak` to its Python object
+/// and the mark its buffer sets when it lets go of the memory ([`OwedMark`]).
+pub(crate) type Resolved = (Arc<dyn MemoryResource>, Option<(Weak<PyObjRef>, OwedMark)>);
 
 /// The Rust resource that will own memory adopted with `mr=` (`size` bytes at `ptr`): a
 /// built-in's own (unless a Python subclass overrides `deallocate`), or an adapter calling the
@@ -128,6 +129,7 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>, ptr: u64, size: usize) -> PyResult<
     let weak = Arc::downgrade(&object);
     let type_name: Arc<str> = Arc::from(mr.get_type().name()?.to_string());
     let owed = OwedFree::new(Arc::clone(&type_name), ptr, size);
+    let mark = owed.mark();
     let adapter: Arc<dyn MemoryResource> = Arc::new(PyResourceAdapter {
         object,
         type_name,
@@ -136,7 +138,7 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>, ptr: u64, size: usize) -> PyResult<
         managed,
         owed: Mutex::new(Some(owed)),
     });
-    Ok((adapter, Some(weak)))
+    Ok((adapter, Some((weak, mark))))
 }
 
 /// A Python memory resource's `device_id`, read now: -1 for none (negative or `None`).

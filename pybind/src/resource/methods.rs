@@ -15,7 +15,7 @@ use super::class::{not_implemented, PyMemoryResource};
 use super::graph::PyGraphMemoryResource;
 use super::pools::pool_of;
 use crate::buffer::class::{Kept, PyBuffer};
-use crate::errors::{class_name, stream_is_keyword_only, Error};
+use crate::errors::{class_name, size_argument, stream_is_keyword_only, Error};
 use crate::ffi::owned_allocation;
 use crate::graph::class::PyGraphBuilder;
 use crate::graph::methods::allocate_in;
@@ -128,10 +128,11 @@ impl PyMemoryResource {
         slf: &Bound<'_, Self>,
         py: Python<'_>,
         ptr: CUdeviceptr,
-        size: usize,
+        size: &Bound<'_, PyAny>,
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let size = size_argument("size", size)?;
         if !extra.is_empty() {
             return Err(stream_is_keyword_only(
                 &format!("{}.deallocate", class_name(slf.as_any())),
@@ -227,6 +228,6 @@ pub(super) fn allocate_arguments<'py>(
             name()
         )));
     }
-    let size: usize = size.extract()?;
+    let size = size_argument("size", size)?;
     Ok((size, stream))
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, PoisonError, Weak};
 use handles::StreamHandle;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyTuple, PyType};
 
 use super::class::PyStream;
 use crate::errors::{closed, expected, Error};
@@ -96,6 +96,15 @@ pub(crate) fn with_stream<R>(
 /// Wraps an object implementing the `__cuda_stream__` protocol (`(version, handle)`); the
 /// handle keeps the object, seen through the returned `Weak`.
 pub(super) fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<(StreamHandle, Weak<PyObjRef>)> {
+    if let Ok(class) = object.cast::<PyType>() {
+        // The class has `__cuda_stream__` too; calling it would say "unbound method ... needs
+        // an argument", naming neither the argument nor the mistake.
+        return Err(PyTypeError::new_err(format!(
+            "a stream (a Stream, or an object with __cuda_stream__) expected, got the class {} \
+             itself: pass an instance, e.g. Device().create_stream()",
+            class.name()?
+        )));
+    }
     let info = crate::ffi::call_method(object, "__cuda_stream__", (), None)?;
     let tuple = info.cast::<PyTuple>().map_err(|_| {
         PyTypeError::new_err("__cuda_stream__ must return a (version, handle) tuple")
