@@ -200,7 +200,7 @@ pub(crate) fn ensure_worker() -> Option<&'static Thread> {
                     Some(handle.thread().clone())
                 }
                 Err(error) => {
-                    eprintln!("custody: could not start the cleanup worker ({error}); deferred cleanup runs only in drain_deferred_cleanup()");
+                    crate::report::stderr_line(format_args!("custody: could not start the cleanup worker ({error}); deferred cleanup runs only in drain_deferred_cleanup()"));
                     None
                 }
             }
@@ -274,12 +274,12 @@ fn worker_main(ready: std::sync::mpsc::Sender<()>) {
     // mode, said on stderr.
     let _ = crate::sys::init();
     if let Err(status) = relax_capture_mode() {
-        eprintln!(
+        crate::report::stderr_line(format_args!(
             "custody: the cleanup worker could not relax its stream-capture mode \
              (cuThreadExchangeStreamCaptureMode: {}); its synchronous frees may fail during \
              another thread's global capture",
             cuda_sys::CudaErrorCode(status).name()
-        );
+        ));
     }
     let _ = ready.send(());
     drop(ready);
@@ -359,7 +359,9 @@ fn process(item: Deferred) {
         Deferred::SyncFree(job) => run_sync_free(job),
     }));
     if outcome.is_err() {
-        eprintln!("custody: a deferred-cleanup payload panicked while being dropped; continuing");
+        crate::report::stderr_line(format_args!(
+            "custody: a deferred-cleanup payload panicked while being dropped; continuing"
+        ));
     }
     unbind_worker_after_failed_restore();
 }

@@ -92,7 +92,9 @@ extern "C" fn run_host_function(data: *mut c_void) {
     // dropped only after the last launch that can run this node has finished.
     let function = unsafe { &*data.cast::<HostFunction>() };
     if catch_unwind(AssertUnwindSafe(function)).is_err() {
-        eprintln!("custody: a graph host function panicked; the panic was caught");
+        crate::report::stderr_line(format_args!(
+            "custody: a graph host function panicked; the panic was caught"
+        ));
     }
 }
 

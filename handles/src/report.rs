@@ -340,10 +340,12 @@ pub(crate) fn report(
     let hook = ERROR_HOOK.read().unwrap_or_else(|e| e.into_inner()).clone();
     let outcome = catch_unwind(AssertUnwindSafe(|| match hook {
         Some(hook) => hook(&error),
-        None => eprintln!("custody: cleanup error: {error}"),
+        None => stderr_line(format_args!("custody: cleanup error: {error}")),
     }));
     if outcome.is_err() {
-        eprintln!("custody: the cleanup-error hook panicked while reporting: {error}");
+        stderr_line(format_args!(
+            "custody: the cleanup-error hook panicked while reporting: {error}"
+        ));
     }
 }
 
@@ -363,11 +365,22 @@ pub(crate) fn warn(warning: CleanupWarning) {
         .clone();
     let outcome = catch_unwind(AssertUnwindSafe(|| match hook {
         Some(hook) => hook(&warning),
-        None => eprintln!("custody: warning: {warning}"),
+        None => stderr_line(format_args!("custody: warning: {warning}")),
     }));
     if outcome.is_err() {
-        eprintln!("custody: the cleanup-warning hook panicked while reporting: {warning}");
+        stderr_line(format_args!(
+            "custody: the cleanup-warning hook panicked while reporting: {warning}"
+        ));
     }
+}
+
+/// Writes one line to stderr, ignoring a failed write (stderr closed, a pipe nobody reads):
+/// `eprintln!` panics on a failed write, and the paths that fall back to stderr (a report with
+/// no hook, a panicking hook, the cleanup worker, a host-function trampoline, which must not
+/// unwind into the driver) must never panic.
+pub(crate) fn stderr_line(line: fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 #[cfg(test)]

@@ -44,8 +44,9 @@ pub(crate) struct Deallocate {
     /// then gets `default_stream()`.
     pub(crate) stream: Option<StreamHandle>,
     /// The free this call makes, owed until the call is made or skipped (then taken and
-    /// dropped, before Python runs); still there if the call never happens (a queued call on a
-    /// thread stopped at exit), for the report at the end of the interpreter's shutdown.
+    /// dropped, before Python runs); still there if the call never happens: a call dropped
+    /// unmade reports that itself (see its `Drop`), and one on a thread stopped at exit (never
+    /// dropped) is named by the report at the end of the interpreter's shutdown.
     pub(crate) owed: Option<OwedFree>,
 }
 
@@ -53,6 +54,22 @@ pub(crate) struct Deallocate {
 struct Queued {
     call: Deallocate,
     context: Option<ContextHandle>,
+}
+
+impl Drop for Deallocate {
+    /// A call dropped while its free is still owed was never made and never reported: a call
+    /// the queue could not take, or one still queued when this thread's storage is torn down.
+    /// It is reported here (the memory is leaked), so that no owed free goes unnamed.
+    fn drop(&mut self) {
+        if self.owed.take().is_some() {
+            report(&format!(
+                "{} was not called: it was released inside another deallocate call on a thread \
+                 that is exiting, where it could not wait for that call to return, so the \
+                 memory is leaked",
+                self.name()
+            ));
+        }
+    }
 }
 
 thread_local! {
@@ -126,13 +143,34 @@ pub(crate) fn deallocate(mut call: Deallocate) -> Result<(), Failure> {
         // Thread-local storage is gone (the thread is exiting): nothing can be queued.
         Err(_) => return call.invoke(),
         Ok(true) => {
-            // The release made the recipe's context current for this call: keep it (host-only
-            // memory has no recipe, and needs no context).
-            let context = match call.stream {
-                Some(_) => ContextHandle::current().ok().flatten(),
+            // The release made the recipe's context current for this call: keep it. A stream
+            // that carries its context names it with no driver call; for a default-stream token
+            // it is read. Host-only memory has no recipe, and needs no context.
+            let context = match &call.stream {
+                Some(stream) => match stream.context() {
+                    Some(context) => Some(context.clone()),
+                    None => match ContextHandle::current() {
+                        Ok(context) => context,
+                        Err(error) => {
+                            // Run later in whatever context is current then, the call would
+                            // not get its recipe's (D2): it is not made, and said so.
+                            report(&format!(
+                                "{} was not called: it was released inside another \
+                                 deallocate call on this thread, and the context its release \
+                                 made current for it could not be read ({error}), so the \
+                                 memory is leaked",
+                                call.name()
+                            ));
+                            drop(call.owed.take());
+                            return Ok(());
+                        }
+                    },
+                },
                 None => None,
             };
             let queued = Queued { call, context };
+            // A queue that cannot take it (this thread's storage is being torn down) drops
+            // it, and the drop reports the call it never makes.
             let _ = QUEUE.try_with(|queue| queue.borrow_mut().push_back(queued));
             return Ok(());
         }

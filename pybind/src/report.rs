@@ -310,7 +310,10 @@ pub(crate) fn report(message: &str) {
         }
     });
     if delivered.is_none() {
-        eprintln!("custody: CUDAWarning: {message}");
+        // `writeln!`, not `eprintln!`: a failed write to stderr (closed, or a pipe nobody
+        // reads) is ignored, never a panic in a hook documented never to panic.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr().lock(), "custody: CUDAWarning: {message}");
     }
 }
 

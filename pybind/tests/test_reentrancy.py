@@ -216,3 +216,46 @@ def test_four_threads_drop_buffers_while_deallocate_collects(device):
     assert all(e["running"] == 1 for e in mr.events)
     assert mr.backing == {}
     assert cuda_warnings(caught) == []
+
+
+def test_a_nested_release_whose_context_cannot_be_read_is_reported_not_run_elsewhere(
+    device, emu, recorded_warnings
+):
+    """Issue 26 item 11: a release inside a running ``deallocate`` queues its call with the
+    context the release made current for it (its recipe's); when reading that context fails,
+    the call is not run later in whatever context is current then (it was, the failure taken
+    for "no context"): it is reported, naming the call, and the memory is leaked."""
+    if emu is None:
+        import pytest
+
+        pytest.skip("needs the emulated driver's fault injection")
+    from conftest import DRIVER
+    import ctypes
+
+    mr, outer, _, s_outer, _ = two_buffers(device)
+    # The inner buffer's recipe: the legacy stream bound to a context of device 0 other than its
+    # primary one (made by "other code"), so that a call run in the wrong context shows.
+    other = ctypes.c_void_p()
+    assert DRIVER.cuCtxCreate_v2(ctypes.byref(other), 0, 0) == 0
+    inner = mr.allocate(64, stream=custody.LEGACY_DEFAULT_STREAM)
+    device.set_current()
+    o, i = outer.handle, inner.handle
+    holder = [inner]
+    del inner
+
+    def hook(ptr):
+        if ptr == o:
+            # The nested release reads the current context once (cuCtxGetCurrent) to queue the
+            # call, after making the recipe's current (one more read): fail the second.
+            emu.inject_fault("cuCtxGetCurrent", 2, 201)  # CUDA_ERROR_INVALID_CONTEXT
+            holder.clear()
+            emu.clear_faults()
+
+    mr.hook = hook
+    outer.close()
+    ran = [e for e in mr.events if e["ptr"] == i]
+    assert ran == [] or ran[0]["context"] == other.value, "run in another context than its recipe's"
+    warned = [str(w.message) for w in cuda_warnings(recorded_warnings)]
+    assert any(f"LockingResource.deallocate(0x{i:x}" in w and "context" in w for w in warned), warned
+    assert DRIVER.cuCtxDestroy_v2(other) == 0
+    device.set_current()

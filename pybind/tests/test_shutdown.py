@@ -163,6 +163,59 @@ def test_failing_free_at_exit_goes_to_stderr(tmp_path):
     assert lines[0].startswith("custody: CUDAWarning: cuMemFreeAsync(" + ptr + ")"), lines
 
 
+def test_a_report_to_a_broken_stderr_does_not_panic(tmp_path):
+    """Issue 26 item 11: a report that goes to stderr (the interpreter is exiting, on a thread
+    other than its exit thread) when stderr cannot be written (a pipe nobody reads) is dropped,
+    never a panic: ``eprintln!`` panicked there, inside a hook documented never to panic, and
+    the panic came out of the buffer's deallocation as a ``PanicException``."""
+    if EMU is None:
+        import pytest
+
+        pytest.skip("needs the emulated driver's fault injection")
+    marker = tmp_path / "unraisable"
+    body = f"""
+        import atexit, os
+        held = [pool.allocate(64, stream=s)]
+
+        def hook(unraisable):
+            with open({str(marker)!r}, "a") as f:
+                f.write(type(unraisable.exc_value).__name__ + "\\n")
+
+        def drop_on_another_thread():
+            # custody's atexit callback has run: a thread other than the exit thread reports
+            # to stderr.
+            EMU.inject_fault("cuMemFreeAsync", 1, 1)
+            del held[0]
+
+        def late():
+            t = threading.Thread(target=drop_on_another_thread)
+            t.start()
+            t.join()
+
+        sys.unraisablehook = hook
+        r, w = os.pipe()
+        os.close(r)
+        os.dup2(w, 2)  # stderr: a pipe nobody reads (writes fail with EPIPE)
+        print("ok", flush=True)
+        """
+    # Registered before custody's own callback runs (atexit runs the last registered first):
+    # `late` runs after it, so custody's exit has begun.
+    script = (
+        "import atexit\n"
+        "_late = []\n"
+        "atexit.register(lambda: _late and _late[0]())\n"
+        + PROLOGUE.format(tests=os.path.dirname(__file__))
+        + textwrap.dedent(body)
+        + "_late.append(late)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+    assert not marker.exists() or marker.read_text() == "", marker.read_text()
+
+
 def test_escalated_warnings_filter_at_exit_is_harmless(tmp_path):
     out = run_child(
         """
