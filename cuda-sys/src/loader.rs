@@ -1,6 +1,7 @@
 //! The driver loader: finds the driver library, resolves every symbol custody uses, checks the
 //! driver version, and never panics.
 
+use std::fmt;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -28,7 +29,11 @@ const NO_DRIVER_HELP: &str = "install the NVIDIA driver, or set CUSTODY_CUDA_DRI
      repository into target/debug/libcuda_emu.so";
 
 /// Why the driver could not be loaded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// Its `Debug` is the variant's name and its message, so that a `main` returning
+/// `Result<(), Box<dyn Error>>` (which prints the error with `Debug`) shows what was tried and
+/// how to name a driver or where the emulated one comes from, as `Display` does.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
     /// No candidate library could be opened; each attempt is listed as `path: reason`. The
@@ -70,6 +75,18 @@ pub enum LoadError {
         /// The status it returned.
         code: CudaErrorCode,
     },
+}
+
+impl fmt::Debug for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let variant = match self {
+            LoadError::LibraryNotFound { .. } => "LibraryNotFound",
+            LoadError::MissingSymbol { .. } => "MissingSymbol",
+            LoadError::DriverTooOld { .. } => "DriverTooOld",
+            LoadError::VersionQueryFailed { .. } => "VersionQueryFailed",
+        };
+        f.debug_tuple(variant).field(&self.to_string()).finish()
+    }
 }
 
 macro_rules! define_driver {
@@ -309,14 +326,16 @@ mod tests {
             matches!(&error, LoadError::LibraryNotFound { attempts } if attempts.len() == 1),
             "{error:?}"
         );
-        let text = error.to_string();
-        for part in [
-            &missing.display().to_string(),
-            DRIVER_ENV,
-            "libcuda_emu.so",
-            "cargo build -p cuda-custody-emu",
-        ] {
-            assert!(text.contains(part), "{part:?} is not in {text:?}");
+        // `Debug` too: what `fn main() -> Result<(), Box<dyn Error>>` prints.
+        for text in [error.to_string(), format!("{error:?}")] {
+            for part in [
+                &missing.display().to_string(),
+                DRIVER_ENV,
+                "libcuda_emu.so",
+                "cargo build -p cuda-custody-emu",
+            ] {
+                assert!(text.contains(part), "{part:?} is not in {text:?}");
+            }
         }
     }
 }

@@ -224,7 +224,7 @@ pub use memory::{CachingMemoryResource, CachingStats};
 /// let mut bytes = [0u8; 64];
 /// kept.copy_to_host(&mut bytes, &stream)?;
 /// assert_eq!(bytes, [9; 64]);
-/// # let _ = GraphMemoryResource::new(0);
+/// assert!(GraphMemoryResource::new(99).is_err(), "no device 99");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub use memory::{CaptureMode, GraphBuilder, GraphMemoryResource};

@@ -27,6 +27,19 @@ pub fn device_count() -> Result<i32, HandleError> {
     Ok(count)
 }
 
+/// Checks that device `ordinal` exists, initialising the driver on first use: for what names a
+/// device without using it yet (a graph memory resource), so that a bad ordinal is refused when
+/// it is given, as a device's pool resource refuses it.
+///
+/// # Errors
+/// [`HandleError::Driver`] with `CUDA_ERROR_INVALID_DEVICE` for an ordinal out of range;
+/// [`HandleError::Load`] when no driver loads.
+///
+/// Driver calls: `cuInit` (once), `cuDeviceGet`.
+pub fn check_device(ordinal: i32) -> Result<(), HandleError> {
+    device_of(ordinal).map(|_| ())
+}
+
 /// The driver's `CUdevice` for `ordinal`, initialising the driver on first use.
 ///
 /// Driver calls: `cuInit` (once), `cuDeviceGet`.

@@ -180,6 +180,11 @@ impl GraphExecHandle {
         })
     }
 
+    /// The context the executable runs in (its graph's).
+    pub fn context(&self) -> &ContextHandle {
+        &self.0.context
+    }
+
     /// The raw `CUgraphExec`, valid while this handle lives.
     pub fn raw(&self) -> CUgraphExec {
         self.0.raw as CUgraphExec

@@ -61,8 +61,8 @@ pub use deferred::{
     deferred_cleanup_pending, deferred_frees_waiting_for_a_capture, drain_deferred_cleanup,
 };
 pub use device::{
-    device_attribute, device_can_access_peer, device_count, device_name, device_pci_bus_id,
-    device_uuid, graph_mem_attribute, graph_mem_trim, set_graph_mem_attribute,
+    check_device, device_attribute, device_can_access_peer, device_count, device_name,
+    device_pci_bus_id, device_uuid, graph_mem_attribute, graph_mem_trim, set_graph_mem_attribute,
     stream_priority_range,
 };
 pub use deviceptr::{BlockCache, DevicePtrHandle, ReleaseKind};

@@ -756,6 +756,19 @@ pub trait MemoryResource: Send + Sync + 'static {
     }
 }
 
+/// Any resource behind `dyn`: its name, its device and where its memory can be used, so that
+/// a struct holding an `Arc<dyn MemoryResource>` can derive `Debug`. No driver call.
+impl fmt::Debug for dyn MemoryResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(self.name())
+            .field("device_id", &self.device_id())
+            .field("device_accessible", &self.is_device_accessible())
+            .field("host_accessible", &self.is_host_accessible())
+            .field("managed", &self.is_managed())
+            .finish()
+    }
+}
+
 /// An adoption that was refused ([`Buffer::adopt`], [`MemoryResource::adopt`]), with the
 /// allocation given back: nothing was taken, nothing freed, and the memory is still the
 /// caller's to free or to adopt again.

@@ -60,7 +60,7 @@ fn assert_capture_freed_on(ptr: u64, from: u64, stream: &handles::StreamHandle) 
 fn graph_allocation_needs_a_capturing_stream() {
     let _serial = start();
     let s = stream_on(0);
-    let gmr = GraphMemoryResource::new(0);
+    let gmr = GraphMemoryResource::new(0).unwrap();
     let from = mark();
     assert_eq!(
         Arc::clone(&gmr).allocate(256, &s).unwrap_err(),
@@ -76,6 +76,23 @@ fn graph_allocation_needs_a_capturing_stream() {
         );
     }
     assert_no_alloc_calls(from);
+}
+
+/// Issue 26 item 13: a graph memory resource for a device that does not exist is refused when
+/// made (it was accepted, to fail only at an allocation), as a device's pool resource is.
+#[test]
+fn graph_memory_resource_refuses_a_device_that_does_not_exist() {
+    let _serial = start();
+    let count = handles::device_count().unwrap();
+    for missing in [count, 99] {
+        let refused = GraphMemoryResource::new(missing).unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Some(handles::CudaErrorCode::INVALID_DEVICE),
+            "{refused}"
+        );
+    }
+    assert_eq!(GraphMemoryResource::new(0).unwrap().device_id(), Some(0));
 }
 
 #[test]
@@ -104,7 +121,7 @@ fn pool_resource_refuses_a_capturing_stream() {
 fn closing_during_capture_adds_the_free_to_the_graph() {
     let _serial = start();
     let s = stream_on(0);
-    let gmr = GraphMemoryResource::new(0);
+    let gmr = GraphMemoryResource::new(0).unwrap();
     handles::begin_capture(&s, RELAXED).unwrap();
     let buffer = gmr.allocate(1024, &s).unwrap();
     let ptr = buffer.ptr();
@@ -127,7 +144,7 @@ fn closing_during_capture_adds_the_free_to_the_graph() {
 fn closing_after_capture_is_an_ordinary_free_on_the_capture_stream() {
     let _serial = start();
     let s = stream_on(0);
-    let gmr = GraphMemoryResource::new(0);
+    let gmr = GraphMemoryResource::new(0).unwrap();
     handles::begin_capture(&s, RELAXED).unwrap();
     let buffer = gmr.allocate(1024, &s).unwrap();
     buffer.fill(0x22u8, &s).unwrap();

@@ -114,7 +114,7 @@ fn pool_memory_returns_to_the_pool_when_dropped_on_a_thread_without_a_context() 
 #[test]
 fn graph_memory_under_capture() {
     let s = stream();
-    let gmr = GraphMemoryResource::new(0);
+    let gmr = GraphMemoryResource::new(0).unwrap();
     assert_eq!(
         Arc::clone(&gmr).allocate(4096, &s).unwrap_err(),
         MemoryError::NotCapturing

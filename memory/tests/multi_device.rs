@@ -1003,3 +1003,52 @@ fn peer_access_to_a_pool_is_granted_and_revoked() {
     pool.set_access(&[(1, handles::MemAccess::None)]).unwrap();
     assert_eq!(pool.access(1).unwrap(), handles::MemAccess::None);
 }
+
+/// Issue 26 item 13: a graph of device 0 launched (or uploaded) on a stream of device 1 is
+/// refused before any driver call ([`MemoryError::WrongDevice`], as copies and `record_use`
+/// refuse another device's stream), instead of being handed to the driver without a word.
+#[test]
+fn a_graph_is_not_launched_on_another_devices_stream() {
+    let _serial = start();
+    if !two_devices() {
+        return;
+    }
+    let (s0, s1) = (stream_on(0), stream_on(1));
+    let buffer = memory::DeviceMemoryResource::new(0)
+        .unwrap()
+        .allocate(256, &s0)
+        .unwrap();
+    let graph = memory::Graph::new(0).unwrap();
+    graph.add_memset(&[], &buffer, 0x5au8).unwrap();
+    let exec = graph.instantiate().unwrap();
+    let me = test_support::tid();
+    let from = mark();
+    for refused in [
+        exec.launch(&s1).unwrap_err(),
+        exec.upload(&s1).unwrap_err(),
+        graph.launch(&s1).unwrap_err(),
+    ] {
+        assert_eq!(
+            refused,
+            MemoryError::WrongDevice {
+                expected: 0,
+                found: 1
+            }
+        );
+    }
+    with_emulator(|emu| {
+        let launches: Vec<String> = emu
+            .names_on(me, from)
+            .into_iter()
+            .filter(|name| name.starts_with("cuGraphLaunch") || name.starts_with("cuGraphUpload"))
+            .collect();
+        assert!(launches.is_empty(), "{launches:?}");
+    });
+    exec.launch(&s0).expect("its own device's stream");
+    s0.synchronize().unwrap();
+    assert_eq!(read(&buffer, &s0), vec![0x5a; 256]);
+    exec.close();
+    graph.close();
+    handles::drain_deferred_cleanup();
+    buffer.close().unwrap();
+}

@@ -697,3 +697,41 @@ fn zero_byte_managed_placement_makes_no_driver_call() {
     b.close().unwrap();
     assert_no_hazards();
 }
+
+/// Issue 26 item 13: every memory resource implements `Debug`, and so does
+/// `dyn MemoryResource`, so that a struct holding resources derives it (it did not compile).
+#[test]
+fn a_struct_holding_resources_derives_debug() {
+    #[derive(Debug)]
+    #[allow(dead_code)] // the fields are read by `Debug` only
+    struct Holder {
+        device: Arc<memory::DeviceMemoryResource>,
+        synchronous: Arc<memory::SynchronousMemoryResource>,
+        legacy_pinned: Arc<memory::LegacyPinnedMemoryResource>,
+        managed: Arc<memory::ManagedMemoryResource>,
+        graph: Arc<memory::GraphMemoryResource>,
+        cache: Arc<memory::CachingMemoryResource>,
+        any: Arc<dyn MemoryResource>,
+    }
+    let _serial = start();
+    let device = memory::DeviceMemoryResource::new(0).unwrap();
+    let holder = Holder {
+        synchronous: memory::SynchronousMemoryResource::new(0).unwrap(),
+        legacy_pinned: memory::LegacyPinnedMemoryResource::new(),
+        managed: memory::ManagedMemoryResource::new(),
+        graph: memory::GraphMemoryResource::new(0).unwrap(),
+        cache: memory::CachingMemoryResource::new(device.clone()),
+        any: device.clone(),
+        device,
+    };
+    let text = format!("{holder:?}");
+    for part in [
+        "DeviceMemoryResource",
+        "SynchronousMemoryResource",
+        "CachingMemoryResource",
+        "GraphMemoryResource",
+        "device_id: Some(0)",
+    ] {
+        assert!(text.contains(part), "{part:?} is not in {text}");
+    }
+}

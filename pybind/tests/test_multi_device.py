@@ -293,3 +293,28 @@ def test_peer_accessible_by_grants_and_revokes_in_one_call(emu):
     mr.peer_accessible_by = []
     assert len(mr.peer_accessible_by) == 0
     mr.close()
+
+
+def test_a_graph_is_not_launched_on_another_devices_stream(ctx, emu):
+    """Issue 26 item 13: a device-0 graph launched or uploaded on a device-1 stream raises
+    ValueError before any driver call (it was accepted without a word)."""
+    s0, s1 = custody.Device(0).create_stream(), custody.Device(1).create_stream()
+    buf = custody.DeviceMemoryResource(0).allocate(SIZE, stream=s0)
+    s0.sync()
+    gb = s0.create_graph_builder().begin_building()
+    buf.fill(7, stream=gb)
+    gb.end_building()
+    graph = gb.complete()
+    if emu:
+        emu.clear_calls()
+    with pytest.raises(ValueError, match="wrong device"):
+        graph.launch(s1)
+    with pytest.raises(ValueError, match="wrong device"):
+        graph.upload(s1)
+    if emu:
+        assert emu.calls_to("cuGraphLaunch") == [] and emu.calls_to("cuGraphUpload") == []
+    graph.launch(s0)
+    assert host_bytes(buf, s0) == bytes([7]) * SIZE
+    graph.close()
+    gb.close()
+    buf.close()

@@ -166,7 +166,7 @@ impl GraphBuilder {
         if !state.active {
             return Err(MemoryError::NotCapturing);
         }
-        let mut buffer = GraphMemoryResource::new(self.device).allocate(size, &self.stream)?;
+        let mut buffer = GraphMemoryResource::new(self.device)?.allocate(size, &self.stream)?;
         state.graph_allocations.insert(buffer.ptr());
         if let Some(gate) = &state.gate {
             buffer.attach_launch_gate(gate.clone());

@@ -32,6 +32,7 @@ use handles::{
     StreamHandle,
 };
 
+use crate::checks::check_bound_stream_device;
 use crate::{Buffer, FillValue, MemoryError};
 
 pub use builder::{CaptureMode, GraphBuilder};
@@ -423,11 +424,16 @@ impl GraphExec {
     /// Launches the graph on `stream`, ordered after the work queued there. Does not block.
     /// The first successful launch of a captured graph (its clones and executables included)
     /// then issues the frees of its graph allocations that were closed before any launch
-    /// ([`GraphBuilder::allocate`]), on their streams, ordered after this launch.
+    /// ([`GraphBuilder::allocate`]), on their streams, ordered after this launch. A
+    /// default-stream token means the graph's own context's stream (the launch runs in that
+    /// context).
     ///
     /// # Errors
-    /// [`MemoryError::Graph`] when the executable is closed; [`MemoryError::Handle`] for the
-    /// driver's failure (nothing deferred is issued then).
+    /// Before any driver call: [`MemoryError::Graph`] when the executable is closed;
+    /// [`MemoryError::WrongDevice`] for a stream of another device than the graph's (as copies
+    /// and [`Buffer::record_use`] refuse one; the driver's own answer to such a launch is not
+    /// relied on). Then [`MemoryError::Handle`] for the driver's failure (nothing deferred is
+    /// issued then).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphLaunch`; after
     /// the first launch, per deferred free `cuEventCreate`, `cuEventRecord`, `cuStreamWaitEvent`,
@@ -437,6 +443,7 @@ impl GraphExec {
         let handle = guard.as_ref().ok_or(MemoryError::Graph {
             reason: "the executable graph is closed",
         })?;
+        check_bound_stream_device(stream, handle.context().device())?;
         handle.launch(stream)?;
         drop(guard);
         if let Some(gate) = &self.launch_gate {
@@ -449,8 +456,9 @@ impl GraphExec {
     /// Does not block.
     ///
     /// # Errors
-    /// [`MemoryError::Graph`] when the executable is closed; [`MemoryError::Handle`] for the
-    /// driver's failure.
+    /// [`MemoryError::Graph`] when the executable is closed; [`MemoryError::WrongDevice`] for a
+    /// stream of another device than the graph's (no driver call); [`MemoryError::Handle`] for
+    /// the driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphUpload`.
     pub fn upload(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
@@ -458,6 +466,7 @@ impl GraphExec {
         let handle = guard.as_ref().ok_or(MemoryError::Graph {
             reason: "the executable graph is closed",
         })?;
+        check_bound_stream_device(stream, handle.context().device())?;
         Ok(handle.upload(stream)?)
     }
 

@@ -3,6 +3,7 @@
 //! driver call, with [`CachingStats`]. The design (what "the same stream" means, declared uses,
 //! size classes, flushes) is in handles/DESIGN.md, "Caching memory resource".
 
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -210,6 +211,18 @@ pub struct CachingMemoryResource {
     closed: AtomicBool,
     access: Access,
     upstream: Arc<dyn MemoryResource>,
+}
+
+/// The cache's counters and its upstream resource (no driver call; takes the bins' lock for
+/// the counters).
+impl fmt::Debug for CachingMemoryResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachingMemoryResource")
+            .field("upstream", &self.upstream)
+            .field("closed", &self.is_closed())
+            .field("stats", &self.stats())
+            .finish()
+    }
 }
 
 impl CachingMemoryResource {

@@ -25,10 +25,17 @@ pub struct GraphMemoryResource {
 }
 
 impl GraphMemoryResource {
-    /// The resource for device `device_id` (no driver call; the device is checked against each
-    /// allocation's stream).
-    pub fn new(device_id: i32) -> Arc<GraphMemoryResource> {
-        Arc::new(GraphMemoryResource { device: device_id })
+    /// The resource for device `device_id`, which must exist (each allocation's stream is then
+    /// checked against it).
+    ///
+    /// # Errors
+    /// [`MemoryError::Handle`]: a device that does not exist (`CUDA_ERROR_INVALID_DEVICE`), a
+    /// driver that does not load.
+    ///
+    /// Driver calls: `cuInit` (once), `cuDeviceGet`.
+    pub fn new(device_id: i32) -> Result<Arc<GraphMemoryResource>, MemoryError> {
+        handles::check_device(device_id)?;
+        Ok(Arc::new(GraphMemoryResource { device: device_id }))
     }
 }
 

@@ -15,6 +15,7 @@ use crate::checks::{check_bound_stream_device, check_size, device_error};
 use crate::{Buffer, ManagedBuffer, MemoryError, MemoryResource};
 
 /// What the two pool resources share.
+#[derive(Debug)]
 struct PoolCore {
     /// The resource's type name, for [`MemoryError::ResourceClosed`].
     resource: &'static str,
@@ -155,6 +156,7 @@ pub struct DeviceMemoryResourceOptions {
 /// refused ([`MemoryError::StreamCapturing`]; use a [`crate::GraphMemoryResource`]) when the
 /// capture was begun through custody (`handles::begin_capture`); a capture begun by other
 /// code is not detected and the allocation becomes a graph allocation.
+#[derive(Debug)]
 pub struct DeviceMemoryResource {
     device: i32,
     core: PoolCore,
@@ -334,6 +336,7 @@ pub struct PinnedMemoryResourceOptions {
 ///
 /// Allocation and free are stream-ordered, as for [`DeviceMemoryResource`]; the stream may be
 /// on any device.
+#[derive(Debug)]
 pub struct PinnedMemoryResource {
     core: PoolCore,
 }
@@ -470,6 +473,7 @@ impl PoolMemoryResource for PinnedMemoryResource {
 /// device). The pool cannot be shared with other processes. The pointers carry no
 /// `CU_POINTER_ATTRIBUTE_IS_MANAGED`: buffers know they are managed from the resource.
 /// [`crate::ManagedMemoryResource`] (`cuMemAllocManaged`) serves drivers before CUDA 13.
+#[derive(Debug)]
 pub struct ManagedPoolMemoryResource {
     preferred: ManagedPoolLocation,
     core: PoolCore,

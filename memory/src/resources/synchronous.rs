@@ -203,6 +203,7 @@ impl MemoryResource for ManagedMemoryResource {
 /// token (any of the three) is replaced by the legacy stream *bound to the resource's
 /// context*: the allocation is synchronous anyway, and the free then needs no current context
 /// and raises no per-thread-stream warning on another thread.
+#[derive(Debug)]
 pub struct SynchronousMemoryResource {
     device: i32,
     legacy: StreamHandle,

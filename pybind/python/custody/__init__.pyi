@@ -369,19 +369,21 @@ class Buffer:
         ``stream`` is being captured into a graph at the free, the free waits until the capture
         ends. A buffer that frees nothing (``from_handle`` without ``mr``) records nothing.
 
-        ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream,
-        or a default stream with no current context; ``ValueError`` for a stream of another
-        device (for device memory; pinned and managed memory accept any device's stream). On
-        error nothing is recorded.
+        ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream, a
+        default stream with no current context, or a stream whose context (one made by other
+        code) has been destroyed; ``ValueError`` for a stream of another device (for device
+        memory; pinned and managed memory accept any device's stream). On error nothing is
+        recorded.
         """
     def set_deallocation_stream(self, stream: StreamLike) -> None:
         """Records the free on ``stream`` from now on: the whole recipe is replaced atomically,
         seen by every holder of the memory. Nothing is freed or synchronised: order the work on
         the old stream before the new one yourself.
 
-        ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream,
-        or a default stream with no current context; ``ValueError`` for a stream of another
-        device. On error the old recipe stays.
+        ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream, a
+        default stream with no current context, or a stream whose context (one made by other
+        code) has been destroyed; ``ValueError`` for a stream of another device. On error the
+        old recipe stays.
         """
     def copy_to(self, dst: Optional["Buffer"] = None, *, stream: StreamLike) -> "Buffer":
         """Copies this buffer into ``dst`` (allocated from ``memory_resource`` with ``stream`` if
@@ -1285,12 +1287,13 @@ class Graph:
     def upload(self, stream: StreamLike) -> None:
         """Uploads the graph to the device on ``stream`` so that the next launch need not
         (``cuGraphUpload``). Does not block. ``RuntimeError`` for a closed graph or stream;
-        ``TypeError`` for a missing, ``None`` or non-stream ``stream``; :class:`CUDAError` on a
-        driver failure.
+        ``TypeError`` for a missing, ``None`` or non-stream ``stream``; ``ValueError`` for a
+        stream of another device than the graph's; :class:`CUDAError` on a driver failure.
         """
     def launch(self, stream: StreamLike) -> None:
         """Launches the graph on ``stream``. Does not block. ``RuntimeError`` for a closed graph or
-        stream; ``TypeError`` for a missing, ``None`` or non-stream ``stream``; :class:`CUDAError`
+        stream; ``TypeError`` for a missing, ``None`` or non-stream ``stream``; ``ValueError`` for
+        a stream of another device than the graph's (before any driver call); :class:`CUDAError`
         on a driver failure.
         """
     @property

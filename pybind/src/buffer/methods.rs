@@ -350,10 +350,11 @@ impl PyBuffer {
     /// ``stream`` is being captured into a graph at the free, the free waits until the capture
     /// ends. A buffer that frees nothing (``from_handle`` without ``mr``) records nothing.
     ///
-    /// ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream,
-    /// or a default stream with no current context; ``ValueError`` for a stream of another
-    /// device (for device memory; pinned and managed memory accept any device's stream). On
-    /// error nothing is recorded.
+    /// ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream, a
+    /// default stream with no current context, or a stream whose context (one made by other
+    /// code) has been destroyed; ``ValueError`` for a stream of another device (for device
+    /// memory; pinned and managed memory accept any device's stream). On error nothing is
+    /// recorded.
     fn record_use(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         if stream.is_none() {
             return Err(PyTypeError::new_err(
@@ -379,9 +380,10 @@ impl PyBuffer {
     /// seen by every holder of the memory. Nothing is freed or synchronised: order the work on
     /// the old stream before the new one yourself.
     ///
-    /// ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream,
-    /// or a default stream with no current context; ``ValueError`` for a stream of another
-    /// device. On error the old recipe stays.
+    /// ``TypeError`` for None or a non-stream; ``RuntimeError`` for a closed buffer or stream, a
+    /// default stream with no current context, or a stream whose context (one made by other
+    /// code) has been destroyed; ``ValueError`` for a stream of another device. On error the
+    /// old recipe stays.
     fn set_deallocation_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         if stream.is_none() {
             return Err(PyTypeError::new_err(

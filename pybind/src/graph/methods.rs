@@ -254,7 +254,8 @@ impl PyGraph {
     }
 
     /// Launches the graph on ``stream``. Does not block. ``RuntimeError`` for a closed graph or
-    /// stream; ``TypeError`` for a missing, ``None`` or non-stream ``stream``; :class:`CUDAError`
+    /// stream; ``TypeError`` for a missing, ``None`` or non-stream ``stream``; ``ValueError`` for
+    /// a stream of another device than the graph's (before any driver call); :class:`CUDAError`
     /// on a driver failure.
     fn launch(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         let stream = accept_stream(stream)?;
@@ -265,8 +266,8 @@ impl PyGraph {
 
     /// Uploads the graph to the device on ``stream`` so that the next launch need not
     /// (``cuGraphUpload``). Does not block. ``RuntimeError`` for a closed graph or stream;
-    /// ``TypeError`` for a missing, ``None`` or non-stream ``stream``; :class:`CUDAError` on a
-    /// driver failure.
+    /// ``TypeError`` for a missing, ``None`` or non-stream ``stream``; ``ValueError`` for a
+    /// stream of another device than the graph's; :class:`CUDAError` on a driver failure.
     fn upload(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         let stream = accept_stream(stream)?;
         let exec = self.exec()?;

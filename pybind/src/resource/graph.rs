@@ -23,7 +23,8 @@ impl PyGraphMemoryResource {
         _kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let ordinal = device_ordinal(device_id)?;
-        Ok(PyMemoryResource::builtin(GraphMemoryResource::new(ordinal), false).add_subclass(Self))
+        let native = GraphMemoryResource::new(ordinal).map_err(Error::from)?;
+        Ok(PyMemoryResource::builtin(native, false).add_subclass(Self))
     }
 
     /// The device's graph memory use (:class:`GraphMemoryResourceAttributes`,
