@@ -78,7 +78,7 @@ fn graph_allocation_needs_a_capturing_stream() {
     assert_no_alloc_calls(from);
 }
 
-/// Issue 26 item 13: a graph memory resource for a device that does not exist is refused when
+/// A graph memory resource for a device that does not exist is refused when
 /// made (it was accepted, to fail only at an allocation), as a device's pool resource is.
 #[test]
 fn graph_memory_resource_refuses_a_device_that_does_not_exist() {

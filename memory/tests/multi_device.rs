@@ -1004,7 +1004,7 @@ fn peer_access_to_a_pool_is_granted_and_revoked() {
     assert_eq!(pool.access(1).unwrap(), handles::MemAccess::None);
 }
 
-/// Issue 26 item 13: a graph of device 0 launched (or uploaded) on a stream of device 1 is
+/// A graph of device 0 launched (or uploaded) on a stream of device 1 is
 /// refused before any driver call ([`MemoryError::WrongDevice`], as copies and `record_use`
 /// refuse another device's stream), instead of being handed to the driver without a word.
 #[test]

@@ -698,7 +698,7 @@ fn zero_byte_managed_placement_makes_no_driver_call() {
     assert_no_hazards();
 }
 
-/// Issue 26 item 13: every memory resource implements `Debug`, and so does
+/// Every memory resource implements `Debug`, and so does
 /// `dyn MemoryResource`, so that a struct holding resources derives it (it did not compile).
 #[test]
 fn a_struct_holding_resources_derives_debug() {

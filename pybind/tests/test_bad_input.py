@@ -375,7 +375,7 @@ def test_from_handle_refuses_sizes_over_isize_max_first(device, stream, cls):
 
 
 def test_a_negative_size_names_the_argument(device, stream):
-    """Issue 26 item 12: a negative size is refused naming the argument (pyo3's conversion said
+    """A negative size is refused naming the argument (pyo3's conversion said
     only "can't convert negative int to unsigned")."""
     mr = custody.DeviceMemoryResource(0)
     for call in [
@@ -392,7 +392,7 @@ def test_a_negative_size_names_the_argument(device, stream):
 
 @pytest.mark.parametrize("cls", [custody.Stream, custody.GraphBuilder])
 def test_a_stream_class_instead_of_an_instance_names_the_mistake(device, stream, cls):
-    """Issue 26 item 12: the class ``custody.Stream`` (or ``GraphBuilder``) where a stream goes
+    """The class ``custody.Stream`` (or ``GraphBuilder``) where a stream goes
     is refused as such (calling the class's ``__cuda_stream__`` said "unbound method
     Stream.__cuda_stream__() needs an argument")."""
     buf = custody.DeviceMemoryResource(0).allocate(64, stream=stream)

@@ -296,7 +296,7 @@ def test_peer_accessible_by_grants_and_revokes_in_one_call(emu):
 
 
 def test_a_graph_is_not_launched_on_another_devices_stream(ctx, emu):
-    """Issue 26 item 13: a device-0 graph launched or uploaded on a device-1 stream raises
+    """A device-0 graph launched or uploaded on a device-1 stream raises
     ValueError before any driver call (it was accepted without a word)."""
     s0, s1 = custody.Device(0).create_stream(), custody.Device(1).create_stream()
     buf = custody.DeviceMemoryResource(0).allocate(SIZE, stream=s0)

@@ -221,7 +221,7 @@ def test_four_threads_drop_buffers_while_deallocate_collects(device):
 def test_a_nested_release_whose_context_cannot_be_read_is_reported_not_run_elsewhere(
     device, emu, recorded_warnings
 ):
-    """Issue 26 item 11: a release inside a running ``deallocate`` queues its call with the
+    """A release inside a running ``deallocate`` queues its call with the
     context the release made current for it (its recipe's); when reading that context fails,
     the call is not run later in whatever context is current then (it was, the failure taken
     for "no context"): it is reported, naming the call, and the memory is leaked."""

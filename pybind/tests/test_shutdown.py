@@ -115,7 +115,7 @@ def test_a_buffer_a_daemon_thread_keeps_alive_at_exit_is_reported(tmp_path):
 def test_a_buffer_closed_during_a_capture_still_running_at_exit_is_reported_as_held_by_it(
     tmp_path,
 ):
-    """Issue 26 item 12: a Python memory resource's buffer closed while its stream was being
+    """A Python memory resource's buffer closed while its stream was being
     captured belongs to the capture's graph; exiting mid-capture, its skipped free is named as
     still held by a graph or capture, not as held by "something the interpreter never freed,
     such as a daemon thread's frame"."""
@@ -164,7 +164,7 @@ def test_failing_free_at_exit_goes_to_stderr(tmp_path):
 
 
 def test_a_report_to_a_broken_stderr_does_not_panic(tmp_path):
-    """Issue 26 item 11: a report that goes to stderr (the interpreter is exiting, on a thread
+    """A report that goes to stderr (the interpreter is exiting, on a thread
     other than its exit thread) when stderr cannot be written (a pipe nobody reads) is dropped,
     never a panic: ``eprintln!`` panicked there, inside a hook documented never to panic, and
     the panic came out of the buffer's deallocation as a ``PanicException``."""
