@@ -14,6 +14,7 @@ use crate::event::EventHandle;
 use crate::flags::EventFlags;
 use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
+use crate::report::HoldReports;
 use crate::stream::StreamHandle;
 use crate::sys::{check, driver};
 use crate::HandleError;
@@ -101,11 +102,24 @@ struct ImportEntry {
 /// Every live mapping in the process: the one registry, and its lock is the one that serialises
 /// imports with the free of a mapping. Held while importing and while the last reference's
 /// free is issued. A leaf lock: no user code runs under it, and nothing is reported while it is
-/// held.
+/// held: what fails under it (a short mapping's free, the mapping's own free, a stream whose last
+/// reference a replaced recipe held) is reported once the lock is let go ([`HoldReports`], taken
+/// before the lock by [`registry`]).
 static IMPORTS: Mutex<Option<HashMap<ImportKey, ImportEntry>>> = Mutex::new(None);
 
-fn imports() -> MutexGuard<'static, Option<HashMap<ImportKey, ImportEntry>>> {
-    IMPORTS.lock().unwrap_or_else(PoisonError::into_inner)
+/// The registry's lock, with the reports made while it is held kept until after it: the guard
+/// drops first (its field comes first), then the held reports are made.
+struct Registry {
+    guard: MutexGuard<'static, Option<HashMap<ImportKey, ImportEntry>>>,
+    _reports: HoldReports,
+}
+
+fn registry() -> Registry {
+    let reports = HoldReports::new();
+    Registry {
+        guard: IMPORTS.lock().unwrap_or_else(PoisonError::into_inner),
+        _reports: reports,
+    }
 }
 
 /// The address of the mapping for `key`, importing it (and checking its extent against `size`)
@@ -116,8 +130,8 @@ fn acquire(
     size: usize,
     stream: &StreamHandle,
 ) -> Result<u64, HandleError> {
-    let mut guard = imports();
-    let map = guard.get_or_insert_with(HashMap::new);
+    let mut registry = registry();
+    let map = registry.guard.get_or_insert_with(HashMap::new);
     if let Some(entry) = map.get_mut(key) {
         check_extent(size, entry.extent)?;
         entry.live += 1;
@@ -134,7 +148,7 @@ fn acquire(
     let extent = match crate::pointer::pointer_attributes(ptr) {
         Ok(attributes) => attributes.map_or(size, |a| a.range_size),
         Err(error) => {
-            drop(mapping); // freed again on `stream`, the lock held
+            drop(mapping); // freed again on `stream`, the lock held (a failure reported after it)
             return Err(error);
         }
     };
@@ -168,8 +182,8 @@ fn check_extent(claimed: usize, extent: usize) -> Result<(), HandleError> {
 /// ordering fails (no event, no wait, no new recipe), the reference is kept and the mapping
 /// leaks (the error is returned) rather than being unmapped unordered.
 fn give_back(key: &ImportKey, stream: &StreamHandle) -> Result<(), HandleError> {
-    let mut guard = imports();
-    let Some(map) = guard.as_mut() else {
+    let mut registry = registry();
+    let Some(map) = registry.guard.as_mut() else {
         return Ok(());
     };
     let Some(entry) = map.get_mut(key) else {
@@ -189,13 +203,15 @@ fn give_back(key: &ImportKey, stream: &StreamHandle) -> Result<(), HandleError> 
     for event in &entry.gone {
         stream.wait_event(event)?;
     }
-    entry.mapping.set_deallocation_stream(stream)?;
+    // The replaced recipe may hold a stream's last reference: dropped after the lock.
+    let replaced = entry.mapping.replace_deallocation_stream(stream)?;
     let Some(entry) = map.remove(key) else {
         return Ok(());
     };
     // Issued before the lock goes: no import can pick up the mapping now.
     let freed = entry.mapping.release();
-    drop(guard);
+    drop(registry);
+    drop(replaced);
     drop(entry.gone);
     freed
 }

@@ -8,6 +8,7 @@
 //! back into custody (or, in the Python layer, emit a warning) freely.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -307,7 +308,8 @@ pub fn cleanup_warning_count() -> u64 {
 
 /// Reports a cleanup failure of `subject` at `step`, with its `consequence`: counts it and calls
 /// the hook, unless the driver is shutting down (`CUDA_ERROR_DEINITIALIZED`). The one report
-/// path of this crate. Must not be called while holding any lock of this crate.
+/// path of this crate. Must not be called while holding any lock of this crate, unless a
+/// [`HoldReports`] taken before the lock keeps the report until after it.
 #[cold]
 #[inline(never)]
 pub(crate) fn report(
@@ -336,6 +338,86 @@ pub(crate) fn report(
         context,
         error,
     };
+    if let Some(error) = hold(Held::Error(error)) {
+        deliver(error);
+    }
+}
+
+/// A report made while [`HoldReports`] is alive on its thread: made when it goes.
+enum Held {
+    Error(CleanupError),
+    Warning(CleanupWarning),
+}
+
+thread_local! {
+    /// The reports made on this thread while a [`HoldReports`] lives (`None` when none does).
+    static HELD: RefCell<Option<Vec<Held>>> = const { RefCell::new(None) };
+}
+
+/// Keeps `report` for the [`HoldReports`] alive on this thread; gives it back when there is
+/// none (or the thread's locals are being torn down).
+fn hold(report: Held) -> Option<Held> {
+    let mut report = Some(report);
+    let _ = HELD.try_with(|held| {
+        if let Some(held) = held.borrow_mut().as_mut() {
+            held.extend(report.take());
+        }
+    });
+    report
+}
+
+/// While alive, the reports made on its thread ([`report`], [`warn`]) are kept, and made when it
+/// goes: the way to keep the rule that no report is made while a lock of this crate is held, for
+/// code that may release resources (whose failures report) under a lock. Take it before the
+/// lock, so that it goes after the lock's guard (locals drop in reverse order). Nested guards
+/// make the reports when the outermost goes. No cost unless something is reported.
+#[must_use = "reports are kept only while the guard lives"]
+pub(crate) struct HoldReports {
+    outermost: bool,
+}
+
+impl HoldReports {
+    pub(crate) fn new() -> HoldReports {
+        let outermost = HELD
+            .try_with(|held| {
+                let mut held = held.borrow_mut();
+                let outermost = held.is_none();
+                if outermost {
+                    *held = Some(Vec::new());
+                }
+                outermost
+            })
+            .unwrap_or(false);
+        HoldReports { outermost }
+    }
+}
+
+impl Drop for HoldReports {
+    fn drop(&mut self) {
+        if !self.outermost {
+            return;
+        }
+        let held = HELD
+            .try_with(|held| held.borrow_mut().take())
+            .ok()
+            .flatten();
+        for report in held.into_iter().flatten() {
+            deliver(report);
+        }
+    }
+}
+
+/// Counts `report` and hands it to its hook.
+#[cold]
+#[inline(never)]
+fn deliver(report: Held) {
+    match report {
+        Held::Error(error) => deliver_error(error),
+        Held::Warning(warning) => deliver_warning(warning),
+    }
+}
+
+fn deliver_error(error: CleanupError) {
     ERROR_COUNT.fetch_add(1, Ordering::Relaxed);
     let hook = ERROR_HOOK.read().unwrap_or_else(|e| e.into_inner()).clone();
     let outcome = catch_unwind(AssertUnwindSafe(|| match hook {
@@ -356,8 +438,15 @@ pub(crate) fn report_leak(subject: Subject, error: HandleError) {
     report(subject, CleanupStep::Operation, Consequence::Leaked, error);
 }
 
-/// Reports a cleanup warning. Must not be called while holding any lock of this crate.
+/// Reports a cleanup warning. Must not be called while holding any lock of this crate (unless a
+/// [`HoldReports`] taken before it keeps the warning until after the lock).
 pub(crate) fn warn(warning: CleanupWarning) {
+    if let Some(warning) = hold(Held::Warning(warning)) {
+        deliver(warning);
+    }
+}
+
+fn deliver_warning(warning: CleanupWarning) {
     WARNING_COUNT.fetch_add(1, Ordering::Relaxed);
     let hook = WARNING_HOOK
         .read()
