@@ -313,21 +313,7 @@ fn relax_capture_mode() -> Result<(), u32> {
     let Ok(d) = crate::sys::driver() else {
         return Ok(()); // no driver: nothing will be freed
     };
-    /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
-    const RELAXED: u32 = 2;
-    let mut mode = RELAXED;
-    // SAFETY: `mode` is 4 bytes of storage for the enum, read and written by the driver as an
-    // integer; the call affects only the calling thread.
-    let status = unsafe {
-        (d.cuThreadExchangeStreamCaptureMode)(
-            (&mut mode as *mut u32).cast::<cuda_sys::types::CUstreamCaptureMode>(),
-        )
-    };
-    if status == 0 {
-        Ok(())
-    } else {
-        Err(status)
-    }
+    crate::sys::exchange_capture_mode(d, crate::sys::CAPTURE_MODE_RELAXED).map(drop)
 }
 
 /// Pops and processes until the queue is empty, holding [`CONSUMER`] unless this thread already

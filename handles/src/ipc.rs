@@ -67,7 +67,7 @@ pub fn import_pointer(
 ) -> Result<DevicePtrHandle, HandleError> {
     // This import's recipe is validated before anything is imported (it cannot fail later).
     let recipe = DeallocationRecipe::record(stream)?;
-    crate::deviceptr::check_device(pool.device(), &recipe)?;
+    recipe.check_device(pool.device())?;
     let key = ImportKey {
         pool: pool.raw() as usize,
         export_data: *export_data,
@@ -140,18 +140,14 @@ fn acquire(
     let export_data = CUmemPoolPtrExportData {
         reserved: key.export_data,
     };
-    // Checks the extent, and on a short mapping frees it again (the lock held, so nobody picks
-    // it up meanwhile).
     let mapping = DevicePtrHandle::import_from_pool(pool, &export_data, size, stream)?;
     let ptr = mapping.ptr();
-    // What later imports of the same pointer, with claims of their own, are checked against.
-    let extent = match crate::pointer::pointer_attributes(ptr) {
-        Ok(attributes) => attributes.map_or(size, |a| a.range_size),
-        Err(error) => {
-            drop(mapping); // freed again on `stream`, the lock held (a failure reported after it)
-            return Err(error);
-        }
-    };
+    // `size` is the exporter's claim; every range of the handle trusts it, so it is checked
+    // against what the driver mapped, and later imports of the same pointer, with claims of
+    // their own, against the same extent. A short mapping is freed again (on `stream`, the lock
+    // held, so that nobody picks it up meanwhile; a failure reported after the lock) by its drop.
+    let extent = crate::pointer::pointer_attributes(ptr)?.map_or(0, |a| a.range_size);
+    check_extent(size, extent)?;
     map.insert(
         *key,
         ImportEntry {
@@ -204,7 +200,7 @@ fn give_back(key: &ImportKey, stream: &StreamHandle) -> Result<(), HandleError> 
         stream.wait_event(event)?;
     }
     // The replaced recipe may hold a stream's last reference: dropped after the lock.
-    let replaced = entry.mapping.replace_deallocation_stream(stream)?;
+    let replaced = entry.mapping.replace_recipe(stream)?;
     let Some(entry) = map.remove(key) else {
         return Ok(());
     };

@@ -11,7 +11,7 @@
 //!   and allocated from; [`StreamFlags`], [`EventFlags`], [`ContextFlags`], [`MemAttachFlags`],
 //!   [`GraphInstantiateFlags`]: the driver's flag words their constructors take, typed.
 //! - [`DevicePtrHandle`], [`DeallocationRecipe`], [`Deallocator`]: memory and how it is freed
-//!   (D1, D4, D5, D9); [`BlockCache`]: where memory lent out of a cache goes back; [`DeviceRange`]: checked byte ranges, the input of every copy and fill;
+//!   (D1, D4, D5, D9); [`Lender`]: where memory lent out of a lender's block goes back; [`DeviceRange`]: checked byte ranges, the input of every copy and fill;
 //!   [`OwnedAllocation`]: the right to free memory outside custody.
 //! - [`MemAdvice`], [`MemLocation`], [`prefetch_batch`]: where managed memory lives (advice,
 //!   prefetch, discard and the range attributes that report them).
@@ -22,9 +22,11 @@
 //!
 //! See `handles/DESIGN.md` for the model, the lock order and which code runs on which thread.
 
-// Modules lowest first; each uses only modules above it in this list (a tidy test checks that
-// the crate's module imports form no cycle).
+// Modules in alphabetical order; which uses which, lowest first, is handles/DESIGN.md's
+// "Modules" table (a tidy test checks that the crate's module imports form no cycle).
 mod allocation;
+/// What only a binding needs (the recipe's remains, lent blocks' families).
+pub mod binding;
 mod capture;
 mod context;
 mod deferred;
@@ -44,6 +46,7 @@ mod range;
 /// The `unsafe` doors for raw addresses and raw driver handles.
 pub mod raw;
 mod recipe;
+mod release;
 mod report;
 mod scope;
 mod stream;
@@ -65,7 +68,7 @@ pub use device::{
     device_pci_bus_id, device_uuid, graph_mem_attribute, graph_mem_trim, set_graph_mem_attribute,
     stream_priority_range,
 };
-pub use deviceptr::{BlockCache, DevicePtrHandle, ReleaseKind};
+pub use deviceptr::{DevicePtrHandle, Lender};
 pub use error::{DeallocatorSource, HandleError};
 pub use event::EventHandle;
 pub use flags::{ContextFlags, EventFlags, GraphInstantiateFlags, MemAttachFlags, StreamFlags};
@@ -82,6 +85,7 @@ pub use pool::{
 };
 pub use range::DeviceRange;
 pub use recipe::{DeallocationRecipe, RecipeRemains, ThreadToken};
+pub use release::{ReleaseKind, Returned};
 pub use report::{
     cleanup_error_count, cleanup_warning_count, reset_cleanup_error_hook,
     reset_cleanup_warning_hook, set_cleanup_error_hook, set_cleanup_warning_hook, CleanupError,

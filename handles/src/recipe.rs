@@ -13,9 +13,9 @@ use crate::HandleError;
 
 /// A process-unique identity for a host thread.
 ///
-/// Unlike `std::thread::ThreadId` values as other runtimes hand them out, a token is never
-/// reused in the life of the process, so a recipe cannot mistake a new thread for the one that
-/// recorded it.
+/// A token is never reused in the life of the process (as `std::thread::ThreadId` is not), so
+/// a recipe cannot mistake a new thread for the one that recorded it; unlike a `ThreadId` it is
+/// a plain non-zero integer, which reports and warnings carry as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ThreadToken(NonZeroU64);
 
@@ -198,6 +198,22 @@ impl DeallocationRecipe {
                 .then(ThreadToken::current),
             context_raw: context.raw_usize(),
         })
+    }
+
+    /// Checks that the recipe's context is on `device` (the memory's, when known).
+    ///
+    /// # Errors
+    /// [`HandleError::WrongDevice`] for another device.
+    pub(crate) fn check_device(&self, device: Option<i32>) -> Result<(), HandleError> {
+        match device {
+            Some(expected) if self.context().device() != expected => {
+                Err(HandleError::WrongDevice {
+                    expected,
+                    found: self.context().device(),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The stream the free is ordered on (for a token, resolved in [`Self::context`]).

@@ -110,3 +110,27 @@ pub(crate) fn init() -> Result<&'static Driver, HandleError> {
 pub(crate) fn as_ctx(raw: usize) -> CUcontext {
     raw as CUcontext
 }
+
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`: a thread in this mode is refused no "potentially unsafe"
+/// call by another thread's capture.
+pub(crate) const CAPTURE_MODE_RELAXED: u32 = 2;
+
+/// Sets the calling thread's stream-capture interaction mode to `mode` (`CU_STREAM_CAPTURE_MODE_*`)
+/// and returns the mode it had; the driver's status when that failed.
+///
+/// Driver calls: `cuThreadExchangeStreamCaptureMode`.
+pub(crate) fn exchange_capture_mode(d: &Driver, mode: u32) -> Result<u32, u32> {
+    let mut mode = mode;
+    // SAFETY: `mode` is 4 bytes of storage for the enum, read and written by the driver as an
+    // integer; the call affects only the calling thread.
+    let status = unsafe {
+        (d.cuThreadExchangeStreamCaptureMode)(
+            (&mut mode as *mut u32).cast::<cuda_sys::types::CUstreamCaptureMode>(),
+        )
+    };
+    if status == 0 {
+        Ok(mode)
+    } else {
+        Err(status)
+    }
+}

@@ -173,7 +173,7 @@ fn bad_export_data_is_a_driver_error_and_imports_nothing() {
     with_emulator(|emu| assert_eq!(Some(emu.live_allocations().len()), live_before));
 }
 
-/// Item 9 of issue 26: a release or an import that reports (a cleanup-error hook) must not do so
+/// A release or an import that reports (a cleanup-error hook) must not do so
 /// while holding the IPC registry's lock. The hook here takes a lock that another thread holds
 /// while it imports: reported under the registry's lock, the hook waits for that thread and that
 /// thread waits for the registry, a deadlock (the Python layer's hook takes the GIL, with the

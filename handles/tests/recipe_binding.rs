@@ -544,14 +544,20 @@ fn replace_deallocation_stream_hands_back_the_old_recipe_and_its_last_references
     event.record(&s1).unwrap();
     s2.wait_event(&event).unwrap();
     // s1 still has a user handle: giving up the old recipe destroys nothing.
-    let old = buffer.replace_deallocation_stream(&s2).unwrap().unwrap();
+    let old = handles::binding::replace_deallocation_stream(&buffer, &s2)
+        .unwrap()
+        .unwrap();
     assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s2));
     let from = mark();
     assert!(old.into_last_references().is_none());
     // Now the recipe holds s1's last handle: it is handed back, and destroyed only when dropped.
-    let _s2_recipe = buffer.replace_deallocation_stream(&s1).unwrap().unwrap();
+    let _s2_recipe = handles::binding::replace_deallocation_stream(&buffer, &s1)
+        .unwrap()
+        .unwrap();
     drop(s1);
-    let old = buffer.replace_deallocation_stream(&s2).unwrap().unwrap();
+    let old = handles::binding::replace_deallocation_stream(&buffer, &s2)
+        .unwrap()
+        .unwrap();
     let remains = old
         .into_last_references()
         .expect("the last reference to s1");
@@ -595,7 +601,7 @@ fn release_with_remains_frees_and_hands_back_the_recipes_last_stream_reference()
     let buffer = pool_buffer(&kept).unwrap();
     let id = with_emulator(|_| alloc_of(buffer.ptr()));
     let from = mark();
-    let (result, remains) = buffer.release_with_remains();
+    let (result, remains) = handles::binding::release_with_remains(buffer);
     result.unwrap();
     assert!(
         remains.is_none(),
@@ -607,7 +613,7 @@ fn release_with_remains_frees_and_hands_back_the_recipes_last_stream_reference()
     let clone = buffer.clone();
     let id = with_emulator(|_| alloc_of(clone.ptr()));
     let from = mark();
-    let (result, remains) = buffer.release_with_remains();
+    let (result, remains) = handles::binding::release_with_remains(buffer);
     result.unwrap();
     assert!(remains.is_none());
     with_emulator(|emu| assert_eq!(emu.count_calls("cuMemFreeAsync", id.unwrap(), from), 0));
@@ -620,7 +626,7 @@ fn release_with_remains_frees_and_hands_back_the_recipes_last_stream_reference()
     let id = with_emulator(|_| alloc_of(buffer.ptr()));
     drop(last);
     let from = mark();
-    let (result, remains) = buffer.release_with_remains();
+    let (result, remains) = handles::binding::release_with_remains(buffer);
     result.unwrap();
     let remains = remains.expect("the recipe held the stream's last handle");
     with_emulator(|emu| assert_eq!(emu.count_calls("cuMemFreeAsync", id.unwrap(), from), 1));

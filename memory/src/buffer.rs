@@ -320,9 +320,7 @@ impl Buffer {
                 check_stream_device(stream, device)?;
             }
         }
-        self.handle
-            .replace_deallocation_stream(stream)
-            .map_err(device_error)
+        handles::binding::replace_deallocation_stream(&self.handle, stream).map_err(device_error)
     }
 
     /// Declares that work on `stream` uses this buffer (PyTorch's `record_stream` is the
@@ -373,53 +371,30 @@ impl Buffer {
     ///
     /// May block: memory whose free is synchronous in the driver (`cuMemAlloc`, pinned host,
     /// managed) waits for the deallocation stream before the free. Stream-ordered frees do not
-    /// block, except an imported buffer's ([`Buffer::is_mapped`]) when it holds its memory
-    /// alone: its close first waits for all work queued in the recipe's context (every stream of
-    /// it), so that work a caller queued on another stream than the deallocation stream, and did
-    /// not declare ([`Buffer::record_use`]), has run before the mapping can go. An unordered use
-    /// of an imported mapping after its unmap is a device fault that ends the context
-    /// (`CUDA_ERROR_ILLEGAL_ADDRESS`; `docs/cuda-core-compat.md`, "The H200-only failures"),
-    /// where a pool free only hands the bytes back. While a capture begun through custody may
-    /// be running, the wait is left out (a context synchronisation would break it).
+    /// block, except an imported buffer's ([`Buffer::is_mapped`]) when this close is the last
+    /// release of its memory (the handle decides, in the same step as the release): it first
+    /// waits for all work queued in the recipe's context (every stream of it), so that work a
+    /// caller queued on another stream than the deallocation stream, and did not declare
+    /// ([`Buffer::record_use`]), has run before the mapping can go, and after the unmap waits
+    /// for the deallocation stream, so that when `close` returns the unmap has run (the
+    /// exporting process may free then). An unordered use of an imported mapping after its
+    /// unmap is a device fault that ends the context (`CUDA_ERROR_ILLEGAL_ADDRESS`;
+    /// `docs/cuda-core-compat.md`, "The H200-only failures"), where a pool free only hands the
+    /// bytes back. While a capture begun through custody may be running, the first wait is left
+    /// out (docs/decisions.md D11 says why that is enough).
     ///
     /// # Errors
     /// The free's failure ([`MemoryError::Handle`]): a driver error, or the memory resource's
-    /// `deallocate` error for adopted memory; for an import, the wait's failure when the free
+    /// `deallocate` error for adopted memory; for an import, a wait's failure when the free
     /// succeeded. The buffer is closed either way.
     ///
-    /// Driver calls: for an import held alone, `cuCtxSynchronize` in the recipe's context; then
-    /// as the memory's release rule (`cuMemFreeAsync`; `cuStreamSynchronize` and `cuMemFree` /
-    /// `cuMemFreeHost`; a resource's `deallocate`), in the recipe's context (`cuCtxGetCurrent`,
-    /// `cuCtxSetCurrent` if needed).
+    /// Driver calls: as the memory's release rule (`cuMemFreeAsync`; `cuStreamSynchronize` and
+    /// `cuMemFree` / `cuMemFreeHost`; a resource's `deallocate`), in the recipe's context
+    /// (`cuCtxGetCurrent`, `cuCtxSetCurrent` if needed); for an import released last also
+    /// `cuThreadExchangeStreamCaptureMode` and `cuCtxSynchronize` before, `cuStreamSynchronize`
+    /// after.
     pub fn close(self) -> Result<(), MemoryError> {
-        let waited = self.wait_before_unmap();
-        let Buffer {
-            graph, handle, mr, ..
-        } = self;
-        // A graph allocation waiting for its graph's first launch: parked, `handle` frees nothing.
-        drop(graph);
-        let result = handle.release();
-        // The resource goes after its memory (a pool outlives its allocations).
-        drop(mr);
-        result?;
-        Ok(waited?)
-    }
-
-    /// For an imported buffer about to release the last handle to its memory: waits for every
-    /// stream of the recipe's context (see [`Buffer::close`]). Nothing for other buffers, for a
-    /// handle shared with a graph or a DLPack consumer (its last holder frees, on a drop, which
-    /// never blocks: docs/decisions.md D9), or while a custody capture may run.
-    fn wait_before_unmap(&self) -> Result<(), MemoryError> {
-        if self.ipc != IpcRole::Imported
-            || self.handle.handle_count() != 1
-            || handles::capture_may_be_active()
-        {
-            return Ok(());
-        }
-        match self.handle.recipe() {
-            Some(recipe) => Ok(recipe.context().synchronize()?),
-            None => Ok(()),
-        }
+        self.close_keeping(false).0
     }
 
     /// [`close`](Self::close), handing back the remains of the recipe's stream or context when
@@ -427,20 +402,35 @@ impl Buffer {
     /// context), so that the caller chooses where that happens: a binding drops them with the
     /// interpreter lock released. Cheaper than taking a copy of the recipe before the close (no
     /// lock, no reference-count increment).
-    /// [`DevicePtrHandle::release_with_remains`](handles::DevicePtrHandle::release_with_remains)
-    /// says when there are none.
+    /// [`handles::binding::release_with_remains`] says when there are none.
     ///
     /// # Errors
     /// As [`close`](Self::close); the remains come back either way.
     ///
     /// Driver calls: as [`close`](Self::close), without the recipe's own last release.
     pub fn close_with_remains(self) -> (Result<(), MemoryError>, Option<handles::RecipeRemains>) {
+        self.close_keeping(true)
+    }
+
+    /// The one close: the graph slot first (a graph allocation waiting for its graph's first
+    /// launch is parked there, and the handle then frees nothing), the handle's release, the
+    /// recipe's remains dropped here unless `keep_remains`, then the resource (a pool outlives
+    /// its allocations).
+    fn close_keeping(
+        self,
+        keep_remains: bool,
+    ) -> (Result<(), MemoryError>, Option<handles::RecipeRemains>) {
         let Buffer {
             graph, handle, mr, ..
         } = self;
         drop(graph);
-        let (result, remains) = handle.release_with_remains();
-        // The resource goes after its memory (a pool outlives its allocations).
+        let (result, remains) = handles::binding::release_with_remains(handle);
+        let remains = if keep_remains {
+            remains
+        } else {
+            drop(remains);
+            None
+        };
         drop(mr);
         (result.map_err(MemoryError::from), remains)
     }

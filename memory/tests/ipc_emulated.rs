@@ -246,3 +246,150 @@ fn closing_an_import_waits_for_undeclared_work_on_other_streams_before_the_unmap
     e.buffer.close().unwrap();
     assert_no_hazards();
 }
+
+/// The close that hands back the recipe's remains (what the Python binding uses) is the same
+/// close: an import held alone waits for its recipe's context before the unmap, as `close`
+/// does (on d7f8154 it skipped the wait, and the hazard checker reported the
+/// free as `unordered_free`), and waits for the free's stream after it.
+#[test]
+fn closing_an_import_with_its_remains_waits_as_close_does() {
+    let _serial = start();
+    let Some(emu) = emulator_or_skip(ONE_PROCESS_IPC) else {
+        return;
+    };
+    let s0 = stream_on(0);
+    let e = imported(&s0);
+    let s1 = stream_on(0);
+    let other = handles::StreamHandle::create(&primary(0), handles::StreamFlags::NON_BLOCKING, 0)
+        .expect("stream");
+    let import = Buffer::from_ipc_descriptor(&e.imported, &e.descriptor, &s1).unwrap();
+    let alloc = alloc_of(import.ptr());
+    import.fill(0x5bu8, &other).unwrap();
+    let closed = mark();
+    let (result, remains) = import.close_with_remains();
+    result.unwrap();
+    assert!(remains.is_none(), "`s1` is still held here");
+    let syncs = emu.calls_named("cuCtxSynchronize", closed);
+    let free = emu.only_call("cuMemFreeAsync", alloc, closed);
+    assert_eq!((free.stream, free.result), (Some(s1.raw() as u64), 0));
+    assert!(
+        syncs.iter().any(|c| c.seq < free.seq),
+        "the close did not wait for the context before the unmap: {syncs:#?}"
+    );
+    let after = emu.calls_named("cuStreamSynchronize", free.seq);
+    assert!(
+        after.iter().any(|c| c.stream == Some(s1.raw() as u64)),
+        "the close did not wait for the unmap: {after:#?}"
+    );
+    assert!(!emu.is_live(alloc));
+    assert_eq!(read(&e.buffer, &s0), vec![0x5b; 4096], "the fill landed");
+    e.buffer.close().unwrap();
+    assert_no_hazards();
+}
+
+/// Whether a close of an import waits before the unmap is decided by the
+/// release that is the last one (the handle's), not by a count read before it: while another
+/// holder of the import's handle drops on another thread at the same moment, either the close
+/// is the last release (it waits, then unmaps) or the other holder's drop is (a drop never
+/// waits, docs/decisions.md D9; its free runs on that thread). Never does the close's thread
+/// unmap without the wait. Many rounds, as the two threads race.
+#[test]
+fn an_import_closed_while_another_holder_drops_waits_whenever_the_close_unmaps() {
+    let _serial = start();
+    let Some(emu) = emulator_or_skip(ONE_PROCESS_IPC) else {
+        return;
+    };
+    let s0 = stream_on(0);
+    let e = imported(&s0);
+    let s1 = stream_on(0);
+    for round in 0..200 {
+        emu.clear_calls();
+        let import = Buffer::from_ipc_descriptor(&e.imported, &e.descriptor, &s1).unwrap();
+        let alloc = alloc_of(import.ptr());
+        let other_holder = import.handle().clone();
+        let barrier = Arc::new(Barrier::new(2));
+        let dropper = {
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                drop(other_holder);
+                test_support::tid()
+            })
+        };
+        let closed = mark();
+        barrier.wait();
+        import.close().unwrap();
+        let dropper_thread = dropper.join().unwrap();
+        handles::drain_deferred_cleanup();
+        let free = emu.only_call("cuMemFreeAsync", alloc, closed);
+        if free.thread != dropper_thread {
+            let syncs = emu.calls_named("cuCtxSynchronize", closed);
+            assert!(
+                syncs
+                    .iter()
+                    .any(|c| c.seq < free.seq && c.thread == free.thread),
+                "round {round}: the close unmapped without waiting: {syncs:#?}"
+            );
+        }
+        s1.synchronize().unwrap();
+    }
+    e.buffer.close().unwrap();
+    assert_no_hazards();
+}
+
+/// The wait before an import's unmap runs with the closing thread's capture mode relaxed: a
+/// capture another library began in global mode on another thread is neither refused nor broken
+/// by it (docs/decisions.md D11). On d7f8154 the close's `cuCtxSynchronize`
+/// ran in the thread's own (global) mode: refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`,
+/// the close returned that error, and the other thread's capture was invalidated.
+#[test]
+fn closing_an_import_leaves_another_threads_global_capture_alone() {
+    use handles::sys_types::CUstreamCaptureMode;
+    use test_support::stream_ops::{begin_foreign_capture, end_foreign_capture};
+
+    let _serial = start();
+    let Some(emu) = emulator_or_skip(ONE_PROCESS_IPC) else {
+        return;
+    };
+    let s0 = stream_on(0);
+    let e = imported(&s0);
+    let s1 = stream_on(0);
+    let import = Buffer::from_ipc_descriptor(&e.imported, &e.descriptor, &s1).unwrap();
+    let alloc = alloc_of(import.ptr());
+    let captured = stream_on(0);
+    let raw = captured.raw() as usize;
+    let (began, capturing) = std::sync::mpsc::channel();
+    let (end, ending) = std::sync::mpsc::channel::<()>();
+    let capturer = std::thread::spawn(move || {
+        primary(0).make_current().unwrap();
+        begin_foreign_capture(
+            raw as handles::sys_types::CUstream,
+            CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        );
+        began.send(()).unwrap();
+        ending.recv().unwrap();
+        let ended = end_foreign_capture(raw as handles::sys_types::CUstream);
+        handles::ContextHandle::clear_current().unwrap();
+        ended
+    });
+    capturing.recv().unwrap();
+    let closed = mark();
+    let result = import.close();
+    end.send(()).unwrap();
+    let ended = capturer.join().unwrap();
+    result.expect("the close's wait is not refused by another thread's capture");
+    assert_eq!(
+        ended,
+        handles::CudaErrorCode::SUCCESS,
+        "the capture stays valid"
+    );
+    let free = emu.only_call("cuMemFreeAsync", alloc, closed);
+    let syncs = emu.calls_named("cuCtxSynchronize", closed);
+    assert!(
+        syncs.iter().any(|c| c.seq < free.seq && c.result == 0),
+        "the close waited for the context before the unmap: {syncs:#?}"
+    );
+    drop(captured);
+    e.buffer.close().unwrap();
+    assert_no_hazards();
+}

@@ -10,6 +10,8 @@ a free as ``unordered_free``."""
 import ctypes
 import multiprocessing
 
+import pytest
+
 import custody
 from conftest import EMU
 
@@ -78,3 +80,58 @@ def test_an_import_used_on_another_stream_and_closed_at_once(device, stream):
 
 def _bytes(buf):
     return ctypes.string_at(buf.handle, buf.size)
+
+
+def _import_in_this_process(device, stream):
+    """A 4096-byte buffer of an IPC pool and an import of it in this process (the pool opened
+    again from its bare file descriptor, which names no pool this process knows): the emulator
+    allows a process to import what it exported; a real driver was not asked."""
+    mr = custody.DeviceMemoryResource(
+        0, custody.DeviceMemoryResourceOptions(ipc_enabled=True, max_size=2**21)
+    )
+    exported = mr.allocate(4096, stream=stream)
+    exported.fill(0, stream=stream)
+    stream.sync()
+    handle = mr.get_allocation_handle()
+    mapped = custody.DeviceMemoryResource.from_allocation_handle(0, handle.handle)
+    assert mapped.is_mapped
+    imported = custody.Buffer.from_ipc_descriptor(mapped, exported.ipc_descriptor, stream=stream)
+    return mr, exported, handle, mapped, imported
+
+
+@pytest.mark.skipif(EMU is None, reason="one-process IPC (the emulator's) and its hazard checker")
+@pytest.mark.parametrize("how", ["close()", "close(stream=)"])
+def test_closing_an_import_through_python_waits_for_a_fill_pending_on_another_stream(
+    device, stream, how
+):
+    """The Python close of an import takes the one close path the Rust close takes, with its
+    wait for the recipe's context before the unmap: a fill still pending on another stream (not
+    declared with ``record_use``) has run before the mapping goes, and the hazard checker
+    (the ``no_hazards`` fixture) sees no unordered free."""
+    mr, exported, handle, mapped, imported = _import_in_this_process(device, stream)
+    other = device.create_stream()  # non-blocking: nothing orders it with `stream`
+    alloc = EMU.alloc_id(imported.handle)
+    imported.fill(0x5A, stream=other)
+    start = len(EMU.calls())
+    if how == "close()":
+        imported.close()
+    else:
+        imported.close(stream=stream)
+    calls = EMU.calls()[start:]
+    (free,) = [c for c in calls if c["function"] == "cuMemFreeAsync" and c.get("alloc") == alloc]
+    assert free["result"] == 0, free
+    at = calls.index(free)
+    assert any(c["function"] == "cuCtxSynchronize" for c in calls[:at]), (
+        "the close did not wait for the context before the unmap"
+    )
+    assert EMU.hazards() == [], EMU.hazards()
+    staging = custody.LegacyPinnedMemoryResource().allocate(4096, stream=stream)
+    staging.copy_from(exported, stream=stream)
+    stream.sync()
+    assert _bytes(staging) == bytes([0x5A]) * 4096
+    staging.close()
+    other.close()
+    exported.close()
+    handle.close()
+    mapped.close()
+    mr.close()

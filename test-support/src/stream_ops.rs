@@ -12,7 +12,7 @@
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use cuda_sys::types::{CUdeviceptr, CUstream};
+use cuda_sys::types::{CUdeviceptr, CUgraph, CUstream, CUstreamCaptureMode};
 use cuda_sys::{CudaErrorCode, Driver};
 
 /// `CU_MEMHOSTALLOC_PORTABLE`: pinned for every context.
@@ -166,4 +166,31 @@ pub fn query(stream: CUstream) -> CudaErrorCode {
     let query = d().cuStreamQuery().expect("cuStreamQuery");
     // SAFETY: the caller vouches for `stream` (a token, or a live stream).
     CudaErrorCode(unsafe { query(stream) })
+}
+
+/// Begins capturing `stream` in `mode` straight through the driver, as another library would: custody does not count the
+/// capture (`handles::capture_may_be_active` does not see it). End it with
+/// [`end_foreign_capture`].
+///
+/// # Panics
+/// When the driver refuses.
+#[track_caller]
+pub fn begin_foreign_capture(stream: CUstream, mode: CUstreamCaptureMode) {
+    // SAFETY: the caller vouches for `stream`, a live created stream.
+    let status = unsafe { (d().cuStreamBeginCapture_v2)(stream, mode) };
+    checked("cuStreamBeginCapture_v2", status);
+}
+
+/// Ends the capture [`begin_foreign_capture`] began on `stream` and destroys the graph it made:
+/// the end's status (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` when a call on some thread broke
+/// the capture meanwhile; the capture has ended either way).
+pub fn end_foreign_capture(stream: CUstream) -> CudaErrorCode {
+    let mut graph: CUgraph = std::ptr::null_mut();
+    // SAFETY: `graph` is a valid out-pointer; the caller vouches for `stream`.
+    let status = unsafe { (d().cuStreamEndCapture)(stream, &mut graph) };
+    if !graph.is_null() {
+        // SAFETY: the graph was just made by the capture and is destroyed once.
+        let _ = unsafe { (d().cuGraphDestroy)(graph) };
+    }
+    CudaErrorCode(status)
 }

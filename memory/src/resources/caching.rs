@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use handles::{
-    BlockCache, CaptureStatus, CudaErrorCode, DevicePtrHandle, HandleError, OwnedAllocation,
+    CaptureStatus, CudaErrorCode, DevicePtrHandle, HandleError, Lender, OwnedAllocation, Returned,
     StreamHandle,
 };
 
@@ -314,8 +314,7 @@ impl CachingMemoryResource {
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
-        let cache: Arc<dyn BlockCache> = Arc::clone(self) as Arc<dyn BlockCache>;
-        match DevicePtrHandle::lend(block, size, stream, cache) {
+        match DevicePtrHandle::lend(block, size, stream, Arc::clone(self)) {
             Ok(handle) => Ok(Buffer::new(
                 handle,
                 Some(Arc::clone(self) as Arc<dyn MemoryResource>),
@@ -499,16 +498,16 @@ impl MemoryResource for CachingMemoryResource {
     }
 }
 
-impl BlockCache for CachingMemoryResource {
+impl Lender for CachingMemoryResource {
     /// Bins `block` under its free's stream, or frees it (a default-stream token, or a closed
     /// cache) through its own release rule: explicitly (returning the error, possibly blocking)
     /// for an explicit release, as a drop otherwise.
     fn give_back(
         &self,
         block: DevicePtrHandle,
-        bin: Option<usize>,
-        explicit: bool,
+        returned: &Returned<'_>,
     ) -> Result<(), HandleError> {
+        let (bin, explicit) = (returned.bin, returned.explicit);
         let size = block.size();
         {
             let mut state = self.lock();

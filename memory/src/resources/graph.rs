@@ -59,7 +59,7 @@ impl MemoryResource for GraphMemoryResource {
         if handles::capture_status(stream)? != CaptureStatus::Active {
             return Err(MemoryError::NotCapturing);
         }
-        let handle = DevicePtrHandle::alloc_async(size, stream).map_err(device_error)?;
+        let handle = DevicePtrHandle::alloc_graph(size, stream).map_err(device_error)?;
         let access = Access {
             device: true,
             host: false,
