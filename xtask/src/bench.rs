@@ -504,6 +504,16 @@ impl Comparison {
         let d: Vec<f64> = a.iter().zip(b).map(|(x, y)| x - y).collect();
         Some(median(&d))
     }
+
+    /// The medians a ratio or delta of `a` and `b` compares, for a target's text:
+    /// `A ns against B ns` (NaN for a variant not measured).
+    fn against(&self, a: &str, b: &str) -> String {
+        format!(
+            "{:.0} ns against {:.0} ns",
+            self.median(a).unwrap_or(f64::NAN),
+            self.median(b).unwrap_or(f64::NAN)
+        )
+    }
 }
 
 /// One suite's JSON (`rust.json` or `python.json`).
@@ -717,10 +727,9 @@ fn targets(run: &Run) -> Vec<Target> {
                     limit,
                     r,
                     format!(
-                        "{} ({:.0} ns against {:.0} ns, {:+.0} ns, paired)",
+                        "{} ({}, {:+.0} ns, paired)",
                         x(r),
-                        c.median(variant).unwrap_or(f64::NAN),
-                        c.median("raw").unwrap_or(f64::NAN),
+                        c.against(variant, "raw"),
                         c.delta(variant, "raw").unwrap_or(f64::NAN)
                     ),
                 ),
@@ -763,12 +772,7 @@ fn targets(run: &Run) -> Vec<Target> {
                 name,
                 limit,
                 r,
-                format!(
-                    "{} ({:.0} ns against {:.0} ns, paired)",
-                    x(r),
-                    c.median(custody).unwrap_or(f64::NAN),
-                    c.median(core).unwrap_or(f64::NAN)
-                ),
+                format!("{} ({}, paired)", x(r), c.against(custody, core)),
             ),
             _ if comparison.is_some_and(|c| c.samples(core).is_some()) => Target::missing(
                 name,
@@ -795,9 +799,8 @@ fn targets(run: &Run) -> Vec<Target> {
                 limit,
                 d,
                 format!(
-                    "{d:+.0} ns ({:.0} ns against {:.0} ns, paired{token})",
-                    c.median("other thread").unwrap_or(f64::NAN),
-                    c.median("same thread").unwrap_or(f64::NAN),
+                    "{d:+.0} ns ({}, paired{token})",
+                    c.against("other thread", "same thread")
                 ),
             )
         }
@@ -817,21 +820,24 @@ fn targets(run: &Run) -> Vec<Target> {
         ),
     ] {
         let limit = Limit::AtLeast(0.9, "x");
-        out.push(match eight.and_then(|c| c.ratio("raw", variant).map(|r| (c, r))) {
-            Some((c, r)) => Target::measured(
-                name,
-                limit,
-                r,
-                format!(
-                    "{} ({:.0} ns against {:.0} ns per pair, wall time over all threads' pairs; raw+2 cuCtxGetCurrent {})",
+        out.push(
+            match eight.and_then(|c| c.ratio("raw", variant).map(|r| (c, r))) {
+                Some((c, r)) => Target::measured(
+                    name,
+                    limit,
+                    r,
+                    format!(
+                    "{} ({} per pair, wall time over all threads' pairs; raw+2 cuCtxGetCurrent {})",
                     x(r),
-                    c.median(variant).unwrap_or(f64::NAN),
-                    c.median("raw").unwrap_or(f64::NAN),
+                    c.against(variant, "raw"),
                     c.ratio("raw", "raw+2 cuCtxGetCurrent").map_or("not measured".into(), x)
                 ),
-            ),
-            None => Target::missing(name, limit, "not measured (no 8-thread comparison)".into()),
-        });
+                ),
+                None => {
+                    Target::missing(name, limit, "not measured (no 8-thread comparison)".into())
+                }
+            },
+        );
     }
 
     // 5. Live buffers.
@@ -1165,18 +1171,13 @@ fn plot_run(root: &Path, run: &Run) -> Result<Vec<String>> {
         cmd::run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "matplotlib"]))
             .context("installing matplotlib into .venv for the plots")?;
     }
-    let output = crate::venv::in_venv(root, &python)
-        .arg(root.join("bench/plot.py"))
-        .arg(&run.dir)
-        .output()
-        .context("running bench/plot.py")?;
-    if !output.status.success() {
-        bail!(
-            "bench/plot.py failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&output.stdout)
+    let stdout = cmd::stdout_of(
+        crate::venv::in_venv(root, &python)
+            .arg(root.join("bench/plot.py"))
+            .arg(&run.dir),
+        "bench/plot.py",
+    )?;
+    Ok(String::from_utf8_lossy(&stdout)
         .lines()
         .filter(|l| l.ends_with(".png"))
         .map(str::to_owned)

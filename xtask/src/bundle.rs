@@ -10,9 +10,8 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -267,33 +266,20 @@ fn build_test_binaries(metadata: &Value) -> Result<(Vec<TestBinary>, Vec<Example
     // Cargo.toml cannot bloat the bundle.
     command
         .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
-        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo")
-        .stdout(Stdio::piped());
-    eprintln!("$ {}", cmd::display(&command));
-    let mut child = command
-        .spawn()
-        .context("could not start cargo test --no-run")?;
-    let stdout = child.stdout.take().context("cargo's stdout")?;
+        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
     let mut binaries = Vec::new();
     let mut examples = Vec::new();
-    for line in std::io::BufReader::new(stdout).lines() {
-        let line = line?;
-        let Ok(message) = serde_json::from_str::<Value>(&line) else {
-            continue;
-        };
-        if message["reason"] != "compiler-artifact" {
-            continue;
-        }
+    cmd::cargo_artifacts(&mut command, "cargo test --no-run", |message| {
         let Some(executable) = message["executable"].as_str() else {
-            continue;
+            return Ok(());
         };
         if message["target"]["kind"][0] == "example" && message["profile"]["test"] != true {
             let name = message["target"]["name"].as_str().unwrap_or_default();
             examples.push((name.to_owned(), PathBuf::from(executable)));
-            continue;
+            return Ok(());
         }
         if message["profile"]["test"] != true {
-            continue;
+            return Ok(());
         }
         let package_id = message["package_id"].as_str().unwrap_or_default();
         let package = names
@@ -324,11 +310,8 @@ fn build_test_binaries(metadata: &Value) -> Result<(Vec<TestBinary>, Vec<Example
             source: PathBuf::from(executable),
             declared_emulator_only,
         });
-    }
-    let exit = child.wait()?;
-    if !exit.success() {
-        bail!("cargo test --no-run failed ({exit})");
-    }
+        Ok(())
+    })?;
     if binaries.is_empty() {
         bail!("cargo built no test binaries");
     }

@@ -4,11 +4,9 @@
 //! --from-results`).
 
 use std::fs;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use crate::cmd;
@@ -50,27 +48,15 @@ fn build_rust_bench() -> Result<PathBuf> {
         ])
         // As for the test binaries: no debug info, so the bundle stays small.
         .env("CARGO_PROFILE_BENCH_DEBUG", "0")
-        .env("CARGO_PROFILE_BENCH_STRIP", "debuginfo")
-        .stdout(Stdio::piped());
-    eprintln!("$ {}", cmd::display(&command));
-    let mut child = command
-        .spawn()
-        .context("could not start cargo bench --no-run")?;
-    let stdout = child.stdout.take().context("cargo's stdout")?;
+        .env("CARGO_PROFILE_BENCH_STRIP", "debuginfo");
     let mut executable = None;
-    for line in std::io::BufReader::new(stdout).lines() {
-        let Ok(message) = serde_json::from_str::<Value>(&line?) else {
-            continue;
-        };
-        if message["reason"] == "compiler-artifact" && message["target"]["name"] == RUST_BENCH {
+    cmd::cargo_artifacts(&mut command, "cargo bench --no-run", |message| {
+        if message["target"]["name"] == RUST_BENCH {
             if let Some(path) = message["executable"].as_str() {
                 executable = Some(PathBuf::from(path));
             }
         }
-    }
-    let exit = child.wait()?;
-    if !exit.success() {
-        bail!("cargo bench --no-run failed ({exit})");
-    }
+        Ok(())
+    })?;
     executable.context("cargo built no custody_vs_raw executable")
 }

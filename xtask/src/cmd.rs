@@ -2,8 +2,9 @@
 //! reading `cargo metadata`.
 
 use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, ExitStatus};
+use std::process::{Command, ExitStatus, Stdio};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -90,6 +91,47 @@ pub fn run(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Runs `command` with its output captured and returns its stdout; fails, with its stderr,
+/// unless it exits 0. `what` names the command in the errors.
+pub fn stdout_of(command: &mut Command, what: &str) -> Result<Vec<u8>> {
+    let output = command
+        .output()
+        .with_context(|| format!("could not run {what}"))?;
+    if !output.status.success() {
+        bail!("{what} failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(output.stdout)
+}
+
+/// Runs the cargo build `command`, which prints JSON messages (`--message-format=json...`),
+/// echoing it first, and hands each `compiler-artifact` message to `artifact` as cargo prints
+/// it; fails when cargo fails or `artifact` does. `what` names the build in the errors.
+pub fn cargo_artifacts(
+    command: &mut Command,
+    what: &str,
+    mut artifact: impl FnMut(&Value) -> Result<()>,
+) -> Result<()> {
+    command.stdout(Stdio::piped());
+    eprintln!("$ {}", display(command));
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("could not start {what}"))?;
+    let stdout = child.stdout.take().context("cargo's stdout")?;
+    for line in BufReader::new(stdout).lines() {
+        let Ok(message) = serde_json::from_str::<Value>(&line?) else {
+            continue;
+        };
+        if message["reason"] == "compiler-artifact" {
+            artifact(&message)?;
+        }
+    }
+    let exit = child.wait()?;
+    if !exit.success() {
+        bail!("{what} failed ({exit})");
+    }
+    Ok(())
+}
+
 /// Whether `program args...` runs and exits 0 (output discarded).
 pub fn succeeds<I, S>(program: impl AsRef<OsStr>, args: I) -> bool
 where
@@ -107,17 +149,11 @@ where
 
 /// `cargo metadata --no-deps --format-version 1` (no resolution, no download).
 pub fn metadata() -> Result<Value> {
-    let output = cargo()
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .output()
-        .context("could not run cargo metadata")?;
-    if !output.status.success() {
-        bail!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    serde_json::from_slice(&output.stdout).context("cargo metadata printed malformed JSON")
+    let stdout = stdout_of(
+        cargo().args(["metadata", "--no-deps", "--format-version", "1"]),
+        "cargo metadata",
+    )?;
+    serde_json::from_slice(&stdout).context("cargo metadata printed malformed JSON")
 }
 
 /// The target directory cargo builds into (honours `CARGO_TARGET_DIR`).

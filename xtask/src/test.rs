@@ -24,6 +24,18 @@ enum Outcome {
     Skipped(String),
 }
 
+impl Outcome {
+    /// Runs `command`: passed when it exits 0, failed with its exit status otherwise.
+    fn of(command: &mut Command) -> Result<Outcome> {
+        let exit = cmd::status(command)?;
+        Ok(if exit.success() {
+            Outcome::Passed
+        } else {
+            Outcome::Failed(exit.to_string())
+        })
+    }
+}
+
 struct Suite {
     name: &'static str,
     how: String,
@@ -111,12 +123,7 @@ fn rust_suite(emulator: &Path) -> Result<Suite> {
         "cargo test --workspace -- --test-threads=1 (cargo-nextest not found)".to_owned()
     };
     command.env(DRIVER_ENV, emulator);
-    let exit = cmd::status(&mut command)?;
-    let outcome = if exit.success() {
-        Outcome::Passed
-    } else {
-        Outcome::Failed(exit.to_string())
-    };
+    let outcome = Outcome::of(&mut command)?;
     Ok(Suite {
         name: "rust",
         how,
@@ -157,12 +164,7 @@ fn doc_suite(emulator: &Path) -> Result<Suite> {
         .arg(format!("{}/cudarc", cmd::FACADE_PACKAGE))
         .env(DRIVER_ENV, emulator)
         .env("LD_LIBRARY_PATH", std::env::join_paths(paths)?);
-    let exit = cmd::status(&mut command)?;
-    let outcome = if exit.success() {
-        Outcome::Passed
-    } else {
-        Outcome::Failed(exit.to_string())
-    };
+    let outcome = Outcome::of(&mut command)?;
     Ok(Suite {
         name: "doctest",
         how: format!(
@@ -221,12 +223,7 @@ fn rustdoc_suite() -> Result<Suite> {
         .args(["doc", "--workspace", "--no-deps", "--quiet", "--features"])
         .arg(format!("{}/cudarc", cmd::FACADE_PACKAGE))
         .env("RUSTDOCFLAGS", "-D warnings");
-    let exit = cmd::status(&mut command)?;
-    let outcome = if exit.success() {
-        Outcome::Passed
-    } else {
-        Outcome::Failed(exit.to_string())
-    };
+    let outcome = Outcome::of(&mut command)?;
     Ok(Suite {
         name: "rustdoc",
         how: "cargo doc --workspace --no-deps (custody's cudarc feature on), RUSTDOCFLAGS=-D warnings"
@@ -308,19 +305,11 @@ pub fn install_check(
     cmd::run(Command::new(base_python).args(["-m", "venv"]).arg(venv))
         .context("creating the install check's virtual environment")?;
     let python = venv.join("bin/python");
-    cmd::run(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-index",
-                "--no-deps",
-                "--disable-pip-version-check",
-            ])
-            .arg(wheel),
-    )
+    cmd::run(&mut pip_install_wheel(
+        &python,
+        "--disable-pip-version-check",
+        wheel,
+    ))
     .context("pip could not install the wheel into a fresh virtual environment")?;
     cmd::run(
         Command::new(&python)
@@ -349,21 +338,31 @@ pub fn install_test_wheel(
     let wheel = wheels.remove(0);
     crate::wheel::print_wheel(&wheel);
     let python = venv_python(root)?;
-    cmd::run(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-index",
-                "--no-deps",
-                "--force-reinstall",
-            ])
-            .arg(&wheel.path),
-    )
+    cmd::run(&mut pip_install_wheel(
+        &python,
+        "--force-reinstall",
+        &wheel.path,
+    ))
     .context("installing the wheel into .venv")?;
     Ok((wheel, python))
+}
+
+/// `python -m pip install` of the local `wheel` alone (no index: the package has no
+/// dependencies), quietly, with one more pip option (`option`).
+fn pip_install_wheel(python: &Path, option: &str, wheel: &Path) -> Command {
+    let mut command = Command::new(python);
+    command
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--no-deps",
+            option,
+        ])
+        .arg(wheel);
+    command
 }
 
 /// pytest on the package installed in `.venv`, with the PyTorch allocator's library built

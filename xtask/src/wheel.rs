@@ -579,39 +579,23 @@ mod tests {
 
     #[test]
     fn the_floor_check_refuses_newer_glibc_and_false_tags() {
-        assert!(check_floor(&wheel(
-            &["cp311-abi3-manylinux_2_28_x86_64"],
-            "manylinux_2_28_x86_64"
-        ))
-        .is_ok());
+        // A wheel of one tag whose symbols auditwheel places at `audited`.
+        let floor = |tag, audited| check_floor(&wheel(&[tag], audited));
+        assert!(floor("cp311-abi3-manylinux_2_28_x86_64", "manylinux_2_28_x86_64").is_ok());
         // Older than the floor is fine too.
-        assert!(check_floor(&wheel(
-            &["cp311-abi3-manylinux_2_17_x86_64"],
-            "manylinux_2_17_x86_64"
-        ))
-        .is_ok());
+        assert!(floor("cp311-abi3-manylinux_2_17_x86_64", "manylinux_2_17_x86_64").is_ok());
         // Today's wheel without zig: glibc 2.34.
-        let error = check_floor(&wheel(
-            &["cp39-abi3-manylinux_2_34_x86_64"],
-            "manylinux_2_34_x86_64",
-        ))
-        .unwrap_err()
-        .to_string();
+        let error = floor("cp39-abi3-manylinux_2_34_x86_64", "manylinux_2_34_x86_64")
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("needs glibc 2.34"), "{error}");
         // A tag that claims less than the symbols need.
-        let error = check_floor(&wheel(
-            &["cp311-abi3-manylinux_2_17_x86_64"],
-            "manylinux_2_28_x86_64",
-        ))
-        .unwrap_err()
-        .to_string();
+        let error = floor("cp311-abi3-manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("claims glibc 2.17"), "{error}");
         // A plain linux tag is not portable.
-        assert!(check_floor(&wheel(
-            &["cp311-abi3-linux_x86_64"],
-            "manylinux_2_28_x86_64"
-        ))
-        .is_err());
+        assert!(floor("cp311-abi3-linux_x86_64", "manylinux_2_28_x86_64").is_err());
         assert!(check_floor(&wheel(&[], "manylinux_2_28_x86_64")).is_err());
     }
 }
