@@ -688,23 +688,20 @@ def main():
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows.extend(pool.map(run_row, jobs))
 
-    if args.tests_only:
-        pytest = {"status": NOT_RUN, "detail": "--tests-only"}
-    elif not manifest.get("python"):
-        pytest = {"status": SKIP, "detail": "the bundle has no Python package (pybind does not exist yet)"}
-    elif not real_ok:
-        pytest = {"status": NOT_RUN, "detail": "no real driver"}
-    else:
-        pytest = run_pytest(manifest, driver_env(driver_path), out_dir)
+    def python_step(run, no_python):
+        """pytest or the install check on the real driver, unless --tests-only, a bundle
+        without the Python package (`no_python` says so) or no real driver."""
+        if args.tests_only:
+            return {"status": NOT_RUN, "detail": "--tests-only"}
+        if not manifest.get("python"):
+            return {"status": SKIP, "detail": no_python}
+        if not real_ok:
+            return {"status": NOT_RUN, "detail": "no real driver"}
+        return run(manifest, driver_env(driver_path), out_dir)
+
+    pytest = python_step(run_pytest, "the bundle has no Python package (pybind does not exist yet)")
     print("\n  pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")))
-    if args.tests_only:
-        install = {"status": NOT_RUN, "detail": "--tests-only"}
-    elif not manifest.get("python"):
-        install = {"status": SKIP, "detail": "the bundle has no Python package"}
-    elif not real_ok:
-        install = {"status": NOT_RUN, "detail": "no real driver"}
-    else:
-        install = run_install_check(manifest, driver_env(driver_path), out_dir)
+    install = python_step(run_install_check, "the bundle has no Python package")
     print("  install: %s (%s)" % (install["status"], install.get("detail", "")))
 
     if args.tests_only:
