@@ -31,12 +31,12 @@ def pool_used():
 
 @pytest.fixture
 def filled(device, stream):
-    """A custody device buffer of N float32 values 0, 1, 2, ..."""
-    host = custody.LegacyPinnedMemoryResource().allocate(N * 4, stream=stream)
+    """A custody device buffer of N float64 values 0, 1, 2, ... (sums of them are exact)."""
+    host = custody.LegacyPinnedMemoryResource().allocate(N * 8, stream=stream)
     import numpy
 
-    numpy.from_dlpack(host).view(numpy.float32)[:] = numpy.arange(N, dtype=numpy.float32)
-    buf = custody.DeviceMemoryResource(0).allocate(N * 4, stream=stream)
+    numpy.from_dlpack(host).view(numpy.float64)[:] = numpy.arange(N, dtype=numpy.float64)
+    buf = custody.DeviceMemoryResource(0).allocate(N * 8, stream=stream)
     buf.copy_from(host, stream=stream)
     stream.sync()
     host.close()
@@ -59,7 +59,7 @@ def test_a_cupy_kernel_reads_custody_memory(filled, stream, path):
     else:
         view = StridedMemoryView.from_dlpack(filled, stream_ptr=cupy.cuda.get_current_stream().ptr or 1)
         array = cupy.from_dlpack(view)
-    values = array.view(cupy.float32)
+    values = array.view(cupy.float64)
     assert float((values * 2).sum()) == expected_sum(2)
     del array, values
     cupy.cuda.get_current_stream().synchronize()
@@ -70,19 +70,19 @@ def test_custody_as_cupys_allocator_under_a_small_workload(device):
     base = pool_used()
     cupy.cuda.set_allocator(interop.CupyAllocator())
     try:
-        x = cupy.arange(N, dtype=cupy.float32)
-        assert pool_used() >= base + N * 4, "the array's memory is custody's"
+        x = cupy.arange(N, dtype=cupy.float64)
+        assert pool_used() >= base + N * 8, "the array's memory is custody's"
         y = x * 2
         assert float(y.sum()) == expected_sum(2)
         # Freed on another thread: the last reference goes there, the free keeps its recipe.
-        box = [cupy.ones(N, dtype=cupy.float32)]
+        box = [cupy.ones(N, dtype=cupy.float64)]
         worker = threading.Thread(target=box.clear)
         worker.start()
         worker.join()
         # A graph captured on a non-blocking stream over memory allocated before the capture.
         s = cupy.cuda.Stream(non_blocking=True)
         with s:
-            a = cupy.arange(N, dtype=cupy.float32)
+            a = cupy.arange(N, dtype=cupy.float64)
             b = cupy.empty_like(a)
             s.begin_capture()
             cupy.multiply(a, 3, out=b)

@@ -40,11 +40,11 @@ WORKLOAD = textwrap.dedent(
         return custody.DeviceMemoryResource(0).attributes.used_mem_current
 
     out = {"manager": type(cuda.current_context().memory_manager).__name__, "base": used()}
-    a = cuda.to_device(np.arange(__N__, dtype=np.float32))
+    a = cuda.to_device(np.arange(__N__, dtype=np.float64))
     out["with_a"] = used()
     double[(__N__ + 255) // 256, 256](a)
     out["sum"] = float(a.copy_to_host().sum())
-    box = [cuda.device_array(__N__, dtype=np.float32)]
+    box = [cuda.device_array(__N__, dtype=np.float64)]
     worker = threading.Thread(target=box.clear)
     worker.start(); worker.join()
     del a
@@ -62,7 +62,7 @@ def test_custody_as_numbas_memory_manager():
     assert ran.returncode == 0, ran.stderr
     out = json.loads(ran.stdout.strip().splitlines()[-1])
     assert out["manager"] == "CustodyNumbaMemoryManager"
-    assert out["with_a"] >= out["base"] + N * 4, "the array's memory is custody's"
+    assert out["with_a"] >= out["base"] + N * 8, "the array's memory is custody's"
     assert out["sum"] == N * (N - 1)
     assert out["end"] == out["base"], "every block came back to the pool"
 

@@ -59,6 +59,9 @@ def test_a_numpy_array_is_viewed_as_it_is(array, how, device):
     assert view.exporting_obj is array
     # The view exports DLPack itself: NumPy reads the same elements through it.
     assert np.array_equal(np.from_dlpack(view), array)
+    assert np.array_equal(np.from_dlpack(view, device="cpu"), array), "its own device asked for"
+    with pytest.raises(BufferError, match="dl_device"):
+        view.__dlpack__(dl_device=(int(custody.DLDeviceType.kDLCUDA), 0))
 
 
 def test_a_read_only_array_gives_a_read_only_view_and_export(device):

@@ -173,8 +173,9 @@ class StridedMemoryView:
         """A DLPack capsule of this view (versioned, DLPack 1.x, when ``max_version`` is at least
         ``(1, 0)``, with the read-only flag of :attr:`readonly`; else unversioned), whose tensor
         keeps this view, and so the producer, alive until its deleter runs. ``stream`` is
-        accepted and not used: nothing is synchronised, as in cuda.core 1.2. ``BufferError`` for
-        a ``dl_device``, ``copy=True``, a malformed ``max_version``, a view without a dtype or
+        accepted and not used: nothing is synchronised, as in cuda.core 1.2. ``dl_device`` may
+        name the view's own device (a consumer asking for it), as for a ``Buffer``.
+        ``BufferError`` for another ``dl_device``, ``copy=True``, a malformed ``max_version``, a view without a dtype or
         with one DLPack has no code for.
         """
 
