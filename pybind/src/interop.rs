@@ -13,7 +13,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyInt, PyTuple};
 
 use crate::errors::Error;
-use crate::ffi::dlpack::{consume, export, ForeignTensor, Keep, TensorInfo, TensorSpec};
+use crate::ffi::dlpack::{
+    consume, exchange_api, export, ForeignTensor, Keep, TensorInfo, TensorSpec,
+};
 use crate::ffi::wrap_foreign_stream;
 use crate::stream::accept::accept_stream;
 
@@ -112,6 +114,15 @@ fn _dlpack_export<'py>(
         readonly,
     };
     export(py, spec, Keep::Object(owner), versioned)
+}
+
+/// The capsule ``"dlpack_exchange_api"`` of DLPack's C exchange table for
+/// ``StridedMemoryView`` (set on the type as ``__dlpack_c_exchange_api__``): a C consumer takes
+/// a view's tensor (its ``__dlpack__(max_version=(1, 0))``) and makes a view of a tensor through
+/// it; it allocates nothing and names no current stream.
+#[pyfunction]
+fn _dlpack_exchange_api(py: Python<'_>) -> PyResult<Bound<'_, PyCapsule>> {
+    exchange_api(py)
 }
 
 /// ``(device_type, device_ordinal)`` of the memory at ``ptr`` as the driver says
@@ -291,6 +302,7 @@ pub(crate) fn no_interface_for_host_memory() -> PyErr {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDlpackTensor>()?;
     m.add_function(wrap_pyfunction!(_dlpack_export, m)?)?;
+    m.add_function(wrap_pyfunction!(_dlpack_exchange_api, m)?)?;
     m.add_function(wrap_pyfunction!(_dlpack_device_of_pointer, m)?)?;
     Ok(())
 }

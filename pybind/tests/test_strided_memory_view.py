@@ -390,3 +390,87 @@ def test_an_unsupported_dlpack_major_version_is_released_and_refused():
             Producer(lambda: make(ctypes.addressof(tensor), b"dltensor_versioned", None)), -1
         )
     assert deleted == [ctypes.addressof(tensor)], "the consumer released the tensor it refused"
+
+
+# --- DLPack's C exchange table, driven as a C consumer (PyTorch's from_dlpack) would ---
+
+
+class ExchangeApi(ctypes.Structure):
+    """``DLPackExchangeAPI`` (DLPack 1.3): the header, then five function pointers."""
+
+    _fields_ = [
+        ("major", ctypes.c_uint32),
+        ("minor", ctypes.c_uint32),
+        ("prev_api", ctypes.c_void_p),
+        ("allocator", ctypes.c_void_p),
+        ("from_py_object", ctypes.c_void_p),
+        ("to_py_object", ctypes.c_void_p),
+        ("dltensor_from_py_object", ctypes.c_void_p),
+        ("current_work_stream", ctypes.c_void_p),
+    ]
+
+
+def exchange_table():
+    capsule = StridedMemoryView.__dlpack_c_exchange_api__
+    assert StridedMemoryView.__c_dlpack_exchange_api__ is capsule
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return ExchangeApi.from_address(get(capsule, b"dlpack_exchange_api"))
+
+
+def test_the_exchange_table_hands_a_views_tensor_over_and_back():
+    table = exchange_table()
+    assert (table.major, table.prev_api) == (1, None)
+    assert table.dltensor_from_py_object is None, "the optional borrowed form is absent"
+    from_object = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))(
+        table.from_py_object
+    )
+    to_object = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))(
+        table.to_py_object
+    )
+    array = np.arange(12, dtype=np.int16).reshape(3, 4)[:, ::2]
+    alive = weakref.ref(array)
+    view = StridedMemoryView.from_dlpack(array, stream_ptr=-1)
+    tensor = ctypes.c_void_p()
+    assert from_object(ctypes.c_void_p(id(view)), ctypes.byref(tensor)) == 0
+    assert tensor.value
+    out = ctypes.c_void_p()
+    assert to_object(tensor, ctypes.byref(out)) == 0  # the tensor's ownership passes over
+    again = ctypes.cast(out, ctypes.py_object).value
+    ctypes.pythonapi.Py_DecRef(ctypes.py_object(again))  # the reference `out` carried
+    assert isinstance(again, StridedMemoryView)
+    assert (again.ptr, again.shape, again.strides, again.dtype) == (
+        view.ptr, view.shape, view.strides, view.dtype,
+    )
+    assert np.array_equal(np.from_dlpack(again), array)
+    del view, array
+    gc.collect()
+    assert alive() is not None, "the exchanged view keeps the producer"
+    del again
+    gc.collect()
+    assert alive() is None, "released when the exchanged view went"
+
+
+def test_the_exchange_table_refuses_to_allocate_and_names_no_stream():
+    table = exchange_table()
+    errors = []
+    set_error_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p)
+    set_error = set_error_type(lambda ctx, kind, message: errors.append((kind, message)))
+    allocate = ctypes.CFUNCTYPE(
+        ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+        set_error_type,
+    )(table.allocator)
+    out = ctypes.c_void_p(1)
+    assert allocate(None, ctypes.byref(out), None, set_error) == -1
+    assert out.value is None and errors[0][0] == b"NotImplementedError"
+    stream = ctypes.c_void_p(1)
+    current = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))(
+        table.current_work_stream
+    )
+    assert current(2, 0, ctypes.byref(stream)) == 0 and stream.value is None
+    from_object = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))(
+        table.from_py_object
+    )
+    no_dtype = object()
+    with pytest.raises(AttributeError):  # an object with no __dlpack__: -1 with the exception
+        from_object(ctypes.c_void_p(id(no_dtype)), ctypes.byref(out))

@@ -562,7 +562,12 @@ def _view_as_dlpack(view, obj, stream_ptr):
         capsule = obj.__dlpack__(stream=stream, max_version=_DLPACK_MAX_VERSION)
     except TypeError:
         capsule = obj.__dlpack__(stream=stream)
-    tensor = _custody._DLPackTensor(capsule)
+    _view_of_tensor(view, _custody._DLPackTensor(capsule), obj, device_id, accessible)
+
+
+def _view_of_tensor(view, tensor, obj, device_id, accessible):
+    """Fills ``view`` from a consumed DLPack tensor that ``obj`` exported."""
+    kind, ordinal = tensor.device
     view._ptr = tensor.data
     view._device_id = device_id
     view._is_device_accessible = accessible
@@ -572,6 +577,22 @@ def _view_as_dlpack(view, obj, stream_ptr):
     view._dl_device = (int(kind), int(ordinal) if kind == _CUDA else 0)
     view._layout_source = (tensor.shape, tensor.strides, _itemsize_of_dlpack(tensor.dtype))
     view._dtype_source = ("dlpack", tensor.dtype)
+
+
+def _view_of_exchanged(capsule):
+    """The view DLPack's C exchange table makes of a tensor a C consumer hands over (in
+    ``capsule``, which becomes the view's ``exporting_obj``)."""
+    tensor = _custody._DLPackTensor(capsule)
+    kind, ordinal = tensor.device
+    if kind == _CPU:
+        device_id, accessible = -1, False
+    elif kind in (_CUDA, _CUDA_HOST, _CUDA_MANAGED):
+        device_id, accessible = ordinal, True
+    else:
+        raise BufferError("device not supported")
+    view = StridedMemoryView._new()
+    _view_of_tensor(view, tensor, capsule, device_id, accessible)
+    return view
 
 
 def _itemsize_of_dlpack(dtype):
@@ -615,6 +636,11 @@ def _view_as_cai(view, obj, stream_ptr):
     view._keep = (obj,)
     view._layout_cache = layout
     view._dtype_source = ("typestr", data["typestr"])
+
+
+# DLPack's C exchange table, on the type as DLPack asks (and under its earlier name).
+StridedMemoryView.__dlpack_c_exchange_api__ = _custody._dlpack_exchange_api()
+StridedMemoryView.__c_dlpack_exchange_api__ = StridedMemoryView.__dlpack_c_exchange_api__
 
 
 class _StridedMemoryViewProxy:

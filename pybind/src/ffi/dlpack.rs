@@ -483,3 +483,220 @@ fn describe(tensor: &DlTensor, readonly: bool) -> PyResult<TensorInfo> {
         readonly,
     })
 }
+
+// --- DLPack's C exchange table (`__dlpack_c_exchange_api__`) ---
+
+/// `DLPackExchangeAPIHeader`.
+#[repr(C)]
+struct ExchangeHeader {
+    version: DlPackVersion,
+    prev_api: *mut ExchangeHeader,
+}
+
+/// `DLPackExchangeAPI` (DLPack 1.3's `dlpack.h`): what a C consumer calls instead of
+/// `__dlpack__`, found as a capsule named `"dlpack_exchange_api"` on the type.
+#[repr(C)]
+struct ExchangeApi {
+    header: ExchangeHeader,
+    managed_tensor_allocator: unsafe extern "C" fn(
+        *mut DlTensor,
+        *mut *mut DlManagedTensorVersioned,
+        *mut c_void,
+        Option<unsafe extern "C" fn(*mut c_void, *const std::ffi::c_char, *const std::ffi::c_char)>,
+    ) -> i32,
+    managed_tensor_from_py_object_no_sync:
+        unsafe extern "C" fn(*mut c_void, *mut *mut DlManagedTensorVersioned) -> i32,
+    managed_tensor_to_py_object_no_sync:
+        unsafe extern "C" fn(*mut DlManagedTensorVersioned, *mut *mut c_void) -> i32,
+    dltensor_from_py_object_no_sync:
+        Option<unsafe extern "C" fn(*mut c_void, *mut DlTensor) -> i32>,
+    current_work_stream: unsafe extern "C" fn(i32, i32, *mut *mut c_void) -> i32,
+}
+
+/// The table, alive for the whole process as DLPack requires.
+struct Table(ExchangeApi);
+
+// SAFETY: the table is immutable after initialisation; its one pointer field (`prev_api`) is
+// null, and the function pointers are plain functions safe to call from any thread.
+unsafe impl Sync for Table {}
+
+static EXCHANGE_API: Table = Table(ExchangeApi {
+    header: ExchangeHeader {
+        version: DlPackVersion { major: 1, minor: 3 },
+        prev_api: std::ptr::null_mut(),
+    },
+    managed_tensor_allocator: exchange_allocate,
+    managed_tensor_from_py_object_no_sync: exchange_from_object,
+    managed_tensor_to_py_object_no_sync: exchange_to_object,
+    // Optional in DLPack (a borrowed DLTensor): not provided.
+    dltensor_from_py_object_no_sync: None,
+    current_work_stream: exchange_current_stream,
+});
+
+/// The capsule `"dlpack_exchange_api"` of custody's exchange table (for the type
+/// `custody.utils.StridedMemoryView`). Its functions: `managed_tensor_from_py_object_no_sync`
+/// exports a view as `__dlpack__(max_version=(1, 0))` does; `managed_tensor_to_py_object_no_sync`
+/// makes a view of a tensor (`custody.utils._view_of_exchanged`); the allocator is refused
+/// (`NotImplementedError`); the current work stream is NULL (custody has no current stream); the
+/// borrowed-`DLTensor` function is absent (NULL, which DLPack allows).
+///
+/// # Errors
+/// What `PyCapsule_New` raises.
+pub(crate) fn exchange_api(py: Python<'_>) -> PyResult<Bound<'_, PyCapsule>> {
+    let pointer = NonNull::from(&EXCHANGE_API.0).cast::<c_void>();
+    // SAFETY: the table is a static that lives for the whole process and is never written; the
+    // capsule has no destructor, so nothing frees it.
+    unsafe { PyCapsule::new_with_pointer_and_destructor(py, pointer, c"dlpack_exchange_api", None) }
+}
+
+/// Runs `f` attached, turning an error into a raised Python exception and -1, a panic into a
+/// `RuntimeError` and -1: what every exchange function returns.
+fn exchanged(f: impl FnOnce(Python<'_>) -> PyResult<()>) -> i32 {
+    Python::attach(|py| {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(py)))
+            .unwrap_or_else(|_| {
+                Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "custody's DLPack exchange function panicked",
+                ))
+            });
+        match outcome {
+            Ok(()) => 0,
+            Err(error) => {
+                error.restore(py);
+                -1
+            }
+        }
+    })
+}
+
+/// `managed_tensor_allocator`: custody allocates through its memory resources, not for a C
+/// consumer: refused through `set_error`, as DLPack asks.
+unsafe extern "C" fn exchange_allocate(
+    _prototype: *mut DlTensor,
+    out: *mut *mut DlManagedTensorVersioned,
+    error_ctx: *mut c_void,
+    set_error: Option<
+        unsafe extern "C" fn(*mut c_void, *const std::ffi::c_char, *const std::ffi::c_char),
+    >,
+) -> i32 {
+    if !out.is_null() {
+        // SAFETY: the consumer's out-pointer, writable per DLPack's contract.
+        unsafe { *out = std::ptr::null_mut() };
+    }
+    if let Some(set_error) = set_error {
+        // SAFETY: the consumer's callback with its own context, called once as DLPack says;
+        // both strings are static and NUL-terminated.
+        unsafe {
+            set_error(
+                error_ctx,
+                c"NotImplementedError".as_ptr(),
+                c"custody's StridedMemoryView does not allocate tensors".as_ptr(),
+            );
+        }
+    }
+    -1
+}
+
+/// `managed_tensor_from_py_object_no_sync`: the view's own versioned export, taken out of its
+/// capsule (renamed used, so the capsule leaves the tensor to the consumer).
+unsafe extern "C" fn exchange_from_object(
+    py_object: *mut c_void,
+    out: *mut *mut DlManagedTensorVersioned,
+) -> i32 {
+    exchanged(|py| {
+        if py_object.is_null() || out.is_null() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "the DLPack exchange was given a NULL object or out-pointer",
+            ));
+        }
+        // SAFETY: DLPack's contract: `py_object` is a live Python object (of the type the table
+        // was found on), borrowed for the call.
+        let object = unsafe { Bound::from_borrowed_ptr(py, py_object.cast()) };
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("max_version", DLPACK_VERSION)?;
+        let capsule = crate::ffi::call_method(&object, "__dlpack__", (), Some(&kwargs))?;
+        let capsule = capsule.cast::<PyCapsule>().map_err(PyErr::from)?;
+        // SAFETY: our own export, a valid unused "dltensor_versioned" capsule.
+        let tensor = unsafe { take::<DlManagedTensorVersioned>(py, capsule.as_ptr()) }?;
+        // SAFETY: the consumer's out-pointer, writable per DLPack's contract.
+        unsafe { *out = tensor.as_ptr().cast() };
+        Ok(())
+    })
+}
+
+/// The destructor of a capsule holding a consumer's tensor handed to
+/// `managed_tensor_to_py_object_no_sync`: calls the tensor's deleter unless a view took it over
+/// (renamed the capsule).
+unsafe extern "C" fn handed_over_destructor(capsule: *mut pyo3::ffi::PyObject) {
+    // SAFETY: CPython calls a capsule's destructor with the capsule, attached; both calls only
+    // read the capsule and set no exception for a matching name.
+    let tensor = unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule, DlManagedTensorVersioned::NAME.as_ptr()) != 1 {
+            return;
+        }
+        pyo3::ffi::PyCapsule_GetPointer(capsule, DlManagedTensorVersioned::NAME.as_ptr())
+    };
+    if !tensor.is_null() {
+        // SAFETY: an unconsumed capsule holds a live tensor whose deleter has not run.
+        unsafe { DlManagedTensorVersioned::delete(tensor.cast()) };
+    }
+}
+
+/// `managed_tensor_to_py_object_no_sync`: a `StridedMemoryView` of the tensor, whose ownership
+/// it takes (the view calls the deleter when it goes; on failure the tensor is deleted at once).
+unsafe extern "C" fn exchange_to_object(
+    tensor: *mut DlManagedTensorVersioned,
+    out: *mut *mut c_void,
+) -> i32 {
+    exchanged(|py| {
+        let (Some(tensor), false) = (NonNull::new(tensor), out.is_null()) else {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "the DLPack exchange was given a NULL tensor or out-pointer",
+            ));
+        };
+        // SAFETY: DLPack's contract: a live tensor whose ownership passes to us; the capsule's
+        // destructor deletes it unless the view takes it over.
+        let capsule = unsafe {
+            PyCapsule::new_with_pointer_and_destructor(
+                py,
+                tensor.cast(),
+                DlManagedTensorVersioned::NAME,
+                Some(handed_over_destructor),
+            )
+        };
+        let capsule = match capsule {
+            Ok(capsule) => capsule,
+            Err(error) => {
+                // SAFETY: ours now, and no capsule holds it: deleted once, here.
+                unsafe { DlManagedTensorVersioned::delete(tensor.as_ptr().cast()) };
+                return Err(error);
+            }
+        };
+        let view = py
+            .import("custody.utils")?
+            .getattr("_view_of_exchanged")?
+            .call1((capsule,))?;
+        // SAFETY: the consumer's out-pointer, writable per DLPack's contract; it receives the
+        // new reference.
+        unsafe { *out = view.into_ptr().cast() };
+        Ok(())
+    })
+}
+
+/// `current_work_stream`: NULL (custody has no current stream; the consumer orders its work).
+unsafe extern "C" fn exchange_current_stream(
+    _device_type: i32,
+    _device_id: i32,
+    out: *mut *mut c_void,
+) -> i32 {
+    if out.is_null() {
+        return exchanged(|_| {
+            Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "the DLPack exchange was given a NULL out-pointer",
+            ))
+        });
+    }
+    // SAFETY: the consumer's out-pointer, writable per DLPack's contract.
+    unsafe { *out = std::ptr::null_mut() };
+    0
+}
