@@ -273,7 +273,6 @@ def numba_memory_manager():
 
 
 def _make_numba_class():
-    from numba import cuda
     from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
 
     try:
@@ -290,8 +289,7 @@ def _make_numba_class():
         def memalloc(self, size):
             """A custody buffer of ``size`` bytes on the current device, freed when Numba
             finalizes the returned pointer."""
-            device_id = cuda.get_current_device().id
-            resource = Device(device_id).memory_resource
+            resource = Device(self.context.device.id).memory_resource
             buffer = resource.allocate(size, stream=Stream.from_handle(1))
             address = int(buffer.handle)
             allocations = self.allocations
