@@ -30,6 +30,20 @@ fn allocate(mr: &Arc<CachingMemoryResource>, size: usize, stream: &StreamHandle)
     Arc::clone(mr).allocate(size, stream).expect("allocate")
 }
 
+/// Whether this process's caches cache: every test here is about what a cache keeps, and with
+/// `CUSTODY_CACHING_PASS_THROUGH` set (the GPU runner's compute-sanitizer mode sets it) a cache
+/// keeps nothing, so each test says it skips then (`caching_pass_through.rs` tests that mode).
+fn caches_or_skip() -> bool {
+    if CachingMemoryResource::passes_through() {
+        eprintln!(
+            "skipped: {} is set, so caches pass everything through",
+            CachingMemoryResource::PASS_THROUGH_ENV
+        );
+        return false;
+    }
+    true
+}
+
 /// The live emulator allocations among `ids`.
 fn live(ids: &[AllocationId]) -> Option<usize> {
     with_emulator(|emu| ids.iter().filter(|id| emu.is_live(**id)).count())
@@ -38,6 +52,9 @@ fn live(ids: &[AllocationId]) -> Option<usize> {
 #[test]
 fn a_same_stream_reuse_makes_no_driver_call_and_reports_the_requested_size() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let s = stream_on(0);
     let mr = cache_over_device_pool();
@@ -101,6 +118,9 @@ fn a_same_stream_reuse_makes_no_driver_call_and_reports_the_requested_size() {
 #[test]
 fn another_stream_or_another_size_class_takes_a_new_block() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let (a, b) = (stream_on(0), stream_on(0));
     let mr = cache_over_device_pool();
@@ -137,6 +157,9 @@ fn another_stream_or_another_size_class_takes_a_new_block() {
 #[test]
 fn set_deallocation_stream_moves_the_block_to_the_new_streams_bin() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let (a, b) = (stream_on(0), stream_on(0));
     let mr = cache_over_device_pool();
@@ -176,6 +199,9 @@ fn set_deallocation_stream_moves_the_block_to_the_new_streams_bin() {
 #[test]
 fn a_declared_use_is_ordered_before_the_block_is_reused() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let (a, b) = (stream_on(0), stream_on(0));
     let mr = cache_over_device_pool();
@@ -225,6 +251,9 @@ fn a_declared_use_is_ordered_before_the_block_is_reused() {
 #[test]
 fn close_frees_the_cache_and_buffers_still_out_free_when_they_go() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let s = stream_on(0);
     let mr = cache_over_device_pool();
@@ -270,6 +299,9 @@ fn close_frees_the_cache_and_buffers_still_out_free_when_they_go() {
 #[test]
 fn out_of_memory_flushes_the_cache_and_retries_once() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let s = stream_on(0);
     let pool = DeviceMemoryResource::with_options(
         0,
@@ -308,6 +340,9 @@ fn out_of_memory_flushes_the_cache_and_retries_once() {
 #[test]
 fn an_injected_out_of_memory_is_retried_after_the_flush() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let Some(emu) = emulator_or_skip("fault injection") else {
         return;
     };
@@ -347,6 +382,9 @@ fn an_injected_out_of_memory_is_retried_after_the_flush() {
 #[test]
 fn a_failed_free_of_a_block_is_returned_or_reported() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let Some(emu) = emulator_or_skip("fault injection") else {
         return;
     };
@@ -396,6 +434,9 @@ fn a_failed_free_of_a_block_is_returned_or_reported() {
 #[test]
 fn a_buffer_dropped_on_another_thread_goes_back_to_its_streams_bin() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let s = stream_on(0);
     let mr = cache_over_device_pool();
@@ -415,6 +456,9 @@ fn a_buffer_dropped_on_another_thread_goes_back_to_its_streams_bin() {
 #[test]
 fn default_stream_tokens_pass_through_to_the_upstream() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let context = primary(0);
     context.make_current().unwrap();
@@ -455,6 +499,9 @@ fn default_stream_tokens_pass_through_to_the_upstream() {
 #[test]
 fn a_capturing_stream_is_not_served_from_the_bins() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let s = stream_on(0);
     let mr = cache_over_device_pool();
     drop(allocate(&mr, 4096, &s));
@@ -481,6 +528,9 @@ fn a_capturing_stream_is_not_served_from_the_bins() {
 #[test]
 fn a_cache_over_cumemalloc_reuses_and_frees_with_cumemfree() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let s = stream_on(0);
     let mr = CachingMemoryResource::new(SynchronousMemoryResource::new(0).unwrap());
     let buffer = allocate(&mr, 3000, &s);
@@ -512,6 +562,9 @@ fn a_cache_over_cumemalloc_reuses_and_frees_with_cumemfree() {
 #[test]
 fn a_cache_over_a_callers_resource_frees_through_its_deallocate() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let (a, b) = (stream_on(0), stream_on(0));
     let upstream = RecordingResource::new(0);
@@ -540,6 +593,9 @@ fn a_cache_over_a_callers_resource_frees_through_its_deallocate() {
 #[test]
 fn allocate_cached_serves_hits_only() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let s = stream_on(0);
     let mr = cache_over_device_pool();
@@ -575,6 +631,9 @@ fn allocate_cached_serves_hits_only() {
 #[test]
 fn a_buffer_freed_during_a_capture_comes_back_when_the_graph_goes() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let s = stream_on(0);
     let mr = cache_over_device_pool();
@@ -607,6 +666,9 @@ fn a_buffer_freed_during_a_capture_comes_back_when_the_graph_goes() {
 #[test]
 fn a_cached_block_keeps_its_stream_alive_until_the_trim() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let mr = cache_over_device_pool();
     let s = stream_on(0);
@@ -647,6 +709,9 @@ fn a_cached_block_keeps_its_stream_alive_until_the_trim() {
 #[test]
 fn threads_sharing_one_cache_keep_the_counters_exact() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let mr = cache_over_device_pool();
     const THREADS: usize = 4;
@@ -711,6 +776,9 @@ fn threads_sharing_one_cache_keep_the_counters_exact() {
 #[test]
 fn a_lent_buffer_is_not_exportable_even_from_an_ipc_pool() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let s = stream_on(0);
     let pool = DeviceMemoryResource::with_options(
         0,
@@ -739,6 +807,9 @@ fn a_lent_buffer_is_not_exportable_even_from_an_ipc_pool() {
 #[test]
 fn a_stream_wrapped_without_an_owner_is_not_cached_on() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let context = primary(0);
     let d = cuda_sys::driver().expect("driver");
@@ -804,6 +875,9 @@ fn a_stream_wrapped_without_an_owner_is_not_cached_on() {
 #[test]
 fn a_refused_allocation_with_nothing_cached_counts_no_miss_and_no_retry() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let s = stream_on(0);
     let mr = cache_over_device_pool();
     // 1 PiB: refused by the pool (the emulator says CUDA_ERROR_OUT_OF_MEMORY; which error a

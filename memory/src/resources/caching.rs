@@ -5,7 +5,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use handles::{
     CaptureStatus, CudaErrorCode, DevicePtrHandle, HandleError, Lender, OwnedAllocation, Returned,
@@ -197,6 +197,8 @@ fn is_out_of_memory(error: &MemoryError) -> bool {
 ///   [`CachingMemoryResource::close`] trims and from then on frees every block given back; an
 ///   allocation the upstream refuses with `CUDA_ERROR_OUT_OF_MEMORY` trims and retries once.
 ///   Dropping the resource (after its last buffer) frees what it still holds.
+/// - **Pass-through** ([`CachingMemoryResource::PASS_THROUGH_ENV`], read once per process): nothing is cached; every
+///   allocation and free is the upstream resource's, as on a default-stream token.
 ///
 /// The upstream resource's own statistics (a pool's used and reserved memory) count cached
 /// blocks as allocated, which they are; [`CachingStats`] splits them. Thread-safe: the bins are
@@ -234,6 +236,24 @@ impl CachingMemoryResource {
             closed: AtomicBool::new(false),
             access: Access::of(upstream.as_ref()),
             upstream,
+        })
+    }
+
+    /// The environment variable that turns every [`CachingMemoryResource`] of the process into a
+    /// pass-through: set to anything but empty or `0` when the process first asks
+    /// ([`CachingMemoryResource::passes_through`], read once), each allocation goes to the upstream
+    /// resource and each free back to it, as if there were no cache (PyTorch's
+    /// `PYTORCH_NO_CUDA_MEMORY_CACHING` does the same for its allocator). For tools that follow the
+    /// driver's allocations, such as compute-sanitizer's leak and stream-ordered race checks, which
+    /// cannot see a block that goes back to a bin.
+    pub const PASS_THROUGH_ENV: &str = "CUSTODY_CACHING_PASS_THROUGH";
+
+    /// Whether caches pass everything through to their upstream resource ([`Self::PASS_THROUGH_ENV`]),
+    /// as read the first time any cache asks, for the rest of the process. No driver call.
+    pub fn passes_through() -> bool {
+        static PASS_THROUGH: OnceLock<bool> = OnceLock::new();
+        *PASS_THROUGH.get_or_init(|| {
+            std::env::var_os(Self::PASS_THROUGH_ENV).is_some_and(|v| !v.is_empty() && v != "0")
         })
     }
 
@@ -293,6 +313,7 @@ impl CachingMemoryResource {
         if size == 0
             || self.is_closed()
             || !stream.pins_its_stream()
+            || Self::passes_through()
             || handles::capture_may_be_active()
         {
             return None;
@@ -397,7 +418,7 @@ impl CachingMemoryResource {
     /// Driver calls: `cuStreamIsCapturing` only while a custody capture runs.
     #[inline]
     fn caches_on(stream: &StreamHandle) -> Result<bool, MemoryError> {
-        if !stream.pins_its_stream() {
+        if !stream.pins_its_stream() || Self::passes_through() {
             return Ok(false);
         }
         Ok(!handles::capture_may_be_active()

@@ -1084,6 +1084,12 @@ class CachingMemoryResource(MemoryResource):
     :class:`GraphMemoryResource`, whose memory belongs to its graph). The upstream resource's
     own statistics count cached memory as allocated, which it is; :attr:`stats` tells cached
     from lent out.
+
+    With the environment variable ``CUSTODY_CACHING_PASS_THROUGH`` set (to anything but empty or
+    ``0``) when the process first allocates through a cache, every cache of the process passes
+    each allocation and each free through to its upstream resource and caches nothing, as if it
+    were not there: for tools that follow the driver's allocations, such as compute-sanitizer's
+    leak and stream-ordered race checks, which cannot see memory kept in a bin.
     """
 
     def __init__(self, upstream: MemoryResource) -> None:
