@@ -10,9 +10,12 @@ loaded; it is ``None`` on a real driver, and tests keep only their observable as
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import gc
 import json
 import os
+import signal
+import sys
 import threading
 import warnings
 
@@ -32,6 +35,31 @@ def pytest_configure(config: pytest.Config) -> None:
         "expect_hazards(*kinds): the emulator's hazard checker must have seen exactly these "
         "hazards",
     )
+    config.addinivalue_line(
+        "markers",
+        "own_process: the GPU runner runs this test in a pytest process of its own, under its "
+        "per-test time limit and with its hang diagnostics",
+    )
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Frees what deferred cleanup still holds before the process exits, so that a leak check
+    (the GPU runner's compute-sanitizer mode) sees only what the tests left allocated."""
+    custody.drain_deferred_cleanup()
+    gc.collect()
+    custody.drain_deferred_cleanup()
+
+
+def dump_stacks_on_signal() -> None:
+    """Makes SIGUSR2 write every thread's Python stack to the process's real stderr: the GPU
+    runner sends it to a test process it is about to kill for running too long (docs/testing.md,
+    "When a test hangs"), and a test sends it to a child process that stopped answering. Child
+    processes that import a test module get it from this module's import."""
+    if sys.__stderr__ is not None:
+        faulthandler.register(signal.SIGUSR2, file=sys.__stderr__, all_threads=True, chain=False)
+
+
+dump_stacks_on_signal()
 
 
 def _driver_library() -> ctypes.CDLL:

@@ -408,12 +408,28 @@ pub fn warnings_for(ptr: u64) -> Vec<CleanupWarning> {
 /// to its end.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Starts a test: the returned guard serialises it with the other tests of this process; no
-/// context current on the calling thread, the stack-dump handler installed
-/// ([`crate::stacks::dump_stacks_on_signal`]), the report hooks installed, earlier deferred work
-/// finished and, on the emulator, hazards and faults cleared.
+/// A running test, from [`start`]: serialises it with the other tests of this process, and at
+/// its end (unless the test is panicking) finishes the deferred work it left, so that nothing it
+/// freed is still queued when the process exits (a leak check under compute-sanitizer then sees
+/// only what the test really left allocated: docs/testing.md).
 #[must_use = "hold the guard for the whole test"]
-pub fn start() -> MutexGuard<'static, ()> {
+pub struct TestGuard {
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Drop for TestGuard {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            handles::drain_deferred_cleanup();
+        }
+    }
+}
+
+/// Starts a test: the returned guard serialises it with the other tests of this process (and
+/// drains deferred cleanup at its end, [`TestGuard`]); no context current on the calling thread,
+/// the stack-dump handler installed ([`crate::stacks::dump_stacks_on_signal`]), the report hooks
+/// installed, earlier deferred work finished and, on the emulator, hazards and faults cleared.
+pub fn start() -> TestGuard {
     // Before anything that could hang: the GPU runner asks a hung test for its stacks.
     crate::stacks::dump_stacks_on_signal();
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -433,7 +449,7 @@ pub fn start() -> MutexGuard<'static, ()> {
         emu.clear_faults();
         emu.clear_hazards();
     }
-    guard
+    TestGuard { _serial: guard }
 }
 
 /// On the emulator, asserts the hazard checker saw nothing since [`start`]; a real driver has

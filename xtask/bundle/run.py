@@ -17,7 +17,10 @@ What it does:
      hangs"); --repeat N runs each selected test N times side by side (with --jobs);
   3. runs the conformance binary a second time against the bundled emulator, so that one run
      compares both drivers case by case;
-  4. runs the bundled pytest suite against the real driver, if the bundle has one, and the
+  4. runs the bundled pytest suite against the real driver, if the bundle has one (bounded by
+     --pytest-timeout and examined like a hung test past it; the tests marked `own_process`
+     each in a pytest process of its own afterwards, under --timeout, with the hang
+     diagnostics, which for a Python process are every thread's Python stack), and the
      install check: pip installs the bundled wheel into a fresh virtual environment (so pip
      checks its tags against this host's glibc and Python) and runs
      python/smoke/installed_wheel.py there against the real driver;
@@ -39,11 +42,26 @@ What it does:
      cuda.core, CuPy and cuda-bindings in Python; under 4 minutes) and writes --out/bench/*.json,
      for `cargo xtask bench --from-results DIR` on the build machine.
 
-Exit status: 0 when everything ran and passed; 1 when a test failed; 2 when no real driver
-could be loaded (the emulator column is still filled in, to check the runner itself).
+With --sanitizer, instead of all that: the real-driver Rust tests (each in its own process), the
+pytest suite (each test in its own process) and the demo under NVIDIA's compute-sanitizer, found
+beside nvcc (sanitizer.py: PATH, $CUDA_HOME/bin, /usr/local/cuda*/bin, next to nvcc's real path;
+--sanitizer-path to choose), memcheck for all of them and racecheck and synccheck for the
+programs that launch kernels; each process's report under --out/sanitizer/, a row per program
+and tool in summary.md (docs/testing.md, "Under compute-sanitizer"). --tests-only runs the Rust
+tests alone, --python-only the pytest suite and the demo alone.
+
+Exit status: 0 when everything ran and passed (under --sanitizer: with no report); 1 when a test
+failed; 2 when no real driver could be loaded (the emulator column is still filled in, to check
+the runner itself), or, under --sanitizer, when no compute-sanitizer was found.
+
+`python3 run.py --self-test` checks what needs no GPU: the sanitizer report parser on recorded
+output, a run under a stand-in sanitizer, and the Python stacks of a hung Python process and its
+child (cargo xtask test runs it: xtask/tests/bundle_runner.rs).
 
   python3 gpu-bundle/run.py [--out DIR] [--driver PATH] [--timeout SECONDS] [--jobs N]
                             [--filter TEXT ...] [--repeat N] [--tests-only]
+                            [--pytest-timeout SECONDS]
+                            [--sanitizer [--sanitizer-path PATH] [--python-only]]
                             [--bench | --bench-only] [--bench-quick]
                             [--foreign-tests DIR [--foreign-only] [--foreign-python PY]
                              [--foreign-preset NAME] [--foreign-paths PATH ...]]
@@ -173,15 +191,14 @@ class Collector:
         self._thread.join(timeout)
 
 
-def run_test(binary, name, env, timeout):
-    """Runs one test in its own process; returns {status, rc, seconds, output}. A test still
-    running after `timeout` seconds is examined (hang_diagnostics) and then killed."""
+def run_process(command, env, timeout, judge, cwd=None):
+    """Runs `command` (a list) as one process; returns {status, rc, seconds, output}, the status
+    from `judge(returncode, stdout, output)` when it exits. A process still running after
+    `timeout` seconds is examined (hang_diagnostics, with every process it started) and then
+    killed, with its descendants."""
     started = time.monotonic()
-    # --nocapture so that a test's "skipped ..." line (a stated skip condition, such as a
-    # single-device host) reaches this runner and is counted as a skip, not a pass.
-    proc = subprocess.Popen([str(binary), "--exact", name, "--test-threads=1", "--nocapture"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen([str(part) for part in command], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
     stdout, stderr = Collector(proc.stdout), Collector(proc.stderr)
     try:
         returncode = proc.wait(timeout=timeout)
@@ -198,18 +215,35 @@ def run_test(binary, name, env, timeout):
     seconds = round(time.monotonic() - started, 3)
     out_text, err_text = stdout.text(), stderr.text()
     output = out_text + err_text
-    if returncode == 0:
-        # libtest exits 0 when the filter matched nothing: make sure the test really ran.
-        status = PASS if "test result: ok. 1 passed" in out_text else FAIL
-        if status == PASS and any(line.lstrip().startswith("skipped")
-                                  for line in output.splitlines()):
-            status = SKIP
-    elif returncode < 0:
-        status = CRASH
-        output += "\n[killed by signal %d]" % -returncode
-    else:
-        status = FAIL
-    return {"status": status, "rc": returncode, "seconds": seconds, "output": output}
+    if returncode < 0:
+        return {"status": CRASH, "rc": returncode, "seconds": seconds,
+                "output": output + "\n[killed by signal %d]" % -returncode}
+    return {"status": judge(returncode, out_text, output), "rc": returncode, "seconds": seconds,
+            "output": output}
+
+
+def judge_rust_test(returncode, stdout, output):
+    """A libtest run of one test: passed only if it says so (libtest exits 0 when the filter
+    matched nothing), skipped if it printed a line starting with `skipped`."""
+    if returncode != 0:
+        return FAIL
+    if "test result: ok. 1 passed" not in stdout:
+        return FAIL
+    if any(line.lstrip().startswith("skipped") for line in output.splitlines()):
+        return SKIP
+    return PASS
+
+
+def rust_test_command(binary, name):
+    # --nocapture so that a test's "skipped ..." line (a stated skip condition, such as a
+    # single-device host) reaches this runner and is counted as a skip, not a pass.
+    return [binary, "--exact", name, "--test-threads=1", "--nocapture"]
+
+
+def run_test(binary, name, env, timeout):
+    """Runs one test in its own process; returns {status, rc, seconds, output}. A test still
+    running after `timeout` seconds is examined (hang_diagnostics) and then killed."""
+    return run_process(rust_test_command(binary, name), env, timeout, judge_rust_test)
 
 
 # --- Hang diagnostics (docs/testing.md, "When a test hangs") -------------------------------------
@@ -286,12 +320,47 @@ def tgkill(pid, tid, signum):
     return None
 
 
+def is_python(pid):
+    """Whether process `pid` is a Python interpreter (its executable's name)."""
+    try:
+        return os.path.basename(os.readlink("/proc/%d/exe" % pid)).startswith("python")
+    except OSError:
+        return False
+
+
+PYTHON_DUMP_MARK = "(most recent call first)"
+
+
+def python_stacks(pid, stderr):
+    """Asks Python process `pid` for every thread's Python stack: the test suite's conftest
+    registers faulthandler for STACK_DUMP_SIGNAL in each test process and in the children that
+    import a test module, writing to the process's stderr, which is the test's (a child shares
+    its parent's). One signal answers for all threads. Returns the line for the diagnostics."""
+    if not catches_signal(pid, STACK_DUMP_SIGNAL):
+        return ("process %d (Python) does not catch signal %d: no Python stacks from it"
+                % (pid, STACK_DUMP_SIGNAL))
+    before = stderr.text().count(PYTHON_DUMP_MARK)
+    try:
+        os.kill(pid, STACK_DUMP_SIGNAL)
+    except OSError as error:
+        return "process %d (Python): signal not sent: %s" % (pid, error)
+    wait_until = time.monotonic() + DUMP_WAIT_S
+    while stderr.text().count(PYTHON_DUMP_MARK) == before and time.monotonic() < wait_until:
+        time.sleep(0.05)
+    time.sleep(0.2)  # the rest of the dump (one write per line)
+    if stderr.text().count(PYTHON_DUMP_MARK) == before:
+        return ("process %d (Python): no stacks within %.0f s (its stderr may not be this "
+                "test's: pytest capturing?)" % (pid, DUMP_WAIT_S))
+    return "process %d (Python): every thread's Python stack dumped (stderr, above)" % pid
+
+
 def hang_diagnostics(pid, stderr):
     """What a hung test process and its descendants are doing, before they are killed: for every
     thread its name, state, CPU time used over one second, kernel wait channel, current system
     call and (where readable) kernel stack; then each thread's user-space backtrace, asked for
     with STACK_DUMP_SIGNAL where the process catches it (running threads first; the dumps land
-    in the test's stderr, `stderr` here); then gdb's or eu-stack's view if the host has one."""
+    in the test's stderr, `stderr` here), or for a Python process every thread's Python stack
+    (one signal, python_stacks); then gdb's or eu-stack's view if the host has one."""
     lines = ["[hang diagnostics: process %d, %s]" % (pid, datetime.datetime.now().isoformat(timespec="seconds"))]
     tree = process_tree(pid)
     before = {(p, t): thread_stat(p, t) for p in tree for t in thread_ids(p)}
@@ -315,6 +384,9 @@ def hang_diagnostics(pid, stderr):
             lines.append("      stat: %s" % read_proc(base + "stat"))
     deadline = time.monotonic() + DUMP_TOTAL_S
     for p in tree:
+        if is_python(p):
+            lines.append(python_stacks(p, stderr))
+            continue
         if not catches_signal(p, STACK_DUMP_SIGNAL):
             lines.append("process %d does not catch signal %d: no user-space stacks from it "
                          "(a test binary installs the handler in test-support's start())"
@@ -396,9 +468,47 @@ def with_site(env, site):
     return env
 
 
-def run_pytest(manifest, env, out_dir):
-    """Installs the bundled wheel into a temporary folder and runs pytest on the bundled tests."""
-    python = manifest["python"]
+# Tests the suite marks `own_process` (pybind/tests/conftest.py): each runs in a pytest process of
+# its own, under the per-test limit and with the hang diagnostics, after the rest of the suite.
+OWN_PROCESS_MARK = "own_process"
+
+
+def pytest_base():
+    """The interpreter and pytest options every pytest run here uses."""
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
+
+
+def judge_pytest(returncode, stdout, output):
+    """One pytest run: passed (or skipped, when all it ran skipped) on exit status 0."""
+    if returncode != 0:
+        return FAIL
+    last = (stdout.strip().splitlines() or [""])[-1]
+    if "passed" not in last and "skipped" in last:
+        return SKIP
+    return PASS
+
+
+def pytest_tests_dir(manifest):
+    return HERE / manifest["python"]["tests"]
+
+
+def collected_tests(manifest, env, marker_expression=None):
+    """The node ids (relative to the tests folder) of the suite's tests, or of those that match
+    `marker_expression` (the `own_process` ones, say)."""
+    selection = ["-m", marker_expression] if marker_expression else []
+    out = subprocess.run(pytest_base() + ["--collect-only", "-q"] + selection,
+                         capture_output=True, text=True, env=env, errors="replace",
+                         cwd=str(pytest_tests_dir(manifest)), timeout=600)
+    return [line.strip() for line in out.stdout.splitlines()
+            if "::" in line and not line.startswith(" ")]
+
+
+def run_pytest(manifest, env, out_dir, timeout):
+    """Runs the bundled pytest suite with the bundled wheel on PYTHONPATH: first everything but
+    the `own_process` tests in one pytest process (bounded by `timeout`, examined like a hung
+    test if it runs past it), then each `own_process` test in a process of its own (`-s`, so
+    that its stacks reach its log if it hangs), bounded by `test_timeout`. Returns (result,
+    rows): the suite's result and one table row per `own_process` test."""
     with unpacked_wheels(manifest) as site:
         env = with_site(env, site)
         if python.get("torch_allocator"):
@@ -407,16 +517,32 @@ def run_pytest(manifest, env, out_dir):
         log = out_dir / "logs" / "pytest.real.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         junit = out_dir / "logs" / "pytest.real.xml"  # every test's outcome, by name
-        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "--junitxml", str(junit),
-                              str(HERE / python["tests"])],
-                             capture_output=True, text=True, env=env, errors="replace")
-        log.write_text(out.stdout + out.stderr)
-        last = (out.stdout.strip().splitlines() or [""])[-1]
-        if out.returncode == 0:
-            return {"status": PASS, "detail": last}
-        if out.returncode == 5:
-            return {"status": FAIL, "detail": "pytest collected no tests"}
-        return {"status": FAIL, "detail": "%s (see %s)" % (last, log)}
+        command = pytest_base() + ["-q", "-rs", "--junitxml", junit, "-m",
+                                   "not " + OWN_PROCESS_MARK, pytest_tests_dir(manifest)]
+        ran = run_process(command, env, timeout[0], judge_pytest)
+        log.write_text(ran["output"])
+        last = ([line for line in ran["output"].splitlines() if line.strip()
+                 and not line.startswith("[")] or [""])[-1]
+        if ran["status"] == PASS:
+            result = {"status": PASS, "detail": last}
+        elif ran["status"] == TIMEOUT:
+            result = {"status": TIMEOUT, "detail": "still running after %d s (see %s)" % (timeout[0], log)}
+        elif ran["rc"] == 5:
+            result = {"status": FAIL, "detail": "pytest collected no tests"}
+        else:
+            result = {"status": FAIL, "detail": "%s (see %s)" % (last, log)}
+        rows = []
+        for nodeid in collected_tests(manifest, env, OWN_PROCESS_MARK):
+            row = {"binary": "pytest", "test": nodeid, "role": "pytest",
+                   "real": run_process(pytest_base() + ["-q", "-rs", "-s", nodeid], env,
+                                       timeout[1], judge_pytest, cwd=str(pytest_tests_dir(manifest))),
+                   "emulator": {"status": NOT_RUN}}
+            print("  %-8s %-8s pytest :: %s (own process)" % (row["real"]["status"], NOT_RUN, nodeid),
+                  flush=True)
+            rows.append(row)
+        if rows:
+            result["detail"] += "; %d own-process test(s) in the table" % len(rows)
+        return result, rows
 
 
 def run_install_check(manifest, env, out_dir):
@@ -582,6 +708,189 @@ def run_foreign(args, manifest, out_dir, driver_path, emulator_path, real_ok):
     return 0 if real_ok else 2
 
 
+# --- Under compute-sanitizer (docs/testing.md, "Under compute-sanitizer") -------------------------
+# The programs that launch a kernel, where racecheck and synccheck have something to check.
+KERNEL_DEMOS = ("cudarc_interop (Rust)",)
+KERNEL_PYTEST = ("test_graphs.py::test_a_cupy_kernel_captured_on_a_custody_stream_reads_a_retained_buffer",)
+# Set in every program run under the sanitizer: the caching resource passes every allocation and
+# free through to the driver, so that leak checks see its blocks (memory/src/resources/caching.rs).
+SANITIZER_ENV = {"CUSTODY_CACHING_PASS_THROUGH": "1"}
+
+
+def sanitizer_module():
+    sys.path.insert(0, str(HERE))
+    import sanitizer
+    return sanitizer
+
+
+def slug(text):
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:180]
+
+
+def run_sanitized(san, sanitizer_path, tool, program, env, timeout, judge, log_dir, name, cwd=None):
+    """Runs `program` under `tool`, each process's report in log_dir/<name>.<tool>.<pid>.log;
+    returns run_process's result with "sanitizer": parse_logs' merged reports and "tool"."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    template = str(log_dir / ("%s.%s.%%p.log" % (slug(name), tool)))
+    for old in san.logs_of(template):
+        os.remove(old)
+    result = run_process(san.command(sanitizer_path, tool, template, program), env, timeout,
+                         judge, cwd=cwd)
+    parsed = san.parse_logs(template)
+    result["tool"] = tool
+    result["sanitizer"] = {"counts": san.counts(parsed), "errors": parsed["errors"],
+                           "leaked_bytes": parsed["leaked_bytes"],
+                           "first": [r["first"] for r in parsed["reports"] if r["kind"] != "exit status"][:3],
+                           "logs": [str(Path(f).relative_to(log_dir.parent.parent)) for f in parsed["files"]],
+                           "processes": parsed["processes"]}
+    return result
+
+
+def run_sanitizer_mode(args, manifest, out_dir, driver_path, real_ok):
+    """--sanitizer: the real-driver Rust tests (each in its own process, as usual), the pytest
+    suite (each test in its own process) and the demo, under compute-sanitizer's memcheck, and
+    the programs that launch kernels under racecheck and synccheck too; writes summary.md and
+    summary.json with a row per program and tool. Exit status 0 when every program passed with
+    no report, 1 otherwise, 2 without a real driver or a compute-sanitizer."""
+    san = sanitizer_module()
+    found = san.find() if not args.sanitizer_path else {
+        "path": args.sanitizer_path, "found_by": "--sanitizer-path", "looked": [], "version": None}
+    print("  sanitizer: %s" % (("%s (found by %s; %s)" % (found["path"], found["found_by"], found["version"]))
+                               if found["path"] else "NOT FOUND (looked: %s)" % ", ".join(found["looked"])))
+    rows = []
+    if found["path"] and real_ok:
+        with unpacked_wheels(manifest) as site:
+            rows = sanitizer_rows(args, manifest, out_dir, driver_path, san, found, site)
+    return sanitizer_summary(args, manifest, out_dir, san, found, real_ok, rows)
+
+
+def sanitizer_rows(args, manifest, out_dir, driver_path, san, found, site):
+    """The runs of --sanitizer, one row per program and tool."""
+    env = driver_env(driver_path)
+    env.update(SANITIZER_ENV)
+    log_dir = out_dir / "sanitizer"
+    jobs = []
+    if not args.python_only:
+        for entry in manifest["binaries"]:
+            if entry["role"] == "emulator-only":
+                continue
+            binary = HERE / entry["file"]
+            filters = args.filter or [""]
+            for name in list_tests(binary):
+                if any(f in name for f in filters):
+                    jobs.append(("rust", binary.name, name, "memcheck",
+                                 rust_test_command(binary, name), judge_rust_test, None, None))
+    if not args.tests_only and site is not None:
+        py_env = with_site(env, site)
+        tests_dir = str(pytest_tests_dir(manifest))
+        for nodeid in collected_tests(manifest, py_env):
+            if args.filter and not any(f in nodeid for f in args.filter):
+                continue
+            tools = ["memcheck"] + (["racecheck", "synccheck"] if nodeid in KERNEL_PYTEST else [])
+            for tool in tools:
+                jobs.append(("pytest", "pytest", nodeid, tool, pytest_base() + ["-q", "-rs", "-s", nodeid],
+                             judge_pytest, tests_dir, py_env))
+        demo = manifest.get("demo") or {}
+        programs = [("%s (Rust)" % key, [HERE / demo["rust"][key]], env)
+                    for key in ("handoff", "first_program", "cudarc_interop")
+                    if demo.get("rust", {}).get(key)]
+        if "handoff.py" in demo.get("python", {}):
+            programs.append(("handoff (Python)", [sys.executable, HERE / demo["python"]["handoff.py"]], py_env))
+        for name, program, program_env in programs:
+            if args.filter and not any(f in name for f in args.filter):
+                continue
+            tools = ["memcheck"] + (["racecheck", "synccheck"] if name in KERNEL_DEMOS else [])
+            for tool in tools:
+                jobs.append(("demo", "demo", name, tool, program, judge_program, str(HERE), program_env))
+
+    def run_job(job):
+        kind, group, name, tool, program, judge, cwd, job_env = job
+        result = run_sanitized(san, found["path"], tool, program, job_env or env, args.timeout,
+                               judge, log_dir / group, name, cwd=cwd)
+        row = {"binary": group, "test": name, "kind": kind, "tool": tool, "real": result}
+        counted = sum(result["sanitizer"]["counts"].values())
+        print("  %-8s %-9s %3d report(s)  %s :: %s" % (result["status"], tool, counted, group, name), flush=True)
+        return row
+
+    rows = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for done in concurrent.futures.as_completed([pool.submit(run_job, job) for job in jobs]):
+            row = done.result()
+            result = row["real"]
+            if result["status"] not in (PASS, SKIP) or sum(result["sanitizer"]["counts"].values()):
+                log = out_dir / "logs" / row["binary"] / ("%s.%s.log" % (slug(row["test"]), row["tool"]))
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text(result.get("output", ""))
+                result["log"] = str(log.relative_to(out_dir))
+            rows.append(row)
+            # The summary so far, rewritten after every run: a run stopped from outside (a time
+            # limit on the GPU host) still leaves what it had.
+            sanitizer_summary(args, manifest, out_dir, san, found, True, rows, quiet=True)
+    order = {(job[1], job[2], job[3]): n for n, job in enumerate(jobs)}
+    rows.sort(key=lambda row: order[(row["binary"], row["test"], row["tool"])])
+    return rows
+
+
+def sanitizer_summary(args, manifest, out_dir, san, found, real_ok, rows, quiet=False):
+    """summary.json and summary.md of --sanitizer; returns the exit status."""
+    kinds = sorted({k for row in rows for k in row["real"]["sanitizer"]["counts"]})
+    with_reports = [row for row in rows if sum(row["real"]["sanitizer"]["counts"].values())]
+    failed = [row for row in rows if row["real"]["status"] not in (PASS, SKIP)]
+    summary = {
+        "when": datetime.datetime.now().isoformat(timespec="seconds"),
+        "mode": "sanitizer",
+        "sanitizer": found,
+        "bundle_commit": manifest.get("commit"),
+        "options": {tool: san.TOOLS[tool] + san.COMMON for tool in san.TOOLS},
+        "environment": SANITIZER_ENV,
+        "rows": [{k: ({kk: vv for kk, vv in v.items() if kk != "output"} if isinstance(v, dict) else v)
+                  for k, v in row.items()} for row in rows],
+        "programs": len(rows), "with_reports": len(with_reports), "failed": len(failed),
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = ["# custody under compute-sanitizer", "",
+             "- sanitizer: %s" % (("`%s` (found by %s), %s" % (found["path"], found["found_by"], found["version"]))
+                                  if found["path"] else "not found (looked: %s)" % ", ".join(found["looked"])),
+             "- real driver: %s" % ("loaded" if real_ok else "NOT LOADED"),
+             "- bundle commit: %s" % manifest.get("commit"),
+             "- memcheck: `%s`" % " ".join(san.MEMCHECK + san.COMMON),
+             "- racecheck, synccheck: on the programs that launch kernels (%s)"
+             % ", ".join(KERNEL_DEMOS + KERNEL_PYTEST),
+             "- environment: %s" % ", ".join("%s=%s" % kv for kv in SANITIZER_ENV.items()),
+             "- %d program runs, %d with reports, %d did not pass" % (len(rows), len(with_reports), len(failed)),
+             "",
+             table_row(["group", "test", "tool", "outcome", "reports"] + kinds + ["first report"]),
+             table_row(["---"] * (6 + len(kinds)))]
+    for row in rows:
+        result = row["real"]
+        counts = result["sanitizer"]["counts"]
+        first = (result["sanitizer"]["first"] or [""])[0].replace("|", "\\|")[:160]
+        lines.append(table_row([row["binary"], row["test"], row["tool"], result["status"],
+                                str(sum(counts.values()))]
+                               + [str(counts.get(k, 0)) for k in kinds] + [first]))
+    lines += ["", "Programs with reports: %d of %d; not passed: %d." % (len(with_reports), len(rows), len(failed))]
+    (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    if not quiet:
+        print("\nresults in %s (summary.md, summary.json, sanitizer/, logs/)" % out_dir)
+        print("sanitizer: %d program runs, %d with reports, %d did not pass"
+              % (len(rows), len(with_reports), len(failed)))
+    if not found["path"] or not real_ok:
+        return 2
+    return 1 if with_reports or failed else 0
+
+
+def table_row(cells):
+    return "| " + " | ".join(cells) + " |"
+
+
+def judge_program(returncode, stdout, output):
+    """A demo program: exit status 0 passes, unless it said it skipped (run_program's rule)."""
+    lines = stdout.strip().splitlines()
+    if returncode == 0 and any(": skipped: " in line and not line.startswith(" ") for line in lines):
+        return SKIP
+    return PASS if returncode == 0 else FAIL
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="results", help="where to write the results (default ./results)")
@@ -594,6 +903,18 @@ def main():
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run each selected test N times, each in its own process (side by side "
                              "with --jobs); the rows say which copy (default 1)")
+    parser.add_argument("--sanitizer", action="store_true",
+                        help="instead of the usual run: the real-driver Rust tests, the pytest suite "
+                             "(each test in its own process) and the demo under compute-sanitizer "
+                             "(memcheck; racecheck and synccheck where kernels run), a table of "
+                             "reports in summary.md")
+    parser.add_argument("--sanitizer-path", help="the compute-sanitizer to use (default: found "
+                                                 "beside nvcc, see sanitizer.py)")
+    parser.add_argument("--python-only", action="store_true",
+                        help="with --sanitizer: the pytest suite and the demo, not the Rust tests")
+    parser.add_argument("--pytest-timeout", type=int, default=1800,
+                        help="seconds for the pytest suite's main process (default 1800); each "
+                             "own-process test has --timeout")
     parser.add_argument("--tests-only", action="store_true",
                         help="run the selected Rust tests only: no pytest, install check or demo")
     parser.add_argument("--bench", action="store_true",
@@ -641,6 +962,8 @@ def main():
     print()
 
     real_ok = real["loaded"] and not real["error"]
+    if args.sanitizer:
+        return run_sanitizer_mode(args, manifest, out_dir, driver_path, real_ok)
     if args.foreign_only:
         return run_foreign(args, manifest, out_dir, driver_path, emulator_path, real_ok)
     if args.bench_only:
@@ -699,7 +1022,13 @@ def main():
             return {"status": NOT_RUN, "detail": "no real driver"}
         return run(manifest, driver_env(driver_path), out_dir)
 
-    pytest = python_step(run_pytest, "the bundle has no Python package (pybind does not exist yet)")
+    def pytest_with_own_rows(manifest, env, out_dir):
+        result, own_rows = run_pytest(manifest, env, out_dir, (args.pytest_timeout, args.timeout))
+        rows.extend(own_rows)
+        return result
+
+    pytest = python_step(pytest_with_own_rows,
+                         "the bundle has no Python package (pybind does not exist yet)")
     print("\n  pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")))
     install = python_step(run_install_check, "the bundle has no Python package")
     print("  install: %s (%s)" % (install["status"], install.get("detail", "")))
@@ -817,9 +1146,87 @@ def main():
     if not real_ok:
         return 2
     failed = (totals["real"]["failed"] + totals["emulator"]["failed"] + (pytest["status"] == FAIL)
-              + (install["status"] == FAIL) + demo_failed + bench_failed)
+              + (install["status"] == FAIL)
+              + (pytest["status"] == TIMEOUT) + demo_failed + bench_failed)
     return 1 if failed else 0
 
 
+# --- Self-test (`python3 run.py --self-test`; xtask/tests/bundle_runner.rs runs it) -----------------
+
+_FAKE_SANITIZER = r"""
+import os, subprocess, sys
+args = sys.argv[1:]
+log = args[args.index("--log-file") + 1]
+program = args[args.index("--") + 1:]
+ran = subprocess.run(program)
+with open(log.replace("%p", str(os.getpid())), "w") as f:
+    f.write("========= COMPUTE-SANITIZER\n"
+            "========= Leaked 64 bytes at 0x7f0000000000\n"
+            "=========     Saved host backtrace up to driver entry point at allocation time\n"
+            "=========\n"
+            "========= LEAK SUMMARY: 64 bytes leaked in 1 allocations\n"
+            "========= ERROR SUMMARY: 1 error\n")
+sys.exit(ran.returncode)
+"""
+
+_HANGING_PYTHON = r"""
+import faulthandler, multiprocessing, signal, sys, time
+
+def child_waits_for_ever():
+    faulthandler.register(signal.SIGUSR2, file=sys.__stderr__, all_threads=True, chain=False)
+    time.sleep(3600)
+
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR2, file=sys.__stderr__, all_threads=True, chain=False)
+    child = multiprocessing.get_context("spawn").Process(target=child_waits_for_ever)
+    child.start()
+    print("started", flush=True)
+    child.join()
+"""
+
+
+def self_test():
+    """Checks the parts of --sanitizer and of the hang diagnostics that need no GPU: the
+    sanitizer log parser on recorded output, a run under a stand-in sanitizer that writes one
+    recorded report, and the Python stacks of a hung Python process and the child it spawned.
+    Returns the failures (none: [])."""
+    failures = ["sanitizer parser: " + f for f in sanitizer_module().self_test()]
+    san = sanitizer_module()
+    with tempfile.TemporaryDirectory(prefix="custody-run-self-test-") as tmp:
+        tmp = Path(tmp)
+        fake = tmp / "fake-sanitizer.py"
+        fake.write_text(_FAKE_SANITIZER)
+        wrapper = tmp / "compute-sanitizer"
+        wrapper.write_text("#!/bin/sh\nexec %s %s \"$@\"\n" % (sys.executable, fake))
+        wrapper.chmod(0o755)
+        ran = run_sanitized(san, str(wrapper), "memcheck",
+                            [sys.executable, "-c", "print('test result: ok. 1 passed')"],
+                            dict(os.environ), 60, judge_rust_test, tmp / "sanitizer" / "x", "a::test")
+        if ran["status"] != PASS or ran["sanitizer"]["counts"] != {"leak": 1} \
+                or ran["sanitizer"]["leaked_bytes"] != 64 or len(ran["sanitizer"]["logs"]) != 1:
+            failures.append("a run under the stand-in sanitizer: %r" % {k: v for k, v in ran.items() if k != "output"})
+        found = {"path": str(wrapper), "found_by": "a test", "version": "stand-in", "looked": []}
+        status = sanitizer_summary(None, {}, tmp, san, found, True,
+                                   [{"binary": "x", "test": "a::test", "tool": "memcheck", "real": ran}])
+        table = [line for line in (tmp / "summary.md").read_text().splitlines() if line.startswith("|")]
+        if status != 1 or len(table) != 3 or len({line.count(" | ") for line in table}) != 1 \
+                or "| leak |" not in table[0] or not table[2].startswith("| x | a::test | memcheck | pass | 1 | 1 |"):
+            failures.append("the summary of a run with a report (status %r):\n%s" % (status, "\n".join(table)))
+        script = tmp / "hangs.py"
+        script.write_text(_HANGING_PYTHON)
+        hung = run_process([sys.executable, script], dict(os.environ), 5, judge_program)
+        dumped = [line for line in hung["output"].splitlines()
+                  if "every thread's Python stack dumped" in line]
+        if hung["status"] != TIMEOUT or len(dumped) < 2 or "child_waits_for_ever" not in hung["output"]:
+            failures.append("a hung Python process and its child: %s" % hung["output"][-3000:])
+    return failures
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--self-test"]:
+        problems = self_test()
+        for problem in problems:
+            print("run.py self-test: " + problem)
+        print("run.py self-test: %s" % ("FAILED" if problems else "passed"))
+        sys.exit(1 if problems else 0)
     sys.exit(main())

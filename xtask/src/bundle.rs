@@ -6,7 +6,8 @@
 //! `examples/`), `manifest.json` describing them, and `run.py` (stdlib only), which runs each
 //! test in its own process against the real driver, runs the conformance suite again against the
 //! bundled emulator, runs the demo and the differential script against cuda.core, and tabulates
-//! everything.
+//! everything; with `sanitizer.py` beside it, `run.py --sanitizer` runs the tests and the demo
+//! under NVIDIA's compute-sanitizer instead.
 
 use std::collections::HashMap;
 use std::fs;
@@ -107,6 +108,11 @@ pub fn build() -> Result<PathBuf> {
     }
     copy(&emulator, &bundle.join(EMULATOR_FILE))?;
     copy(&root.join("xtask/bundle/run.py"), &bundle.join("run.py"))?;
+    // `run.py --sanitizer`'s finding of compute-sanitizer and its parser of the tools' reports.
+    copy(
+        &root.join("xtask/bundle/sanitizer.py"),
+        &bundle.join("sanitizer.py"),
+    )?;
     let demo = bundle_demo(&root, &bundle, &examples)?;
     let python = bundle_python(&root, &bundle)?;
     // The benchmarks, run by `run.py --bench`.
