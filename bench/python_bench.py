@@ -159,15 +159,19 @@ def variants_for(args, raw, stream_handle, skipped, versions):
         if caching is not None:
             # custody's opt-in cache over the same pool: after the first pair every allocation
             # is served from the stream's bin and every close gives the block back, no driver call.
-            cache = caching(mr)
+            # On a stream custody created: the cache does not cache on a stream wrapped from a
+            # bare int (it cannot keep that stream alive), so the shared `stream` would measure
+            # the pool.
+            cache, own_stream = caching(mr), dev.create_stream()
 
             def caching_close(n):
                 allocate = cache.allocate
                 for _ in range(n):
-                    allocate(SIZE, stream=stream).close()
+                    allocate(SIZE, stream=own_stream).close()
 
             variants.append(("%s (caching): allocate+close" % label,
-                             "CachingMemoryResource(mr).allocate(256, stream=s); buf.close()",
+                             "CachingMemoryResource(mr).allocate(256, stream=s2); buf.close() "
+                             "(s2 a stream custody created)",
                              caching_close))
 
         def worker():
