@@ -503,17 +503,25 @@ def collected_tests(manifest, env, marker_expression=None):
             if "::" in line and not line.startswith(" ")]
 
 
+def pytest_env(manifest, env, site):
+    """`env` for the bundled pytest suite: the unpacked wheel first on PYTHONPATH and, when the
+    bundle has it, custody's PyTorch allocator library for test_interop*.py."""
+    env = with_site(env, site)
+    library = manifest["python"].get("torch_allocator")
+    if library:
+        env["CUSTODY_TORCH_ALLOCATOR"] = str(HERE / library)
+    return env
+
+
 def run_pytest(manifest, env, out_dir, timeout):
     """Runs the bundled pytest suite with the bundled wheel on PYTHONPATH: first everything but
     the `own_process` tests in one pytest process (bounded by `timeout`, examined like a hung
     test if it runs past it), then each `own_process` test in a process of its own (`-s`, so
-    that its stacks reach its log if it hangs), bounded by `test_timeout`. Returns (result,
+    that its stacks reach its log if it hangs), bounded by `timeout[1]` (`timeout[0]` bounds the
+    rest). Returns (result,
     rows): the suite's result and one table row per `own_process` test."""
     with unpacked_wheels(manifest) as site:
-        env = with_site(env, site)
-        if python.get("torch_allocator"):
-            # custody's PyTorch allocator library, for test_interop*.py.
-            env["CUSTODY_TORCH_ALLOCATOR"] = str(HERE / python["torch_allocator"])
+        env = pytest_env(manifest, env, site)
         log = out_dir / "logs" / "pytest.real.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         junit = out_dir / "logs" / "pytest.real.xml"  # every test's outcome, by name
@@ -711,7 +719,8 @@ def run_foreign(args, manifest, out_dir, driver_path, emulator_path, real_ok):
 # --- Under compute-sanitizer (docs/testing.md, "Under compute-sanitizer") -------------------------
 # The programs that launch a kernel, where racecheck and synccheck have something to check.
 KERNEL_DEMOS = ("cudarc_interop (Rust)",)
-KERNEL_PYTEST = ("test_graphs.py::test_a_cupy_kernel_captured_on_a_custody_stream_reads_a_retained_buffer",)
+KERNEL_PYTEST = ("test_graphs.py::test_a_cupy_kernel_captured_on_a_custody_stream_reads_a_retained_buffer",
+                 "test_interop_cupy.py::", "test_interop_torch.py::", "test_interop_numba.py::")
 # Set in every program run under the sanitizer: the caching resource passes every allocation and
 # free through to the driver, so that leak checks see its blocks (memory/src/resources/caching.rs).
 SANITIZER_ENV = {"CUSTODY_CACHING_PASS_THROUGH": "1"}
@@ -781,12 +790,13 @@ def sanitizer_rows(args, manifest, out_dir, driver_path, san, found, site):
                     jobs.append(("rust", binary.name, name, "memcheck",
                                  rust_test_command(binary, name), judge_rust_test, None, None))
     if not args.tests_only and site is not None:
-        py_env = with_site(env, site)
+        py_env = pytest_env(manifest, env, site)
         tests_dir = str(pytest_tests_dir(manifest))
         for nodeid in collected_tests(manifest, py_env):
             if args.filter and not any(f in nodeid for f in args.filter):
                 continue
-            tools = ["memcheck"] + (["racecheck", "synccheck"] if nodeid in KERNEL_PYTEST else [])
+            launches = any(nodeid.startswith(prefix) for prefix in KERNEL_PYTEST)
+            tools = ["memcheck"] + (["racecheck", "synccheck"] if launches else [])
             for tool in tools:
                 jobs.append(("pytest", "pytest", nodeid, tool, pytest_base() + ["-q", "-rs", "-s", nodeid],
                              judge_pytest, tests_dir, py_env))
