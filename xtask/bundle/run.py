@@ -762,8 +762,7 @@ def run_sanitizer_mode(args, manifest, out_dir, driver_path, real_ok):
     summary.json with a row per program and tool. Exit status 0 when every program passed with
     no report, 1 otherwise, 2 without a real driver or a compute-sanitizer."""
     san = sanitizer_module()
-    found = san.find() if not args.sanitizer_path else {
-        "path": args.sanitizer_path, "found_by": "--sanitizer-path", "looked": [], "version": None}
+    found = san.find(args.sanitizer_path)
     print("  sanitizer: %s" % (("%s (found by %s; %s)" % (found["path"], found["found_by"], found["version"]))
                                if found["path"] else "NOT FOUND (looked: %s)" % ", ".join(found["looked"])))
     rows = []

@@ -55,12 +55,14 @@ _KINDS = [
 _BANNERS = re.compile(r"^(COMPUTE-SANITIZER|This tool |Please use |Process ID:|Running |Target application terminated before first instrumented API call)")
 
 
-def find():
+def find(explicit=None):
     """Where this host's compute-sanitizer is, looked for beside nvcc: on PATH, in $CUDA_HOME/bin
-    (and $CUDA_PATH/bin), in /usr/local/cuda*/bin, and next to the real path of the nvcc on PATH.
-    Returns {"path": ..., "found_by": ..., "version": ..., "looked": [...]}; path is None when
-    none was found."""
+    (and $CUDA_PATH/bin), in /usr/local/cuda*/bin, and next to the real path of the nvcc on PATH;
+    or `explicit`, when given. Returns {"path": ..., "found_by": ..., "version": ...,
+    "looked": [...]}; path is None when none was found."""
     looked = []
+    if explicit:
+        return _with_version({"path": explicit, "found_by": "--sanitizer-path", "looked": []})
 
     def candidate(path, how):
         looked.append(path)
@@ -99,6 +101,10 @@ def find():
     if found is None:
         return {"path": None, "found_by": None, "version": None, "looked": looked}
     found["looked"] = looked
+    return _with_version(found)
+
+
+def _with_version(found):
     try:
         out = subprocess.run([found["path"], "--version"], capture_output=True, text=True,
                              timeout=60, errors="replace")
