@@ -86,18 +86,11 @@ pub fn device_attribute(ordinal: i32, attribute: u32) -> Result<i32, HandleError
 ///
 /// Driver calls: `cuInit` (once), `cuDeviceGet`, `cuDeviceGetName`.
 pub fn device_name(ordinal: i32) -> Result<String, HandleError> {
-    let (d, device) = device_of(ordinal)?;
-    let get = d.cuDeviceGetName().map_err(HandleError::Load)?;
-    let mut name = [0 as c_char; 256];
-    // SAFETY: `name` holds 256 bytes and the driver writes at most `len` of them, NUL included.
-    let status = unsafe { get(name.as_mut_ptr(), name.len() as c_int, device) };
-    check("cuDeviceGetName", status)?;
-    let bytes: Vec<u8> = name
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+    device_text::<256>(
+        ordinal,
+        "cuDeviceGetName",
+        cuda_sys::Driver::cuDeviceGetName,
+    )
 }
 
 /// The PCI address of device `ordinal` as the driver writes it: `domain:bus:device.function`
@@ -109,12 +102,27 @@ pub fn device_name(ordinal: i32) -> Result<String, HandleError> {
 ///
 /// Driver calls: `cuInit` (once), `cuDeviceGet`, `cuDeviceGetPCIBusId`.
 pub fn device_pci_bus_id(ordinal: i32) -> Result<String, HandleError> {
+    device_text::<13>(
+        ordinal,
+        "cuDeviceGetPCIBusId",
+        cuda_sys::Driver::cuDeviceGetPCIBusId,
+    )
+}
+
+/// A text of device `ordinal` that the driver writes into `N` bytes, NUL included, with the
+/// call `get` loads (`call`: `cuDeviceGetName` or `cuDeviceGetPCIBusId`, which share a
+/// signature); the bytes up to the NUL, as UTF-8 (lossily).
+fn device_text<const N: usize>(
+    ordinal: i32,
+    call: &'static str,
+    get: fn(&cuda_sys::Driver) -> Result<cuda_sys::fn_types::cuDeviceGetName, cuda_sys::LoadError>,
+) -> Result<String, HandleError> {
     let (d, device) = device_of(ordinal)?;
-    let get = d.cuDeviceGetPCIBusId().map_err(HandleError::Load)?;
-    let mut text = [0 as c_char; 13];
-    // SAFETY: `text` holds 13 bytes and the driver writes at most `len` of them, NUL included.
-    let status = unsafe { get(text.as_mut_ptr(), text.len() as c_int, device) };
-    check("cuDeviceGetPCIBusId", status)?;
+    let get = get(d).map_err(HandleError::Load)?;
+    let mut text = [0 as c_char; N];
+    // SAFETY: `text` holds `N` bytes and the driver writes at most `len` of them, NUL included.
+    let status = unsafe { get(text.as_mut_ptr(), N as c_int, device) };
+    check(call, status)?;
     let bytes: Vec<u8> = text
         .iter()
         .take_while(|&&c| c != 0)

@@ -38,15 +38,20 @@ impl EventHandle {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuEventCreate`.
     pub fn create(context: &ContextHandle, flags: EventFlags) -> Result<EventHandle, HandleError> {
-        let raw = in_context_or_undo(
-            context,
-            "cuEventCreate",
-            |_| create_raw(flags),
-            |_, raw| {
-                // Still in `context`, since the restore failed: destroy what was made.
-                destroy_raw(raw);
-            },
-        )?;
+        EventHandle::made_in(context, "cuEventCreate", |_| create_raw(flags))
+    }
+
+    /// The event `make` makes (with the driver's `call`) while `context` is current, owned by
+    /// the new handle; an event made before a failed restore is destroyed.
+    fn made_in(
+        context: &ContextHandle,
+        call: &'static str,
+        make: impl FnOnce(&'static cuda_sys::Driver) -> Result<usize, HandleError>,
+    ) -> Result<EventHandle, HandleError> {
+        let raw = in_context_or_undo(context, call, make, |_, raw| {
+            // Still in `context`, since the restore failed: destroy what was made.
+            destroy_raw(raw);
+        })?;
         Ok(EventHandle(Arc::new(EventBox {
             raw,
             context: context.clone(),
@@ -169,28 +174,17 @@ impl EventHandle {
         context: &ContextHandle,
         handle: &[u8; 64],
     ) -> Result<EventHandle, HandleError> {
-        let raw = in_context_or_undo(
-            context,
-            "cuIpcOpenEventHandle",
-            |d| {
-                let open = d.cuIpcOpenEventHandle().map_err(HandleError::Load)?;
-                let handle = CUipcEventHandle {
-                    reserved: handle.map(|b| b as std::ffi::c_char),
-                };
-                let mut raw: CUevent = std::ptr::null_mut();
-                // SAFETY: `raw` is a valid out-pointer; `handle` is passed by value.
-                let status = unsafe { open(&mut raw, handle) };
-                check("cuIpcOpenEventHandle", status)?;
-                Ok(raw as usize)
-            },
-            |_, raw| {
-                destroy_raw(raw);
-            },
-        )?;
-        Ok(EventHandle(Arc::new(EventBox {
-            raw,
-            context: context.clone(),
-        })))
+        EventHandle::made_in(context, "cuIpcOpenEventHandle", |d| {
+            let open = d.cuIpcOpenEventHandle().map_err(HandleError::Load)?;
+            let handle = CUipcEventHandle {
+                reserved: handle.map(|b| b as std::ffi::c_char),
+            };
+            let mut raw: CUevent = std::ptr::null_mut();
+            // SAFETY: `raw` is a valid out-pointer; `handle` is passed by value.
+            let status = unsafe { open(&mut raw, handle) };
+            check("cuIpcOpenEventHandle", status)?;
+            Ok(raw as usize)
+        })
     }
 }
 

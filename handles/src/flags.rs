@@ -20,72 +20,80 @@
 
 use cuda_sys::types::{CUctx_flags, CUevent_flags, CUmemAttach_flags, CUstream_flags};
 
-bitflags::bitflags! {
+/// Declares flag families whose empty word the driver names too: for each, the `bitflags` set
+/// of the driver's enum `$driver` (every flag has the value `$driver::$value`), with `Default`
+/// the empty word, and that word under the driver's name (`$empty`, from `$empty_value`).
+macro_rules! driver_flags {
+    ($(
+        $(#[$meta:meta])*
+        $name:ident($driver:ident) {
+            $($(#[$flag_attr:ident $($flag_args:tt)*])* $flag:ident: $value:ident,)*
+        }
+        $(#[$empty_meta:meta])*
+        empty $empty:ident: $empty_value:ident,
+    )*) => {$(
+        bitflags::bitflags! {
+            $(#[$meta])*
+            #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+            pub struct $name: u32 {
+                $($(#[$flag_attr $($flag_args)*])* const $flag = $driver::$value as u32;)*
+            }
+        }
+
+        impl $name {
+            $(#[$empty_meta])*
+            pub const $empty: $name = $name::from_bits_retain($driver::$empty_value as u32);
+        }
+    )*};
+}
+
+driver_flags! {
     /// A stream's creation flags (`CU_STREAM_*`), for [`crate::StreamHandle::create`] and
     /// returned by [`crate::StreamHandle::flags`].
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-    pub struct StreamFlags: u32 {
+    StreamFlags(CUstream_flags) {
         /// `CU_STREAM_NON_BLOCKING`: work on the stream does not synchronise with the legacy
         /// default stream (0x1).
-        const NON_BLOCKING = CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        NON_BLOCKING: CU_STREAM_NON_BLOCKING,
     }
-}
-
-impl StreamFlags {
     /// `CU_STREAM_DEFAULT` (0): a blocking stream, which synchronises with the legacy default
     /// stream.
-    pub const DEFAULT: StreamFlags =
-        StreamFlags::from_bits_retain(CUstream_flags::CU_STREAM_DEFAULT as u32);
-}
+    empty DEFAULT: CU_STREAM_DEFAULT,
 
-bitflags::bitflags! {
     /// An event's creation flags (`CU_EVENT_*`), for [`crate::EventHandle::create`].
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-    pub struct EventFlags: u32 {
+    EventFlags(CUevent_flags) {
         /// `CU_EVENT_BLOCKING_SYNC`: a thread waiting on the event blocks instead of spinning
         /// (0x1).
-        const BLOCKING_SYNC = CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+        BLOCKING_SYNC: CU_EVENT_BLOCKING_SYNC,
         /// `CU_EVENT_DISABLE_TIMING`: the event records no timestamp; the cheapest event, for
         /// ordering only (0x2).
-        const DISABLE_TIMING = CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        DISABLE_TIMING: CU_EVENT_DISABLE_TIMING,
         /// `CU_EVENT_INTERPROCESS`: the event may be shared with another process
         /// (`cuIpcGetEventHandle`); the driver requires `DISABLE_TIMING` with it (0x4).
-        const INTERPROCESS = CUevent_flags::CU_EVENT_INTERPROCESS as u32;
+        INTERPROCESS: CU_EVENT_INTERPROCESS,
     }
-}
-
-impl EventFlags {
     /// `CU_EVENT_DEFAULT` (0): a timing event that waiting threads spin on.
-    pub const DEFAULT: EventFlags =
-        EventFlags::from_bits_retain(CUevent_flags::CU_EVENT_DEFAULT as u32);
-}
+    empty DEFAULT: CU_EVENT_DEFAULT,
 
-bitflags::bitflags! {
     /// A created context's flags (`CU_CTX_*`), for [`crate::ContextHandle::create`]. The
     /// scheduling policy is one of the `SCHED_*` values (they share the bits of
     /// `CU_CTX_SCHED_MASK`); the others combine freely.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-    pub struct ContextFlags: u32 {
+    ContextFlags(CUctx_flags) {
         /// `CU_CTX_SCHED_SPIN`: a thread waiting for the device spins (0x1).
-        const SCHED_SPIN = CUctx_flags::CU_CTX_SCHED_SPIN as u32;
+        SCHED_SPIN: CU_CTX_SCHED_SPIN,
         /// `CU_CTX_SCHED_YIELD`: a thread waiting for the device yields its CPU (0x2).
-        const SCHED_YIELD = CUctx_flags::CU_CTX_SCHED_YIELD as u32;
+        SCHED_YIELD: CU_CTX_SCHED_YIELD,
         /// `CU_CTX_SCHED_BLOCKING_SYNC`: a thread waiting for the device blocks (0x4).
-        const SCHED_BLOCKING_SYNC = CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32;
+        SCHED_BLOCKING_SYNC: CU_CTX_SCHED_BLOCKING_SYNC,
         /// `CU_CTX_MAP_HOST`: pinned host memory may be mapped into the device's address
         /// space (0x8; always on in current drivers).
-        const MAP_HOST = CUctx_flags::CU_CTX_MAP_HOST as u32;
+        MAP_HOST: CU_CTX_MAP_HOST,
         /// `CU_CTX_LMEM_RESIZE_TO_MAX`: local memory kept at its largest size after a launch
         /// resized it (0x10).
-        const LMEM_RESIZE_TO_MAX = CUctx_flags::CU_CTX_LMEM_RESIZE_TO_MAX as u32;
+        LMEM_RESIZE_TO_MAX: CU_CTX_LMEM_RESIZE_TO_MAX,
     }
-}
-
-impl ContextFlags {
     /// `CU_CTX_SCHED_AUTO` (0): the driver picks the scheduling policy from the number of
     /// active contexts and processors.
-    pub const SCHED_AUTO: ContextFlags =
-        ContextFlags::from_bits_retain(CUctx_flags::CU_CTX_SCHED_AUTO as u32);
+    empty SCHED_AUTO: CU_CTX_SCHED_AUTO,
 }
 
 bitflags::bitflags! {

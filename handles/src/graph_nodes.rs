@@ -19,8 +19,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, PoisonError, Weak};
 
 use cuda_sys::types::{
-    CUgraph, CUgraphNode, CUmemorytype, CUuserObject, CUDA_HOST_NODE_PARAMS, CUDA_MEMCPY3D,
-    CUDA_MEMSET_NODE_PARAMS,
+    CUcontext, CUgraph, CUgraphNode, CUmemorytype, CUuserObject, CUDA_HOST_NODE_PARAMS,
+    CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS,
 };
 
 use crate::context::in_context;
@@ -109,6 +109,17 @@ fn distinct(ptrs: &[&DevicePtrHandle]) -> Vec<DevicePtrHandle> {
     out
 }
 
+/// The driver's signature shared by `cuGraphAddMemsetNode` and `cuGraphAddMemcpyNode`, whose
+/// parameters are `P`.
+type MemoryNodeCall<P> = unsafe extern "C" fn(
+    *mut CUgraphNode,
+    CUgraph,
+    *const CUgraphNode,
+    usize,
+    *const P,
+    CUcontext,
+) -> cuda_sys::CUresult;
+
 fn range_error(what: &'static str, needed: usize, have: usize) -> HandleError {
     HandleError::invalid(
         what,
@@ -150,6 +161,26 @@ impl GraphHandle {
             self.give_back(object_raw);
         }
         added
+    }
+
+    /// Adds a memset or copy node with `add` (the driver's `call`: `cuGraphAddMemsetNode` or
+    /// `cuGraphAddMemcpyNode`) from `params`, after `deps` (raw nodes of this graph); the node
+    /// retains `memory`, in which every range of `params` lies (see [`GraphHandle::add_attached`]).
+    fn add_memory_node<P>(
+        &self,
+        memory: &[&DevicePtrHandle],
+        call: &'static str,
+        add: fn(&cuda_sys::Driver) -> MemoryNodeCall<P>,
+        deps: &[CUgraphNode],
+        params: &P,
+    ) -> Result<GraphNode, HandleError> {
+        let (graph, context) = (self.raw(), self.context().raw());
+        self.add_attached(Attachment::Memory(distinct(memory)), call, |d, node| {
+            // SAFETY: `node` is a valid out-pointer, `deps` holds nodes of this live graph,
+            // `params` is read during the call only, the ranges it names lie in `memory`, which
+            // the attachment keeps alive, and the graph's context is alive and current.
+            unsafe { add(d)(node, graph, deps.as_ptr(), deps.len(), params, context) }
+        })
     }
 
     /// Gives back the one reference to user object `object` that was moved into this graph
@@ -298,28 +329,13 @@ impl GraphHandle {
             width: count,
             height: 1,
         };
-        let (graph, context) = (self.raw(), self.context().raw());
-        let retained = distinct(&[dst]);
-        let node = self.add_attached(
-            Attachment::Memory(retained.clone()),
+        self.add_memory_node(
+            &[dst],
             "cuGraphAddMemsetNode",
-            |d, node| {
-                // SAFETY: `node` is a valid out-pointer, `raw_deps` holds nodes of this live
-                // graph, `params` is read during the call only, the range lies in `dst`, which
-                // the attachment keeps alive, and the graph's context is alive and current.
-                unsafe {
-                    (d.cuGraphAddMemsetNode)(
-                        node,
-                        graph,
-                        raw_deps.as_ptr(),
-                        raw_deps.len(),
-                        &params,
-                        context,
-                    )
-                }
-            },
-        )?;
-        Ok(node)
+            |d| d.cuGraphAddMemsetNode,
+            &raw_deps,
+            &params,
+        )
     }
 
     /// Adds a node that copies `size` bytes from the start of `src` to the start of `dst`,
@@ -382,27 +398,13 @@ impl GraphHandle {
             Height: 1,
             Depth: 1,
         };
-        let (graph, context) = (self.raw(), self.context().raw());
-        let retained = distinct(&[dst, src]);
-        let node = self.add_attached(
-            Attachment::Memory(retained.clone()),
+        self.add_memory_node(
+            &[dst, src],
             "cuGraphAddMemcpyNode",
-            |d, node| {
-                // SAFETY: as in `add_memset_node`; both ranges lie in memory the attachment
-                // keeps alive.
-                unsafe {
-                    (d.cuGraphAddMemcpyNode)(
-                        node,
-                        graph,
-                        raw_deps.as_ptr(),
-                        raw_deps.len(),
-                        &params,
-                        context,
-                    )
-                }
-            },
-        )?;
-        Ok(node)
+            |d| d.cuGraphAddMemcpyNode,
+            &raw_deps,
+            &params,
+        )
     }
 
     /// Adds a node that calls `function` on a driver thread when a launch reaches it, after

@@ -163,17 +163,7 @@ impl<'a> DeviceRange<'a> {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
     /// `cuStreamSynchronize`; none for zero bytes.
     pub fn copy_to_host(&self, dst: &mut [u8], stream: &StreamHandle) -> Result<(), HandleError> {
-        self.check_host_len(dst.len())?;
-        if self.len == 0 {
-            return Ok(());
-        }
-        let (host, src, len) = (dst.as_mut_ptr() as CUdeviceptr, self.ptr(), self.len);
-        stream.run_then_synchronize("cuMemcpyAsync", |d, s| {
-            // SAFETY: `dst` is a writable slice of `len` bytes that outlives the call, which
-            // returns only after the stream (and so the copy) has finished; the range lies
-            // inside memory its borrowed handle keeps alive.
-            unsafe { (d.cuMemcpyAsync)(host, src, len, s) }
-        })
+        self.copy_with_host(Host::Into(dst), stream)
     }
 
     /// Copies `src` from the host into this range, ordered on `stream` after the work queued
@@ -184,16 +174,26 @@ impl<'a> DeviceRange<'a> {
     ///
     /// Driver calls: as [`DeviceRange::copy_to_host`].
     pub fn copy_from_host(&self, src: &[u8], stream: &StreamHandle) -> Result<(), HandleError> {
-        self.check_host_len(src.len())?;
+        self.copy_with_host(Host::From(src), stream)
+    }
+
+    /// The body of [`DeviceRange::copy_to_host`] and [`DeviceRange::copy_from_host`]: a copy
+    /// between the range and `host`, ordered on `stream`, that blocks until it has finished.
+    fn copy_with_host(&self, host: Host<'_>, stream: &StreamHandle) -> Result<(), HandleError> {
+        let (dst, src, host_len) = match host {
+            Host::Into(dst) => (dst.as_mut_ptr() as CUdeviceptr, self.ptr(), dst.len()),
+            Host::From(src) => (self.ptr(), src.as_ptr() as CUdeviceptr, src.len()),
+        };
+        self.check_host_len(host_len)?;
         if self.len == 0 {
             return Ok(());
         }
-        let (host, dst, len) = (src.as_ptr() as CUdeviceptr, self.ptr(), self.len);
+        let len = self.len;
         stream.run_then_synchronize("cuMemcpyAsync", |d, s| {
-            // SAFETY: `src` is a readable slice of `len` bytes that outlives the call, which
-            // returns only after the copy has finished; the range lies inside memory its
-            // borrowed handle keeps alive.
-            unsafe { (d.cuMemcpyAsync)(dst, host, len, s) }
+            // SAFETY: the host slice holds `len` bytes (checked), is writable when written, and
+            // is borrowed for this call, which returns only after the stream (and so the copy)
+            // has finished; the range lies inside memory its borrowed handle keeps alive.
+            unsafe { (d.cuMemcpyAsync)(dst, src, len, s) }
         })
     }
 
@@ -206,15 +206,7 @@ impl<'a> DeviceRange<'a> {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD8Async`; none
     /// for zero bytes.
     pub fn fill_u8(&self, value: u8, stream: &StreamHandle) -> Result<(), HandleError> {
-        if self.len == 0 {
-            return Ok(());
-        }
-        let (dst, count) = (self.ptr(), self.len);
-        stream.run("cuMemsetD8Async", |d, s| {
-            // SAFETY: the range lies inside memory its borrowed handle keeps alive; the stream
-            // is alive and its context current.
-            unsafe { (d.cuMemsetD8Async)(dst, value, count, s) }
-        })
+        self.fill("cuMemsetD8Async", |d| d.cuMemsetD8Async, value, stream)
     }
 
     /// Sets the range, as `len / 2` 16-bit elements, to `value`, ordered on `stream`. Does not
@@ -228,16 +220,7 @@ impl<'a> DeviceRange<'a> {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD16Async`;
     /// none for zero bytes.
     pub fn fill_u16(&self, value: u16, stream: &StreamHandle) -> Result<(), HandleError> {
-        let count = self.elements(2)?;
-        if count == 0 {
-            return Ok(());
-        }
-        let dst = self.ptr();
-        stream.run("cuMemsetD16Async", |d, s| {
-            // SAFETY: `count` 2-byte elements fill exactly the range, which lies inside memory
-            // its borrowed handle keeps alive; the stream is alive and its context current.
-            unsafe { (d.cuMemsetD16Async)(dst, value, count, s) }
-        })
+        self.fill("cuMemsetD16Async", |d| d.cuMemsetD16Async, value, stream)
     }
 
     /// Sets the range, as `len / 4` 32-bit elements, to `value`, ordered on `stream`. Does not
@@ -251,15 +234,28 @@ impl<'a> DeviceRange<'a> {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemsetD32Async`;
     /// none for zero bytes.
     pub fn fill_u32(&self, value: u32, stream: &StreamHandle) -> Result<(), HandleError> {
-        let count = self.elements(4)?;
+        self.fill("cuMemsetD32Async", |d| d.cuMemsetD32Async, value, stream)
+    }
+
+    /// The body of the fills: sets the range, as elements of `T` (1, 2 or 4 bytes), to
+    /// `value` with `memset` (the driver's `call`), ordered on `stream`; zero bytes make no
+    /// driver call.
+    fn fill<T: Copy>(
+        &self,
+        call: &'static str,
+        memset: fn(&Driver) -> MemsetCall<T>,
+        value: T,
+        stream: &StreamHandle,
+    ) -> Result<(), HandleError> {
+        let count = self.elements(std::mem::size_of::<T>())?;
         if count == 0 {
             return Ok(());
         }
         let dst = self.ptr();
-        stream.run("cuMemsetD32Async", |d, s| {
-            // SAFETY: `count` 4-byte elements fill exactly the range, which lies inside memory
+        stream.run(call, |d, s| {
+            // SAFETY: `count` elements of `T` fill exactly the range, which lies inside memory
             // its borrowed handle keeps alive; the stream is alive and its context current.
-            unsafe { (d.cuMemsetD32Async)(dst, value, count, s) }
+            unsafe { memset(d)(dst, value, count, s) }
         })
     }
 
@@ -293,6 +289,16 @@ impl<'a> DeviceRange<'a> {
         Ok(())
     }
 }
+
+/// The host side of a blocking copy: the slice written (`Into`) or read (`From`).
+enum Host<'a> {
+    Into(&'a mut [u8]),
+    From(&'a [u8]),
+}
+
+/// The driver's signature of `cuMemsetD8Async`, `cuMemsetD16Async` and `cuMemsetD32Async`, for
+/// elements of `T`.
+type MemsetCall<T> = unsafe extern "C" fn(CUdeviceptr, T, usize, CUstream) -> cuda_sys::CUresult;
 
 impl fmt::Debug for DeviceRange<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
