@@ -22,6 +22,7 @@ use pyo3::exceptions::{
     PyOverflowError, PyRuntimeError, PyRuntimeWarning, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
+use pyo3::types::{PyTuple, PyType};
 
 pyo3::create_exception!(
     custody,
@@ -212,12 +213,43 @@ pub(crate) fn class_name(object: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "an unknown type".to_owned())
 }
 
-/// The `TypeError` for a `stream` passed by position where it is keyword-only: CPython's words
-/// for too many positional arguments (`called` names the class the user called, `takes` says
-/// how many it takes), then which argument is keyword-only and how the call is written.
-pub(crate) fn stream_is_keyword_only(called: &str, takes: &str, given: usize, call: &str) -> PyErr {
+/// Refuses a `stream` passed by position to `method`, whose keyword-only `stream` defaults to
+/// `None` in its signature so that `*extra` collects what comes after its `positional`
+/// parameters (an optional one written with its default, `"dst=None"`): `Ok` when `extra` is
+/// empty, else a `TypeError` in CPython's words for too many positional arguments, naming the
+/// class the user called (`on`'s, or `on` itself for a class or static method), then which
+/// argument is keyword-only and how the call is written.
+#[inline]
+pub(crate) fn refuse_positional_stream(
+    on: &Bound<'_, PyAny>,
+    method: &str,
+    positional: &[&str],
+    extra: &Bound<'_, PyTuple>,
+) -> PyResult<()> {
+    if extra.is_empty() {
+        return Ok(());
+    }
+    let class = match on.cast::<PyType>() {
+        Ok(class) => class.name()?.to_string(),
+        Err(_) => class_name(on),
+    };
+    let required = positional.iter().filter(|p| !p.contains('=')).count();
+    let takes = match (required, positional.len()) {
+        (_, 0) => "no positional arguments".to_owned(),
+        (1, 1) => "1 positional argument".to_owned(),
+        (least, most) if least == most => format!("{most} positional arguments"),
+        (least, most) => format!("from {least} to {most} positional arguments"),
+    };
+    let given = positional.len() + extra.len();
     let were = if given == 1 { "was" } else { "were" };
-    PyTypeError::new_err(format!(
-        "{called}() takes {takes} but {given} {were} given: stream is keyword-only ({call})"
-    ))
+    let call: Vec<&str> = positional
+        .iter()
+        .map(|p| p.split('=').next().unwrap_or(p))
+        .chain(["stream=s"])
+        .collect();
+    Err(PyTypeError::new_err(format!(
+        "{class}.{method}() takes {takes} but {given} {were} given: stream is keyword-only \
+         ({method}({}))",
+        call.join(", ")
+    )))
 }

@@ -108,6 +108,28 @@ def test_a_positional_stream_is_refused_as_keyword_only(device, stream, emu):
         buf.close()
 
 
+def test_managed_placement_refuses_a_positional_stream_as_keyword_only(device, stream):
+    """``prefetch``, ``discard`` and ``discard_prefetch`` take ``stream`` by keyword only too,
+    with the same message (``discard`` takes no positional argument at all)."""
+    buf = custody.LegacyManagedMemoryResource().allocate(64, stream=stream)
+    for call, message in (
+        (lambda: buf.prefetch(device, stream),
+         "ManagedBuffer.prefetch() takes 1 positional argument but 2 were given: stream is "
+         "keyword-only (prefetch(location, stream=s))"),
+        (lambda: buf.discard(stream),
+         "ManagedBuffer.discard() takes no positional arguments but 1 was given: stream is "
+         "keyword-only (discard(stream=s))"),
+        (lambda: buf.discard_prefetch(device, stream),
+         "ManagedBuffer.discard_prefetch() takes 1 positional argument but 2 were given: "
+         "stream is keyword-only (discard_prefetch(location, stream=s))"),
+    ):
+        with pytest.raises(TypeError) as info:
+            call()
+        assert str(info.value) == message
+    assert not buf.is_closed
+    buf.close()
+
+
 def test_keyword_only_signatures_still_show_the_keyword(device, stream):
     """The methods collect a positional ``stream`` to name it, yet their signatures are the
     stubs' (``test_stubs.py`` compares every one)."""

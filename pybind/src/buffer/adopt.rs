@@ -8,10 +8,10 @@ use handles::StreamHandle;
 use memory::{Buffer, ManagedBuffer, MemoryError};
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyInt, PyTuple};
+use pyo3::types::PyInt;
 
 use super::class::{Kept, PyBuffer};
-use crate::errors::{expected, stream_is_keyword_only, Error};
+use crate::errors::{expected, Error};
 use crate::ffi::{call_method, hasattr, owned_allocation, unowned_handle};
 use crate::report::PyObjRef;
 use crate::resource::adapter::resolve;
@@ -110,19 +110,8 @@ pub(super) fn adopt(
     PyBuffer::wrap(py, buffer, None, managed, kept)
 }
 
-/// `from_handle`'s `stream` is keyword-only: `TypeError` when `extra` collected one given by
-/// position.
-pub(super) fn from_handle_keywords(class: &str, extra: &Bound<'_, PyTuple>) -> PyResult<()> {
-    if extra.is_empty() {
-        return Ok(());
-    }
-    Err(stream_is_keyword_only(
-        &format!("{class}.from_handle"),
-        "from 2 to 4 positional arguments",
-        4 + extra.len(),
-        "from_handle(ptr, size, mr, owner, stream=s)",
-    ))
-}
+/// `from_handle`'s positional parameters (its `stream` is keyword-only).
+pub(super) const FROM_HANDLE: &[&str] = &["ptr", "size", "mr=None", "owner=None"];
 
 /// An address given as a pointer-like value, as cuda.core accepts it: an `int`, or an object
 /// with `__index__` or `__int__` (`cuda.bindings.driver.CUdeviceptr`, a NumPy integer); not a

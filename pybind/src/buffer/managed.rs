@@ -10,9 +10,9 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 
-use super::adopt::{address, adopt, from_handle_keywords};
+use super::adopt::{address, adopt, FROM_HANDLE};
 use super::class::{PyBuffer, PyManagedBuffer};
-use crate::errors::{class_name, size_argument, stream_is_keyword_only, Error};
+use crate::errors::{class_name, refuse_positional_stream, size_argument, Error};
 use crate::location::{kind_name, location, location_object, required_location};
 use crate::stream::accept::{accept_stream, required_stream};
 
@@ -47,7 +47,7 @@ impl PyManagedBuffer {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        from_handle_keywords(&cls.name()?.to_string(), extra)?;
+        refuse_positional_stream(cls.as_any(), "from_handle", FROM_HANDLE, extra)?;
         adopt(
             cls.py(),
             address(ptr)?,
@@ -202,14 +202,7 @@ impl PyManagedBuffer {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        if !extra.is_empty() {
-            return Err(stream_is_keyword_only(
-                &format!("{}.prefetch", class_name(slf.as_any())),
-                "1 positional argument",
-                1 + extra.len(),
-                "prefetch(location, stream=s)",
-            ));
-        }
+        refuse_positional_stream(slf.as_any(), "prefetch", &["location"], extra)?;
         let stream = accept_stream(&required_stream(stream)?)?;
         let location = required_location(location)?;
         let buffer = slf.as_super().get().open(py)?;
@@ -228,14 +221,7 @@ impl PyManagedBuffer {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        if !extra.is_empty() {
-            return Err(stream_is_keyword_only(
-                &format!("{}.discard", class_name(slf.as_any())),
-                "no positional arguments",
-                extra.len(),
-                "discard(stream=s)",
-            ));
-        }
+        refuse_positional_stream(slf.as_any(), "discard", &[], extra)?;
         let stream = accept_stream(&required_stream(stream)?)?;
         let buffer = slf.as_super().get().open(py)?;
         Ok(py.detach(|| buffer.discard(&stream)).map_err(Error::from)?)
@@ -254,14 +240,7 @@ impl PyManagedBuffer {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        if !extra.is_empty() {
-            return Err(stream_is_keyword_only(
-                &format!("{}.discard_prefetch", class_name(slf.as_any())),
-                "1 positional argument",
-                1 + extra.len(),
-                "discard_prefetch(location, stream=s)",
-            ));
-        }
+        refuse_positional_stream(slf.as_any(), "discard_prefetch", &["location"], extra)?;
         let stream = accept_stream(&required_stream(stream)?)?;
         let location = required_location(location)?;
         let buffer = slf.as_super().get().open(py)?;

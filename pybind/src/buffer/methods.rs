@@ -12,11 +12,11 @@ use pyo3::prelude::*;
 use pyo3::pyclass::{CompareOp, PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyInt, PyTuple, PyType};
 
-use super::adopt::{address, adopt, from_handle_keywords};
+use super::adopt::{address, adopt, FROM_HANDLE};
 use super::class::{Kept, PyBuffer};
 use super::ipc::{descriptor_of, PyIpcBufferDescriptor};
 use super::shared::SharedBuffer;
-use crate::errors::{class_name, expected, size_argument, stream_is_keyword_only, Error};
+use crate::errors::{expected, refuse_positional_stream, size_argument, Error};
 use crate::ffi::dlpack::{export, Keep, TensorSpec, DLPACK_VERSION};
 use crate::ffi::{call_method, getattr};
 use crate::graph::class::PyGraphBuilder;
@@ -233,7 +233,8 @@ impl PyBuffer {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        from_handle_keywords("Buffer", extra)?;
+        let class = py.get_type::<PyBuffer>();
+        refuse_positional_stream(class.as_any(), "from_handle", FROM_HANDLE, extra)?;
         adopt(
             py,
             address(ptr)?,
@@ -266,14 +267,12 @@ impl PyBuffer {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let py = cls.py();
-        if !extra.is_empty() {
-            return Err(stream_is_keyword_only(
-                &format!("{}.from_ipc_descriptor", cls.name()?),
-                "2 positional arguments",
-                2 + extra.len(),
-                "from_ipc_descriptor(mr, ipc_descriptor, stream=s)",
-            ));
-        }
+        refuse_positional_stream(
+            cls.as_any(),
+            "from_ipc_descriptor",
+            &["mr", "ipc_descriptor"],
+            extra,
+        )?;
         let stream = accept_stream(&required_stream(stream)?)?;
         let pool = pool_of(mr)
             .ok_or_else(|| expected("DeviceMemoryResource or PinnedMemoryResource", mr))?;
@@ -433,14 +432,7 @@ impl PyBuffer {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        if !extra.is_empty() {
-            return Err(stream_is_keyword_only(
-                &format!("{}.copy_to", class_name(slf.as_any())),
-                "from 0 to 1 positional arguments",
-                1 + extra.len(),
-                "copy_to(dst, stream=s)",
-            ));
-        }
+        refuse_positional_stream(slf.as_any(), "copy_to", &["dst=None"], extra)?;
         let this = slf.get();
         let stream = &required_stream(stream)?;
         let handle = accept_stream(stream)?;
@@ -484,14 +476,7 @@ impl PyBuffer {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        if !extra.is_empty() {
-            return Err(stream_is_keyword_only(
-                &format!("{}.copy_from", class_name(slf.as_any())),
-                "1 positional argument",
-                1 + extra.len(),
-                "copy_from(src, stream=s)",
-            ));
-        }
+        refuse_positional_stream(slf.as_any(), "copy_from", &["src"], extra)?;
         let stream = &required_stream(stream)?;
         let handle = accept_stream(stream)?;
         let source = src
@@ -520,14 +505,7 @@ impl PyBuffer {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        if !extra.is_empty() {
-            return Err(stream_is_keyword_only(
-                &format!("{}.fill", class_name(slf.as_any())),
-                "1 positional argument",
-                1 + extra.len(),
-                "fill(value, stream=s)",
-            ));
-        }
+        refuse_positional_stream(slf.as_any(), "fill", &["value"], extra)?;
         let stream = &required_stream(stream)?;
         let value = fill_value(value)?;
         let buffer = slf.get().open(py)?;

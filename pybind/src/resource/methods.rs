@@ -15,7 +15,7 @@ use super::class::{not_implemented, PyMemoryResource};
 use super::graph::PyGraphMemoryResource;
 use super::pools::pool_of;
 use crate::buffer::class::{Kept, PyBuffer};
-use crate::errors::{class_name, size_argument, stream_is_keyword_only, Error};
+use crate::errors::{class_name, refuse_positional_stream, size_argument, Error};
 use crate::ffi::owned_allocation;
 use crate::graph::class::PyGraphBuilder;
 use crate::graph::methods::allocate_in;
@@ -133,14 +133,7 @@ impl PyMemoryResource {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let size = size_argument("size", size)?;
-        if !extra.is_empty() {
-            return Err(stream_is_keyword_only(
-                &format!("{}.deallocate", class_name(slf.as_any())),
-                "2 positional arguments",
-                2 + extra.len(),
-                "deallocate(ptr, size, stream=s)",
-            ));
-        }
+        refuse_positional_stream(slf.as_any(), "deallocate", &["ptr", "size"], extra)?;
         let native = Arc::clone(native_of(slf, "deallocate")?);
         let stream = accept_stream(&required_stream(stream)?)?;
         py.detach(move || native.deallocate(owned_allocation(ptr, size), &stream))
@@ -211,14 +204,7 @@ pub(super) fn allocate_arguments<'py>(
     stream_optional: bool,
 ) -> PyResult<(usize, Option<Bound<'py, PyAny>>)> {
     let name = || format!("{}.allocate()", type_name(mr.as_any()));
-    if !extra.is_empty() {
-        return Err(stream_is_keyword_only(
-            &format!("{}.allocate", type_name(mr.as_any())),
-            "1 positional argument",
-            1 + extra.len(),
-            "allocate(size, stream=s)",
-        ));
-    }
+    refuse_positional_stream(mr.as_any(), "allocate", &["size"], extra)?;
     let stream = stream.filter(|s| !s.is_none()).cloned();
     if stream.is_none() && !stream_optional {
         return Err(PyTypeError::new_err(format!(

@@ -49,11 +49,11 @@ pub(crate) fn stream_required() -> PyErr {
 }
 
 /// A keyword-only `stream` that a method's signature lets default to `None`, so that one passed
-/// by position reaches the method (and gets [`stream_is_keyword_only`]'s message, after
+/// by position reaches the method (and gets [`refuse_positional_stream`]'s message, after
 /// `extra` collected it) instead of pyo3's: `None` here, given or missing, is refused as
 /// [`accept_stream`] refuses it.
 ///
-/// [`stream_is_keyword_only`]: crate::errors::stream_is_keyword_only
+/// [`refuse_positional_stream`]: crate::errors::refuse_positional_stream
 pub(crate) fn required_stream<'py>(
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
