@@ -6,7 +6,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use cuda_sys::types::{c_void, CUdeviceptr, CUmemPoolPtrExportData, CUstream};
 use cuda_sys::Driver;
@@ -75,6 +75,20 @@ impl<L: Lender> GiveBack for L {
 /// hook; an explicit [`DevicePtrHandle::release`] may block and returns the error.
 #[derive(Clone)]
 pub struct DevicePtrHandle(pub(crate) Arc<PtrBox>);
+
+/// How many [`DevicePtrHandle`]s share one allocation, read without being one of them (a weak
+/// reference to their shared box): it never keeps the memory allocated, and reading it takes no
+/// lock and changes no count, as a binding's garbage-collector traversal requires. 0 once the
+/// last handle is gone.
+#[derive(Clone, Debug)]
+pub struct HandleCount(Weak<PtrBox>);
+
+impl HandleCount {
+    /// The number of handles now.
+    pub fn get(&self) -> usize {
+        self.0.strong_count()
+    }
+}
 
 /// Where an allocation lives, which decides the device its recipes must be on.
 #[derive(Clone, Copy)]
@@ -609,6 +623,12 @@ impl DevicePtrHandle {
     /// How many handles share this allocation.
     pub fn handle_count(&self) -> usize {
         Arc::strong_count(&self.0)
+    }
+
+    /// A reader of [`handle_count`](Self::handle_count) that is not itself a handle: see
+    /// [`HandleCount`].
+    pub fn count_reader(&self) -> HandleCount {
+        HandleCount(Arc::downgrade(&self.0))
     }
 
     /// Whether both handles share one box.

@@ -245,19 +245,28 @@ fn clones_share_one_box_and_the_last_one_frees() {
     let clone = buffer.clone();
     assert!(clone.ptr_eq(&buffer));
     assert_eq!(buffer.handle_count(), 2);
+    // A count reader follows the handles without being one: it keeps nothing allocated.
+    let count = buffer.count_reader();
+    assert_eq!(count.get(), 2);
     let ptr = buffer.ptr();
     let alloc = alloc_of(ptr);
     let from = mark();
     buffer.release().unwrap();
     assert_eq!(clone.handle_count(), 1);
+    assert_eq!(count.get(), 1);
     assert!(
         default_used(&a) >= base + POOL_BUFFER,
         "not the last handle: nothing freed"
     );
     with_emulator(|emu| assert!(emu.calls_for(alloc, from).is_empty()));
     drop(clone);
+    assert_eq!(count.get(), 0);
     assert!(errors_for(ptr).is_empty(), "{:?}", errors_for(ptr));
-    assert_eq!(default_used(&a), base, "the last handle freed");
+    assert_eq!(
+        default_used(&a),
+        base,
+        "the last handle freed, the reader alive"
+    );
     with_emulator(|emu| assert_eq!(emu.only_call("cuMemFreeAsync", alloc, from).result, 0));
     assert_no_hazards();
 }

@@ -4,17 +4,66 @@
 //! `int` (`Stream.from_handle`), and registering the `Py_AtExit` callback that names the frees
 //! through Python still owed once the interpreter has finished shutting down, and the calls into
 //! Python code below custody's frames ([`getattr`], [`call`]) that park a thread CPython stops at
-//! exit instead of letting its unwind abort the process. Every `unsafe` block names its
-//! invariant.
+//! exit instead of letting its unwind abort the process, and [`HeldObject`], the pointer through
+//! which a buffer shows the collector what its memory's handle holds. Every `unsafe` block names
+//! its invariant.
 #![allow(unsafe_code)]
 
 pub(crate) mod dlpack;
 
+use std::mem::ManuallyDrop;
 use std::os::fd::BorrowedFd;
+use std::sync::{Arc, Weak};
 
 use handles::{HandleError, StreamHandle};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
+
+use crate::report::PyObjRef;
+
+/// A Python object that a memory handle holds (through a [`PyObjRef`]: a buffer's `owner`, or the
+/// Python resource whose `deallocate` frees it), as the buffer object sees it: a `Weak` of the
+/// holder, for the `owner` property, and a copy of the object's pointer, which this value never
+/// releases, for the collector's traversal, which may neither take a lock nor take or drop a
+/// reference (so it cannot upgrade the `Weak`: its drop could release the object).
+pub(crate) struct HeldObject {
+    holder: Weak<PyObjRef>,
+    /// The holder's object, not owned: never dropped.
+    object: ManuallyDrop<Py<PyAny>>,
+}
+
+impl HeldObject {
+    pub(crate) fn new(holder: &Arc<PyObjRef>) -> HeldObject {
+        HeldObject {
+            holder: Arc::downgrade(holder),
+            // SAFETY: a bitwise copy of the holder's `Py` (a pointer to the object). Inside
+            // `ManuallyDrop` it never releases the reference, which stays the holder's, and it is
+            // lent out only while the holder still holds its own (`visit`).
+            object: ManuallyDrop::new(unsafe { std::ptr::read(holder.get()) }),
+        }
+    }
+
+    /// The object, while its holder holds it (a new reference).
+    pub(crate) fn get(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        Some(self.holder.upgrade()?.get().clone_ref(py))
+    }
+
+    /// Shows the object to the collector while its holder holds it, reading the holder's count
+    /// only (no lock, no reference taken or dropped).
+    ///
+    /// # Errors
+    /// What the collector's visit returns.
+    pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if self.holder.strong_count() == 0 {
+            return Ok(());
+        }
+        // The holder held its reference just now, and a `PyObjRef` releases it only attached to
+        // the interpreter (its drop), which no other thread is while the collector traverses
+        // (it holds the GIL, or has stopped the world): the object lives until the visit ends.
+        visit.call(&*self.object)
+    }
+}
 
 /// Runs `f` with `fd` borrowed as a [`BorrowedFd`].
 ///

@@ -153,7 +153,8 @@ pub(crate) fn at_python_exit(py: Python<'_>) {
 
 /// A strong reference to a Python object that any thread may drop: the reference is released
 /// attached to the interpreter right away (so `sys.getrefcount` sees it go when the buffer is
-/// closed), and leaked where [`with_python`] refuses (the interpreter shutting down).
+/// closed), and leaked where [`with_python`] refuses (the interpreter shutting down). Never
+/// released detached: `ffi::HeldObject` relies on it.
 pub(crate) struct PyObjRef(Option<Py<PyAny>>);
 
 impl PyObjRef {

@@ -192,3 +192,30 @@ def test_cycle_through_a_stream_wrapper_is_collected(device):
     gc.collect()
     assert alive() is None, "the wrapper <-> Stream cycle was not collected"
     assert DRIVER.cuStreamDestroy_v2(raw) == 0
+
+
+def test_what_a_buffer_shows_the_collector(device, stream):
+    """``gc.get_referents`` of a buffer (its traversal, which takes no lock): its memory
+    resource always; the owner its memory's handle keeps only while the buffer alone holds the
+    memory (not while a DLPack capsule shares it, not once closed)."""
+    pool = custody.DeviceMemoryResource(0)
+    buf = pool.allocate(64, stream=stream)
+
+    def shown(buffer):
+        return [o for o in gc.get_referents(buffer) if o is not type(buffer)]
+
+    assert shown(buf) == [pool]
+    owner = Owner(pool, stream)
+    view = owner.view
+    assert shown(view) == [owner]
+    capsule = view.__dlpack__()
+    assert shown(view) == [], "shared with a capsule: not the buffer's"
+    del capsule
+    assert shown(view) == [owner]
+    view.close()
+    assert shown(view) == [], "closed: the buffer holds nothing"
+    buf.close()
+    assert shown(buf) == [pool], "the resource object goes with the buffer object"
+    owner.view = None
+    owner.backing.close()
+    stream.sync()

@@ -12,7 +12,7 @@ use pyo3::types::PyInt;
 
 use super::class::{Kept, PyBuffer};
 use crate::errors::{expected, Error};
-use crate::ffi::{call_method, hasattr, owned_allocation, unowned_handle};
+use crate::ffi::{call_method, hasattr, owned_allocation, unowned_handle, HeldObject};
 use crate::report::PyObjRef;
 use crate::resource::adapter::resolve;
 use crate::stream::accept::{accept_stream, default_stream_handle};
@@ -92,7 +92,7 @@ pub(super) fn adopt(
         Some(owner) => {
             let held = Arc::new(PyObjRef::new(owner.clone().unbind()));
             let kept = Kept {
-                owner: Some(Arc::downgrade(&held)),
+                owner: Some(HeldObject::new(&held)),
                 resource: None,
                 owed: None,
             };

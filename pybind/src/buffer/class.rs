@@ -3,15 +3,15 @@
 //! accessors the other modules call. Their `#[pymethods]` blocks are in `methods` and
 //! `managed`, with their private helpers.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use memory::Buffer;
 use pyo3::prelude::*;
 
 use super::shared::SharedBuffer;
 use crate::errors::{closed, Error};
-use crate::ffi::unowned_handle;
-use crate::report::{release, OwedMark, PyObjRef};
+use crate::ffi::{unowned_handle, HeldObject};
+use crate::report::{release, OwedMark};
 
 /// Memory with the deallocation recipe (stream and context) that will order and legalise its
 /// free.
@@ -38,16 +38,17 @@ use crate::report::{release, OwedMark, PyObjRef};
 // holds the memory, the owner or the Python resource that the memory's handle keeps); memory
 // whose free calls a Python `deallocate` is freed by `__del__`, which CPython runs on every
 // object of a garbage cycle before it clears any, so `deallocate` finds its resource intact;
-// any other memory is freed by `__clear__` (the free first, with its recipe and its resource,
-// then the memory resource object is let go).
+// any other memory is freed by `__clear__` (with its recipe and its resource); the memory
+// resource object goes with the buffer object. `__traverse__` takes no lock: what it reads is
+// here as it was made, or read without the lock (`SharedBuffer::held_alone`, `HeldObject`).
 #[pyclass(frozen, subclass, weakref, name = "Buffer", module = "custody")]
 pub struct PyBuffer {
     /// Always `Some` until the object is deallocated (then taken, to drop it with the GIL
     /// released).
     pub(crate) inner: Option<SharedBuffer>,
-    /// The memory resource object, reported while the buffer is open; let go by `__clear__`
-    /// after the free. Never made or dropped under the lock.
-    pub(crate) mr: Mutex<Option<Py<PyAny>>>,
+    /// The memory resource object, held (and reported to the collector) as long as this object
+    /// lives.
+    pub(crate) mr: Option<Py<PyAny>>,
     /// The Python objects the memory's handle holds strongly.
     pub(crate) kept: Kept,
     /// `(address, size)` when made: what equality and the hash compare (kept after `close()`,
@@ -55,14 +56,14 @@ pub struct PyBuffer {
     pub(crate) identity: (u64, usize),
 }
 
-/// The Python objects a buffer's memory handle holds, seen through `Weak`s: for the `owner`
+/// The Python objects a buffer's memory handle holds, as the buffer sees them: for the `owner`
 /// property and for the collector.
 #[derive(Default)]
 pub(crate) struct Kept {
     /// The owner given to `from_handle(owner=...)`.
-    pub(crate) owner: Option<Weak<PyObjRef>>,
+    pub(crate) owner: Option<HeldObject>,
     /// The Python memory resource whose `deallocate` frees the memory.
-    pub(crate) resource: Option<Weak<PyObjRef>>,
+    pub(crate) resource: Option<HeldObject>,
     /// For memory freed through a Python `deallocate`: set when this object lets go of the
     /// memory (closed, or the object freed), for the report of frees still owed at exit.
     pub(crate) owed: Option<OwedMark>,
@@ -99,7 +100,7 @@ impl PyBuffer {
         let base = PyBuffer {
             identity: (buffer.ptr(), buffer.size()),
             inner: Some(SharedBuffer::new(buffer)),
-            mr: Mutex::new(mr),
+            mr,
             kept,
         };
         if managed {

@@ -3,8 +3,6 @@
 //! memory's properties, DLPack, IPC export and import, and the garbage collector's
 //! `__traverse__` / `__clear__` / `__del__`.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 use handles::StreamHandle;
 use memory::{Buffer, FillValue, MemoryError};
 use pyo3::exceptions::{PyBufferError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
@@ -45,7 +43,7 @@ impl PyBuffer {
 
     /// The memory resource object (a new reference).
     fn memory_resource_object(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        lock(&self.mr).as_ref().map(|mr| mr.clone_ref(py))
+        self.mr.as_ref().map(|mr| mr.clone_ref(py))
     }
 
     /// The memory's device: a Python resource that frees it is asked now (its `device_id` is
@@ -127,10 +125,6 @@ impl PyBuffer {
             }
         })
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Copies `src` into `dst` on `stream` (`handle`), or records the copy into a graph builder's
@@ -556,8 +550,7 @@ impl PyBuffer {
         if self.buffer().is_closed() {
             return None;
         }
-        let kept = self.kept.owner.as_ref()?.upgrade()?;
-        Some(kept.get().clone_ref(py))
+        self.kept.owner.as_ref()?.get(py)
     }
 
     /// Whether a device can access the memory (``RuntimeError`` once closed).
@@ -734,38 +727,27 @@ impl PyBuffer {
         self.dlpack_device_of(py)
     }
 
+    // Only visits: it takes no lock and no reference (pybind/DESIGN.md, "Rules (D10)").
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        if let Ok(mr) = self.mr.try_lock() {
-            if let Some(mr) = mr.as_ref() {
-                visit.call(mr)?;
-            }
-        }
-        let Some(buffer) = &self.inner else {
-            return Ok(());
-        };
+        visit.call(&self.mr)?;
         // The handle's references are this object's only while it alone holds the memory.
-        if buffer.held_alone() {
+        if self.inner.as_ref().is_some_and(SharedBuffer::held_alone) {
             for kept in [&self.kept.owner, &self.kept.resource]
                 .into_iter()
                 .flatten()
             {
-                // Alive: the memory's handle, which only this object holds, holds it.
-                if let Some(kept) = kept.upgrade() {
-                    visit.call(kept.get())?;
-                }
+                kept.visit(&visit)?;
             }
         }
         Ok(())
     }
 
     /// Breaks a garbage cycle: frees the memory (with its recipe, and its resource still
-    /// alive), then lets go of the memory resource object.
+    /// alive). The memory resource object goes with this object.
     fn __clear__(&self, py: Python<'_>) {
         if let Some(buffer) = self.inner.as_ref().and_then(SharedBuffer::take) {
             release(py, move || drop(buffer));
         }
-        let mr = lock(&self.mr).take();
-        drop(mr);
     }
 
     /// Run by the collector on every object of a garbage cycle before it clears any (and by

@@ -12,12 +12,16 @@
 //! The clone is taken attached to the interpreter ([`SharedBuffer::get`] asks for the `Python`
 //! token, which code running with the GIL released does not have), so while a garbage collection
 //! runs the `Arc`'s count does not grow: [`SharedBuffer::held_alone`] is then a stable answer to
-//! "does the Python object alone hold this memory", which its traversal needs. Nothing here makes
-//! or drops a Python object under the lock.
+//! "does the Python object alone hold this memory", which its traversal needs. The traversal may
+//! take no lock, so that answer is read without one: from a `Weak` of the buffer and a reader of
+//! its memory's handle count, both taken when the state is made, and a flag cleared (under the
+//! lock) when the buffer is taken out. Nothing here makes or drops a Python object under the
+//! lock.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use handles::{DeallocationRecipe, DefaultStream, ReleaseKind, StreamHandle};
+use handles::{DeallocationRecipe, DefaultStream, HandleCount, ReleaseKind, StreamHandle};
 use memory::{Buffer, MemoryError};
 use pyo3::Python;
 
@@ -26,21 +30,48 @@ use crate::report::release;
 /// A buffer shared by the references to one Python object; see the module header.
 pub(crate) struct SharedBuffer {
     state: Mutex<Option<Arc<Buffer>>>,
+    /// The state as the collector's traversal reads it, without the lock.
+    seen: Seen,
     /// Imported from another process (kept after the close, as cuda.core reports it).
     mapped: bool,
 }
 
+/// What [`SharedBuffer::held_alone`] reads instead of the state: set when the state is made,
+/// except `open`, cleared under the state's lock before the buffer is taken out.
+struct Seen {
+    /// The buffer the state holds: its strong count is the state's reference and the
+    /// operations'.
+    buffer: Weak<Buffer>,
+    /// How many handles share the memory (a graph, a DLPack capsule or an import adds one).
+    handles: HandleCount,
+    /// Whether the state still holds the buffer.
+    open: AtomicBool,
+}
+
 impl SharedBuffer {
     pub(crate) fn new(buffer: Buffer) -> SharedBuffer {
+        let buffer = Arc::new(buffer);
         SharedBuffer {
             mapped: buffer.is_mapped(),
-            state: Mutex::new(Some(Arc::new(buffer))),
+            seen: Seen {
+                buffer: Arc::downgrade(&buffer),
+                handles: buffer.handle().count_reader(),
+                open: AtomicBool::new(true),
+            },
+            state: Mutex::new(Some(buffer)),
         }
     }
 
     #[inline]
     fn lock(&self) -> MutexGuard<'_, Option<Arc<Buffer>>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the buffer out of the locked `state`, the traversal told first.
+    #[inline]
+    fn take_out(&self, state: &mut Option<Arc<Buffer>>) -> Option<Arc<Buffer>> {
+        self.seen.open.store(false, Ordering::Release);
+        state.take()
     }
 
     /// The open buffer, for one operation (which may then release the GIL).
@@ -55,16 +86,17 @@ impl SharedBuffer {
     /// Takes the buffer out for a release that reports instead of returning (a deallocation,
     /// the garbage collector): dropping it frees the memory when nothing else holds it.
     pub(crate) fn take(&self) -> Option<Arc<Buffer>> {
-        self.lock().take()
+        self.take_out(&mut self.lock())
     }
 
     /// Whether the buffer is open, no operation holds it and nothing else holds its memory
     /// (no graph, DLPack capsule or import shares the handle). Stable while a collection runs
-    /// (see the module header): other holders only let go then.
+    /// (see the module header): other holders only let go then. Takes no lock: the collector's
+    /// traversal asks.
     pub(crate) fn held_alone(&self) -> bool {
-        self.lock().as_ref().is_some_and(|buffer| {
-            Arc::strong_count(buffer) == 1 && buffer.handle().handle_count() == 1
-        })
+        self.seen.open.load(Ordering::Acquire)
+            && self.seen.buffer.strong_count() == 1
+            && self.seen.handles.get() == 1
     }
 
     /// Closes the buffer: frees now when nothing else holds the memory and returns the
@@ -73,7 +105,7 @@ impl SharedBuffer {
     /// ([`free_never_blocks`]): then detaching would cost more than the free (a release and
     /// re-acquisition of the GIL is about 350 instructions; pybind/DESIGN.md, "Hot path").
     pub(crate) fn close(&self, py: Python<'_>) -> Result<(), MemoryError> {
-        let Some(taken) = self.lock().take() else {
+        let Some(taken) = self.take_out(&mut self.lock()) else {
             return Ok(());
         };
         // An operation in flight holds the buffer: its reference frees when it goes.
@@ -111,7 +143,7 @@ impl SharedBuffer {
         let mut guard = self.lock();
         let buffer = guard.as_ref().ok_or(MemoryError::Closed)?;
         let old = buffer.replace_deallocation_stream(stream)?;
-        let taken = guard.take();
+        let taken = self.take_out(&mut guard);
         drop(guard);
         // The old recipe may hold the last reference to a wrapped stream's Python object.
         drop(old);

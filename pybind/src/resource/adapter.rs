@@ -2,7 +2,7 @@
 //! teardown, one at a time per thread through `nested`), and which Rust resource will own memory
 //! adopted with `mr=` ([`resolve`]).
 
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use handles::{HandleError, OwnedAllocation, StreamHandle};
 use memory::{Buffer, MemoryError, MemoryResource};
@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 
 use super::class::PyMemoryResource;
 use crate::errors::expected;
-use crate::ffi::getattr;
+use crate::ffi::{getattr, HeldObject};
 use crate::nested;
 use crate::report::{OwedFree, OwedMark, PyObjRef};
 
@@ -95,13 +95,14 @@ impl MemoryResource for PyResourceAdapter {
     }
 }
 
-/// What [`resolve`] finds: the Rust resource, and for an adapter a `Weak` to its Python object
-/// and the mark its buffer sets when it lets go of the memory ([`OwedMark`]).
-pub(crate) type Resolved = (Arc<dyn MemoryResource>, Option<(Weak<PyObjRef>, OwedMark)>);
+/// What [`resolve`] finds: the Rust resource, and for an adapter its Python object as the buffer
+/// sees it and the mark its buffer sets when it lets go of the memory ([`OwedMark`]).
+pub(crate) type Resolved = (Arc<dyn MemoryResource>, Option<(HeldObject, OwedMark)>);
 
 /// The Rust resource that will own memory adopted with `mr=` (`size` bytes at `ptr`): a
 /// built-in's own (unless a Python subclass overrides `deallocate`), or an adapter calling the
-/// Python object, with a `Weak` to the reference the adapter holds (for the collector). An
+/// Python object, with the reference the adapter holds as the buffer sees it (for the `owner`
+/// property's sibling checks and the collector). An
 /// adapter registers the free it will owe through Python ([`OwedFree`]) until its `deallocate`
 /// comes, or it is dropped (a refused adoption).
 ///
@@ -126,7 +127,7 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>, ptr: u64, size: usize) -> PyResult<
         Err(_) => false,
     };
     let object = Arc::new(PyObjRef::new(mr.clone().unbind()));
-    let weak = Arc::downgrade(&object);
+    let held = HeldObject::new(&object);
     let type_name: Arc<str> = Arc::from(mr.get_type().name()?.to_string());
     let owed = OwedFree::new(Arc::clone(&type_name), ptr, size);
     let mark = owed.mark();
@@ -138,7 +139,7 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>, ptr: u64, size: usize) -> PyResult<
         managed,
         owed: Mutex::new(Some(owed)),
     });
-    Ok((adapter, Some((weak, mark))))
+    Ok((adapter, Some((held, mark))))
 }
 
 /// A Python memory resource's `device_id`, read now: -1 for none (negative or `None`).
