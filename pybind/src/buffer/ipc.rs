@@ -8,6 +8,7 @@ use pyo3::pyclass::CompareOp;
 use pyo3::types::{PyBytes, PyTuple};
 
 use crate::errors::Error;
+use crate::identity::compare;
 
 /// What another process needs to import one buffer: the pool's export data for it (the payload:
 /// the driver's 64-byte ``CUmemPoolPtrExportData``, then the pool's device as 4 bytes,
@@ -143,17 +144,9 @@ impl PyIpcBufferDescriptor {
     }
 
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
-        let py = other.py();
-        let Ok(other) = other.cast::<PyIpcBufferDescriptor>() else {
-            return Ok(py.NotImplemented());
-        };
-        let other = other.get();
-        let equal = self.payload == other.payload && self.size == other.size;
-        match op {
-            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
-            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
-            _ => Ok(py.NotImplemented()),
-        }
+        compare(other, op, |other: &PyIpcBufferDescriptor| {
+            self.payload == other.payload && self.size == other.size
+        })
     }
 
     fn __hash__(&self) -> u64 {

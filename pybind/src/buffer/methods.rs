@@ -18,6 +18,7 @@ use crate::errors::{expected, refuse_positional_stream, size_argument, Error};
 use crate::ffi::dlpack::{export, Keep, TensorSpec, DLPACK_VERSION};
 use crate::ffi::{call_method, getattr};
 use crate::graph::class::PyGraphBuilder;
+use crate::identity::compare;
 use crate::interop::{
     consumer_stream, cuda_array_interface, export_to_stream, no_interface_for_host_memory, DL_CPU,
     DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED,
@@ -776,22 +777,14 @@ impl PyBuffer {
     }
 
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
-        let py = other.py();
-        let Ok(other) = other.cast::<PyBuffer>() else {
-            return Ok(py.NotImplemented());
-        };
-        let other = other.get();
-        // Two open buffers over the same bytes are equal (a view of a buffer equals it); a
-        // closed buffer equals only itself.
-        let equal = std::ptr::eq(self, other)
-            || (self.identity == other.identity
-                && !self.buffer().is_closed()
-                && !other.buffer().is_closed());
-        match op {
-            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
-            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
-            _ => Ok(py.NotImplemented()),
-        }
+        compare(other, op, |other: &PyBuffer| {
+            // Two open buffers over the same bytes are equal (a view of a buffer equals it); a
+            // closed buffer equals only itself.
+            std::ptr::eq(self, other)
+                || (self.identity == other.identity
+                    && !self.buffer().is_closed()
+                    && !other.buffer().is_closed())
+        })
     }
 
     fn __hash__(&self) -> u64 {

@@ -9,7 +9,7 @@ use pyo3::pyclass::CompareOp;
 use pyo3::types::PyTuple;
 
 use crate::errors::Error;
-use crate::identity::hash_of;
+use crate::identity::{compare, hash_of};
 
 /// A CUDA context: a device's primary context (retained while this object lives), or one made
 /// elsewhere (a wrapped stream's).
@@ -52,16 +52,7 @@ impl PyContext {
     }
 
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
-        let py = other.py();
-        let Ok(other) = other.cast::<PyContext>() else {
-            return Ok(py.NotImplemented());
-        };
-        let equal = self.handle == other.get().handle;
-        match op {
-            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
-            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
-            _ => Ok(py.NotImplemented()),
-        }
+        compare(other, op, |other: &PyContext| self.handle == other.handle)
     }
 
     fn __hash__(&self) -> u64 {

@@ -15,7 +15,7 @@ use pyo3::types::{PyTuple, PyType};
 use super::context::PyContext;
 use super::device::device_object;
 use crate::errors::{closed, expected, Error, NO_CONTEXT};
-use crate::identity::hash_of;
+use crate::identity::{compare, hash_of};
 use crate::options::{check_options, option};
 
 // The `CU_EVENT_*` bits as the plain word a `PyEvent` keeps (and `EventOptions` builds).
@@ -214,18 +214,10 @@ impl PyEvent {
     }
 
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
-        let py = other.py();
-        let Ok(other) = other.cast::<PyEvent>() else {
-            return Ok(py.NotImplemented());
-        };
-        let other = other.get();
-        let equal = std::ptr::eq(self, other)
-            || (self.raw == other.raw && self.is_open() && other.is_open());
-        match op {
-            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
-            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
-            _ => Ok(py.NotImplemented()),
-        }
+        compare(other, op, |other: &PyEvent| {
+            std::ptr::eq(self, other)
+                || (self.raw == other.raw && self.is_open() && other.is_open())
+        })
     }
 
     fn __hash__(&self) -> u64 {
@@ -414,16 +406,9 @@ impl PyIpcEventDescriptor {
     }
 
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
-        let py = other.py();
-        let Ok(other) = other.cast::<PyIpcEventDescriptor>() else {
-            return Ok(py.NotImplemented());
-        };
-        let equal = self.reserved == other.get().reserved;
-        match op {
-            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
-            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
-            _ => Ok(py.NotImplemented()),
-        }
+        compare(other, op, |other: &PyIpcEventDescriptor| {
+            self.reserved == other.reserved
+        })
     }
 
     fn __hash__(&self) -> u64 {

@@ -17,7 +17,7 @@ use super::device::device_object;
 use super::event::{event_flags, PyEvent};
 use crate::errors::{expected, Error, NO_CONTEXT};
 use crate::graph::class::{builder_on, PyGraphBuilder};
-use crate::identity::hash_of;
+use crate::identity::{compare, hash_of};
 use crate::options::{check_options, option};
 use crate::report::{release, PyObjRef};
 
@@ -378,18 +378,10 @@ impl PyStream {
     }
 
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
-        let py = other.py();
-        let Ok(other) = other.cast::<PyStream>() else {
-            return Ok(py.NotImplemented());
-        };
-        let other = other.get();
-        let equal = std::ptr::eq(self, other)
-            || (self.raw == other.raw && self.is_open() && other.is_open());
-        match op {
-            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
-            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
-            _ => Ok(py.NotImplemented()),
-        }
+        compare(other, op, |other: &PyStream| {
+            std::ptr::eq(self, other)
+                || (self.raw == other.raw && self.is_open() && other.is_open())
+        })
     }
 
     fn __hash__(&self) -> u64 {
