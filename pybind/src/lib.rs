@@ -54,6 +54,7 @@ mod options;
 mod report;
 mod resource;
 mod stream;
+mod sync;
 
 use pyo3::prelude::*;
 

@@ -38,7 +38,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use pyo3::marker::Ungil;
@@ -46,6 +46,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::CUDAWarning;
+use crate::sync::Locked;
 
 /// Set by the `atexit` callback: the interpreter has begun to exit.
 static EXIT_STARTED: AtomicBool = AtomicBool::new(false);
@@ -227,9 +228,7 @@ impl OwedFree {
             size,
             let_go: Arc::clone(&let_go),
         };
-        OWED.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, owed);
+        OWED.locked().insert(id, owed);
         OwedFree(id, OwedMark(let_go))
     }
 
@@ -241,9 +240,7 @@ impl OwedFree {
 
 impl Drop for OwedFree {
     fn drop(&mut self) {
-        OWED.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.0);
+        OWED.locked().remove(&self.0);
     }
 }
 

@@ -79,26 +79,31 @@ impl PyBuffer {
         Ok(id)
     }
 
+    /// One answer to where the memory can be used (`property`: `is_device_accessible`,
+    /// `is_host_accessible` or `is_managed`): for an empty buffer its resource's (the memory is
+    /// absent; a resource that cannot say whether it is managed is not), else `memory`'s.
+    fn accessible(
+        &self,
+        py: Python<'_>,
+        property: &str,
+        memory: fn(&Buffer) -> Result<bool, MemoryError>,
+    ) -> PyResult<bool> {
+        if let Some(mr) = self.empty_of(py) {
+            let answer = getattr(mr.as_any(), property).and_then(|value| value.extract());
+            return match property {
+                "is_managed" => Ok(answer.unwrap_or(false)),
+                _ => answer,
+            };
+        }
+        let buffer = self.open(py)?;
+        Ok(py.detach(|| memory(&buffer)).map_err(Error::from)?)
+    }
+
     fn dlpack_device_of(&self, py: Python<'_>) -> PyResult<(i32, i32)> {
         let buffer = self.open(py)?;
-        let (device, host, mut managed) = match self.empty_of(py) {
-            Some(mr) => (
-                getattr(mr.as_any(), "is_device_accessible")?.extract()?,
-                getattr(mr.as_any(), "is_host_accessible")?.extract()?,
-                getattr(mr.as_any(), "is_managed")
-                    .and_then(|v| v.extract())
-                    .unwrap_or(false),
-            ),
-            None => py
-                .detach(|| -> Result<_, MemoryError> {
-                    Ok((
-                        buffer.is_device_accessible()?,
-                        buffer.is_host_accessible()?,
-                        buffer.is_managed()?,
-                    ))
-                })
-                .map_err(Error::from)?,
-        };
+        let device = self.accessible(py, "is_device_accessible", Buffer::is_device_accessible)?;
+        let host = self.accessible(py, "is_host_accessible", Buffer::is_host_accessible)?;
+        let mut managed = self.accessible(py, "is_managed", Buffer::is_managed)?;
         if device && host && !managed && self.kept.resource.is_some() {
             // A Python resource's memory: whether it is managed, the driver says.
             let ptr = buffer.ptr();
@@ -557,37 +562,19 @@ impl PyBuffer {
     /// Whether a device can access the memory (``RuntimeError`` once closed).
     #[getter]
     fn is_device_accessible(&self, py: Python<'_>) -> PyResult<bool> {
-        if let Some(mr) = self.empty_of(py) {
-            return getattr(mr.as_any(), "is_device_accessible")?.extract();
-        }
-        let buffer = self.open(py)?;
-        Ok(py
-            .detach(|| buffer.is_device_accessible())
-            .map_err(Error::from)?)
+        self.accessible(py, "is_device_accessible", Buffer::is_device_accessible)
     }
 
     /// Whether the host can access the memory (``RuntimeError`` once closed).
     #[getter]
     fn is_host_accessible(&self, py: Python<'_>) -> PyResult<bool> {
-        if let Some(mr) = self.empty_of(py) {
-            return getattr(mr.as_any(), "is_host_accessible")?.extract();
-        }
-        let buffer = self.open(py)?;
-        Ok(py
-            .detach(|| buffer.is_host_accessible())
-            .map_err(Error::from)?)
+        self.accessible(py, "is_host_accessible", Buffer::is_host_accessible)
     }
 
     /// Whether the memory is managed (``RuntimeError`` once closed).
     #[getter]
     fn is_managed(&self, py: Python<'_>) -> PyResult<bool> {
-        if let Some(mr) = self.empty_of(py) {
-            return Ok(getattr(mr.as_any(), "is_managed")
-                .and_then(|v| v.extract())
-                .unwrap_or(false));
-        }
-        let buffer = self.open(py)?;
-        Ok(py.detach(|| buffer.is_managed()).map_err(Error::from)?)
+        self.accessible(py, "is_managed", Buffer::is_managed)
     }
 
     /// The device the memory belongs to; -1 for memory bound to no device. For memory a Python

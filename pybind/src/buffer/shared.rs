@@ -26,6 +26,7 @@ use memory::{Buffer, MemoryError};
 use pyo3::Python;
 
 use crate::report::release;
+use crate::sync::Locked;
 
 /// A buffer shared by the references to one Python object; see the module header.
 pub(crate) struct SharedBuffer {
@@ -64,7 +65,7 @@ impl SharedBuffer {
 
     #[inline]
     fn lock(&self) -> MutexGuard<'_, Option<Arc<Buffer>>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.locked()
     }
 
     /// Takes the buffer out of the locked `state`, the traversal told first.

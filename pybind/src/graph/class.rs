@@ -2,7 +2,7 @@
 //! builder: its captured stream), with its constructor and accessors; its methods are in
 //! `methods`.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use memory::{Graph, GraphBuilder};
 use pyo3::exceptions::PyRuntimeError;
@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 
 use crate::errors::Error;
 use crate::stream::class::PyStream;
+use crate::sync::Locked;
 
 /// Records work into a CUDA graph by capturing a stream (``Device.create_graph_builder()``,
 /// ``Stream.create_graph_builder()``).
@@ -36,8 +37,7 @@ impl PyGraphBuilder {
     /// The builder; `RuntimeError("Graph builder has been closed.")` once closed.
     pub(crate) fn builder(&self) -> PyResult<Arc<GraphBuilder>> {
         self.builder
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .locked()
             .clone()
             .ok_or_else(|| PyRuntimeError::new_err("Graph builder has been closed."))
     }

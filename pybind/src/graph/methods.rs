@@ -2,7 +2,7 @@
 //! `retain(buffer)` on both; a graph builder made on a new stream (`Device.create_graph_builder`)
 //! and a graph allocation's buffer (`GraphMemoryResource.allocate` on a builder).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use memory::{CaptureMode, GraphExec};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -17,6 +17,7 @@ use crate::options::{check_options, option};
 use crate::stream::accept::accept_stream;
 use crate::stream::class::PyStream;
 use crate::stream::context::PyContext;
+use crate::sync::Locked;
 
 fn mode_of(mode: &str) -> PyResult<CaptureMode> {
     match mode {
@@ -68,11 +69,7 @@ impl PyGraphBuilder {
         let this = slf.get();
         let builder = this.builder()?;
         let graph = py.detach(|| builder.end_building()).map_err(Error::from)?;
-        let old = this
-            .graph
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .replace(Arc::new(graph));
+        let old = this.graph.locked().replace(Arc::new(graph));
         py.detach(move || drop(old));
         Ok(slf.clone())
     }
@@ -113,16 +110,11 @@ impl PyGraphBuilder {
             }
             None => None,
         };
-        let graph = self
-            .graph
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| {
-                PyRuntimeError::new_err(
-                    "Graph has not finished building. Call end_building() before complete().",
-                )
-            })?;
+        let graph = self.graph.locked().clone().ok_or_else(|| {
+            PyRuntimeError::new_err(
+                "Graph has not finished building. Call end_building() before complete().",
+            )
+        })?;
         let exec = py.detach(|| graph.instantiate()).map_err(Error::from)?;
         if let Some(stream) = upload {
             py.detach(|| exec.upload(&stream)).map_err(Error::from)?;
@@ -136,10 +128,7 @@ impl PyGraphBuilder {
     /// builder has been closed.")``).
     #[getter]
     fn is_closed(&self) -> bool {
-        self.builder
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_none()
+        self.builder.locked().is_none()
     }
 
     /// The collector sees the captured stream's object (it holds no Python object, so it closes
@@ -200,25 +189,13 @@ impl PyGraphBuilder {
     /// such a failure as a :class:`CUDAWarning`, as other objects' drops do. Driver calls:
     /// ``cuStreamEndCapture`` (and ``cuStreamIsCapturing`` after a failure), ``cuGraphDestroy``.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let building = self
-            .builder
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let building = self.builder.locked().clone();
         if let Some(builder) = building {
             py.detach(|| builder.abandon_building())
                 .map_err(Error::from)?;
         }
-        let builder = self
-            .builder
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let graph = self
-            .graph
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let builder = self.builder.locked().take();
+        let graph = self.graph.locked().take();
         py.detach(move || {
             drop(builder);
             drop(graph);
@@ -235,11 +212,7 @@ pub struct PyGraph {
 
 impl PyGraph {
     fn exec(&self) -> PyResult<Arc<GraphExec>> {
-        self.exec
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| closed("Graph"))
+        self.exec.locked().clone().ok_or_else(|| closed("Graph"))
     }
 }
 
@@ -279,8 +252,7 @@ impl PyGraph {
     #[getter]
     fn handle(&self) -> usize {
         self.exec
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .locked()
             .as_ref()
             .and_then(|exec| exec.handle().ok())
             .map_or(0, |handle| handle.raw() as usize)
@@ -299,12 +271,7 @@ impl PyGraph {
     // Over `memory::GraphExec::retain`.
     fn retain(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
         let buffer = retained_buffer(buffer)?;
-        let exec = self
-            .exec
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| closed("Graph"))?;
+        let exec = self.exec.locked().clone().ok_or_else(|| closed("Graph"))?;
         let buffer = buffer.get().open(py)?;
         py.detach(|| exec.retain(&buffer)).map_err(Error::from)?;
         Ok(())
@@ -313,21 +280,14 @@ impl PyGraph {
     /// Releases the executable; what it retains is freed once the launches in flight are done, by
     /// the cleanup worker or in ``drain_deferred_cleanup()``. Idempotent.
     fn close(&self, py: Python<'_>) {
-        let exec = self
-            .exec
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let exec = self.exec.locked().take();
         py.detach(move || drop(exec));
     }
 
     /// Whether ``close()`` was called.
     #[getter]
     fn is_closed(&self) -> bool {
-        self.exec
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_none()
+        self.exec.locked().is_none()
     }
 }
 

@@ -2,7 +2,7 @@
 //! teardown, one at a time per thread through `nested`), and which Rust resource will own memory
 //! adopted with `mr=` ([`resolve`]).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use handles::{HandleError, OwnedAllocation, StreamHandle};
 use memory::{Buffer, MemoryError, MemoryResource};
@@ -14,6 +14,7 @@ use crate::errors::expected;
 use crate::ffi::{getattr, HeldObject};
 use crate::nested;
 use crate::report::{OwedFree, OwedMark, PyObjRef};
+use crate::sync::Locked;
 
 /// A Python memory resource seen from Rust: `deallocate` calls the object's `deallocate`
 /// (attached to the interpreter for that call only); whether the memory is device-, host- or
@@ -59,11 +60,7 @@ impl MemoryResource for PyResourceAdapter {
             // Host-only memory has no recipe: its deallocate gets `default_stream()`, as in
             // cuda.core, and no context is made current for it.
             stream: self.device.then(|| stream.clone()),
-            owed: self
-                .owed
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
+            owed: self.owed.locked().take(),
         })
         .map_err(|failure| {
             // Raised: the exception travels in the error, for an explicit close to re-raise.

@@ -13,7 +13,6 @@ use super::graph::PyGraphMemoryResource;
 use super::methods::{allocate_arguments, allocation_error};
 use crate::buffer::class::{Kept, PyBuffer};
 use crate::errors::{class_name, expected, Error};
-use crate::report::refuse_allocation_at_exit;
 use crate::stream::accept::{accept_stream, default_stream_handle};
 
 /// An opt-in cache over a built-in memory resource (``upstream``: a
@@ -98,10 +97,9 @@ impl PyCachingMemoryResource {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        refuse_allocation_at_exit(slf.as_any())?;
         let base = slf.as_super();
+        let (size, stream) = allocate_arguments(base, size, extra, stream)?;
         let this = base.get();
-        let (size, stream) = allocate_arguments(base, size, extra, stream, this.stream_optional)?;
         let py = slf.py();
         let mr = || Some(slf.clone().into_any().unbind());
         let stream = match stream {

@@ -4,7 +4,7 @@
 //! descriptor).
 
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use handles::StreamHandle;
 use memory::{
@@ -15,6 +15,7 @@ use pyo3::prelude::*;
 
 use crate::errors::{expected, Error};
 use crate::ffi::{call_method, getattr, hasattr};
+use crate::sync::Locked;
 
 /// A pool resource, for IPC and attributes.
 #[derive(Clone)]
@@ -123,23 +124,14 @@ impl PoolIpc {
 
     /// The kept handle, exported on first use (again if it was closed).
     pub(super) fn kept_handle(&self, py: Python<'_>, pool: &Pool) -> PyResult<Py<PyAny>> {
-        let kept = self
-            .handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|h| h.clone_ref(py));
+        let kept = self.handle.locked().as_ref().map(|h| h.clone_ref(py));
         if let Some(kept) = kept {
             if !kept.bind(py).getattr("is_closed")?.extract::<bool>()? {
                 return Ok(kept);
             }
         }
         let made = self.new_handle(py, pool)?;
-        let old = self
-            .handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .replace(made.clone_ref(py));
+        let old = self.handle.locked().replace(made.clone_ref(py));
         drop(old);
         Ok(made)
     }

@@ -78,9 +78,8 @@ impl PyMemoryResource {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        refuse_allocation_at_exit(slf.as_any())?;
+        let (size, stream) = allocate_arguments(slf, size, extra, stream)?;
         let this = slf.get();
-        let (size, stream) = allocate_arguments(slf, size, extra, stream, this.stream_optional)?;
         let native = Arc::clone(native_of(slf, "allocate")?);
         let py = slf.py();
         let mr = || Some(slf.clone().into_any().unbind());
@@ -194,19 +193,20 @@ pub(super) fn allocation_error(mr: &Bound<'_, PyMemoryResource>, error: MemoryEr
 }
 
 /// `MemoryResource.allocate`'s arguments `(size, *, stream)` as pyo3 collected them, with
-/// CPython's messages naming the class called. A missing or `None` stream is `None` when
-/// `stream_optional`, and refused otherwise.
+/// CPython's messages naming the class called, after the refusal at exit
+/// ([`refuse_allocation_at_exit`]). A missing or `None` stream is `None` when `mr` allocates
+/// synchronously (`stream_optional`), and refused otherwise.
 pub(super) fn allocate_arguments<'py>(
     mr: &Bound<'py, PyMemoryResource>,
     size: &Bound<'py, PyAny>,
     extra: &Bound<'py, PyTuple>,
     stream: Option<&Bound<'py, PyAny>>,
-    stream_optional: bool,
 ) -> PyResult<(usize, Option<Bound<'py, PyAny>>)> {
+    refuse_allocation_at_exit(mr.as_any())?;
     let name = || format!("{}.allocate()", type_name(mr.as_any()));
     refuse_positional_stream(mr.as_any(), "allocate", &["size"], extra)?;
     let stream = stream.filter(|s| !s.is_none()).cloned();
-    if stream.is_none() && !stream_optional {
+    if stream.is_none() && !mr.get().stream_optional {
         return Err(PyTypeError::new_err(format!(
             "{} missing 1 required keyword argument: 'stream' (stream is required and must \
              not be None: pass a Stream explicitly, e.g. Device().create_stream() or \

@@ -3,7 +3,7 @@
 //! given as a handle (`Stream.from_handle`); and the default stream as a handle, for the
 //! arguments that default to it.
 
-use std::sync::{Arc, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 
 use handles::StreamHandle;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -14,6 +14,7 @@ use super::class::PyStream;
 use crate::errors::{closed, expected, Error};
 use crate::graph::class::PyGraphBuilder;
 use crate::report::PyObjRef;
+use crate::sync::Locked;
 
 /// Accepts a stream argument: a `Stream`, a `GraphBuilder` (its captured stream), or an object
 /// with `__cuda_stream__` (wrapped, kept alive while the wrapper lives).
@@ -76,11 +77,7 @@ pub(crate) fn with_stream<R>(
     f: impl FnOnce(&StreamHandle) -> R,
 ) -> PyResult<R> {
     if let Ok(stream) = object.cast::<PyStream>() {
-        let guard = stream
-            .get()
-            .handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let guard = stream.get().handle.locked();
         return match guard.as_ref() {
             Some(handle) => Ok(f(handle)),
             None => {

@@ -2,13 +2,14 @@
 //! stream, the stream a Python `deallocate` gets), with its constructor and its handle
 //! accessor; its methods are in `methods`.
 
-use std::sync::{Mutex, PoisonError, Weak};
+use std::sync::{Mutex, Weak};
 
 use handles::StreamHandle;
 use pyo3::prelude::*;
 
 use crate::errors::closed;
 use crate::report::PyObjRef;
+use crate::sync::Locked;
 
 /// A CUDA stream: created (``Device.create_stream()``), wrapped from another library
 /// (``Stream.from_handle``), or a default-stream singleton.
@@ -48,10 +49,6 @@ impl PyStream {
     /// The stream handle; `RuntimeError` once closed.
     #[inline]
     pub(crate) fn handle(&self) -> PyResult<StreamHandle> {
-        self.handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| closed("Stream"))
+        self.handle.locked().clone().ok_or_else(|| closed("Stream"))
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use handles::{ContextHandle, EventFlags, EventHandle};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -17,6 +17,7 @@ use super::device::device_object;
 use crate::errors::{closed, expected, Error, NO_CONTEXT};
 use crate::identity::{compare, hash_of};
 use crate::options::{check_options, option};
+use crate::sync::Locked;
 
 // The `CU_EVENT_*` bits as the plain word a `PyEvent` keeps (and `EventOptions` builds).
 /// `CU_EVENT_BLOCKING_SYNC`.
@@ -104,18 +105,11 @@ impl PyEvent {
     }
 
     pub(crate) fn handle(&self) -> PyResult<EventHandle> {
-        self.handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| closed("Event"))
+        self.handle.locked().clone().ok_or_else(|| closed("Event"))
     }
 
     fn is_open(&self) -> bool {
-        self.handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+        self.handle.locked().is_some()
     }
 }
 
@@ -205,11 +199,7 @@ impl PyEvent {
     /// Releases this object's reference to the event (the driver's event is destroyed when no other
     /// reference holds it). Idempotent; never raises.
     fn close(&self, py: Python<'_>) {
-        let taken = self
-            .handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let taken = self.handle.locked().take();
         py.detach(move || drop(taken));
     }
 
@@ -353,12 +343,7 @@ impl PyEvent {
     }
 
     fn __repr__(&self) -> String {
-        match self
-            .handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
+        match self.handle.locked().as_ref() {
             Some(event) => format!("<Event handle=0x{:x}>", event.raw() as usize),
             None => "<Event closed>".to_owned(),
         }

@@ -2,7 +2,7 @@
 //! wrapped from another library, or one of the default-stream singletons; recording and
 //! waiting for events; the graph builder that captures it. Also the streams `Device` creates.
 
-use std::sync::{Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Mutex, OnceLock, Weak};
 
 use handles::{ContextHandle, DefaultStream, EventFlags, EventHandle, StreamFlags, StreamHandle};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -20,6 +20,7 @@ use crate::graph::class::{builder_on, PyGraphBuilder};
 use crate::identity::{compare, hash_of};
 use crate::options::{check_options, option};
 use crate::report::{release, PyObjRef};
+use crate::sync::Locked;
 
 /// What a `Stream` (or a Python subclass of it) is made from: the only argument its constructor
 /// accepts. Made by custody only (`Stream._init`, `_legacy_default`, `_per_thread_default`).
@@ -50,10 +51,7 @@ impl PyStream {
     }
 
     fn is_open(&self) -> bool {
-        self.handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+        self.handle.locked().is_some()
     }
 }
 
@@ -87,12 +85,7 @@ impl PyStream {
     fn py_new(args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         if args.len() == 1 {
             if let Ok(init) = args.get_item(0)?.cast::<PyStreamInit>() {
-                let handle = init
-                    .get()
-                    .handle
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take();
+                let handle = init.get().handle.locked().take();
                 if let Some(handle) = handle {
                     return Ok(PyStream::with_protocol(handle, init.get().protocol.clone()));
                 }
@@ -147,28 +140,14 @@ impl PyStream {
     /// itself for ``Stream``).
     #[classmethod]
     fn _legacy_default<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
-        let py = cls.py();
-        if cls.is(py.get_type::<PyStream>()) {
-            return Ok(singleton(py, DefaultStream::Legacy)?
-                .bind(py)
-                .clone()
-                .into_any());
-        }
-        stream_of_class(py, Some(cls), StreamHandle::legacy(), None)
+        default_of_class(cls, DefaultStream::Legacy)
     }
 
     /// The per-thread default stream as an object of this class
     /// (``PER_THREAD_DEFAULT_STREAM`` itself for ``Stream``).
     #[classmethod]
     fn _per_thread_default<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
-        let py = cls.py();
-        if cls.is(py.get_type::<PyStream>()) {
-            return Ok(singleton(py, DefaultStream::PerThread)?
-                .bind(py)
-                .clone()
-                .into_any());
-        }
-        stream_of_class(py, Some(cls), StreamHandle::per_thread(), None)
+        default_of_class(cls, DefaultStream::PerThread)
     }
 
     /// Wraps a stream made elsewhere: an int handle, or an object with ``__cuda_stream__``.
@@ -200,11 +179,7 @@ impl PyStream {
 
     /// Breaks a garbage cycle: releases the handle (and with it the object it keeps).
     fn __clear__(&self, py: Python<'_>) {
-        let taken = self
-            .handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let taken = self.handle.locked().take();
         if let Some(stream) = taken {
             release(py, move || drop(stream));
         }
@@ -343,11 +318,7 @@ impl PyStream {
         if self.singleton {
             return Ok(());
         }
-        let taken = self
-            .handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let taken = self.handle.locked().take();
         if let Some(stream) = taken {
             py.detach(|| stream.close()).map_err(Error::from)?;
         }
@@ -389,11 +360,7 @@ impl PyStream {
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
-        let stream = self
-            .handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let stream = self.handle.locked().clone();
         match stream {
             Some(stream) => {
                 let context = match stream.context() {
@@ -420,6 +387,26 @@ impl PyStream {
 static LEGACY: OnceLock<Py<PyStream>> = OnceLock::new();
 
 static PER_THREAD: OnceLock<Py<PyStream>> = OnceLock::new();
+
+/// The default stream `kind` as an object of class `cls`: the singleton itself for `Stream`.
+fn default_of_class<'py>(
+    cls: &Bound<'py, PyType>,
+    kind: DefaultStream,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = cls.py();
+    if cls.is(py.get_type::<PyStream>()) {
+        return Ok(singleton(py, kind)?.bind(py).clone().into_any());
+    }
+    stream_of_class(py, Some(cls), default_handle(kind), None)
+}
+
+/// A new handle of the default-stream token `kind`.
+fn default_handle(kind: DefaultStream) -> StreamHandle {
+    match kind {
+        DefaultStream::PerThread => StreamHandle::per_thread(),
+        _ => StreamHandle::legacy(),
+    }
+}
 
 /// The default-stream singletons (`LEGACY_DEFAULT_STREAM`, `PER_THREAD_DEFAULT_STREAM`).
 pub(crate) fn singleton(py: Python<'_>, kind: DefaultStream) -> PyResult<&'static Py<PyStream>> {
