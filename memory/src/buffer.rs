@@ -18,32 +18,51 @@ use crate::checks::{check_size, check_stream_device, device_error};
 use crate::graph::gate::{GraphSlot, LaunchGate};
 use crate::MemoryError;
 
-/// Where memory can be used from, fixed when a buffer is made (from its memory resource) or
-/// read once from the driver's pointer attributes (adopted views).
+/// Where memory can be used: what a [`MemoryResource`] says of the memory it allocates
+/// ([`MemoryResource::accessibility`]), and what a [`Buffer`] reports, fixed when it is made
+/// (from its memory resource) or read once from the driver's pointer attributes (adopted
+/// views).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Access {
-    pub(crate) device: bool,
-    pub(crate) host: bool,
-    pub(crate) device_id: Option<i32>,
-    pub(crate) managed: bool,
+pub struct Accessibility {
+    /// Whether a device can read and write the memory.
+    pub device: bool,
+    /// Whether the host can read and write the memory.
+    pub host: bool,
+    /// The device the memory lives on or belongs to; `None` for memory bound to no device
+    /// (pinned host memory).
+    pub device_id: Option<i32>,
+    /// Whether the memory is managed (`cuMemAllocManaged`, a managed pool).
+    pub managed: bool,
 }
 
-impl Access {
-    pub(crate) fn of(mr: &dyn MemoryResource) -> Access {
-        Access {
-            device: mr.is_device_accessible(),
-            host: mr.is_host_accessible(),
-            device_id: mr.device_id(),
-            managed: mr.is_managed(),
+impl Accessibility {
+    /// Device memory of device `ordinal`: only the device reaches it.
+    pub const fn device(ordinal: i32) -> Accessibility {
+        Accessibility {
+            device: true,
+            host: false,
+            device_id: Some(ordinal),
+            managed: false,
         }
     }
 
-    const MANAGED: Access = Access {
+    /// Pinned host memory: the host and every device reach it; it belongs to no device.
+    pub const PINNED: Accessibility = Accessibility {
         device: true,
         host: true,
         device_id: None,
-        managed: true,
+        managed: false,
     };
+
+    /// Managed memory, belonging to `device` (a preferred location) or to none.
+    pub const fn managed(device: Option<i32>) -> Accessibility {
+        Accessibility {
+            device: true,
+            host: true,
+            device_id: device,
+            managed: true,
+        }
+    }
 
     /// The device whose streams must order work on this memory: device-only memory's device;
     /// `None` for memory any device's stream may touch (host, pinned, managed).
@@ -58,13 +77,13 @@ impl Access {
 /// (the allocation hot path, which then sets no `OnceLock`: an atomic `Once` per buffer), or
 /// read from the driver once, when first asked (views over memory of unknown origin).
 enum AccessCell {
-    Known(Access),
-    Lazy(OnceLock<Access>),
+    Known(Accessibility),
+    Lazy(OnceLock<Accessibility>),
 }
 
 impl AccessCell {
     #[inline]
-    fn get(&self) -> Option<&Access> {
+    fn get(&self) -> Option<&Accessibility> {
         match self {
             AccessCell::Known(access) => Some(access),
             AccessCell::Lazy(cell) => cell.get(),
@@ -132,7 +151,7 @@ impl Buffer {
     pub(crate) fn new(
         handle: DevicePtrHandle,
         mr: Option<Arc<dyn MemoryResource>>,
-        access: Option<Access>,
+        access: Option<Accessibility>,
         ipc: IpcRole,
     ) -> Buffer {
         let access = match access {
@@ -179,7 +198,7 @@ impl Buffer {
     ///
     /// Driver calls: none.
     pub fn from_parts(handle: DevicePtrHandle, mr: Option<Arc<dyn MemoryResource>>) -> Buffer {
-        let access = mr.as_deref().map(Access::of);
+        let access = mr.as_deref().map(MemoryResource::accessibility);
         Buffer::new(handle, mr, access, IpcRole::None)
     }
 
@@ -210,7 +229,7 @@ impl Buffer {
         mr: Arc<dyn MemoryResource>,
         stream: Option<&StreamHandle>,
     ) -> Result<Buffer, AdoptError> {
-        let access = Access::of(mr.as_ref());
+        let access = mr.accessibility();
         Buffer::adopt_as(allocation, mr, stream, access)
     }
 
@@ -218,7 +237,7 @@ impl Buffer {
         allocation: OwnedAllocation,
         mr: Arc<dyn MemoryResource>,
         stream: Option<&StreamHandle>,
-        access: Access,
+        access: Accessibility,
     ) -> Result<Buffer, AdoptError> {
         if let Err(error) = check_size(allocation.size()) {
             return Err(AdoptError { error, allocation });
@@ -436,29 +455,23 @@ impl Buffer {
     }
 
     /// How the memory can be used: from the memory resource, else (once) from the driver.
-    fn access(&self, ptr: CUdeviceptr) -> Result<Access, MemoryError> {
+    fn access(&self, ptr: CUdeviceptr) -> Result<Accessibility, MemoryError> {
         if let Some(access) = self.access.get() {
             return Ok(*access);
         }
         let access = match handles::pointer_attributes(ptr)? {
             // Unknown to the driver: ordinary (pageable) host memory.
-            None => Access {
+            None => Accessibility {
                 device: false,
                 host: true,
                 device_id: None,
                 managed: false,
             },
-            Some(attributes) if attributes.is_managed => Access {
-                device_id: (attributes.device_ordinal >= 0).then_some(attributes.device_ordinal),
-                ..Access::MANAGED
-            },
-            Some(attributes) if attributes.memory_type == MemoryType::Host => Access {
-                device: true,
-                host: true,
-                device_id: None,
-                managed: false,
-            },
-            Some(attributes) => Access {
+            Some(attributes) if attributes.is_managed => Accessibility::managed(
+                (attributes.device_ordinal >= 0).then_some(attributes.device_ordinal),
+            ),
+            Some(attributes) if attributes.memory_type == MemoryType::Host => Accessibility::PINNED,
+            Some(attributes) => Accessibility {
                 device: true,
                 host: false,
                 device_id: (attributes.device_ordinal >= 0).then_some(attributes.device_ordinal),
@@ -552,10 +565,7 @@ impl ManagedBuffer {
         handle: DevicePtrHandle,
         mr: Option<Arc<dyn MemoryResource>>,
     ) -> ManagedBuffer {
-        let access = Access {
-            device_id: mr.as_deref().and_then(|mr| mr.device_id()),
-            ..Access::MANAGED
-        };
+        let access = Accessibility::managed(mr.as_deref().and_then(|mr| mr.device_id()));
         ManagedBuffer(Buffer::new(handle, mr, Some(access), IpcRole::None))
     }
 
@@ -573,10 +583,7 @@ impl ManagedBuffer {
         mr: Arc<dyn MemoryResource>,
         stream: Option<&StreamHandle>,
     ) -> Result<ManagedBuffer, AdoptError> {
-        let access = Access {
-            device_id: mr.device_id(),
-            ..Access::MANAGED
-        };
+        let access = Accessibility::managed(mr.device_id());
         Buffer::adopt_as(allocation, mr, stream, access).map(ManagedBuffer)
     }
 
@@ -682,19 +689,29 @@ pub trait MemoryResource: Send + Sync + 'static {
         stream: &StreamHandle,
     ) -> Result<(), MemoryError>;
 
-    /// Whether a device can read and write the memory.
-    fn is_device_accessible(&self) -> bool;
+    /// Where the memory this resource allocates (or adopts) can be used. The four questions
+    /// below answer from it; an implementation states it here, once.
+    fn accessibility(&self) -> Accessibility;
 
-    /// Whether the host can read and write the memory.
-    fn is_host_accessible(&self) -> bool;
+    /// Whether a device can read and write the memory (from [`MemoryResource::accessibility`]).
+    fn is_device_accessible(&self) -> bool {
+        self.accessibility().device
+    }
+
+    /// Whether the host can read and write the memory (from [`MemoryResource::accessibility`]).
+    fn is_host_accessible(&self) -> bool {
+        self.accessibility().host
+    }
 
     /// The device the memory lives on or belongs to; `None` for memory bound to no device
-    /// (pinned host memory).
-    fn device_id(&self) -> Option<i32>;
+    /// (pinned host memory). From [`MemoryResource::accessibility`].
+    fn device_id(&self) -> Option<i32> {
+        self.accessibility().device_id
+    }
 
-    /// Whether the memory is managed (`cuMemAllocManaged`). Default: `false`.
+    /// Whether the memory is managed (from [`MemoryResource::accessibility`]).
     fn is_managed(&self) -> bool {
-        false
+        self.accessibility().managed
     }
 
     /// The resource as its user knows it, for cleanup reports about memory it frees (a binding's

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use handles::{HandleError, StreamHandle};
 
-use crate::buffer::{Access, IpcRole};
+use crate::buffer::IpcRole;
 use crate::checks::{check_bound_stream_device, check_size, device_error};
 use crate::{Buffer, MemoryError, PoolMemoryResource};
 
@@ -255,7 +255,7 @@ impl Buffer {
                     error => device_error(error),
                 })?;
         let mr: Arc<R> = Arc::clone(mr);
-        let access = Access::of(mr.as_ref());
+        let access = mr.accessibility();
         Ok(Buffer::new(
             handle,
             Some(mr),

@@ -98,7 +98,7 @@ mod managed;
 mod resources;
 mod slice;
 
-pub use buffer::{AdoptError, Buffer, ManagedBuffer, MemoryResource};
+pub use buffer::{Accessibility, AdoptError, Buffer, ManagedBuffer, MemoryResource};
 /// The element types of the typed views: plain bytes (`bytemuck`), derivable for your own
 /// `#[repr(C)]` structs with `bytemuck`'s derive.
 pub use bytemuck::{self, Pod, Zeroable};

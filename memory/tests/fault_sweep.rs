@@ -29,9 +29,9 @@ use handles::{
     OwnedAllocation, StreamFlags, StreamHandle,
 };
 use memory::{
-    Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, LegacyPinnedMemoryResource,
-    ManagedMemoryResource, MemoryError, MemoryResource, PoolMemoryResource,
-    SynchronousMemoryResource,
+    Accessibility, Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph,
+    LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource,
+    PoolMemoryResource, SynchronousMemoryResource,
 };
 use test_support::emu::{AllocationId, Call, Emulator};
 
@@ -682,16 +682,8 @@ impl MemoryResource for UserResource {
         close_on(backing, stream)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        false
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        Some(0)
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::device(0)
     }
 }
 

@@ -26,9 +26,10 @@ use adopt::Ownership;
 use handles::PoolAttribute;
 use handles::{ContextHandle, HandleError, OwnedAllocation, StreamFlags, StreamHandle};
 use memory::{
-    Buffer, DeviceMemoryResource, FillValue, IpcBufferDescriptor, LegacyPinnedMemoryResource,
-    ManagedMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
-    PinnedMemoryResourceOptions, PoolMemoryResource, SynchronousMemoryResource,
+    Accessibility, Buffer, DeviceMemoryResource, FillValue, IpcBufferDescriptor,
+    LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
+    SynchronousMemoryResource,
 };
 use proptest::prelude::*;
 use test_support::emu::{AllocationId, Emulator};
@@ -245,16 +246,8 @@ impl MemoryResource for Ledger {
         Ok(())
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        false
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        Some(0)
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::device(0)
     }
 }
 

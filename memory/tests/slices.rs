@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::*;
 use handles::{OwnedAllocation, StreamHandle};
 use memory::{
-    Buffer, DeviceMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
+    Accessibility, Buffer, DeviceMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
     PinnedMemoryResourceOptions,
 };
 
@@ -212,16 +212,8 @@ impl MemoryResource for Renamed {
         self.inner.deallocate(allocation, stream)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        false
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        Some(0)
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::device(0)
     }
 }
 

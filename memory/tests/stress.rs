@@ -32,7 +32,7 @@ use handles::{
     StreamFlags, StreamHandle,
 };
 use memory::{
-    Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, GraphExec,
+    Accessibility, Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Graph, GraphExec,
     LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryError, MemoryResource,
     PinnedMemoryResource, PinnedMemoryResourceOptions, PoolMemoryResource,
     SynchronousMemoryResource,
@@ -144,16 +144,8 @@ impl MemoryResource for AdoptingResource {
         close_on(backing, stream)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        false
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        Some(0)
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::device(0)
     }
 }
 

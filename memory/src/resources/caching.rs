@@ -12,7 +12,7 @@ use handles::{
     StreamHandle,
 };
 
-use crate::buffer::{Access, IpcRole};
+use crate::buffer::{Accessibility, IpcRole};
 use crate::checks::{check_size, device_error};
 use crate::{AdoptError, Buffer, MemoryError, MemoryResource};
 
@@ -211,7 +211,7 @@ pub struct CachingMemoryResource {
     state: Mutex<State>,
     /// Mirrors `state.closed` for the allocation path's check without the lock.
     closed: AtomicBool,
-    access: Access,
+    access: Accessibility,
     upstream: Arc<dyn MemoryResource>,
 }
 
@@ -234,7 +234,7 @@ impl CachingMemoryResource {
         Arc::new(CachingMemoryResource {
             state: Mutex::new(State::default()),
             closed: AtomicBool::new(false),
-            access: Access::of(upstream.as_ref()),
+            access: upstream.accessibility(),
             upstream,
         })
     }
@@ -489,20 +489,9 @@ impl MemoryResource for CachingMemoryResource {
         self.upstream.deallocate(allocation, stream)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        self.access.device
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        self.access.host
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        self.access.device_id
-    }
-
-    fn is_managed(&self) -> bool {
-        self.access.managed
+    /// The upstream resource's.
+    fn accessibility(&self) -> Accessibility {
+        self.access
     }
 
     fn name(&self) -> &str {

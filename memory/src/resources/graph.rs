@@ -7,7 +7,7 @@ use handles::CaptureStatus;
 
 use handles::{DevicePtrHandle, OwnedAllocation, StreamHandle};
 
-use crate::buffer::{Access, IpcRole};
+use crate::buffer::{Accessibility, IpcRole};
 use crate::checks::{check_bound_stream_device, check_size, device_error};
 use crate::{Buffer, MemoryError, MemoryResource};
 
@@ -60,12 +60,7 @@ impl MemoryResource for GraphMemoryResource {
             return Err(MemoryError::NotCapturing);
         }
         let handle = DevicePtrHandle::alloc_graph(size, stream).map_err(device_error)?;
-        let access = Access {
-            device: true,
-            host: false,
-            device_id: Some(self.device),
-            managed: false,
-        };
+        let access = self.accessibility();
         Ok(Buffer::new(handle, Some(self), Some(access), IpcRole::None))
     }
 
@@ -81,15 +76,7 @@ impl MemoryResource for GraphMemoryResource {
         Ok(allocation.free_async(stream)?)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        false
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        Some(self.device)
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::device(self.device)
     }
 }

@@ -10,7 +10,7 @@ use handles::{CaptureStatus, ManagedPoolLocation, PoolLocation, PoolSpec};
 
 use handles::{DevicePtrHandle, MemoryPoolHandle, OwnedAllocation, StreamHandle};
 
-use crate::buffer::{Access, IpcRole};
+use crate::buffer::{Accessibility, IpcRole};
 use crate::checks::{check_bound_stream_device, check_size, device_error};
 use crate::{Buffer, ManagedBuffer, MemoryError, MemoryResource};
 
@@ -236,15 +236,6 @@ impl DeviceMemoryResource {
             },
         }))
     }
-
-    fn access(&self) -> Access {
-        Access {
-            device: true,
-            host: false,
-            device_id: Some(self.device),
-            managed: false,
-        }
-    }
 }
 
 impl MemoryResource for DeviceMemoryResource {
@@ -266,7 +257,7 @@ impl MemoryResource for DeviceMemoryResource {
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
         let (handle, role) = self.core.allocate(size, stream)?;
-        let access = self.access();
+        let access = self.accessibility();
         Ok(Buffer::new(handle, Some(self), Some(access), role))
     }
 
@@ -283,16 +274,8 @@ impl MemoryResource for DeviceMemoryResource {
         Ok(allocation.free_async(stream)?)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        false
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        Some(self.device)
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::device(self.device)
     }
 }
 
@@ -392,13 +375,6 @@ impl PinnedMemoryResource {
     }
 }
 
-const PINNED_ACCESS: Access = Access {
-    device: true,
-    host: true,
-    device_id: None,
-    managed: false,
-};
-
 impl MemoryResource for PinnedMemoryResource {
     /// Allocates `size` bytes from the pool, ordered on `stream`.
     ///
@@ -413,7 +389,12 @@ impl MemoryResource for PinnedMemoryResource {
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
         let (handle, role) = self.core.allocate(size, stream)?;
-        Ok(Buffer::new(handle, Some(self), Some(PINNED_ACCESS), role))
+        Ok(Buffer::new(
+            handle,
+            Some(self),
+            Some(Accessibility::PINNED),
+            role,
+        ))
     }
 
     /// `cuMemFreeAsync(ptr, stream)`. Does not block.
@@ -428,16 +409,8 @@ impl MemoryResource for PinnedMemoryResource {
         Ok(allocation.free_async(stream)?)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        true
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        None
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::PINNED
     }
 }
 
@@ -545,15 +518,6 @@ impl ManagedPoolMemoryResource {
             .allocate(size, stream)
             .map(ManagedBuffer::new)
     }
-
-    fn access(&self) -> Access {
-        Access {
-            device: true,
-            host: true,
-            device_id: self.device_id(),
-            managed: true,
-        }
-    }
 }
 
 impl MemoryResource for ManagedPoolMemoryResource {
@@ -570,7 +534,7 @@ impl MemoryResource for ManagedPoolMemoryResource {
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
         let (handle, role) = self.core.allocate(size, stream)?;
-        let access = self.access();
+        let access = self.accessibility();
         Ok(Buffer::new(handle, Some(self), Some(access), role))
     }
 
@@ -586,24 +550,13 @@ impl MemoryResource for ManagedPoolMemoryResource {
         Ok(allocation.free_async(stream)?)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        true
-    }
-
-    /// The preferred device, `None` unless the preferred location is a device.
-    fn device_id(&self) -> Option<i32> {
-        match self.preferred {
+    /// Managed memory of the preferred device, or of none unless the preferred location is a
+    /// device.
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::managed(match self.preferred {
             ManagedPoolLocation::Device(ordinal) => Some(ordinal),
             _ => None,
-        }
-    }
-
-    fn is_managed(&self) -> bool {
-        true
+        })
     }
 }
 

@@ -15,16 +15,9 @@ use handles::{
     StreamHandle,
 };
 
-use crate::buffer::{adopt_synchronous, Access, IpcRole};
+use crate::buffer::{adopt_synchronous, Accessibility, IpcRole};
 use crate::checks::{check_bound_stream_device, check_size, device_error};
 use crate::{AdoptError, Buffer, ManagedBuffer, MemoryError, MemoryResource};
-
-const HOST_AND_DEVICE: Access = Access {
-    device: true,
-    host: true,
-    device_id: None,
-    managed: false,
-};
 
 /// Pinned host memory from `cuMemAllocHost`, allocated in the stream's context; accessible
 /// from the host and every device, bound to no device.
@@ -57,7 +50,7 @@ impl MemoryResource for LegacyPinnedMemoryResource {
         Ok(Buffer::new(
             handle,
             Some(self),
-            Some(HOST_AND_DEVICE),
+            Some(Accessibility::PINNED),
             IpcRole::None,
         ))
     }
@@ -74,16 +67,8 @@ impl MemoryResource for LegacyPinnedMemoryResource {
         Ok(allocation.free_host_sync(stream)?)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        true
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        None
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::PINNED
     }
 
     /// Adopts with the pinned-host release rule (no blocking in a drop).
@@ -127,13 +112,6 @@ impl ManagedMemoryResource {
     }
 }
 
-const MANAGED: Access = Access {
-    device: true,
-    host: true,
-    device_id: None,
-    managed: true,
-};
-
 impl MemoryResource for ManagedMemoryResource {
     /// Allocates `size` bytes of managed memory in the context of `stream`, which orders the
     /// eventual free.
@@ -153,7 +131,7 @@ impl MemoryResource for ManagedMemoryResource {
         Ok(Buffer::new(
             handle,
             Some(self),
-            Some(MANAGED),
+            Some(Accessibility::managed(None)),
             IpcRole::None,
         ))
     }
@@ -170,20 +148,8 @@ impl MemoryResource for ManagedMemoryResource {
         Ok(allocation.free_device_sync(stream)?)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        true
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        None
-    }
-
-    fn is_managed(&self) -> bool {
-        true
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::managed(None)
     }
 
     /// Adopts with the managed release rule (no blocking in a drop).
@@ -255,12 +221,7 @@ impl MemoryResource for SynchronousMemoryResource {
         check_size(size)?;
         let recorded = self.recipe_stream(stream)?;
         let handle = DevicePtrHandle::alloc(size, recorded).map_err(device_error)?;
-        let access = Access {
-            device: true,
-            host: false,
-            device_id: Some(self.device),
-            managed: false,
-        };
+        let access = self.accessibility();
         Ok(Buffer::new(handle, Some(self), Some(access), IpcRole::None))
     }
 
@@ -276,16 +237,8 @@ impl MemoryResource for SynchronousMemoryResource {
         Ok(allocation.free_device_sync(stream)?)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        false
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        Some(self.device)
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::device(self.device)
     }
 
     /// Adopts with the `cuMemAlloc` release rule (no blocking in a drop); a default-stream

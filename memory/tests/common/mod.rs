@@ -23,7 +23,7 @@ use handles::{
     ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamFlags,
     StreamHandle,
 };
-use memory::{Buffer, MemoryError, MemoryResource};
+use memory::{Accessibility, Buffer, MemoryError, MemoryResource};
 
 /// A created stream in device `n`'s primary context.
 pub fn stream_on(n: i32) -> StreamHandle {
@@ -136,16 +136,8 @@ impl MemoryResource for RecordingResource {
         Ok(allocation.free_async(stream)?)
     }
 
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        false
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        Some(self.device)
+    fn accessibility(&self) -> Accessibility {
+        Accessibility::device(self.device)
     }
 }
 

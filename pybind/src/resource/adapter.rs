@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use handles::{HandleError, OwnedAllocation, StreamHandle};
-use memory::{Buffer, MemoryError, MemoryResource};
+use memory::{Accessibility, Buffer, MemoryError, MemoryResource};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -24,9 +24,8 @@ use crate::sync::Locked;
 pub(crate) struct PyResourceAdapter {
     object: Arc<PyObjRef>,
     type_name: Arc<str>,
-    device: bool,
-    host: bool,
-    managed: bool,
+    /// Read when adopted; no `device_id` (see above).
+    accessibility: Accessibility,
     /// The one free this adapter's buffer owes through Python (an adapter is made per
     /// adoption), handed to the call when `deallocate` comes.
     owed: Mutex<Option<OwedFree>>,
@@ -59,7 +58,7 @@ impl MemoryResource for PyResourceAdapter {
             size,
             // Host-only memory has no recipe: its deallocate gets `default_stream()`, as in
             // cuda.core, and no context is made current for it.
-            stream: self.device.then(|| stream.clone()),
+            stream: self.accessibility.device.then(|| stream.clone()),
             owed: self.owed.locked().take(),
         })
         .map_err(|failure| {
@@ -70,20 +69,8 @@ impl MemoryResource for PyResourceAdapter {
         })
     }
 
-    fn is_device_accessible(&self) -> bool {
-        self.device
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        self.host
-    }
-
-    fn device_id(&self) -> Option<i32> {
-        None
-    }
-
-    fn is_managed(&self) -> bool {
-        self.managed
+    fn accessibility(&self) -> Accessibility {
+        self.accessibility
     }
 
     /// The Python class's name: what reports call the resource.
@@ -131,9 +118,12 @@ pub(crate) fn resolve(mr: &Bound<'_, PyAny>, ptr: u64, size: usize) -> PyResult<
     let adapter: Arc<dyn MemoryResource> = Arc::new(PyResourceAdapter {
         object,
         type_name,
-        device,
-        host,
-        managed,
+        accessibility: Accessibility {
+            device,
+            host,
+            device_id: None,
+            managed,
+        },
         owed: Mutex::new(Some(owed)),
     });
     Ok((adapter, Some((held, mark))))
