@@ -6,7 +6,8 @@
 //!
 //! - `errors`: the one mapping from Rust errors to Python exceptions; `CUDAError`, `CUDAWarning`;
 //!   `Failure`, a Python `deallocate`'s failure carried through the handles crate.
-//! - `identity`: how the objects hash (by the driver handle they wrap).
+//! - `sync`: `Mutex::lock` as every module takes it.
+//! - `identity`: how the objects compare and hash (by the driver handle they wrap).
 //! - `report`: cleanup reports as `CUDAWarning`s, attaching to the interpreter safely from any
 //!   thread, interpreter shutdown.
 //! - `ffi`: the only module with `unsafe` code (DLPack capsules, borrowing a file descriptor,
