@@ -1,6 +1,14 @@
 //! The exported driver entry points, one module per area. Every function runs through
 //! [`crate::log::entry`] (call log, fault injection, the callback rule, panic containment).
 //!
+//! Exports that differ only in a parameter or two (a `_v2` form, a 32- or 64-bit value, a
+//! record or a wait) are their signature and one call to the family's body, which takes the
+//! export's name and runs `entry` itself, so that each is logged under its own name (`copy`,
+//! `memset`, `memory_operation`, `stream_property`, ...); a family whose exports also share
+//! their signature is one macro (`edge_exports!`, `node_link_exports!`, `event_node_exports!`,
+//! `prefetch_batch_exports!`). A stream argument is resolved for the call log by
+//! `CallInfo::resolve_stream` or `CallInfo::lock_stream`.
+//!
 //! Safety contract of every export (the driver's own): pointer arguments are null or valid for
 //! the reads and writes the CUDA driver API documents for them; handles are plain values and
 //! are never dereferenced.
