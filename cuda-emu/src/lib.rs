@@ -149,7 +149,9 @@
 //!   does not know, with `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND` in the status (measured); the
 //!   older `cuGetProcAddress` returns `CUDA_ERROR_NOT_FOUND`.
 //! - **Bad input** never crashes: null out-pointers, unknown or destroyed handles (handle values
-//!   are never reused), unknown pointers and double frees return error codes. Every code chosen
+//!   are never reused, unless a test asks `custodyEmuReuseStreamHandle` to hand a destroyed
+//!   stream's handle to the next stream, as a real driver may), unknown pointers and double
+//!   frees return error codes. Every code chosen
 //!   without a measurement is listed in the `codes` module, in one place.
 //!
 //! # What it checks (test-only powers)
@@ -173,6 +175,9 @@
 //!   deterministic.
 //! - **Fault injection**: `custodyEmuInjectFault(function, nth, error)` makes the nth next call
 //!   of a function (any thread) return `error` without effect, once.
+//! - **Stream handle reuse**: `custodyEmuReuseStreamHandle(handle)` makes the next created
+//!   stream take a destroyed stream's handle (a new stream, with its own `cuStreamGetId` and its
+//!   own place in the clocks), for tests of code that keys anything on stream handles.
 //! - **Queries**: `custodyEmuQuery("allocations" | "hazards" | "calls")` as JSON; the call log
 //!   records function, thread, current context, stream as passed and resolved, device pointer,
 //!   the identity of the allocation made or freed, and result for every exported driver call.

@@ -42,7 +42,7 @@ pub(crate) struct FreeBlock {
     pub(crate) addr: u64,
     /// The bytes of address space the block spans (its size rounded up to [`DEVICE_ALIGN`]).
     pub(crate) span: u64,
-    /// The stream the free was issued on, and its time there.
+    /// The identity of the stream the free was issued on (`Stream::id`), and its time there.
     pub(crate) stream: u64,
     pub(crate) time: u64,
 }

@@ -127,6 +127,21 @@ pub unsafe extern "C" fn custodyEmuClear(what: *const c_char) {
     }
 }
 
+/// Makes the next stream created (`cuStreamCreate`, `cuStreamCreateWithPriority`) take
+/// `handle`, the handle of a stream destroyed before, as a real driver may hand a freed
+/// stream's handle out again (the hazard a cache keyed on stream handles must survive). The new
+/// stream is another stream: its work is ordered after the old one's only as any two streams'
+/// are, and `cuStreamGetId` gives it another id. Returns `CUDA_SUCCESS`, or
+/// `CUDA_ERROR_INVALID_VALUE` (and nothing changes) when `handle` is not a destroyed stream's.
+#[no_mangle]
+pub extern "C" fn custodyEmuReuseStreamHandle(handle: u64) -> CUresult {
+    if state().reuse_stream_handle(handle) {
+        codes::SUCCESS
+    } else {
+        codes::INVALID_VALUE
+    }
+}
+
 /// The calling thread's id in the call log.
 #[no_mangle]
 pub extern "C" fn custodyEmuThreadId() -> u64 {

@@ -4,7 +4,9 @@
 //!
 //! Architecture invariant: a handle is validated against its live table before use and never
 //! dereferenced; handle values are never reused within a process, so a stale handle is always
-//! recognised.
+//! recognised, except the one destroyed stream's handle a test hands to the next stream
+//! (`custodyEmuReuseStreamHandle`); streams carry an identity of their own (`Stream::id`) for
+//! the hazard checker's clocks and `cuStreamGetId`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
@@ -80,6 +82,11 @@ pub(crate) enum StreamKind {
 }
 
 pub(crate) struct Stream {
+    /// The stream's identity in the hazard checker's clocks and `cuStreamGetId`: its handle,
+    /// except for a stream given a destroyed stream's handle
+    /// ([`State::reuse_stream_handle`]), which gets a fresh identity, so that the old
+    /// stream's work is never mistaken for the new one's.
+    pub(crate) id: u64,
     pub(crate) ctx: u64,
     pub(crate) device: i32,
     pub(crate) kind: StreamKind,
@@ -164,6 +171,9 @@ pub(crate) struct State {
     pub(crate) contexts: HashMap<u64, Context>,
     pub(crate) streams: HashMap<u64, Stream>,
     pub(crate) destroyed_streams: HashSet<u64>,
+    /// A destroyed stream's handle that the next created stream gets
+    /// (`custodyEmuReuseStreamHandle`), as a real driver may hand a freed handle out again.
+    pub(crate) reused_stream_handle: Option<u64>,
     pub(crate) per_thread: HashMap<(u64, u64), u64>,
     pub(crate) events: HashMap<u64, Event>,
     pub(crate) pools: HashMap<u64, Pool>,
@@ -211,6 +221,7 @@ impl State {
             contexts: HashMap::new(),
             streams: HashMap::new(),
             destroyed_streams: HashSet::new(),
+            reused_stream_handle: None,
             per_thread: HashMap::new(),
             events: HashMap::new(),
             pools: HashMap::new(),
@@ -234,6 +245,29 @@ impl State {
             va_next: va_base + 0x1000_0000,
             next_capture_id: 1,
             next_alloc_id: 0,
+        }
+    }
+
+    /// Makes the next created stream take `handle`, the handle of a destroyed stream; `false`
+    /// (and nothing changes) when `handle` is not one.
+    pub(crate) fn reuse_stream_handle(&mut self, handle: u64) -> bool {
+        if !self.destroyed_streams.contains(&handle) || self.streams.contains_key(&handle) {
+            return false;
+        }
+        self.reused_stream_handle = Some(handle);
+        true
+    }
+
+    /// The handle and the identity of a stream about to be created: a fresh handle, or the
+    /// destroyed stream's handle [`State::reuse_stream_handle`] named (no longer destroyed)
+    /// with a fresh identity.
+    pub(crate) fn new_stream_handle(&mut self) -> (u64, u64) {
+        match self.reused_stream_handle.take() {
+            Some(handle) if self.destroyed_streams.remove(&handle) => (handle, self.new_handle()),
+            _ => {
+                let handle = self.new_handle();
+                (handle, handle)
+            }
         }
     }
 
@@ -322,6 +356,7 @@ impl State {
         self.streams.insert(
             legacy,
             Stream {
+                id: legacy,
                 ctx,
                 device,
                 kind: StreamKind::Legacy,
@@ -408,6 +443,7 @@ impl State {
         self.streams.insert(
             handle,
             Stream {
+                id: handle,
                 ctx,
                 device,
                 kind: StreamKind::PerThread,
@@ -484,7 +520,7 @@ impl State {
             stream.host_seen = self.host_version;
         }
         stream.clock.merge(&merged);
-        let time = stream.clock.tick(s);
+        let time = stream.clock.tick(stream.id);
         (deps, time)
     }
 

@@ -83,6 +83,7 @@ macro_rules! __driver_function_list {
                 cuStreamCreateWithPriority(phStream: *mut CUstream, flags: c_uint, priority: c_int);
                 cuStreamDestroy_v2(hStream: CUstream);
                 cuStreamGetCtx(hStream: CUstream, pctx: *mut CUcontext);
+                cuStreamGetId(hStream: CUstream, streamId: *mut c_ulonglong);
                 cuStreamSynchronize(hStream: CUstream);
                 cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: c_uint);
                 cuStreamBeginCapture_v2(hStream: CUstream, mode: CUstreamCaptureMode);

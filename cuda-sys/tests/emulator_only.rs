@@ -446,6 +446,52 @@ fn free_on_destroyed_stream_is_reported_not_a_crash() {
     assert!(!emu.allocation_is_live(id));
 }
 
+/// A destroyed stream's handle given to a new stream (`custodyEmuReuseStreamHandle`, as a real
+/// driver may hand a freed handle out again): the new stream has another `cuStreamGetId` and its
+/// own place in the hazard checker's order, so work on it is not taken to follow the old
+/// stream's (a free of memory the old stream used is `unordered_free`) unless something orders
+/// it; a handle that is not a destroyed stream's is refused.
+#[test]
+fn a_destroyed_streams_handle_given_to_a_new_stream_names_another_stream() {
+    let (d, emu, _) = setup();
+    let old = stream(d);
+    let mut old_id = 0u64;
+    ok!(d, cuStreamGetId(old, &mut old_id));
+    let p = alloc_async(d, 256, old);
+    let id = id_at(&emu, p);
+    ok!(d, cuMemsetD8Async(p, 7, 256, old));
+    assert!(
+        !emu.reuse_stream_handle(old as u64),
+        "a live stream's handle"
+    );
+    ok!(d, cuStreamDestroy_v2(old));
+    assert!(emu.reuse_stream_handle(old as u64));
+    let new = stream(d);
+    assert_eq!(new, old, "the destroyed stream's handle came back");
+    let mut new_id = 0u64;
+    ok!(d, cuStreamGetId(new, &mut new_id));
+    assert_ne!(new_id, old_id, "another stream");
+    // More work on the new stream than the old one ever had: a clock that took the handle for
+    // the stream would now place the free after the old stream's fill.
+    let q = alloc_async(d, 256, new);
+    for _ in 0..4 {
+        ok!(d, cuMemsetD8Async(q, 1, 256, new));
+    }
+    ok!(d, cuMemFreeAsync(q, new));
+    ok!(d, cuMemFreeAsync(p, new));
+    let hazards = hazards_for(&emu, id);
+    assert_eq!(kinds(&hazards), ["unordered_free"], "{hazards:?}");
+    // No free-on-destroyed-stream: the handle names a live stream again.
+    assert!(!emu.reuse_stream_handle(new as u64), "live again");
+    let next = stream(d);
+    assert_ne!(next, new, "one reuse per request");
+    ok!(d, cuStreamSynchronize(new));
+    for s in [new, next] {
+        ok!(d, cuStreamDestroy_v2(s));
+    }
+    emu.clear_hazards();
+}
+
 #[test]
 fn pools_hand_a_freed_address_out_again_in_stream_order() {
     let (d, emu, _) = setup();

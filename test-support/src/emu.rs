@@ -17,6 +17,8 @@
 //!   hazards and calls carry allocation identities (`id`, `alloc`): addresses are reused.
 //! - `void custodyEmuClear(const char *what)`: forgets the recorded `hazards` or `calls`.
 //! - `unsigned long long custodyEmuThreadId(void)`: the calling thread's id in the call log.
+//! - `CUresult custodyEmuReuseStreamHandle(unsigned long long handle)`: the next created stream
+//!   takes `handle`, a destroyed stream's (a new stream with another `cuStreamGetId`).
 
 use std::ffi::{c_char, c_int, c_uint, CString};
 
@@ -123,6 +125,7 @@ type Query = unsafe extern "C" fn(*const c_char, *mut c_char, usize) -> usize;
 type Clear = unsafe extern "C" fn(*const c_char);
 type ThreadId = unsafe extern "C" fn() -> u64;
 type Version = unsafe extern "C" fn() -> c_int;
+type ReuseStreamHandle = unsafe extern "C" fn(u64) -> CUresult;
 
 /// The emulated driver's test interface. Only exists when the loaded driver is `cuda-emu`.
 #[derive(Clone, Copy)]
@@ -132,6 +135,7 @@ pub struct Emulator {
     query: Query,
     clear: Clear,
     thread_id: ThreadId,
+    reuse_stream_handle: ReuseStreamHandle,
 }
 
 impl std::fmt::Debug for Emulator {
@@ -168,6 +172,8 @@ impl Emulator {
             clear: unsafe { driver.extra_symbol(c"custodyEmuClear")? },
             // SAFETY: see above.
             thread_id: unsafe { driver.extra_symbol(c"custodyEmuThreadId")? },
+            // SAFETY: see above.
+            reuse_stream_handle: unsafe { driver.extra_symbol(c"custodyEmuReuseStreamHandle")? },
         })
     }
 
@@ -249,5 +255,14 @@ impl Emulator {
     pub fn thread_id(&self) -> u64 {
         // SAFETY: takes no arguments.
         unsafe { (self.thread_id)() }
+    }
+
+    /// Makes the next stream created take `handle`, the handle of a stream destroyed before, as
+    /// a real driver may hand a freed stream's handle out again: a new stream (another
+    /// `cuStreamGetId`, its own place in the hazard checker's order) under the old value.
+    /// Returns `false` (nothing changes) when `handle` is not a destroyed stream's.
+    pub fn reuse_stream_handle(&self, handle: u64) -> bool {
+        // SAFETY: takes a plain integer.
+        unsafe { (self.reuse_stream_handle)(handle) == 0 }
     }
 }

@@ -110,7 +110,7 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut c_ulonglong) -> CUr
         need(id)?;
         let st = initialized()?;
         let c = context_arg(&st, ctx)?;
-        // Handles are never reused, so the handle is a unique id.
+        // Context handles are never reused, so the handle is a unique id.
         // SAFETY: checked non-null (driver contract).
         unsafe { put(id, c) }
     })
@@ -118,9 +118,10 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut c_ulonglong) -> CUr
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetId(s: CUstream, id: *mut c_ulonglong) -> CUresult {
-    // Handles are never reused, so the handle is a unique id.
+    // Unique for the life of the process, as the driver documents: a stream given a destroyed
+    // stream's handle (custodyEmuReuseStreamHandle) has another identity.
     // SAFETY: the caller's out-pointer (driver contract).
-    unsafe { stream_property("cuStreamGetId", s, id, |r, _| r) }
+    unsafe { stream_property("cuStreamGetId", s, id, |_, stream| stream.id) }
 }
 
 #[no_mangle]

@@ -392,9 +392,10 @@ fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
     let a = st
         .take_alloc(addr, F, "stream-ordered free")
         .expect("checked live");
+    let id = st.streams[&r].id;
     if kind == AllocKind::Pool {
         if let Some(pool) = a.pool.and_then(|p| st.pools.get_mut(&p)) {
-            pool.remember_free_block(addr, a.size, r, time);
+            pool.remember_free_block(addr, a.size, id, time);
         }
     }
     let (backing, core, size) = (a.backing, a.pool_core, a.size);

@@ -26,11 +26,12 @@ fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Res {
     }
     let mut st = initialized()?;
     let ctx = st.current_ctx()?;
-    let handle = st.new_handle();
+    let (handle, id) = st.new_stream_handle();
     let device = st.contexts[&ctx].device;
     st.streams.insert(
         handle,
         Stream {
+            id,
             ctx,
             device,
             kind: StreamKind::Created,

@@ -237,8 +237,9 @@ impl State {
 
     /// Records a use of allocation `alloc` at `time` on stream `stream`.
     pub(crate) fn record_use(&mut self, alloc: Option<u64>, stream: u64, time: u64) {
+        let id = self.streams.get(&stream).map_or(stream, |s| s.id);
         if let Some(a) = alloc.and_then(|p| self.allocs.get_mut(&p)) {
-            a.uses.raise(stream, time);
+            a.uses.raise(id, time);
         }
     }
 

@@ -283,6 +283,12 @@ pub fn stream_get_ctx(stream: CUstream) -> Ret<CUcontext> {
     call!(cuStreamGetCtx(stream, &mut ctx) => ctx)
 }
 
+/// `cuStreamGetId`.
+pub fn stream_get_id(stream: CUstream) -> Ret<u64> {
+    let mut id = 0;
+    call!(cuStreamGetId(stream, &mut id) => id)
+}
+
 /// `cuStreamGetFlags`.
 pub fn stream_get_flags(stream: CUstream) -> Ret<c_uint> {
     let mut flags = 0;

@@ -10,7 +10,8 @@ use cuda_sys::types::{CUdeviceptr, CUstream};
 
 use crate::driver::{
     init, mem_alloc_async, mem_alloc_from_pool_async, mem_free_async, mem_pool_destroy,
-    pointer_buffer_id, stream_create, stream_destroy, stream_synchronize, Ret, STREAM_NON_BLOCKING,
+    pointer_buffer_id, stream_create, stream_destroy, stream_get_id, stream_synchronize, Ret,
+    STREAM_NON_BLOCKING,
 };
 use crate::support::{new_pool, on_fresh_thread, primary_current, used};
 
@@ -61,5 +62,31 @@ fn f18_current_pool_hands_a_freed_address_out_again() {
         let s = stream_create(STREAM_NON_BLOCKING).check();
         freed_addresses_come_back(s, || mem_alloc_async(64, s));
         stream_destroy(s).check();
+    });
+}
+
+/// `cuStreamGetId` is "unique for the life of the program" (the driver API documentation): 64
+/// streams created and destroyed one after another each get their own id, whether or not the
+/// driver hands a destroyed stream's handle value out again (which it may, as a freed pointer:
+/// rmm's issue #649, and what a cache keyed on stream handles must survive; how often it did is
+/// printed). custody's caching resource keys a stream it cannot keep alive on this id.
+#[test]
+fn stream_ids_stay_unique_when_stream_handles_come_back() {
+    on_fresh_thread("stream-ids", || {
+        init();
+        let _primary = primary_current();
+        let mut ids = HashSet::new();
+        let mut handles: HashMap<usize, usize> = HashMap::new();
+        for _ in 0..64 {
+            let s = stream_create(STREAM_NON_BLOCKING).check();
+            assert!(
+                ids.insert(stream_get_id(s).check()),
+                "a stream id came back"
+            );
+            *handles.entry(s as usize).or_default() += 1;
+            stream_destroy(s).check();
+        }
+        let reused = handles.values().filter(|&&n| n > 1).count();
+        println!("64 streams created and destroyed: {reused} handle values came back");
     });
 }
