@@ -797,75 +797,316 @@ fn a_lent_buffer_is_not_exportable_even_from_an_ipc_pool() {
     assert_no_hazards();
 }
 
-/// A stream wrapped without an owner (`raw::wrap_stream(raw, None)`, Python's
-/// `Stream.from_handle(int)`) is not one the cache can keep alive: its maker may destroy it
-/// while a block would sit in its bin (the block's free then fails, and a new stream may get
-/// its value). So nothing is cached on it: an allocation on it is the upstream's own buffer,
-/// and a lent block whose free is moved to it is freed, not binned. With an owner the wrapper
-/// keeps the stream alive, and the cache bins on it. (A new user's trial: a cached block on a
-/// destroyed foreign stream leaked at exit.)
+/// A raw stream made outside custody in the current context: what Python's
+/// `Stream.from_handle(int)` wraps.
+fn raw_stream() -> usize {
+    let d = cuda_sys::driver().expect("driver");
+    let mut raw: cuda_sys::types::CUstream = std::ptr::null_mut();
+    // SAFETY: `raw` is a valid out-pointer; the context is current.
+    let status = unsafe { (d.cuStreamCreate().expect("cuStreamCreate"))(&mut raw, 0) };
+    assert_eq!(status, 0, "cuStreamCreate");
+    raw as usize
+}
+
+/// Destroys a stream [`raw_stream`] made (its context current).
+fn destroy_raw_stream(raw: usize) {
+    let d = cuda_sys::driver().expect("driver");
+    // SAFETY: the stream was made by `raw_stream` and is destroyed once.
+    assert_eq!(
+        unsafe { (d.cuStreamDestroy_v2)(raw as cuda_sys::types::CUstream) },
+        0
+    );
+}
+
+/// `raw` wrapped without an owner (`raw::wrap_stream(raw, None)`, Python's
+/// `Stream.from_handle(int)`): a handle that does not keep the stream alive.
+fn unpinned(raw: usize) -> StreamHandle {
+    // SAFETY: every caller keeps the stream alive while this wrapper and every buffer whose free
+    // is ordered on it are used (the caching resource's own references to it excepted: not
+    // keeping it alive is what the tests show it copes with).
+    let stream = unsafe { handles::raw::wrap_stream(raw, None) }.expect("wrap_stream");
+    assert!(!stream.pins_its_stream());
+    stream
+}
+
+/// A stream wrapped without an owner (Python's `Stream.from_handle(int)`, how a PyTorch, CuPy
+/// or JAX stream reaches custody) is cached on: a buffer closed on it goes back to its bin and
+/// the next allocation on it gets the same block with no driver call, the bytes the same memory.
+/// The cache cannot keep the stream alive, so the free records an event on it (the last moment
+/// the stream is known to live), and nothing the cache does later names the stream: the trim
+/// frees the block after that event on a stream of the cache's own, and the wrapped stream can be
+/// destroyed while the block waits.
 #[test]
-fn a_stream_wrapped_without_an_owner_is_not_cached_on() {
+fn a_wrapped_streams_blocks_are_cached_and_reused() {
     let _serial = start();
     if !caches_or_skip() {
         return;
     }
     let base = device_used();
     let context = primary(0);
-    let d = cuda_sys::driver().expect("driver");
     context.make_current().unwrap();
-    let mut raw: cuda_sys::types::CUstream = std::ptr::null_mut();
-    // SAFETY: `raw` is a valid out-pointer; a context is current.
-    let status = unsafe { (d.cuStreamCreate().expect("cuStreamCreate"))(&mut raw, 0) };
-    assert_eq!(status, 0);
-    ContextHandle::clear_current().unwrap();
+    let raw = raw_stream();
     let mr = cache_over_device_pool();
-    {
-        // SAFETY: `raw` was created above and is destroyed only after every wrapper, buffer and
-        // cached block that names it is gone (the trim below).
-        let unpinned = unsafe { handles::raw::wrap_stream(raw as usize, None) }.unwrap();
-        assert!(!unpinned.pins_its_stream());
-        let own = allocate(&mr, 4096, &unpinned);
-        assert_eq!(
-            mr.stats(),
-            CachingStats::default(),
-            "the upstream's own buffer"
+    let foreign = unpinned(raw);
+    let first = allocate(&mr, 4096, &foreign);
+    let ptr = first.ptr();
+    let alloc = alloc_of(ptr);
+    assert!(
+        std::ptr::eq(
+            Arc::as_ptr(first.memory_resource().unwrap()) as *const u8,
+            Arc::as_ptr(&mr) as *const u8
+        ),
+        "lent by the cache, not the upstream's own buffer"
+    );
+    first.fill(0x2au8, &foreign).unwrap();
+    let from = mark();
+    first.close().unwrap();
+    with_emulator(|emu| {
+        assert!(emu.is_live(alloc), "cached, not freed");
+        let names = emu.names_on(tid(), from);
+        assert!(
+            names.iter().all(|n| !n.starts_with("cuMemFree")),
+            "{names:?}"
         );
-        own.close().unwrap();
-        assert_eq!(mr.stats().cached_blocks, 0);
-        assert!(mr.allocate_cached(4096, &unpinned).is_none());
+    });
+    assert_eq!(mr.stats().cached_blocks, 1);
 
-        let s = stream_on(0);
-        let lent = allocate(&mr, 4096, &s);
-        s.synchronize().unwrap(); // the allocation on `s` before a free on another stream
-        lent.set_deallocation_stream(&unpinned).unwrap();
-        lent.close().unwrap();
-        let stats = mr.stats();
-        assert_eq!(
-            (stats.misses, stats.cached_blocks, stats.freed_blocks),
-            (1, 0, 1),
-            "freed on the unpinned stream, not binned under it"
+    let from = mark();
+    let again = allocate(&mr, 4000, &foreign);
+    assert_eq!((again.ptr(), again.size()), (ptr, 4000), "the same block");
+    with_emulator(|emu| {
+        let names = emu.names_on(tid(), from);
+        assert!(
+            names.is_empty(),
+            "a same-stream reuse calls nothing: {names:?}"
         );
+    });
+    assert_eq!(read(&again, &foreign), vec![0x2a; 4000], "the same memory");
+    again.close().unwrap();
+    let stats = mr.stats();
+    assert_eq!((stats.hits, stats.misses), (1, 1), "{stats:?}");
 
-        // SAFETY: as above; the owner stands for whatever keeps the stream alive.
-        let pinned =
-            unsafe { handles::raw::wrap_stream(raw as usize, Some(Box::new("the test"))) }.unwrap();
-        assert!(pinned.pins_its_stream());
-        allocate(&mr, 4096, &pinned).close().unwrap();
-        assert_eq!(
-            mr.stats().cached_blocks,
-            1,
-            "binned under a wrapper with an owner"
+    // The stream goes while its block is cached: nothing may name it afterwards.
+    foreign.synchronize().unwrap();
+    drop(foreign);
+    destroy_raw_stream(raw);
+    let from = mark();
+    mr.trim().unwrap();
+    with_emulator(|emu| {
+        let named: Vec<_> = emu
+            .calls_since(from)
+            .into_iter()
+            .filter(|c| c.stream == Some(raw as u64))
+            .collect();
+        assert!(
+            named.is_empty(),
+            "the destroyed stream was named: {named:?}"
         );
-        mr.trim().unwrap();
-        assert_eq!(mr.stats().cached_blocks, 0);
-        unpinned.synchronize().unwrap();
-    }
+        assert!(!emu.is_live(alloc), "freed by the trim");
+    });
+    assert_eq!(mr.stats().cached_blocks, 0);
+    mr.close().unwrap();
     assert_eq!(device_used(), base, "everything freed");
+    assert_no_hazards();
+}
+
+/// The hazard of rmm's issue #649: a block waits in the bin of a wrapped stream, the stream is
+/// destroyed, and a new stream gets the old handle value. The new stream is another stream (the
+/// emulator hands it the value on request, `custodyEmuReuseStreamHandle`; a real driver is
+/// given a few tries to do so, and the test goes on with whatever value it gets), so a block it
+/// takes must be ordered after the old stream's work by the event recorded at the free, never by
+/// the handle value: the hazard checker sees the block's last free (after the new stream's use)
+/// ordered after the old stream's fill. Two blocks wait in the old bin, so that the new stream
+/// may take one (a stream's last cached block of a size is kept for it).
+#[test]
+fn a_reuse_after_a_wrapped_stream_is_destroyed_and_its_handle_reused_is_ordered() {
+    let _serial = start();
+    let base = device_used();
+    let context = primary(0);
     context.make_current().unwrap();
-    // SAFETY: the stream was created above and nothing uses it any more.
-    assert_eq!(unsafe { (d.cuStreamDestroy_v2)(raw) }, 0);
-    ContextHandle::clear_current().unwrap();
+    let mr = cache_over_device_pool();
+    let old_raw = raw_stream();
+    let old = unpinned(old_raw);
+    let (one, two) = (allocate(&mr, 4096, &old), allocate(&mr, 4096, &old));
+    let ptrs = [one.ptr(), two.ptr()];
+    let ids = [alloc_of(ptrs[0]), alloc_of(ptrs[1])];
+    // The old stream's last work on both blocks is held back until the end (on any driver), so
+    // that a new stream ordered by the handle value alone would run before it.
+    let flag = stream_ops::HostFlag::new();
+    stream_ops::hold(old_raw as cuda_sys::types::CUstream, &flag);
+    one.fill(0x11u8, &old).unwrap();
+    two.fill(0x22u8, &old).unwrap();
+    one.close().unwrap();
+    two.close().unwrap();
+    assert_eq!(mr.stats().cached_blocks, 2);
+    drop(old);
+    destroy_raw_stream(old_raw);
+
+    // A new stream under the old handle value, if the driver gives it.
+    let new_raw = match emulator() {
+        Some(emu) => {
+            assert!(emu.reuse_stream_handle(old_raw as u64));
+            raw_stream()
+        }
+        None => {
+            let mut tries = Vec::new();
+            let got = loop {
+                let s = raw_stream();
+                if s == old_raw || tries.len() == 16 {
+                    break s;
+                }
+                tries.push(s);
+            };
+            for s in tries {
+                destroy_raw_stream(s);
+            }
+            if got != old_raw {
+                println!("the driver gave no new stream the destroyed stream's handle in 16 tries");
+            }
+            got
+        }
+    };
+    let new = unpinned(new_raw);
+    let marker = stream_ops::HostFlag::new();
+    let taken = allocate(&mr, 4096, &new);
+    assert!(
+        ptrs.contains(&taken.ptr()),
+        "one of the old stream's blocks"
+    );
+    taken.fill(0x33u8, &new).unwrap();
+    stream_ops::write(new_raw as cuda_sys::types::CUstream, &marker, 1);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(
+        marker.read(),
+        0,
+        "the new stream's use waits for the old stream's work (an event wait)"
+    );
+    let stats = mr.stats();
+    assert_eq!((stats.hits, stats.misses), (1, 2), "{stats:?}");
+    flag.release();
+    taken.close().unwrap();
+    new.synchronize().unwrap();
+    assert_eq!(marker.read(), 1);
+    drop(new);
+    mr.trim().unwrap();
+    with_emulator(|emu| {
+        for id in ids {
+            assert!(!emu.is_live(id));
+            assert_eq!(
+                emu.hazards_for(id),
+                vec![],
+                "ordered after the old stream's fill"
+            );
+        }
+    });
+    destroy_raw_stream(new_raw);
+    marker.free();
+    flag.free();
+    mr.close().unwrap();
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
+
+/// A block freed on stream a serves an allocation on stream b once b is ordered after an event
+/// recorded on a (`cuEventRecord`, `cuStreamWaitEvent`): no host wait, no polling. Shown on any
+/// driver with a's work held back: b's next work does not run before it. A stream keeps its last
+/// cached block of a size for itself, so a holds two here.
+#[test]
+fn a_block_freed_on_one_stream_serves_another_after_an_event_wait() {
+    let _serial = start();
+    let base = device_used();
+    let context = primary(0);
+    context.make_current().unwrap();
+    let (a, b) = (stream_on(0), stream_on(0));
+    let mr = cache_over_device_pool();
+    let (one, two) = (allocate(&mr, 4096, &a), allocate(&mr, 4096, &a));
+    let ptrs = [one.ptr(), two.ptr()];
+    let ids = [alloc_of(ptrs[0]), alloc_of(ptrs[1])];
+    let flag = stream_ops::HostFlag::new();
+    stream_ops::hold(a.raw(), &flag);
+    one.fill(0x5au8, &a).unwrap();
+    two.fill(0x5bu8, &a).unwrap();
+    one.close().unwrap();
+    two.close().unwrap();
+
+    let from = mark();
+    let on_b = allocate(&mr, 4096, &b);
+    assert!(ptrs.contains(&on_b.ptr()), "one of a's blocks");
+    with_emulator(|emu| {
+        let names = emu.names_on(tid(), from);
+        for host_wait in [
+            "cuStreamSynchronize",
+            "cuEventSynchronize",
+            "cuCtxSynchronize",
+            "cuEventQuery",
+            "cuStreamQuery",
+        ] {
+            assert!(!names.iter().any(|n| n == host_wait), "{names:?}");
+        }
+        let waits = emu.calls_named("cuStreamWaitEvent", from);
+        assert_eq!(waits.len(), 1, "{waits:?}");
+        assert_eq!(waits[0].stream, Some(b.raw() as u64), "b waits");
+        let records = emu.calls_named("cuEventRecord", from);
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(records[0].stream, Some(a.raw() as u64), "for a's work");
+    });
+    let marker = stream_ops::HostFlag::new();
+    stream_ops::write(b.raw(), &marker, 1);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(marker.read(), 0, "b's work waits for a's");
+    let kept = allocate(&mr, 4096, &a);
+    assert!(
+        ptrs.contains(&kept.ptr()) && kept.ptr() != on_b.ptr(),
+        "a keeps its last"
+    );
+    flag.release();
+    b.synchronize().unwrap();
+    assert_eq!(marker.read(), 1);
+    let stats = mr.stats();
+    assert_eq!((stats.hits, stats.misses), (2, 2), "{stats:?}");
+    on_b.close().unwrap();
+    kept.close().unwrap();
+    mr.trim().unwrap();
+    with_emulator(|emu| {
+        for id in ids {
+            assert!(!emu.is_live(id));
+            assert_eq!(emu.hazards_for(id), vec![], "b's free follows a's fill");
+        }
+    });
+    marker.free();
+    flag.free();
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
+
+/// With one cached block of a size, another stream does not take it (it allocates anew): two
+/// streams taking turns with one block would each wait for the other's work.
+#[test]
+fn a_streams_last_cached_block_of_a_size_stays_for_it() {
+    let _serial = start();
+    let base = device_used();
+    let (a, b) = (stream_on(0), stream_on(0));
+    let mr = cache_over_device_pool();
+    let mut blocks = std::collections::HashSet::new();
+    for _ in 0..3 {
+        // Each time b allocates, a's one block waits in a's bin and b's own is empty (the first
+        // time) or its own.
+        let on_a = allocate(&mr, 4096, &a);
+        blocks.insert(on_a.ptr());
+        on_a.close().unwrap();
+        let on_b = allocate(&mr, 4096, &b);
+        blocks.insert(on_b.ptr());
+        on_b.close().unwrap();
+    }
+    let stats = mr.stats();
+    assert_eq!(
+        (stats.hits, stats.misses),
+        (4, 2),
+        "one block each: {stats:?}"
+    );
+    assert_eq!(blocks.len(), 2);
+    mr.close().unwrap();
+    assert_eq!(device_used(), base);
     assert_no_hazards();
 }
 
