@@ -104,6 +104,8 @@ class Emulator:
         lib.custodyEmuClearFaults.restype = None
         lib.custodyEmuThreadId.argtypes = []
         lib.custodyEmuThreadId.restype = ctypes.c_ulonglong
+        lib.custodyEmuReuseStreamHandle.argtypes = [ctypes.c_ulonglong]
+        lib.custodyEmuReuseStreamHandle.restype = ctypes.c_int
 
     def _query(self, what: str):
         name = what.encode()
@@ -160,6 +162,11 @@ class Emulator:
 
     def thread_id(self) -> int:
         return self._lib.custodyEmuThreadId()
+
+    def reuse_stream_handle(self, handle: int) -> bool:
+        """The next stream created takes ``handle``, a destroyed stream's (a new stream under
+        the old value, as a real driver may hand it out again)."""
+        return self._lib.custodyEmuReuseStreamHandle(handle) == 0
 
     def calls_to(self, function: str, ptr: "int | None" = None, *, alloc: "int | None" = None):
         """Calls of ``function``; with ``alloc``, only those that made or freed that allocation

@@ -200,26 +200,143 @@ def test_a_lent_buffer_is_not_exportable_even_from_an_ipc_pool(device, stream):
     mr.close()
 
 
-def test_a_stream_wrapped_from_a_bare_int_is_not_cached_on(device, pool):
-    """``Stream.from_handle(int)`` keeps nothing alive: its maker may destroy the stream while a
-    block would wait in its bin (its free would then fail and leak, a new user's trial saw it at
-    exit). So the cache does not lend on it: the upstream allocates and frees as it would alone,
-    and the stream can be destroyed right after the close."""
+def raw_stream():
+    """A stream made outside custody (as PyTorch, CuPy or JAX make theirs), in the current
+    context: its handle as an int."""
     DRIVER.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
-    DRIVER.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
     raw = ctypes.c_void_p()
     assert DRIVER.cuStreamCreate(ctypes.byref(raw), 1) == 0  # CU_STREAM_NON_BLOCKING
+    return raw.value
+
+
+def destroy_raw_stream(raw):
+    DRIVER.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
+    assert DRIVER.cuStreamDestroy_v2(ctypes.c_void_p(raw)) == 0
+
+
+def test_a_wrapped_streams_blocks_are_cached_and_reused(device, pool, emu):
+    """``Stream.from_handle(int)`` (how a PyTorch, CuPy or JAX stream reaches custody) is cached
+    on: the next allocation on it gets the closed buffer's block with no driver call. custody
+    cannot keep such a stream alive, so the close records an event on it and nothing the cache
+    does later names it: the stream can be destroyed while its block is cached, and the trim
+    frees the block after that event on a stream of the cache's own."""
+    raw = raw_stream()
     base = used(pool)
     mr = custody.CachingMemoryResource(pool)
-    foreign = custody.Stream.from_handle(raw.value)
+    foreign = custody.Stream.from_handle(raw)
     buf = mr.allocate(4096, stream=foreign)
+    ptr = buf.handle
+    assert buf.memory_resource is mr
     buf.close()
+    assert mr.stats["cached_blocks"] == 1
+    if emu:
+        emu.clear_calls()
+    again = mr.allocate(4000, stream=foreign)
+    assert (again.handle, again.size) == (ptr, 4000)
+    if emu:
+        mine = [c["function"] for c in emu.calls() if c["thread"] == emu.thread_id()]
+        assert mine == [], mine
+    again.close()
     stats = mr.stats
-    assert (stats["misses"], stats["cached_blocks"], stats["in_use_blocks"]) == (0, 0, 0)
+    assert (stats["hits"], stats["misses"]) == (1, 1), stats
     foreign.sync()
-    del buf, foreign
+    del foreign, buf, again
     gc.collect()
-    assert DRIVER.cuStreamDestroy_v2(raw) == 0
+    destroy_raw_stream(raw)
+    if emu:
+        emu.clear_calls()
+    mr.trim()
+    if emu:
+        named = [c for c in emu.calls() if c["stream"] == raw]
+        assert named == [], "the destroyed stream was named: %r" % named
+    assert mr.stats["cached_blocks"] == 0
+    assert used(pool) == base
+    mr.close()
+
+
+def test_a_reuse_after_a_wrapped_stream_is_destroyed_and_its_handle_reused_is_ordered(device, pool, emu):
+    """rmm's issue #649: blocks wait in a wrapped stream's bin, the stream is destroyed and a
+    new stream gets its handle value (on the emulator by request; a real driver is given a few
+    tries). The new stream is another stream: a block it takes is ordered after the old stream's
+    work by the event recorded at the close (``cuStreamWaitEvent``), never by the value; the
+    hazard checker sees the block's last free ordered after the old stream's fill."""
+    base = used(pool)
+    mr = custody.CachingMemoryResource(pool)
+    old_raw = raw_stream()
+    old = custody.Stream.from_handle(old_raw)
+    bufs = [mr.allocate(4096, stream=old) for _ in range(2)]
+    ptrs = [b.handle for b in bufs]
+    for value, b in zip((0x11, 0x22), bufs):
+        b.fill(value, stream=old)
+        b.close()
+    assert mr.stats["cached_blocks"] == 2
+    del old, bufs, b
+    gc.collect()
+    destroy_raw_stream(old_raw)
+    if emu:
+        assert emu.reuse_stream_handle(old_raw)
+        new_raw = raw_stream()
+        assert new_raw == old_raw
+    else:
+        tries = []
+        new_raw = raw_stream()
+        while new_raw != old_raw and len(tries) < 16:
+            tries.append(new_raw)
+            new_raw = raw_stream()
+        for other in tries:
+            destroy_raw_stream(other)
+    new = custody.Stream.from_handle(new_raw)
+    if emu:
+        emu.clear_calls()
+    taken = mr.allocate(4096, stream=new)
+    assert taken.handle in ptrs, "one of the old stream's blocks"
+    if emu:
+        waits = [c for c in emu.calls_to("cuStreamWaitEvent") if c["result"] == 0]
+        assert [w["stream"] for w in waits] == [new_raw], waits
+        assert emu.calls_to("cuStreamSynchronize") == [], "no host wait"
+    taken.fill(0x33, stream=new)
+    stats = mr.stats
+    assert (stats["hits"], stats["misses"]) == (1, 2), stats
+    taken.close()
+    new.sync()
+    del new, taken
+    gc.collect()
+    mr.trim()
+    destroy_raw_stream(new_raw)
+    assert used(pool) == base
+    mr.close()
+
+
+def test_a_block_freed_on_one_stream_serves_another_after_an_event_wait(device, pool, emu):
+    """A block freed on stream ``a`` serves ``b`` once ``b`` waits for an event recorded on
+    ``a`` (no host wait, no polling); ``a`` keeps its last cached block of the size."""
+    a, b = device.create_stream(), device.create_stream()
+    base = used(pool)
+    mr = custody.CachingMemoryResource(pool)
+    bufs = [mr.allocate(4096, stream=a) for _ in range(2)]
+    ptrs = [x.handle for x in bufs]
+    for x in bufs:
+        x.fill(0x5A, stream=a)
+        x.close()
+    if emu:
+        emu.clear_calls()
+    on_b = mr.allocate(4096, stream=b)
+    assert on_b.handle in ptrs
+    if emu:
+        records = [c["stream"] for c in emu.calls_to("cuEventRecord") if c["result"] == 0]
+        waits = [c["stream"] for c in emu.calls_to("cuStreamWaitEvent") if c["result"] == 0]
+        assert (records, waits) == ([a.handle], [b.handle])
+        for host_wait in ("cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize",
+                          "cuEventQuery", "cuStreamQuery"):
+            assert emu.calls_to(host_wait) == [], host_wait
+    kept = mr.allocate(4096, stream=a)
+    assert kept.handle in ptrs and kept.handle != on_b.handle, "a keeps its last"
+    on_b.fill(0, stream=b)
+    on_b.close()
+    kept.close()
+    stats = mr.stats
+    assert (stats["hits"], stats["misses"]) == (2, 2), stats
+    mr.trim()
     assert used(pool) == base
     mr.close()
 
