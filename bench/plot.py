@@ -49,6 +49,8 @@ def colour(name):
         return "#76b900"
     if "CuPy" in name:
         return "#1f77b4"
+    if "PyTorch" in name:
+        return "#ee4c2c"
     return "#d62728"  # custody
 
 

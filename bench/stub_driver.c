@@ -3,7 +3,7 @@
 //! instead of the emulated driver's (each emulated call takes the emulator's global lock and
 //! logs itself, hundreds of nanoseconds).
 //!
-//! It answers five calls itself and hands every other one to the emulated driver
+//! It answers seven calls itself and hands every other one to the emulated driver
 //! (`libcuda_emu.so`), which it is linked against, so that initialisation, devices, contexts,
 //! streams and pools are the emulator's, real enough for custody, cuda.core and cuda-bindings:
 //!
@@ -11,6 +11,9 @@
 //!   from the emulator's (no memory behind it: nothing may read or write it);
 //! - `cuMemFreeAsync`: nothing for such an address, the emulator's free for any other;
 //! - `cuStreamIsCapturing`: "not capturing" until a capture was begun (then the emulator's);
+//! - `cuEventRecord`, `cuStreamWaitEvent`: nothing, until a capture was begun (then the
+//!   emulator's): no work the stub runs needs ordering (its allocations have no memory behind
+//!   them), and an event never recorded reads as complete to the emulator's queries and waits;
 //! - `cuCtxGetCurrent`: the thread's current context, cached after one emulator call; the calls
 //!   that change it (`cuCtxSetCurrent`, push and pop, create and destroy, a primary context's
 //!   release and reset) go to the emulator and drop the cache. A program that changes the
@@ -154,6 +157,26 @@ CUresult cuStreamIsCapturing(CUstream s, int *status) {
     return real(s, status);
 }
 
+typedef void *CUevent;
+
+CUresult cuEventRecord(CUevent e, CUstream s) {
+    if (!__atomic_load_n(&capture_begun, __ATOMIC_ACQUIRE) && e) {
+        return CUDA_SUCCESS;
+    }
+    typedef CUresult (*fn)(CUevent, CUstream);
+    FORWARD(fn, "cuEventRecord");
+    return real(e, s);
+}
+
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+    if (!__atomic_load_n(&capture_begun, __ATOMIC_ACQUIRE) && e) {
+        return CUDA_SUCCESS;
+    }
+    typedef CUresult (*fn)(CUstream, CUevent, unsigned);
+    FORWARD(fn, "cuStreamWaitEvent");
+    return real(s, e, flags);
+}
+
 #define BEGINS_CAPTURE(name, params, args, types)                                          \
     CUresult name params {                                                                 \
         typedef CUresult(*fn) types;                                                       \
@@ -209,6 +232,8 @@ static const struct {
     {"cuMemFreeAsync", (void *)cuMemFreeAsync},
     {"cuCtxGetCurrent", (void *)cuCtxGetCurrent},
     {"cuStreamIsCapturing", (void *)cuStreamIsCapturing},
+    {"cuEventRecord", (void *)cuEventRecord},
+    {"cuStreamWaitEvent", (void *)cuStreamWaitEvent},
     {"cuStreamBeginCapture", (void *)cuStreamBeginCapture},
     {"cuStreamBeginCapture_v2", (void *)cuStreamBeginCapture_v2},
     {"cuStreamBeginCaptureToGraph", (void *)cuStreamBeginCaptureToGraph},

@@ -39,8 +39,8 @@ What it does:
      --out/foreign/ (results.md, results.json, JUnit XML of both runs);
   8. with --bench (after all that) or --bench-only (instead of it): runs the benchmarks against
      the real driver (bench_run.py: custody against raw driver calls in Rust, and against
-     cuda.core, CuPy and cuda-bindings in Python; under 4 minutes) and writes --out/bench/*.json,
-     for `cargo xtask bench --from-results DIR` on the build machine.
+     cuda.core, CuPy, PyTorch and cuda-bindings in Python; at most 4 minutes) and writes
+     --out/bench/*.json, for `cargo xtask bench --from-results DIR` on the build machine.
 
 With --sanitizer, instead of all that: the real-driver Rust tests (each in its own process), the
 pytest suite (each test in its own process) and the demo under NVIDIA's compute-sanitizer, found
@@ -927,7 +927,7 @@ def main():
     parser.add_argument("--tests-only", action="store_true",
                         help="run the selected Rust tests only: no pytest, install check or demo")
     parser.add_argument("--bench", action="store_true",
-                        help="after the tests, run the benchmarks and write --out/bench/*.json (under 4 minutes)")
+                        help="after the tests, run the benchmarks and write --out/bench/*.json (at most 4 minutes)")
     parser.add_argument("--bench-only", action="store_true", help="run only the benchmarks")
     parser.add_argument("--bench-quick", action="store_true", help="short benchmark runs (to check the runner)")
     parser.add_argument("--foreign-tests", metavar="DIR",

@@ -166,6 +166,21 @@ fn pair(c: &mut Criterion, s: &Settings, setup: &Setup) {
     // The opt-in cache over the same pool: after the first pair every allocation is a hit.
     let cache = CachingMemoryResource::new(Arc::clone(mr) as Arc<dyn MemoryResource>);
     let cache = &cache;
+    // The same stream wrapped without an owner, as Python's `Stream.from_handle(int)` wraps a
+    // PyTorch, CuPy or JAX stream: a stream the cache cannot keep alive.
+    // SAFETY: the setup's handle keeps the stream alive for the whole run.
+    let wrapped = unsafe { handles::raw::wrap_stream(stream.raw() as usize, None) }
+        .expect("wrapping the created stream");
+    let wrapped = &wrapped;
+    // Two streams, a block moving from one to the other each pair: `other`'s allocations take
+    // blocks freed on `stream` (which holds a spare one) after an event wait.
+    let other = StreamHandle::create(&setup.ctx, StreamFlags::DEFAULT, 0).expect("second stream");
+    let other = &other;
+    let spare = [
+        Arc::clone(cache).allocate(SIZE, stream).unwrap(),
+        Arc::clone(cache).allocate(SIZE, stream).unwrap(),
+    ];
+    drop(spare);
     paired::run(
         c,
         s,
@@ -229,8 +244,32 @@ fn pair(c: &mut Criterion, s: &Settings, setup: &Setup) {
                         })
                     },
                 ),
+                Variant::new(
+                    "caching, close, wrapped stream",
+                    "as caching, close, on the stream wrapped without an owner (raw::wrap_stream(raw, None), Python's Stream.from_handle(int)): a same-stream hit, and the close records an event on the stream",
+                    move |n| {
+                        timed(n, || {
+                            let b = Arc::clone(cache).allocate(SIZE, wrapped).unwrap();
+                            b.close().unwrap();
+                        })
+                    },
+                ),
+                Variant::new(
+                    "caching, cross-stream",
+                    "CachingMemoryResource::allocate on a second stream of a block freed on the first (an event recorded there, waited for on the second), Buffer::set_deallocation_stream back to the first, Buffer::close",
+                    move |n| {
+                        timed(n, || {
+                            let b = Arc::clone(cache).allocate(SIZE, other).unwrap();
+                            b.set_deallocation_stream(stream).unwrap();
+                            b.close().unwrap();
+                        })
+                    },
+                ),
             ],
-            between: Box::new(|| setup.sync()),
+            between: Box::new(|| {
+                setup.sync();
+                other.synchronize().expect("second stream sync");
+            }),
         },
     );
 
