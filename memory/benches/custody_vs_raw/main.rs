@@ -166,11 +166,19 @@ fn pair(c: &mut Criterion, s: &Settings, setup: &Setup) {
     // The opt-in cache over the same pool: after the first pair every allocation is a hit.
     let cache = CachingMemoryResource::new(Arc::clone(mr) as Arc<dyn MemoryResource>);
     let cache = &cache;
-    // The same stream wrapped without an owner, as Python's `Stream.from_handle(int)` wraps a
-    // PyTorch, CuPy or JAX stream: a stream the cache cannot keep alive.
-    // SAFETY: the setup's handle keeps the stream alive for the whole run.
-    let wrapped = unsafe { handles::raw::wrap_stream(stream.raw() as usize, None) }
-        .expect("wrapping the created stream");
+    // A stream made outside custody, wrapped without an owner, as Python's
+    // `Stream.from_handle(int)` wraps a PyTorch, CuPy or JAX stream: a stream the cache cannot
+    // keep alive. (A stream custody created comes back as itself from `wrap_stream`.)
+    let foreign = {
+        let mut raw: CUstream = std::ptr::null_mut();
+        let create = setup.d.cuStreamCreate().expect("cuStreamCreate");
+        // SAFETY: valid out-pointer; the setup's context is current on this thread.
+        assert_eq!(unsafe { create(&mut raw, 0) }, 0, "cuStreamCreate");
+        raw as usize
+    };
+    // SAFETY: the stream is never destroyed (it lives as long as the process).
+    let wrapped = unsafe { handles::raw::wrap_stream(foreign, None) }.expect("wrap_stream");
+    assert!(!wrapped.pins_its_stream());
     let wrapped = &wrapped;
     // Two streams, a block moving from one to the other each pair: `other`'s allocations take
     // blocks freed on `stream` (which holds a spare one) after an event wait.
@@ -269,6 +277,7 @@ fn pair(c: &mut Criterion, s: &Settings, setup: &Setup) {
             between: Box::new(|| {
                 setup.sync();
                 other.synchronize().expect("second stream sync");
+                wrapped.synchronize().expect("wrapped stream sync");
             }),
         },
     );
