@@ -22,9 +22,14 @@ Variants, each skipped with a stated reason when its package does not import:
                on a stream custody created and on the wrapped one
   cuda.core    the same calls (cuda.core 1.2 names)
   CuPy         `cupy.cuda.MemoryAsyncPool().malloc(256)` + drop, inside `with stream:`; the
-               default caching `MemoryPool` (`cupy.cuda.alloc(256)`, dropped)
+               default caching `MemoryPool` (its `malloc(256)`, what `cupy.cuda.alloc` calls; dropped)
   PyTorch      `torch.cuda.caching_allocator_alloc(256, 0, ExternalStream(s))` +
-               `torch.cuda.caching_allocator_delete` (its caching allocator, no tensor)
+               `torch.cuda.caching_allocator_delete` (its caching allocator, no tensor); the
+               same with custody as its allocator (`custody.interop.use_custody_in_torch`, the
+               library `CUSTODY_TORCH_ALLOCATOR` names), in a child process of its own (PyTorch
+               takes another allocator only before its first CUDA allocation), paired there with
+               custody's caching pair and the raw ctypes pair
+  adapters     CuPy through `custody.interop.CupyAllocator(CachingMemoryResource(mr))`
   cuda-bindings  `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` (`cuda.bindings.driver`)
   ctypes       the same two driver calls through ctypes (always available: the baseline
                on the emulated driver, where cuda-bindings cannot load it)
@@ -169,6 +174,7 @@ def variants_for(args, raw, stream_handle, skipped, versions):
             # from its int handle, as every PyTorch, CuPy or JAX stream reaches custody) the
             # close records an event on the stream, which the cache cannot keep alive.
             cache = caching(mr)
+            custody_cache.append(cache)
             created = dev.create_stream()
             keep.append(created)
 
@@ -204,6 +210,7 @@ def variants_for(args, raw, stream_handle, skipped, versions):
     set_stream_variants = []
     thread_workers = []
     keep = []  # objects the variants use, alive until the process ends
+    custody_cache = []  # custody's caching resource, for the adapters' variants
 
     def set_stream_variant(label, module, mr, stream):
         other = module.Device(0).create_stream()
@@ -287,12 +294,11 @@ def variants_for(args, raw, stream_handle, skipped, versions):
             raise RuntimeError(other_driver)
         import cupy
         versions["cupy"] = cupy.__version__
-        # CuPy's default allocator: the caching MemoryPool, binned per stream (the current one,
-        # `with stream:`); a block is released to the pool when its MemoryPointer goes.
-        if cupy.cuda.get_allocator() != cupy.get_default_memory_pool().malloc:
-            raise RuntimeError("cupy.cuda.alloc does not use the default MemoryPool here")
+        # CuPy's default allocator, what `cupy.cuda.alloc` calls unless changed: the default
+        # caching MemoryPool, binned per stream (the current one, `with stream:`); a block goes
+        # back to the pool when its MemoryPointer goes.
         cupy_stream = cupy.cuda.ExternalStream(stream_handle)
-        cupy_alloc = cupy.cuda.alloc
+        cupy_alloc = cupy.get_default_memory_pool().malloc
 
         def cupy_pool_run(n):
             with cupy_stream:
@@ -300,8 +306,23 @@ def variants_for(args, raw, stream_handle, skipped, versions):
                     cupy_alloc(SIZE)
 
         variants.append(("CuPy: MemoryPool alloc+release",
-                         "cupy.cuda.alloc(256) (the default caching MemoryPool) in `with ExternalStream(s)`, dropped",
+                         "cupy.get_default_memory_pool().malloc(256) (what cupy.cuda.alloc calls) in `with ExternalStream(s)`, dropped",
                          cupy_pool_run))
+        if custody_cache:
+            # custody's adapter (custody.interop.CupyAllocator) over the same caching resource,
+            # called as CuPy calls its allocator (set_allocator would change it for the
+            # MemoryPool variant too).
+            from custody.interop import CupyAllocator
+            through = CupyAllocator(custody_cache[0])
+
+            def cupy_custody_run(n):
+                with cupy_stream:
+                    for _ in range(n):
+                        through(SIZE)
+
+            variants.append(("CuPy through custody: CupyAllocator(CachingMemoryResource) alloc+release",
+                             "custody.interop.CupyAllocator(CachingMemoryResource(mr))(256) in `with ExternalStream(s)`, dropped",
+                             cupy_custody_run))
     except Exception as error:  # noqa: BLE001
         skipped.append({"name": "CuPy MemoryPool", "reason": "%s: %s" % (type(error).__name__, error)})
 
@@ -496,6 +517,103 @@ def paired(samples, names, a, b):
     return median([row[ia] / row[ib] for row in samples])
 
 
+TORCH_THROUGH = "PyTorch through custody: caching_allocator_alloc+delete (use_custody_in_torch)"
+
+
+def torch_through_custody(args):
+    """`--torch-custody`: PyTorch's `caching_allocator_alloc` + `_delete` with custody as its
+    allocator (`custody.interop.use_custody_in_torch`, which PyTorch accepts only before its first
+    CUDA allocation, so in a process of its own), interleaved with custody's caching pair on the
+    same wrapped stream and the raw ctypes pair, for paired ratios inside this process; writes
+    the samples as one line of JSON on stdout."""
+    raw = Ctypes()
+    raw.make_current()
+    stream_handle = raw.create_stream()
+    import custody
+    import custody.interop
+    custody.interop.use_custody_in_torch()
+    import torch
+    torch.cuda.set_device(0)
+    torch_stream = torch.cuda.ExternalStream(stream_handle, device=0)
+    torch_alloc, torch_delete = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
+    dev = custody.Device(0)
+    dev.set_current()
+    stream = custody.Stream.from_handle(stream_handle)
+    cache = custody.CachingMemoryResource(custody.DeviceMemoryResource(0))
+    lib, pool_value = raw.lib, raw.pool
+
+    def through(n):
+        for _ in range(n):
+            torch_delete(torch_alloc(SIZE, 0, torch_stream))
+
+    def caching(n):
+        allocate = cache.allocate
+        for _ in range(n):
+            allocate(SIZE, stream=stream).close()
+
+    def ctypes_run(n):
+        alloc, free = lib.cuMemAllocFromPoolAsync, lib.cuMemFreeAsync
+        ptr = ctypes.c_uint64(0)
+        ref = ctypes.byref(ptr)
+        for _ in range(n):
+            if alloc(ref, SIZE, pool_value, stream_handle) != 0 or free(ptr.value, stream_handle) != 0:
+                raise RuntimeError("the raw pair failed")
+
+    variants = [
+        (TORCH_THROUGH, "torch.cuda.caching_allocator_alloc(256, 0, ExternalStream(s)) + _delete, "
+                        "custody's CUDAPluggableAllocator (a custody buffer of the device's pool each)", through),
+        ("custody (caching, wrapped stream): allocate+close",
+         "CachingMemoryResource(mr).allocate(256, stream=Stream.from_handle(int)); buf.close()", caching),
+        ("raw ctypes", "cuMemAllocFromPoolAsync + cuMemFreeAsync through ctypes", ctypes_run),
+    ]
+
+    def sync():
+        raw.sync(stream_handle)
+
+    skipped = []
+    variants = warm_up(variants, args.pairs, sync, skipped)
+    samples = interleaved(variants, args.pairs, args.reps, sync)
+    print(json.dumps({"torch": torch.__version__, "skipped": skipped, "variants": [
+        {"name": n, "what": w, "ns_per_op": [round(row[i], 3) for row in samples]}
+        for i, (n, w, _) in enumerate(variants)]}))
+    return 0
+
+
+def run_torch_through_custody(args, skipped, versions):
+    """Runs `--torch-custody` in a child process; returns its comparison, or None (a skip
+    recorded) when PyTorch or custody's allocator library is not there."""
+    import subprocess
+    library = os.environ.get("CUSTODY_TORCH_ALLOCATOR")
+    if not library or not os.path.isfile(library):
+        skipped.append({"name": "PyTorch through custody",
+                        "reason": "CUSTODY_TORCH_ALLOCATOR names no libcustody_torch.so (%r)" % library})
+        return None
+    command = [sys.executable, os.path.abspath(__file__), "--torch-custody",
+               "--pairs", str(args.pairs), "--reps", str(args.reps)]
+    done = subprocess.run(command, capture_output=True, text=True, errors="replace")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        skipped.append({"name": "PyTorch through custody", "reason": "the child process failed (%d): %s"
+                        % (done.returncode, (done.stderr or done.stdout)[-800:])})
+        return None
+    result = json.loads(lines[-1])
+    for skip in result["skipped"]:
+        skipped.append(skip)
+    versions.setdefault("torch", result["torch"])
+    names = [v["name"] for v in result["variants"]]
+    rows = list(zip(*[v["ns_per_op"] for v in result["variants"]]))
+    summarize("PyTorch with custody as its allocator (a process of its own)",
+              [(n, None, None) for n in names], [list(r) for r in rows], "raw ctypes")
+    return {
+        "group": "py-torch-custody", "param": None,
+        "title": "PyTorch's caching_allocator_alloc+delete with custody as its allocator, 256 B, "
+                 "one wrapped stream (a process of its own, paired there)",
+        "op": "pair", "baseline": "raw ctypes", "subject": TORCH_THROUGH,
+        "variants": result["variants"],
+        "iters": [args.pairs] * len(rows),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=20000, help="pairs per variant per repetition (default 20000)")
@@ -513,9 +631,14 @@ def main():
                         help="run this one variant (its full name) --pairs times after a short warm-up, "
                              "untimed, and exit: for an instruction count under callgrind "
                              "(bench/callgrind.py)")
+    parser.add_argument("--torch-custody", action="store_true",
+                        help="measure PyTorch with custody as its allocator (use_custody_in_torch) in "
+                             "this process and print the samples as JSON (run by the main process)")
     args = parser.parse_args()
     if args.quick:
         args.pairs, args.reps = 5000, 9
+    if args.torch_custody:
+        return torch_through_custody(args)
     args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
 
     raw = Ctypes()
@@ -587,6 +710,13 @@ def main():
         findings["custody allocate+close / raw C pair"] = custody_med / args.raw_c_ns
         print("  custody allocate+close is %.2fx the raw C pair of %.1f ns (target <= 1.5)"
               % (custody_med / args.raw_c_ns, args.raw_c_ns))
+
+    if "PyTorch: caching_allocator_alloc+delete" in names:
+        through = run_torch_through_custody(args, skipped, versions)
+        if through is not None:
+            comparisons.append(through)
+    else:
+        skipped.append({"name": "PyTorch through custody", "reason": "PyTorch was not measured"})
 
     if set_stream:
         s_samples = interleaved(set_stream, args.pairs, args.reps, sync)

@@ -113,6 +113,9 @@ def run(here, manifest, out_dir, driver_path, real_ok, quick=False):
                 archive.extractall(site)
         py_env = dict(env)
         py_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+        if (python or {}).get("torch_allocator"):
+            # custody's PyTorch allocator library, for the `PyTorch through custody` variant.
+            py_env["CUSTODY_TORCH_ALLOCATOR"] = str(here / python["torch_allocator"])
         command = [sys.executable, str(here / bench["python"]), "--json", str(bench_dir / "python.json")]
         if quick:
             command.append("--quick")
