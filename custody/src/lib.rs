@@ -202,7 +202,7 @@ pub use memory::SynchronousMemoryResource;
 /// assert_eq!(mr.stats().cached_bytes, 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub use memory::{CachingMemoryResource, CachingStats};
+pub use memory::{CachingMemoryResource, CachingStats, Trimmed};
 
 /// Graphs recorded by stream capture: graph allocations belong to the graph; fills and copies
 /// through the builder make the graph retain the buffers they touch.

@@ -87,9 +87,10 @@ pub use range::DeviceRange;
 pub use recipe::{DeallocationRecipe, RecipeRemains, ThreadToken};
 pub use release::{ReleaseKind, Returned};
 pub use report::{
-    cleanup_error_count, cleanup_warning_count, reset_cleanup_error_hook,
-    reset_cleanup_warning_hook, set_cleanup_error_hook, set_cleanup_warning_hook, CleanupError,
-    CleanupStep, CleanupWarning, CleanupWarningKind, Consequence,
+    cleanup_error_count, cleanup_warning_count, report_error, report_warning,
+    reset_cleanup_error_hook, reset_cleanup_warning_hook, set_cleanup_error_hook,
+    set_cleanup_warning_hook, CleanupError, CleanupStep, CleanupWarning, CleanupWarningKind,
+    Consequence,
 };
 pub use stream::{DefaultStream, StreamHandle};
 pub use user_object::UserObjectOwnership;

@@ -115,8 +115,8 @@ pub unsafe fn with_owner(
 /// it lives (`owner` may be what keeps it alive). A free issued on a destroyed stream kills the
 /// process on a real driver (docs/driver-facts.md F11).
 ///
-/// Driver calls: `cuStreamGetCtx` and those of [`wrap_context`] (not for tokens or streams this
-/// crate owns).
+/// Driver calls: `cuStreamGetCtx` and those of [`wrap_context`], and `cuStreamGetId` without an
+/// owner ([`StreamHandle::unpinned_id`]) (none for tokens or streams this crate owns).
 pub unsafe fn wrap_stream(
     raw: usize,
     owner: Option<Box<dyn Any + Send + Sync>>,

@@ -213,6 +213,14 @@ pub enum CleanupWarningKind {
         /// The thread the free ran on.
         freeing_thread: u64,
     },
+    /// A caching memory resource (`operation` names it) could not cache what its user asked
+    /// for and let its upstream resource allocate and free instead, as it would alone: `why`
+    /// says what and why. Reported once per resource and cause, the first time, so that a cache
+    /// is never off without its user being told; what was not cached works as without the cache.
+    NotCached {
+        /// What was not cached, and why (a sentence fragment).
+        why: &'static str,
+    },
 }
 
 /// A cleanup that succeeded but could not keep a guarantee, attributed like [`CleanupError`].
@@ -244,6 +252,12 @@ impl fmt::Display for CleanupWarning {
                  after the recording thread's work; if that capture records work on this memory \
                  that custody does not see, retain the memory in the graph",
                 self.operation, self.ptr, recorded_thread, freeing_thread, self.context
+            ),
+            CleanupWarningKind::NotCached { why } => write!(
+                f,
+                "{} does not cache {why} (stream 0x{:x}, context 0x{:x}): its upstream resource \
+                 allocates and frees those as it would alone (said once)",
+                self.operation, self.stream, self.context
             ),
         }
     }
@@ -431,6 +445,19 @@ fn deliver_error(error: CleanupError) {
     }
 }
 
+/// Reports `error` through the cleanup-error hook (or stderr), as this crate's own cleanups do
+/// (`CUDA_ERROR_DEINITIALIZED` excepted, as there): for code of other crates that frees on a
+/// path no caller can receive an error from (a caching memory resource's drop). Must not be
+/// called while holding a lock a hook might take.
+pub fn report_error(error: CleanupError) {
+    if error.error.code() == Some(CudaErrorCode::DEINITIALIZED) {
+        return;
+    }
+    if let Some(error) = hold(Held::Error(error)) {
+        deliver(error);
+    }
+}
+
 /// Reports that releasing `subject` failed and it leaked: the drop paths of resources released
 /// without a context switch (contexts, pools).
 #[cold]
@@ -461,6 +488,14 @@ fn deliver_warning(warning: CleanupWarning) {
             "custody: the cleanup-warning hook panicked while reporting: {warning}"
         ));
     }
+}
+
+/// Reports `warning` through the cleanup-warning hook (or stderr), as this crate's own
+/// warnings are: for code of other crates that keeps one of custody's guarantees in the same
+/// way (a caching memory resource saying it could not cache, [`CleanupWarningKind::NotCached`]).
+/// Must not be called while holding a lock a hook might take.
+pub fn report_warning(warning: CleanupWarning) {
+    warn(warning);
 }
 
 /// Writes one line to stderr, ignoring a failed write (stderr closed, a pipe nobody reads):

@@ -152,6 +152,11 @@ enum StreamRelease {
 #[repr(align(128))]
 struct StreamBox {
     raw: usize,
+    /// The driver's id of a stream wrapped without an owner (`cuStreamGetId` when it was
+    /// wrapped: unique for the life of the process, where the raw value may come to name another
+    /// stream once this one is destroyed); 0 for every other stream and when the driver did not
+    /// answer.
+    id: u64,
     context: Option<ContextHandle>,
     release: StreamRelease,
 }
@@ -181,6 +186,7 @@ pub(crate) fn unbound_token(kind: DefaultStream) -> &'static StreamHandle {
         .map(|kind| {
             StreamHandle(Arc::new(StreamBox {
                 raw: kind.value(),
+                id: 0,
                 context: None,
                 release: StreamRelease::Token(kind),
             }))
@@ -235,6 +241,7 @@ impl StreamHandle {
         )?;
         let handle = StreamHandle(Arc::new(StreamBox {
             raw: raw as usize,
+            id: 0,
             context: Some(context.clone()),
             release: StreamRelease::Owned,
         }));
@@ -265,6 +272,7 @@ impl StreamHandle {
     pub fn bound_default_stream(kind: DefaultStream, context: &ContextHandle) -> StreamHandle {
         StreamHandle(Arc::new(StreamBox {
             raw: kind.value(),
+            id: 0,
             context: Some(context.clone()),
             release: StreamRelease::Token(kind),
         }))
@@ -276,8 +284,8 @@ impl StreamHandle {
     /// # Errors
     /// [`HandleError::Driver`] when `cuStreamGetCtx` rejects the stream.
     ///
-    /// Driver calls: `cuStreamGetCtx` and those of [`ContextHandle::from_raw_borrowed`] (not for
-    /// tokens or streams this crate owns).
+    /// Driver calls: `cuStreamGetCtx` and those of [`ContextHandle::from_raw_borrowed`], and
+    /// `cuStreamGetId` without an owner (none for tokens or streams this crate owns).
     pub(crate) fn from_raw(
         raw: usize,
         owner: Option<Box<dyn Any + Send + Sync>>,
@@ -303,8 +311,23 @@ impl StreamHandle {
         } else {
             ContextHandle::from_raw_borrowed(ctx)?
         };
+        // A stream nothing here keeps alive is told from a later stream under the same value by
+        // its id (0 if the driver does not answer: then it has none).
+        let id = if owner.is_none() {
+            let mut id: u64 = 0;
+            // SAFETY: the caller vouches for `raw`; `id` is a valid out-pointer.
+            let status = unsafe { (d.cuStreamGetId)(raw as CUstream, &mut id) };
+            if status == 0 {
+                id
+            } else {
+                0
+            }
+        } else {
+            0
+        };
         Ok(StreamHandle(Arc::new(StreamBox {
             raw,
+            id,
             context: Some(context),
             release: StreamRelease::Foreign(owner),
         })))
@@ -349,6 +372,17 @@ impl StreamHandle {
             self.0.release,
             StreamRelease::Owned | StreamRelease::Foreign(Some(_))
         )
+    }
+
+    /// The driver's id of a stream wrapped without an owner (`cuStreamGetId`, read when it was
+    /// wrapped), unique for the life of the process: what tells this stream from a later one the
+    /// driver hands the same raw value once this one is destroyed (which its maker may do while
+    /// this handle lives, [`StreamHandle::pins_its_stream`]). `None` for every other stream
+    /// (whose raw value names it while a handle lives) and when the driver did not answer. No
+    /// driver call.
+    #[inline]
+    pub fn unpinned_id(&self) -> Option<u64> {
+        (self.0.id != 0).then_some(self.0.id)
     }
 
     /// Whether both handles share one box.

@@ -111,6 +111,6 @@ pub use resources::{
     CachingMemoryResource, CachingStats, DeviceMemoryResource, DeviceMemoryResourceOptions,
     GraphMemoryResource, LegacyPinnedMemoryResource, ManagedMemoryResource,
     ManagedPoolMemoryResource, PinnedMemoryResource, PinnedMemoryResourceOptions,
-    PoolMemoryResource, SynchronousMemoryResource,
+    PoolMemoryResource, SynchronousMemoryResource, Trimmed,
 };
 pub use slice::{DeviceSlice, DeviceSliceMut};

@@ -95,7 +95,9 @@ fn a_same_stream_reuse_makes_no_driver_call_and_reports_the_requested_size() {
             cached_blocks: 1,
             cached_bytes: 1024,
             hits: 2,
+            cross_stream_hits: 0,
             misses: 1,
+            events_recorded: 0,
             freed_blocks: 0,
             out_of_memory_retries: 0,
         }
@@ -452,9 +454,13 @@ fn a_buffer_dropped_on_another_thread_goes_back_to_its_streams_bin() {
     assert_no_hazards();
 }
 
-/// The legacy default stream is not cached: the upstream allocates, the buffer is its own.
+/// The default streams are cached on, keyed by their context (and thread, for the per-thread
+/// stream): a buffer closed on the legacy stream comes back on it with no allocation or free; a
+/// buffer whose free moved to the legacy stream goes to its bin; a per-thread-stream buffer
+/// dropped on another thread is freed, and so binned, on the legacy stream (D6), which waits for
+/// the recording thread's per-thread work (docs/driver-facts.md F14).
 #[test]
-fn default_stream_tokens_pass_through_to_the_upstream() {
+fn default_streams_are_cached_on() {
     let _serial = start();
     if !caches_or_skip() {
         return;
@@ -465,30 +471,49 @@ fn default_stream_tokens_pass_through_to_the_upstream() {
     let mr = cache_over_device_pool();
     let legacy = StreamHandle::legacy();
     let buffer = allocate(&mr, 4096, &legacy);
-    assert_eq!(
-        buffer.memory_resource().unwrap().name(),
-        "DeviceMemoryResource",
-        "the upstream's buffer"
-    );
-    assert_eq!(mr.stats(), CachingStats::default());
+    assert_eq!(buffer.memory_resource().unwrap().name(), "CachingMemoryResource");
+    let ptr = buffer.ptr();
+    buffer.fill(1u8, &legacy).unwrap();
     buffer.close().unwrap();
-    assert_eq!(mr.stats(), CachingStats::default(), "nothing cached");
+    let from = mark();
+    let again = allocate(&mr, 4096, &legacy);
+    assert_eq!(again.ptr(), ptr, "the legacy stream's block");
+    with_emulator(|emu| {
+        let names: Vec<String> = emu
+            .names_on(tid(), from)
+            .into_iter()
+            .filter(|n| n.starts_with("cuMem") || n.starts_with("cuEvent") || n.starts_with("cuStream"))
+            .collect();
+        assert!(names.is_empty(), "{names:?}");
+    });
+    again.close().unwrap();
 
-    // A cached buffer whose free is handed to the legacy stream is freed, with that recipe.
+    // A lent buffer whose free is handed to the legacy stream goes to the legacy stream's bin.
     let s = stream_on(0);
-    let lent = allocate(&mr, 4096, &s);
-    let alloc = alloc_of(lent.ptr());
+    let lent = allocate(&mr, 8192, &s);
+    let moved = lent.ptr();
     lent.fill(3u8, &s).unwrap();
     s.synchronize().unwrap();
     lent.set_deallocation_stream(&legacy).unwrap();
-    let from = mark();
     lent.close().unwrap();
-    with_emulator(|emu| {
-        let free = emu.only_call("cuMemFreeAsync", alloc, from);
-        assert_eq!(free.stream, Some(legacy.raw() as u64));
-    });
+    let on_legacy = allocate(&mr, 8192, &legacy);
+    assert_eq!(on_legacy.ptr(), moved);
+    on_legacy.close().unwrap();
+
+    // Recorded on this thread's per-thread stream, dropped on another thread: binned as the
+    // legacy stream's.
+    let per_thread = StreamHandle::per_thread();
+    let ptds = allocate(&mr, 16384, &per_thread);
+    let ptds_ptr = ptds.ptr();
+    ptds.fill(5u8, &per_thread).unwrap();
+    on_fresh_thread(move || drop(ptds));
+    let after = allocate(&mr, 16384, &legacy);
+    assert_eq!(after.ptr(), ptds_ptr, "binned under the legacy stream");
+    after.close().unwrap();
     let stats = mr.stats();
-    assert_eq!((stats.cached_blocks, stats.freed_blocks), (0, 1));
+    assert_eq!((stats.hits, stats.misses, stats.cross_stream_hits), (3, 3, 0), "{stats:?}");
+    per_thread.synchronize().unwrap();
+    mr.close().unwrap();
     ContextHandle::clear_current().unwrap();
     assert_eq!(device_used(), base);
     assert_no_hazards();
@@ -1126,5 +1151,196 @@ fn a_refused_allocation_with_nothing_cached_counts_no_miss_and_no_retry() {
     let error = Arc::clone(&mr).allocate(1 << 50, &s).unwrap_err();
     assert!(matches!(&error, MemoryError::Handle(_)), "{error}");
     assert_eq!(mr.stats(), CachingStats::default());
+    assert_no_hazards();
+}
+
+/// The `NotCached` warnings reported since [`start`] (a cache's warnings carry no pointer).
+fn not_cached() -> Vec<handles::CleanupWarning> {
+    warnings_for(0)
+        .into_iter()
+        .filter(|w| matches!(w.kind, handles::CleanupWarningKind::NotCached { .. }))
+        .collect()
+}
+
+/// A trim frees what it can and says what it could not: a block whose stream is being captured
+/// (a capture begun through custody) stays in its bin (a free there would join the capture),
+/// buffers lent out are counted, not touched; a trim after the capture frees the rest.
+#[test]
+fn trim_says_what_it_freed_and_what_it_could_not() {
+    let _serial = start();
+    let base = device_used();
+    let (a, b) = (stream_on(0), stream_on(0));
+    let mr = cache_over_device_pool();
+    drop(allocate(&mr, 4096, &a));
+    drop(allocate(&mr, 1000, &b));
+    let out = allocate(&mr, 4096, &b);
+    begin_capture(
+        &a,
+        handles::sys_types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+    )
+    .unwrap();
+    let trimmed = mr.trim();
+    let graph = end_capture(&a).unwrap();
+    assert_eq!(
+        trimmed.unwrap(),
+        memory::Trimmed {
+            freed_blocks: 1,
+            freed_bytes: 1024,
+            kept_blocks: 1,
+            kept_bytes: 4096,
+            in_use_blocks: 1,
+            in_use_bytes: 4096,
+        }
+    );
+    drop(graph);
+    assert_eq!(mr.stats().cached_blocks, 1, "a's block still cached");
+    out.close().unwrap();
+    let trimmed = mr.trim().unwrap();
+    assert_eq!(
+        (trimmed.freed_blocks, trimmed.kept_blocks, trimmed.in_use_blocks),
+        (2, 0, 0)
+    );
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
+
+/// What the cache cannot cache it says, once per cache: allocations on a stream being captured
+/// go to the upstream resource (which refuses them, a pool's rule) with one warning however many.
+#[test]
+fn an_allocation_on_a_capturing_stream_is_said_once_and_goes_to_the_upstream() {
+    let _serial = start();
+    let s = stream_on(0);
+    let mr = cache_over_device_pool();
+    begin_capture(
+        &s,
+        handles::sys_types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+    )
+    .unwrap();
+    let first = Arc::clone(&mr).allocate(4096, &s);
+    let second = Arc::clone(&mr).allocate(4096, &s);
+    let graph = end_capture(&s).unwrap();
+    assert!(matches!(first, Err(MemoryError::StreamCapturing)));
+    assert!(matches!(second, Err(MemoryError::StreamCapturing)));
+    drop(graph);
+    let warnings = not_cached();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].stream, s.raw() as u64);
+    assert!(warnings[0].to_string().contains("captured"), "{}", warnings[0]);
+    let other = cache_over_device_pool();
+    begin_capture(
+        &s,
+        handles::sys_types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+    )
+    .unwrap();
+    let third = Arc::clone(&other).allocate(4096, &s);
+    drop(end_capture(&s).unwrap());
+    assert!(third.is_err());
+    assert_eq!(not_cached().len(), 2, "once per cache");
+    assert_no_hazards();
+}
+
+/// A free on a wrapped stream where no event can be recorded (the driver refuses
+/// `cuEventRecord`): the block is freed on that stream, which is alive at the free, not cached,
+/// and the cache says so once.
+#[test]
+fn a_wrapped_stream_that_cannot_be_fenced_gets_its_blocks_freed_and_a_warning() {
+    let _serial = start();
+    let Some(emu) = emulator_or_skip("fault injection") else {
+        return;
+    };
+    let base = device_used();
+    let context = primary(0);
+    context.make_current().unwrap();
+    let raw = raw_stream();
+    let foreign = unpinned(raw);
+    let mr = cache_over_device_pool();
+    let buffer = allocate(&mr, 4096, &foreign);
+    let alloc = alloc_of(buffer.ptr());
+    assert!(emu.inject_fault("cuEventRecord", 1, CudaErrorCode::INVALID_VALUE));
+    let from = mark();
+    buffer.close().unwrap();
+    let free = emu.only_call("cuMemFreeAsync", alloc, from);
+    assert_eq!(free.stream, Some(raw as u64), "freed on its stream, alive now");
+    let stats = mr.stats();
+    assert_eq!((stats.cached_blocks, stats.freed_blocks), (0, 1), "{stats:?}");
+    assert_eq!(not_cached().len(), 1);
+    foreign.synchronize().unwrap();
+    drop(foreign);
+    destroy_raw_stream(raw);
+    mr.close().unwrap();
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
+}
+
+/// Out of memory, an allocation on one stream takes another stream's cached block of its class
+/// (after an event wait) before anything is flushed, even that stream's last one.
+#[test]
+fn out_of_memory_takes_another_streams_block_before_flushing() {
+    let _serial = start();
+    let (a, b) = (stream_on(0), stream_on(0));
+    let pool = DeviceMemoryResource::with_options(
+        0,
+        DeviceMemoryResourceOptions {
+            max_size: 32 << 20,
+            ipc_enabled: false,
+        },
+    )
+    .unwrap();
+    let mr = CachingMemoryResource::new(pool.clone());
+    let on_a = allocate(&mr, 24 << 20, &a);
+    let ptr = on_a.ptr();
+    on_a.fill(9u8, &a).unwrap();
+    on_a.close().unwrap();
+    let on_b = allocate(&mr, 24 << 20, &b);
+    assert_eq!(on_b.ptr(), ptr, "a's block");
+    let stats = mr.stats();
+    assert_eq!(
+        (stats.cross_stream_hits, stats.out_of_memory_retries, stats.misses),
+        (1, 0, 1),
+        "{stats:?}"
+    );
+    on_b.close().unwrap();
+    mr.close().unwrap();
+    use memory::PoolMemoryResource;
+    assert_eq!(pool_used(pool.pool()), 0);
+    assert_no_hazards();
+}
+
+/// Several blocks of a wrapped stream, cached, trimmed after the stream is gone: each is freed
+/// on the cache's own stream after a wait for the event its free recorded; the hazard checker
+/// sees every free ordered after the wrapped stream's fills.
+#[test]
+fn a_trim_frees_a_gone_wrapped_streams_blocks_after_their_events() {
+    let _serial = start();
+    let base = device_used();
+    let context = primary(0);
+    context.make_current().unwrap();
+    let raw = raw_stream();
+    let foreign = unpinned(raw);
+    let mr = cache_over_device_pool();
+    let buffers: Vec<Buffer> = (0..3).map(|_| allocate(&mr, 4096, &foreign)).collect();
+    let ids: Vec<AllocationId> = buffers.iter().map(|b| alloc_of(b.ptr())).collect();
+    for b in &buffers {
+        b.fill(0x7fu8, &foreign).unwrap();
+    }
+    drop(buffers);
+    assert_eq!(mr.stats().events_recorded, 3);
+    drop(foreign);
+    destroy_raw_stream(raw);
+    let from = mark();
+    let trimmed = mr.trim().unwrap();
+    assert_eq!(trimmed.freed_blocks, 3);
+    with_emulator(|emu| {
+        let waits = emu.calls_named("cuStreamWaitEvent", from);
+        assert_eq!(waits.len(), 3, "{waits:?}");
+        for id in &ids {
+            let free = emu.only_call("cuMemFreeAsync", *id, from);
+            assert_eq!(free.stream, waits[0].stream, "on the cache's own stream");
+            assert_ne!(free.stream, Some(raw as u64));
+            assert_eq!(emu.hazards_for(*id), vec![]);
+        }
+    });
+    mr.close().unwrap();
+    assert_eq!(device_used(), base);
     assert_no_hazards();
 }

@@ -1,15 +1,19 @@
 //! [`CachingMemoryResource`]: an opt-in cache over another memory resource that keeps freed
-//! blocks per (stream, size class) and lends them out again on the same stream without a
-//! driver call, with [`CachingStats`]. The design (what "the same stream" means, declared uses,
-//! size classes, flushes) is in handles/DESIGN.md, "Caching memory resource".
+//! blocks per (stream, size class) and lends them out again with no driver call on the same
+//! stream, and after an event wait on another, with [`CachingStats`] and [`Trimmed`]. The
+//! design (which streams are "the same", fences for streams the cache cannot keep alive, when a
+//! block serves another stream, declared uses, size classes, flushes) is in handles/DESIGN.md,
+//! "Caching memory resource".
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use handles::{
-    CaptureStatus, CudaErrorCode, DevicePtrHandle, HandleError, Lender, OwnedAllocation, Returned,
-    StreamHandle,
+    CaptureStatus, CleanupError, CleanupStep, CleanupWarning, CleanupWarningKind, Consequence,
+    ContextHandle, CudaErrorCode, DeallocationRecipe, DefaultStream, DevicePtrHandle, EventFlags,
+    EventHandle, HandleError, Lender, OwnedAllocation, Returned, StreamFlags, StreamHandle,
+    ThreadToken,
 };
 
 use crate::buffer::{Accessibility, IpcRole};
@@ -22,6 +26,10 @@ const MIN_BLOCK_SIZE: usize = 512;
 /// Size classes per doubling above [`MIN_BLOCK_SIZE`]: a block is at most 25% larger than the
 /// request it serves (plus the rounding up to 512 bytes).
 const CLASSES_PER_DOUBLING: usize = 4;
+
+/// Events kept for reuse (per cache), so that a fence costs `cuEventRecord` and not also
+/// `cuEventCreate` and `cuEventDestroy`.
+const SPARE_EVENTS: usize = 64;
 
 /// The size class of a request of `size` bytes (at least one): its index and its size in bytes
 /// (the size of the block allocated from the upstream resource). `None` when the class would
@@ -54,47 +62,106 @@ pub struct CachingStats {
     pub in_use_blocks: usize,
     /// Their sizes in bytes (block sizes: the requests rounded up to their size class).
     pub in_use_bytes: usize,
-    /// Blocks waiting in a bin for an allocation on their stream.
+    /// Blocks waiting in a bin.
     pub cached_blocks: usize,
     /// Their sizes in bytes.
     pub cached_bytes: usize,
-    /// Allocations served from a bin (no driver call).
+    /// Allocations served from a bin: `hits - cross_stream_hits` on the stream the block was
+    /// last freed on (no driver call), `cross_stream_hits` on another.
     pub hits: u64,
+    /// Of the hits, those on another stream than the block's last free, each after the
+    /// allocation's stream was made to wait for an event (`cuStreamWaitEvent`; no host wait).
+    pub cross_stream_hits: u64,
     /// Allocations that took a new block from the upstream resource (one it refused is not
     /// counted).
     pub misses: u64,
-    /// Blocks freed through the upstream resource's own release rule (trims, closes, frees
-    /// on a default-stream token, blocks given back after the cache was closed).
+    /// Events recorded (`cuEventRecord`): one at each free on a stream the cache cannot keep
+    /// alive (a stream wrapped without an owner), and one for each cross-stream hit of a block
+    /// that did not carry one.
+    pub events_recorded: u64,
+    /// Blocks freed through the upstream resource's own release rule (trims, closes, blocks
+    /// given back after the cache was closed or that could not be binned).
     pub freed_blocks: u64,
     /// Allocations that the upstream resource refused for lack of memory and that were retried
     /// once after the bins were flushed.
     pub out_of_memory_retries: u64,
 }
 
-/// One stream's bins: blocks whose recipe orders their free on that stream, by size class.
+/// What [`CachingMemoryResource::trim`] did: the cached blocks it freed and those it could not
+/// free now, and the blocks lent out, which it does not touch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trimmed {
+    /// Cached blocks freed (their frees issued).
+    pub freed_blocks: usize,
+    /// Their sizes in bytes.
+    pub freed_bytes: usize,
+    /// Cached blocks left in their bins because their stream is being captured (by a capture
+    /// begun through custody): a free there would join the capture. A later trim frees them.
+    pub kept_blocks: usize,
+    /// Their sizes in bytes.
+    pub kept_bytes: usize,
+    /// Blocks lent out (buffers not yet closed or dropped): not the trim's to free.
+    pub in_use_blocks: usize,
+    /// Their sizes in bytes.
+    pub in_use_bytes: usize,
+}
+
+/// Which stream a bin serves: what makes "the same stream" for a block's reuse with no driver
+/// call. Each value names one stream for as long as a block is binned under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    /// A stream the block's recipe keeps alive (created, or wrapped with an owner,
+    /// [`StreamHandle::pins_its_stream`]): its raw value, which no other stream can get while
+    /// the block holds it.
+    Pinned(usize),
+    /// A stream wrapped without an owner: the driver's id (`cuStreamGetId`, unique for the life
+    /// of the process, [`StreamHandle::unpinned_id`]), so that a later stream under the same raw
+    /// value is another key.
+    Unpinned(u64),
+    /// Such a stream whose id the driver did not give: its blocks serve other streams only
+    /// (after their fence), never an allocation with no wait.
+    Anonymous,
+    /// The legacy default stream of a context (raw value): the legacy and null tokens, and a
+    /// per-thread-default-stream free made away from its thread (D6). The recipe holds the
+    /// context, so the stream lives.
+    Legacy(usize),
+    /// A thread's per-thread default stream in a context (raw value, thread token): reached
+    /// only from that thread.
+    PerThread(usize, u64),
+}
+
+/// A block waiting in a bin.
+struct Cached {
+    /// The block, its recipe its last free's (or, for a fenced block, the cache's own stream of
+    /// the block's context, `CachingMemoryResource::drain`).
+    block: DevicePtrHandle,
+    /// For a block last freed on a stream the cache cannot keep alive: an event recorded there
+    /// at the free, after which the block may be used anywhere. The stream is never named again.
+    fence: Option<EventHandle>,
+}
+
+/// One stream's bins: blocks whose last free was ordered on that stream, by size class.
 struct StreamBins {
-    /// The stream's raw value. Unique while a block sits here: each block's recipe holds the
-    /// stream, so it cannot be destroyed and its value handed to a new stream.
-    stream: usize,
+    key: Key,
     /// Indexed by size class.
-    classes: Vec<Vec<DevicePtrHandle>>,
+    classes: Vec<Vec<Cached>>,
 }
 
 #[derive(Default)]
 struct State {
-    /// Few streams in practice: searched in order.
+    /// Few streams in practice: searched in order, the last one used first.
     streams: Vec<StreamBins>,
     stats: CachingStats,
     closed: bool,
 }
 
 impl State {
-    fn bin(&mut self, stream: usize, class: usize) -> &mut Vec<DevicePtrHandle> {
-        let index = match self.streams.iter().position(|bins| bins.stream == stream) {
+    fn bin(&mut self, key: Key, class: usize) -> &mut Vec<Cached> {
+        let index = match self.streams.iter().position(|bins| bins.key == key) {
             Some(index) => index,
             None => {
                 self.streams.push(StreamBins {
-                    stream,
+                    key,
                     classes: Vec::new(),
                 });
                 self.streams.len() - 1
@@ -107,29 +174,91 @@ impl State {
         &mut classes[class]
     }
 
-    /// A cached block of `class` for `stream`, counted as lent out.
+    /// Bins `cached` (counted as cached, no longer lent out).
+    fn put(&mut self, key: Key, class: usize, cached: Cached) {
+        let size = cached.block.size();
+        self.stats.in_use_blocks -= 1;
+        self.stats.in_use_bytes -= size;
+        self.stats.cached_blocks += 1;
+        self.stats.cached_bytes += size;
+        self.bin(key, class).push(cached);
+    }
+
+    /// A cached block of `class` last freed on `key`'s stream, counted as lent out and as a hit.
+    /// The stream found moves to the front, so that a stream in use is found first.
     #[inline]
-    fn take(&mut self, stream: usize, class: usize) -> Option<DevicePtrHandle> {
-        let bins = self.streams.iter_mut().find(|bins| bins.stream == stream)?;
-        let block = bins.classes.get_mut(class)?.pop()?;
-        let size = block.size();
+    fn take(&mut self, key: Key, class: usize) -> Option<Cached> {
+        let index = self.streams.iter().position(|bins| bins.key == key)?;
+        let cached = self.streams[index].classes.get_mut(class)?.pop()?;
+        if index != 0 {
+            self.streams.swap(0, index);
+        }
+        self.taken(&cached);
+        Some(cached)
+    }
+
+    /// A block of `class` from another stream's bin than `key`'s, for an allocation on that
+    /// stream: from a bin that keeps another block of the class (a stream's last cached block
+    /// of a size stays its own, so that two streams never take turns with one block, each
+    /// waiting for the other), or from any bin when `pressed` (the upstream is out of memory);
+    /// fenced blocks first (they need only a wait). Counted as lent out and as a hit; the caller
+    /// orders it and counts the cross-stream hit, or puts it back.
+    fn steal(&mut self, key: Option<Key>, class: usize, pressed: bool) -> Option<(Key, Cached)> {
+        let found = [true, false].into_iter().find_map(|fenced| {
+            self.streams.iter().enumerate().find_map(|(index, bins)| {
+                let bin = bins.classes.get(class)?;
+                let spare = bin.len() >= 2 || pressed || bins.key == Key::Anonymous;
+                if Some(bins.key) == key || !spare {
+                    return None;
+                }
+                let at = bin.iter().rposition(|c| c.fence.is_some() == fenced)?;
+                Some((index, at))
+            })
+        });
+        let (index, at) = found?;
+        let bins = &mut self.streams[index];
+        let (from, cached) = (bins.key, bins.classes[class].remove(at));
+        self.taken(&cached);
+        Some((from, cached))
+    }
+
+    fn taken(&mut self, cached: &Cached) {
+        let size = cached.block.size();
         self.stats.cached_blocks -= 1;
         self.stats.cached_bytes -= size;
         self.stats.in_use_blocks += 1;
         self.stats.in_use_bytes += size;
         self.stats.hits += 1;
-        Some(block)
     }
 
-    /// Every cached block, out of the bins (the caller frees them outside the lock).
-    fn drain(&mut self) -> Vec<DevicePtrHandle> {
-        let blocks: Vec<DevicePtrHandle> = std::mem::take(&mut self.streams)
+    /// A block taken out and not used after all: back in its bin, its hit not counted.
+    fn untake(&mut self, key: Key, class: usize, cached: Cached) {
+        self.stats.hits -= 1;
+        self.put(key, class, cached);
+    }
+
+    /// Puts back a block [`State::drain`] took out (counted as cached again).
+    fn rebin(&mut self, key: Key, class: usize, cached: Cached) {
+        self.stats.cached_blocks += 1;
+        self.stats.cached_bytes += cached.block.size();
+        self.bin(key, class).push(cached);
+    }
+
+    /// Every cached block with its bin, out of the bins (the caller frees them outside the
+    /// lock).
+    fn drain(&mut self) -> Vec<(Key, usize, Cached)> {
+        let blocks: Vec<(Key, usize, Cached)> = std::mem::take(&mut self.streams)
             .into_iter()
-            .flat_map(|bins| bins.classes.into_iter().flatten())
+            .flat_map(|bins| {
+                let key = bins.key;
+                bins.classes
+                    .into_iter()
+                    .enumerate()
+                    .flat_map(move |(class, bin)| bin.into_iter().map(move |c| (key, class, c)))
+            })
             .collect();
         self.stats.cached_blocks = 0;
         self.stats.cached_bytes = 0;
-        self.stats.freed_blocks += blocks.len() as u64;
         blocks
     }
 
@@ -137,80 +266,126 @@ impl State {
     fn returned(&mut self, size: usize) {
         self.stats.in_use_blocks -= 1;
         self.stats.in_use_bytes -= size;
+        self.stats.freed_blocks += 1;
     }
 }
 
-/// Frees `blocks` through their own release rules (the upstream resource's frees): each
-/// explicitly until one fails, the rest as a drop frees them (without blocking, failures
-/// reported through the cleanup-error hook), so that nothing is kept and no failure is lost.
-///
-/// # Errors
-/// The first failure.
-fn free_blocks(blocks: Vec<DevicePtrHandle>) -> Result<(), MemoryError> {
-    let mut result = Ok(());
-    for block in blocks {
-        if result.is_ok() {
-            result = block.release().map_err(MemoryError::from);
-        } else {
-            drop(block);
-        }
+/// A cached block without a recipe: none can be (a block is lent only with one, and keeps it).
+#[cold]
+fn no_recipe() -> HandleError {
+    HandleError::InvalidArgument {
+        what: "block",
+        reason: "a cached block without a deallocation recipe".into(),
     }
-    result
 }
 
 fn is_out_of_memory(error: &MemoryError) -> bool {
     matches!(error, MemoryError::Handle(e) if e.code() == Some(CudaErrorCode::OUT_OF_MEMORY))
 }
 
+/// What a warning of [`CachingMemoryResource`] is about, one bit each: said once per cache.
+#[derive(Clone, Copy)]
+enum NotCached {
+    Capturing = 1,
+    Unfenced = 2,
+    NotLendable = 4,
+}
+
+impl NotCached {
+    fn why(self) -> &'static str {
+        match self {
+            NotCached::Capturing => {
+                "allocations on a stream being captured by a capture begun through custody"
+            }
+            NotCached::Unfenced => {
+                "blocks freed on a stream wrapped without an owner when no event could be \
+                 recorded there (they are freed)"
+            }
+            NotCached::NotLendable => {
+                "its upstream resource's buffers that cannot be lent (graph memory, or a \
+                 buffer of another size than asked)"
+            }
+        }
+    }
+}
+
 /// A cache over another memory resource (composition: the upstream resource allocates and
 /// frees every block), opt-in, in the manner of PyTorch's and CuPy's caching allocators, with
-/// custody's deallocation recipes kept exact.
+/// custody's deallocation recipes kept exact, on every stream its user passes.
 ///
-/// - **Reuse on the same stream only.** A buffer's memory goes back to a bin of the stream its
-///   free is ordered on when its last reference goes (its recipe's stream: the allocation
-///   stream, or the one [`Buffer::set_deallocation_stream`] named last), and an allocation on
-///   that stream takes it again with no driver call: work enqueued there after the free is
-///   ordered after every earlier use by stream order, as the free itself would have been. An
-///   allocation on another stream never takes it (it allocates from the upstream resource).
+/// - **Reuse on the same stream, with no driver call.** A buffer's memory goes back to a bin of
+///   the stream its free is ordered on when its last reference goes (its recipe's stream: the
+///   allocation stream, or the one [`Buffer::set_deallocation_stream`] named last), and an
+///   allocation on that stream takes it again: work enqueued there after the free is ordered
+///   after every earlier use by stream order, as the free itself would have been. "The same
+///   stream" is a created stream or one wrapped with an owner by its raw value (the block's
+///   recipe keeps it alive), a stream wrapped without an owner (`raw::wrap_stream(raw, None)`,
+///   Python's `Stream.from_handle(int)`) by the driver's id for it
+///   ([`StreamHandle::unpinned_id`]), which a later stream under the same value does not share,
+///   and a default stream by its context (and thread, for the per-thread stream).
+/// - **Streams the cache cannot keep alive.** A stream wrapped without an owner may be
+///   destroyed by its maker while a block waits, and its value handed to a new stream. So the
+///   free of a block on it records an event there (`cuEventRecord`: the last moment the stream
+///   is known to live), and from then on the cache never names that stream: the block's
+///   recipe moves to a stream of the cache's own in the same context, whose free of it waits
+///   for the event first, and another stream that takes the block waits for it. Cost: one
+///   `cuEventRecord` per free on such a stream (none on the others).
+/// - **Reuse on another stream, after an event wait.** An allocation on a stream with no block
+///   of its size class cached takes one freed on another stream when that stream's bin keeps
+///   another one of the class (its last stays its own, so that two streams never take turns
+///   with one block, each waiting for the other), or from any stream when the upstream resource
+///   is out of memory: its stream first waits (`cuStreamWaitEvent`) for the event recorded at
+///   the block's free, or for one recorded on the block's stream then. No host wait, no polling.
 /// - **Declared uses** ([`Buffer::record_use`], docs/decisions.md D12) are ordered before the
 ///   block enters its bin: the free's stream waits for an event recorded on each use stream at
-///   the free (`cuStreamWaitEvent`), as for any free, so a reuse on that stream follows them.
-/// - **Default-stream tokens** (legacy, per-thread) are not cached: an allocation on one goes
-///   straight to the upstream resource (the buffer is the upstream's), and memory whose last
-///   free is ordered on one is freed, with that exact recipe (docs/decisions.md D6 applies).
-///   Neither is an allocation on a stream being captured by a capture begun through custody
-///   (D11): it goes to the upstream resource, which decides (a pool refuses it).
+///   the free (`cuStreamWaitEvent`), as for any free, so a reuse after it follows them.
+/// - **Captures** (D11): an allocation on a stream being captured by a capture begun through
+///   custody goes to the upstream resource, which decides (a pool refuses it), and no block
+///   serves another stream while such a capture runs; a buffer freed on a capturing stream goes
+///   to the capture's graph and its block comes back when the graph is gone.
+/// - **Never off silently.** What the cache cannot cache goes to the upstream resource and is
+///   said once per cache through the cleanup-warning reporter
+///   ([`CleanupWarningKind::NotCached`]; a `CUDAWarning` in Python): allocations on a stream
+///   being captured, blocks freed on an unpinned stream when no event could be recorded there
+///   (freed instead), and upstream buffers that cannot be lent.
 /// - **Size classes**: requests are rounded up to 512 bytes, then to one of four classes per
 ///   doubling (a block is at most 25% larger than the request); [`Buffer::size`] is the size
 ///   asked for. A block serves requests of its class only (no splitting, no best fit).
-/// - **Streams stay alive** while blocks of theirs are cached: a block's recipe holds its
-///   stream. [`CachingMemoryResource::trim`] frees them. So only streams whose handle keeps
-///   them alive are cached on ([`StreamHandle::pins_its_stream`]: created streams, and wrapped
-///   ones with an owner object); on a stream wrapped without one, which its maker may destroy
-///   while a block would wait in its bin, the upstream resource allocates and frees as it would
-///   alone, and a lent block whose free was moved to such a stream is freed, not cached.
+/// - **Streams stay alive** while blocks of theirs are cached, for those a recipe keeps alive
+///   (created streams, wrapped ones with an owner, a default stream's context):
+///   [`CachingMemoryResource::trim`] frees them.
 /// - **No IPC**: a lent buffer is not exportable ([`Buffer::ipc_descriptor`] refuses it with
 ///   [`MemoryError::Ipc`]), even over an IPC-enabled pool: another process could not follow
 ///   the block's reuse.
-/// - **Flushes**: [`CachingMemoryResource::trim`] frees every cached block through the upstream
-///   resource's own release rule (`cuMemFreeAsync` on the block's stream for a pool);
-///   [`CachingMemoryResource::close`] trims and from then on frees every block given back; an
-///   allocation the upstream refuses with `CUDA_ERROR_OUT_OF_MEMORY` trims and retries once.
+/// - **Flushes**: [`CachingMemoryResource::trim`] frees every cached block it can through the
+///   upstream resource's own release rule and says what it freed and what not
+///   ([`Trimmed`]); [`CachingMemoryResource::close`] frees them all and from then on frees every
+///   block given back; an allocation the upstream refuses with `CUDA_ERROR_OUT_OF_MEMORY` takes
+///   another stream's block if one of its class is cached, else flushes and retries once.
 ///   Dropping the resource (after its last buffer) frees what it still holds.
-/// - **Pass-through** ([`CachingMemoryResource::PASS_THROUGH_ENV`], read once per process): nothing is cached; every
-///   allocation and free is the upstream resource's, as on a default-stream token.
+/// - **Pass-through** ([`CachingMemoryResource::PASS_THROUGH_ENV`], read once per process):
+///   nothing is cached; every allocation and free is the upstream resource's, for tools that
+///   follow the driver's allocations (compute-sanitizer's leak and stream-ordered race checks).
 ///
 /// The upstream resource's own statistics (a pool's used and reserved memory) count cached
 /// blocks as allocated, which they are; [`CachingStats`] splits them. Thread-safe: the bins are
 /// behind one mutex, never held across a driver call or a free.
 ///
-/// Driver calls: none for an allocation served from a bin and none for a free that goes to one;
-/// the upstream resource's otherwise.
+/// Driver calls: none for an allocation served from its stream's bin nor for a free that goes to
+/// a bin of a stream the cache can keep alive; `cuEventRecord` for a free on one it cannot;
+/// `cuStreamWaitEvent` (and `cuEventRecord`) for a block serving another stream; the upstream
+/// resource's otherwise.
 pub struct CachingMemoryResource {
-    /// Declared before `upstream`: cached blocks go before the resource that made them.
     state: Mutex<State>,
     /// Mirrors `state.closed` for the allocation path's check without the lock.
     closed: AtomicBool,
+    /// Events for fences, recorded or not (a leaf lock: pushed and popped only).
+    events: Mutex<Vec<EventHandle>>,
+    /// The cache's own stream of each context it has fenced blocks of: where their frees go,
+    /// after their fence (a leaf lock).
+    drains: Mutex<Vec<StreamHandle>>,
+    /// The warnings said ([`NotCached`] bits).
+    warned: AtomicU8,
     access: Accessibility,
     upstream: Arc<dyn MemoryResource>,
 }
@@ -234,6 +409,9 @@ impl CachingMemoryResource {
         Arc::new(CachingMemoryResource {
             state: Mutex::new(State::default()),
             closed: AtomicBool::new(false),
+            events: Mutex::new(Vec::new()),
+            drains: Mutex::new(Vec::new()),
+            warned: AtomicU8::new(0),
             access: upstream.accessibility(),
             upstream,
         })
@@ -267,26 +445,65 @@ impl CachingMemoryResource {
         self.lock().stats
     }
 
-    /// Frees every cached block now, through the upstream resource's own release rule (for a
+    /// Frees the cached blocks now, through the upstream resource's own release rule (for a
     /// pool `cuMemFreeAsync` on the block's stream, which does not block; for the synchronous
-    /// resources `cuStreamSynchronize` of the block's stream, then the free). Buffers lent out
-    /// are not touched; their blocks come back to the bins as usual.
+    /// resources `cuStreamSynchronize` of the block's stream, then the free), and says what it
+    /// did ([`Trimmed`]): a block whose stream is being captured by a capture begun through
+    /// custody stays in its bin (its free would join the capture), and buffers lent out are not
+    /// touched (their blocks come back to the bins as usual). A block last freed on a stream
+    /// wrapped without an owner is freed on the cache's own stream of its context, after the
+    /// event recorded at its free: the wrapped stream may be gone.
     ///
     /// # Errors
     /// The first failing free ([`MemoryError::Handle`]); the blocks after it are freed as a
     /// drop frees them (not blocking, failures reported through the cleanup-error hook), so
-    /// the bins are empty either way.
+    /// only the blocks on capturing streams stay in the bins either way.
     ///
-    /// Driver calls: the upstream resource's frees, one per cached block.
-    pub fn trim(&self) -> Result<(), MemoryError> {
+    /// Driver calls: the upstream resource's frees, one per block freed; `cuStreamWaitEvent`
+    /// before each free of a block with a fence (and `cuStreamCreateWithPriority` for the
+    /// cache's own stream of a context, once); `cuStreamIsCapturing` per block while a custody
+    /// capture runs.
+    pub fn trim(&self) -> Result<Trimmed, MemoryError> {
         let blocks = self.lock().drain();
-        free_blocks(blocks)
+        let mut kept = Vec::new();
+        let mut free = Vec::new();
+        for (key, class, cached) in blocks {
+            if handles::capture_may_be_active() && cached.fence.is_none() {
+                let capturing = cached.block.deallocation_stream().is_some_and(|stream| {
+                    !matches!(handles::capture_status(&stream), Ok(CaptureStatus::None))
+                });
+                if capturing {
+                    kept.push((key, class, cached));
+                    continue;
+                }
+            }
+            free.push(cached);
+        }
+        let mut report = Trimmed {
+            freed_blocks: free.len(),
+            freed_bytes: free.iter().map(|c| c.block.size()).sum(),
+            kept_blocks: kept.len(),
+            kept_bytes: kept.iter().map(|(_, _, c)| c.block.size()).sum(),
+            ..Trimmed::default()
+        };
+        {
+            let mut state = self.lock();
+            state.stats.freed_blocks += free.len() as u64;
+            for (key, class, cached) in kept {
+                state.rebin(key, class, cached);
+            }
+            report.in_use_blocks = state.stats.in_use_blocks;
+            report.in_use_bytes = state.stats.in_use_bytes;
+        }
+        self.free_all(free)?;
+        Ok(report)
     }
 
     /// Closes the resource: it allocates nothing more ([`MemoryError::ResourceClosed`]), its
-    /// cached blocks are freed as [`CachingMemoryResource::trim`] frees them, and every block
-    /// given back later (a buffer still lent out, closed or dropped) is freed at once through
-    /// the upstream resource. Idempotent.
+    /// cached blocks are freed as [`CachingMemoryResource::trim`] frees them (a capturing
+    /// stream's too: that free goes to the capture's graph, D11), and every block given back
+    /// later (a buffer still lent out, closed or dropped) is freed at once through the upstream
+    /// resource. Idempotent.
     ///
     /// # Errors
     /// As [`CachingMemoryResource::trim`].
@@ -297,61 +514,37 @@ impl CachingMemoryResource {
             let mut state = self.lock();
             state.closed = true;
             self.closed.store(true, Ordering::Release);
-            state.drain()
+            let blocks = state.drain();
+            state.stats.freed_blocks += blocks.len() as u64;
+            blocks
         };
-        free_blocks(blocks)
+        self.free_all(blocks.into_iter().map(|(_, _, c)| c).collect())
     }
 
-    /// [`MemoryResource::allocate`] when a cached block serves it, `None` otherwise (nothing
-    /// done: a miss, a request no bin serves, a closed resource, a capture begun through custody
-    /// running anywhere): the allocation path that never calls the driver and never blocks
-    /// beyond the bins' lock, for a caller that would otherwise give up a lock of its own around
-    /// the call (a binding, the Python interpreter lock) and can then call `allocate`.
+    /// [`MemoryResource::allocate`] when a block cached for `stream` itself serves it, `None`
+    /// otherwise (nothing done: a miss, a request no bin serves, a default stream, a closed
+    /// resource, a capture begun through custody running anywhere): the allocation path that
+    /// never calls the driver and never blocks beyond the bins' lock, for a caller that would
+    /// otherwise give up a lock of its own around the call (a binding, the Python interpreter
+    /// lock) and can then call `allocate`.
     ///
     /// Driver calls: none.
     pub fn allocate_cached(self: &Arc<Self>, size: usize, stream: &StreamHandle) -> Option<Buffer> {
         if size == 0
             || self.is_closed()
-            || !stream.pins_its_stream()
             || Self::passes_through()
             || handles::capture_may_be_active()
         {
             return None;
         }
+        let key = if stream.pins_its_stream() {
+            Key::Pinned(stream.raw() as usize)
+        } else {
+            Key::Unpinned(stream.unpinned_id()?)
+        };
         let (index, _) = size_class(size)?;
-        let block = self.lock().take(stream.raw() as usize, index)?;
-        self.lend(block, size, stream).ok()
-    }
-
-    /// Lends `block` (counted as lent out) as `size` bytes ordered on `stream`.
-    ///
-    /// # Errors
-    /// [`MemoryError::WrongDevice`] and the other refusals of `DevicePtrHandle::lend`; the
-    /// block is then freed by its own rule, not cached.
-    #[inline]
-    fn lend(
-        self: &Arc<Self>,
-        block: DevicePtrHandle,
-        size: usize,
-        stream: &StreamHandle,
-    ) -> Result<Buffer, MemoryError> {
-        match DevicePtrHandle::lend(block, size, stream, Arc::clone(self)) {
-            Ok(handle) => Ok(Buffer::new(
-                handle,
-                Some(Arc::clone(self) as Arc<dyn MemoryResource>),
-                Some(self.access),
-                IpcRole::None,
-            )),
-            Err((error, block)) => {
-                {
-                    let mut state = self.lock();
-                    state.returned(block.size());
-                    state.stats.freed_blocks += 1;
-                }
-                drop(block); // freed by its own rule, not cached
-                Err(device_error(error))
-            }
-        }
+        let cached = self.lock().take(key, index)?;
+        self.lend(cached, size, stream).ok()
     }
 
     /// Whether [`CachingMemoryResource::close`] was called.
@@ -363,20 +556,284 @@ impl CachingMemoryResource {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Says `what` once for this cache through the cleanup-warning reporter. Never under a lock.
+    #[cold]
+    fn warn_once(&self, what: NotCached, stream: &StreamHandle) {
+        let bit = what as u8;
+        if self.warned.fetch_or(bit, Ordering::Relaxed) & bit != 0 {
+            return;
+        }
+        handles::report_warning(CleanupWarning {
+            operation: "CachingMemoryResource",
+            ptr: 0,
+            stream: stream.raw() as u64,
+            context: stream.context().map_or(0, |c| c.raw() as u64),
+            kind: CleanupWarningKind::NotCached { why: what.why() },
+        });
+    }
+
+    /// The bin an allocation on `stream` looks in: `Ok(None)` for a stream wrapped without an
+    /// owner whose id the driver did not give (it takes other streams' blocks only).
+    ///
+    /// # Errors
+    /// [`HandleError::NoCurrentContext`] for an unbound token on a thread with no context.
+    ///
+    /// Driver calls: `cuCtxGetCurrent` for an unbound token.
+    fn key_of(stream: &StreamHandle) -> Result<Option<Key>, HandleError> {
+        let key = if stream.pins_its_stream() {
+            Some(Key::Pinned(stream.raw() as usize))
+        } else if let Some(kind) = stream.default_kind() {
+            let context = match stream.context() {
+                Some(context) => context.raw() as usize,
+                None => DeallocationRecipe::record(stream)?.context().raw() as usize,
+            };
+            Some(match kind {
+                DefaultStream::PerThread => Key::PerThread(context, ThreadToken::current().value()),
+                DefaultStream::Null | DefaultStream::Legacy => Key::Legacy(context),
+            })
+        } else {
+            stream.unpinned_id().map(Key::Unpinned)
+        };
+        Ok(key)
+    }
+
+    /// Lends `cached` (counted as lent out) as `size` bytes ordered on `stream`; its fence, no
+    /// longer needed (the caller has ordered `stream` after it, or `stream` is its stream), goes
+    /// back to the spare events.
+    ///
+    /// # Errors
+    /// [`MemoryError::WrongDevice`] and the other refusals of `DevicePtrHandle::lend`; the
+    /// block is then freed by its own rule (after its fence), not cached.
+    #[inline]
+    fn lend(
+        self: &Arc<Self>,
+        cached: Cached,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError> {
+        let Cached { block, fence } = cached;
+        match DevicePtrHandle::lend(block, size, stream, Arc::clone(self)) {
+            Ok(handle) => {
+                if let Some(fence) = fence {
+                    self.spare(fence);
+                }
+                Ok(Buffer::new(
+                    handle,
+                    Some(Arc::clone(self) as Arc<dyn MemoryResource>),
+                    Some(self.access),
+                    IpcRole::None,
+                ))
+            }
+            Err((error, block)) => {
+                self.lock().returned(block.size());
+                self.free(Cached { block, fence }, false)?;
+                Err(device_error(error))
+            }
+        }
+    }
+
+    /// An event for a fence in `context`: a spare one, or a new one.
+    ///
+    /// Driver calls: `cuEventCreate` (in `context`) when there is no spare one.
+    fn event(&self, context: &ContextHandle) -> Result<EventHandle, HandleError> {
+        let spare = {
+            let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            events
+                .iter()
+                .rposition(|e| e.context().ptr_eq(context))
+                .map(|at| events.swap_remove(at))
+        };
+        match spare {
+            Some(event) => Ok(event),
+            None => EventHandle::create(context, EventFlags::DISABLE_TIMING),
+        }
+    }
+
+    /// Keeps `event` for another fence (dropped, destroying it, beyond [`SPARE_EVENTS`]).
+    fn spare(&self, event: EventHandle) {
+        let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        if events.len() < SPARE_EVENTS {
+            events.push(event);
+            return;
+        }
+        drop(events);
+        drop(event);
+    }
+
+    /// An event recorded now on `stream` (in `context`, the stream's), counted.
+    ///
+    /// Driver calls: `cuEventRecord` (and `cuEventCreate` without a spare event), in `context`.
+    fn fence(
+        &self,
+        stream: &StreamHandle,
+        context: &ContextHandle,
+    ) -> Result<EventHandle, HandleError> {
+        let event = self.event(context)?;
+        event.record(stream)?;
+        self.lock().stats.events_recorded += 1;
+        Ok(event)
+    }
+
+    /// The cache's own stream in `context` (non-blocking, created once): where the frees of
+    /// fenced blocks go, after their fence.
+    ///
+    /// Driver calls: `cuStreamCreateWithPriority` (in `context`) the first time.
+    fn drain(&self, context: &ContextHandle) -> Result<StreamHandle, HandleError> {
+        let find = |drains: &[StreamHandle]| {
+            drains
+                .iter()
+                .find(|s| s.context().is_some_and(|c| c.ptr_eq(context)))
+                .cloned()
+        };
+        if let Some(stream) = find(&self.drains.lock().unwrap_or_else(|e| e.into_inner())) {
+            return Ok(stream);
+        }
+        let made = StreamHandle::create(context, StreamFlags::NON_BLOCKING, 0)?;
+        let mut drains = self.drains.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(stream) = find(&drains) {
+            return Ok(stream); // another thread made one first; `made` goes
+        }
+        drains.push(made.clone());
+        Ok(made)
+    }
+
+    /// Frees a block taken out of the bins through its own release rule: explicitly (returning
+    /// the error, possibly blocking) or as a drop. A fenced block's recipe is the cache's own
+    /// stream, which first waits for the fence; if that wait fails the block is leaked (a free
+    /// not ordered after its last use would let the pool hand it out under that use), returned
+    /// as the error or reported.
+    ///
+    /// Driver calls: `cuStreamWaitEvent` for a fenced block; the block's own free.
+    fn free(&self, cached: Cached, explicit: bool) -> Result<(), HandleError> {
+        let Cached { block, fence } = cached;
+        if let Some(fence) = fence {
+            let ordered = block
+                .deallocation_stream()
+                .ok_or_else(no_recipe)
+                .and_then(|drain| drain.wait_event(&fence).map(|()| drain));
+            match ordered {
+                Ok(_) => self.spare(fence),
+                Err(error) => {
+                    let (ptr, context) = (block.ptr(), fence.context().raw() as u64);
+                    std::mem::forget(block);
+                    if explicit {
+                        return Err(error);
+                    }
+                    handles::report_error(CleanupError {
+                        resource: "CachingMemoryResource".into(),
+                        operation: "cuStreamWaitEvent",
+                        step: CleanupStep::Ordering,
+                        consequence: Consequence::Leaked,
+                        ptr,
+                        stream: 0,
+                        context,
+                        error,
+                    });
+                    return Ok(());
+                }
+            }
+        }
+        if explicit {
+            block.release()
+        } else {
+            drop(block);
+            Ok(())
+        }
+    }
+
+    /// Frees `blocks` (out of the bins): each explicitly until one fails, the rest as a drop
+    /// frees them (without blocking, failures reported through the cleanup-error hook), so that
+    /// nothing is kept and no failure is lost.
+    ///
+    /// # Errors
+    /// The first failure.
+    fn free_all(&self, blocks: Vec<Cached>) -> Result<(), MemoryError> {
+        let mut result = Ok(());
+        for cached in blocks {
+            let explicit = result.is_ok();
+            if let Err(error) = self.free(cached, explicit) {
+                result = Err(MemoryError::from(error));
+            }
+        }
+        result
+    }
+
+    /// A block of another stream's bin for an allocation on `stream` (bin `key`), its stream
+    /// made to wait for the block's last use first: the event recorded at its free, or one
+    /// recorded on its stream now. `None` (nothing changed) when no bin can give one, while a
+    /// custody capture runs, or when the ordering fails (the block goes back).
+    ///
+    /// Driver calls: `cuStreamWaitEvent` on `stream`; `cuEventRecord` on the block's stream for
+    /// a block without a fence (`cuEventCreate` without a spare event).
+    fn borrow(
+        &self,
+        key: Option<Key>,
+        class: usize,
+        pressed: bool,
+        stream: &StreamHandle,
+    ) -> Option<Cached> {
+        if handles::capture_may_be_active() {
+            return None;
+        }
+        let (from, mut cached) = self.lock().steal(key, class, pressed)?;
+        let ordered = (|| -> Result<(), HandleError> {
+            let fence = match cached.fence.take() {
+                Some(fence) => fence,
+                None => {
+                    let recipe = cached.block.recipe().ok_or_else(no_recipe)?;
+                    // A default stream's work is waited for on its context's legacy stream,
+                    // which waits for every blocking stream of the context, the recording
+                    // thread's per-thread stream included (docs/driver-facts.md F14).
+                    let on = match from {
+                        Key::Legacy(_) | Key::PerThread(..) => StreamHandle::bound_default_stream(
+                            DefaultStream::Legacy,
+                            recipe.context(),
+                        ),
+                        _ => recipe.stream().clone(),
+                    };
+                    self.fence(&on, recipe.context())?
+                }
+            };
+            let waited = stream.wait_event(&fence);
+            match &waited {
+                Ok(()) => self.spare(fence),
+                Err(_) => cached.fence = Some(fence), // still the block's ordering
+            }
+            waited
+        })();
+        match ordered {
+            Ok(()) => {
+                self.lock().stats.cross_stream_hits += 1;
+                Some(cached)
+            }
+            Err(_) => {
+                self.lock().untake(from, class, cached);
+                None
+            }
+        }
+    }
+
     /// A new block of `class_size` bytes from the upstream resource, ordered on `stream`,
-    /// counted as lent out; the upstream's buffer itself when it cannot be cached (a graph
-    /// allocation, or a buffer of another size than asked). On `CUDA_ERROR_OUT_OF_MEMORY` the
-    /// bins are flushed and the allocation retried once.
+    /// counted as lent out; the upstream's buffer itself when it cannot be lent (a graph
+    /// allocation, or a buffer of another size than asked). On `CUDA_ERROR_OUT_OF_MEMORY`:
+    /// another stream's cached block of the class (`Ok(Err(..))` is never that), else the bins
+    /// are flushed and the allocation retried once.
     fn fresh_block(
         &self,
-        class_size: usize,
+        key: Option<Key>,
+        class: (usize, usize),
         stream: &StreamHandle,
-    ) -> Result<Result<DevicePtrHandle, Buffer>, MemoryError> {
+    ) -> Result<Fresh, MemoryError> {
+        let (index, class_size) = class;
         let buffer = match Arc::clone(&self.upstream).allocate(class_size, stream) {
             Err(error) if is_out_of_memory(&error) => {
+                if let Some(cached) = self.borrow(key, index, true, stream) {
+                    return Ok(Fresh::Cached(cached));
+                }
                 let blocks = {
                     let mut state = self.lock();
                     let blocks = state.drain();
+                    state.stats.freed_blocks += blocks.len() as u64;
                     if !blocks.is_empty() {
                         state.stats.out_of_memory_retries += 1;
                     }
@@ -385,7 +842,7 @@ impl CachingMemoryResource {
                 if blocks.is_empty() {
                     return Err(error); // nothing cached: nothing to retry with
                 }
-                free_blocks(blocks)?;
+                self.free_all(blocks.into_iter().map(|(_, _, c)| c).collect())?;
                 Arc::clone(&self.upstream).allocate(class_size, stream)?
             }
             result => result?,
@@ -396,56 +853,142 @@ impl CachingMemoryResource {
         } else {
             Err(buffer)
         };
-        let block = match block {
-            Ok(block) => block,
-            Err(buffer) => {
-                self.lock().stats.misses += 1;
-                return Ok(Err(buffer));
-            }
-        };
         let mut state = self.lock();
         state.stats.misses += 1;
-        state.stats.in_use_blocks += 1;
-        state.stats.in_use_bytes += class_size;
-        Ok(Ok(block))
+        match block {
+            Ok(block) => {
+                state.stats.in_use_blocks += 1;
+                state.stats.in_use_bytes += class_size;
+                Ok(Fresh::Block(block))
+            }
+            Err(buffer) => {
+                drop(state);
+                self.warn_once(NotCached::NotLendable, stream);
+                Ok(Fresh::Buffer(buffer))
+            }
+        }
     }
 
-    /// Whether an allocation on `stream` may use the bins: a stream whose handle keeps it alive
-    /// (created, or wrapped with an owner: [`StreamHandle::pins_its_stream`]; a block binned
-    /// under a stream wrapped without one could outlive it, its free then failing, and its
-    /// value could name a new stream), not being captured by a capture begun through custody.
+    /// Takes back a block whose last free was ordered on `stream` (in `context`): bins it, or
+    /// frees it (a closed cache, a size no class has, a stream it cannot fence), through its own
+    /// rule: explicitly (returning the error, possibly blocking) for an explicit release, as a
+    /// drop otherwise. `pinned`: the raw value of `stream`, which keeps it alive through the
+    /// block's recipe.
     ///
-    /// Driver calls: `cuStreamIsCapturing` only while a custody capture runs.
-    #[inline]
-    fn caches_on(stream: &StreamHandle) -> Result<bool, MemoryError> {
-        if !stream.pins_its_stream() || Self::passes_through() {
-            return Ok(false);
+    /// Driver calls: none for a stream the recipe keeps alive; `cuEventRecord` (and the first
+    /// time `cuEventCreate` and `cuStreamCreateWithPriority`) for one it does not; the block's
+    /// free when it is not binned.
+    fn take_back(
+        &self,
+        block: DevicePtrHandle,
+        stream: Option<&StreamHandle>,
+        pinned: Option<usize>,
+        explicit: bool,
+    ) -> Result<(), HandleError> {
+        let size = block.size();
+        let class = size_class(size).filter(|&(_, c)| c == size).map(|(i, _)| i);
+        let (Some(class), false) = (class, self.is_closed()) else {
+            self.lock().returned(size);
+            return self.free(Cached { block, fence: None }, explicit);
+        };
+        let (key, fence, block) = match (pinned, stream) {
+            (Some(raw), _) => (Key::Pinned(raw), None, block),
+            (None, None) => {
+                self.lock().returned(size);
+                return self.free(Cached { block, fence: None }, explicit);
+            }
+            (None, Some(stream)) => match self.keyed(block, stream) {
+                Ok(keyed) => keyed,
+                Err((block, unfenced)) => {
+                    if unfenced {
+                        self.warn_once(NotCached::Unfenced, stream);
+                    }
+                    self.lock().returned(size);
+                    return self.free(Cached { block, fence: None }, explicit);
+                }
+            },
+        };
+        let cached = Cached { block, fence };
+        let mut state = self.lock();
+        if state.closed {
+            state.returned(size);
+            drop(state);
+            return self.free(cached, explicit);
         }
-        Ok(!handles::capture_may_be_active()
-            || handles::capture_status(stream)? == CaptureStatus::None)
+        state.put(key, class, cached);
+        Ok(())
     }
+
+    /// The bin of a block freed on `stream`, a stream the block's recipe does not keep alive by
+    /// its value: a default stream (its context, and thread for the per-thread stream), or a
+    /// stream wrapped without an owner, for which the block gets a fence recorded there now and
+    /// its recipe moves to the cache's own stream of that context. The block back with `true`
+    /// when that stream cannot be fenced (the caller frees it on `stream`, alive now).
+    #[allow(clippy::type_complexity)]
+    fn keyed(
+        &self,
+        block: DevicePtrHandle,
+        stream: &StreamHandle,
+    ) -> Result<(Key, Option<EventHandle>, DevicePtrHandle), (DevicePtrHandle, bool)> {
+        let Some(recipe) = block.recipe() else {
+            return Err((block, false));
+        };
+        let context = recipe.context().raw() as usize;
+        if let Some(kind) = stream.default_kind() {
+            let key = match (kind, recipe.ptds_thread()) {
+                (DefaultStream::PerThread, Some(thread)) => Key::PerThread(context, thread.value()),
+                _ => Key::Legacy(context),
+            };
+            return Ok((key, None, block));
+        }
+        let key = stream.unpinned_id().map_or(Key::Anonymous, Key::Unpinned);
+        let fenced = self.fence(stream, recipe.context()).and_then(|fence| {
+            let drain = self.drain(recipe.context())?;
+            block.set_deallocation_stream(&drain)?;
+            Ok(fence)
+        });
+        drop(recipe); // its stream reference goes with the block's old recipe
+        match fenced {
+            Ok(fence) => Ok((key, Some(fence), block)),
+            Err(_) => Err((block, true)),
+        }
+    }
+}
+
+/// A block for an allocation from [`CachingMemoryResource::fresh_block`].
+enum Fresh {
+    /// A new block from the upstream.
+    Block(DevicePtrHandle),
+    /// Another stream's cached block, ordered for the allocation's stream.
+    Cached(Cached),
+    /// The upstream's own buffer, which cannot be lent.
+    Buffer(Buffer),
 }
 
 impl MemoryResource for CachingMemoryResource {
     /// Allocates `size` bytes ordered on `stream`: a cached block of the size class of `size`
-    /// whose last free was ordered on `stream` when there is one (no driver call), else a new
-    /// block of the class's size from the upstream resource. The buffer reports `size` bytes
-    /// and this resource; its free gives the block back (see [`CachingMemoryResource`]). On a
-    /// default-stream token, on a stream wrapped without an owner (which the cache cannot keep
-    /// alive: [`StreamHandle::pins_its_stream`]), on a stream a custody capture is capturing, or for a request whose
-    /// class would exceed `isize::MAX` bytes, the upstream resource allocates `size` bytes
-    /// itself and the buffer is its own.
+    /// whose last free was ordered on `stream` when there is one (no driver call), else another
+    /// stream's when one may serve it (after `stream` waits for an event, see
+    /// [`CachingMemoryResource`]), else a new block of the class's size from the upstream
+    /// resource. The buffer reports `size` bytes and this resource; its free gives the block back
+    /// (see [`CachingMemoryResource`]). On a stream a custody capture is capturing, or for a
+    /// request whose class would exceed `isize::MAX` bytes, the upstream resource allocates
+    /// `size` bytes itself and the buffer is its own.
     ///
     /// # Errors
     /// [`MemoryError::InvalidSize`]; [`MemoryError::ResourceClosed`] after
     /// [`CachingMemoryResource::close`]; [`MemoryError::WrongDevice`] for a stream of another
-    /// device than the memory's; the upstream resource's errors (after one retry for
-    /// `CUDA_ERROR_OUT_OF_MEMORY`), or a failed flush's before that retry. Nothing is
-    /// allocated on error.
+    /// device than the memory's; [`MemoryError::Handle`] with
+    /// [`HandleError::NoCurrentContext`] for an unbound default stream on a thread with no
+    /// context; the upstream resource's errors (after one retry for
+    /// `CUDA_ERROR_OUT_OF_MEMORY`), or a failed flush's before that retry. Nothing is allocated
+    /// on error.
     ///
-    /// Driver calls: none from a bin; otherwise the upstream resource's allocation (and on
+    /// Driver calls: none from the stream's own bin; `cuStreamWaitEvent` (and `cuEventRecord`)
+    /// for another stream's block; otherwise the upstream resource's allocation (and on
     /// `CUDA_ERROR_OUT_OF_MEMORY` the frees of [`CachingMemoryResource::trim`]);
-    /// `cuStreamIsCapturing` only while a custody capture runs.
+    /// `cuCtxGetCurrent` for an unbound default stream; `cuStreamIsCapturing` only while a
+    /// custody capture runs.
     fn allocate(
         self: Arc<Self>,
         size: usize,
@@ -458,20 +1001,30 @@ impl MemoryResource for CachingMemoryResource {
             });
         }
         let class = match size_class(size) {
-            Some(class) if Self::caches_on(stream)? => class,
+            Some(class) if !Self::passes_through() => class,
             _ => return Arc::clone(&self.upstream).allocate(size, stream),
         };
-        let (index, class_size) = class;
-        let key = stream.raw() as usize;
-        let cached = self.lock().take(key, index);
-        let block = match cached {
-            Some(block) => block,
-            None => match self.fresh_block(class_size, stream)? {
-                Ok(block) => block,
-                Err(buffer) => return Ok(buffer),
-            },
-        };
-        self.lend(block, size, stream)
+        if handles::capture_may_be_active()
+            && handles::capture_status(stream).map_err(device_error)? != CaptureStatus::None
+        {
+            self.warn_once(NotCached::Capturing, stream);
+            return Arc::clone(&self.upstream).allocate(size, stream);
+        }
+        let key = Self::key_of(stream).map_err(device_error)?;
+        if let Some(key) = key {
+            let cached = self.lock().take(key, class.0);
+            if let Some(cached) = cached {
+                return self.lend(cached, size, stream);
+            }
+        }
+        if let Some(cached) = self.borrow(key, class.0, false, stream) {
+            return self.lend(cached, size, stream);
+        }
+        match self.fresh_block(key, class, stream)? {
+            Fresh::Block(block) => self.lend(Cached { block, fence: None }, size, stream),
+            Fresh::Cached(cached) => self.lend(cached, size, stream),
+            Fresh::Buffer(buffer) => Ok(buffer),
+        }
     }
 
     /// Frees memory adopted with this resource as owner, through the upstream resource's
@@ -509,45 +1062,39 @@ impl MemoryResource for CachingMemoryResource {
 }
 
 impl Lender for CachingMemoryResource {
-    /// Bins `block` under its free's stream, or frees it (a default-stream token, or a closed
-    /// cache) through its own release rule: explicitly (returning the error, possibly blocking)
-    /// for an explicit release, as a drop otherwise.
+    /// Bins `block` under its free's stream (see [`CachingMemoryResource`]), or frees it (a
+    /// closed cache) through its own release rule: explicitly (returning the error, possibly
+    /// blocking) for an explicit release, as a drop otherwise.
     fn give_back(
         &self,
         block: DevicePtrHandle,
         returned: &Returned<'_>,
     ) -> Result<(), HandleError> {
         let (bin, explicit) = (returned.bin, returned.explicit);
-        let size = block.size();
-        {
-            let mut state = self.lock();
-            match (bin, size_class(size)) {
-                (Some(stream), Some((class, class_size)))
-                    if !state.closed && class_size == size =>
-                {
-                    state.stats.in_use_blocks -= 1;
-                    state.stats.in_use_bytes -= size;
-                    state.stats.cached_blocks += 1;
-                    state.stats.cached_bytes += size;
-                    state.bin(stream, class).push(block);
-                    return Ok(());
-                }
-                _ => {
-                    state.returned(size);
-                    state.stats.freed_blocks += 1;
-                }
-            }
+        if bin.is_some() {
+            // A stream the recipe keeps alive: its raw value is the key.
+            return self.take_back(block, None, bin, explicit);
         }
-        if explicit {
-            block.release()
-        } else {
-            drop(block);
-            Ok(())
-        }
+        self.take_back(block, Some(returned.stream), None, explicit)
     }
 
     fn name(&self) -> &str {
         "CachingMemoryResource"
+    }
+}
+
+impl Drop for CachingMemoryResource {
+    /// Frees what is still cached, as drops (a fenced block after its fence, on the cache's own
+    /// stream), before the upstream resource goes.
+    fn drop(&mut self) {
+        let blocks = self
+            .state
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain();
+        for (_, _, cached) in blocks {
+            let _ = self.free(cached, false);
+        }
     }
 }
 

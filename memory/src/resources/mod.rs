@@ -14,7 +14,7 @@ mod graph;
 mod pool;
 mod synchronous;
 
-pub use caching::{CachingMemoryResource, CachingStats};
+pub use caching::{CachingMemoryResource, CachingStats, Trimmed};
 pub use graph::GraphMemoryResource;
 pub use pool::{
     DeviceMemoryResource, DeviceMemoryResourceOptions, ManagedPoolMemoryResource,
