@@ -471,7 +471,10 @@ fn default_streams_are_cached_on() {
     let mr = cache_over_device_pool();
     let legacy = StreamHandle::legacy();
     let buffer = allocate(&mr, 4096, &legacy);
-    assert_eq!(buffer.memory_resource().unwrap().name(), "CachingMemoryResource");
+    assert_eq!(
+        buffer.memory_resource().unwrap().name(),
+        "CachingMemoryResource"
+    );
     let ptr = buffer.ptr();
     buffer.fill(1u8, &legacy).unwrap();
     buffer.close().unwrap();
@@ -482,7 +485,9 @@ fn default_streams_are_cached_on() {
         let names: Vec<String> = emu
             .names_on(tid(), from)
             .into_iter()
-            .filter(|n| n.starts_with("cuMem") || n.starts_with("cuEvent") || n.starts_with("cuStream"))
+            .filter(|n| {
+                n.starts_with("cuMem") || n.starts_with("cuEvent") || n.starts_with("cuStream")
+            })
             .collect();
         assert!(names.is_empty(), "{names:?}");
     });
@@ -511,7 +516,11 @@ fn default_streams_are_cached_on() {
     assert_eq!(after.ptr(), ptds_ptr, "binned under the legacy stream");
     after.close().unwrap();
     let stats = mr.stats();
-    assert_eq!((stats.hits, stats.misses, stats.cross_stream_hits), (3, 3, 0), "{stats:?}");
+    assert_eq!(
+        (stats.hits, stats.misses, stats.cross_stream_hits),
+        (3, 3, 0),
+        "{stats:?}"
+    );
     per_thread.synchronize().unwrap();
     mr.close().unwrap();
     ContextHandle::clear_current().unwrap();
@@ -1197,7 +1206,11 @@ fn trim_says_what_it_freed_and_what_it_could_not() {
     out.close().unwrap();
     let trimmed = mr.trim().unwrap();
     assert_eq!(
-        (trimmed.freed_blocks, trimmed.kept_blocks, trimmed.in_use_blocks),
+        (
+            trimmed.freed_blocks,
+            trimmed.kept_blocks,
+            trimmed.in_use_blocks
+        ),
         (2, 0, 0)
     );
     assert_eq!(device_used(), base);
@@ -1225,7 +1238,11 @@ fn an_allocation_on_a_capturing_stream_is_said_once_and_goes_to_the_upstream() {
     let warnings = not_cached();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert_eq!(warnings[0].stream, s.raw() as u64);
-    assert!(warnings[0].to_string().contains("captured"), "{}", warnings[0]);
+    assert!(
+        warnings[0].to_string().contains("captured"),
+        "{}",
+        warnings[0]
+    );
     let other = cache_over_device_pool();
     begin_capture(
         &s,
@@ -1260,9 +1277,17 @@ fn a_wrapped_stream_that_cannot_be_fenced_gets_its_blocks_freed_and_a_warning() 
     let from = mark();
     buffer.close().unwrap();
     let free = emu.only_call("cuMemFreeAsync", alloc, from);
-    assert_eq!(free.stream, Some(raw as u64), "freed on its stream, alive now");
+    assert_eq!(
+        free.stream,
+        Some(raw as u64),
+        "freed on its stream, alive now"
+    );
     let stats = mr.stats();
-    assert_eq!((stats.cached_blocks, stats.freed_blocks), (0, 1), "{stats:?}");
+    assert_eq!(
+        (stats.cached_blocks, stats.freed_blocks),
+        (0, 1),
+        "{stats:?}"
+    );
     assert_eq!(not_cached().len(), 1);
     foreign.synchronize().unwrap();
     drop(foreign);
@@ -1295,7 +1320,11 @@ fn out_of_memory_takes_another_streams_block_before_flushing() {
     assert_eq!(on_b.ptr(), ptr, "a's block");
     let stats = mr.stats();
     assert_eq!(
-        (stats.cross_stream_hits, stats.out_of_memory_retries, stats.misses),
+        (
+            stats.cross_stream_hits,
+            stats.out_of_memory_retries,
+            stats.misses
+        ),
         (1, 0, 1),
         "{stats:?}"
     );

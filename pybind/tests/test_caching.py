@@ -13,7 +13,7 @@ import os
 import pytest
 
 import custody
-from conftest import DRIVER, run_in_thread
+from conftest import DRIVER, cuda_warnings, run_in_thread
 
 # Every test here is about what a cache keeps; with CUSTODY_CACHING_PASS_THROUGH set (the GPU
 # runner's compute-sanitizer mode sets it) a cache keeps nothing: test_caching_pass_through.py.
@@ -65,13 +65,22 @@ def test_a_same_stream_reuse_makes_no_driver_call(device, stream, pool, emu):
         "cached_blocks": 1,
         "cached_bytes": 1024,
         "hits": 2,
+        "cross_stream_hits": 0,
         "misses": 1,
+        "events_recorded": 0,
         "freed_blocks": 0,
         "out_of_memory_retries": 0,
     }
     if emu:
         emu.clear_calls()
-    assert mr.trim() is None
+    assert mr.trim() == {
+        "freed_blocks": 1,
+        "freed_bytes": 1024,
+        "kept_blocks": 0,
+        "kept_bytes": 0,
+        "in_use_blocks": 0,
+        "in_use_bytes": 0,
+    }
     if emu:
         (free,) = emu.calls_to("cuMemFreeAsync")
         assert free["stream"] == stream.handle and free["result"] == 0
@@ -351,3 +360,35 @@ def test_a_closed_cache_refuses_allocations_of_one_byte_or_more(device, stream, 
     empty = mr.allocate(0, stream=stream)
     assert (empty.handle, empty.size) == (0, 0)
     empty.close()
+
+
+def test_trim_says_what_it_kept_and_a_capturing_stream_is_said_once(device, pool, recorded_warnings):
+    """A trim while a stream is being captured keeps that stream's blocks (a free there would
+    join the capture) and says so, counts the buffers lent out, and frees the rest; an
+    allocation on the capturing stream goes to the upstream (a pool refuses it) and the cache
+    says once, as a CUDAWarning, that it does not cache such allocations."""
+    a = device.create_stream()
+    mr = custody.CachingMemoryResource(pool)
+    gb = device.create_graph_builder()
+    mr.allocate(4096, stream=gb.stream).close()
+    mr.allocate(1000, stream=a).close()
+    out = mr.allocate(4096, stream=a)
+    gb.begin_building()
+    trimmed = mr.trim()
+    for _ in range(2):
+        with pytest.raises(Exception):
+            mr.allocate(4096, stream=gb.stream)
+    gb.end_building()
+    assert trimmed == {
+        "freed_blocks": 1,
+        "freed_bytes": 1024,
+        "kept_blocks": 1,
+        "kept_bytes": 4096,
+        "in_use_blocks": 1,
+        "in_use_bytes": 4096,
+    }
+    said = [str(w.message) for w in cuda_warnings(recorded_warnings)]
+    assert len(said) == 1 and "captured" in said[0], said
+    out.close()
+    assert mr.trim()["freed_blocks"] == 2
+    mr.close()

@@ -1064,19 +1064,27 @@ class CachingMemoryResource(MemoryResource):
     """An opt-in cache over a built-in memory resource (``upstream``: a
     :class:`DeviceMemoryResource`, :class:`PinnedMemoryResource`,
     :class:`SynchronousMemoryResource`, ... or a Python subclass of one, whose built-in
-    allocation it uses), as PyTorch's and CuPy's caching allocators keep memory. A buffer
-    closed or dropped goes back to a bin of the stream
-    its free is ordered on (its deallocation stream: the allocation's, or the one
-    ``set_deallocation_stream`` named last), and the next ``allocate`` of its size class on that
-    same stream gets the memory again without a driver call; work enqueued there after the free
-    is ordered after every earlier use by stream order. Another stream never gets it. Streams
-    declared with ``Buffer.record_use`` are waited for (``cuStreamWaitEvent`` on the free's
-    stream) before the memory goes back to a bin. Sizes are rounded up to 512 bytes, then to one
-    of four classes per doubling (at most 25% more); ``Buffer.size`` is the size asked for. A
-    default stream, or a stream being captured, is not cached: the upstream resource allocates
-    (and frees) as it would alone, and so is a stream wrapped from a bare ``int``
-    (``Stream.from_handle(int)``: custody cannot keep it alive, and its maker may destroy it). A
-    cached block keeps its stream alive until :meth:`trim` or :meth:`close` frees it. Its buffers cannot be exported to another process
+    allocation it uses), as PyTorch's and CuPy's caching allocators keep memory, on every stream
+    it is given. A buffer closed or dropped goes back to a bin of the stream its free is ordered
+    on (its deallocation stream: the allocation's, or the one ``set_deallocation_stream`` named
+    last), and the next ``allocate`` of its size class on that same stream gets the memory again
+    without a driver call; work enqueued there after the free is ordered after every earlier use
+    by stream order. That holds for a stream custody created, a default stream, and a stream
+    wrapped from another library (``Stream.from_handle(int)``, a ``__cuda_stream__`` object):
+    custody cannot keep a stream wrapped from a bare ``int`` alive, so the close records an event
+    on it (``cuEventRecord``, its one driver call) and the cache never names that stream again,
+    which may then be destroyed and its handle given to a new stream safely. A stream with no
+    block of the size cached takes one freed on another stream after waiting for an event
+    recorded there (``cuStreamWaitEvent``: no host wait), when that stream keeps another one of
+    the size, or from any stream when the upstream is out of memory (before the cache is
+    flushed). Streams declared with ``Buffer.record_use`` are waited for before the memory goes
+    back to a bin. Sizes are rounded up to 512 bytes, then to one of four classes per doubling
+    (at most 25% more); ``Buffer.size`` is the size asked for. What the cache cannot cache it says
+    once, as a :class:`CUDAWarning`, and leaves to the upstream resource: allocations on a stream
+    being captured (the upstream allocates, and a pool refuses), blocks freed on a wrapped stream
+    where no event could be recorded (freed at once), and upstream buffers that cannot be lent. A
+    cached block keeps a created stream (or a ``__cuda_stream__`` object) alive until
+    :meth:`trim` or :meth:`close` frees it. Its buffers cannot be exported to another process
     (``ipc_descriptor`` raises ``RuntimeError``), even over an IPC-enabled pool.
 
     ``CachingMemoryResource(upstream)``. ``TypeError`` for anything but a built-in memory
@@ -1097,12 +1105,12 @@ class CachingMemoryResource(MemoryResource):
     def allocate(self, size: int, *, stream: StreamLike) -> Buffer:
         """Allocates ``size`` bytes ordered on ``stream`` (keyword-only), which also orders the
         eventual free: a cached block of its size class last freed on ``stream`` when there is
-        one (no driver call, the GIL kept), else a new block from the upstream resource (the GIL
-        released). Zero bytes give an empty buffer (address 0, no driver call).
-        ``RuntimeError`` for one byte or more once :meth:`close` was called; otherwise as
-        ``MemoryResource.allocate`` (``OverflowError``, ``TypeError``, :class:`CUDAError` for
-        the upstream's failure, after one retry with the cache flushed when it was out of
-        memory, and ``RuntimeError`` at exit).
+        one (no driver call, the GIL kept), else another stream's after ``stream`` waited for its
+        event, else a new block from the upstream resource (the GIL released for both). Zero bytes
+        give an empty buffer (address 0, no driver call). ``RuntimeError`` for one byte or more once
+        :meth:`close` was called; otherwise as ``MemoryResource.allocate`` (``OverflowError``,
+        ``TypeError``, :class:`CUDAError` for the upstream's failure, after one retry with the cache
+        flushed when it was out of memory, and ``RuntimeError`` at exit).
         """
     @property
     def upstream(self) -> MemoryResource:
@@ -1112,17 +1120,24 @@ class CachingMemoryResource(MemoryResource):
         """The cache's counters, as a new ``dict`` of ints: ``in_use_blocks`` and ``in_use_bytes``
         (blocks lent out, by block size: the requests rounded up to their class),
         ``cached_blocks`` and ``cached_bytes`` (blocks waiting in a bin), ``hits`` (allocations
-        served from a bin), ``misses`` (allocations that took a new block from the upstream),
-        ``freed_blocks`` (blocks freed through the upstream: trims, closes, frees on a default
-        stream) and ``out_of_memory_retries``. ``in_use_bytes + cached_bytes`` is what the
-        upstream holds for the cache.
+        served from a bin), of which ``cross_stream_hits`` were on another stream than the block's
+        last free (each after an event wait), ``misses`` (allocations that took a new block from the
+        upstream), ``events_recorded`` (one per free on a stream wrapped from a bare ``int``, and per
+        cross-stream hit of a block that had none), ``freed_blocks`` (blocks freed through the
+        upstream: trims, closes, blocks given back after the close) and ``out_of_memory_retries``.
+        ``in_use_bytes + cached_bytes`` is what the upstream holds for the cache.
         """
-    def trim(self) -> None:
-        """Frees every cached block now through the upstream resource (for a pool
-        ``cuMemFreeAsync`` on the block's stream, which does not block; for the synchronous
-        resources after its stream has drained), the GIL released. Buffers lent out are not
-        touched. :class:`CUDAError` for the first free that fails (the others are still freed,
-        their failures reported as :class:`CUDAWarning`); the bins are empty either way.
+    def trim(self) -> "dict[str, int]":
+        """Frees the cached blocks now through the upstream resource (for a pool
+        ``cuMemFreeAsync``, which does not block; for the synchronous resources after the block's
+        stream has drained), the GIL released, and returns what it did, a ``dict`` of ints:
+        ``freed_blocks`` and ``freed_bytes``; ``kept_blocks`` and ``kept_bytes``, blocks left in their
+        bins because their stream is being captured (a free there would join the capture; a later
+        trim frees them); ``in_use_blocks`` and ``in_use_bytes``, buffers lent out, which it does not
+        touch. A block last freed on a stream wrapped from a bare ``int`` is freed on a stream of the
+        cache's own after that free's event (the wrapped stream may be gone). :class:`CUDAError` for
+        the first free that fails (the others are still freed, their failures reported as
+        :class:`CUDAWarning`); only blocks on capturing streams stay in the bins either way.
         """
     def close(self) -> None:
         """Closes the resource: it allocates nothing more (``RuntimeError``), its cached blocks are
