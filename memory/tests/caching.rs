@@ -944,8 +944,8 @@ fn a_wrapped_streams_blocks_are_cached_and_reused() {
     assert_no_hazards();
 }
 
-/// The hazard of rmm's issue #649: a block waits in the bin of a wrapped stream, the stream is
-/// destroyed, and a new stream gets the old handle value. The new stream is another stream (the
+/// The hazard RAPIDS rmm reported as rmm#649: a block waits in the bin of a wrapped stream, the
+/// stream is destroyed, and a new stream gets the old handle value. The new stream is another stream (the
 /// emulator hands it the value on request, `custodyEmuReuseStreamHandle`; a real driver is
 /// given a few tries to do so, and the test goes on with whatever value it gets), so a block it
 /// takes must be ordered after the old stream's work by the event recorded at the free, never by

@@ -264,9 +264,9 @@ def test_a_wrapped_streams_blocks_are_cached_and_reused(device, pool, emu):
 
 
 def test_a_reuse_after_a_wrapped_stream_is_destroyed_and_its_handle_reused_is_ordered(device, pool, emu):
-    """rmm's issue #649: blocks wait in a wrapped stream's bin, the stream is destroyed and a
-    new stream gets its handle value (on the emulator by request; a real driver is given a few
-    tries). The new stream is another stream: a block it takes is ordered after the old stream's
+    """The hazard RAPIDS rmm reported as rmm#649: blocks wait in a wrapped stream's bin, the
+    stream is destroyed and a new stream gets its handle value (on the emulator by request; a
+    real driver is given a few tries). The new stream is another stream: a block it takes is ordered after the old stream's
     work by the event recorded at the close (``cuStreamWaitEvent``), never by the value; the
     hazard checker sees the block's last free ordered after the old stream's fill."""
     base = used(pool)

@@ -68,8 +68,8 @@ fn f18_current_pool_hands_a_freed_address_out_again() {
 /// `cuStreamGetId` is "unique for the life of the program" (the driver API documentation): 64
 /// streams created and destroyed one after another each get their own id, whether or not the
 /// driver hands a destroyed stream's handle value out again (which it may, as a freed pointer:
-/// rmm's issue #649, and what a cache keyed on stream handles must survive; how often it did is
-/// printed). custody's caching resource keys a stream it cannot keep alive on this id.
+/// the hazard RAPIDS rmm reported as rmm#649, and what a cache keyed on stream handles must
+/// survive; how often it did is printed). custody's caching resource keys a stream it cannot keep alive on this id.
 #[test]
 fn stream_ids_stay_unique_when_stream_handles_come_back() {
     on_fresh_thread("stream-ids", || {
