@@ -96,17 +96,18 @@ def test_another_stream_gets_a_new_block_and_set_deallocation_stream_moves_it(de
     ptr = buf.handle
     buf.close()
     on_b = mr.allocate(4096, stream=b)
-    assert on_b.handle != ptr, "a's block is not handed out on b"
+    assert on_b.handle != ptr, "a's only block stays a's"
     on_b.close()
     moved = mr.allocate(4096, stream=a)
     assert moved.handle == ptr
     b.wait(a)
     moved.set_deallocation_stream(b)
     moved.close()
-    fresh = mr.allocate(4096, stream=a)
-    assert fresh.handle != ptr, "no longer a's"
     from_b = [mr.allocate(4096, stream=b) for _ in range(2)]
     assert ptr in [x.handle for x in from_b], "b's now"
+    fresh = mr.allocate(4096, stream=a)
+    assert fresh.handle != ptr, "no longer a's"
+    assert mr.stats["cross_stream_hits"] == 0
     for x in from_b + [fresh]:
         x.close()
     mr.close()
