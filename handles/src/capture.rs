@@ -7,8 +7,9 @@ use cuda_sys::types::{CUgraph, CUstreamCaptureMode, CUstreamCaptureStatus};
 
 use crate::context::ContextHandle;
 use crate::graph::GraphHandle;
+use crate::release::CaptureAllocations;
 use crate::report::{report, CleanupStep, Consequence, Subject};
-use crate::stream::StreamHandle;
+use crate::stream::{capture_state, CaptureState, StreamHandle};
 use crate::HandleError;
 
 /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
@@ -57,14 +58,38 @@ pub fn capture_status(stream: &StreamHandle) -> Result<CaptureStatus, HandleErro
 /// # Errors
 /// As [`capture_status`]; the driver refuses the legacy stream and a stream already capturing.
 ///
-/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamBeginCapture_v2`.
+/// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamBeginCapture_v2`,
+/// `cuStreamGetCaptureInfo_v2` (which capture it is, for its graph allocations).
 pub fn begin_capture(stream: &StreamHandle, mode: CUstreamCaptureMode) -> Result<(), HandleError> {
+    let mut state = CaptureState::Free;
     stream.run("cuStreamBeginCapture_v2", |d, s| {
         // SAFETY: the stream is alive and its context current.
-        unsafe { (d.cuStreamBeginCapture_v2)(s, mode) }
+        let status = unsafe { (d.cuStreamBeginCapture_v2)(s, mode) };
+        if status == 0 {
+            // Which capture this is, for its graph allocations (`release/graph.rs`).
+            state = capture_state(d, s);
+        }
+        status
     })?;
     crate::stream::note_capture_begun();
+    if let Some(capture) = state.capture_id() {
+        CaptureAllocations::begun(capture);
+    }
     Ok(())
+}
+
+/// The id of the capture `stream` is in, when a capture begun through custody may be running
+/// (its graph allocations are found by it); `None` otherwise, with no driver call.
+fn capture_of(stream: &StreamHandle) -> Option<u64> {
+    if !CaptureAllocations::any_running() {
+        return None;
+    }
+    let mut state = CaptureState::Free;
+    let _ = stream.run("cuStreamGetCaptureInfo_v2", |d, s| {
+        state = capture_state(d, s);
+        0
+    });
+    state.capture_id()
 }
 
 /// Ends the capture of `stream` and returns the captured graph, owned (destroyed in the
@@ -75,12 +100,15 @@ pub fn begin_capture(stream: &StreamHandle, mode: CUstreamCaptureMode) -> Result
 /// has ended all the same).
 ///
 /// Driver calls: `cuCtxGetCurrent` (twice for an unbound token), `cuCtxSetCurrent` (if needed),
-/// `cuStreamEndCapture`; `cuGraphDestroy` when the last graph handle drops.
+/// `cuStreamGetCaptureInfo_v2` (while a capture begun through custody runs: which capture ends,
+/// for its graph allocations; again after a failure), `cuStreamEndCapture`; `cuGraphDestroy` when
+/// the last graph handle drops.
 pub fn end_capture(stream: &StreamHandle) -> Result<GraphHandle, HandleError> {
     let context = match stream.context() {
         Some(context) => context.clone(),
         None => ContextHandle::current()?.ok_or(HandleError::NoCurrentContext)?,
     };
+    let capture = capture_of(stream);
     let mut graph: CUgraph = std::ptr::null_mut();
     let result = stream.run("cuStreamEndCapture", |d, s| {
         // SAFETY: `graph` is a valid out-pointer read after success; the stream is alive.
@@ -91,8 +119,18 @@ pub fn end_capture(stream: &StreamHandle) -> Result<GraphHandle, HandleError> {
         }
         status
     });
-    result?;
-    Ok(GraphHandle::from_captured(graph, &context))
+    if let Err(error) = result {
+        // A capture that ended without a graph (invalidated, a fork left unjoined): its
+        // allocations never get memory. One still running (ended on the wrong thread) goes on.
+        if let Some(capture) = capture {
+            if capture_of(stream) != Some(capture) {
+                CaptureAllocations::ended_without_graph(capture);
+            }
+        }
+        return Err(error);
+    }
+    let allocations = capture.and_then(CaptureAllocations::built);
+    Ok(GraphHandle::from_captured(graph, &context, allocations))
 }
 
 /// Ends the capture of `stream` and discards what it recorded (the graph is destroyed once its

@@ -16,8 +16,9 @@ use crate::flags::MemAttachFlags;
 use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
 use crate::release::{
-    checked, Family, GiveBack, GraphAllocation, HostDeallocator, Ipc, Kept, Lent, PoolRef, PtrBox,
-    Release, ReleaseKind, Returned, StreamOrdered, Synchronous, UserDeallocator,
+    allocations_of_capture, checked, Family, GiveBack, GraphAllocation, HostDeallocator, Ipc, Kept,
+    Lent, PoolRef, PtrBox, Release, ReleaseKind, Returned, StreamOrdered, Synchronous,
+    UserDeallocator,
 };
 use crate::scope::run_in_from;
 use crate::stream::StreamHandle;
@@ -177,15 +178,30 @@ impl DevicePtrHandle {
     }
 
     /// Allocates `size` bytes as a graph allocation ([`ReleaseKind::Graph`]): `cuMemAllocAsync`
-    /// on `stream`, which the caller has found capturing (a capture that was not, or no longer
-    /// is, running makes this an ordinary allocation of the device's current pool).
+    /// on `stream`, which is being captured by a capture begun through custody
+    /// ([`crate::begin_capture`]). Its free follows the capture: a free node inside it, a free
+    /// after the graph's first launch before that launch, an ordinary free after it, nothing for
+    /// a capture that produced no graph (docs/decisions.md D11; handles/DESIGN.md, "Graph
+    /// allocations"). On a stream that is not so captured (not at all, or by a capture begun
+    /// by other code, whose end custody does not see) this is an ordinary allocation of the
+    /// device's current pool ([`ReleaseKind::Async`]).
     ///
     /// # Errors
     /// As [`DevicePtrHandle::alloc_from_pool`].
     ///
-    /// Driver calls: as [`DevicePtrHandle::alloc_async`].
+    /// Driver calls: `cuStreamGetCaptureInfo_v2` (while a capture begun through custody runs),
+    /// then as [`DevicePtrHandle::alloc_async`].
     pub fn alloc_graph(size: usize, stream: &StreamHandle) -> Result<DevicePtrHandle, HandleError> {
-        Self::alloc_async_as(size, stream, Release::Graph(GraphAllocation))
+        let Some(allocations) = allocations_of_capture(stream)? else {
+            // Not in a capture custody began: its end is not seen, and the memory is ordinary
+            // stream-ordered memory as far as custody can tell.
+            let release = Release::StreamOrdered(StreamOrdered { pool: None });
+            return Self::alloc_async_as(size, stream, release);
+        };
+        let family = GraphAllocation::new(Arc::clone(&allocations));
+        let handle = Self::alloc_async_as(size, stream, Release::Graph(family))?;
+        allocations.allocated();
+        Ok(handle)
     }
 
     fn alloc_async_as(

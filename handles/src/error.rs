@@ -59,6 +59,21 @@ pub enum HandleError {
         /// What the driver said instead of the context's id.
         found: String,
     },
+    /// A launch of a graph that has run once and allocates memory it does not free itself:
+    /// its first launch made that memory, whose free is outside the graph, and another launch
+    /// would allocate it again with nothing to free it (docs/decisions.md D11). Refused before
+    /// any driver call.
+    #[error(
+        "the graph has run once and allocates memory it does not free itself ({allocations} \
+         graph allocation(s) not freed inside its capture): another launch would allocate that \
+         memory again, and nothing would free it, so such a graph is launched once; free the \
+         allocations inside the capture (close their buffers while building) to launch it as \
+         often as you like"
+    )]
+    GraphLaunchedOnce {
+        /// How many of the capture's allocations the graph does not free.
+        allocations: usize,
+    },
     /// The context `operation` needs could not be made current (`cuCtxGetCurrent` or
     /// `cuCtxSetCurrent` failed), so `operation` did not run. For a release, the resource was
     /// not released (its handle is gone: the memory has leaked).
@@ -156,6 +171,12 @@ impl PartialEq for HandleError {
                     found: found2,
                 },
             ) => context == context2 && found == found2,
+            (
+                E::GraphLaunchedOnce { allocations },
+                E::GraphLaunchedOnce {
+                    allocations: allocations2,
+                },
+            ) => allocations == allocations2,
             (E::Deallocator { source: a }, E::Deallocator { source: b }) => {
                 Arc::ptr_eq(a, b) || a.to_string() == b.to_string()
             }
@@ -195,6 +216,7 @@ impl HandleError {
             HandleError::InvalidArgument { .. } => "InvalidArgument",
             HandleError::WrongDevice { .. } => "WrongDevice",
             HandleError::ContextDestroyed { .. } => "ContextDestroyed",
+            HandleError::GraphLaunchedOnce { .. } => "GraphLaunchedOnce",
             HandleError::Deallocator { .. } => "Deallocator",
         }
     }

@@ -11,6 +11,7 @@ use cuda_sys::types::{CUgraph, CUgraphExec};
 use crate::context::{in_context, ContextHandle};
 use crate::deviceptr::DevicePtrHandle;
 use crate::flags::GraphInstantiateFlags;
+use crate::release::{LaunchSide, WaitingFrees};
 use crate::scope::destroy_in_context;
 use crate::stream::StreamHandle;
 use crate::sys::check;
@@ -26,6 +27,10 @@ pub(crate) type ExecAttachments = Mutex<Vec<DevicePtrHandle>>;
 pub(crate) struct GraphBox {
     pub(crate) raw: usize,
     pub(crate) context: ContextHandle,
+    /// For a graph a capture produced, the capture's graph allocations, shared with the
+    /// graph's clones and executables: their frees wait for the first launch, and a graph that
+    /// does not free them is launched once (`release/graph.rs`, docs/decisions.md D11).
+    pub(crate) allocations: Option<Arc<LaunchSide>>,
 }
 
 /// A graph definition, owned; destroyed in its context when the last clone drops.
@@ -50,6 +55,7 @@ impl GraphHandle {
         Ok(GraphHandle(Arc::new(GraphBox {
             raw,
             context: context.clone(),
+            allocations: None,
         })))
     }
 
@@ -93,6 +99,8 @@ pub(crate) struct GraphExecBox {
     /// executable references. This box's reference is given up before the executable is
     /// destroyed, so the payload's own is the last and the memory is freed by deferred cleanup.
     pub(crate) kept: Option<Arc<ExecAttachments>>,
+    /// The graph allocations of the capture the graph came from, as [`GraphBox`]'s.
+    pub(crate) allocations: Option<Arc<LaunchSide>>,
 }
 
 /// An executable graph, owned; destroyed in its context when the last clone drops.
@@ -146,21 +154,56 @@ impl GraphExecHandle {
             raw: made?,
             context: context.clone(),
             kept: Some(kept),
+            allocations: graph.0.allocations.clone(),
         })))
     }
 
-    /// Launches the executable on `stream`. Does not block.
+    /// Launches the executable on `stream`. Does not block. For a graph a capture produced,
+    /// with graph allocations (docs/decisions.md D11): the first launch (of the graph, a clone
+    /// or any of their executables) then issues the frees of allocations closed before it,
+    /// each ordered after this launch; a graph that does not free its allocations itself is
+    /// launched once.
     ///
     /// # Errors
-    /// [`HandleError::Driver`] when the launch fails.
+    /// [`HandleError::GraphLaunchedOnce`] before any driver call, for a graph that ran once
+    /// and allocates memory it does not free; [`HandleError::Driver`] when the launch fails
+    /// (nothing waiting is issued then).
     ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphLaunch`.
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphLaunch`; after
+    /// the first launch, per waiting free those of its release (`cuEventCreate`,
+    /// `cuEventRecord`, `cuStreamWaitEvent`, `cuEventDestroy_v2`, `cuMemFreeAsync`).
     pub fn launch(&self, stream: &StreamHandle) -> Result<(), HandleError> {
+        drop(self.launch_then_free(stream)?);
+        Ok(())
+    }
+
+    /// [`GraphExecHandle::launch`], handing back the frees that waited for this first launch
+    /// instead of issuing them: they are issued when the returned value drops, so that a
+    /// caller that serialises launches under a lock issues them (and their reports) after it
+    /// lets the lock go. `None` when nothing waited.
+    ///
+    /// # Errors
+    /// As [`GraphExecHandle::launch`].
+    ///
+    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphLaunch`; the
+    /// frees' when the value drops.
+    pub fn launch_then_free(
+        &self,
+        stream: &StreamHandle,
+    ) -> Result<Option<WaitingFrees>, HandleError> {
+        if let Some(allocations) = &self.0.allocations {
+            allocations.allocations().may_launch()?;
+        }
         in_context(&self.0.context, "cuGraphLaunch", |d| {
             // SAFETY: both handles keep their resources alive.
             let status = unsafe { (d.cuGraphLaunch)(self.raw(), stream.raw()) };
             check("cuGraphLaunch", status)
-        })
+        })?;
+        Ok(self
+            .0
+            .allocations
+            .as_ref()
+            .map(|allocations| allocations.allocations().launched(stream, &self.0.context)))
     }
 
     /// Uploads the executable to the device on `stream`, so that a later launch need not (the
@@ -220,10 +263,15 @@ impl fmt::Debug for GraphExecHandle {
 // wraps.
 impl GraphHandle {
     /// Takes ownership of a graph made by `cuStreamEndCapture` in `context`.
-    pub(crate) fn from_captured(raw: CUgraph, context: &ContextHandle) -> GraphHandle {
+    pub(crate) fn from_captured(
+        raw: CUgraph,
+        context: &ContextHandle,
+        allocations: Option<Arc<LaunchSide>>,
+    ) -> GraphHandle {
         GraphHandle(Arc::new(GraphBox {
             raw: raw as usize,
             context: context.clone(),
+            allocations,
         }))
     }
 }

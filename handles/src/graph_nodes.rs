@@ -475,6 +475,7 @@ impl GraphHandle {
         Ok(GraphHandle(Arc::new(GraphBox {
             raw,
             context: self.context().clone(),
+            allocations: self.0.allocations.clone(),
         })))
     }
 }
@@ -533,13 +534,13 @@ pub fn retain_in_capture(
     let raw_stream = stream.raw();
     let graph = in_context(&context, "cuStreamGetCaptureInfo_v2", |d| {
         match capture_state(d, raw_stream) {
-            CaptureState::Capturing { graph } => Ok(graph),
+            CaptureState::Capturing { graph, .. } => Ok(graph),
             CaptureState::Unknown(status) => {
                 check_token("cuStreamGetCaptureInfo_v2", status, token).map(|()| 0)
             }
             // The legacy stream while a blocking stream captures.
             CaptureState::Blocked => Err(crate::sys::error("cuStreamGetCaptureInfo_v2", 906)),
-            CaptureState::Free | CaptureState::Invalidated => Err(HandleError::invalid(
+            CaptureState::Free | CaptureState::Invalidated { .. } => Err(HandleError::invalid(
                 "stream",
                 "the stream is not capturing (or its capture was invalidated)",
             )),

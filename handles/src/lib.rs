@@ -85,7 +85,7 @@ pub use pool::{
 };
 pub use range::DeviceRange;
 pub use recipe::{DeallocationRecipe, RecipeRemains, ThreadToken};
-pub use release::{ReleaseKind, Returned};
+pub use release::{ReleaseKind, Returned, WaitingFrees};
 pub use report::{
     cleanup_error_count, cleanup_warning_count, report_error, report_warning,
     reset_cleanup_error_hook, reset_cleanup_warning_hook, set_cleanup_error_hook,

@@ -53,9 +53,15 @@ pub(crate) enum CaptureState {
     Capturing {
         /// The raw `CUgraph` being captured into.
         graph: usize,
+        /// The capture's id, unique in the process (`cuStreamGetCaptureInfo_v2`'s `id_out`):
+        /// which capture a stream is in, whatever stream began it.
+        id: u64,
     },
     /// Captured, but the capture was invalidated: nothing may be enqueued until it ends.
-    Invalidated,
+    Invalidated {
+        /// The capture's id, as for [`CaptureState::Capturing`].
+        id: u64,
+    },
     /// The legacy stream while a blocking stream of its context is being captured
     /// (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`): work on it would join (and break) that capture.
     Blocked,
@@ -72,14 +78,16 @@ const CAPTURE_IMPLICIT: u32 = 906;
 /// Driver calls: `cuStreamGetCaptureInfo_v2`.
 pub(crate) fn capture_state(d: &Driver, raw: CUstream) -> CaptureState {
     let mut status: u32 = 0;
+    let mut id: u64 = 0;
     let mut graph: cuda_sys::types::CUgraph = std::ptr::null_mut();
-    // SAFETY: `status` is 4 bytes of storage for the enum, read as an integer; `graph` is a valid
-    // out-pointer; the optional outputs are null; the caller's handle keeps the stream alive.
+    // SAFETY: `status` is 4 bytes of storage for the enum, read as an integer; `id` and `graph`
+    // are valid out-pointers; the optional outputs are null; the caller's handle keeps the
+    // stream alive.
     let result = unsafe {
         (d.cuStreamGetCaptureInfo_v2)(
             raw,
             (&mut status as *mut u32).cast(),
-            std::ptr::null_mut(),
+            &mut id,
             &mut graph,
             std::ptr::null_mut(),
             std::ptr::null_mut(),
@@ -89,10 +97,21 @@ pub(crate) fn capture_state(d: &Driver, raw: CUstream) -> CaptureState {
         (0, 0) => CaptureState::Free,
         (0, 1) if !graph.is_null() => CaptureState::Capturing {
             graph: graph as usize,
+            id,
         },
-        (0, _) => CaptureState::Invalidated,
+        (0, _) => CaptureState::Invalidated { id },
         (CAPTURE_IMPLICIT, _) => CaptureState::Blocked,
         (status, _) => CaptureState::Unknown(status),
+    }
+}
+
+impl CaptureState {
+    /// The id of the capture the stream is in (running or invalidated), if any.
+    pub(crate) fn capture_id(self) -> Option<u64> {
+        match self {
+            CaptureState::Capturing { id, .. } | CaptureState::Invalidated { id } => Some(id),
+            _ => None,
+        }
     }
 }
 

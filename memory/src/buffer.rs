@@ -15,7 +15,6 @@ use handles::{
 };
 
 use crate::checks::{check_size, check_stream_device, device_error};
-use crate::graph::gate::{GraphSlot, LaunchGate};
 use crate::MemoryError;
 
 /// Where memory can be used: what a [`MemoryResource`] says of the memory it allocates
@@ -136,9 +135,6 @@ pub(crate) enum IpcRole {
 /// # }
 /// ```
 pub struct Buffer {
-    /// A graph allocation's second reference, given to its capture's gate before `handle` is
-    /// released (declared first: dropped first). `None` for all other memory.
-    graph: Option<GraphSlot>,
     handle: DevicePtrHandle,
     mr: Option<Arc<dyn MemoryResource>>,
     access: AccessCell,
@@ -159,7 +155,6 @@ impl Buffer {
             None => AccessCell::Lazy(OnceLock::new()),
         };
         Buffer {
-            graph: None,
             handle,
             mr,
             access,
@@ -171,7 +166,7 @@ impl Buffer {
     /// (`resources/caching.rs`); the buffer back when its memory cannot be cached: a graph
     /// allocation (its free follows its graph) or an IPC import.
     pub(crate) fn into_block(self) -> Result<DevicePtrHandle, Buffer> {
-        if self.graph.is_some() || self.ipc == IpcRole::Imported {
+        if self.handle.kind() == ReleaseKind::Graph || self.ipc == IpcRole::Imported {
             return Err(self);
         }
         let Buffer { handle, mr, .. } = self;
@@ -179,12 +174,6 @@ impl Buffer {
         // (an owned pool is embedded in it, a deallocator holds its resource).
         drop(mr);
         Ok(handle)
-    }
-
-    /// Makes this graph allocation's frees wait for its graph's first launch while the graph is
-    /// built and not yet launched (the gate of the graph module).
-    pub(crate) fn attach_launch_gate(&mut self, gate: Arc<LaunchGate>) {
-        self.graph = Some(GraphSlot::new(gate, self.handle.clone()));
     }
 
     /// A buffer over memory `handle` already owns (or borrows), for a memory resource of the
@@ -431,18 +420,13 @@ impl Buffer {
         self.close_keeping(true)
     }
 
-    /// The one close: the graph slot first (a graph allocation waiting for its graph's first
-    /// launch is parked there, and the handle then frees nothing), the handle's release, the
-    /// recipe's remains dropped here unless `keep_remains`, then the resource (a pool outlives
-    /// its allocations).
+    /// The one close: the handle's release, the recipe's remains dropped here unless
+    /// `keep_remains`, then the resource (a pool outlives its allocations).
     fn close_keeping(
         self,
         keep_remains: bool,
     ) -> (Result<(), MemoryError>, Option<handles::RecipeRemains>) {
-        let Buffer {
-            graph, handle, mr, ..
-        } = self;
-        drop(graph);
+        let Buffer { handle, mr, .. } = self;
         let (result, remains) = handles::binding::release_with_remains(handle);
         let remains = if keep_remains {
             remains

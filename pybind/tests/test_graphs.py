@@ -186,6 +186,150 @@ def test_graph_allocation_closed_before_the_first_launch_is_freed_after_it(devic
     launch_stream.close()
 
 
+def test_another_graphs_allocation_closed_during_a_capture_is_kept_and_freed_once(
+    device, stream, emu
+):
+    """A graph allocation of a first graph, launched, closed while its stream is
+    captured into a second graph, is not the second graph's free node (never launched, the free
+    would be lost; launched twice, it would be two frees): the second graph keeps the memory,
+    launches any number of times, and once it and its executable are gone the memory is freed
+    once."""
+    gmr = custody.GraphMemoryResource(0)
+    gb1 = stream.create_graph_builder().begin_building()
+    g = gmr.allocate(4096, stream=gb1)
+    g.fill(1, stream=gb1)
+    gb1.end_building()
+    g1 = gb1.complete()
+    g1.launch(stream)
+    stream.sync()
+    alloc = emu.alloc_id(g.handle) if emu else None
+    other = custody.DeviceMemoryResource(0).allocate(64, stream=stream)
+    stream.sync()
+    gb2 = stream.create_graph_builder().begin_building()
+    other.fill(2, stream=gb2)
+    if emu:
+        emu.clear_calls()
+    g.close()
+    if emu:
+        assert emu.calls_to("cuMemFreeAsync", alloc=alloc) == []
+    gb2.end_building()
+    g2 = gb2.complete()
+    g2.launch(stream)
+    g2.launch(stream)
+    stream.sync()
+    if emu:
+        assert emu.is_live(alloc), "the second graph keeps it"
+        assert emu.hazards() == []
+    g2.close()
+    gb2.close()
+    assert drain_until(lambda: emu is None or not emu.is_live(alloc))
+    stream.sync()
+    if emu:
+        frees = emu.calls_to("cuMemFreeAsync", alloc=alloc)
+        assert [(f["stream"], f["result"]) for f in frees] == [(stream.handle, 0)]
+    g1.close()
+    gb1.close()
+    other.close()
+
+
+def test_a_graph_allocation_used_on_a_forked_stream_is_freed_in_the_graph(device, stream, emu):
+    """A graph allocation with a declared use on a stream forked into the same
+    capture, the fork joined, closed inside the capture: the free is a free node after the use,
+    and the graph launches as often as the user likes (the second launch failed with
+    CUDA_ERROR_INVALID_VALUE: the free had been kept for the graph's close)."""
+    gmr = custody.GraphMemoryResource(0)
+    b = device.create_stream()
+    out = custody.DeviceMemoryResource(0).allocate(4096, stream=stream)
+    stream.sync()
+    gb = stream.create_graph_builder().begin_building()
+    g = gmr.allocate(4096, stream=gb)
+    g.fill(1, stream=gb)
+    b.wait(gb.stream)
+    gb.retain(out)
+    out.copy_from(g, stream=b)
+    g.record_use(b)
+    gb.stream.wait(b)
+    g.close()
+    gb.end_building()
+    graph = gb.complete()
+    for _ in range(3):
+        graph.launch(stream)
+        stream.sync()
+    assert read(out.handle, 4096, stream) == b"\x01" * 4096
+    graph.close()
+    gb.close()
+    out.close()
+    b.close()
+
+
+def test_a_graph_that_does_not_free_its_allocation_is_not_launched_again(device, stream, emu):
+    """docs/decisions.md D11: a graph whose capture allocated memory it does
+    not free allocates it again at every launch, and nothing would own that memory: after its
+    first launch, launching it again raises RuntimeError before any driver call (it allocated
+    memory nobody freed, silently)."""
+    gmr = custody.GraphMemoryResource(0)
+    gb = stream.create_graph_builder().begin_building()
+    g = gmr.allocate(4096, stream=gb)
+    g.fill(1, stream=gb)
+    ptr = g.handle
+    gb.end_building()
+    graph = gb.complete()
+    graph.launch(stream)
+    stream.sync()
+    g.close()
+    stream.sync()
+    if emu:
+        emu.clear_calls()
+    with pytest.raises(RuntimeError, match="launched once"):
+        graph.launch(stream)
+    stream.sync()
+    if emu:
+        assert emu.calls_to("cuGraphLaunch") == []
+        assert ptr not in emu.live_pointers()
+    graph.close()
+    gb.close()
+
+
+@pytest.mark.parametrize("end", ["close", "invalidate"])
+@pytest.mark.parametrize("free", ["close", "drop"])
+def test_an_allocation_of_a_discarded_capture_frees_nothing(
+    device, stream, emu, recorded_warnings, end, free
+):
+    """A graph allocation of a capture that was discarded (the builder closed
+    while building) or invalidated by the driver never had memory: closing or dropping it
+    frees nothing and says nothing false (close raised CUDAError INVALID_VALUE and the checker
+    saw a double free; a drop warned "has leaked"). ``complete()`` after the invalidated
+    capture says so."""
+    gmr = custody.GraphMemoryResource(0)
+    gb = stream.create_graph_builder().begin_building("thread_local")
+    t = gmr.allocate(4096, stream=gb)
+    ptr = t.handle
+    if end == "close":
+        gb.close()
+    else:
+        event = gb.stream.record()
+        with pytest.raises(custody.CUDAError):
+            event.is_done
+        with pytest.raises(custody.CUDAError, match="INVALIDATED"):
+            gb.end_building()
+        with pytest.raises(RuntimeError, match="invalidated"):
+            gb.complete()
+    if emu:
+        emu.clear_calls()
+    if free == "close":
+        t.close()
+    else:
+        del t
+        gc.collect()
+    custody.drain_deferred_cleanup()
+    stream.sync()
+    assert [str(w.message) for w in cuda_warnings(recorded_warnings)] == []
+    if emu:
+        assert emu.calls_to("cuMemFreeAsync", ptr) == []
+    if end != "close":
+        gb.close()
+
+
 def test_pool_allocation_while_capturing_is_refused(device):
     """70: DeviceMemoryResource.allocate on a capturing builder -> RuntimeError pointing at
     GraphMemoryResource."""

@@ -21,13 +21,26 @@ use crate::scope::{report_restore, run_in, Ran};
 use crate::stream::{capture_state, CaptureState};
 use crate::user_object::UserObjectOwnership;
 
+/// What [`PtrBox::defer_if_captured`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Checked {
+    /// The stream is free to use (or nothing is known): the free goes on.
+    Free,
+    /// The stream is captured or blocked by a capture: the free was deferred.
+    Deferred,
+    /// The stream is being captured by capture `0`, in which the family frees
+    /// ([`Family::frees_inside`]): the free goes on, inside the capture.
+    Inside(u64),
+}
+
 impl PtrBox {
     /// When the stream the free is issued on ([`DeallocationRecipe::free_stream`]) is being
     /// captured (or, for the legacy stream, blocked by a capture), defers the free instead of
-    /// issuing it, and says so; `false` (and nothing done) when the stream is free to use. Asks
-    /// the driver in the recipe's context. A free away from the recording thread of a
-    /// per-thread-default-stream recipe that waits for a capture is reported once
-    /// ([`CleanupWarningKind::PerThreadStreamFreeWaitsForCapture`]).
+    /// issuing it, and says so; [`Checked::Free`] (and nothing done) when the stream is free to
+    /// use, [`Checked::Inside`] when it is captured by the capture the family frees inside (a
+    /// graph allocation's own). Asks the driver in the recipe's context. A free away from the
+    /// recording thread of a per-thread-default-stream recipe that waits for a capture is
+    /// reported once ([`CleanupWarningKind::PerThreadStreamFreeWaitsForCapture`]).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed),
     /// `cuStreamGetCaptureInfo_v2`; to hand over, those of [`hand_over`].
@@ -37,10 +50,10 @@ impl PtrBox {
         &mut self,
         d: &'static Driver,
         recipe: &DeallocationRecipe,
-    ) -> bool {
+    ) -> Checked {
         let raw_stream = recipe.free_stream().raw();
         let state = match run_in(d, recipe.context_raw(), || capture_state(d, raw_stream)) {
-            Ran::NotActivated(_) => return false, // the free's own path reports this
+            Ran::NotActivated(_) => return Checked::Free, // the free's own path reports this
             Ran::Done { value, restore, .. } => {
                 if restore != 0 {
                     report_restore(
@@ -52,12 +65,16 @@ impl PtrBox {
                 value
             }
         };
-        if matches!(state, CaptureState::Free | CaptureState::Unknown(_)) {
-            return false;
+        match state {
+            CaptureState::Free | CaptureState::Unknown(_) => return Checked::Free,
+            CaptureState::Capturing { id, .. } if self.release.frees_inside(id) => {
+                return Checked::Inside(id)
+            }
+            _ => {}
         }
         self.warn_waits_for_capture(recipe, state);
         self.defer_captured(state, recipe.clone());
-        true
+        Checked::Deferred
     }
 
     /// D6: a free away from the recording thread of a per-thread-default-stream recipe, about
@@ -95,7 +112,7 @@ impl PtrBox {
         deferred.retried = true;
         let deferred = Arc::new(deferred);
         match state {
-            CaptureState::Capturing { graph } => hand_over(&context, graph, deferred),
+            CaptureState::Capturing { graph, .. } => hand_over(&context, graph, deferred),
             _ => deferred::park(Box::new(deferred)),
         }
     }

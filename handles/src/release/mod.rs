@@ -30,7 +30,8 @@ use crate::sys::{check, driver};
 use crate::HandleError;
 
 pub(crate) use deallocator::{HostDeallocator, UserDeallocator};
-pub(crate) use graph::GraphAllocation;
+pub use graph::WaitingFrees;
+pub(crate) use graph::{allocations_of_capture, CaptureAllocations, GraphAllocation, LaunchSide};
 pub(crate) use ipc::Ipc;
 pub(crate) use kept::Kept;
 pub use lent::Returned;
@@ -93,6 +94,9 @@ pub(crate) struct Free<'a> {
     /// legacy token.
     pub(crate) other_thread: bool,
     pub(crate) explicit: bool,
+    /// The capture `stream` is being captured by, when the family frees inside it
+    /// ([`Family::frees_inside`]: a graph allocation's own capture): the free is a free node.
+    pub(crate) inside: Option<u64>,
 }
 
 /// What a family's issue came to.
@@ -105,6 +109,9 @@ pub(crate) enum Issued {
     /// The driver refused the free (raw status): if its stream is being captured (F16) the
     /// spine defers it, otherwise this is the outcome.
     Refused(Ran<u32>),
+    /// Not issued: the memory does not exist before its graph's first launch (a graph
+    /// allocation whose capture ended): the free waits for that launch (`graph.rs`).
+    WaitsForLaunch,
 }
 
 /// The questions every release family answers. The spine ([`PtrBox::release_now`]) asks them
@@ -129,6 +136,13 @@ pub(crate) trait Family {
     /// Whether the free must ask whether `stream` (the one it is issued on) is being captured
     /// before it is issued, while a capture may run (the rule: [`PtrBox::release_now`]).
     fn looks_first(&self, stream: &StreamHandle, explicit: bool) -> bool;
+
+    /// Whether a free whose stream is being captured by capture `capture` (its id) belongs in
+    /// that capture instead of being handed to its graph: a graph allocation's own capture, of
+    /// which the free is then a free node (`graph.rs`). No family but that one says yes.
+    fn frees_inside(&self, _capture: u64) -> bool {
+        false
+    }
 
     /// Issues the free (the spine has checked the capture and ordered the declared uses).
     fn issue(&mut self, free: &Free<'_>) -> Issued;
@@ -203,6 +217,10 @@ impl Family for Release {
     #[inline]
     fn looks_first(&self, stream: &StreamHandle, explicit: bool) -> bool {
         each_family!(self, f => f.looks_first(stream, explicit))
+    }
+
+    fn frees_inside(&self, capture: u64) -> bool {
+        each_family!(self, f => f.frees_inside(capture))
     }
 
     #[inline]
@@ -378,18 +396,30 @@ impl PtrBox {
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
             .is_empty();
+        let mut inside = None;
         if (has_uses || self.release.looks_first(stream, explicit))
             && (other_thread || has_uses || capture_may_be_active())
-            && self.defer_if_captured(d, &recipe)
         {
-            self.keep_recipe(recipe);
-            return Ok(());
+            match self.defer_if_captured(d, &recipe) {
+                capture::Checked::Free => {}
+                capture::Checked::Deferred => {
+                    self.keep_recipe(recipe);
+                    return Ok(());
+                }
+                capture::Checked::Inside(capture) => inside = Some(capture),
+            }
         }
         if has_uses {
-            match self.order_after_uses(d, &recipe, stream) {
+            match self.order_after_uses(d, &recipe, stream, inside) {
                 Ok(uses::UsesOrdered::Yes) => {}
                 Ok(uses::UsesOrdered::WaitForCapture) => {
                     self.defer_captured(CaptureState::Blocked, recipe);
+                    return Ok(());
+                }
+                Ok(uses::UsesOrdered::OutsideTheCapture) => {
+                    // A use on a stream outside the capture cannot be ordered inside the graph:
+                    // the free waits for the graph's first launch instead.
+                    self.wait_for_launch(recipe);
                     return Ok(());
                 }
                 Err(error) => {
@@ -406,6 +436,7 @@ impl PtrBox {
             stream,
             other_thread,
             explicit,
+            inside,
         };
         match self.release.issue(&free) {
             Issued::Done(result) => {
@@ -418,6 +449,10 @@ impl PtrBox {
                 Ok(())
             }
             Issued::Refused(ran) => self.refused(d, ran, recipe, explicit),
+            Issued::WaitsForLaunch => {
+                self.wait_for_launch(recipe);
+                Ok(())
+            }
         }
     }
 
@@ -432,7 +467,7 @@ impl PtrBox {
         recipe: DeallocationRecipe,
         explicit: bool,
     ) -> Outcome {
-        let result = if self.defer_if_captured(d, &recipe) {
+        let result = if self.defer_if_captured(d, &recipe) == capture::Checked::Deferred {
             Ok(())
         } else {
             let operation = self.release.operation();

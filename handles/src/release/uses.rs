@@ -21,6 +21,9 @@ pub(super) enum UsesOrdered {
     Yes,
     /// A use stream is being captured: the free must wait for the capture to end.
     WaitForCapture,
+    /// The free is inside a capture (a graph allocation's own) and a use stream is not part
+    /// of that capture: its work cannot be ordered before a node of the graph.
+    OutsideTheCapture,
 }
 
 impl PtrBox {
@@ -33,6 +36,12 @@ impl PtrBox {
     /// uses; when a use stream is being captured, puts them back and says the free must wait
     /// for the capture to end (an event recorded there would be a capture node, and waiting on
     /// it would pull the free into the capture).
+    ///
+    /// `inside`: the capture the free is issued in (a graph allocation's free node). A use on a
+    /// stream of that same capture is ordered inside it (the event and the wait are captured:
+    /// an edge of the graph); a use on a stream outside it cannot be (waiting in a capture for an
+    /// event recorded outside it is refused), so the uses are put back and
+    /// [`UsesOrdered::OutsideTheCapture`] says so.
     ///
     /// # Errors
     /// The first failing driver call; the free must then not run (it would be unordered).
@@ -47,6 +56,7 @@ impl PtrBox {
         d: &'static Driver,
         recipe: &DeallocationRecipe,
         free: &StreamHandle,
+        inside: Option<u64>,
     ) -> Result<UsesOrdered, HandleError> {
         let uses = std::mem::take(self.uses.get_mut().unwrap_or_else(|e| e.into_inner()));
         let free_raw = free.raw();
@@ -57,8 +67,13 @@ impl PtrBox {
                 continue; // the free's own stream: ordered already
             }
             let recorded = run_in(d, use_recipe.context_raw(), || {
-                if capture_state(d, use_raw) != CaptureState::Free {
-                    return Ok(None);
+                match (capture_state(d, use_raw), inside) {
+                    (CaptureState::Free, None) => {}
+                    (CaptureState::Capturing { id, .. }, Some(capture)) if id == capture => {}
+                    (CaptureState::Free, Some(_)) => {
+                        return Ok(Err(UsesOrdered::OutsideTheCapture))
+                    }
+                    _ => return Ok(Err(UsesOrdered::WaitForCapture)),
                 }
                 let raw = create_raw(EventFlags::DISABLE_TIMING)?;
                 // SAFETY: the event was just created in the current (the use's) context; the
@@ -68,14 +83,17 @@ impl PtrBox {
                     destroy_raw(raw);
                     return Err(error);
                 }
-                Ok(Some(raw))
+                Ok(Ok(raw))
             });
             let about = || subject(&self.release, "cuEventRecord", self.ptr, recipe);
             let recorded = ran_value(recorded, "cuEventRecord", use_recipe.context_raw(), about);
-            let Some(event) = recorded? else {
-                // Every use goes back (those ordered already cost one more event later).
-                *self.uses.get_mut().unwrap_or_else(|e| e.into_inner()) = uses;
-                return Ok(UsesOrdered::WaitForCapture);
+            let event = match recorded? {
+                Ok(event) => event,
+                Err(not_now) => {
+                    // Every use goes back (those ordered already cost one more event later).
+                    *self.uses.get_mut().unwrap_or_else(|e| e.into_inner()) = uses;
+                    return Ok(not_now);
+                }
             };
             let waited = run_in(d, recipe.context_raw(), || {
                 // SAFETY: the event is ours and recorded; the recipe keeps the free's stream

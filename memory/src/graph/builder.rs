@@ -3,13 +3,12 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use handles::sys_types::{CUdeviceptr, CUstreamCaptureMode};
 use handles::CaptureStatus;
 use handles::{DevicePtrHandle, StreamHandle};
 
-use super::gate::LaunchGate;
 use super::{bound_device, check_fill, Graph};
 use crate::{Buffer, FillValue, GraphMemoryResource, MemoryError, MemoryResource};
 
@@ -42,8 +41,6 @@ struct Building {
     /// Graph allocations made through this builder during the capture: the graph's own memory,
     /// freed by the graph or on the capture stream, never retained.
     graph_allocations: HashSet<CUdeviceptr>,
-    /// Where those allocations' frees wait for the graph's first launch once the capture ends.
-    gate: Option<Arc<LaunchGate>>,
 }
 
 /// Records a graph by capturing a stream: between [`GraphBuilder::begin_building`] and
@@ -93,7 +90,7 @@ impl GraphBuilder {
 
     /// After the driver refused to end the capture: the builder is still building if the
     /// capture still runs (or was invalidated and must still be ended), else it forgets the
-    /// capture's allocations and gate. Returns `error`, converted.
+    /// capture's allocations. Returns `error`, converted.
     ///
     /// Driver calls: `cuStreamIsCapturing`.
     fn failed_to_end(&self, state: &mut Building, error: handles::HandleError) -> MemoryError {
@@ -104,7 +101,6 @@ impl GraphBuilder {
         state.active = still;
         if !still {
             state.graph_allocations.clear();
-            state.gate = None;
         }
         error.into()
     }
@@ -142,19 +138,22 @@ impl GraphBuilder {
         handles::begin_capture(&self.stream, mode.raw())?;
         state.active = true;
         state.graph_allocations.clear();
-        state.gate = Some(LaunchGate::new());
         Ok(())
     }
 
     /// Allocates `size` bytes of graph memory (an allocation node of the graph being built);
     /// the buffer's deallocation stream is the capture stream. Closing it while building adds
-    /// a free node; closing it after the graph has run frees it on the stream. Closing (or
-    /// dropping) it after [`GraphBuilder::end_building`] but before the graph's first launch,
-    /// when the memory does not exist yet, succeeds and defers the free: the first
+    /// a free node (ordered after its declared uses on streams of this capture); closing it
+    /// after the graph has run frees it on the stream. Closing (or dropping) it after
+    /// [`GraphBuilder::end_building`] but before the graph's first launch, when the memory does
+    /// not exist yet, succeeds and defers the free: the first
     /// [`GraphExec::launch`](crate::GraphExec::launch) (or [`Graph::launch`]) of the graph, a
     /// clone or an executable issues it on the capture stream, ordered after that launch
-    /// (docs/decisions.md D11). A graph never launched through custody frees nothing (there is
-    /// nothing to free); one launched only through its raw handle leaves that memory allocated.
+    /// (docs/decisions.md D11). A graph that does not free an allocation itself is launched once
+    /// (a later launch would allocate it again with nothing to free it:
+    /// `handles::HandleError::GraphLaunchedOnce`). A graph never launched through custody, and a
+    /// capture abandoned or invalidated, free nothing (there is nothing to free); a graph
+    /// launched only through its raw `CUgraphExec` leaves that memory allocated.
     ///
     /// # Errors
     /// [`MemoryError::NotCapturing`] when not building; as
@@ -166,11 +165,8 @@ impl GraphBuilder {
         if !state.active {
             return Err(MemoryError::NotCapturing);
         }
-        let mut buffer = GraphMemoryResource::new(self.device)?.allocate(size, &self.stream)?;
+        let buffer = GraphMemoryResource::new(self.device)?.allocate(size, &self.stream)?;
         state.graph_allocations.insert(buffer.ptr());
-        if let Some(gate) = &state.gate {
-            buffer.attach_launch_gate(gate.clone());
-        }
         Ok(buffer)
     }
 
@@ -324,13 +320,7 @@ impl GraphBuilder {
             Ok(graph) => {
                 state.active = false;
                 state.graph_allocations.clear();
-                Ok(match state.gate.take() {
-                    Some(gate) => {
-                        gate.built();
-                        Graph::captured(graph, gate)
-                    }
-                    None => Graph::from_handle(graph),
-                })
+                Ok(Graph::from_handle(graph))
             }
             Err(error) => Err(self.failed_to_end(&mut state, error)),
         }
@@ -361,7 +351,6 @@ impl GraphBuilder {
             Ok(()) => {
                 state.active = false;
                 state.graph_allocations.clear();
-                state.gate = None;
                 Ok(())
             }
             Err(error) => Err(self.failed_to_end(&mut state, error)),

@@ -20,12 +20,9 @@
 //! same way, through a user object, so that closing it before the graph is gone frees nothing.
 
 mod builder;
-pub(crate) mod gate;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-
-use gate::LaunchGate;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use handles::{
     ContextHandle, DevicePtrHandle, GraphExecHandle, GraphHandle, GraphInstantiateFlags,
@@ -102,8 +99,6 @@ fn memset_value(value: FillValue) -> (u32, u32) {
 pub struct Graph {
     state: Mutex<Option<GraphHandle>>,
     context: ContextHandle,
-    /// For a captured graph: the frees of its allocations that wait for its first launch.
-    launch_gate: Option<Arc<LaunchGate>>,
 }
 
 impl Graph {
@@ -134,15 +129,6 @@ impl Graph {
         Graph {
             state: Mutex::new(Some(handle)),
             context,
-            launch_gate: None,
-        }
-    }
-
-    /// The graph a capture produced, whose allocations' frees wait for its first launch.
-    pub(crate) fn captured(handle: GraphHandle, gate: Arc<LaunchGate>) -> Graph {
-        Graph {
-            launch_gate: Some(gate),
-            ..Graph::from_handle(handle)
         }
     }
 
@@ -334,12 +320,7 @@ impl Graph {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphClone`.
     pub fn try_clone(&self) -> Result<Graph, MemoryError> {
-        self.with_open(|graph| {
-            Ok(Graph {
-                launch_gate: self.launch_gate.clone(),
-                ..Graph::from_handle(graph.clone_graph()?)
-            })
-        })
+        self.with_open(|graph| Ok(Graph::from_handle(graph.clone_graph()?)))
     }
 
     /// Instantiates the graph. The executable holds its own references to what the graph
@@ -355,13 +336,10 @@ impl Graph {
     /// (the executable's own attachment: [`handles::GraphExecHandle::instantiate`]).
     pub fn instantiate(&self) -> Result<GraphExec, MemoryError> {
         self.with_open(|graph| {
-            Ok(GraphExec {
-                launch_gate: self.launch_gate.clone(),
-                ..GraphExec::from_handle(GraphExecHandle::instantiate(
-                    graph,
-                    GraphInstantiateFlags::empty(),
-                )?)
-            })
+            Ok(GraphExec::from_handle(GraphExecHandle::instantiate(
+                graph,
+                GraphInstantiateFlags::empty(),
+            )?))
         })
     }
 
@@ -405,15 +383,12 @@ impl fmt::Debug for Graph {
 /// `Send + Sync`; launches are serialised (the driver requires it).
 pub struct GraphExec {
     state: Mutex<Option<GraphExecHandle>>,
-    /// As [`Graph`]'s: its first launch issues the parked frees.
-    launch_gate: Option<Arc<LaunchGate>>,
 }
 
 impl GraphExec {
     pub(crate) fn from_handle(handle: GraphExecHandle) -> GraphExec {
         GraphExec {
             state: Mutex::new(Some(handle)),
-            launch_gate: None,
         }
     }
 
@@ -432,8 +407,10 @@ impl GraphExec {
     /// Before any driver call: [`MemoryError::Graph`] when the executable is closed;
     /// [`MemoryError::WrongDevice`] for a stream of another device than the graph's (as copies
     /// and [`Buffer::record_use`] refuse one; the driver's own answer to such a launch is not
-    /// relied on). Then [`MemoryError::Handle`] for the driver's failure (nothing deferred is
-    /// issued then).
+    /// relied on); [`MemoryError::Handle`] with `handles::HandleError::GraphLaunchedOnce` for a
+    /// captured graph that ran once and does not free its graph allocations itself (another
+    /// launch would allocate them again, with nothing to free them: docs/decisions.md D11).
+    /// Then [`MemoryError::Handle`] for the driver's failure (nothing deferred is issued then).
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphLaunch`; after
     /// the first launch, per deferred free `cuEventCreate`, `cuEventRecord`, `cuStreamWaitEvent`,
@@ -444,11 +421,10 @@ impl GraphExec {
             reason: "the executable graph is closed",
         })?;
         check_bound_stream_device(stream, handle.context().device())?;
-        handle.launch(stream)?;
+        let waiting = handle.launch_then_free(stream)?;
         drop(guard);
-        if let Some(gate) = &self.launch_gate {
-            gate.launched(stream);
-        }
+        // The frees that waited for this first launch, issued (and reported) with no lock held.
+        drop(waiting);
         Ok(())
     }
 

@@ -14,11 +14,15 @@ use crate::{Buffer, MemoryError, MemoryResource};
 /// Graph memory of device `device_id`: `cuMemAllocAsync` on a stream that is being captured,
 /// recorded as an allocation node of the graph.
 ///
-/// The capturing stream is the buffer's deallocation stream: closing the buffer while the
-/// capture runs adds a free node to the graph; closing it after the capture ended (and the
-/// graph was launched) issues an ordinary `cuMemFreeAsync` on that stream. For allocations made
-/// through [`crate::GraphBuilder::allocate`], a close between the capture's end and the graph's
-/// first launch is deferred until that launch (docs/decisions.md D11).
+/// The capturing stream is the buffer's deallocation stream. In a capture begun through custody
+/// (a [`crate::GraphBuilder`], or `handles::begin_capture`) the free follows the capture
+/// (docs/decisions.md D11): closing the buffer inside that capture adds a free node to the graph
+/// (ordered after declared uses on streams of the same capture); closing it while its stream is
+/// captured by another capture hands it to that graph, like any other memory; closing it after
+/// the capture ended and before the graph's first launch defers the free until that launch;
+/// after a launch it is an ordinary `cuMemFreeAsync` on that stream; an allocation of a capture
+/// that produced no graph (abandoned, invalidated) frees nothing. A graph that does not free its
+/// allocations itself is launched once.
 #[derive(Debug)]
 pub struct GraphMemoryResource {
     device: i32,

@@ -213,9 +213,14 @@ class GraphMemoryResource(_GraphMemoryResource):
     (``RuntimeError`` otherwise), and the allocation becomes part of the graph; zero bytes give
     an empty buffer. ``GraphMemoryResource(n)`` is the same object every time for a given device
     (``ValueError`` for an ordinal out of range). A buffer allocated with ``stream=builder`` and
-    closed (or collected) after ``end_building()`` but before the graph's first launch, when its
-    memory does not exist yet, closes without error: its ``cuMemFreeAsync`` is issued by that
-    first launch (``Graph.launch``), on the builder's stream, ordered after the launch.
+    closed while building is a free node of the graph (after its ``record_use`` streams of the
+    same capture); closed while its stream is captured into another graph, that graph keeps it
+    (freed once that graph is gone). Closed (or collected) after ``end_building()`` but before
+    the graph's first launch, when its memory does not exist yet, it closes without error: its
+    ``cuMemFreeAsync`` is issued by that first launch (``Graph.launch``), on the builder's
+    stream, ordered after the launch. A graph that does not free an allocation itself is
+    launched once (``RuntimeError`` after). An allocation of a capture that recorded no graph
+    (the builder closed while building, an invalidated capture) frees nothing when closed.
     """
 
     _instances: "dict[int, GraphMemoryResource]" = {}

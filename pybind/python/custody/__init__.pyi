@@ -1041,9 +1041,14 @@ class GraphMemoryResource(MemoryResource):
     (``RuntimeError`` otherwise), and the allocation becomes part of the graph; zero bytes give
     an empty buffer. ``GraphMemoryResource(n)`` is the same object every time for a given device
     (``ValueError`` for an ordinal out of range). A buffer allocated with ``stream=builder`` and
-    closed (or collected) after ``end_building()`` but before the graph's first launch, when its
-    memory does not exist yet, closes without error: its ``cuMemFreeAsync`` is issued by that
-    first launch (``Graph.launch``), on the builder's stream, ordered after the launch.
+    closed while building is a free node of the graph (after its ``record_use`` streams of the
+    same capture); closed while its stream is captured into another graph, that graph keeps it
+    (freed once that graph is gone). Closed (or collected) after ``end_building()`` but before
+    the graph's first launch, when its memory does not exist yet, it closes without error: its
+    ``cuMemFreeAsync`` is issued by that first launch (``Graph.launch``), on the builder's
+    stream, ordered after the launch. A graph that does not free an allocation itself is
+    launched once (``RuntimeError`` after). An allocation of a capture that recorded no graph
+    (the builder closed while building, an invalidated capture) frees nothing when closed.
     """
 
     def __new__(cls, device_id: Union[int, "Device"]) -> "GraphMemoryResource":
@@ -1257,11 +1262,14 @@ class GraphBuilder:
     def end_building(self) -> "GraphBuilder":
         """Ends capturing and keeps the recorded graph; returns self. ``RuntimeError`` for a closed
         builder or one that is not building; :class:`CUDAError` when the driver ends the capture
-        with an error (an invalidated capture).
+        with an error (an invalidated capture: it recorded no graph, and ``complete()`` then
+        says so until ``begin_building()`` starts again).
         """
     def complete(self, options: Optional[GraphCompleteOptions] = None) -> "Graph":
         """Instantiates the recorded graph (``RuntimeError("Graph has not finished building.")``
-        before ``end_building()``); ``options`` as :class:`GraphCompleteOptions` says."""
+        before ``end_building()``; ``RuntimeError`` saying the capture was invalidated after an
+        ``end_building()`` that found it so); ``options`` as :class:`GraphCompleteOptions` says.
+        """
     def retain(self, buffer: Buffer) -> None:
         """Makes the graph being captured keep ``buffer``'s memory allocated, for captured work
         custody does not see (a kernel another library launched on :attr:`stream` that reads or
@@ -1313,9 +1321,11 @@ class Graph:
         """
     def launch(self, stream: StreamLike) -> None:
         """Launches the graph on ``stream``. Does not block. ``RuntimeError`` for a closed graph or
-        stream; ``TypeError`` for a missing, ``None`` or non-stream ``stream``; ``ValueError`` for
-        a stream of another device than the graph's (before any driver call); :class:`CUDAError`
-        on a driver failure.
+        stream, or a graph that ran once and allocates memory it does not free itself (its
+        graph allocations not closed while building: another launch would allocate them again
+        with nothing to free them); ``TypeError`` for a missing, ``None`` or non-stream
+        ``stream``; ``ValueError`` for a stream of another device than the graph's (before any
+        driver call); :class:`CUDAError` on a driver failure.
         """
     @property
     def handle(self) -> int:

@@ -31,6 +31,9 @@ pub struct PyGraphBuilder {
     pub(crate) stream: Py<PyStream>,
     /// The graph recorded by the last `end_building()`.
     pub(crate) graph: Mutex<Option<Arc<Graph>>>,
+    /// Set when the last `end_building()` found the capture invalidated (it recorded no
+    /// graph), for `complete()`'s message; cleared by the next `begin_building()`.
+    pub(crate) invalidated: std::sync::atomic::AtomicBool,
 }
 
 impl PyGraphBuilder {
@@ -60,5 +63,6 @@ pub(crate) fn builder_on(
         builder: Mutex::new(Some(Arc::new(builder))),
         stream: object,
         graph: Mutex::new(None),
+        invalidated: std::sync::atomic::AtomicBool::new(false),
     })
 }

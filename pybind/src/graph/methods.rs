@@ -2,6 +2,7 @@
 //! `retain(buffer)` on both; a graph builder made on a new stream (`Device.create_graph_builder`)
 //! and a graph allocation's buffer (`GraphMemoryResource.allocate` on a builder).
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use memory::{CaptureMode, GraphExec};
@@ -58,27 +59,47 @@ impl PyGraphBuilder {
         }
         py.detach(|| builder.begin_building(mode))
             .map_err(Error::from)?;
+        this.invalidated.store(false, Ordering::Relaxed);
         Ok(slf.clone())
     }
 
     /// Ends capturing and keeps the recorded graph; returns self. ``RuntimeError`` for a closed
     /// builder or one that is not building; :class:`CUDAError` when the driver ends the capture
-    /// with an error (an invalidated capture).
+    /// with an error (an invalidated capture: it recorded no graph, and ``complete()`` then
+    /// says so until ``begin_building()`` starts again).
     fn end_building<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
         let py = slf.py();
         let this = slf.get();
         let builder = this.builder()?;
-        let graph = py.detach(|| builder.end_building()).map_err(Error::from)?;
+        let ended = py.detach(|| builder.end_building());
+        let graph = match ended {
+            Ok(graph) => graph,
+            Err(error) => {
+                if !builder.is_building() {
+                    // The capture is over and recorded nothing.
+                    this.invalidated.store(true, Ordering::Relaxed);
+                }
+                return Err(Error::from(error).into());
+            }
+        };
+        this.invalidated.store(false, Ordering::Relaxed);
         let old = this.graph.locked().replace(Arc::new(graph));
         py.detach(move || drop(old));
         Ok(slf.clone())
     }
 
     /// Instantiates the recorded graph (``RuntimeError("Graph has not finished building.")``
-    /// before ``end_building()``); ``options`` as :class:`GraphCompleteOptions` says.
+    /// before ``end_building()``; ``RuntimeError`` saying the capture was invalidated after an
+    /// ``end_building()`` that found it so); ``options`` as :class:`GraphCompleteOptions` says.
     #[pyo3(signature = (options = None))]
     fn complete(&self, py: Python<'_>, options: Option<&Bound<'_, PyAny>>) -> PyResult<PyGraph> {
         self.builder()?;
+        if self.invalidated.load(Ordering::Relaxed) {
+            return Err(PyRuntimeError::new_err(
+                "The capture was invalidated, so end_building() recorded no graph. Call \
+                 begin_building() and capture the work again before complete().",
+            ));
+        }
         let options = check_options(
             options,
             "GraphCompleteOptions",
@@ -227,9 +248,11 @@ impl PyGraph {
     }
 
     /// Launches the graph on ``stream``. Does not block. ``RuntimeError`` for a closed graph or
-    /// stream; ``TypeError`` for a missing, ``None`` or non-stream ``stream``; ``ValueError`` for
-    /// a stream of another device than the graph's (before any driver call); :class:`CUDAError`
-    /// on a driver failure.
+    /// stream, or a graph that ran once and allocates memory it does not free itself (its
+    /// graph allocations not closed while building: another launch would allocate them again
+    /// with nothing to free them); ``TypeError`` for a missing, ``None`` or non-stream
+    /// ``stream``; ``ValueError`` for a stream of another device than the graph's (before any
+    /// driver call); :class:`CUDAError` on a driver failure.
     fn launch(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         let stream = accept_stream(stream)?;
         let exec = self.exec()?;
