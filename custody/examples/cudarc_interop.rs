@@ -82,7 +82,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // cudarc's stream, as custody's: allocations, copies and the free are ordered on it.
     let ours = custody::cudarc::stream(&theirs)?;
     let mr = DeviceMemoryResource::new(0)?;
-    let mut buffer = Arc::clone(&mr).allocate(N * 4, &ours)?;
+    let mut buffer = mr.allocate(N * 4, &ours)?;
     let data: Vec<f32> = (0..N).map(|i| i as f32).collect();
     buffer
         .as_slice_mut::<f32>()?

@@ -9,7 +9,6 @@
 //! `CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so cargo run -p cuda-custody --example first_program`.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use custody::{
     cleanup_error_count, drain_deferred_cleanup, raw, Buffer, ContextHandle, DeviceMemoryResource,
@@ -54,11 +53,11 @@ fn run() -> Result {
 
     println!("1. allocate, and copy in and out through typed slices");
     let data: Vec<f32> = (0..N).map(|i| i as f32 * 0.5).collect();
-    let mut input = Arc::clone(&mr).allocate(N * 4, &producer)?;
+    let mut input = mr.allocate(N * 4, &producer)?;
     input
         .as_slice_mut::<f32>()?
         .copy_from_slice(&data, &producer)?;
-    let mut output = Arc::clone(&mr).allocate(N * 4, &producer)?;
+    let mut output = mr.allocate(N * 4, &producer)?;
     // A device-to-device copy of the second half into the first half of `output`, then the
     // first half into the second (two views of one buffer, borrowed apart).
     {
@@ -111,8 +110,8 @@ fn run() -> Result {
     consumer.synchronize()?;
 
     println!("4. a graph keeps a closed buffer alive until it is done with it");
-    let scratch = Arc::clone(&mr).allocate(N, &producer)?;
-    let result = Arc::clone(&mr).allocate(N, &producer)?;
+    let scratch = mr.allocate(N, &producer)?;
+    let result = mr.allocate(N, &producer)?;
     let graph = Graph::new(0)?;
     let fill = graph.add_memset(&[], &scratch, 0x2au8)?;
     graph.add_memcpy(&[fill], &result, &scratch)?;
@@ -135,7 +134,7 @@ fn run() -> Result {
         // closed.
         let handle = unsafe { raw::borrowed(host.as_mut_ptr() as u64, host.len() * 2) };
         let view = Buffer::from_parts(handle, None);
-        let mut device = Arc::clone(&mr).allocate(64 * 2, &producer)?;
+        let mut device = mr.allocate(64 * 2, &producer)?;
         device.as_slice_mut::<u16>()?.fill(0xbeef, &producer)?;
         view.copy_from(&device, &producer)?;
         producer.synchronize()?;

@@ -19,7 +19,7 @@
 //!
 //! let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 //! let mr = DeviceMemoryResource::new(0)?;
-//! let mut buffer = Arc::clone(&mr).allocate(4 * 256, &stream)?;
+//! let mut buffer = mr.allocate(4 * 256, &stream)?;
 //! buffer.as_slice_mut::<u32>()?.copy_from_slice(&[7; 256], &stream)?;
 //! assert_eq!(buffer.as_slice::<u32>()?.to_vec(&stream)?, [7; 256]);
 //! buffer.close()?; // or drop it, anywhere: the recipe makes the free legal and ordered
@@ -81,7 +81,7 @@ pub use handles::raw;
 ///
 /// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let own_pool = DeviceMemoryResource::with_options(0, DeviceMemoryResourceOptions::default())?;
-/// let buffer = Arc::clone(&own_pool).allocate(1 << 20, &stream)?;
+/// let buffer = own_pool.allocate(1 << 20, &stream)?;
 /// assert_eq!(buffer.size(), 1 << 20);
 /// assert!(buffer.deallocation_stream().is_some_and(|s| s.ptr_eq(&stream)));
 /// drop(buffer); // freed on `stream`, without waiting for the GPU
@@ -156,7 +156,7 @@ pub use memory::{ManagedBuffer, ManagedMemoryResource};
 ///
 /// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let pool = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default())?;
-/// let pinned = Arc::clone(&pool).allocate(256, &stream)?;
+/// let pinned = pool.allocate(256, &stream)?;
 /// let legacy = LegacyPinnedMemoryResource::new().allocate(256, &stream)?;
 /// assert_eq!(pinned.is_host_accessible(), Ok(true));
 /// assert_eq!(legacy.device_id(), Ok(None));
@@ -191,10 +191,10 @@ pub use memory::SynchronousMemoryResource;
 ///
 /// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::NON_BLOCKING, 0)?;
 /// let mr = CachingMemoryResource::new(DeviceMemoryResource::new(0)?);
-/// let first = Arc::clone(&mr).allocate(1000, &stream)?;
+/// let first = mr.allocate(1000, &stream)?;
 /// let ptr = first.ptr();
 /// first.close()?; // cached: no cuMemFreeAsync
-/// let again = Arc::clone(&mr).allocate(900, &stream)?; // the same 1024-byte block
+/// let again = mr.allocate(900, &stream)?; // the same 1024-byte block
 /// assert_eq!((again.ptr(), again.size()), (ptr, 900));
 /// assert_eq!((mr.stats().hits, mr.stats().misses), (1, 1));
 /// again.close()?;
@@ -238,7 +238,7 @@ pub use memory::{CaptureMode, GraphBuilder, GraphMemoryResource};
 ///
 /// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let mr = DeviceMemoryResource::new(0)?;
-/// let (a, b) = (Arc::clone(&mr).allocate(16, &stream)?, Arc::clone(&mr).allocate(16, &stream)?);
+/// let (a, b) = (mr.allocate(16, &stream)?, mr.allocate(16, &stream)?);
 /// let graph = Graph::new(0)?;
 /// let set: GraphNode = graph.add_memset(&[], &a, 5u8)?;
 /// graph.add_memcpy(&[set], &b, &a)?;
@@ -263,7 +263,7 @@ pub use memory::{Graph, GraphExec, GraphNode};
 /// let options = DeviceMemoryResourceOptions { ipc_enabled: true, ..Default::default() };
 /// let mr = DeviceMemoryResource::with_options(0, options)?;
 /// assert!(mr.is_ipc_enabled());
-/// let buffer = Arc::clone(&mr).allocate(4096, &stream)?;
+/// let buffer = mr.allocate(4096, &stream)?;
 /// let descriptor = buffer.ipc_descriptor()?;
 /// let bytes = descriptor.to_bytes(); // send these, and the pool (`export_pool`), over a socket
 /// assert_eq!(IpcBufferDescriptor::from_bytes(&bytes)?, descriptor);
@@ -274,16 +274,15 @@ pub use memory::{IpcBufferDescriptor, PoolMemoryResource};
 /// Errors: the memory layer's, the handle layer's it wraps, a driver call's, a failed load.
 ///
 /// ```
-/// use std::sync::Arc;
 /// use custody::{ContextHandle, CudaError, CudaErrorCode, DeviceMemoryResource, HandleError, LoadError, MemoryError, MemoryResource, StreamFlags, StreamHandle};
 ///
 /// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let mr = DeviceMemoryResource::new(0)?;
-/// let error = Arc::clone(&mr).allocate(0, &stream).unwrap_err();
-/// assert!(matches!(error, MemoryError::InvalidSize { size: 0, .. }));
+/// let error = mr.allocate(usize::MAX, &stream).unwrap_err();
+/// assert!(matches!(error, MemoryError::InvalidSize { size: usize::MAX, .. }));
 /// assert_eq!(error.code(), None); // found before any driver call
 /// // No context current: an unbound default-stream token cannot be resolved.
-/// let error = Arc::clone(&mr).allocate(16, &StreamHandle::legacy()).unwrap_err();
+/// let error = mr.allocate(16, &StreamHandle::legacy()).unwrap_err();
 /// assert_eq!(error, MemoryError::Handle(HandleError::NoCurrentContext));
 /// assert_eq!(CudaErrorCode::INVALID_VALUE.name(), "CUDA_ERROR_INVALID_VALUE");
 /// fn _is_error(_: &dyn std::error::Error) {}
@@ -295,13 +294,15 @@ pub use handles::{CudaError, CudaErrorCode, HandleError, LoadError};
 /// layer's error it wraps.
 ///
 /// ```
-/// use std::sync::Arc;
 /// use custody::{ContextHandle, DeviceMemoryResource, MemoryError, MemoryResource, StreamFlags, StreamHandle};
 ///
 /// let stream = StreamHandle::create(&ContextHandle::primary(0)?, StreamFlags::DEFAULT, 0)?;
 /// let mr = DeviceMemoryResource::new(0)?;
-/// let refused = Arc::clone(&mr).allocate(0, &stream);
-/// assert!(matches!(refused, Err(MemoryError::InvalidSize { size: 0, .. })));
+/// let refused = mr.allocate(usize::MAX, &stream);
+/// assert!(matches!(refused, Err(MemoryError::InvalidSize { size: usize::MAX, .. })));
+/// // Zero bytes: an empty buffer, with no memory and no driver call (as in Python).
+/// let empty = mr.allocate(0, &stream)?;
+/// assert_eq!((empty.size(), empty.ptr()), (0, 0));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[doc(inline)]

@@ -516,6 +516,13 @@ impl DevicePtrHandle {
         Ok(Self::from_parts(ptr, size, None, None, release))
     }
 
+    /// Zero bytes at address 0, owned by nobody ([`ReleaseKind::NonOwning`]): what an allocation
+    /// of zero bytes gives. No byte can be reached through it (every range of it is empty) and
+    /// nothing is freed. No driver call.
+    pub fn empty() -> DevicePtrHandle {
+        Self::borrowed(0, 0)
+    }
+
     /// Wraps `size` bytes at `ptr` without owning them ([`ReleaseKind::NonOwning`]). No driver
     /// call. For [`crate::raw::borrowed`].
     pub(crate) fn borrowed(ptr: CUdeviceptr, size: usize) -> DevicePtrHandle {

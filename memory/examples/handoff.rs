@@ -653,7 +653,7 @@ fn hand_off(demo: &mut Demo, a: &ContextHandle, mr: &Arc<DeviceMemoryResource>) 
     demo.names.add("stream", producer.raw() as u64, "producer");
     demo.names.add("stream", consumer.raw() as u64, "consumer");
     let baseline = used(mr)?;
-    let buffer = Arc::clone(mr)
+    let buffer = mr
         .allocate(SIZE, &producer)
         .map_err(|e| err("allocating", e))?;
     let ptr = buffer.ptr();
@@ -719,7 +719,7 @@ fn contextless_drop(
     demo.names
         .add("stream", legacy.raw() as u64, "legacy default stream token");
     let baseline = used(mr)?;
-    let buffer = Arc::clone(mr)
+    let buffer = mr
         .allocate(SIZE, &legacy)
         .map_err(|e| err("allocating", e))?;
     let ptr = buffer.ptr();
@@ -772,12 +772,8 @@ fn graph_retained(
         .map_err(|e| err("creating a stream", e))?;
     demo.names.add("stream", work.raw() as u64, "work");
     let baseline = used(mr)?;
-    let buffer = Arc::clone(mr)
-        .allocate(SIZE, &work)
-        .map_err(|e| err("allocating", e))?;
-    let out = Arc::clone(mr)
-        .allocate(SIZE, &work)
-        .map_err(|e| err("allocating", e))?;
+    let buffer = mr.allocate(SIZE, &work).map_err(|e| err("allocating", e))?;
+    let out = mr.allocate(SIZE, &work).map_err(|e| err("allocating", e))?;
     let ptr = buffer.ptr();
     println!(
         "  allocated 0x{ptr:x} ({SIZE} bytes) on {}; recipe: {}",

@@ -191,6 +191,13 @@ impl Buffer {
         Buffer::new(handle, mr, access, IpcRole::None)
     }
 
+    /// The empty buffer an allocation of zero bytes gives (docs/decisions.md D13): address 0,
+    /// size 0, no memory behind it, `mr` its resource (whose accessibility it reports); closing
+    /// it frees nothing. No driver call.
+    pub fn empty(mr: Arc<dyn MemoryResource>) -> Buffer {
+        Buffer::from_parts(DevicePtrHandle::empty(), Some(mr))
+    }
+
     /// Takes `allocation`, memory allocated elsewhere, into a buffer that owns it: `mr` frees
     /// it at teardown (its `deallocate` with the recorded stream, or the resource's own release
     /// rule; see [`MemoryResource::adopt`]) (docs/decisions.md D5). `stream` orders the free
@@ -634,20 +641,47 @@ pub(crate) fn adopt_synchronous(
 /// wherever the buffer's last reference goes (any user thread, the cleanup worker), with the
 /// deallocation recipe's context current (docs/decisions.md D2).
 ///
-/// Allocating takes the resource by `Arc` because the buffer keeps it: call it as
-/// `Arc::clone(&mr).allocate(size, &stream)` (one atomic increment, the reference the buffer
-/// holds).
+/// Allocating keeps the resource in the buffer, so a resource is held by `Arc` (every built-in
+/// resource's constructor returns one): call `mr.allocate(size, &stream)` on the `Arc` (one
+/// atomic increment, the reference the buffer holds). An implementation writes
+/// [`MemoryResource::allocate_owned`], which takes that reference; through an
+/// `Arc<dyn MemoryResource>` (where `allocate`, bound to sized resources, is not callable) call
+/// `Arc::clone(&mr).allocate_owned(size, &stream)`.
 pub trait MemoryResource: Send + Sync + 'static {
     /// Allocates `size` bytes ordered on `stream`, which also becomes the buffer's
     /// deallocation stream (the free will be ordered on it, in its context, unless
-    /// [`Buffer::set_deallocation_stream`] replaces it).
+    /// [`Buffer::set_deallocation_stream`] replaces it), keeping the resource (`self`, the
+    /// buffer's reference to it). What an implementation writes; callers holding the `Arc` use
+    /// [`MemoryResource::allocate`]. Zero bytes give an empty buffer ([`Buffer::empty`]: address
+    /// 0, no memory, no driver call), as in Python (docs/decisions.md D13).
     ///
     /// # Errors
-    /// [`MemoryError::InvalidSize`] for zero bytes or more than `isize::MAX`;
+    /// [`MemoryError::InvalidSize`] for more than `isize::MAX` bytes;
     /// [`MemoryError::WrongDevice`] for a stream of another device; others as each resource
     /// documents. Nothing is allocated on error.
-    fn allocate(self: Arc<Self>, size: usize, stream: &StreamHandle)
-        -> Result<Buffer, MemoryError>;
+    fn allocate_owned(
+        self: Arc<Self>,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Result<Buffer, MemoryError>;
+
+    /// [`MemoryResource::allocate_owned`] without giving up the caller's `Arc`:
+    /// `mr.allocate(size, &stream)`. Zero bytes give an empty buffer of this resource, whatever
+    /// the implementation does with them (no driver call).
+    ///
+    /// # Errors
+    /// As [`MemoryResource::allocate_owned`].
+    ///
+    /// Driver calls: the resource's (none for zero bytes).
+    fn allocate(self: &Arc<Self>, size: usize, stream: &StreamHandle) -> Result<Buffer, MemoryError>
+    where
+        Self: Sized,
+    {
+        if size == 0 {
+            return Ok(Buffer::empty(Arc::clone(self) as Arc<dyn MemoryResource>));
+        }
+        Arc::clone(self).allocate_owned(size, stream)
+    }
 
     /// Frees `allocation`, which this resource allocated, ordered on `stream`.
     ///

@@ -193,7 +193,7 @@ impl Buffer {
             .memory_resource()
             .cloned()
             .ok_or(MemoryError::NoMemoryResource)?;
-        let new = mr.allocate(self.size(), stream)?;
+        let new = mr.allocate_owned(self.size(), stream)?;
         self.copy_to(&new, stream)?;
         Ok(new)
     }

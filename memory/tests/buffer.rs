@@ -41,7 +41,7 @@ fn allocate_and_close_cost_one_pool_allocation_and_one_free() {
     a.make_current().unwrap();
     let me = tid();
     let from = mark();
-    let buffer = Arc::clone(&mr).allocate(256, &s).unwrap();
+    let buffer = mr.allocate(256, &s).unwrap();
     let allocated = mark();
     assert!(pool_used(mr.pool()) >= base + 256); // on a helper thread: not in `me`'s log
     buffer.close().unwrap();
@@ -143,8 +143,8 @@ fn fills_copies_and_host_transfers_move_the_bytes() {
     let _serial = start();
     let s = stream_on(0);
     let mr = device_mr();
-    let a = Arc::clone(&mr).allocate(64, &s).unwrap();
-    let b = Arc::clone(&mr).allocate(64, &s).unwrap();
+    let a = mr.allocate(64, &s).unwrap();
+    let b = mr.allocate(64, &s).unwrap();
 
     a.fill(0xabu8, &s).unwrap();
     assert_eq!(read(&a, &s), vec![0xab; 64]);
@@ -241,13 +241,18 @@ fn bad_sizes_allocate_nothing() {
     let mr = device_mr();
     let base = device_used();
     let from = mark();
-    for size in [0, isize::MAX as usize + 1, usize::MAX] {
-        let error = Arc::clone(&mr).allocate(size, &s).unwrap_err();
+    for size in [isize::MAX as usize + 1, usize::MAX] {
+        let error = mr.allocate(size, &s).unwrap_err();
         assert!(
             matches!(error, MemoryError::InvalidSize { size: got, .. } if got == size),
             "{error}"
         );
     }
+    // Zero bytes are not a bad size: an empty buffer, with nothing allocated
+    // (docs/decisions.md D13).
+    let empty = mr.allocate(0, &s).unwrap();
+    assert_eq!((empty.size(), empty.ptr()), (0, 0));
+    empty.close().unwrap();
     assert_eq!(device_used(), base, "nothing was allocated");
     with_emulator(|emu| {
         assert!(
@@ -265,8 +270,8 @@ fn bad_copies_and_fills_leave_the_buffers_unchanged() {
     let s = stream_on(0);
     let other_device = other_device_stream("the wrong-device cases");
     let mr = device_mr();
-    let a = Arc::clone(&mr).allocate(6, &s).unwrap();
-    let b = Arc::clone(&mr).allocate(8, &s).unwrap();
+    let a = mr.allocate(6, &s).unwrap();
+    let b = mr.allocate(8, &s).unwrap();
     a.fill(1u8, &s).unwrap();
     b.fill(2u8, &s).unwrap();
     s.synchronize().unwrap();
@@ -313,7 +318,7 @@ fn bad_copies_and_fills_leave_the_buffers_unchanged() {
             })
         );
         assert_eq!(
-            Arc::clone(&mr).allocate(64, other_device).unwrap_err(),
+            mr.allocate(64, other_device).unwrap_err(),
             MemoryError::WrongDevice {
                 expected: 0,
                 found: 1
@@ -342,7 +347,7 @@ fn bad_copies_and_fills_leave_the_buffers_unchanged() {
     // Closed buffers: `close` consumes the buffer, so copies, fills and handles of a closed
     // buffer do not compile (the compile_fail example on `memory::Buffer`); the Python layer's
     // closed state is tested by pybind's tests.
-    let closed = Arc::clone(&mr).allocate(6, &s).unwrap();
+    let closed = mr.allocate(6, &s).unwrap();
     closed.close().unwrap();
     assert_eq!(read(&a, &s), vec![1; 6]);
     let view = adopt::from_handle(a.ptr(), 6, Ownership::Borrowed, None).unwrap();

@@ -269,7 +269,7 @@ fn close_frees_the_cache_and_buffers_still_out_free_when_they_go() {
         1,
         "the cached one is freed, the one out is not"
     );
-    let refused = Arc::clone(&mr).allocate(4096, &s).unwrap_err();
+    let refused = mr.allocate(4096, &s).unwrap_err();
     assert!(
         matches!(
             refused,
@@ -326,7 +326,7 @@ fn out_of_memory_flushes_the_cache_and_retries_once() {
     assert_eq!(stats.in_use_bytes, 16 << 20);
     assert_eq!(live(&[big_alloc]).unwrap_or(0), 0);
     // Nothing cached to flush: the pool's refusal comes back.
-    let refused = Arc::clone(&mr).allocate(24 << 20, &s).unwrap_err();
+    let refused = mr.allocate(24 << 20, &s).unwrap_err();
     assert!(
         matches!(&refused, MemoryError::Handle(e) if e.code() == Some(CudaErrorCode::OUT_OF_MEMORY)),
         "{refused}"
@@ -544,7 +544,7 @@ fn a_capturing_stream_is_not_served_from_the_bins() {
         handles::sys_types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
     )
     .unwrap();
-    let refused = Arc::clone(&mr).allocate(4096, &s);
+    let refused = mr.allocate(4096, &s);
     let graph = end_capture(&s).unwrap();
     assert!(
         matches!(refused, Err(MemoryError::StreamCapturing)),
@@ -763,7 +763,7 @@ fn threads_sharing_one_cache_keep_the_counters_exact() {
                 let s = stream_on(0);
                 for round in 0..ROUNDS {
                     let size = 256 << (round % 4);
-                    let buffer = Arc::clone(&mr).allocate(size, &s).expect("allocate");
+                    let buffer = mr.allocate(size, &s).expect("allocate");
                     assert_eq!(buffer.size(), size);
                     if round % 2 == 0 {
                         buffer.close().expect("close");
@@ -1157,7 +1157,7 @@ fn a_refused_allocation_with_nothing_cached_counts_no_miss_and_no_retry() {
     let mr = cache_over_device_pool();
     // 1 PiB: refused by the pool (the emulator says CUDA_ERROR_OUT_OF_MEMORY; which error a
     // real driver gives does not matter here).
-    let error = Arc::clone(&mr).allocate(1 << 50, &s).unwrap_err();
+    let error = mr.allocate(1 << 50, &s).unwrap_err();
     assert!(matches!(&error, MemoryError::Handle(_)), "{error}");
     assert_eq!(mr.stats(), CachingStats::default());
     assert_no_hazards();
@@ -1229,8 +1229,8 @@ fn an_allocation_on_a_capturing_stream_is_said_once_and_goes_to_the_upstream() {
         handles::sys_types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
     )
     .unwrap();
-    let first = Arc::clone(&mr).allocate(4096, &s);
-    let second = Arc::clone(&mr).allocate(4096, &s);
+    let first = mr.allocate(4096, &s);
+    let second = mr.allocate(4096, &s);
     let graph = end_capture(&s).unwrap();
     assert!(matches!(first, Err(MemoryError::StreamCapturing)));
     assert!(matches!(second, Err(MemoryError::StreamCapturing)));
@@ -1249,7 +1249,7 @@ fn an_allocation_on_a_capturing_stream_is_said_once_and_goes_to_the_upstream() {
         handles::sys_types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
     )
     .unwrap();
-    let third = Arc::clone(&other).allocate(4096, &s);
+    let third = other.allocate(4096, &s);
     drop(end_capture(&s).unwrap());
     assert!(third.is_err());
     assert_eq!(not_cached().len(), 2, "once per cache");

@@ -9,7 +9,6 @@
 mod common;
 
 use std::process::Command;
-use std::sync::Arc;
 
 use common::*;
 use memory::{CachingMemoryResource, DeviceMemoryResource, MemoryResource};
@@ -53,7 +52,7 @@ fn child() {
     let base = device_used();
     let s = stream_on(0);
     let mr = CachingMemoryResource::new(DeviceMemoryResource::new(0).expect("device 0's pool"));
-    let first = Arc::clone(&mr).allocate(1000, &s).expect("allocate");
+    let first = mr.allocate(1000, &s).expect("allocate");
     assert_eq!(first.size(), 1000);
     let (ptr, alloc) = (first.ptr(), alloc_of(first.ptr()));
     with_emulator(|emu| {
@@ -68,7 +67,7 @@ fn child() {
     with_emulator(|emu| assert!(!emu.is_live(alloc), "freed through the upstream"));
     assert_eq!(device_used(), base, "the pool has it back");
     assert!(mr.allocate_cached(1000, &s).is_none(), "no hit to serve");
-    let again = Arc::clone(&mr).allocate(1000, &s).expect("allocate");
+    let again = mr.allocate(1000, &s).expect("allocate");
     again.close().expect("close");
     let stats = mr.stats();
     assert_eq!(

@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use handles::sys_types::CUstreamCaptureMode;
 use handles::GraphExecHandle;
@@ -64,7 +62,7 @@ fn graph_allocation_needs_a_capturing_stream() {
     let gmr = GraphMemoryResource::new(0).unwrap();
     let from = mark();
     assert_eq!(
-        Arc::clone(&gmr).allocate(256, &s).unwrap_err(),
+        gmr.allocate(256, &s).unwrap_err(),
         MemoryError::NotCapturing
     );
     if second_device_or_skip_part("a stream of another device") {
@@ -105,14 +103,14 @@ fn pool_resource_refuses_a_capturing_stream() {
     handles::begin_capture(&s, RELAXED).unwrap();
     assert!(handles::capture_may_be_active());
     let from = mark();
-    let refused = Arc::clone(&mr).allocate(256, &s).unwrap_err();
+    let refused = mr.allocate(256, &s).unwrap_err();
     let graph = handles::end_capture(&s).unwrap();
     assert_eq!(refused, MemoryError::StreamCapturing);
     assert_no_alloc_calls(from);
     drop(graph);
     assert_eq!(pool_used(mr.pool()), base, "nothing was allocated");
     // Capture over: allocation works again.
-    let buffer = Arc::clone(&mr).allocate(256, &s).unwrap();
+    let buffer = mr.allocate(256, &s).unwrap();
     assert!(pool_used(mr.pool()) >= base + 256);
     buffer.close().unwrap();
     assert_eq!(pool_used(mr.pool()), base, "freed");
@@ -176,7 +174,7 @@ fn a_capture_stream_can_become_the_deallocation_stream() {
     let (s, capturing) = (stream_on(0), stream_on(0));
     let mr = DeviceMemoryResource::new(0).unwrap();
     let base = pool_used(mr.pool());
-    let buffer = Arc::clone(&mr).allocate(256, &s).unwrap();
+    let buffer = mr.allocate(256, &s).unwrap();
     s.synchronize().unwrap();
     let alloc = alloc_of(buffer.ptr());
     handles::begin_capture(&capturing, RELAXED).unwrap();
@@ -253,7 +251,7 @@ fn another_graphs_allocation_closed_during_a_capture_is_kept_by_the_captured_gra
     let alloc = alloc_of(ptr);
 
     let mr = DeviceMemoryResource::new(0).unwrap();
-    let other = Arc::clone(&mr).allocate(256, &s).unwrap();
+    let other = mr.allocate(256, &s).unwrap();
     s.synchronize().unwrap();
     let second = GraphBuilder::new(&s).unwrap();
     second.begin_building(CaptureMode::ThreadLocal).unwrap();

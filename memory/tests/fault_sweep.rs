@@ -493,7 +493,9 @@ fn device_pool() -> Arc<DeviceMemoryResource> {
 
 /// A buffer of `mr` on `stream`, filled (so it has been used on its stream).
 fn used_buffer(mr: Arc<dyn MemoryResource>, stream: &StreamHandle) -> Buffer {
-    let buffer = mr.allocate(4096, stream).expect("allocate");
+    let buffer = Arc::clone(&mr)
+        .allocate_owned(4096, stream)
+        .expect("allocate");
     buffer.fill(0x5au8, stream).expect("fill");
     buffer
 }
@@ -655,12 +657,12 @@ struct UserResource {
 }
 
 impl MemoryResource for UserResource {
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
-        let backing = Arc::clone(&self.pool).allocate(size, stream)?;
+        let backing = self.pool.allocate(size, stream)?;
         let ptr = backing.ptr();
         self.backing.lock().unwrap().insert(ptr, backing);
         adopt::from_handle(ptr, size, Ownership::MemoryResource(self), Some(stream))

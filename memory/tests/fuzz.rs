@@ -236,7 +236,7 @@ struct Ledger {
 }
 
 impl MemoryResource for Ledger {
-    fn allocate(self: Arc<Self>, _: usize, _: &StreamHandle) -> Result<Buffer, MemoryError> {
+    fn allocate_owned(self: Arc<Self>, _: usize, _: &StreamHandle) -> Result<Buffer, MemoryError> {
         Err(MemoryError::NoMemoryResource)
     }
 
@@ -435,14 +435,16 @@ proptest! {
         let baseline = Baseline::take();
         let (name, mr) = resource(which);
         let s = stream();
-        match Arc::clone(&mr).allocate(size, &s) {
+        match Arc::clone(&mr).allocate_owned(size, &s) {
             Ok(buffer) => {
                 prop_assert_eq!(buffer.size(), size);
-                prop_assert!(size > 0 && size <= isize::MAX as usize);
+                prop_assert!(size <= isize::MAX as usize);
+                // Zero bytes: an empty buffer, with no memory behind it (docs/decisions.md D13).
+                prop_assert!(size > 0 || buffer.ptr() == 0, "{}: {:#x}", name, buffer.ptr());
                 drop(buffer);
             }
             Err(MemoryError::InvalidSize { .. }) => {
-                prop_assert!(size == 0 || size > isize::MAX as usize, "{}: {}", name, size);
+                prop_assert!(size > isize::MAX as usize, "{}: {}", name, size);
             }
             Err(error) => prop_assert_eq!(
                 error.code(),
@@ -465,7 +467,7 @@ proptest! {
         let s2 = stream();
         let mut buffers: Vec<Option<Buffer>> = sizes
             .iter()
-            .map(|&(which, size)| Some(resource(which).1.allocate(size, &s1).expect("allocate")))
+            .map(|&(which, size)| Some(resource(which).1.allocate_owned(size, &s1).expect("allocate")))
             .collect();
         for (step, op) in script.into_iter().enumerate() {
             let i = step % buffers.len();

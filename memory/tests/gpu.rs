@@ -62,10 +62,10 @@ fn resources() -> Vec<(&'static str, Arc<dyn MemoryResource>)> {
 fn every_resource_allocates_fills_copies_and_frees() {
     let s = stream();
     for (name, mr) in resources() {
-        let a = Arc::clone(&mr)
+        let a = mr
             .allocate(4096, &s)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let b = Arc::clone(&mr).allocate(4096, &s).unwrap();
+        let b = mr.allocate(4096, &s).unwrap();
         a.fill(0xdead_beefu32, &s).unwrap();
         a.copy_to(&b, &s).unwrap();
         assert_eq!(
@@ -104,7 +104,7 @@ fn pool_memory_returns_to_the_pool_when_dropped_on_a_thread_without_a_context() 
             .attribute(handles::PoolAttribute::USED_MEM_CURRENT)
             .unwrap()
     };
-    let buffer = Arc::clone(&mr).allocate(1 << 20, &s).unwrap();
+    let buffer = mr.allocate(1 << 20, &s).unwrap();
     assert!(used(&mr) >= 1 << 20);
     std::thread::spawn(move || drop(buffer)).join().unwrap();
     s.synchronize().unwrap();
@@ -116,7 +116,7 @@ fn graph_memory_under_capture() {
     let s = stream();
     let gmr = GraphMemoryResource::new(0).unwrap();
     assert_eq!(
-        Arc::clone(&gmr).allocate(4096, &s).unwrap_err(),
+        gmr.allocate(4096, &s).unwrap_err(),
         MemoryError::NotCapturing
     );
     handles::begin_capture(&s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
@@ -141,8 +141,8 @@ fn stream_hand_off() {
     let a = ContextHandle::primary(0).unwrap();
     let (producer, consumer) = (stream(), stream());
     let mr = DeviceMemoryResource::new(0).unwrap();
-    let buffer = Arc::clone(&mr).allocate(1 << 20, &producer).unwrap();
-    let out = Arc::clone(&mr).allocate(1 << 20, &consumer).unwrap();
+    let buffer = mr.allocate(1 << 20, &producer).unwrap();
+    let out = mr.allocate(1 << 20, &consumer).unwrap();
     buffer.fill(0x77u8, &producer).unwrap();
     let event = EventHandle::create(&a, EventFlags::DISABLE_TIMING).unwrap();
     event.record(&producer).unwrap();
@@ -158,7 +158,7 @@ fn stream_hand_off() {
 fn adoption_failure_leaves_the_pointer_usable_by_the_caller() {
     let s = stream();
     let mr = DeviceMemoryResource::new(0).unwrap();
-    let owned = Arc::clone(&mr).allocate(4096, &s).unwrap();
+    let owned = mr.allocate(4096, &s).unwrap();
     let handle = owned.handle().clone();
     let ptr = handle.ptr();
     // Stand-in for memory allocated elsewhere: this handle is given up unreleased.

@@ -75,7 +75,7 @@ fn two_processes_share_a_pool_buffer() {
     }
     let s = stream();
     let mr = ipc_resource();
-    let buffer = Arc::clone(&mr).allocate(SIZE, &s).unwrap();
+    let buffer = mr.allocate(SIZE, &s).unwrap();
     buffer.copy_from_host(&pattern(1), &s).unwrap();
     let descriptor = buffer.ipc_descriptor().unwrap();
     assert_eq!(descriptor.size(), SIZE);
@@ -154,7 +154,7 @@ fn child(path: &std::ffi::OsStr) {
     drop(pool_fd);
     assert!(mr.is_mapped());
     assert!(matches!(
-        Arc::clone(&mr).allocate(256, &s1),
+        mr.allocate(256, &s1),
         Err(MemoryError::Ipc { .. })
     ));
     assert!(matches!(mr.export_pool(), Err(MemoryError::Ipc { .. })));
@@ -211,7 +211,7 @@ fn export_needs_an_ipc_enabled_pool() {
     let plain =
         DeviceMemoryResource::with_options(0, DeviceMemoryResourceOptions::default()).unwrap();
     assert!(matches!(plain.export_pool(), Err(MemoryError::Ipc { .. })));
-    let buffer = Arc::clone(&plain).allocate(256, &s).unwrap();
+    let buffer = plain.allocate(256, &s).unwrap();
     assert!(matches!(
         buffer.ipc_descriptor(),
         Err(MemoryError::Ipc { .. })

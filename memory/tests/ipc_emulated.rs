@@ -44,7 +44,7 @@ fn ipc_resource() -> Arc<DeviceMemoryResource> {
 /// A 4096-byte buffer of an IPC pool, filled with `0x33`, and its descriptor.
 fn exported(stream: &handles::StreamHandle) -> Exported {
     let exporter = ipc_resource();
-    let buffer = Arc::clone(&exporter).allocate(4096, stream).unwrap();
+    let buffer = exporter.allocate(4096, stream).unwrap();
     buffer.fill(0x33u8, stream).unwrap();
     stream.synchronize().unwrap();
     let descriptor = buffer.ipc_descriptor().unwrap();

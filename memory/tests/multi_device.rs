@@ -197,9 +197,7 @@ fn device_1_buffer(
         }
         Recipe::LegacyToken => {
             ctx1.make_current().unwrap();
-            let buffer = Arc::clone(mr)
-                .allocate(SIZE, &StreamHandle::legacy())
-                .unwrap();
+            let buffer = mr.allocate(SIZE, &StreamHandle::legacy()).unwrap();
             ContextHandle::clear_current().unwrap();
             let recorded = buffer.deallocation_stream().unwrap();
             (buffer, recorded)
@@ -415,16 +413,14 @@ fn device_1_cumemalloc_buffer_dropped_under_device_0_is_freed_later_in_device_1s
     let mr = SynchronousMemoryResource::new(1).unwrap();
     // A created stream of device 1 becomes the recipe's stream.
     let s1 = stream_on(1);
-    let on_stream = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
+    let on_stream = mr.allocate(SIZE, &s1).unwrap();
     assert!(on_stream.deallocation_stream().unwrap().ptr_eq(&s1));
     on_stream.copy_from_host(&pattern(5, SIZE), &s1).unwrap();
     assert_eq!(read(&on_stream, &s1), pattern(5, SIZE));
     deferred_free_under_device_0(on_stream, "cuMemFree_v2");
     // A token while device 0 is current: replaced by the legacy stream bound to device 1.
     ctx0.make_current().unwrap();
-    let on_token = Arc::clone(&mr)
-        .allocate(SIZE, &StreamHandle::legacy())
-        .unwrap();
+    let on_token = mr.allocate(SIZE, &StreamHandle::legacy()).unwrap();
     assert_eq!(current_raw(), ctx0.raw() as u64);
     ContextHandle::clear_current().unwrap();
     let recipe = on_token.handle().clone().recipe().unwrap();
@@ -436,7 +432,7 @@ fn device_1_cumemalloc_buffer_dropped_under_device_0_is_freed_later_in_device_1s
     assert_eq!(on_token.device_id(), Ok(Some(1)));
     deferred_free_under_device_0(on_token, "cuMemFree_v2");
     // An explicit close under device 0 frees now, in device 1's context.
-    let closed = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
+    let closed = mr.allocate(SIZE, &s1).unwrap();
     let ptr = closed.ptr();
     let id = alloc_of(ptr);
     let from = mark();
@@ -480,7 +476,7 @@ fn device_1_pinned_buffers_dropped_under_device_0_are_freed_in_device_1s_context
 
     // A host pool, allocated on device 1's stream: a stream-ordered free in device 1's context.
     let mr = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
-    let pooled = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
+    let pooled = mr.allocate(SIZE, &s1).unwrap();
     let ptr = pooled.ptr();
     let id = alloc_of(ptr);
     pooled.copy_from_host(&pattern(8, SIZE), &s1).unwrap();
@@ -522,7 +518,7 @@ fn each_device_has_its_own_pool_and_usage_is_accounted_on_it() {
     let (base0, base1) = (used_on(0, mr0.pool()), used_on(1, mr1.pool()));
 
     const BIG: usize = 1 << 20;
-    let on1 = Arc::clone(&mr1).allocate(BIG, &s1).unwrap();
+    let on1 = mr1.allocate(BIG, &s1).unwrap();
     assert_eq!(on1.device_id(), Ok(Some(1)));
     assert_eq!(attributes(on1.ptr()).map(|a| a.device_ordinal), Some(1));
     assert!(
@@ -530,7 +526,7 @@ fn each_device_has_its_own_pool_and_usage_is_accounted_on_it() {
         "counted on device 1's pool"
     );
     assert_eq!(used_on(0, mr0.pool()), base0, "not on device 0's");
-    let on0 = Arc::clone(&mr0).allocate(BIG / 2, &s0).unwrap();
+    let on0 = mr0.allocate(BIG / 2, &s0).unwrap();
     assert!(used_on(0, mr0.pool()) >= base0 + (BIG / 2) as u64);
     let with1 = used_on(1, mr1.pool());
     on0.close().unwrap();
@@ -542,13 +538,13 @@ fn each_device_has_its_own_pool_and_usage_is_accounted_on_it() {
     // Pools of their own, one per device, account the same way.
     let (own0, own1) = (owned_pool(0), owned_pool(1));
     assert_ne!(own0.pool().raw(), own1.pool().raw());
-    let a = Arc::clone(&own1).allocate(SIZE, &s1).unwrap();
+    let a = own1.allocate(SIZE, &s1).unwrap();
     let a_id = alloc_of(a.ptr());
     assert!(used_on(1, own1.pool()) >= SIZE as u64);
     assert_eq!(used_on(0, own0.pool()), 0);
     // A pool of device 1 refuses a stream of device 0.
     assert_eq!(
-        Arc::clone(&own1).allocate(SIZE, &s0).map(|_| ()),
+        own1.allocate(SIZE, &s0).map(|_| ()),
         Err(MemoryError::WrongDevice {
             expected: 1,
             found: 0
@@ -569,7 +565,7 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
     let (ctx0, ctx1) = (primary(0), primary(1));
     let (s0, s1) = (stream_on(0), stream_on(1));
     let mr = owned_pool(1);
-    let buffer = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
+    let buffer = mr.allocate(SIZE, &s1).unwrap();
     let ptr = buffer.ptr();
     let id = alloc_of(ptr);
     buffer.copy_from_host(&pattern(9, SIZE), &s1).unwrap();
@@ -610,7 +606,7 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
 
     // The reverse: device 0's memory refuses device 1's stream.
     let mr0 = owned_pool(0);
-    let on0 = Arc::clone(&mr0).allocate(SIZE, &s0).unwrap();
+    let on0 = mr0.allocate(SIZE, &s0).unwrap();
     assert_eq!(
         on0.set_deallocation_stream(&s1),
         Err(MemoryError::WrongDevice {
@@ -652,8 +648,8 @@ fn copies_between_devices_read_back_the_right_bytes() {
     let ctx0 = primary(0);
     let (s0, s1) = (stream_on(0), stream_on(1));
     let (mr0, mr1) = (owned_pool(0), owned_pool(1));
-    let on0 = Arc::clone(&mr0).allocate(SIZE, &s0).unwrap();
-    let on1 = Arc::clone(&mr1).allocate(SIZE, &s1).unwrap();
+    let on0 = mr0.allocate(SIZE, &s0).unwrap();
+    let on1 = mr1.allocate(SIZE, &s1).unwrap();
 
     // Device 0 -> device 1, on device 1's stream, with device 0's context current.
     on0.copy_from_host(&pattern(11, SIZE), &s0).unwrap();
@@ -703,7 +699,7 @@ fn a_host_pool_is_used_by_both_devices() {
     let (_ctx0, ctx1) = (primary(0), primary(1));
     let (s0, s1) = (stream_on(0), stream_on(1));
     let host = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
-    let shared = Arc::clone(&host).allocate(SIZE, &s1).unwrap();
+    let shared = host.allocate(SIZE, &s1).unwrap();
     assert_eq!(shared.device_id(), Ok(None));
     let ptr = shared.ptr();
     let id = alloc_of(ptr);
@@ -712,7 +708,7 @@ fn a_host_pool_is_used_by_both_devices() {
     shared.fill(0x3Cu8, &s0).unwrap();
     s0.synchronize().unwrap();
     let mr1 = owned_pool(1);
-    let on1 = Arc::clone(&mr1).allocate(SIZE, &s1).unwrap();
+    let on1 = mr1.allocate(SIZE, &s1).unwrap();
     shared.copy_to(&on1, &s1).unwrap();
     assert_eq!(read(&on1, &s1), vec![0x3C; SIZE]);
     // And the other way, device 1 writing, device 0 reading.
@@ -770,7 +766,7 @@ fn a_device_1_graph_releases_its_buffer_in_device_1s_context_while_device_0_is_c
     let (ctx0, ctx1) = (primary(0), primary(1));
     let s1 = stream_on(1);
     let mr = owned_pool(1);
-    let buffer = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
+    let buffer = mr.allocate(SIZE, &s1).unwrap();
     let ptr = buffer.ptr();
     let id = alloc_of(ptr);
     let graph = Graph::new(1).unwrap();
@@ -852,7 +848,7 @@ fn a_device_1_ipc_buffer_is_freed_in_the_importers_device_1_context() {
     }
     let s1 = stream_on(1);
     let mr = ipc_resource_on_1();
-    let buffer = Arc::clone(&mr).allocate(SIZE, &s1).unwrap();
+    let buffer = mr.allocate(SIZE, &s1).unwrap();
     buffer.copy_from_host(&pattern(21, SIZE), &s1).unwrap();
     s1.synchronize().unwrap();
     let descriptor = buffer.ipc_descriptor().unwrap();

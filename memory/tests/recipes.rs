@@ -228,8 +228,8 @@ fn hand_off(set_consumer_as_deallocation_stream: bool) -> (AllocationId, Vec<u8>
     let a = primary(0);
     let (producer, consumer) = (stream_on(0), stream_on(0));
     let mr = device_mr();
-    let buffer = Arc::clone(&mr).allocate(4096, &producer).unwrap();
-    let out = Arc::clone(&mr).allocate(4096, &consumer).unwrap();
+    let buffer = mr.allocate(4096, &producer).unwrap();
+    let out = mr.allocate(4096, &consumer).unwrap();
     let alloc = alloc_of(buffer.ptr());
     buffer.fill(0x5au8, &producer).unwrap();
     let filled = EventHandle::create(&a, EventFlags::DISABLE_TIMING).unwrap();
@@ -424,8 +424,8 @@ fn failing_deallocate_is_returned_by_close_and_reported_by_a_drop() {
     let mr = RecordingResource::new(0);
     let base = device_used();
     *mr.fail_with.lock().unwrap() = Some("out of luck".into());
-    let closed = Arc::clone(&mr).allocate(256, &s).unwrap();
-    let dropped = Arc::clone(&mr).allocate(256, &s).unwrap();
+    let closed = mr.allocate(256, &s).unwrap();
+    let dropped = mr.allocate(256, &s).unwrap();
     let (p1, p2) = (closed.ptr(), dropped.ptr());
     let (a1, a2) = (alloc_of(p1), alloc_of(p2));
     let expected = MemoryError::Handle(HandleError::deallocator("out of luck"));

@@ -36,7 +36,7 @@ struct Scene {
 impl Scene {
     fn new(mr: Arc<dyn MemoryResource>) -> (Scene, Buffer) {
         let (a, b) = (stream_on(0), stream_on(0));
-        let buffer = mr.allocate(SIZE, &a).expect("allocate");
+        let buffer = mr.allocate_owned(SIZE, &a).expect("allocate");
         let out = device_mr().allocate(SIZE, &b).expect("allocate out");
         buffer.fill(0x5au8, &a).unwrap();
         let filled =

@@ -38,7 +38,7 @@ fn owned_pool_outlives_its_resource_until_the_last_buffer_is_freed() {
     let s = stream_on(0);
     let mr = DeviceMemoryResource::with_options(0, DeviceMemoryResourceOptions::default()).unwrap();
     assert!(mr.pool().is_owned());
-    let buffer = Arc::clone(&mr).allocate(1000, &s).unwrap();
+    let buffer = mr.allocate(1000, &s).unwrap();
     s.synchronize().unwrap();
     let used = mr
         .pool()
@@ -72,12 +72,12 @@ fn max_size_limits_the_pool_and_a_refused_allocation_changes_nothing() {
         },
     )
     .unwrap();
-    let error = Arc::clone(&mr).allocate(256 << 20, &s).unwrap_err();
+    let error = mr.allocate(256 << 20, &s).unwrap_err();
     assert!(
         matches!(error, MemoryError::Handle(HandleError::Driver(ref e)) if e.call == "cuMemAllocFromPoolAsync"),
         "{error}"
     );
-    let fits = Arc::clone(&mr).allocate(1 << 20, &s).unwrap();
+    let fits = mr.allocate(1 << 20, &s).unwrap();
     fits.close().unwrap();
     assert_no_hazards();
 }
@@ -94,8 +94,8 @@ fn pinned_pool_memory_is_usable_from_the_host_and_any_device() {
     let (s0, s1) = (stream_on(0), stream_on(other));
     let mr = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
     assert_eq!(mr.pool().device(), None);
-    let on0 = Arc::clone(&mr).allocate(64, &s0).unwrap();
-    let on1 = Arc::clone(&mr).allocate(64, &s1).unwrap();
+    let on0 = mr.allocate(64, &s0).unwrap();
+    let on1 = mr.allocate(64, &s1).unwrap();
     assert_eq!(on1.is_host_accessible(), Ok(true));
     assert_eq!(on1.is_device_accessible(), Ok(true));
     assert_eq!(on1.device_id(), Ok(None));
@@ -129,7 +129,7 @@ fn managed_pool_memory_is_managed_and_only_an_own_pool_is_destroyed() {
     assert_eq!(own.preferred_location(), ManagedPoolLocation::Device(0));
     assert!(!own.is_ipc_enabled());
 
-    let borrowed = Arc::clone(&current).allocate(64, &s).unwrap();
+    let borrowed = current.allocate(64, &s).unwrap();
     assert_eq!(borrowed.is_managed(), Ok(true));
     borrowed.close().unwrap();
 
@@ -143,7 +143,7 @@ fn managed_pool_memory_is_managed_and_only_an_own_pool_is_destroyed() {
     assert!(pool_used(own.pool()) >= 4096);
 
     own.close();
-    let error = Arc::clone(&own).allocate(64, &s).unwrap_err();
+    let error = own.allocate(64, &s).unwrap_err();
     assert!(
         matches!(
             error,
@@ -177,8 +177,8 @@ fn managed_memory_advice_prefetch_and_discard() {
     let _serial = start();
     let s = stream_on(0);
     let mr = ManagedMemoryResource::new();
-    let a = Arc::clone(&mr).allocate(4096, &s).unwrap();
-    let b = Arc::clone(&mr).allocate(4096, &s).unwrap();
+    let a = mr.allocate(4096, &s).unwrap();
+    let b = mr.allocate(4096, &s).unwrap();
 
     assert!(!a.read_mostly().unwrap());
     a.advise(MemAdvice::SetReadMostly).unwrap();
@@ -302,7 +302,7 @@ fn a_new_managed_allocation_has_no_advice_or_prefetch_of_a_freed_one() {
     let s = stream_on(0);
     let mr = ManagedMemoryResource::new();
     for round in 0..16 {
-        let a = Arc::clone(&mr).allocate(4096, &s).unwrap();
+        let a = mr.allocate(4096, &s).unwrap();
         assert_eq!(a.last_prefetch_location().unwrap(), None, "round {round}");
         assert!(!a.read_mostly().unwrap(), "round {round}");
         assert_eq!(a.preferred_location().unwrap(), None, "round {round}");
@@ -418,7 +418,7 @@ fn explicit_close_of_synchronous_memory_waits_and_frees_before_returning() {
         LegacyPinnedMemoryResource::new(),
         ManagedMemoryResource::new(),
     ] {
-        let buffer = mr.allocate(128, &s).unwrap();
+        let buffer = Arc::clone(&mr).allocate_owned(128, &s).unwrap();
         let ptr = buffer.ptr();
         let alloc = alloc_of(ptr);
         buffer.fill(1u8, &s).unwrap();
@@ -574,7 +574,7 @@ fn a_closed_pool_resource_refuses_allocations_and_exports_but_still_frees() {
         ..DeviceMemoryResourceOptions::default()
     };
     let mr = DeviceMemoryResource::with_options(0, options).unwrap();
-    let buffer = Arc::clone(&mr).allocate(256, &s).unwrap();
+    let buffer = mr.allocate(256, &s).unwrap();
     assert!(!mr.is_closed());
     mr.close();
     mr.close(); // idempotent
@@ -582,7 +582,7 @@ fn a_closed_pool_resource_refuses_allocations_and_exports_but_still_frees() {
     let closed = MemoryError::ResourceClosed {
         resource: "DeviceMemoryResource",
     };
-    assert_eq!(Arc::clone(&mr).allocate(64, &s).unwrap_err(), closed);
+    assert_eq!(mr.allocate(64, &s).unwrap_err(), closed);
     assert_eq!(mr.export_pool().unwrap_err(), closed);
     assert_eq!(
         closed.to_string(),
@@ -604,13 +604,13 @@ fn a_closed_pool_resource_refuses_allocations_and_exports_but_still_frees() {
 
     // deallocate stays usable after close.
     let pinned = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
-    let raw = Arc::clone(&pinned).allocate(64, &s).unwrap();
+    let raw = pinned.allocate(64, &s).unwrap();
     let ptr = raw.ptr();
     // The pointer is freed by hand below; the buffer must never free it too.
     std::mem::forget(raw);
     pinned.close();
     assert_eq!(
-        Arc::clone(&pinned).allocate(64, &s).unwrap_err(),
+        pinned.allocate(64, &s).unwrap_err(),
         MemoryError::ResourceClosed {
             resource: "PinnedMemoryResource"
         }
@@ -630,8 +630,8 @@ fn zero_byte_managed_placement_makes_no_driver_call() {
     let _serial = start();
     let s = stream_on(0);
     let mr = ManagedMemoryResource::new();
-    let a = Arc::clone(&mr).allocate(4096, &s).unwrap();
-    let b = Arc::clone(&mr).allocate(4096, &s).unwrap();
+    let a = mr.allocate(4096, &s).unwrap();
+    let b = mr.allocate(4096, &s).unwrap();
     let (empty_a, empty_b) = (
         a.handle().range(4096, 0).unwrap(),
         b.handle().range(0, 0).unwrap(),
@@ -734,4 +734,49 @@ fn a_struct_holding_resources_derives_debug() {
     ] {
         assert!(text.contains(part), "{part:?} is not in {text}");
     }
+}
+
+/// Zero bytes give an empty buffer of the resource (address 0, no memory, no driver call),
+/// through `allocate` and `allocate_owned` alike, in Rust as in Python (docs/decisions.md
+/// D13); closing it frees nothing. (`allocate(0)` was `InvalidSize` in Rust and an empty buffer
+/// in Python.)
+#[test]
+fn every_resource_gives_an_empty_buffer_for_zero_bytes() {
+    let _serial = start();
+    let s = stream_on(0);
+    let device = DeviceMemoryResource::new(0).unwrap();
+    let resources: Vec<Arc<dyn MemoryResource>> = vec![
+        device.clone(),
+        SynchronousMemoryResource::new(0).unwrap(),
+        LegacyPinnedMemoryResource::new(),
+        ManagedMemoryResource::new(),
+        memory::GraphMemoryResource::new(0).unwrap(),
+        memory::CachingMemoryResource::new(device.clone()),
+    ];
+    let me = tid();
+    let from = mark();
+    for mr in &resources {
+        let name = mr.name().to_owned();
+        for buffer in [
+            Arc::clone(mr).allocate_owned(0, &s),
+            Arc::clone(mr).allocate_owned(0, &StreamHandle::legacy()),
+        ] {
+            let buffer = buffer.unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!((buffer.size(), buffer.ptr()), (0, 0), "{name}");
+            let resource = buffer.memory_resource().expect("its resource");
+            assert!(Arc::ptr_eq(resource, mr), "{name}");
+            buffer.close().unwrap();
+        }
+    }
+    let empty = device.allocate(0, &s).unwrap();
+    assert_eq!(empty.size(), 0);
+    empty.close().unwrap();
+    with_emulator(|emu| {
+        assert_eq!(
+            emu.names_on(me, from),
+            Vec::<String>::new(),
+            "no driver call"
+        );
+    });
+    assert_no_hazards();
 }

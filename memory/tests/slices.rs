@@ -59,8 +59,8 @@ fn sub_ranges_are_written_in_place_and_views_copy_between_each_other() {
     let _serial = start();
     let s = stream_on(0);
     let mr = device_mr();
-    let mut a = Arc::clone(&mr).allocate(6 * 2, &s).unwrap();
-    let mut b = Arc::clone(&mr).allocate(6 * 2, &s).unwrap();
+    let mut a = mr.allocate(6 * 2, &s).unwrap();
+    let mut b = mr.allocate(6 * 2, &s).unwrap();
     a.as_slice_mut::<u16>().unwrap().fill(7, &s).unwrap();
     {
         let mut view = a.as_slice_mut::<u16>().unwrap();
@@ -195,12 +195,12 @@ struct Renamed {
 }
 
 impl MemoryResource for Renamed {
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
-        let inner = Arc::clone(&self.inner).allocate(size, stream)?;
+        let inner = self.inner.allocate(size, stream)?;
         Ok(Buffer::from_parts(inner.handle().clone(), Some(self)))
     }
 
@@ -223,7 +223,7 @@ fn a_resource_of_the_callers_builds_buffers_from_parts() {
     let s = stream_on(0);
     let base = device_used();
     let mr: Arc<dyn MemoryResource> = Arc::new(Renamed { inner: device_mr() });
-    let buffer = Arc::clone(&mr).allocate(256, &s).unwrap();
+    let buffer = Arc::clone(&mr).allocate_owned(256, &s).unwrap();
     let alloc = alloc_of(buffer.ptr());
     assert!(Arc::ptr_eq(buffer.memory_resource().unwrap(), &mr));
     assert_eq!(buffer.is_device_accessible(), Ok(true));

@@ -117,12 +117,12 @@ struct AdoptingResource {
 }
 
 impl MemoryResource for AdoptingResource {
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
-        let backing = Arc::clone(&self.backing).allocate(size, stream)?;
+        let backing = self.backing.allocate(size, stream)?;
         let ptr = backing.ptr();
         self.allocated.fetch_add(1, Ordering::Relaxed);
         self.live.lock().unwrap().insert(ptr, backing);
@@ -291,7 +291,7 @@ impl Worker<'_> {
             1 + self.rng.below(64 << 10)
         };
         let buffer = mr
-            .allocate(size, &stream)
+            .allocate_owned(size, &stream)
             .unwrap_or_else(|e| panic!("{name}.allocate({size}): {e}"));
         assert_eq!(buffer.size(), size);
         self.world.count("allocate", 1);

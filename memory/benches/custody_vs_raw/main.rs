@@ -416,7 +416,7 @@ fn set_deallocation_stream(c: &mut Criterion, s: &Settings, setup: &Setup) {
     let other = StreamHandle::create(&setup.ctx, StreamFlags::DEFAULT, 0).expect("second stream");
     let (stream, other) = (&setup.stream, &other);
     let handle = DevicePtrHandle::alloc_from_pool(SIZE, setup.pool(), stream).unwrap();
-    let owned: Buffer = Arc::clone(&setup.mr).allocate(SIZE, stream).unwrap();
+    let owned: Buffer = setup.mr.allocate(SIZE, stream).unwrap();
     let (handle, buffer) = (&handle, &owned);
     paired::run(
         c,

@@ -825,7 +825,7 @@ impl CachingMemoryResource {
         stream: &StreamHandle,
     ) -> Result<Fresh, MemoryError> {
         let (index, class_size) = class;
-        let buffer = match Arc::clone(&self.upstream).allocate(class_size, stream) {
+        let buffer = match Arc::clone(&self.upstream).allocate_owned(class_size, stream) {
             Err(error) if is_out_of_memory(&error) => {
                 if let Some(cached) = self.borrow(key, index, true, stream) {
                     return Ok(Fresh::Cached(cached));
@@ -843,7 +843,7 @@ impl CachingMemoryResource {
                     return Err(error); // nothing cached: nothing to retry with
                 }
                 self.free_all(blocks.into_iter().map(|(_, _, c)| c).collect())?;
-                Arc::clone(&self.upstream).allocate(class_size, stream)?
+                Arc::clone(&self.upstream).allocate_owned(class_size, stream)?
             }
             result => result?,
         };
@@ -989,11 +989,14 @@ impl MemoryResource for CachingMemoryResource {
     /// `CUDA_ERROR_OUT_OF_MEMORY` the frees of [`CachingMemoryResource::trim`]);
     /// `cuCtxGetCurrent` for an unbound default stream; `cuStreamIsCapturing` only while a
     /// custody capture runs.
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
+        if size == 0 {
+            return Ok(Buffer::empty(self));
+        }
         check_size(size)?;
         if self.is_closed() {
             return Err(MemoryError::ResourceClosed {
@@ -1002,13 +1005,13 @@ impl MemoryResource for CachingMemoryResource {
         }
         let class = match size_class(size) {
             Some(class) if !Self::passes_through() => class,
-            _ => return Arc::clone(&self.upstream).allocate(size, stream),
+            _ => return Arc::clone(&self.upstream).allocate_owned(size, stream),
         };
         if handles::capture_may_be_active()
             && handles::capture_status(stream).map_err(device_error)? != CaptureStatus::None
         {
             self.warn_once(NotCached::Capturing, stream);
-            return Arc::clone(&self.upstream).allocate(size, stream);
+            return Arc::clone(&self.upstream).allocate_owned(size, stream);
         }
         let key = Self::key_of(stream).map_err(device_error)?;
         if let Some(key) = key {

@@ -53,11 +53,14 @@ impl MemoryResource for GraphMemoryResource {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamIsCapturing`,
     /// `cuMemAllocAsync`.
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
+        if size == 0 {
+            return Ok(Buffer::empty(self));
+        }
         check_size(size)?;
         check_bound_stream_device(stream, self.device)?;
         if handles::capture_status(stream)? != CaptureStatus::Active {

@@ -251,11 +251,14 @@ impl MemoryResource for DeviceMemoryResource {
     /// current), `cuMemAllocFromPoolAsync`; `cuStreamIsCapturing` only while a custody capture
     /// runs.
     #[inline]
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
+        if size == 0 {
+            return Ok(Buffer::empty(self));
+        }
         let (handle, role) = self.core.allocate(size, stream)?;
         let access = self.accessibility();
         Ok(Buffer::new(handle, Some(self), Some(access), role))
@@ -383,11 +386,14 @@ impl MemoryResource for PinnedMemoryResource {
     ///
     /// Driver calls: as [`DeviceMemoryResource`]'s.
     #[inline]
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
+        if size == 0 {
+            return Ok(Buffer::empty(self));
+        }
         let (handle, role) = self.core.allocate(size, stream)?;
         Ok(Buffer::new(
             handle,
@@ -514,9 +520,7 @@ impl ManagedPoolMemoryResource {
         size: usize,
         stream: &StreamHandle,
     ) -> Result<ManagedBuffer, MemoryError> {
-        Arc::clone(self)
-            .allocate(size, stream)
-            .map(ManagedBuffer::new)
+        self.allocate(size, stream).map(ManagedBuffer::new)
     }
 }
 
@@ -528,11 +532,14 @@ impl MemoryResource for ManagedPoolMemoryResource {
     ///
     /// Driver calls: as [`DeviceMemoryResource`]'s.
     #[inline]
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
+        if size == 0 {
+            return Ok(Buffer::empty(self));
+        }
         let (handle, role) = self.core.allocate(size, stream)?;
         let access = self.accessibility();
         Ok(Buffer::new(handle, Some(self), Some(access), role))

@@ -40,11 +40,14 @@ impl MemoryResource for LegacyPinnedMemoryResource {
     /// default-stream token, the driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocHost_v2`.
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
+        if size == 0 {
+            return Ok(Buffer::empty(self));
+        }
         check_size(size)?;
         let handle = DevicePtrHandle::alloc_host(size, stream)?;
         Ok(Buffer::new(
@@ -106,9 +109,7 @@ impl ManagedMemoryResource {
         size: usize,
         stream: &StreamHandle,
     ) -> Result<ManagedBuffer, MemoryError> {
-        Arc::clone(self)
-            .allocate(size, stream)
-            .map(ManagedBuffer::new)
+        self.allocate(size, stream).map(ManagedBuffer::new)
     }
 }
 
@@ -121,11 +122,14 @@ impl MemoryResource for ManagedMemoryResource {
     /// default-stream token, the driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocManaged`.
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
+        if size == 0 {
+            return Ok(Buffer::empty(self));
+        }
         check_size(size)?;
         let handle = DevicePtrHandle::alloc_managed(size, MemAttachFlags::GLOBAL, stream)?;
         Ok(Buffer::new(
@@ -213,11 +217,14 @@ impl MemoryResource for SynchronousMemoryResource {
     /// another device; [`MemoryError::Handle`] for the driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAlloc_v2`.
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
+        if size == 0 {
+            return Ok(Buffer::empty(self));
+        }
         check_size(size)?;
         let recorded = self.recipe_stream(stream)?;
         let handle = DevicePtrHandle::alloc(size, recorded).map_err(device_error)?;

@@ -104,7 +104,7 @@ impl RecordingResource {
 }
 
 impl MemoryResource for RecordingResource {
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         size: usize,
         stream: &StreamHandle,

@@ -32,7 +32,7 @@ pub(crate) struct PyResourceAdapter {
 }
 
 impl MemoryResource for PyResourceAdapter {
-    fn allocate(
+    fn allocate_owned(
         self: Arc<Self>,
         _size: usize,
         _stream: &StreamHandle,

@@ -109,7 +109,7 @@ impl PyMemoryResource {
             return PyBuffer::empty(py, mr(), this.managed);
         }
         let buffer = py
-            .detach(move || native.allocate(size, &stream))
+            .detach(move || native.allocate_owned(size, &stream))
             .map_err(|e| allocation_error(slf, e))?;
         PyBuffer::wrap(py, buffer, mr(), this.managed, Kept::default())
     }
