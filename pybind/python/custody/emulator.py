@@ -4,7 +4,7 @@ after free, ...) and the call log, with fault injection for tests.
 
 The functions read the driver library custody loads (``CUSTODY_CUDA_DRIVER``, else
 ``libcuda.so.1``); on a real driver :func:`is_emulated` is False and the others raise
-``RuntimeError``. Each query returns a list of dicts (JSON from the emulator's
+``RuntimeError``; when no driver library loads at all, each raises ``OSError``. Each query returns a list of dicts (JSON from the emulator's
 ``custodyEmuQuery``)::
 
     import custody
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import operator
 import os
 import threading
 
@@ -36,6 +37,9 @@ __all__ = [
 
 _library = None
 _lock = threading.Lock()
+
+# The largest C `unsigned` (the interface's `nth` and `CUresult`).
+_UINT_MAX = 2**32 - 1
 
 
 def driver_path() -> str:
@@ -55,7 +59,7 @@ def _open():
                 lib.custodyEmuQuery.restype = ctypes.c_size_t
                 lib.custodyEmuClear.argtypes = [ctypes.c_char_p]
                 lib.custodyEmuClear.restype = None
-                lib.custodyEmuInjectFault.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_int]
+                lib.custodyEmuInjectFault.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint]
                 lib.custodyEmuInjectFault.restype = ctypes.c_int
                 lib.custodyEmuThreadId.argtypes = []
                 lib.custodyEmuThreadId.restype = ctypes.c_ulonglong
@@ -124,9 +128,32 @@ def clear(what: str) -> None:
 def inject_fault(function: str, nth: int = 1, error: int = 1) -> None:
     """Makes the ``nth`` next call of the driver entry point ``function`` (``"cuMemFreeAsync"``)
     return the ``CUresult`` ``error`` (default 1, ``CUDA_ERROR_INVALID_VALUE``) without effect,
-    once. ``ValueError`` for an entry point the emulator does not export or ``nth`` below 1."""
-    if _emulator().custodyEmuInjectFault(function.encode(), nth, error) != 0:
-        raise ValueError(f"no fault injected: {function!r} (nth={nth}) is not an entry point")
+    once. ``nth`` counts from 1 (the next call) to ``2**32 - 1``; ``error`` is from 1 to
+    ``2**32 - 1`` (0 is success, not a fault). ``TypeError`` for a ``function`` that is not a
+    str or an ``nth`` or ``error`` that is not an int; ``ValueError`` for an entry point the
+    emulator does not export, or an ``nth`` or ``error`` out of range. Nothing is injected on
+    error."""
+    if not isinstance(function, str):
+        raise TypeError(
+            f"function is a driver entry point's name (a str), got {type(function).__name__}"
+        )
+    nth = _count_argument("nth", nth, "counts the calls from 1, the next one")
+    error = _count_argument("error", error, "is a CUresult (0 is success, not a fault)")
+    lib = _emulator()
+    if lib.custodyEmuInjectFault(function.encode(), nth, error) != 0:
+        raise ValueError(f"no fault injected: {function!r} is not an entry point of the emulator")
+
+
+def _count_argument(name: str, value, what: str) -> int:
+    """``value`` as an int from 1 to ``2**32 - 1`` (the C interface's ``unsigned``), which
+    ctypes would otherwise wrap or truncate without a word."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} is an int, got {type(value).__name__}") from None
+    if not 1 <= value <= _UINT_MAX:
+        raise ValueError(f"{name} {what}: from 1 to 2**32 - 1, got {value}")
+    return value
 
 
 def thread_id() -> int:

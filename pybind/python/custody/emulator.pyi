@@ -4,7 +4,7 @@ after free, ...) and the call log, with fault injection for tests.
 
 The functions read the driver library custody loads (``CUSTODY_CUDA_DRIVER``, else
 ``libcuda.so.1``); on a real driver :func:`is_emulated` is False and the others raise
-``RuntimeError``. Each query returns a list of dicts (JSON from the emulator's
+``RuntimeError``; when no driver library loads at all, each raises ``OSError``. Each query returns a list of dicts (JSON from the emulator's
 ``custodyEmuQuery``)::
 
     import custody
@@ -46,7 +46,11 @@ def clear(what: str) -> None:
 def inject_fault(function: str, nth: int = 1, error: int = 1) -> None:
     """Makes the ``nth`` next call of the driver entry point ``function`` (``"cuMemFreeAsync"``)
     return the ``CUresult`` ``error`` (default 1, ``CUDA_ERROR_INVALID_VALUE``) without effect,
-    once. ``ValueError`` for an entry point the emulator does not export or ``nth`` below 1.
+    once. ``nth`` counts from 1 (the next call) to ``2**32 - 1``; ``error`` is from 1 to
+    ``2**32 - 1`` (0 is success, not a fault). ``TypeError`` for a ``function`` that is not a
+    str or an ``nth`` or ``error`` that is not an int; ``ValueError`` for an entry point the
+    emulator does not export, or an ``nth`` or ``error`` out of range. Nothing is injected on
+    error.
     """
 def thread_id() -> int:
     """The calling thread's id as the call log's ``thread`` shows it."""
