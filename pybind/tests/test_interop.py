@@ -9,6 +9,9 @@ use declared through it, its live bytes back to zero. Runs on the emulator and o
 import ctypes
 import gc
 import os
+import subprocess
+import sys
+import textwrap
 import weakref
 
 import pytest
@@ -188,3 +191,26 @@ def test_the_torch_library_must_be_named(monkeypatch):
         interop._torch_library_path(None)
     with pytest.raises(RuntimeError, match="does not exist"):
         interop._torch_library_path("/nonexistent/libcustody_torch.so")
+
+
+@needs_library
+def test_a_free_the_library_reports_to_a_broken_stderr_does_not_abort():
+    """``custody_torch_free`` of an address it never allocated says so on stderr; when stderr is
+    a pipe nobody reads, the failed write is dropped. ``eprintln!`` panicked there, and a panic
+    out of the C function aborted the process (PyTorch's, in real use). No driver call."""
+    script = textwrap.dedent(
+        f"""
+        import ctypes, os
+        lib = ctypes.CDLL({LIBRARY!r})
+        lib.custody_torch_free.argtypes = [
+            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.custody_torch_free.restype = None
+        r, w = os.pipe()
+        os.close(r)
+        os.dup2(w, 2)  # stderr: a pipe nobody reads (writes fail with EPIPE)
+        lib.custody_torch_free(0x1000, 64, 0, None)
+        print("ok", flush=True)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stdout.strip()) == (0, "ok"), (out.returncode, out.stderr)

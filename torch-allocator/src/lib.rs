@@ -35,6 +35,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -141,7 +142,8 @@ pub unsafe extern "C" fn custody_torch_malloc(
 /// on, in that stream's context, after waiting (`cuStreamWaitEvent`) for every stream declared
 /// with [`custody_torch_record_use`]. Never blocks. `size`, `device` and `stream` are PyTorch's
 /// record of the block and are not needed. A failure is written to stderr (nothing can receive
-/// it here); a null or unknown `ptr` is ignored (an unknown one is written to stderr too).
+/// it here; a write that fails is dropped, never a panic); a null or unknown `ptr` is ignored (an
+/// unknown one is written to stderr too).
 /// PyTorch's `CUDAPluggableAllocator` signature (`void (void*, size_t, int, cudaStream_t)`).
 ///
 /// Driver calls: `cuEventCreate`, `cuEventRecord`, `cuStreamWaitEvent`, `cuEventDestroy` (per
@@ -170,11 +172,20 @@ pub extern "C" fn custody_torch_free(
         // reporter (stderr), outside the lock.
         Some(buffer) => {
             if catch_unwind(AssertUnwindSafe(|| drop(buffer))).is_err() {
-                eprintln!("custody_torch_free: freeing {ptr:p} panicked");
+                stderr_line(format_args!("custody_torch_free: freeing {ptr:p} panicked"));
             }
         }
-        None => eprintln!("custody_torch_free: {ptr:p} was not allocated by custody_torch_malloc"),
+        None => stderr_line(format_args!(
+            "custody_torch_free: {ptr:p} was not allocated by custody_torch_malloc"
+        )),
     }
+}
+
+/// Writes one line to stderr, ignoring a failed write (a closed stderr, a pipe nobody reads):
+/// `eprintln!` panics on a failed write, and a panic out of an `extern "C"` function aborts the
+/// process.
+fn stderr_line(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// Declares that work on `stream` uses the block at `ptr` (what `Tensor.record_stream` does for
