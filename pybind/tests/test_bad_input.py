@@ -404,3 +404,39 @@ def test_a_stream_class_instead_of_an_instance_names_the_mistake(device, stream,
     check(TypeError, pattern, lambda: custody.DeviceMemoryResource(0).allocate(64, stream=cls))
     assert not buf.is_closed
     buf.close()
+
+
+def test_a_negative_or_too_large_stream_handle_is_named(device, stream):
+    """A stream handle that is no unsigned 64-bit int, given to ``Stream.from_handle`` or
+    returned by an object's ``__cuda_stream__`` (wherever a stream goes), is refused naming the
+    handle (pyo3's conversion said only "can't convert negative int to unsigned" or "int too big
+    to convert")."""
+
+    class Returns:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __cuda_stream__(self):
+            return (0, self.handle)
+
+    buf = custody.DeviceMemoryResource(0).allocate(64, stream=stream)
+    for bad in [-1, 2**64]:
+        check(
+            OverflowError,
+            rf"^a stream handle is an unsigned 64-bit int, got {bad}$",
+            lambda: custody.Stream.from_handle(bad),
+        )
+        returned = rf"^a stream handle is an unsigned 64-bit int \(the handle __cuda_stream__ returned\), got {bad}$"
+        for call in [
+            lambda: custody.Stream.from_handle(Returns(bad)),
+            lambda: device.create_stream(Returns(bad)),
+            lambda: buf.record_use(Returns(bad)),
+            lambda: buf.set_deallocation_stream(Returns(bad)),
+        ]:
+            check(OverflowError, returned, call)
+    check(
+        TypeError,
+        r"^int stream handle \(the handle __cuda_stream__ returned\) expected, got str$",
+        lambda: custody.Stream.from_handle(Returns("x")),
+    )
+    buf.close()

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Weak};
 
 use handles::StreamHandle;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 
@@ -117,7 +117,10 @@ pub(super) fn wrap_protocol(object: &Bound<'_, PyAny>) -> PyResult<(StreamHandle
             "__cuda_stream__ protocol version {version} is not supported (0 is)"
         )));
     }
-    let raw: usize = tuple.get_item(1)?.extract()?;
+    let raw = handle_value(
+        &tuple.get_item(1)?,
+        " (the handle __cuda_stream__ returned)",
+    )?;
     let owner = Arc::new(PyObjRef::new(object.clone().unbind()));
     let weak = Arc::downgrade(&owner);
     let stream = object
@@ -144,17 +147,27 @@ pub(super) fn stream_from_handle(
         let (stream, protocol) = wrap_protocol(handle)?;
         return Ok((stream, Some(protocol)));
     }
-    let raw: usize = handle.extract().map_err(|e: PyErr| {
-        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
-            e
-        } else {
-            expected("int stream handle", handle)
-        }
-    })?;
+    let raw = handle_value(handle, "")?;
     let stream = py
         .detach(|| crate::ffi::wrap_foreign_stream(raw, None))
         .map_err(Error::from)?;
     Ok((stream, None))
+}
+
+/// A stream handle given as an int (`source` says where it came from, for the message):
+/// `OverflowError` naming it for a negative or too large value (pyo3's own conversion says only
+/// "can't convert negative int to unsigned"), `TypeError` for anything but an int.
+fn handle_value(value: &Bound<'_, PyAny>, source: &str) -> PyResult<usize> {
+    value.extract::<usize>().map_err(|error| {
+        if error.is_instance_of::<PyOverflowError>(value.py()) {
+            PyOverflowError::new_err(format!(
+                "a stream handle is an unsigned 64-bit int{source}, got {}",
+                value.repr().map(|r| r.to_string()).unwrap_or_default()
+            ))
+        } else {
+            expected(&format!("int stream handle{source}"), value)
+        }
+    })
 }
 
 /// Whether `CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM` selects the per-thread default stream:
