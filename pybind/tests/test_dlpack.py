@@ -171,8 +171,15 @@ def test_dlpack_argument_errors_name_what_was_wrong(device, stream):
     for bad in [(), (9, 8, 7), "x"]:
         with pytest.raises(BufferError, match=r"^Expected max_version tuple\[int, int\], got "):
             buf.__dlpack__(max_version=bad)
-    with pytest.raises(BufferError, match=r"^Sorry, not supported: dl_device other than None$"):
+    # The buffer's own device is accepted (what NumPy's from_dlpack(device=...) names), so the
+    # message says so and names the device asked for.
+    with pytest.raises(
+        BufferError,
+        match=r"^Sorry, not supported: dl_device other than None or the buffer's own \(2, 0\), "
+        r"got \(1, 0\)$",
+    ):
         buf.__dlpack__(dl_device=(1, 0))
+    buf.__dlpack__(dl_device=(2, 0))
     with pytest.raises(BufferError, match=r"^Sorry, not supported: copy=True$"):
         buf.__dlpack__(copy=True)
     buf.close()

@@ -665,9 +665,11 @@ impl PyBuffer {
         if let Some(requested) = dl_device.filter(|d| !d.is_none()) {
             // The buffer's own device is what it gives anyway; anything else would be a copy.
             if requested.extract::<(i32, i32)>().ok() != Some((device_type, device_id)) {
-                return Err(PyBufferError::new_err(
-                    "Sorry, not supported: dl_device other than None",
-                ));
+                return Err(PyBufferError::new_err(format!(
+                    "Sorry, not supported: dl_device other than None or the buffer's own \
+                     ({device_type}, {device_id}), got {}",
+                    requested.repr().map(|r| r.to_string()).unwrap_or_default()
+                )));
             }
         }
         let spec = TensorSpec::bytes_of(&handle, (device_type, device_id))?;
