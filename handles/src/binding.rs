@@ -1,14 +1,17 @@
 //! What only a binding needs: a layer that holds custody's objects on behalf of another runtime
 //! (the Python bindings) and must choose where a stream's or a context's last reference is
 //! dropped (with its interpreter lock released: their drop calls the driver), or must know how
-//! lent memory is freed to choose whether to release its lock around the free. Rust code has
+//! lent memory is freed to choose whether to release its lock around the free, or must count a
+//! handle's holders without holding it (a garbage collector's traversal). Rust code has
 //! [`DevicePtrHandle::release`] and [`DevicePtrHandle::set_deallocation_stream`], which drop
 //! what they replace; these do the same step and hand it back instead (the module's name says
 //! who they are for, as rustls' `danger` module does).
 
+use std::sync::{Arc, Weak};
+
 use crate::deviceptr::DevicePtrHandle;
 use crate::recipe::{DeallocationRecipe, RecipeRemains};
-use crate::release::ReleaseKind;
+use crate::release::{PtrBox, ReleaseKind};
 use crate::stream::StreamHandle;
 use crate::HandleError;
 
@@ -26,7 +29,7 @@ use crate::HandleError;
 pub fn release_with_remains(
     handle: DevicePtrHandle,
 ) -> (Result<(), HandleError>, Option<RecipeRemains>) {
-    let (result, recipe) = handle.release_keeping_recipe();
+    let (result, recipe) = PtrBox::release_last(handle.0);
     (
         result,
         recipe.and_then(DeallocationRecipe::into_last_references),
@@ -46,11 +49,30 @@ pub fn replace_deallocation_stream(
     handle: &DevicePtrHandle,
     stream: &StreamHandle,
 ) -> Result<Option<DeallocationRecipe>, HandleError> {
-    handle.replace_recipe(stream)
+    handle.0.replace_recipe(stream)
 }
 
 /// For lent memory ([`ReleaseKind::Lent`]), the release family of the lender's block behind it
 /// (which frees the memory when the lender does); `None` for every other family.
 pub fn lent_block_kind(handle: &DevicePtrHandle) -> Option<ReleaseKind> {
     handle.0.release.lent_block_kind()
+}
+
+/// How many [`DevicePtrHandle`]s share one allocation, read without being one of them (a weak
+/// reference to their shared box): it never keeps the memory allocated, and reading it takes no
+/// lock and changes no count, as a binding's garbage-collector traversal requires. 0 once the
+/// last handle is gone.
+#[derive(Clone, Debug)]
+pub struct HandleCount(Weak<PtrBox>);
+
+impl HandleCount {
+    /// The reader of `handle`'s count ([`DevicePtrHandle::handle_count`]).
+    pub fn of(handle: &DevicePtrHandle) -> HandleCount {
+        HandleCount(Arc::downgrade(&handle.0))
+    }
+
+    /// The number of handles now.
+    pub fn get(&self) -> usize {
+        self.0.strong_count()
+    }
 }

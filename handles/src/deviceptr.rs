@@ -6,7 +6,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use cuda_sys::types::{c_void, CUdeviceptr, CUmemPoolPtrExportData, CUstream};
 use cuda_sys::Driver;
@@ -76,20 +76,6 @@ impl<L: Lender> GiveBack for L {
 /// hook; an explicit [`DevicePtrHandle::release`] may block and returns the error.
 #[derive(Clone)]
 pub struct DevicePtrHandle(pub(crate) Arc<PtrBox>);
-
-/// How many [`DevicePtrHandle`]s share one allocation, read without being one of them (a weak
-/// reference to their shared box): it never keeps the memory allocated, and reading it takes no
-/// lock and changes no count, as a binding's garbage-collector traversal requires. 0 once the
-/// last handle is gone.
-#[derive(Clone, Debug)]
-pub struct HandleCount(Weak<PtrBox>);
-
-impl HandleCount {
-    /// The number of handles now.
-    pub fn get(&self) -> usize {
-        self.0.strong_count()
-    }
-}
 
 /// Where an allocation lives, which decides the device its recipes must be on.
 #[derive(Clone, Copy)]
@@ -309,10 +295,7 @@ impl DevicePtrHandle {
             // the pool handle is alive and the recipe's context is current.
             unsafe { (d.cuMemPoolImportPointer)(ptr, pool_raw, &mut data) }
         };
-        let release = Release::Ipc(Ipc {
-            pool: PoolRef::of(pool),
-            share: None,
-        });
+        let release = Release::Ipc(Ipc::new(pool, None));
         let placement = Placement::Pool(pool.device());
         let call = "cuMemPoolImportPointer";
         Self::allocate(size, stream, placement, release, call, alloc)
@@ -395,9 +378,7 @@ impl DevicePtrHandle {
         stream: &StreamHandle,
     ) -> Result<DevicePtrHandle, AdoptError> {
         let allocation = non_null(allocation, null)?;
-        let recipe = match DeallocationRecipe::record(stream)
-            .and_then(|recipe| recipe.check_device(device).map(|()| recipe))
-        {
+        let recipe = match DeallocationRecipe::record_for(stream, device) {
             Ok(recipe) => recipe,
             Err(error) => return Err(AdoptError { error, allocation }),
         };
@@ -452,30 +433,16 @@ impl DevicePtrHandle {
         stream: &StreamHandle,
         lender: Arc<L>,
     ) -> Result<DevicePtrHandle, (HandleError, DevicePtrHandle)> {
-        let refused = if size == 0 || size > block.size() {
-            Some("the size must be between 1 and the block's size")
-        } else if !block.0.release.needs_recipe() {
-            Some("a block without a deallocation recipe cannot be lent")
-        } else if Arc::strong_count(&block.0) != 1 {
-            Some("a block is lent by its one holder: it has other clones")
-        } else {
-            None
-        };
-        if let Some(reason) = refused {
+        if let Some(reason) = Lent::refusal(&block.0, size) {
             return Err((HandleError::invalid("block", reason), block));
         }
-        let recipe = match DeallocationRecipe::record(stream)
-            .and_then(|recipe| recipe.check_device(block.0.device).map(|()| recipe))
-        {
+        let recipe = match DeallocationRecipe::record_for(stream, block.0.device) {
             Ok(recipe) => recipe,
             Err(error) => return Err((error, block)),
         };
         let (ptr, device) = (block.ptr(), block.0.device);
         let lender: Arc<dyn GiveBack> = lender;
-        let release = Release::Lent(Lent {
-            block: Some(block.0),
-            lender,
-        });
+        let release = Release::Lent(Lent::new(block.0, lender));
         Ok(Self::from_parts(ptr, size, device, Some(recipe), release))
     }
 
@@ -488,11 +455,7 @@ impl DevicePtrHandle {
         recipe: DeallocationRecipe,
         share: Arc<dyn Deallocator>,
     ) -> DevicePtrHandle {
-        let pool_ref = PoolRef::of(pool);
-        let release = Release::Ipc(Ipc {
-            pool: pool_ref,
-            share: Some(share),
-        });
+        let release = Release::Ipc(Ipc::new(pool, Some(share)));
         Self::from_parts(ptr, size, pool.device(), Some(recipe), release)
     }
 
@@ -610,12 +573,6 @@ impl DevicePtrHandle {
         self.0.release.kind()
     }
 
-    /// For lent memory ([`ReleaseKind::Lent`]), the release family of the lender's block behind
-    /// it (which frees the memory when the lender does); `None` for every other family.
-    pub fn lent_block_kind(&self) -> Option<ReleaseKind> {
-        self.0.release.lent_block_kind()
-    }
-
     /// The device the memory lives on, when known (`None` for pinned host and managed memory,
     /// which any device's streams may use, and for adopted or borrowed pointers).
     pub fn device(&self) -> Option<i32> {
@@ -648,12 +605,6 @@ impl DevicePtrHandle {
         Arc::strong_count(&self.0)
     }
 
-    /// A reader of [`handle_count`](Self::handle_count) that is not itself a handle: see
-    /// [`HandleCount`].
-    pub fn count_reader(&self) -> HandleCount {
-        HandleCount(Arc::downgrade(&self.0))
-    }
-
     /// Whether both handles share one box.
     pub fn ptr_eq(&self, other: &DevicePtrHandle) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
@@ -674,17 +625,8 @@ impl DevicePtrHandle {
     /// context custody does not hold).
     pub fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), HandleError> {
         // The old recipe may hold the last handle of a stream: released outside the lock.
-        drop(self.replace_recipe(stream)?);
+        drop(self.0.replace_recipe(stream)?);
         Ok(())
-    }
-
-    /// The recipe swap of [`set_deallocation_stream`](Self::set_deallocation_stream), handing
-    /// back the replaced recipe (`None` when the memory has no recipe).
-    pub(crate) fn replace_recipe(
-        &self,
-        stream: &StreamHandle,
-    ) -> Result<Option<DeallocationRecipe>, HandleError> {
-        self.0.replace_recipe(stream)
     }
 
     /// Declares that work on `stream` uses this memory: when the memory is freed, the free's
@@ -742,15 +684,7 @@ impl DevicePtrHandle {
     /// `cuStreamSynchronize` first; for an IPC import `cuCtxSynchronize` first (unless a capture
     /// begun through custody may run) and `cuStreamSynchronize` after.
     pub fn release(self) -> Result<(), HandleError> {
-        self.release_keeping_recipe().0
-    }
-
-    /// [`release`](Self::release), handing back the recipe the release left behind (`None` when
-    /// other clones remain, the memory has no recipe, or the free was deferred).
-    pub(crate) fn release_keeping_recipe(
-        self,
-    ) -> (Result<(), HandleError>, Option<DeallocationRecipe>) {
-        PtrBox::release_last(self.0)
+        PtrBox::release_last(self.0).0
     }
 
     /// `set_deallocation_stream(stream)` then `release()` (docs/decisions.md D4). When recording

@@ -66,8 +66,7 @@ pub fn import_pointer(
     stream: &StreamHandle,
 ) -> Result<DevicePtrHandle, HandleError> {
     // This import's recipe is validated before anything is imported (it cannot fail later).
-    let recipe = DeallocationRecipe::record(stream)?;
-    recipe.check_device(pool.device())?;
+    let recipe = DeallocationRecipe::record_for(stream, pool.device())?;
     let key = ImportKey {
         pool: pool.raw() as usize,
         export_data: *export_data,
@@ -200,7 +199,7 @@ fn give_back(key: &ImportKey, stream: &StreamHandle) -> Result<(), HandleError> 
         stream.wait_event(event)?;
     }
     // The replaced recipe may hold a stream's last reference: dropped after the lock.
-    let replaced = entry.mapping.replace_recipe(stream)?;
+    let replaced = entry.mapping.0.replace_recipe(stream)?;
     let Some(entry) = map.remove(key) else {
         return Ok(());
     };

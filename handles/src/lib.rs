@@ -68,7 +68,7 @@ pub use device::{
     device_pci_bus_id, device_uuid, graph_mem_attribute, graph_mem_trim, set_graph_mem_attribute,
     stream_priority_range,
 };
-pub use deviceptr::{DevicePtrHandle, HandleCount, Lender};
+pub use deviceptr::{DevicePtrHandle, Lender};
 pub use error::{DeallocatorSource, HandleError};
 pub use event::EventHandle;
 pub use flags::{ContextFlags, EventFlags, GraphInstantiateFlags, MemAttachFlags, StreamFlags};

@@ -570,8 +570,8 @@ pub fn import_pool(
     Ok(pool)
 }
 
-// Managed memory pools (`CU_MEM_ALLOCATION_TYPE_MANAGED`, CUDA 13 drivers): what the Python
-// bindings' cuda.core-compatible `ManagedMemoryResource` allocates from.
+// Managed memory pools (`CU_MEM_ALLOCATION_TYPE_MANAGED`, CUDA 13 drivers): what a managed
+// memory resource of a CUDA 13 driver allocates from.
 
 /// `CU_MEM_ALLOCATION_TYPE_MANAGED` (CUDA 13; not in the 12.0 types).
 const ALLOCATION_TYPE_MANAGED: u32 = 2;

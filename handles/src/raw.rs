@@ -75,8 +75,8 @@ pub unsafe fn owned_allocation(ptr: CUdeviceptr, size: usize) -> OwnedAllocation
 /// graph and its executables are gone): the `size` bytes at `ptr` stay allocated and usable by
 /// the driver's copies and fills (device, pinned host or managed memory, or host memory the
 /// driver can reach), and no Rust reference to them exists that a copy or fill through the
-/// handle would violate. So `size` is at most `isize::MAX`: no allocation is larger (memory's
-/// `allocate` and `adopt` refuse more, and Python's `Buffer.from_handle` checks it first).
+/// handle would violate. So `size` is at most `isize::MAX`: no allocation is larger (the
+/// crates above refuse more at allocation and adoption, before they reach this door).
 pub unsafe fn borrowed(ptr: CUdeviceptr, size: usize) -> DevicePtrHandle {
     DevicePtrHandle::borrowed(ptr, size)
 }

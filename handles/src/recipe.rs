@@ -134,6 +134,21 @@ impl DeallocationRecipe {
         DeallocationRecipe::bind_with_current(stream, current)
     }
 
+    /// [`DeallocationRecipe::record`], then checked against `device` (the memory's, when known):
+    /// what every recipe of memory and every declared use is recorded with.
+    ///
+    /// # Errors
+    /// As [`DeallocationRecipe::record`]; [`HandleError::WrongDevice`] for a stream of another
+    /// device.
+    pub(crate) fn record_for(
+        stream: &StreamHandle,
+        device: Option<i32>,
+    ) -> Result<DeallocationRecipe, HandleError> {
+        let recipe = DeallocationRecipe::record(stream)?;
+        recipe.check_device(device)?;
+        Ok(recipe)
+    }
+
     /// Binds `stream` given the context current on the calling thread (`current`, 0 for none),
     /// which the caller has just read: no driver call on the common paths.
     #[inline]

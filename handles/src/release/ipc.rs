@@ -11,6 +11,7 @@ use super::deallocator::deallocate;
 use super::stream_ordered::{free_async_raw, PoolRef};
 use super::{finish, Family, Free, Issued, Outcome, ReleaseKind};
 use crate::allocation::Deallocator;
+use crate::pool::MemoryPoolHandle;
 use crate::scope::run_in;
 use crate::stream::{capture_may_be_active, StreamHandle};
 use crate::sys::{check, exchange_capture_mode, CAPTURE_MODE_RELAXED};
@@ -19,8 +20,18 @@ use crate::sys::{check, exchange_capture_mode, CAPTURE_MODE_RELAXED};
 /// made by `cuMemPoolImportPointer`), or one import's reference to it, given back by `share`
 /// (the registry's deallocator).
 pub(crate) struct Ipc {
-    pub(crate) pool: PoolRef,
-    pub(crate) share: Option<Arc<dyn Deallocator>>,
+    pool: PoolRef,
+    share: Option<Arc<dyn Deallocator>>,
+}
+
+impl Ipc {
+    /// The mapping (`share: None`) or a share of it, of `pool`.
+    pub(crate) fn new(pool: &MemoryPoolHandle, share: Option<Arc<dyn Deallocator>>) -> Ipc {
+        Ipc {
+            pool: PoolRef::of(pool),
+            share,
+        }
+    }
 }
 
 impl Family for Ipc {

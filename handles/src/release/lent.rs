@@ -45,11 +45,34 @@ pub(crate) trait GiveBack: Send + Sync {
 
 /// A lender's block, lent out; `block` is `None` once given back (or leaked).
 pub(crate) struct Lent {
-    pub(crate) block: Option<Arc<PtrBox>>,
-    pub(crate) lender: Arc<dyn GiveBack>,
+    block: Option<Arc<PtrBox>>,
+    lender: Arc<dyn GiveBack>,
 }
 
 impl Lent {
+    /// `block`, lent out through `lender`.
+    pub(crate) fn new(block: Arc<PtrBox>, lender: Arc<dyn GiveBack>) -> Lent {
+        Lent {
+            block: Some(block),
+            lender,
+        }
+    }
+
+    /// Why `block` cannot lend `size` bytes, if it cannot: a size of zero or beyond the block,
+    /// a block without a recipe (which could not carry the lent handle's), or one with other
+    /// holders (a block is lent by its one holder).
+    pub(crate) fn refusal(block: &Arc<PtrBox>, size: usize) -> Option<&'static str> {
+        if size == 0 || size > block.size {
+            Some("the size must be between 1 and the block's size")
+        } else if !block.release.needs_recipe() {
+            Some("a block without a deallocation recipe cannot be lent")
+        } else if Arc::strong_count(block) != 1 {
+            Some("a block is lent by its one holder: it has other clones")
+        } else {
+            None
+        }
+    }
+
     /// The kind of the block behind the lent memory.
     pub(crate) fn block_kind(&self) -> Option<ReleaseKind> {
         self.block.as_ref().map(|block| block.release.kind())

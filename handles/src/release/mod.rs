@@ -341,8 +341,7 @@ impl PtrBox {
         if !self.release.needs_recipe() {
             return Ok(None);
         }
-        let recipe = DeallocationRecipe::record(stream)?;
-        recipe.check_device(self.device)?;
+        let recipe = DeallocationRecipe::record_for(stream, self.device)?;
         Ok(self
             .recipe
             .lock()
@@ -356,8 +355,7 @@ impl PtrBox {
         if !self.release.needs_recipe() {
             return Ok(());
         }
-        let recorded = DeallocationRecipe::record(stream)?;
-        recorded.check_device(self.device)?;
+        let recorded = DeallocationRecipe::record_for(stream, self.device)?;
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
         if !uses.iter().any(|u| u.same_target(&recorded)) {
             uses.push(recorded);

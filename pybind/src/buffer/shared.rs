@@ -21,7 +21,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use handles::{DeallocationRecipe, DefaultStream, HandleCount, ReleaseKind, StreamHandle};
+use handles::binding::{lent_block_kind, HandleCount};
+use handles::{DeallocationRecipe, DefaultStream, ReleaseKind, StreamHandle};
 use memory::{Buffer, MemoryError};
 use pyo3::Python;
 
@@ -56,7 +57,7 @@ impl SharedBuffer {
             mapped: buffer.is_mapped(),
             seen: Seen {
                 buffer: Arc::downgrade(&buffer),
-                handles: buffer.handle().count_reader(),
+                handles: HandleCount::of(buffer.handle()),
                 open: AtomicBool::new(true),
             },
             state: Mutex::new(Some(buffer)),
@@ -230,7 +231,7 @@ fn free_never_blocks(buffer: &Buffer) -> bool {
     let stream_ordered = |kind| matches!(kind, ReleaseKind::Pool | ReleaseKind::Async);
     // Memory lent by the caching resource goes back to its bin (no driver call), or is freed by
     // its block's own rule: the same rule then decides.
-    (stream_ordered(handle.kind()) || handle.lent_block_kind().is_some_and(stream_ordered))
+    (stream_ordered(handle.kind()) || lent_block_kind(handle).is_some_and(stream_ordered))
         && !buffer.is_mapped()
 }
 
