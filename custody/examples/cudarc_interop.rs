@@ -9,7 +9,6 @@
 //! `cargo run -p cuda-custody --features cudarc --example cudarc_interop`.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;

@@ -62,10 +62,10 @@ fn resources() -> Vec<(&'static str, Arc<dyn MemoryResource>)> {
 fn every_resource_allocates_fills_copies_and_frees() {
     let s = stream();
     for (name, mr) in resources() {
-        let a = mr
-            .allocate(4096, &s)
+        let a = Arc::clone(&mr)
+            .allocate_owned(4096, &s)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let b = mr.allocate(4096, &s).unwrap();
+        let b = Arc::clone(&mr).allocate_owned(4096, &s).unwrap();
         a.fill(0xdead_beefu32, &s).unwrap();
         a.copy_to(&b, &s).unwrap();
         assert_eq!(

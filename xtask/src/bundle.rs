@@ -29,10 +29,6 @@ pub const BUNDLE_ARCHIVE: &str = "gpu-bundle.tar.xz";
 /// about five times larger: some thirty test binaries that each link the same crates.)
 const MAX_ARCHIVE_BYTES: u64 = 30 * 1024 * 1024;
 
-/// Packages whose tests do not belong on a GPU host: xtask's need cargo; cuda-emu's test the
-/// emulator itself, which the conformance suite's emulator column already covers; the test
-/// support crate has none.
-const EXCLUDED_PACKAGES: &[&str] = &["xtask", cmd::EMU_PACKAGE, "cuda-custody-test-support"];
 
 /// The Rust examples the bundle carries (built by the same `cargo test --no-run`, which builds
 /// every example), as `examples/<name>`: the demo, the facade's new-user program, and its cudarc
@@ -190,31 +186,6 @@ pub fn run_in_place(run_args: &[String]) -> Result<()> {
     cmd::run(&mut command).context("the GPU run failed (see the table above and --out)")
 }
 
-/// The workspace members (except [`EXCLUDED_PACKAGES`]) and the `--features` that turn on each
-/// one's `gpu` feature.
-fn selection(metadata: &Value) -> Result<(Vec<String>, Vec<String>)> {
-    let members: Vec<&str> = metadata["workspace_members"]
-        .as_array()
-        .context("cargo metadata has no workspace_members")?
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    let mut packages = Vec::new();
-    let mut features = Vec::new();
-    for package in metadata["packages"].as_array().into_iter().flatten() {
-        let (Some(id), Some(name)) = (package["id"].as_str(), package["name"].as_str()) else {
-            continue;
-        };
-        if !members.contains(&id) || EXCLUDED_PACKAGES.contains(&name) {
-            continue;
-        }
-        if package["features"].get("gpu").is_some() {
-            features.push(format!("{name}/gpu"));
-        }
-        packages.push(name.to_owned());
-    }
-    Ok((packages, features))
-}
 
 /// The test targets each package declares emulator-only in its Cargo.toml, for integration tests
 /// that need the emulator's query interface (hazards, call log, fault injection):
@@ -246,7 +217,7 @@ fn emulator_only_targets(metadata: &Value) -> HashMap<String, Vec<String>> {
 /// the test executables, and the examples cargo builds with them, from cargo's JSON messages.
 /// Returns the test binaries and every example.
 fn build_test_binaries(metadata: &Value) -> Result<(Vec<TestBinary>, Vec<Example>)> {
-    let (packages, features) = selection(metadata)?;
+    let (packages, features) = cmd::gpu_selection(metadata)?;
     let emulator_only = emulator_only_targets(metadata);
     let names: HashMap<String, String> = metadata["packages"]
         .as_array()
@@ -537,7 +508,7 @@ mod tests {
                 {"id": "id-dep", "name": "cudarc", "features": {"gpu": []}},
             ]
         });
-        let (packages, features) = selection(&metadata).unwrap();
+        let (packages, features) = cmd::gpu_selection(&metadata).unwrap();
         assert_eq!(packages, ["cuda-custody-sys", "cuda-custody-handles"]);
         assert_eq!(features, ["cuda-custody-sys/gpu"]);
     }

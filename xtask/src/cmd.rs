@@ -166,3 +166,34 @@ pub fn target_dir(metadata: &Value) -> Result<PathBuf> {
 
 /// The emulated driver's file name in a target profile folder.
 pub const EMULATOR_FILE: &str = "libcuda_emu.so";
+
+/// Packages whose tests do not belong on a GPU host: xtask's need cargo; cuda-emu's test the
+/// emulator itself, which the conformance suite's emulator column already covers; the test
+/// support crate has none.
+const EXCLUDED_PACKAGES: &[&str] = &["xtask", EMU_PACKAGE, "cuda-custody-test-support"];
+
+/// The workspace members (except [`EXCLUDED_PACKAGES`]) and the `--features` that turn on each
+/// one's `gpu` feature.
+pub fn gpu_selection(metadata: &Value) -> Result<(Vec<String>, Vec<String>)> {
+    let members: Vec<&str> = metadata["workspace_members"]
+        .as_array()
+        .context("cargo metadata has no workspace_members")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let mut packages = Vec::new();
+    let mut features = Vec::new();
+    for package in metadata["packages"].as_array().into_iter().flatten() {
+        let (Some(id), Some(name)) = (package["id"].as_str(), package["name"].as_str()) else {
+            continue;
+        };
+        if !members.contains(&id) || EXCLUDED_PACKAGES.contains(&name) {
+            continue;
+        }
+        if package["features"].get("gpu").is_some() {
+            features.push(format!("{name}/gpu"));
+        }
+        packages.push(name.to_owned());
+    }
+    Ok((packages, features))
+}

@@ -55,6 +55,7 @@ pub fn run() -> Result<()> {
         doc_suite(&emulator)?,
         example_suite(&emulator)?,
         rustdoc_suite()?,
+        gpu_build_suite(&metadata)?,
     ];
     suites.extend(python_suites(&root, &emulator, &target_dir));
 
@@ -76,7 +77,7 @@ pub fn run() -> Result<()> {
                 format!("skipped ({why})")
             }
         };
-        println!("  {:<7} {verdict} [{}]", suite.name, suite.how);
+        println!("  {:<9} {verdict} [{}]", suite.name, suite.how);
     }
     println!("suites: {passed} passed, {failed} failed, {skipped} skipped");
     if failed > 0 {
@@ -228,6 +229,30 @@ fn rustdoc_suite() -> Result<Suite> {
         name: "rustdoc",
         how: "cargo doc --workspace --no-deps (custody's cudarc feature on), RUSTDOCFLAGS=-D warnings"
             .to_owned(),
+        outcome,
+    })
+}
+
+/// `cargo check --tests` of the GPU bundle's packages with their `gpu` features: the tests that
+/// run only on a GPU host are compiled here too, so that a change of an API they call is caught
+/// before a bundle is built (`cargo xtask gpu-bundle`). Checked, not run: they need a real driver.
+fn gpu_build_suite(metadata: &serde_json::Value) -> Result<Suite> {
+    let (packages, features) = cmd::gpu_selection(metadata)?;
+    let mut command = cmd::cargo();
+    command.args(["check", "--tests", "--quiet"]);
+    for package in &packages {
+        command.args(["-p", package]);
+    }
+    if !features.is_empty() {
+        command.args(["--features", &features.join(",")]);
+    }
+    let outcome = Outcome::of(&mut command)?;
+    Ok(Suite {
+        name: "gpu-build",
+        how: format!(
+            "cargo check --tests of the GPU bundle's packages with {} (compiled, not run: a GPU host runs them)",
+            features.join(",")
+        ),
         outcome,
     })
 }
