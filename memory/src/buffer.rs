@@ -100,6 +100,17 @@ pub(crate) enum IpcRole {
     Imported,
 }
 
+impl IpcRole {
+    /// The role of memory from a pool made with or without `ipc_enabled`.
+    pub(crate) fn exportable_if(ipc_enabled: bool) -> IpcRole {
+        if ipc_enabled {
+            IpcRole::Exportable
+        } else {
+            IpcRole::None
+        }
+    }
+}
+
 /// A range of device, pinned host or managed memory, with the deallocation recipe that will
 /// order and legalise its free (docs/decisions.md D1).
 ///
@@ -160,6 +171,25 @@ impl Buffer {
             access,
             ipc,
         }
+    }
+
+    /// What every built-in resource's `allocate_owned` does around its own allocation: zero
+    /// bytes give an empty buffer of `mr` (no driver call), other sizes are checked first
+    /// ([`MemoryError::InvalidSize`]), then `alloc` makes the handle (and says how the memory
+    /// takes part in IPC) and the buffer keeps `mr` and reports its accessibility.
+    #[inline]
+    pub(crate) fn allocated<R: MemoryResource>(
+        mr: Arc<R>,
+        size: usize,
+        alloc: impl FnOnce(&R) -> Result<(DevicePtrHandle, IpcRole), MemoryError>,
+    ) -> Result<Buffer, MemoryError> {
+        if size == 0 {
+            return Ok(Buffer::empty(mr));
+        }
+        check_size(size)?;
+        let (handle, ipc) = alloc(&mr)?;
+        let access = mr.accessibility();
+        Ok(Buffer::new(handle, Some(mr), Some(access), ipc))
     }
 
     /// The memory's handle, for a caching resource to keep as a block
@@ -834,18 +864,5 @@ impl<R: MemoryResource + ?Sized> Deallocator for MemoryResourceDeallocator<R> {
 
     fn name(&self) -> &str {
         self.0.name()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn buffers_are_send_and_sync() {
-        fn check<T: Send + Sync>() {}
-        check::<Buffer>();
-        check::<ManagedBuffer>();
-        check::<Arc<dyn MemoryResource>>();
     }
 }

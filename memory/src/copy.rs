@@ -70,19 +70,7 @@ pub(crate) fn fill(
     value: FillValue,
     stream: &StreamHandle,
 ) -> Result<(), MemoryError> {
-    let width = value.width();
-    if !dst.len.is_multiple_of(width) {
-        return Err(MemoryError::InvalidFill {
-            width,
-            reason: "the buffer's size is not a multiple of the pattern's width",
-        });
-    }
-    if !dst.ptr().is_multiple_of(width as u64) {
-        return Err(MemoryError::InvalidFill {
-            width,
-            reason: "the buffer's address is not aligned to the pattern's width",
-        });
-    }
+    value.check_fits(dst.len, dst.ptr())?;
     if dst.len == 0 {
         return Ok(());
     }
@@ -258,6 +246,28 @@ pub enum FillValue {
 }
 
 impl FillValue {
+    /// The checks a fill (of a buffer, a view or a graph's memset node) makes on the pattern,
+    /// before anything is recorded: `size` bytes at `ptr` must be whole patterns, aligned.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidFill`].
+    pub(crate) fn check_fits(self, size: usize, ptr: CUdeviceptr) -> Result<(), MemoryError> {
+        let width = self.width();
+        if !size.is_multiple_of(width) {
+            return Err(MemoryError::InvalidFill {
+                width,
+                reason: "the buffer's size is not a multiple of the pattern's width",
+            });
+        }
+        if !ptr.is_multiple_of(width as u64) {
+            return Err(MemoryError::InvalidFill {
+                width,
+                reason: "the buffer's address is not aligned to the pattern's width",
+            });
+        }
+        Ok(())
+    }
+
     /// The pattern's width in bytes.
     pub fn width(self) -> usize {
         match self {

@@ -114,3 +114,20 @@ pub use resources::{
     PoolMemoryResource, SynchronousMemoryResource, Trimmed,
 };
 pub use slice::{DeviceSlice, DeviceSliceMut};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Buffers, resources and graphs may be shared with and sent to any thread.
+    #[test]
+    fn buffers_resources_and_graphs_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Buffer>();
+        check::<ManagedBuffer>();
+        check::<std::sync::Arc<dyn MemoryResource>>();
+        check::<Graph>();
+        check::<GraphExec>();
+        check::<GraphBuilder>();
+    }
+}

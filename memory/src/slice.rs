@@ -22,28 +22,62 @@ use handles::StreamHandle;
 use crate::copy::{copy, fill, from_host, to_host, Bytes, FillValue};
 use crate::{Buffer, MemoryError};
 
-/// The byte range of a whole buffer viewed as `T`s, after the layout checks.
-fn whole_as<T: Pod>(buffer: &Buffer) -> Result<(Bytes<'_>, usize), MemoryError> {
-    let element = size_of::<T>();
-    if element == 0 {
-        return Err(MemoryError::Layout {
-            element_size: element,
-            reason: "a zero-sized element type has no device representation",
-        });
+/// What both views hold: `len` elements over a byte range of a buffer (the element type is the
+/// view's).
+#[derive(Clone, Copy)]
+struct Elements<'a> {
+    bytes: Bytes<'a>,
+    len: usize,
+}
+
+impl<'a> Elements<'a> {
+    /// A whole buffer viewed as `T`s, after the layout checks.
+    fn whole<T: Pod>(buffer: &'a Buffer) -> Result<Elements<'a>, MemoryError> {
+        let element = size_of::<T>();
+        if element == 0 {
+            return Err(MemoryError::Layout {
+                element_size: element,
+                reason: "a zero-sized element type has no device representation",
+            });
+        }
+        if !buffer.size().is_multiple_of(element) {
+            return Err(MemoryError::Layout {
+                element_size: element,
+                reason: "the buffer's size is not a multiple of the element size",
+            });
+        }
+        if !buffer.ptr().is_multiple_of(align_of::<T>() as u64) {
+            return Err(MemoryError::Layout {
+                element_size: element,
+                reason: "the buffer's address is not aligned for the element type",
+            });
+        }
+        Ok(Elements {
+            bytes: buffer.whole(),
+            len: buffer.size() / element,
+        })
     }
-    if !buffer.size().is_multiple_of(element) {
-        return Err(MemoryError::Layout {
-            element_size: element,
-            reason: "the buffer's size is not a multiple of the element size",
-        });
+
+    /// The elements `range` of these `T`s.
+    ///
+    /// # Errors
+    /// [`MemoryError::OutOfRange`] for a range that is not within `0..len`.
+    fn range<T>(self, range: impl RangeBounds<usize>) -> Result<Elements<'a>, MemoryError> {
+        let (start, end) = element_range(range, self.len)?;
+        Ok(self.sub::<T>(start, end))
     }
-    if !buffer.ptr().is_multiple_of(align_of::<T>() as u64) {
-        return Err(MemoryError::Layout {
-            element_size: element,
-            reason: "the buffer's address is not aligned for the element type",
-        });
+
+    /// The elements `start..end` of these `T`s (within `0..len`).
+    fn sub<T>(self, start: usize, end: usize) -> Elements<'a> {
+        Elements {
+            bytes: Bytes {
+                buffer: self.bytes.buffer,
+                offset: self.bytes.offset + start * size_of::<T>(),
+                len: (end - start) * size_of::<T>(),
+            },
+            len: end - start,
+        }
     }
-    Ok((buffer.whole(), buffer.size() / element))
 }
 
 /// The element range `range` of `len` elements, as (start, end).
@@ -92,8 +126,7 @@ fn element_range(
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct DeviceSlice<'a, T> {
-    bytes: Bytes<'a>,
-    len: usize,
+    elements: Elements<'a>,
     _elements: PhantomData<&'a [T]>,
 }
 
@@ -134,39 +167,64 @@ pub struct DeviceSlice<'a, T> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct DeviceSliceMut<'a, T> {
-    bytes: Bytes<'a>,
-    len: usize,
+    elements: Elements<'a>,
     _elements: PhantomData<&'a mut [T]>,
 }
 
+/// What both views have, written once: the constructor over [`Elements`], the element count, the
+/// device address and `Debug`.
+macro_rules! view_basics {
+    ($view:ident) => {
+        impl<'a, T: Pod> $view<'a, T> {
+            fn over(elements: Elements<'a>) -> $view<'a, T> {
+                $view {
+                    elements,
+                    _elements: PhantomData,
+                }
+            }
+
+            /// The number of elements.
+            pub fn len(&self) -> usize {
+                self.elements.len
+            }
+
+            /// Whether the view has no elements.
+            pub fn is_empty(&self) -> bool {
+                self.elements.len == 0
+            }
+
+            /// The device address of the first element (for a kernel launch's argument).
+            pub fn device_ptr(&self) -> CUdeviceptr {
+                self.elements.bytes.ptr()
+            }
+        }
+
+        impl<T> fmt::Debug for $view<'_, T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(
+                    f,
+                    "{}<{}>(0x{:x}, {} elements)",
+                    stringify!($view),
+                    std::any::type_name::<T>(),
+                    self.elements.bytes.ptr(),
+                    self.elements.len
+                )
+            }
+        }
+    };
+}
+
+view_basics!(DeviceSlice);
+view_basics!(DeviceSliceMut);
+
 impl<'a, T: Pod> DeviceSlice<'a, T> {
     pub(crate) fn whole(buffer: &'a Buffer) -> Result<DeviceSlice<'a, T>, MemoryError> {
-        let (bytes, len) = whole_as::<T>(buffer)?;
-        Ok(DeviceSlice {
-            bytes,
-            len,
-            _elements: PhantomData,
-        })
-    }
-
-    /// The number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the view has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device address of the first element (for a kernel launch's argument).
-    pub fn device_ptr(&self) -> CUdeviceptr {
-        self.bytes.ptr()
+        Ok(DeviceSlice::over(Elements::whole::<T>(buffer)?))
     }
 
     /// The buffer the view borrows.
     pub fn buffer(&self) -> &'a Buffer {
-        self.bytes.buffer
+        self.elements.bytes.buffer
     }
 
     /// The elements `range` of this view.
@@ -174,16 +232,7 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
     /// # Errors
     /// [`MemoryError::OutOfRange`] for a range that is not within `0..len()`.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceSlice<'a, T>, MemoryError> {
-        let (start, end) = element_range(range, self.len)?;
-        Ok(DeviceSlice {
-            bytes: Bytes {
-                buffer: self.bytes.buffer,
-                offset: self.bytes.offset + start * size_of::<T>(),
-                len: (end - start) * size_of::<T>(),
-            },
-            len: end - start,
-            _elements: PhantomData,
-        })
+        Ok(DeviceSlice::over(self.elements.range::<T>(range)?))
     }
 
     /// Copies the view into `dst` on the host, ordered on `stream` after the work queued
@@ -197,7 +246,7 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
     /// `cuStreamSynchronize`; none for an empty view (`Ok` at once).
     pub fn copy_to_host(&self, dst: &mut [T], stream: &StreamHandle) -> Result<(), MemoryError> {
-        to_host(self.bytes, bytemuck::cast_slice_mut(dst), stream)
+        to_host(self.elements.bytes, bytemuck::cast_slice_mut(dst), stream)
     }
 
     /// The view's elements, copied to the host: [`DeviceSlice::copy_to_host`] into a new
@@ -208,7 +257,7 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
     ///
     /// Driver calls: as [`DeviceSlice::copy_to_host`].
     pub fn to_vec(&self, stream: &StreamHandle) -> Result<Vec<T>, MemoryError> {
-        let mut out = vec![T::zeroed(); self.len];
+        let mut out = vec![T::zeroed(); self.elements.len];
         self.copy_to_host(&mut out, stream)?;
         Ok(out)
     }
@@ -216,36 +265,12 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
 
 impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     pub(crate) fn whole(buffer: &'a mut Buffer) -> Result<DeviceSliceMut<'a, T>, MemoryError> {
-        let (bytes, len) = whole_as::<T>(buffer)?;
-        Ok(DeviceSliceMut {
-            bytes,
-            len,
-            _elements: PhantomData,
-        })
-    }
-
-    /// The number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the view has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device address of the first element (for a kernel launch's argument).
-    pub fn device_ptr(&self) -> CUdeviceptr {
-        self.bytes.ptr()
+        Ok(DeviceSliceMut::over(Elements::whole::<T>(buffer)?))
     }
 
     /// The same elements as a shared view (the source of a copy).
     pub fn as_slice(&self) -> DeviceSlice<'_, T> {
-        DeviceSlice {
-            bytes: self.bytes,
-            len: self.len,
-            _elements: PhantomData,
-        }
+        DeviceSlice::over(self.elements)
     }
 
     /// The elements `range` of this view, borrowed exclusively.
@@ -256,8 +281,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         &mut self,
         range: impl RangeBounds<usize>,
     ) -> Result<DeviceSliceMut<'_, T>, MemoryError> {
-        let (start, end) = element_range(range, self.len)?;
-        Ok(self.sub(start, end))
+        Ok(DeviceSliceMut::over(self.elements.range::<T>(range)?))
     }
 
     /// Two disjoint views, of the elements before `mid` and from `mid` on.
@@ -268,20 +292,12 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         &mut self,
         mid: usize,
     ) -> Result<(DeviceSliceMut<'_, T>, DeviceSliceMut<'_, T>), MemoryError> {
-        let (_, mid) = element_range(..mid, self.len)?;
-        Ok((self.sub(0, mid), self.sub(mid, self.len)))
-    }
-
-    fn sub(&self, start: usize, end: usize) -> DeviceSliceMut<'_, T> {
-        DeviceSliceMut {
-            bytes: Bytes {
-                buffer: self.bytes.buffer,
-                offset: self.bytes.offset + start * size_of::<T>(),
-                len: (end - start) * size_of::<T>(),
-            },
-            len: end - start,
-            _elements: PhantomData,
-        }
+        let (len, elements) = (self.elements.len, self.elements);
+        let (_, mid) = element_range(..mid, len)?;
+        Ok((
+            DeviceSliceMut::over(elements.sub::<T>(0, mid)),
+            DeviceSliceMut::over(elements.sub::<T>(mid, len)),
+        ))
     }
 
     /// Copies `src` from the host into the view, ordered on `stream` after the work queued
@@ -293,7 +309,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     ///
     /// Driver calls: as [`DeviceSlice::copy_to_host`].
     pub fn copy_from_slice(&mut self, src: &[T], stream: &StreamHandle) -> Result<(), MemoryError> {
-        from_host(self.bytes, bytemuck::cast_slice(src), stream)
+        from_host(self.elements.bytes, bytemuck::cast_slice(src), stream)
     }
 
     /// Copies the view `src` (of this buffer or another) into this one, ordered on `stream`.
@@ -311,7 +327,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
         src: &DeviceSlice<'_, T>,
         stream: &StreamHandle,
     ) -> Result<(), MemoryError> {
-        copy(self.bytes, src.bytes, stream)
+        copy(self.elements.bytes, src.elements.bytes, stream)
     }
 
     /// Sets every element to `value`, ordered on `stream`. Does not block. `T` must be 1, 2 or
@@ -324,7 +340,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     /// Driver calls: as [`crate::Buffer::fill`].
     pub fn fill(&mut self, value: T, stream: &StreamHandle) -> Result<(), MemoryError> {
         let value = FillValue::from_bytes(bytemuck::bytes_of(&value))?;
-        fill(self.bytes, value, stream)
+        fill(self.elements.bytes, value, stream)
     }
 }
 
@@ -345,30 +361,6 @@ impl Buffer {
     /// As [`Buffer::as_slice`].
     pub fn as_slice_mut<T: Pod>(&mut self) -> Result<DeviceSliceMut<'_, T>, MemoryError> {
         DeviceSliceMut::whole(self)
-    }
-}
-
-impl<T> fmt::Debug for DeviceSlice<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "DeviceSlice<{}>(0x{:x}, {} elements)",
-            std::any::type_name::<T>(),
-            self.bytes.ptr(),
-            self.len
-        )
-    }
-}
-
-impl<T> fmt::Debug for DeviceSliceMut<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "DeviceSliceMut<{}>(0x{:x}, {} elements)",
-            std::any::type_name::<T>(),
-            self.bytes.ptr(),
-            self.len
-        )
     }
 }
 

@@ -9,7 +9,7 @@ use handles::sys_types::{CUdeviceptr, CUstreamCaptureMode};
 use handles::CaptureStatus;
 use handles::{DevicePtrHandle, StreamHandle};
 
-use super::{bound_device, check_fill, Graph};
+use super::{bound_device, Graph};
 use crate::{Buffer, FillValue, GraphMemoryResource, MemoryError, MemoryResource};
 
 /// Which other threads' work a capture refuses while it runs (`CU_STREAM_CAPTURE_MODE_*`).
@@ -195,7 +195,7 @@ impl GraphBuilder {
     pub fn fill(&self, buffer: &Buffer, value: impl Into<FillValue>) -> Result<(), MemoryError> {
         let value = value.into();
         let handle = buffer.handle().clone();
-        check_fill(&handle, value)?;
+        value.check_fits(handle.size(), handle.ptr())?;
         if handle.size() == 0 {
             return self.building().map(|_| ());
         }

@@ -24,10 +24,7 @@ mod builder;
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use handles::{
-    ContextHandle, DevicePtrHandle, GraphExecHandle, GraphHandle, GraphInstantiateFlags,
-    StreamHandle,
-};
+use handles::{ContextHandle, GraphExecHandle, GraphHandle, GraphInstantiateFlags, StreamHandle};
 
 use crate::checks::check_bound_stream_device;
 use crate::{Buffer, FillValue, MemoryError};
@@ -44,24 +41,6 @@ fn bound_device(buffer: &Buffer) -> Result<Option<i32>, MemoryError> {
         return Ok(None);
     }
     buffer.device_id()
-}
-
-/// The checks [`Buffer::fill`] makes on the pattern, before anything is recorded.
-fn check_fill(handle: &DevicePtrHandle, value: FillValue) -> Result<(), MemoryError> {
-    let width = value.width();
-    if !handle.size().is_multiple_of(width) {
-        return Err(MemoryError::InvalidFill {
-            width,
-            reason: "the buffer's size is not a multiple of the pattern's width",
-        });
-    }
-    if !handle.ptr().is_multiple_of(width as u64) {
-        return Err(MemoryError::InvalidFill {
-            width,
-            reason: "the buffer's address is not aligned to the pattern's width",
-        });
-    }
-    Ok(())
 }
 
 /// Refuses an explicit memset or memcpy node of zero bytes, before any driver call: the driver
@@ -86,6 +65,65 @@ fn memset_value(value: FillValue) -> (u32, u32) {
     }
 }
 
+/// A graph's or an executable's handle until its close: the state [`Graph`] and [`GraphExec`]
+/// share. Every use runs under the lock, so that a close waits for it; `closed` is the reason
+/// [`MemoryError::Graph`] gives once the handle is gone.
+struct Open<H> {
+    state: Mutex<Option<H>>,
+    closed: &'static str,
+}
+
+impl<H: Clone + fmt::Debug> Open<H> {
+    fn new(handle: H, closed: &'static str) -> Open<H> {
+        Open {
+            state: Mutex::new(Some(handle)),
+            closed,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<H>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the open handle, under the lock.
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] once closed; `f`'s.
+    fn with<R>(&self, f: impl FnOnce(&H) -> Result<R, MemoryError>) -> Result<R, MemoryError> {
+        let guard = self.lock();
+        let handle = guard.as_ref().ok_or(MemoryError::Graph {
+            reason: self.closed,
+        })?;
+        f(handle)
+    }
+
+    /// A new reference to the handle.
+    ///
+    /// # Errors
+    /// [`MemoryError::Graph`] once closed.
+    fn handle(&self) -> Result<H, MemoryError> {
+        self.with(|handle| Ok(handle.clone()))
+    }
+
+    fn is_closed(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    /// Takes the handle out; it is dropped (destroyed) outside the lock.
+    fn close(&self) {
+        let handle = self.lock().take();
+        drop(handle);
+    }
+
+    /// `name(handle)`, or `name(closed)`.
+    fn fmt(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.lock().as_ref() {
+            Some(handle) => write!(f, "{name}({handle:?})"),
+            None => write!(f, "{name}(closed)"),
+        }
+    }
+}
+
 /// A graph definition: nodes added explicitly (or recorded by a [`GraphBuilder`]), which keep
 /// the buffers and host functions they use alive, instantiated into a [`GraphExec`] to run.
 ///
@@ -97,7 +135,7 @@ fn memset_value(value: FillValue) -> (u32, u32) {
 /// clone, an executable or a launch still uses them, and are freed afterwards by the cleanup
 /// worker.
 pub struct Graph {
-    state: Mutex<Option<GraphHandle>>,
+    state: Open<GraphHandle>,
     context: ContextHandle,
 }
 
@@ -127,13 +165,9 @@ impl Graph {
     pub(crate) fn from_handle(handle: GraphHandle) -> Graph {
         let context = handle.context().clone();
         Graph {
-            state: Mutex::new(Some(handle)),
+            state: Open::new(handle, "the graph is closed"),
             context,
         }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Option<GraphHandle>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Runs `f` on the open graph, under the lock.
@@ -141,11 +175,7 @@ impl Graph {
         &self,
         f: impl FnOnce(&GraphHandle) -> Result<R, MemoryError>,
     ) -> Result<R, MemoryError> {
-        let guard = self.lock();
-        let handle = guard.as_ref().ok_or(MemoryError::Graph {
-            reason: "the graph is closed",
-        })?;
-        f(handle)
+        self.state.with(f)
     }
 
     /// The context the graph runs in.
@@ -163,12 +193,12 @@ impl Graph {
     /// # Errors
     /// [`MemoryError::Graph`] when the graph is closed.
     pub fn handle(&self) -> Result<GraphHandle, MemoryError> {
-        self.with_open(|handle| Ok(handle.clone()))
+        self.state.handle()
     }
 
     /// Whether [`Graph::close`] was called.
     pub fn is_closed(&self) -> bool {
-        self.lock().is_none()
+        self.state.is_closed()
     }
 
     /// Checks that device memory is on the graph's device.
@@ -247,7 +277,7 @@ impl Graph {
         let value = value.into();
         let handle = buffer.handle().clone();
         check_node_size(handle.size())?;
-        check_fill(&handle, value)?;
+        value.check_fits(handle.size(), handle.ptr())?;
         self.check_device(buffer)?;
         let (pattern, width) = memset_value(value);
         let count = handle.size() / width as usize;
@@ -362,18 +392,13 @@ impl Graph {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphDestroy`.
     pub fn close(&self) {
-        let handle = self.lock().take();
-        // Destroyed outside the lock.
-        drop(handle);
+        self.state.close();
     }
 }
 
 impl fmt::Debug for Graph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.lock().as_ref() {
-            Some(handle) => write!(f, "Graph({handle:?})"),
-            None => f.write_str("Graph(closed)"),
-        }
+        self.state.fmt("Graph", f)
     }
 }
 
@@ -382,18 +407,14 @@ impl fmt::Debug for Graph {
 ///
 /// `Send + Sync`; launches are serialised (the driver requires it).
 pub struct GraphExec {
-    state: Mutex<Option<GraphExecHandle>>,
+    state: Open<GraphExecHandle>,
 }
 
 impl GraphExec {
     pub(crate) fn from_handle(handle: GraphExecHandle) -> GraphExec {
         GraphExec {
-            state: Mutex::new(Some(handle)),
+            state: Open::new(handle, "the executable graph is closed"),
         }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Option<GraphExecHandle>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Launches the graph on `stream`, ordered after the work queued there. Does not block.
@@ -416,13 +437,10 @@ impl GraphExec {
     /// the first launch, per deferred free `cuEventCreate`, `cuEventRecord`, `cuStreamWaitEvent`,
     /// `cuEventDestroy_v2`, `cuMemFreeAsync`.
     pub fn launch(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
-        let guard = self.lock();
-        let handle = guard.as_ref().ok_or(MemoryError::Graph {
-            reason: "the executable graph is closed",
+        let waiting = self.state.with(|handle| {
+            check_bound_stream_device(stream, handle.context().device())?;
+            Ok(handle.launch_then_free(stream)?)
         })?;
-        check_bound_stream_device(stream, handle.context().device())?;
-        let waiting = handle.launch_then_free(stream)?;
-        drop(guard);
         // The frees that waited for this first launch, issued (and reported) with no lock held.
         drop(waiting);
         Ok(())
@@ -438,12 +456,10 @@ impl GraphExec {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphUpload`.
     pub fn upload(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
-        let guard = self.lock();
-        let handle = guard.as_ref().ok_or(MemoryError::Graph {
-            reason: "the executable graph is closed",
-        })?;
-        check_bound_stream_device(stream, handle.context().device())?;
-        Ok(handle.upload(stream)?)
+        self.state.with(|handle| {
+            check_bound_stream_device(stream, handle.context().device())?;
+            Ok(handle.upload(stream)?)
+        })
     }
 
     /// Makes this executable retain `buffer`'s memory: for work in the graph that custody does
@@ -463,12 +479,10 @@ impl GraphExec {
     ///
     /// Driver calls: none.
     pub fn retain(&self, buffer: &Buffer) -> Result<(), MemoryError> {
-        let guard = self.lock();
-        let handle = guard.as_ref().ok_or(MemoryError::Graph {
-            reason: "the executable graph is closed",
-        })?;
-        handle.retain(&[buffer.handle()]);
-        Ok(())
+        self.state.with(|handle| {
+            handle.retain(&[buffer.handle()]);
+            Ok(())
+        })
     }
 
     /// A new reference to the executable (for its raw `CUgraphExec`).
@@ -476,14 +490,12 @@ impl GraphExec {
     /// # Errors
     /// [`MemoryError::Graph`] when the executable is closed.
     pub fn handle(&self) -> Result<GraphExecHandle, MemoryError> {
-        self.lock().clone().ok_or(MemoryError::Graph {
-            reason: "the executable graph is closed",
-        })
+        self.state.handle()
     }
 
     /// Whether [`GraphExec::close`] was called.
     pub fn is_closed(&self) -> bool {
-        self.lock().is_none()
+        self.state.is_closed()
     }
 
     /// Destroys the executable now (a no-op when closed). With no launch pending, what only it
@@ -493,31 +505,19 @@ impl GraphExec {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuGraphExecDestroy`.
     pub fn close(&self) {
-        let handle = self.lock().take();
-        drop(handle);
+        self.state.close();
     }
 }
 
 impl fmt::Debug for GraphExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.lock().as_ref() {
-            Some(handle) => write!(f, "GraphExec({handle:?})"),
-            None => f.write_str("GraphExec(closed)"),
-        }
+        self.state.fmt("GraphExec", f)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn graphs_are_send_and_sync() {
-        fn check<T: Send + Sync>() {}
-        check::<Graph>();
-        check::<GraphExec>();
-        check::<GraphBuilder>();
-    }
 
     #[test]
     fn memset_values_keep_the_pattern_in_the_low_bits() {

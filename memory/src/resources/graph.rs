@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use handles::CaptureStatus;
 
-use handles::{DevicePtrHandle, OwnedAllocation, StreamHandle};
+use handles::DevicePtrHandle;
 
 use crate::buffer::{Accessibility, IpcRole};
-use crate::checks::{check_bound_stream_device, check_size, device_error};
-use crate::{Buffer, MemoryError, MemoryResource};
+use crate::checks::{check_bound_stream_device, device_error};
+use crate::MemoryError;
 
 /// Graph memory of device `device_id`: `cuMemAllocAsync` on a stream that is being captured,
 /// recorded as an allocation node of the graph.
@@ -43,7 +43,8 @@ impl GraphMemoryResource {
     }
 }
 
-impl MemoryResource for GraphMemoryResource {
+builtin_resource! {
+    GraphMemoryResource,
     /// Allocates `size` bytes as a graph allocation on `stream`, which must be capturing.
     ///
     /// # Errors
@@ -53,37 +54,20 @@ impl MemoryResource for GraphMemoryResource {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamIsCapturing`,
     /// `cuMemAllocAsync`.
-    fn allocate_owned(
-        self: Arc<Self>,
-        size: usize,
-        stream: &StreamHandle,
-    ) -> Result<Buffer, MemoryError> {
-        if size == 0 {
-            return Ok(Buffer::empty(self));
-        }
-        check_size(size)?;
-        check_bound_stream_device(stream, self.device)?;
+    allocate(mr, size, stream) {
+        check_bound_stream_device(stream, mr.device)?;
         if handles::capture_status(stream)? != CaptureStatus::Active {
             return Err(MemoryError::NotCapturing);
         }
         let handle = DevicePtrHandle::alloc_graph(size, stream).map_err(device_error)?;
-        let access = self.accessibility();
-        Ok(Buffer::new(handle, Some(self), Some(access), IpcRole::None))
+        Ok((handle, IpcRole::None))
     }
-
     /// `cuMemFreeAsync(ptr, stream)` (a free node when `stream` is capturing). Does not block.
     ///
     /// # Errors
     /// [`MemoryError::Handle`] for the driver's failure.
-    fn deallocate(
-        &self,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<(), MemoryError> {
-        Ok(allocation.free_async(stream)?)
-    }
-
-    fn accessibility(&self) -> Accessibility {
+    deallocate: free_async,
+    accessibility(self) {
         Accessibility::device(self.device)
     }
 }

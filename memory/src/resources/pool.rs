@@ -8,26 +8,45 @@ use std::sync::Arc;
 
 use handles::{CaptureStatus, ManagedPoolLocation, PoolLocation, PoolSpec};
 
-use handles::{DevicePtrHandle, MemoryPoolHandle, OwnedAllocation, StreamHandle};
+use handles::{DevicePtrHandle, MemoryPoolHandle, StreamHandle};
 
 use crate::buffer::{Accessibility, IpcRole};
-use crate::checks::{check_bound_stream_device, check_size, device_error};
-use crate::{Buffer, ManagedBuffer, MemoryError, MemoryResource};
+use crate::checks::{check_bound_stream_device, device_error};
+use crate::{MemoryError, MemoryResource};
 
-/// What the two pool resources share.
+/// What the three pool resources share: the pool, where its memory can be used, and how it
+/// takes part in IPC. Each resource is a `core` and what only it has (a managed pool's
+/// preferred location); [`pool_resource!`] writes their trait impls from the core.
 #[derive(Debug)]
 struct PoolCore {
     /// The resource's type name, for [`MemoryError::ResourceClosed`].
     resource: &'static str,
     pool: MemoryPoolHandle,
-    ipc_enabled: bool,
-    /// Imported from another process: pointers come in by IPC, nothing is allocated here.
-    mapped: bool,
+    access: Accessibility,
+    /// How the pool takes part in IPC: not at all, shareable ([`IpcRole::Exportable`]), or
+    /// imported from another process ([`IpcRole::Imported`]: pointers come in by IPC, nothing is
+    /// allocated here).
+    ipc: IpcRole,
     /// Set by [`PoolMemoryResource::close`]: no more allocations, exports or imports.
     closed: AtomicBool,
 }
 
 impl PoolCore {
+    fn new(
+        resource: &'static str,
+        pool: MemoryPoolHandle,
+        access: Accessibility,
+        ipc: IpcRole,
+    ) -> PoolCore {
+        PoolCore {
+            resource,
+            pool,
+            access,
+            ipc,
+            closed: AtomicBool::new(false),
+        }
+    }
+
     /// [`MemoryError::ResourceClosed`] once the resource was closed.
     #[inline]
     fn check_open(&self) -> Result<(), MemoryError> {
@@ -39,17 +58,17 @@ impl PoolCore {
         Ok(())
     }
 
-    /// The allocation hot path: checks that cost no driver call, then
-    /// [`DevicePtrHandle::alloc_from_pool`] (`cuCtxGetCurrent` + `cuMemAllocFromPoolAsync`).
+    /// The allocation hot path, after `Buffer::allocated`'s size checks: checks that cost no
+    /// driver call, then [`DevicePtrHandle::alloc_from_pool`] (`cuCtxGetCurrent` +
+    /// `cuMemAllocFromPoolAsync`).
     #[inline]
     fn allocate(
         &self,
         size: usize,
         stream: &StreamHandle,
     ) -> Result<(DevicePtrHandle, IpcRole), MemoryError> {
-        check_size(size)?;
         self.check_open()?;
-        if self.mapped {
+        if self.ipc == IpcRole::Imported {
             return Err(MemoryError::ipc(
                 "a pool imported from another process cannot allocate",
             ));
@@ -66,17 +85,73 @@ impl PoolCore {
         }
         let handle =
             DevicePtrHandle::alloc_from_pool(size, &self.pool, stream).map_err(device_error)?;
-        let role = if self.ipc_enabled {
-            IpcRole::Exportable
-        } else {
-            IpcRole::None
-        };
-        Ok((handle, role))
+        Ok((handle, self.ipc))
     }
 }
 
-/// What a pool resource offers for IPC ([`Buffer::ipc_descriptor`],
-/// [`Buffer::from_ipc_descriptor`]).
+/// The [`MemoryResource`] and [`PoolMemoryResource`] impls of a pool resource (a struct whose
+/// `core` is its [`PoolCore`]), written once: the three differ only in their core.
+macro_rules! pool_resource {
+    ($ty:ty) => {
+        builtin_resource! {
+            $ty,
+            /// Allocates `size` bytes from the pool, ordered on `stream` (of the pool's device
+            /// for a device pool, of any device otherwise).
+            ///
+            /// # Errors
+            /// [`MemoryError::InvalidSize`]; [`MemoryError::ResourceClosed`];
+            /// [`MemoryError::Ipc`] for an imported pool; [`MemoryError::WrongDevice`] for a
+            /// stream of another device than a device pool's; [`MemoryError::StreamCapturing`];
+            /// [`MemoryError::Handle`]: no current context for a default-stream token, the
+            /// driver's failure (out of memory, past `max_size`).
+            ///
+            /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only if the stream's context
+            /// is not current), `cuMemAllocFromPoolAsync`; `cuStreamIsCapturing` only while a
+            /// custody capture runs.
+            allocate(mr, size, stream) {
+                mr.core.allocate(size, stream)
+            }
+            /// `cuMemFreeAsync(ptr, stream)`. Does not block.
+            ///
+            /// # Errors
+            /// [`MemoryError::Handle`] for the driver's failure (never treated as success, even
+            /// `CUDA_ERROR_INVALID_CONTEXT`).
+            deallocate: free_async,
+            accessibility(self) {
+                self.core.access
+            }
+        }
+
+        impl PoolMemoryResource for $ty {
+            fn pool(&self) -> &MemoryPoolHandle {
+                &self.core.pool
+            }
+
+            fn is_ipc_enabled(&self) -> bool {
+                self.core.ipc != IpcRole::None
+            }
+
+            fn is_mapped(&self) -> bool {
+                self.core.ipc == IpcRole::Imported
+            }
+
+            fn close(&self) {
+                self.core.closed.store(true, Ordering::Release);
+            }
+
+            fn is_closed(&self) -> bool {
+                self.core.closed.load(Ordering::Acquire)
+            }
+
+            fn resource_name(&self) -> &'static str {
+                self.core.resource
+            }
+        }
+    };
+}
+
+/// What a pool resource offers for IPC ([`crate::Buffer::ipc_descriptor`],
+/// [`crate::Buffer::from_ipc_descriptor`]).
 pub trait PoolMemoryResource: MemoryResource {
     /// The memory pool.
     fn pool(&self) -> &MemoryPoolHandle;
@@ -158,9 +233,10 @@ pub struct DeviceMemoryResourceOptions {
 /// code is not detected and the allocation becomes a graph allocation.
 #[derive(Debug)]
 pub struct DeviceMemoryResource {
-    device: i32,
     core: PoolCore,
 }
+
+pool_resource!(DeviceMemoryResource);
 
 impl DeviceMemoryResource {
     /// A resource for device `device_id`'s current memory pool (borrowed, never destroyed).
@@ -171,16 +247,11 @@ impl DeviceMemoryResource {
     /// Driver calls: `cuInit` (once), `cuDeviceGet`, `cuDeviceGetMemPool`.
     pub fn new(device_id: i32) -> Result<Arc<DeviceMemoryResource>, MemoryError> {
         let pool = MemoryPoolHandle::device_current(device_id)?;
-        Ok(Arc::new(DeviceMemoryResource {
-            device: device_id,
-            core: PoolCore {
-                resource: "DeviceMemoryResource",
-                pool,
-                ipc_enabled: false,
-                mapped: false,
-                closed: AtomicBool::new(false),
-            },
-        }))
+        Ok(DeviceMemoryResource::with_pool(
+            device_id,
+            pool,
+            IpcRole::None,
+        ))
     }
 
     /// A resource with a new pool of its own on device `device_id`.
@@ -200,21 +271,13 @@ impl DeviceMemoryResource {
             max_size: options.max_size,
             ipc: options.ipc_enabled,
         })?;
-        Ok(Arc::new(DeviceMemoryResource {
-            device: device_id,
-            core: PoolCore {
-                resource: "DeviceMemoryResource",
-                pool,
-                ipc_enabled: options.ipc_enabled,
-                mapped: false,
-                closed: AtomicBool::new(false),
-            },
-        }))
+        let ipc = IpcRole::exportable_if(options.ipc_enabled);
+        Ok(DeviceMemoryResource::with_pool(device_id, pool, ipc))
     }
 
     /// Opens a device pool another process exported with [`PoolMemoryResource::export_pool`]
     /// (the descriptor stays the caller's). The resource only imports pointers
-    /// ([`Buffer::from_ipc_descriptor`]); it cannot allocate.
+    /// ([`crate::Buffer::from_ipc_descriptor`]); it cannot allocate.
     ///
     /// # Errors
     /// [`MemoryError::Handle`] when the driver rejects the descriptor.
@@ -225,82 +288,22 @@ impl DeviceMemoryResource {
         fd: BorrowedFd<'_>,
     ) -> Result<Arc<DeviceMemoryResource>, MemoryError> {
         let pool = handles::import_pool(fd, Some(device_id))?;
-        Ok(Arc::new(DeviceMemoryResource {
-            device: device_id,
-            core: PoolCore {
-                resource: "DeviceMemoryResource",
-                pool,
-                ipc_enabled: true,
-                mapped: true,
-                closed: AtomicBool::new(false),
-            },
-        }))
-    }
-}
-
-impl MemoryResource for DeviceMemoryResource {
-    /// Allocates `size` bytes from the pool, ordered on `stream`.
-    ///
-    /// # Errors
-    /// [`MemoryError::InvalidSize`]; [`MemoryError::WrongDevice`] for a stream of another
-    /// device; [`MemoryError::StreamCapturing`]; [`MemoryError::Ipc`] for an imported pool;
-    /// [`MemoryError::Handle`]: no current context for a default-stream token, the driver's
-    /// failure (out of memory, past `max_size`).
-    ///
-    /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (only if the stream's context is not
-    /// current), `cuMemAllocFromPoolAsync`; `cuStreamIsCapturing` only while a custody capture
-    /// runs.
-    #[inline]
-    fn allocate_owned(
-        self: Arc<Self>,
-        size: usize,
-        stream: &StreamHandle,
-    ) -> Result<Buffer, MemoryError> {
-        if size == 0 {
-            return Ok(Buffer::empty(self));
-        }
-        let (handle, role) = self.core.allocate(size, stream)?;
-        let access = self.accessibility();
-        Ok(Buffer::new(handle, Some(self), Some(access), role))
+        Ok(DeviceMemoryResource::with_pool(
+            device_id,
+            pool,
+            IpcRole::Imported,
+        ))
     }
 
-    /// `cuMemFreeAsync(ptr, stream)`. Does not block.
-    ///
-    /// # Errors
-    /// [`MemoryError::Handle`] for the driver's failure (never treated as success, even
-    /// `CUDA_ERROR_INVALID_CONTEXT`).
-    fn deallocate(
-        &self,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<(), MemoryError> {
-        Ok(allocation.free_async(stream)?)
-    }
-
-    fn accessibility(&self) -> Accessibility {
-        Accessibility::device(self.device)
-    }
-}
-
-impl PoolMemoryResource for DeviceMemoryResource {
-    fn pool(&self) -> &MemoryPoolHandle {
-        &self.core.pool
-    }
-
-    fn is_ipc_enabled(&self) -> bool {
-        self.core.ipc_enabled
-    }
-
-    fn is_mapped(&self) -> bool {
-        self.core.mapped
-    }
-
-    fn close(&self) {
-        self.core.closed.store(true, Ordering::Release);
-    }
-
-    fn is_closed(&self) -> bool {
-        self.core.closed.load(Ordering::Acquire)
+    fn with_pool(
+        device_id: i32,
+        pool: MemoryPoolHandle,
+        ipc: IpcRole,
+    ) -> Arc<DeviceMemoryResource> {
+        let access = Accessibility::device(device_id);
+        Arc::new(DeviceMemoryResource {
+            core: PoolCore::new("DeviceMemoryResource", pool, access, ipc),
+        })
     }
 }
 
@@ -327,6 +330,8 @@ pub struct PinnedMemoryResource {
     core: PoolCore,
 }
 
+pool_resource!(PinnedMemoryResource);
+
 impl PinnedMemoryResource {
     /// A resource with a new host-located pool.
     ///
@@ -347,13 +352,12 @@ impl PinnedMemoryResource {
             ipc: options.ipc_enabled,
         })?;
         Ok(Arc::new(PinnedMemoryResource {
-            core: PoolCore {
-                resource: "PinnedMemoryResource",
+            core: PoolCore::new(
+                "PinnedMemoryResource",
                 pool,
-                ipc_enabled: options.ipc_enabled,
-                mapped: false,
-                closed: AtomicBool::new(false),
-            },
+                Accessibility::PINNED,
+                IpcRole::exportable_if(options.ipc_enabled),
+            ),
         }))
     }
 
@@ -367,78 +371,13 @@ impl PinnedMemoryResource {
     pub fn import_pool(fd: BorrowedFd<'_>) -> Result<Arc<PinnedMemoryResource>, MemoryError> {
         let pool = handles::import_pool(fd, None)?;
         Ok(Arc::new(PinnedMemoryResource {
-            core: PoolCore {
-                resource: "PinnedMemoryResource",
+            core: PoolCore::new(
+                "PinnedMemoryResource",
                 pool,
-                ipc_enabled: true,
-                mapped: true,
-                closed: AtomicBool::new(false),
-            },
+                Accessibility::PINNED,
+                IpcRole::Imported,
+            ),
         }))
-    }
-}
-
-impl MemoryResource for PinnedMemoryResource {
-    /// Allocates `size` bytes from the pool, ordered on `stream`.
-    ///
-    /// # Errors
-    /// As [`DeviceMemoryResource`]'s, without the device check.
-    ///
-    /// Driver calls: as [`DeviceMemoryResource`]'s.
-    #[inline]
-    fn allocate_owned(
-        self: Arc<Self>,
-        size: usize,
-        stream: &StreamHandle,
-    ) -> Result<Buffer, MemoryError> {
-        if size == 0 {
-            return Ok(Buffer::empty(self));
-        }
-        let (handle, role) = self.core.allocate(size, stream)?;
-        Ok(Buffer::new(
-            handle,
-            Some(self),
-            Some(Accessibility::PINNED),
-            role,
-        ))
-    }
-
-    /// `cuMemFreeAsync(ptr, stream)`. Does not block.
-    ///
-    /// # Errors
-    /// [`MemoryError::Handle`] for the driver's failure.
-    fn deallocate(
-        &self,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<(), MemoryError> {
-        Ok(allocation.free_async(stream)?)
-    }
-
-    fn accessibility(&self) -> Accessibility {
-        Accessibility::PINNED
-    }
-}
-
-impl PoolMemoryResource for PinnedMemoryResource {
-    fn pool(&self) -> &MemoryPoolHandle {
-        &self.core.pool
-    }
-
-    fn is_ipc_enabled(&self) -> bool {
-        self.core.ipc_enabled
-    }
-
-    fn is_mapped(&self) -> bool {
-        self.core.mapped
-    }
-
-    fn close(&self) {
-        self.core.closed.store(true, Ordering::Release);
-    }
-
-    fn is_closed(&self) -> bool {
-        self.core.closed.load(Ordering::Acquire)
     }
 }
 
@@ -457,6 +396,10 @@ pub struct ManagedPoolMemoryResource {
     preferred: ManagedPoolLocation,
     core: PoolCore,
 }
+
+allocate_managed!(ManagedPoolMemoryResource);
+
+pool_resource!(ManagedPoolMemoryResource);
 
 impl ManagedPoolMemoryResource {
     /// A resource for the current managed pool of `preferred` (borrowed, never destroyed).
@@ -492,103 +435,20 @@ impl ManagedPoolMemoryResource {
         preferred: ManagedPoolLocation,
         pool: MemoryPoolHandle,
     ) -> Arc<ManagedPoolMemoryResource> {
+        // Managed memory of the preferred device, or of none unless the preferred location is
+        // a device.
+        let access = Accessibility::managed(match preferred {
+            ManagedPoolLocation::Device(ordinal) => Some(ordinal),
+            _ => None,
+        });
         Arc::new(ManagedPoolMemoryResource {
             preferred,
-            core: PoolCore {
-                resource: "ManagedMemoryResource",
-                pool,
-                ipc_enabled: false,
-                mapped: false,
-                closed: AtomicBool::new(false),
-            },
+            core: PoolCore::new("ManagedMemoryResource", pool, access, IpcRole::None),
         })
     }
 
     /// The preferred location the pool was made or looked up with.
     pub fn preferred_location(&self) -> ManagedPoolLocation {
         self.preferred
-    }
-
-    /// [`MemoryResource::allocate`], typed as a [`ManagedBuffer`].
-    ///
-    /// # Errors
-    /// As [`MemoryResource::allocate`] for this resource.
-    ///
-    /// Driver calls: as [`MemoryResource::allocate`] for this resource.
-    pub fn allocate_managed(
-        self: &Arc<Self>,
-        size: usize,
-        stream: &StreamHandle,
-    ) -> Result<ManagedBuffer, MemoryError> {
-        self.allocate(size, stream).map(ManagedBuffer::new)
-    }
-}
-
-impl MemoryResource for ManagedPoolMemoryResource {
-    /// Allocates `size` bytes from the pool, ordered on `stream` (of any device).
-    ///
-    /// # Errors
-    /// As [`PinnedMemoryResource`]'s.
-    ///
-    /// Driver calls: as [`DeviceMemoryResource`]'s.
-    #[inline]
-    fn allocate_owned(
-        self: Arc<Self>,
-        size: usize,
-        stream: &StreamHandle,
-    ) -> Result<Buffer, MemoryError> {
-        if size == 0 {
-            return Ok(Buffer::empty(self));
-        }
-        let (handle, role) = self.core.allocate(size, stream)?;
-        let access = self.accessibility();
-        Ok(Buffer::new(handle, Some(self), Some(access), role))
-    }
-
-    /// `cuMemFreeAsync(ptr, stream)`. Does not block.
-    ///
-    /// # Errors
-    /// [`MemoryError::Handle`] for the driver's failure.
-    fn deallocate(
-        &self,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<(), MemoryError> {
-        Ok(allocation.free_async(stream)?)
-    }
-
-    /// Managed memory of the preferred device, or of none unless the preferred location is a
-    /// device.
-    fn accessibility(&self) -> Accessibility {
-        Accessibility::managed(match self.preferred {
-            ManagedPoolLocation::Device(ordinal) => Some(ordinal),
-            _ => None,
-        })
-    }
-}
-
-impl PoolMemoryResource for ManagedPoolMemoryResource {
-    fn pool(&self) -> &MemoryPoolHandle {
-        &self.core.pool
-    }
-
-    fn is_ipc_enabled(&self) -> bool {
-        false
-    }
-
-    fn is_mapped(&self) -> bool {
-        false
-    }
-
-    fn close(&self) {
-        self.core.closed.store(true, Ordering::Release);
-    }
-
-    fn is_closed(&self) -> bool {
-        self.core.closed.load(Ordering::Acquire)
-    }
-
-    fn resource_name(&self) -> &'static str {
-        self.core.resource
     }
 }

@@ -4,20 +4,19 @@
 //!
 //! A drop of their buffers records an event on the deallocation stream and frees on the
 //! cleanup worker once it has fired (never blocking the dropping thread, docs/decisions.md D9); an
-//! explicit [`Buffer::close`] and `deallocate` synchronise the stream and free before
+//! explicit [`crate::Buffer::close`] and `deallocate` synchronise the stream and free before
 //! returning. Memory adopted with one of them as owner gets the same rule
-//! ([`MemoryResource::adopt`]).
+//! ([`crate::MemoryResource::adopt`]).
 
 use std::sync::Arc;
 
 use handles::{
-    ContextHandle, DefaultStream, DevicePtrHandle, MemAttachFlags, OwnedAllocation, ReleaseKind,
-    StreamHandle,
+    ContextHandle, DefaultStream, DevicePtrHandle, MemAttachFlags, ReleaseKind, StreamHandle,
 };
 
 use crate::buffer::{adopt_synchronous, Accessibility, IpcRole};
-use crate::checks::{check_bound_stream_device, check_size, device_error};
-use crate::{AdoptError, Buffer, ManagedBuffer, MemoryError, MemoryResource};
+use crate::checks::{check_bound_stream_device, device_error};
+use crate::{AdoptError, MemoryError};
 
 /// Pinned host memory from `cuMemAllocHost`, allocated in the stream's context; accessible
 /// from the host and every device, bound to no device.
@@ -31,7 +30,8 @@ impl LegacyPinnedMemoryResource {
     }
 }
 
-impl MemoryResource for LegacyPinnedMemoryResource {
+builtin_resource! {
+    LegacyPinnedMemoryResource,
     /// Allocates `size` bytes of pinned host memory in the context of `stream`, which orders
     /// the eventual free.
     ///
@@ -40,46 +40,19 @@ impl MemoryResource for LegacyPinnedMemoryResource {
     /// default-stream token, the driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocHost_v2`.
-    fn allocate_owned(
-        self: Arc<Self>,
-        size: usize,
-        stream: &StreamHandle,
-    ) -> Result<Buffer, MemoryError> {
-        if size == 0 {
-            return Ok(Buffer::empty(self));
-        }
-        check_size(size)?;
-        let handle = DevicePtrHandle::alloc_host(size, stream)?;
-        Ok(Buffer::new(
-            handle,
-            Some(self),
-            Some(Accessibility::PINNED),
-            IpcRole::None,
-        ))
+    allocate(_mr, size, stream) {
+        Ok((DevicePtrHandle::alloc_host(size, stream)?, IpcRole::None))
     }
-
     /// **Blocks** until `stream` has drained, then `cuMemFreeHost(ptr)`.
     ///
     /// # Errors
     /// [`MemoryError::Handle`] for the driver's failure (nothing is freed if the wait fails).
-    fn deallocate(
-        &self,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<(), MemoryError> {
-        Ok(allocation.free_host_sync(stream)?)
-    }
-
-    fn accessibility(&self) -> Accessibility {
+    deallocate: free_host_sync,
+    accessibility(self) {
         Accessibility::PINNED
     }
-
     /// Adopts with the pinned-host release rule (no blocking in a drop).
-    fn adopt(
-        self: Arc<Self>,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<DevicePtrHandle, AdoptError> {
+    adopt(_mr, allocation, stream) {
         adopt_synchronous(allocation, ReleaseKind::PinnedHost, None, stream)
     }
 }
@@ -92,28 +65,17 @@ impl MemoryResource for LegacyPinnedMemoryResource {
 #[derive(Debug, Default)]
 pub struct ManagedMemoryResource;
 
+allocate_managed!(ManagedMemoryResource);
+
 impl ManagedMemoryResource {
     /// The resource (no driver call).
     pub fn new() -> Arc<ManagedMemoryResource> {
         Arc::new(ManagedMemoryResource)
     }
-
-    /// [`MemoryResource::allocate`], typed as a [`ManagedBuffer`].
-    ///
-    /// # Errors
-    /// As [`MemoryResource::allocate`] for this resource.
-    ///
-    /// Driver calls: as [`MemoryResource::allocate`] for this resource.
-    pub fn allocate_managed(
-        self: &Arc<Self>,
-        size: usize,
-        stream: &StreamHandle,
-    ) -> Result<ManagedBuffer, MemoryError> {
-        self.allocate(size, stream).map(ManagedBuffer::new)
-    }
 }
 
-impl MemoryResource for ManagedMemoryResource {
+builtin_resource! {
+    ManagedMemoryResource,
     /// Allocates `size` bytes of managed memory in the context of `stream`, which orders the
     /// eventual free.
     ///
@@ -122,46 +84,20 @@ impl MemoryResource for ManagedMemoryResource {
     /// default-stream token, the driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAllocManaged`.
-    fn allocate_owned(
-        self: Arc<Self>,
-        size: usize,
-        stream: &StreamHandle,
-    ) -> Result<Buffer, MemoryError> {
-        if size == 0 {
-            return Ok(Buffer::empty(self));
-        }
-        check_size(size)?;
+    allocate(_mr, size, stream) {
         let handle = DevicePtrHandle::alloc_managed(size, MemAttachFlags::GLOBAL, stream)?;
-        Ok(Buffer::new(
-            handle,
-            Some(self),
-            Some(Accessibility::managed(None)),
-            IpcRole::None,
-        ))
+        Ok((handle, IpcRole::None))
     }
-
     /// **Blocks** until `stream` has drained, then `cuMemFree(ptr)`.
     ///
     /// # Errors
     /// [`MemoryError::Handle`] for the driver's failure (nothing is freed if the wait fails).
-    fn deallocate(
-        &self,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<(), MemoryError> {
-        Ok(allocation.free_device_sync(stream)?)
-    }
-
-    fn accessibility(&self) -> Accessibility {
+    deallocate: free_device_sync,
+    accessibility(self) {
         Accessibility::managed(None)
     }
-
     /// Adopts with the managed release rule (no blocking in a drop).
-    fn adopt(
-        self: Arc<Self>,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<DevicePtrHandle, AdoptError> {
+    adopt(_mr, allocation, stream) {
         adopt_synchronous(allocation, ReleaseKind::Managed, None, stream)
     }
 }
@@ -209,7 +145,8 @@ impl SynchronousMemoryResource {
     }
 }
 
-impl MemoryResource for SynchronousMemoryResource {
+builtin_resource! {
+    SynchronousMemoryResource,
     /// Allocates `size` bytes with `cuMemAlloc` in the resource's context.
     ///
     /// # Errors
@@ -217,53 +154,26 @@ impl MemoryResource for SynchronousMemoryResource {
     /// another device; [`MemoryError::Handle`] for the driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAlloc_v2`.
-    fn allocate_owned(
-        self: Arc<Self>,
-        size: usize,
-        stream: &StreamHandle,
-    ) -> Result<Buffer, MemoryError> {
-        if size == 0 {
-            return Ok(Buffer::empty(self));
-        }
-        check_size(size)?;
-        let recorded = self.recipe_stream(stream)?;
+    allocate(mr, size, stream) {
+        let recorded = mr.recipe_stream(stream)?;
         let handle = DevicePtrHandle::alloc(size, recorded).map_err(device_error)?;
-        let access = self.accessibility();
-        Ok(Buffer::new(handle, Some(self), Some(access), IpcRole::None))
+        Ok((handle, IpcRole::None))
     }
-
     /// **Blocks** until `stream` has drained, then `cuMemFree(ptr)`.
     ///
     /// # Errors
     /// [`MemoryError::Handle`] for the driver's failure (nothing is freed if the wait fails).
-    fn deallocate(
-        &self,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<(), MemoryError> {
-        Ok(allocation.free_device_sync(stream)?)
-    }
-
-    fn accessibility(&self) -> Accessibility {
+    deallocate: free_device_sync,
+    accessibility(self) {
         Accessibility::device(self.device)
     }
-
     /// Adopts with the `cuMemAlloc` release rule (no blocking in a drop); a default-stream
     /// token is replaced by the resource's bound legacy stream, as in `allocate`.
-    fn adopt(
-        self: Arc<Self>,
-        allocation: OwnedAllocation,
-        stream: &StreamHandle,
-    ) -> Result<DevicePtrHandle, AdoptError> {
-        let recorded = match self.recipe_stream(stream) {
+    adopt(mr, allocation, stream) {
+        let recorded = match mr.recipe_stream(stream) {
             Ok(recorded) => recorded,
             Err(error) => return Err(AdoptError { error, allocation }),
         };
-        adopt_synchronous(
-            allocation,
-            ReleaseKind::Synchronous,
-            Some(self.device),
-            recorded,
-        )
+        adopt_synchronous(allocation, ReleaseKind::Synchronous, Some(mr.device), recorded)
     }
 }
