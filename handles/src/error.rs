@@ -36,15 +36,16 @@ pub enum HandleError {
         /// Why it was rejected.
         reason: String,
     },
-    /// A stream whose context is on another device than the memory it would order: rejected
-    /// before any driver call, so nothing was allocated, adopted or re-recorded.
-    #[error(
-        "wrong device: the memory is on device {expected}, the stream's context on device {found}"
-    )]
+    /// Something of one device given where another's is needed: a stream whose context is on
+    /// another device than the memory it would order (here), or, in the crates above, an IPC
+    /// descriptor of another device than its pool, device memory of another device than its
+    /// graph, a launch stream of another device than the graph. Rejected before any driver
+    /// call, so nothing was allocated, adopted or re-recorded. The one such error of custody.
+    #[error("wrong device: device {found} given where device {expected} is needed")]
     WrongDevice {
-        /// The device the memory lives on.
+        /// The device needed: the memory's (or the graph's).
         expected: i32,
-        /// The device of the stream's context.
+        /// The device of what was given: the stream's context (or the descriptor, the memory).
         found: i32,
     },
     /// A stream (or a default-stream token bound to a context) whose context custody does not
@@ -58,6 +59,16 @@ pub enum HandleError {
         context: u64,
         /// What the driver said instead of the context's id.
         found: String,
+    },
+    /// An IPC import whose exporter claims more bytes than the allocation the driver mapped for
+    /// it holds (`cuPointerGetAttributes`' range): refused, the mapping made for the check freed
+    /// again.
+    #[error("invalid size: the import claims {claimed} bytes but the imported allocation holds {extent}")]
+    ImportExceedsMapping {
+        /// The exporter's claim, in bytes.
+        claimed: usize,
+        /// The mapped allocation's size, in bytes.
+        extent: usize,
     },
     /// A launch of a graph that has run once and allocates memory it does not free itself:
     /// its first launch made that memory, whose free is outside the graph, and another launch
@@ -172,6 +183,13 @@ impl PartialEq for HandleError {
                 },
             ) => context == context2 && found == found2,
             (
+                E::ImportExceedsMapping { claimed, extent },
+                E::ImportExceedsMapping {
+                    claimed: claimed2,
+                    extent: extent2,
+                },
+            ) => claimed == claimed2 && extent == extent2,
+            (
                 E::GraphLaunchedOnce { allocations },
                 E::GraphLaunchedOnce {
                     allocations: allocations2,
@@ -216,6 +234,7 @@ impl HandleError {
             HandleError::InvalidArgument { .. } => "InvalidArgument",
             HandleError::WrongDevice { .. } => "WrongDevice",
             HandleError::ContextDestroyed { .. } => "ContextDestroyed",
+            HandleError::ImportExceedsMapping { .. } => "ImportExceedsMapping",
             HandleError::GraphLaunchedOnce { .. } => "GraphLaunchedOnce",
             HandleError::Deallocator { .. } => "Deallocator",
         }
@@ -251,6 +270,10 @@ mod tests {
                 found: 1,
             },
             HandleError::deallocator("out of memory"),
+            HandleError::ImportExceedsMapping {
+                claimed: 8192,
+                extent: 4096,
+            },
             HandleError::ContextNotActivated {
                 operation: "cuMemFreeAsync",
                 context: 0xa,

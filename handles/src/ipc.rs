@@ -51,7 +51,7 @@ pub fn export_pointer(ptr: &DevicePtrHandle) -> Result<[u8; 64], HandleError> {
 /// # Errors
 /// [`HandleError::NoCurrentContext`] for an unbound token with no context and
 /// [`HandleError::WrongDevice`] for a stream of another device than the pool (both before
-/// anything is imported); [`HandleError::InvalidArgument`] (`what: "size"`) when the mapped
+/// anything is imported); [`HandleError::ImportExceedsMapping`] when the mapped
 /// allocation is smaller than `size` (a mapping made for the check is freed again on `stream`);
 /// [`HandleError::Driver`] when the driver rejects the export data.
 ///
@@ -161,10 +161,7 @@ fn acquire(
 
 fn check_extent(claimed: usize, extent: usize) -> Result<(), HandleError> {
     if extent < claimed {
-        return Err(HandleError::invalid(
-            "size",
-            format!("the import claims {claimed} bytes but the imported allocation holds {extent}"),
-        ));
+        return Err(HandleError::ImportExceedsMapping { claimed, extent });
     }
     Ok(())
 }

@@ -307,10 +307,7 @@ fn a_short_import_reports_its_free_after_letting_go_of_the_registry_lock() {
         let refused =
             handles::import_pointer(&ipc.imported, &ipc.export.reserved, 8192, &ipc.stream);
         assert!(
-            matches!(
-                refused,
-                Err(HandleError::InvalidArgument { what: "size", .. })
-            ),
+            matches!(refused, Err(HandleError::ImportExceedsMapping { .. })),
             "{refused:?}"
         );
     });

@@ -14,7 +14,7 @@ use handles::{
     Deallocator, DevicePtrHandle, HandleError, OwnedAllocation, ReleaseKind, StreamHandle,
 };
 
-use crate::checks::{check_size, check_stream_device, device_error};
+use crate::checks::{check_size, check_stream_device};
 use crate::MemoryError;
 
 /// Where memory can be used: what a [`MemoryResource`] says of the memory it allocates
@@ -244,7 +244,7 @@ impl Buffer {
     ///
     /// # Errors
     /// - [`MemoryError::InvalidSize`]: zero bytes or more than `isize::MAX`.
-    /// - [`MemoryError::WrongDevice`]: a stream of another device than the resource's.
+    /// - [`HandleError::WrongDevice`](handles::HandleError::WrongDevice): a stream of another device than the resource's.
     /// - [`MemoryError::Handle`]: a null address ([`handles::HandleError::InvalidArgument`]);
     ///   [`handles::HandleError::NoCurrentContext`] for a default-stream token (or `None`) on a
     ///   thread with no current context.
@@ -329,7 +329,7 @@ impl Buffer {
     /// retention, a clone of the handle), and each sees the new one.
     ///
     /// # Errors
-    /// - [`MemoryError::WrongDevice`]: a stream of another device than the memory's.
+    /// - [`HandleError::WrongDevice`](handles::HandleError::WrongDevice): a stream of another device than the memory's.
     /// - [`MemoryError::Handle`] with [`handles::HandleError::NoCurrentContext`]: a
     ///   default-stream token on a thread with no current context.
     /// - [`MemoryError::Handle`] with [`handles::HandleError::ContextDestroyed`]: a stream whose
@@ -365,7 +365,8 @@ impl Buffer {
                 check_stream_device(stream, device)?;
             }
         }
-        handles::binding::replace_deallocation_stream(&self.handle, stream).map_err(device_error)
+        handles::binding::replace_deallocation_stream(&self.handle, stream)
+            .map_err(MemoryError::Handle)
     }
 
     /// Declares that work on `stream` uses this buffer (PyTorch's `record_stream` is the
@@ -383,7 +384,7 @@ impl Buffer {
     ///
     /// # Errors
     /// On error nothing is recorded:
-    /// - [`MemoryError::WrongDevice`]: a stream of another device than the memory's (for memory
+    /// - [`HandleError::WrongDevice`](handles::HandleError::WrongDevice): a stream of another device than the memory's (for memory
     ///   of one device; pinned and managed memory accept any device's stream).
     /// - [`MemoryError::Handle`] with [`handles::HandleError::NoCurrentContext`]: a
     ///   default-stream token on a thread with no current context.
@@ -398,7 +399,7 @@ impl Buffer {
                 check_stream_device(stream, device)?;
             }
         }
-        self.handle.record_use(stream).map_err(device_error)
+        self.handle.record_use(stream).map_err(MemoryError::Handle)
     }
 
     /// The streams recorded with [`Buffer::record_use`], first recorded first.
@@ -687,7 +688,7 @@ pub trait MemoryResource: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`MemoryError::InvalidSize`] for more than `isize::MAX` bytes;
-    /// [`MemoryError::WrongDevice`] for a stream of another device; others as each resource
+    /// [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for a stream of another device; others as each resource
     /// documents. Nothing is allocated on error.
     fn allocate_owned(
         self: Arc<Self>,
@@ -781,7 +782,7 @@ pub trait MemoryResource: Send + Sync + 'static {
     /// (docs/decisions.md D9), where their `deallocate` must synchronise.
     ///
     /// # Errors
-    /// [`MemoryError::WrongDevice`] for a stream of another device than the resource's
+    /// [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for a stream of another device than the resource's
     /// (device-only memory); [`MemoryError::Handle`] when the recipe cannot be recorded
     /// ([`HandleError::NoCurrentContext`] for an unbound token on a thread with no context) or
     /// the address is null. The recipe is recorded before ownership is taken: on error the
@@ -841,7 +842,7 @@ impl From<handles::AdoptError> for AdoptError {
     fn from(refused: handles::AdoptError) -> AdoptError {
         let handles::AdoptError { error, allocation } = refused;
         AdoptError {
-            error: device_error(error),
+            error: MemoryError::Handle(error),
             allocation,
         }
     }

@@ -1,6 +1,5 @@
 //! The checks every operation shares, before its first driver call: sizes, and which device a
-//! stream runs on (and the handles crate's "stream of another device" turned into
-//! [`MemoryError::WrongDevice`]).
+//! stream runs on (refused as the handles crate refuses it, [`HandleError::WrongDevice`]).
 
 use handles::{ContextHandle, HandleError, StreamHandle};
 
@@ -39,17 +38,16 @@ pub(crate) fn stream_device(stream: &StreamHandle) -> Result<i32, MemoryError> {
 
 /// Checks that `stream` runs on `device` when that needs no driver call (a stream that
 /// carries its context); an unbound token is left to the handles crate, whose error
-/// [`device_error`] turns into [`MemoryError::WrongDevice`].
+/// [`HandleError::WrongDevice`] is the same error.
 #[inline]
 pub(crate) fn check_bound_stream_device(
     stream: &StreamHandle,
     device: i32,
 ) -> Result<(), MemoryError> {
     match stream.context() {
-        Some(context) if context.device() != device => Err(MemoryError::WrongDevice {
-            expected: device,
-            found: context.device(),
-        }),
+        Some(context) if context.device() != device => {
+            Err(MemoryError::wrong_device(device, context.device()))
+        }
         _ => Ok(()),
     }
 }
@@ -61,22 +59,7 @@ pub(crate) fn check_bound_stream_device(
 pub(crate) fn check_stream_device(stream: &StreamHandle, device: i32) -> Result<(), MemoryError> {
     let found = stream_device(stream)?;
     if found != device {
-        return Err(MemoryError::WrongDevice {
-            expected: device,
-            found,
-        });
+        return Err(MemoryError::wrong_device(device, found));
     }
     Ok(())
-}
-
-/// Maps the handles crate's "stream of another device" rejection (found while recording a
-/// recipe) to [`MemoryError::WrongDevice`]; any other error passes through.
-#[cold]
-pub(crate) fn device_error(error: HandleError) -> MemoryError {
-    match error {
-        HandleError::WrongDevice { expected, found } => {
-            MemoryError::WrongDevice { expected, found }
-        }
-        error => MemoryError::Handle(error),
-    }
 }

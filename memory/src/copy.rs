@@ -54,10 +54,7 @@ pub(crate) fn copy(
     if let [Some(first), second] | [second, Some(first)] = devices {
         let found = stream_device(stream)?;
         if found != first && second != Some(found) {
-            return Err(MemoryError::WrongDevice {
-                expected: first,
-                found,
-            });
+            return Err(MemoryError::wrong_device(first, found));
         }
     }
     src.range()?.copy_to(&dst.range()?, stream)?;
@@ -146,7 +143,7 @@ impl Buffer {
     ///
     /// # Errors
     /// - [`MemoryError::SizeMismatch`]: the sizes differ.
-    /// - [`MemoryError::WrongDevice`]: both buffers are device memory and the stream is on
+    /// - [`HandleError::WrongDevice`](handles::HandleError::WrongDevice): both buffers are device memory and the stream is on
     ///   neither's device.
     /// - [`MemoryError::Handle`]: the driver's failure; no current context for a token.
     ///
@@ -192,7 +189,7 @@ impl Buffer {
     /// # Errors
     /// - [`MemoryError::InvalidFill`]: the size or the address is not a multiple of the
     ///   pattern's width.
-    /// - [`MemoryError::WrongDevice`]: device memory and a stream of another device.
+    /// - [`HandleError::WrongDevice`](handles::HandleError::WrongDevice): device memory and a stream of another device.
     /// - [`MemoryError::Handle`]: the driver's failure; no current context for a token.
     ///
     /// An empty buffer: `Ok` after the width and alignment checks, with no driver call.
@@ -212,7 +209,7 @@ impl Buffer {
     ///
     /// # Errors
     /// [`MemoryError::SizeMismatch`] unless `dst.len()` is the buffer's size;
-    /// [`MemoryError::WrongDevice`] as [`Buffer::fill`]; [`MemoryError::Handle`] for the
+    /// [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) as [`Buffer::fill`]; [`MemoryError::Handle`] for the
     /// driver's failure. Zero bytes: `Ok` at once, with no driver call (no wait for the
     /// stream either).
     ///

@@ -40,10 +40,6 @@ pub enum MemoryError {
         /// Why it was rejected.
         reason: &'static str,
     },
-    /// The buffer was closed. (A Rust [`crate::Buffer`] is consumed by its close, so this comes
-    /// from holders that share one, such as the Python bindings.)
-    #[error("the buffer is closed")]
-    Closed,
     /// A typed view whose element type does not fit the buffer: a size that is not a multiple of
     /// the element size, an address not aligned for it, or a zero-sized element type.
     #[error("cannot view the buffer as {element_size}-byte elements: {reason}")]
@@ -70,14 +66,6 @@ pub enum MemoryError {
         /// The resource's type name.
         resource: &'static str,
     },
-    /// A stream (or descriptor) of another device than the memory's.
-    #[error("wrong device: the memory is on device {expected}, the stream or descriptor on device {found}")]
-    WrongDevice {
-        /// The device the memory (or memory resource) is on.
-        expected: i32,
-        /// The device of the stream (or IPC descriptor) given.
-        found: i32,
-    },
     /// A graph allocation on a stream that is not capturing.
     #[error(
         "the stream is not capturing: a graph memory resource allocates only during stream capture"
@@ -88,13 +76,9 @@ pub enum MemoryError {
         "the stream is capturing: allocate with a graph memory resource during stream capture"
     )]
     StreamCapturing,
-    /// An IPC export or import that cannot be done (a pool without IPC, a malformed
-    /// descriptor, a descriptor that does not match the imported pool).
-    #[error("ipc: {reason}")]
-    Ipc {
-        /// What was wrong.
-        reason: String,
-    },
+    /// An IPC export or import that cannot be done: what went wrong is the [`IpcError`].
+    #[error("ipc: {0}")]
+    Ipc(#[from] IpcError),
     /// A deallocation stream without a memory resource to free with (the bindings' adoption,
     /// `Buffer.from_handle(ptr, size, stream=...)`): a stream orders a free, and without a
     /// memory resource nothing is freed. (In Rust, [`crate::Buffer::from_parts`] takes no
@@ -119,14 +103,92 @@ pub enum MemoryError {
         /// The operation refused.
         operation: &'static str,
     },
-    /// A graph operation that the graph's or builder's state does not allow: a closed graph or
-    /// executable, a builder that is not building (or already is), a stream a builder cannot
-    /// capture.
-    #[error("graph: {reason}")]
-    Graph {
-        /// What was wrong.
-        reason: &'static str,
+    /// A graph operation that the graph's or builder's state does not allow: what it is, is the
+    /// [`GraphError`].
+    #[error("graph: {0}")]
+    Graph(#[from] GraphError),
+}
+
+/// Why an IPC export or import cannot be done ([`MemoryError::Ipc`]); found before any driver
+/// call, except [`IpcError::ClaimExceedsMapping`] (after the import's mapping was read back).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IpcError {
+    /// A pool export from a pool not made with `ipc_enabled`.
+    #[error("the memory pool was not made with ipc_enabled")]
+    PoolNotIpcEnabled,
+    /// A pool export from a pool that was itself imported from another process.
+    #[error("the memory pool was imported from another process")]
+    PoolImported,
+    /// A buffer export of memory that does not come from an IPC-enabled pool.
+    #[error("the buffer does not come from an ipc-enabled memory pool")]
+    BufferNotExportable,
+    /// A buffer export of a buffer that was itself imported.
+    #[error("an imported buffer cannot be exported again")]
+    BufferImported,
+    /// An allocation from a pool imported from another process (it maps the exporter's
+    /// allocations only).
+    #[error("a pool imported from another process cannot allocate")]
+    ImportedPoolAllocates,
+    /// A buffer import into a memory resource that is not a pool imported from another process.
+    #[error("the memory resource is not a pool imported from another process")]
+    NotAnImportedPool,
+    /// A serialised descriptor of another length than [`crate::IpcBufferDescriptor::LEN`].
+    #[error("a descriptor is {expected} bytes, not {len}")]
+    DescriptorLength {
+        /// The length a descriptor has, in bytes.
+        expected: usize,
+        /// The length given, in bytes.
+        len: usize,
     },
+    /// Bytes that do not start with a custody descriptor's magic.
+    #[error("not a custody ipc buffer descriptor")]
+    NotADescriptor,
+    /// A descriptor of a version this build does not read.
+    #[error("descriptor version {0} is not supported")]
+    DescriptorVersion(u32),
+    /// A descriptor of a shareable handle type other than a POSIX file descriptor.
+    #[error("descriptor handle type {0} is not supported")]
+    DescriptorHandleType(u32),
+    /// A descriptor's device below -1 (-1 is a pinned host pool's).
+    #[error("invalid device {0}")]
+    DescriptorDevice(i32),
+    /// A descriptor whose reserved bytes are not zero.
+    #[error("reserved descriptor bytes are not zero")]
+    DescriptorReserved,
+    /// A descriptor that claims more bytes than the allocation the driver mapped for it holds:
+    /// the descriptor does not match the imported pool's allocation (the mapping made for the
+    /// check is freed again). Read from [`HandleError::ImportExceedsMapping`].
+    #[error("the import claims {claimed} bytes but the imported allocation holds {extent}")]
+    ClaimExceedsMapping {
+        /// The size the descriptor claims, in bytes.
+        claimed: usize,
+        /// The size of the mapped allocation, in bytes.
+        extent: usize,
+    },
+}
+
+/// Why a graph, an executable graph or a graph builder refused an operation
+/// ([`MemoryError::Graph`]); found before any driver call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GraphError {
+    /// The graph was closed ([`crate::Graph::close`]).
+    #[error("the graph is closed")]
+    GraphClosed,
+    /// The executable graph was closed ([`crate::GraphExec::close`]).
+    #[error("the executable graph is closed")]
+    ExecClosed,
+    /// A builder operation that needs a capture running, and none does.
+    #[error("the builder is not building")]
+    NotBuilding,
+    /// A capture begun on a builder that is building already.
+    #[error("the builder is already building")]
+    AlreadyBuilding,
+    /// A builder on a stream that does not carry its context (an unbound default-stream
+    /// token): a capture needs a created or wrapped stream.
+    #[error("a graph builder needs a stream that carries its context (a created stream)")]
+    StreamWithoutContext,
 }
 
 impl MemoryError {
@@ -138,10 +200,11 @@ impl MemoryError {
         }
     }
 
-    pub(crate) fn ipc(reason: impl Into<String>) -> MemoryError {
-        MemoryError::Ipc {
-            reason: reason.into(),
-        }
+    /// A stream (descriptor, graph) of device `found` for memory (a graph) on device
+    /// `expected`: the handles crate's [`HandleError::WrongDevice`], the one such error.
+    #[cold]
+    pub(crate) fn wrong_device(expected: i32, found: i32) -> MemoryError {
+        MemoryError::Handle(HandleError::WrongDevice { expected, found })
     }
 }
 
@@ -172,7 +235,6 @@ mod tests {
                 width: 3,
                 reason: "a pattern is 1, 2 or 4 bytes wide",
             },
-            MemoryError::Closed,
             MemoryError::Layout {
                 element_size: 4,
                 reason: "the buffer's size is not a multiple of the element size",
@@ -185,20 +247,21 @@ mod tests {
             MemoryError::ResourceClosed {
                 resource: "DeviceMemoryResource",
             },
-            MemoryError::WrongDevice {
-                expected: 0,
-                found: 1,
-            },
+            MemoryError::wrong_device(0, 1),
             MemoryError::NotCapturing,
             MemoryError::StreamCapturing,
-            MemoryError::ipc("a malformed descriptor"),
+            IpcError::NotADescriptor.into(),
+            IpcError::ClaimExceedsMapping {
+                claimed: 2,
+                extent: 1,
+            }
+            .into(),
             MemoryError::OwnershipConflict {
                 reason: "a stream needs a memory resource",
             },
             MemoryError::NoMemoryResource,
-            MemoryError::Graph {
-                reason: "the graph is closed",
-            },
+            GraphError::GraphClosed.into(),
+            GraphError::StreamWithoutContext.into(),
             MemoryError::Handle(HandleError::NoCurrentContext),
         ];
         for error in errors {
@@ -215,9 +278,9 @@ mod tests {
             HandleError::NoCurrentContext
         );
         assert_eq!(
-            HandleError::from(MemoryError::Closed),
-            HandleError::deallocator("the buffer is closed")
+            HandleError::from(MemoryError::NoMemoryResource),
+            HandleError::deallocator("the buffer has no memory resource to allocate from")
         );
-        assert_eq!(MemoryError::Closed.code(), None);
+        assert_eq!(MemoryError::NoMemoryResource.code(), None);
     }
 }

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use handles::{HandleError, StreamHandle};
 
 use crate::buffer::IpcRole;
-use crate::checks::{check_bound_stream_device, check_size, device_error};
-use crate::{Buffer, MemoryError, PoolMemoryResource};
+use crate::checks::{check_bound_stream_device, check_size};
+use crate::{Buffer, IpcError, MemoryError, PoolMemoryResource};
 
 const MAGIC: &[u8; 8] = b"CUSTDIPC";
 const VERSION: u32 = 1;
@@ -66,7 +66,7 @@ impl IpcBufferDescriptor {
     ) -> Result<IpcBufferDescriptor, MemoryError> {
         check_size(size)?;
         if device.is_some_and(|d| d < 0) {
-            return Err(MemoryError::ipc(format!("invalid device {device:?}")));
+            return Err(IpcError::DescriptorDevice(device.unwrap_or(-1)).into());
         }
         Ok(IpcBufferDescriptor {
             device,
@@ -100,37 +100,29 @@ impl IpcBufferDescriptor {
     /// -1, non-zero reserved bytes; [`MemoryError::InvalidSize`] for a size of zero or more
     /// than `isize::MAX`.
     pub fn from_bytes(bytes: &[u8]) -> Result<IpcBufferDescriptor, MemoryError> {
-        let bytes: &[u8; IpcBufferDescriptor::LEN] = bytes.try_into().map_err(|_| {
-            MemoryError::ipc(format!(
-                "a descriptor is {} bytes, not {}",
-                IpcBufferDescriptor::LEN,
-                bytes.len()
-            ))
-        })?;
+        let bytes: &[u8; IpcBufferDescriptor::LEN] =
+            bytes.try_into().map_err(|_| IpcError::DescriptorLength {
+                expected: IpcBufferDescriptor::LEN,
+                len: bytes.len(),
+            })?;
         let u32_at = |at: usize| {
             u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
         };
         if &bytes[..8] != MAGIC {
-            return Err(MemoryError::ipc("not a custody ipc buffer descriptor"));
+            return Err(IpcError::NotADescriptor.into());
         }
         if u32_at(8) != VERSION {
-            return Err(MemoryError::ipc(format!(
-                "descriptor version {} is not supported",
-                u32_at(8)
-            )));
+            return Err(IpcError::DescriptorVersion(u32_at(8)).into());
         }
         if u32_at(12) != HANDLE_TYPE_POSIX_FD {
-            return Err(MemoryError::ipc(format!(
-                "descriptor handle type {} is not supported",
-                u32_at(12)
-            )));
+            return Err(IpcError::DescriptorHandleType(u32_at(12)).into());
         }
         let device = u32_at(16) as i32;
         if device < -1 {
-            return Err(MemoryError::ipc(format!("invalid device {device}")));
+            return Err(IpcError::DescriptorDevice(device).into());
         }
         if u32_at(20) != 0 {
-            return Err(MemoryError::ipc("reserved descriptor bytes are not zero"));
+            return Err(IpcError::DescriptorReserved.into());
         }
         let mut size = [0u8; 8];
         size.copy_from_slice(&bytes[24..32]);
@@ -174,16 +166,8 @@ impl Buffer {
         let handle = self.handle();
         match self.ipc_role() {
             IpcRole::Exportable => {}
-            IpcRole::Imported => {
-                return Err(MemoryError::ipc(
-                    "an imported buffer cannot be exported again",
-                ))
-            }
-            IpcRole::None => {
-                return Err(MemoryError::ipc(
-                    "the buffer does not come from an ipc-enabled memory pool",
-                ))
-            }
+            IpcRole::Imported => return Err(IpcError::BufferImported.into()),
+            IpcRole::None => return Err(IpcError::BufferNotExportable.into()),
         }
         let export_data = handles::export_pointer(handle)?;
         Ok(IpcBufferDescriptor {
@@ -207,7 +191,7 @@ impl Buffer {
     /// - [`MemoryError::ResourceClosed`]: `mr` was closed.
     /// - [`MemoryError::Ipc`]: `mr` is not an imported pool; the imported allocation is smaller
     ///   than the descriptor claims (a mapping made for the check is freed again on `stream`).
-    /// - [`MemoryError::WrongDevice`]: the descriptor's device is not the pool's, or `stream`
+    /// - [`HandleError::WrongDevice`](handles::HandleError::WrongDevice): the descriptor's device is not the pool's, or `stream`
     ///   is on another device.
     /// - [`MemoryError::Handle`]: the driver rejects the export data; no current context for a
     ///   default-stream token.
@@ -228,16 +212,14 @@ impl Buffer {
             });
         }
         if !mr.is_mapped() {
-            return Err(MemoryError::ipc(
-                "the memory resource is not a pool imported from another process",
-            ));
+            return Err(IpcError::NotAnImportedPool.into());
         }
         let pool = mr.pool();
         if descriptor.device != pool.device() {
-            return Err(MemoryError::WrongDevice {
-                expected: pool.device().unwrap_or(-1),
-                found: descriptor.device.unwrap_or(-1),
-            });
+            return Err(MemoryError::wrong_device(
+                pool.device().unwrap_or(-1),
+                descriptor.device.unwrap_or(-1),
+            ));
         }
         if let Some(device) = pool.device() {
             check_bound_stream_device(stream, device)?;
@@ -248,11 +230,10 @@ impl Buffer {
             handles::import_pointer(pool, &descriptor.export_data, descriptor.size, stream)
                 .map_err(|error| match error {
                     // The mapped allocation is smaller than the descriptor claims.
-                    HandleError::InvalidArgument {
-                        what: "size",
-                        reason,
-                    } => MemoryError::ipc(reason),
-                    error => device_error(error),
+                    HandleError::ImportExceedsMapping { claimed, extent } => {
+                        IpcError::ClaimExceedsMapping { claimed, extent }.into()
+                    }
+                    error => MemoryError::Handle(error),
                 })?;
         let mr: Arc<R> = Arc::clone(mr);
         let access = mr.accessibility();
@@ -313,7 +294,7 @@ mod tests {
             assert!(
                 matches!(
                     IpcBufferDescriptor::from_bytes(bad),
-                    Err(MemoryError::Ipc { .. })
+                    Err(MemoryError::Ipc(_))
                 ),
                 "{bad:?}"
             );

@@ -103,7 +103,7 @@ pub use buffer::{Accessibility, AdoptError, Buffer, ManagedBuffer, MemoryResourc
 /// `#[repr(C)]` structs with `bytemuck`'s derive.
 pub use bytemuck::{self, Pod, Zeroable};
 pub use copy::FillValue;
-pub use error::MemoryError;
+pub use error::{GraphError, IpcError, MemoryError};
 pub use graph::{CaptureMode, Graph, GraphBuilder, GraphExec, GraphNode};
 pub use ipc::IpcBufferDescriptor;
 pub use managed::{discard_batch, discard_prefetch_batch, prefetch_batch};

@@ -240,7 +240,7 @@ impl<'a, T: Pod> DeviceSlice<'a, T> {
     ///
     /// # Errors
     /// [`MemoryError::SizeMismatch`] (in bytes) unless `dst.len()` is `self.len()`;
-    /// [`MemoryError::WrongDevice`] for device memory and a stream of another device;
+    /// [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for device memory and a stream of another device;
     /// [`MemoryError::Handle`] for the driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`,
@@ -317,7 +317,7 @@ impl<'a, T: Pod> DeviceSliceMut<'a, T> {
     ///
     /// # Errors
     /// [`MemoryError::SizeMismatch`] (in bytes) for views of different lengths;
-    /// [`MemoryError::WrongDevice`] when both are device memory and the stream is on neither's
+    /// [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) when both are device memory and the stream is on neither's
     /// device; [`MemoryError::Handle`] for the driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemcpyAsync`; none for

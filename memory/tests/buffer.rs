@@ -305,24 +305,24 @@ fn bad_copies_and_fills_leave_the_buffers_unchanged() {
     if let Some(other_device) = &other_device {
         assert_eq!(
             a.fill(0u8, other_device),
-            Err(MemoryError::WrongDevice {
+            Err(MemoryError::Handle(handles::HandleError::WrongDevice {
                 expected: 0,
                 found: 1
-            })
+            }))
         );
         assert_eq!(
             b.copy_to_host(&mut host, other_device),
-            Err(MemoryError::WrongDevice {
+            Err(MemoryError::Handle(handles::HandleError::WrongDevice {
                 expected: 0,
                 found: 1
-            })
+            }))
         );
         assert_eq!(
             mr.allocate(64, other_device).unwrap_err(),
-            MemoryError::WrongDevice {
+            MemoryError::Handle(handles::HandleError::WrongDevice {
                 expected: 0,
                 found: 1
-            }
+            })
         );
     }
     assert_eq!(

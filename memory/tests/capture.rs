@@ -68,10 +68,10 @@ fn graph_allocation_needs_a_capturing_stream() {
     if second_device_or_skip_part("a stream of another device") {
         assert_eq!(
             gmr.allocate(256, &stream_on(1)).unwrap_err(),
-            MemoryError::WrongDevice {
+            MemoryError::Handle(handles::HandleError::WrongDevice {
                 expected: 0,
                 found: 1
-            }
+            })
         );
     }
     assert_no_alloc_calls(from);

@@ -179,7 +179,8 @@ fn parse_checked(bytes: &[u8]) -> Result<(), TestCaseError> {
             prop_assert!(descriptor.size() > 0 && descriptor.size() <= isize::MAX as usize);
             prop_assert!(descriptor.device_id().into_iter().all(|d| d >= 0));
         }
-        Err(MemoryError::Ipc { reason }) => {
+        Err(MemoryError::Ipc(reason)) => {
+            let reason = reason.to_string();
             prop_assert!(!reason.is_empty() && !reason.ends_with('.'));
         }
         Err(MemoryError::InvalidSize { .. }) => {}
@@ -345,7 +346,7 @@ proptest! {
                 Err(MemoryError::InvalidSize { .. }) if owned && (size == 0 || size > isize::MAX as usize) => Ok(()),
                 Err(MemoryError::Handle(HandleError::InvalidArgument { what: "ptr", .. })) if ptr == 0 => Ok(()),
                 Err(MemoryError::Handle(HandleError::NoCurrentContext)) if needs_context && !context_current => Ok(()),
-                Err(MemoryError::WrongDevice { expected: 0, found: 1 }) if matches!(choice, StreamChoice::OtherDevice) => Ok(()),
+                Err(MemoryError::Handle(handles::HandleError::WrongDevice { expected: 0, found: 1 })) if matches!(choice, StreamChoice::OtherDevice) => Ok(()),
                 Err(other) => Err(format!("undocumented error {other:?}")),
             }
         })

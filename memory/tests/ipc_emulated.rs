@@ -129,7 +129,7 @@ fn an_import_needs_an_imported_pool_and_a_truthful_descriptor() {
         assert!(!exporting.is_mapped());
         assert!(matches!(
             Buffer::from_ipc_descriptor(exporting, &e.descriptor, &s1),
-            Err(MemoryError::Ipc { .. })
+            Err(MemoryError::Ipc(_))
         ));
     }
     assert_eq!(read(&e.buffer, &s0), vec![0x33; 4096], "untouched");
@@ -145,7 +145,7 @@ fn an_import_needs_an_imported_pool_and_a_truthful_descriptor() {
     let oversized = IpcBufferDescriptor::from_bytes(&bytes).unwrap();
     let from = mark();
     let error = Buffer::from_ipc_descriptor(&e.imported, &oversized, &s1).unwrap_err();
-    assert!(matches!(error, MemoryError::Ipc { .. }), "{error}");
+    assert!(matches!(error, MemoryError::Ipc(_)), "{error}");
     let imports = imports_since(&emu, from);
     assert_eq!(imports.len(), 1);
     let undone = emu.calls_named("cuMemFreeAsync", from);

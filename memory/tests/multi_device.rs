@@ -545,10 +545,10 @@ fn each_device_has_its_own_pool_and_usage_is_accounted_on_it() {
     // A pool of device 1 refuses a stream of device 0.
     assert_eq!(
         own1.allocate(SIZE, &s0).map(|_| ()),
-        Err(MemoryError::WrongDevice {
+        Err(MemoryError::Handle(handles::HandleError::WrongDevice {
             expected: 1,
             found: 0
-        })
+        }))
     );
     a.close().unwrap();
     assert_eq!(used_on(1, own1.pool()), 0);
@@ -571,10 +571,10 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
     buffer.copy_from_host(&pattern(9, SIZE), &s1).unwrap();
     s1.synchronize().unwrap();
     let from = mark();
-    let wrong = Err(MemoryError::WrongDevice {
+    let wrong = Err(MemoryError::Handle(handles::HandleError::WrongDevice {
         expected: 1,
         found: 0,
-    });
+    }));
     assert_eq!(buffer.set_deallocation_stream(&s0), wrong);
     // A token bound to device 0's context, and an unbound one while device 0 is current.
     let bound0 = StreamHandle::bound_default_stream(handles::DefaultStream::Legacy, &ctx0);
@@ -609,10 +609,10 @@ fn a_stream_of_another_device_is_refused_as_deallocation_stream() {
     let on0 = mr0.allocate(SIZE, &s0).unwrap();
     assert_eq!(
         on0.set_deallocation_stream(&s1),
-        Err(MemoryError::WrongDevice {
+        Err(MemoryError::Handle(handles::HandleError::WrongDevice {
             expected: 0,
             found: 1
-        })
+        }))
     );
     assert!(on0.deallocation_stream().unwrap().ptr_eq(&s0));
     on0.close().unwrap();
@@ -779,10 +779,10 @@ fn a_device_1_graph_releases_its_buffer_in_device_1s_context_while_device_0_is_c
             .unwrap()
             .add_memset(&[], &buffer, 1u8)
             .map(|_| ()),
-        Err(MemoryError::WrongDevice {
+        Err(MemoryError::Handle(handles::HandleError::WrongDevice {
             expected: 1,
             found: 0
-        })
+        }))
     );
     let exec = graph.instantiate().unwrap();
     exec.launch(&s1).unwrap();
@@ -940,10 +940,10 @@ fn ipc_child(path: &std::ffi::OsStr) {
     assert_eq!(mr.pool().device(), Some(1));
     assert_eq!(
         Buffer::from_ipc_descriptor(&mr, &descriptor, &s0).map(|_| ()),
-        Err(MemoryError::WrongDevice {
+        Err(MemoryError::Handle(handles::HandleError::WrongDevice {
             expected: 1,
             found: 0
-        }),
+        })),
         "a stream of device 0 cannot order the import of device 1's memory"
     );
     ctx0.make_current().unwrap();
@@ -1001,7 +1001,7 @@ fn peer_access_to_a_pool_is_granted_and_revoked() {
 }
 
 /// A graph of device 0 launched (or uploaded) on a stream of device 1 is
-/// refused before any driver call ([`MemoryError::WrongDevice`], as copies and `record_use`
+/// refused before any driver call (`HandleError::WrongDevice`, as copies and `record_use`
 /// refuse another device's stream), instead of being handed to the driver without a word.
 #[test]
 fn a_graph_is_not_launched_on_another_devices_stream() {
@@ -1026,10 +1026,10 @@ fn a_graph_is_not_launched_on_another_devices_stream() {
     ] {
         assert_eq!(
             refused,
-            MemoryError::WrongDevice {
+            MemoryError::Handle(handles::HandleError::WrongDevice {
                 expected: 0,
                 found: 1
-            }
+            })
         );
     }
     with_emulator(|emu| {

@@ -128,10 +128,10 @@ fn failed_hand_over_before_close_leaves_the_buffer_open_with_its_old_recipe() {
     // close(stream) is set_deallocation_stream(stream) then close(): the first step fails.
     assert_eq!(
         buffer.set_deallocation_stream(&other_device),
-        Err(MemoryError::WrongDevice {
+        Err(MemoryError::Handle(handles::HandleError::WrongDevice {
             expected: 0,
             found: 1
-        })
+        }))
     );
     assert_eq!(buffer.ptr(), ptr);
     assert!(buffer.deallocation_stream().unwrap().ptr_eq(&s1));
@@ -400,10 +400,10 @@ fn adoption_failure_leaves_the_pointer_with_the_caller() {
         .unwrap_err();
         assert_eq!(
             error,
-            MemoryError::WrongDevice {
+            MemoryError::Handle(handles::HandleError::WrongDevice {
                 expected: 0,
                 found: 1
-            }
+            })
         );
     }
     // Bad sizes and a null pointer: rejected before anything is taken.

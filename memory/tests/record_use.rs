@@ -264,7 +264,9 @@ fn a_stream_of_another_device_is_refused_and_nothing_is_recorded() {
     let buffer = device_mr().allocate(SIZE, &stream_on(0)).unwrap();
     let other = stream_on(1);
     match buffer.record_use(&other) {
-        Err(MemoryError::WrongDevice { expected, found }) => assert_eq!((expected, found), (0, 1)),
+        Err(MemoryError::Handle(handles::HandleError::WrongDevice { expected, found })) => {
+            assert_eq!((expected, found), (0, 1))
+        }
         other => panic!("expected WrongDevice, got {other:?}"),
     }
     assert!(buffer.use_streams().is_empty(), "nothing recorded");

@@ -1,5 +1,5 @@
 //! The one place where Rust errors become Python exceptions: [`Error`] (a `MemoryError` or
-//! `HandleError` on its way out) and `From<Error> for PyErr`, plus `custody.CUDAError` and
+//! `HandleError` on its way out, or a closed Python buffer) and `From<Error> for PyErr`, plus `custody.CUDAError` and
 //! `custody.CUDAWarning`, and [`Failure`], a Python `deallocate`'s failure as it travels through
 //! the handles crate as a deallocator error's source (made by `nested`, re-raised here).
 //!
@@ -9,12 +9,12 @@
 //! | `HandleError::Load` (no driver loaded) | `CUDAError` with the loader's text (what was tried; `CUSTODY_CUDA_DRIVER` and how to build the emulated driver) |
 //! | `HandleError::NoCurrentContext` | `RuntimeError("no CUDA context is current ...")` |
 //! | `HandleError::ContextNotActivated`, `HandleError::ContextNotRestored` | `CUDAError` whose text says what happened (did not run; or succeeded, the caller's context not restored, which is current), `.name`/`.code` the context call's |
-//! | `MemoryError::Closed` | `RuntimeError("Buffer has been closed")` |
+//! | `Error::Closed` (a Python buffer's shared state, closed: `buffer/shared.rs`) | `RuntimeError("Buffer has been closed")` |
 //! | `MemoryError::ResourceClosed` | `RuntimeError("DeviceMemoryResource has been closed")` (or Pinned...) |
 //! | `HandleError::Deallocator` | the exception the Python memory resource's `deallocate` raised (it travels as the error's source); else `RuntimeError` |
 //! | `MemoryError::InvalidSize` | `ValueError` (zero bytes) or `OverflowError` (more than `isize::MAX`) |
-//! | `SizeMismatch`, `InvalidFill`, `WrongDevice`, `OwnershipConflict`, `NoMemoryResource`, `NotManaged`, `HandleError::InvalidArgument`, `HandleError::WrongDevice` | `ValueError` |
-//! | `NotCapturing`, `StreamCapturing`, `Ipc`, `Graph` | `RuntimeError` |
+//! | `SizeMismatch`, `InvalidFill`, `OwnershipConflict`, `NoMemoryResource`, `NotManaged`, `HandleError::InvalidArgument`, `HandleError::WrongDevice` | `ValueError` |
+//! | `NotCapturing`, `StreamCapturing`, `Ipc` (an `IpcError`), `Graph` (a `GraphError`) | `RuntimeError` (where a method says otherwise, `buffer/methods.rs` and `buffer/ipc.rs`: a descriptor that does not parse or fit the pool is a `ValueError`) |
 
 use handles::HandleError;
 use memory::MemoryError;
@@ -60,17 +60,23 @@ pub(crate) const NO_CONTEXT: &str = "no CUDA context is current: make one curren
 
 /// A Rust error on its way to Python.
 #[derive(Debug)]
-pub(crate) struct Error(pub(crate) MemoryError);
+pub(crate) enum Error {
+    /// The memory crate's (or, inside it, the handles crate's).
+    Memory(MemoryError),
+    /// The Python buffer was closed: its shared state (`buffer/shared.rs`) holds no Rust buffer
+    /// any more. Only the bindings have this state: a Rust `Buffer` is consumed by its close.
+    Closed,
+}
 
 impl From<MemoryError> for Error {
     fn from(error: MemoryError) -> Error {
-        Error(error)
+        Error::Memory(error)
     }
 }
 
 impl From<HandleError> for Error {
     fn from(error: HandleError) -> Error {
-        Error(MemoryError::Handle(error))
+        Error::Memory(MemoryError::Handle(error))
     }
 }
 
@@ -118,19 +124,22 @@ fn cuda_error(name: &'static str, code: u32, message: String) -> PyErr {
 }
 
 impl From<Error> for PyErr {
-    fn from(Error(error): Error) -> PyErr {
+    fn from(error: Error) -> PyErr {
+        let error = match error {
+            Error::Memory(error) => error,
+            Error::Closed => return closed("Buffer"),
+        };
         match error {
             MemoryError::Handle(handle) => handle_error(handle),
             MemoryError::InvalidSize { size, .. } if size > isize::MAX as usize => {
                 PyOverflowError::new_err(error.to_string())
             }
-            MemoryError::Closed => closed("Buffer"),
             MemoryError::ResourceClosed { resource } => closed(resource),
             MemoryError::NotCapturing
             | MemoryError::StreamCapturing
-            | MemoryError::Ipc { .. }
-            | MemoryError::Graph { .. } => PyRuntimeError::new_err(error.to_string()),
-            // InvalidSize (zero), SizeMismatch, InvalidFill, WrongDevice, OwnershipConflict,
+            | MemoryError::Ipc(_)
+            | MemoryError::Graph(_) => PyRuntimeError::new_err(error.to_string()),
+            // InvalidSize (zero), SizeMismatch, InvalidFill, OwnershipConflict,
             // NoMemoryResource, NotManaged, and anything added later.
             other => PyValueError::new_err(other.to_string()),
         }

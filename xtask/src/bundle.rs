@@ -29,7 +29,6 @@ pub const BUNDLE_ARCHIVE: &str = "gpu-bundle.tar.xz";
 /// about five times larger: some thirty test binaries that each link the same crates.)
 const MAX_ARCHIVE_BYTES: u64 = 30 * 1024 * 1024;
 
-
 /// The Rust examples the bundle carries (built by the same `cargo test --no-run`, which builds
 /// every example), as `examples/<name>`: the demo, the facade's new-user program, and its cudarc
 /// example (built because the facade's `gpu` feature turns on `cudarc`).
@@ -185,7 +184,6 @@ pub fn run_in_place(run_args: &[String]) -> Result<()> {
         .current_dir(cmd::workspace_root());
     cmd::run(&mut command).context("the GPU run failed (see the table above and --out)")
 }
-
 
 /// The test targets each package declares emulator-only in its Cargo.toml, for integration tests
 /// that need the emulator's query interface (hazards, call log, fault injection):

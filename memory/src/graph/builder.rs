@@ -10,7 +10,7 @@ use handles::CaptureStatus;
 use handles::{DevicePtrHandle, StreamHandle};
 
 use super::{bound_device, Graph};
-use crate::{Buffer, FillValue, GraphMemoryResource, MemoryError, MemoryResource};
+use crate::{Buffer, FillValue, GraphError, GraphMemoryResource, MemoryError, MemoryResource};
 
 /// Which other threads' work a capture refuses while it runs (`CU_STREAM_CAPTURE_MODE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -74,9 +74,9 @@ impl GraphBuilder {
     /// [`MemoryError::Graph`] for a stream that does not carry its context (an unbound
     /// default-stream token; the legacy stream cannot be captured at all).
     pub fn new(stream: &StreamHandle) -> Result<GraphBuilder, MemoryError> {
-        let context = stream.context().ok_or(MemoryError::Graph {
-            reason: "a graph builder needs a stream that carries its context (a created stream)",
-        })?;
+        let context = stream
+            .context()
+            .ok_or(MemoryError::Graph(GraphError::StreamWithoutContext))?;
         Ok(GraphBuilder {
             device: context.device(),
             stream: stream.clone(),
@@ -131,9 +131,7 @@ impl GraphBuilder {
     pub fn begin_building(&self, mode: CaptureMode) -> Result<(), MemoryError> {
         let mut state = self.lock();
         if state.active {
-            return Err(MemoryError::Graph {
-                reason: "the builder is already building",
-            });
+            return Err(MemoryError::Graph(GraphError::AlreadyBuilding));
         }
         handles::begin_capture(&self.stream, mode.raw())?;
         state.active = true;
@@ -181,7 +179,7 @@ impl GraphBuilder {
     ///
     /// # Errors
     /// Found before any driver call: [`MemoryError::Graph`] when not building,
-    /// [`MemoryError::InvalidFill`], [`MemoryError::WrongDevice`]
+    /// [`MemoryError::InvalidFill`], [`HandleError::WrongDevice`](handles::HandleError::WrongDevice)
     /// (device memory of another device than the stream's). Then [`MemoryError::Handle`] for
     /// the driver's failure; if the retention succeeded and the fill failed, the buffer stays
     /// retained until the graph goes.
@@ -201,10 +199,7 @@ impl GraphBuilder {
         }
         if let Some(device) = bound_device(buffer)? {
             if device != self.device {
-                return Err(MemoryError::WrongDevice {
-                    expected: device,
-                    found: self.device,
-                });
+                return Err(MemoryError::wrong_device(device, self.device));
             }
         }
         let state = self.building()?;
@@ -220,7 +215,7 @@ impl GraphBuilder {
     /// # Errors
     /// Found before any driver call: [`MemoryError::Graph`] when not building,
     /// [`MemoryError::SizeMismatch`],
-    /// [`MemoryError::WrongDevice`] (both device memory and the stream on neither's device).
+    /// [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) (both device memory and the stream on neither's device).
     /// Then as [`GraphBuilder::fill`]. Two empty buffers: `Ok` after the size and building
     /// checks, with nothing captured, nothing retained and no driver call.
     ///
@@ -240,10 +235,7 @@ impl GraphBuilder {
         let devices = [bound_device(src)?, bound_device(dst)?];
         if let [Some(first), second] | [second, Some(first)] = devices {
             if first != self.device && second != Some(self.device) {
-                return Err(MemoryError::WrongDevice {
-                    expected: first,
-                    found: self.device,
-                });
+                return Err(MemoryError::wrong_device(first, self.device));
             }
         }
         let state = self.building()?;
@@ -296,9 +288,7 @@ impl GraphBuilder {
     fn building(&self) -> Result<MutexGuard<'_, Building>, MemoryError> {
         let state = self.lock();
         if !state.active {
-            return Err(MemoryError::Graph {
-                reason: "the builder is not building",
-            });
+            return Err(MemoryError::Graph(GraphError::NotBuilding));
         }
         Ok(state)
     }

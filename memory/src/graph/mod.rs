@@ -27,7 +27,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use handles::{ContextHandle, GraphExecHandle, GraphHandle, GraphInstantiateFlags, StreamHandle};
 
 use crate::checks::check_bound_stream_device;
-use crate::{Buffer, FillValue, MemoryError};
+use crate::{Buffer, FillValue, GraphError, MemoryError};
 
 pub use builder::{CaptureMode, GraphBuilder};
 pub use handles::GraphNode;
@@ -66,15 +66,15 @@ fn memset_value(value: FillValue) -> (u32, u32) {
 }
 
 /// A graph's or an executable's handle until its close: the state [`Graph`] and [`GraphExec`]
-/// share. Every use runs under the lock, so that a close waits for it; `closed` is the reason
-/// [`MemoryError::Graph`] gives once the handle is gone.
+/// share. Every use runs under the lock, so that a close waits for it; `closed` is what
+/// [`MemoryError::Graph`] says once the handle is gone.
 struct Open<H> {
     state: Mutex<Option<H>>,
-    closed: &'static str,
+    closed: GraphError,
 }
 
 impl<H: Clone + fmt::Debug> Open<H> {
-    fn new(handle: H, closed: &'static str) -> Open<H> {
+    fn new(handle: H, closed: GraphError) -> Open<H> {
         Open {
             state: Mutex::new(Some(handle)),
             closed,
@@ -91,9 +91,7 @@ impl<H: Clone + fmt::Debug> Open<H> {
     /// [`MemoryError::Graph`] once closed; `f`'s.
     fn with<R>(&self, f: impl FnOnce(&H) -> Result<R, MemoryError>) -> Result<R, MemoryError> {
         let guard = self.lock();
-        let handle = guard.as_ref().ok_or(MemoryError::Graph {
-            reason: self.closed,
-        })?;
+        let handle = guard.as_ref().ok_or(MemoryError::Graph(self.closed))?;
         f(handle)
     }
 
@@ -165,7 +163,7 @@ impl Graph {
     pub(crate) fn from_handle(handle: GraphHandle) -> Graph {
         let context = handle.context().clone();
         Graph {
-            state: Open::new(handle, "the graph is closed"),
+            state: Open::new(handle, GraphError::GraphClosed),
             context,
         }
     }
@@ -204,10 +202,9 @@ impl Graph {
     /// Checks that device memory is on the graph's device.
     fn check_device(&self, buffer: &Buffer) -> Result<(), MemoryError> {
         match bound_device(buffer)? {
-            Some(device) if device != self.device_id() => Err(MemoryError::WrongDevice {
-                expected: device,
-                found: self.device_id(),
-            }),
+            Some(device) if device != self.device_id() => {
+                Err(MemoryError::wrong_device(device, self.device_id()))
+            }
             _ => Ok(()),
         }
     }
@@ -261,7 +258,7 @@ impl Graph {
     /// Found before any driver call: [`MemoryError::InvalidSize`] for an empty buffer (the
     /// driver builds no memset node of zero bytes; nothing is added), [`MemoryError::Graph`]
     /// (graph closed), [`MemoryError::InvalidFill`] (size or address
-    /// not a multiple of the pattern's width), [`MemoryError::WrongDevice`] (device memory of
+    /// not a multiple of the pattern's width), [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) (device memory of
     /// another device than the graph's), [`MemoryError::Handle`] for a dependency of another
     /// graph. Then [`MemoryError::Handle`] for the driver's failure (nothing is retained then).
     ///
@@ -290,7 +287,7 @@ impl Graph {
     /// # Errors
     /// Found before any driver call: [`MemoryError::SizeMismatch`],
     /// [`MemoryError::InvalidSize`] for two empty buffers (no memcpy node of zero bytes; nothing
-    /// is added), [`MemoryError::Graph`] (graph closed), [`MemoryError::WrongDevice`] (device
+    /// is added), [`MemoryError::Graph`] (graph closed), [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) (device
     /// memory of
     /// another device than the graph's), [`MemoryError::Handle`] for a dependency of another
     /// graph. Then [`MemoryError::Handle`] for the driver's failure.
@@ -413,7 +410,7 @@ pub struct GraphExec {
 impl GraphExec {
     pub(crate) fn from_handle(handle: GraphExecHandle) -> GraphExec {
         GraphExec {
-            state: Open::new(handle, "the executable graph is closed"),
+            state: Open::new(handle, GraphError::ExecClosed),
         }
     }
 
@@ -426,7 +423,7 @@ impl GraphExec {
     ///
     /// # Errors
     /// Before any driver call: [`MemoryError::Graph`] when the executable is closed;
-    /// [`MemoryError::WrongDevice`] for a stream of another device than the graph's (as copies
+    /// [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for a stream of another device than the graph's (as copies
     /// and [`Buffer::record_use`] refuse one; the driver's own answer to such a launch is not
     /// relied on); [`MemoryError::Handle`] with `handles::HandleError::GraphLaunchedOnce` for a
     /// captured graph that ran once and does not free its graph allocations itself (another
@@ -450,7 +447,7 @@ impl GraphExec {
     /// Does not block.
     ///
     /// # Errors
-    /// [`MemoryError::Graph`] when the executable is closed; [`MemoryError::WrongDevice`] for a
+    /// [`MemoryError::Graph`] when the executable is closed; [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for a
     /// stream of another device than the graph's (no driver call); [`MemoryError::Handle`] for
     /// the driver's failure.
     ///

@@ -17,7 +17,7 @@ use handles::{
 };
 
 use crate::buffer::{Accessibility, IpcRole};
-use crate::checks::{check_size, device_error};
+use crate::checks::check_size;
 use crate::{AdoptError, Buffer, MemoryError, MemoryResource};
 
 /// The smallest size class, in bytes: every request up to it takes a block of this size.
@@ -602,7 +602,7 @@ impl CachingMemoryResource {
     /// back to the spare events.
     ///
     /// # Errors
-    /// [`MemoryError::WrongDevice`] and the other refusals of `DevicePtrHandle::lend`; the
+    /// [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) and the other refusals of `DevicePtrHandle::lend`; the
     /// block is then freed by its own rule (after its fence), not cached.
     #[inline]
     fn lend(
@@ -627,7 +627,7 @@ impl CachingMemoryResource {
             Err((error, block)) => {
                 self.lock().returned(block.size());
                 self.free(Cached { block, fence }, false)?;
-                Err(device_error(error))
+                Err(MemoryError::Handle(error))
             }
         }
     }
@@ -977,7 +977,7 @@ impl MemoryResource for CachingMemoryResource {
     ///
     /// # Errors
     /// [`MemoryError::InvalidSize`]; [`MemoryError::ResourceClosed`] after
-    /// [`CachingMemoryResource::close`]; [`MemoryError::WrongDevice`] for a stream of another
+    /// [`CachingMemoryResource::close`]; [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for a stream of another
     /// device than the memory's; [`MemoryError::Handle`] with
     /// [`HandleError::NoCurrentContext`] for an unbound default stream on a thread with no
     /// context; the upstream resource's errors (after one retry for
@@ -1008,12 +1008,12 @@ impl MemoryResource for CachingMemoryResource {
             _ => return Arc::clone(&self.upstream).allocate_owned(size, stream),
         };
         if handles::capture_may_be_active()
-            && handles::capture_status(stream).map_err(device_error)? != CaptureStatus::None
+            && handles::capture_status(stream)? != CaptureStatus::None
         {
             self.warn_once(NotCached::Capturing, stream);
             return Arc::clone(&self.upstream).allocate_owned(size, stream);
         }
-        let key = Self::key_of(stream).map_err(device_error)?;
+        let key = Self::key_of(stream)?;
         if let Some(key) = key {
             let cached = self.lock().take(key, class.0);
             if let Some(cached) = cached {

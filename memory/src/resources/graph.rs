@@ -8,7 +8,7 @@ use handles::CaptureStatus;
 use handles::DevicePtrHandle;
 
 use crate::buffer::{Accessibility, IpcRole};
-use crate::checks::{check_bound_stream_device, device_error};
+use crate::checks::check_bound_stream_device;
 use crate::MemoryError;
 
 /// Graph memory of device `device_id`: `cuMemAllocAsync` on a stream that is being captured,
@@ -48,7 +48,7 @@ builtin_resource! {
     /// Allocates `size` bytes as a graph allocation on `stream`, which must be capturing.
     ///
     /// # Errors
-    /// [`MemoryError::InvalidSize`]; [`MemoryError::WrongDevice`] for a stream of another
+    /// [`MemoryError::InvalidSize`]; [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for a stream of another
     /// device; [`MemoryError::NotCapturing`] when `stream` is not capturing (or its capture was
     /// invalidated); [`MemoryError::Handle`] for the driver's failure.
     ///
@@ -59,7 +59,7 @@ builtin_resource! {
         if handles::capture_status(stream)? != CaptureStatus::Active {
             return Err(MemoryError::NotCapturing);
         }
-        let handle = DevicePtrHandle::alloc_graph(size, stream).map_err(device_error)?;
+        let handle = DevicePtrHandle::alloc_graph(size, stream)?;
         Ok((handle, IpcRole::None))
     }
     /// `cuMemFreeAsync(ptr, stream)` (a free node when `stream` is capturing). Does not block.

@@ -11,8 +11,8 @@ use handles::{CaptureStatus, ManagedPoolLocation, PoolLocation, PoolSpec};
 use handles::{DevicePtrHandle, MemoryPoolHandle, StreamHandle};
 
 use crate::buffer::{Accessibility, IpcRole};
-use crate::checks::{check_bound_stream_device, device_error};
-use crate::{MemoryError, MemoryResource};
+use crate::checks::check_bound_stream_device;
+use crate::{IpcError, MemoryError, MemoryResource};
 
 /// What the three pool resources share: the pool, where its memory can be used, and how it
 /// takes part in IPC. Each resource is a `core` and what only it has (a managed pool's
@@ -69,9 +69,7 @@ impl PoolCore {
     ) -> Result<(DevicePtrHandle, IpcRole), MemoryError> {
         self.check_open()?;
         if self.ipc == IpcRole::Imported {
-            return Err(MemoryError::ipc(
-                "a pool imported from another process cannot allocate",
-            ));
+            return Err(IpcError::ImportedPoolAllocates.into());
         }
         let device = self.pool.device();
         if let Some(device) = device {
@@ -83,8 +81,7 @@ impl PoolCore {
         {
             return Err(MemoryError::StreamCapturing);
         }
-        let handle =
-            DevicePtrHandle::alloc_from_pool(size, &self.pool, stream).map_err(device_error)?;
+        let handle = DevicePtrHandle::alloc_from_pool(size, &self.pool, stream)?;
         Ok((handle, self.ipc))
     }
 }
@@ -100,7 +97,7 @@ macro_rules! pool_resource {
             ///
             /// # Errors
             /// [`MemoryError::InvalidSize`]; [`MemoryError::ResourceClosed`];
-            /// [`MemoryError::Ipc`] for an imported pool; [`MemoryError::WrongDevice`] for a
+            /// [`MemoryError::Ipc`] for an imported pool; [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for a
             /// stream of another device than a device pool's; [`MemoryError::StreamCapturing`];
             /// [`MemoryError::Handle`]: no current context for a default-stream token, the
             /// driver's failure (out of memory, past `max_size`).
@@ -200,14 +197,10 @@ pub trait PoolMemoryResource: MemoryResource {
             });
         }
         if !self.is_ipc_enabled() {
-            return Err(MemoryError::ipc(
-                "the memory pool was not made with ipc_enabled",
-            ));
+            return Err(IpcError::PoolNotIpcEnabled.into());
         }
         if self.is_mapped() {
-            return Err(MemoryError::ipc(
-                "the memory pool was imported from another process",
-            ));
+            return Err(IpcError::PoolImported.into());
         }
         Ok(handles::export_pool(self.pool())?)
     }

@@ -15,7 +15,7 @@ use handles::{
 };
 
 use crate::buffer::{adopt_synchronous, Accessibility, IpcRole};
-use crate::checks::{check_bound_stream_device, device_error};
+use crate::checks::check_bound_stream_device;
 use crate::{AdoptError, MemoryError};
 
 /// Pinned host memory from `cuMemAllocHost`, allocated in the stream's context; accessible
@@ -150,13 +150,13 @@ builtin_resource! {
     /// Allocates `size` bytes with `cuMemAlloc` in the resource's context.
     ///
     /// # Errors
-    /// [`MemoryError::InvalidSize`]; [`MemoryError::WrongDevice`] for a created stream of
+    /// [`MemoryError::InvalidSize`]; [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for a created stream of
     /// another device; [`MemoryError::Handle`] for the driver's failure.
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuMemAlloc_v2`.
     allocate(mr, size, stream) {
         let recorded = mr.recipe_stream(stream)?;
-        let handle = DevicePtrHandle::alloc(size, recorded).map_err(device_error)?;
+        let handle = DevicePtrHandle::alloc(size, recorded)?;
         Ok((handle, IpcRole::None))
     }
     /// **Blocks** until `stream` has drained, then `cuMemFree(ptr)`.

@@ -86,10 +86,10 @@ pub(super) fn descriptor_of(
 
 fn descriptor_error(error: MemoryError) -> PyErr {
     match error {
-        MemoryError::InvalidSize { .. } | MemoryError::Ipc { .. } => {
+        MemoryError::InvalidSize { .. } | MemoryError::Ipc(_) => {
             PyValueError::new_err(format!("invalid IPC buffer descriptor: {error}"))
         }
-        other => Error(other).into(),
+        other => Error::Memory(other).into(),
     }
 }
 

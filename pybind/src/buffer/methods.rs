@@ -4,7 +4,7 @@
 //! `__traverse__` / `__clear__` / `__del__`.
 
 use handles::StreamHandle;
-use memory::{Buffer, FillValue, MemoryError};
+use memory::{Buffer, FillValue, IpcError, MemoryError};
 use pyo3::exceptions::{PyBufferError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pyclass::{CompareOp, PyTraverseError, PyVisit};
@@ -290,7 +290,9 @@ impl PyBuffer {
             .detach(|| pool.import_buffer(&descriptor, &stream))
             .map_err(|error| match error {
                 // The descriptor does not fit the pool (its size exceeds what was mapped).
-                MemoryError::Ipc { .. } => PyValueError::new_err(error.to_string()),
+                MemoryError::Ipc(IpcError::ClaimExceedsMapping { .. }) => {
+                    PyValueError::new_err(error.to_string())
+                }
                 other => Error::from(other).into(),
             })?;
         PyBuffer::wrap(
@@ -327,7 +329,7 @@ impl PyBuffer {
         };
         let result = match &stream {
             Some(stream) => release(py, || buffer.close_on(stream)),
-            None => buffer.close(py),
+            None => buffer.close(py).map_err(Error::from),
         };
         if result.is_ok() {
             self.kept.let_go();
@@ -603,7 +605,7 @@ impl PyBuffer {
         let inner = py
             .detach(|| buffer.ipc_descriptor())
             .map_err(|error| match error {
-                MemoryError::Ipc { reason } if !buffer.is_mapped() => PyRuntimeError::new_err(
+                MemoryError::Ipc(reason) if !buffer.is_mapped() => PyRuntimeError::new_err(
                     format!("Memory resource is not IPC-enabled ({reason})"),
                 ),
                 other => Error::from(other).into(),

@@ -26,6 +26,7 @@ use handles::{DeallocationRecipe, DefaultStream, ReleaseKind, StreamHandle};
 use memory::{Buffer, MemoryError};
 use pyo3::Python;
 
+use crate::errors::Error;
 use crate::report::release;
 use crate::sync::Locked;
 
@@ -79,10 +80,10 @@ impl SharedBuffer {
     /// The open buffer, for one operation (which may then release the GIL).
     ///
     /// # Errors
-    /// [`MemoryError::Closed`].
+    /// [`Error::Closed`].
     #[inline]
-    pub(crate) fn get(&self, _attached: Python<'_>) -> Result<Arc<Buffer>, MemoryError> {
-        self.lock().clone().ok_or(MemoryError::Closed)
+    pub(crate) fn get(&self, _attached: Python<'_>) -> Result<Arc<Buffer>, Error> {
+        self.lock().clone().ok_or(Error::Closed)
     }
 
     /// Takes the buffer out for a release that reports instead of returning (a deallocation,
@@ -140,16 +141,16 @@ impl SharedBuffer {
     /// open with its old one.
     ///
     /// # Errors
-    /// [`MemoryError::Closed`]; the recording's error; the free's error.
-    pub(crate) fn close_on(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
+    /// [`Error::Closed`]; the recording's error; the free's error.
+    pub(crate) fn close_on(&self, stream: &StreamHandle) -> Result<(), Error> {
         let mut guard = self.lock();
-        let buffer = guard.as_ref().ok_or(MemoryError::Closed)?;
+        let buffer = guard.as_ref().ok_or(Error::Closed)?;
         let old = buffer.replace_deallocation_stream(stream)?;
         let taken = self.take_out(&mut guard);
         drop(guard);
         // The old recipe may hold the last reference to a wrapped stream's Python object.
         drop(old);
-        close_taken(taken)
+        Ok(close_taken(taken)?)
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -171,8 +172,8 @@ impl SharedBuffer {
     }
 
     /// # Errors
-    /// [`MemoryError::Closed`]; as `Buffer::set_deallocation_stream`.
-    pub(crate) fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
+    /// [`Error::Closed`]; as `Buffer::set_deallocation_stream`.
+    pub(crate) fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), Error> {
         // The old recipe is dropped after the lock: it may hold the last reference to a
         // wrapped stream's Python object.
         drop(self.replace_deallocation_stream(stream)?);
@@ -180,24 +181,26 @@ impl SharedBuffer {
     }
 
     /// # Errors
-    /// [`MemoryError::Closed`]; as `Buffer::record_use`.
-    pub(crate) fn record_use(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
-        self.lock()
+    /// [`Error::Closed`]; as `Buffer::record_use`.
+    pub(crate) fn record_use(&self, stream: &StreamHandle) -> Result<(), Error> {
+        Ok(self
+            .lock()
             .as_ref()
-            .ok_or(MemoryError::Closed)?
-            .record_use(stream)
+            .ok_or(Error::Closed)?
+            .record_use(stream)?)
     }
 
     /// # Errors
-    /// [`MemoryError::Closed`]; as `Buffer::replace_deallocation_stream`.
+    /// [`Error::Closed`]; as `Buffer::replace_deallocation_stream`.
     pub(crate) fn replace_deallocation_stream(
         &self,
         stream: &StreamHandle,
-    ) -> Result<Option<DeallocationRecipe>, MemoryError> {
-        self.lock()
+    ) -> Result<Option<DeallocationRecipe>, Error> {
+        let guard = self.lock();
+        Ok(guard
             .as_ref()
-            .ok_or(MemoryError::Closed)?
-            .replace_deallocation_stream(stream)
+            .ok_or(Error::Closed)?
+            .replace_deallocation_stream(stream)?)
     }
 }
 
