@@ -106,6 +106,9 @@ pub(crate) const OVER_RELEASE: CUresult = C::INVALID_VALUE.0;
 /// capture, `cuStreamSynchronize` of a capturing stream), or capture of the legacy stream
 /// (documented, and measured for those three).
 pub(crate) const CAPTURE_UNSUPPORTED: CUresult = C::STREAM_CAPTURE_UNSUPPORTED.0;
+/// `cuMemPoolGetAttribute` on a thread whose own thread-local capture the driver had invalidated
+/// (measured: docs/driver-facts.md F26).
+pub(crate) const POOL_QUERY_IN_CAPTURE: CUresult = C::STREAM_CAPTURE_UNSUPPORTED.0;
 /// Work on the legacy stream while a blocking stream of its context captures (documented).
 pub(crate) const CAPTURE_IMPLICIT: CUresult = C::STREAM_CAPTURE_IMPLICIT.0;
 /// Work on, or the end of, a capture that an illegal call invalidated (documented; measured for

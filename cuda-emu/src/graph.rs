@@ -25,6 +25,7 @@ use crate::thread::run_callback;
 
 /// `CU_STREAM_CAPTURE_MODE_*`.
 pub(crate) const MODE_GLOBAL: u32 = 0;
+pub(crate) const MODE_THREAD_LOCAL: u32 = 1;
 pub(crate) const MODE_RELAXED: u32 = 2;
 
 thread_local! {

@@ -95,7 +95,10 @@
 //!   `..._UNJOINED`.
 //!   A captured `cuMemFreeAsync` of a graph allocation is a free node; of any other memory it
 //!   fails with `CUDA_ERROR_INVALID_VALUE`, captures nothing and leaves the capture valid
-//!   (measured: `docs/driver-facts.md` F16). An event last recorded in a capture:
+//!   (measured: `docs/driver-facts.md` F16). `cuMemPoolGetAttribute` on the thread of a
+//!   thread-local capture that has been invalidated and not ended fails with
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (measured there only, F26; elsewhere in a capture
+//!   it is answered). An event last recorded in a capture:
 //!   the first `cuEventSynchronize` or `cuEventQuery` on any thread fails with
 //!   `CUDA_ERROR_CAPTURED_EVENT` and invalidates the capture, a query after that with
 //!   `CUDA_ERROR_INVALID_VALUE` (measured, F17); `cuStreamWaitEvent` on it joins the waiting

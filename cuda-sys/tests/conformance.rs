@@ -40,6 +40,9 @@
 //!   thread, of an event recorded in a thread-local capture fails with
 //!   `CUDA_ERROR_CAPTURED_EVENT` and invalidates the capture; a later query is
 //!   `CUDA_ERROR_INVALID_VALUE`; `cuStreamWaitEvent` of the event joins the waiting stream;
+//! - F26 (`facts_capture::f26_*`): `cuMemPoolGetAttribute` on the thread of a thread-local
+//!   capture that F17's query invalidated, before the capture ends, is
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`;
 //! - F19-F21 (`basics_memory::basic_pointer_get_attributes_*`, `ipc_events::ipc_event_handle_*`,
 //!   `ipc::ipc_host_numa_pool_*`): what `cuPointerGetAttributes` writes for an unknown address,
 //!   `cuIpcGetEventHandle` of a plain event, and a host NUMA pool's device access;

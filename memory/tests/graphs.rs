@@ -1002,6 +1002,7 @@ fn what_an_invalidated_capture_retained_or_was_handed_is_freed_when_the_capture_
     let (s, mr) = (stream(), owned_pool());
     let retained = alloc(&mr, SIZE, &s);
     let handed = alloc(&mr, SIZE, &s);
+    let held_allocations = [alloc_of(retained.ptr()), alloc_of(handed.ptr())];
     s.synchronize().unwrap();
     let builder = GraphBuilder::new(&s).unwrap();
     builder.begin_building(CaptureMode::ThreadLocal).unwrap();
@@ -1021,11 +1022,14 @@ fn what_an_invalidated_capture_retained_or_was_handed_is_freed_when_the_capture_
         handles::capture_status(&s).unwrap(),
         handles::CaptureStatus::Invalidated
     );
-    let held = mr
-        .pool()
-        .attribute(PoolAttribute::USED_MEM_CURRENT)
-        .unwrap();
-    assert_eq!(held, 2 * SIZE as u64, "the capture holds both");
+    // The capture holds both. Only the emulator is asked: a pool query on this thread now is
+    // refused by a real driver (docs/driver-facts.md F26), and the refusal is checked by the
+    // conformance suite, not here.
+    if let Some(emu) = Emulator::get() {
+        for id in held_allocations {
+            assert!(emu.allocation_is_live(id), "the capture holds both");
+        }
+    }
     let ended = builder.end_building().unwrap_err();
     assert_eq!(
         ended.code(),

@@ -193,8 +193,9 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     })
 }
 
-/// The body of `cuMemPoolGetAttribute` and `cuMemPoolSetAttribute`: refuses a null `value`,
-/// finds `pool`, and runs `body` on its statistics and settings, locked, and the attribute.
+/// The body of `cuMemPoolGetAttribute` and `cuMemPoolSetAttribute`: refuses a null `value`
+/// and, for the query, a call that a capture forbids (docs/driver-facts.md F26), finds `pool`,
+/// and runs `body` on its statistics and settings, locked, and the attribute.
 fn pool_attribute(
     function: &'static str,
     pool: CUmemoryPool,
@@ -206,6 +207,9 @@ fn pool_attribute(
     entry(function, None, None, |_| {
         need(value)?;
         let st = initialized()?;
+        if function == "cuMemPoolGetAttribute" {
+            st.check_pool_query_in_capture()?;
+        }
         let p = st.pools.get(&pool).ok_or(codes::BAD_HANDLE)?;
         let mut stats = lock(&p.core.stats);
         body(&mut stats, attr)

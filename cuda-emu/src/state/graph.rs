@@ -9,6 +9,7 @@ use crate::codes::{self, Res};
 use crate::graph::{
     dependency_order, run_destructors, thread_mode, Callback, Copy3D, ExecLife, Graph, GraphExec,
     Node, NodeKind, Step, COND_IF, COND_SWITCH, COND_WHILE, MODE_GLOBAL, MODE_RELAXED,
+    MODE_THREAD_LOCAL,
 };
 use crate::log;
 use crate::memory::{AllocKind, Backing};
@@ -593,6 +594,27 @@ impl State {
             self.invalidate_capture(id);
         }
         Err(codes::CAPTURE_UNSUPPORTED)
+    }
+
+    /// `cuMemPoolGetAttribute`'s rule in a capture, as far as it was measured
+    /// (docs/driver-facts.md F26): refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` on a
+    /// thread that began a thread-local capture which an illegal call had invalidated and which
+    /// has not ended, unless the thread's interaction mode is relaxed (documented to forbid
+    /// nothing). Not measured, and so allowed as before: the query during a valid capture, during
+    /// a global or relaxed capture, and from another thread.
+    pub(crate) fn check_pool_query_in_capture(&self) -> Res {
+        let me = thread_id();
+        if thread_mode() == MODE_RELAXED {
+            return Ok(());
+        }
+        let refused = self
+            .captures
+            .values()
+            .any(|c| c.thread == me && c.mode == MODE_THREAD_LOCAL && c.invalidated);
+        if refused {
+            return Err(codes::POOL_QUERY_IN_CAPTURE);
+        }
+        Ok(())
     }
 
     /// Ends the capture that stream `s` began; returns the graph. A capture that was invalidated

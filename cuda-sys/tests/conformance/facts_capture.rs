@@ -12,22 +12,27 @@
 //!   `CUDA_ERROR_INVALID_VALUE`. `cuStreamWaitEvent` of it from another stream joins that stream
 //!   to the capture. Every case here passed on the H200 on 2026-12-01, except the two query
 //!   cases, which had read the documentation wrongly and were corrected after that run.
+//! - F26 (`f26_*`): `cuMemPoolGetAttribute` on the thread of a thread-local capture that F17's
+//!   query invalidated, before the capture ended, is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`
+//!   (measured on the H200 in the GPU run of 2026-12-01 of bundle `7670e5d`; only that
+//!   situation).
 //! - A capture that ends without a graph (invalidated, or a forked stream left unjoined)
 //!   discards the graph it recorded into, and the user objects that graph held are destroyed
 //!   (`basic_an_*_capture_releases_the_user_objects_its_graph_held_not_yet_measured`: read from
 //!   the documentation, not yet measured).
 
-use cuda_sys::types::{CUevent, CUstream, CUstreamCaptureMode};
+use cuda_sys::types::{CUevent, CUmemPool_attribute, CUstream, CUstreamCaptureMode};
 use cuda_sys::CudaErrorCode;
 
 use crate::driver::{
     event_create, event_destroy, event_query, event_record, event_synchronize, graph_destroy,
     graph_exec_destroy, graph_instantiate, graph_launch, graph_retain_user_object, init, mem_alloc,
     mem_alloc_async, mem_alloc_from_pool_async, mem_free, mem_free_async, mem_pool_destroy,
-    memcpy_dtoh, memset_d8_async, stream_begin_capture, stream_create, stream_destroy,
-    stream_end_capture, stream_get_capture_info, stream_is_capturing, stream_synchronize,
-    stream_wait_event, thread_exchange_capture_mode, user_object_create, user_object_release,
-    CAPTURE_STATUS_ACTIVE, CAPTURE_STATUS_INVALIDATED, CAPTURE_STATUS_NONE, STREAM_NON_BLOCKING,
+    mem_pool_get_attribute, memcpy_dtoh, memset_d8_async, stream_begin_capture, stream_create,
+    stream_destroy, stream_end_capture, stream_get_capture_info, stream_is_capturing,
+    stream_synchronize, stream_wait_event, thread_exchange_capture_mode, user_object_create,
+    user_object_release, CAPTURE_STATUS_ACTIVE, CAPTURE_STATUS_INVALIDATED, CAPTURE_STATUS_NONE,
+    STREAM_NON_BLOCKING,
 };
 use crate::support::{new_pool, on_fresh_thread, primary_current, used, Primary, Shared, N};
 
@@ -248,6 +253,38 @@ fn f17_event_query_on_the_capturing_thread_invalidates_the_capture() {
             assert_eq!(stream_is_capturing(s).check(), CAPTURE_STATUS_INVALIDATED);
         });
         assert_eq!(ended, Err(CudaErrorCode::STREAM_CAPTURE_INVALIDATED));
+    });
+}
+
+/// docs/driver-facts.md F26, measured in the GPU run of bundle `7670e5d` (H200, 2026-12-01),
+/// through memory's `graphs::what_an_invalidated_capture_retained_or_was_handed_is_freed_when_the_capture_ends`:
+/// on the thread that began a thread-local capture which F17's event query has invalidated (the
+/// capture not ended yet, the thread's interaction mode the default, global),
+/// `cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT)` of a created pool fails with
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`; once the capture has ended the same query succeeds.
+/// Only this situation was measured: a valid capture, the global and relaxed capture modes and
+/// a query from another thread were not.
+#[test]
+fn f26_pool_attribute_query_in_an_invalidated_thread_local_capture_is_capture_unsupported() {
+    on_fresh_thread("f26", || {
+        init();
+        let pool = new_pool();
+        let pool_shared = Shared(pool);
+        let ended = with_captured_event(|_, s, e| {
+            let pool = pool_shared.get();
+            event_query(e).fails_with(CudaErrorCode::CAPTURED_EVENT);
+            assert_eq!(stream_is_capturing(s).check(), CAPTURE_STATUS_INVALIDATED);
+            mem_pool_get_attribute(pool, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+                .fails_with(CudaErrorCode::STREAM_CAPTURE_UNSUPPORTED);
+            assert_eq!(
+                stream_is_capturing(s).check(),
+                CAPTURE_STATUS_INVALIDATED,
+                "still the invalidated capture"
+            );
+        });
+        assert_eq!(ended, Err(CudaErrorCode::STREAM_CAPTURE_INVALIDATED));
+        assert_eq!(used(pool), 0, "the query after the capture ended");
+        mem_pool_destroy(pool).check();
     });
 }
 
