@@ -230,43 +230,77 @@ fn assert_no_failed_calls(emu: &Emulator, from: u64) {
     assert!(failed.is_empty(), "failed calls: {failed:#?}");
 }
 
-/// A gate a host function waits at, so that a launch stays in flight until the test opens it.
+/// How long a gate holds a launch at most, and how long the test waits for the launch to reach
+/// it: a liveness bound that turns a hang into a failure, not a timing expectation.
+const GATE_BOUND: Duration = Duration::from_secs(60);
+
+/// A gate a host function waits at, so that a launch stays in flight until the test opens it,
+/// or until [`GATE_BOUND`] has passed: then the host function goes on by itself, says on
+/// stderr which step the test was at ([`Gate::at`]), and [`Gate::open`] fails the test. So a
+/// driver call of the test that waits for the held launch (which would wait for ever on a gate
+/// that only the test opens) fails the test, naming the call, instead of hanging it.
 #[derive(Default)]
 struct Gate {
-    state: Mutex<(bool, bool)>, // (entered, open)
+    state: Mutex<GateState>,
     changed: Condvar,
 }
 
+#[derive(Default)]
+struct GateState {
+    entered: bool,
+    open: bool,
+    released_by_its_bound: bool,
+    step: &'static str,
+}
+
 impl Gate {
-    /// Called by the host function: says it is running, then waits for the test.
+    /// Called by the host function: says it is running, then waits for the test (at most
+    /// [`GATE_BOUND`]).
     fn pass(&self) {
         let mut state = self.state.lock().unwrap();
-        state.0 = true;
+        state.entered = true;
         self.changed.notify_all();
-        while !state.1 {
-            state = self.changed.wait(state).unwrap();
+        let (mut state, timeout) = self
+            .changed
+            .wait_timeout_while(state, GATE_BOUND, |state| !state.open)
+            .unwrap();
+        if timeout.timed_out() && !state.open {
+            state.released_by_its_bound = true;
+            eprintln!(
+                "the gate released a launch after {GATE_BOUND:?} by itself, while the test was at: {}",
+                state.step
+            );
         }
     }
 
     /// Waits until the host function is running (the launch is in flight).
     fn wait_entered(&self) {
-        let mut state = self.state.lock().unwrap();
-        while !state.0 {
-            let (next, timeout) = self
-                .changed
-                .wait_timeout(state, Duration::from_secs(60))
-                .unwrap();
-            assert!(
-                !timeout.timed_out() || next.0,
-                "the host function never ran"
-            );
-            state = next;
-        }
+        let state = self.state.lock().unwrap();
+        let (state, _) = self
+            .changed
+            .wait_timeout_while(state, GATE_BOUND, |state| !state.entered)
+            .unwrap();
+        assert!(state.entered, "the host function never ran");
     }
 
+    /// Records what the test does next while the launch is held, for the message of a gate
+    /// that had to release the launch by itself.
+    fn at(&self, step: &'static str) {
+        self.state.lock().unwrap().step = step;
+    }
+
+    /// Opens the gate; fails the test if the host function had to go on by itself first.
+    #[track_caller]
     fn open(&self) {
-        self.state.lock().unwrap().1 = true;
+        let mut state = self.state.lock().unwrap();
+        state.open = true;
         self.changed.notify_all();
+        assert!(
+            !state.released_by_its_bound,
+            "the launch was released by the gate's bound, not by the test: the test's step \
+             `{}` waited for the held launch",
+            state.step
+        );
     }
 }
 
@@ -465,9 +499,12 @@ fn a_destructor_after_an_in_flight_launch_frees_only_once_the_launch_is_done() {
     // The launch is in flight (blocked in the host function): destroying the executable now
     // must not release what the launch uses (G3).
     let from = emu.as_ref().map(mark);
+    gate.at("exec.close() (cuGraphExecDestroy)");
     exec.close();
+    gate.at("drain_deferred_cleanup()");
     handles::drain_deferred_cleanup();
     let mr_pool = mr.pool().clone();
+    gate.at("the pool's USED_MEM_CURRENT (cuMemPoolGetAttribute)");
     let used_now = mr_pool.attribute(PoolAttribute::USED_MEM_CURRENT).unwrap();
     assert_eq!(
         used_now, used_by_both,
@@ -521,6 +558,10 @@ fn a_graph_launched_on_another_stream_and_closed_in_flight_frees_in_order() {
     let base = used(&mr, &s1);
     let buffer = alloc(&mr, SIZE, &s1);
     let alloc = alloc_of(buffer.ptr());
+    // The allocation is ordered on s1 only; the launch on s2 uses it, so s1 is synchronised
+    // first (without it compute-sanitizer reported the memset node's writes as used before
+    // their stream-ordered allocation: the test's own unordered use, not custody's free).
+    s1.synchronize().unwrap();
     let gate = Arc::new(Gate::default());
     let graph = Graph::new(0).unwrap();
     let set = graph.add_memset(&[], &buffer, 0x31u8).unwrap();
@@ -536,6 +577,7 @@ fn a_graph_launched_on_another_stream_and_closed_in_flight_frees_in_order() {
     let from = emu.as_ref().map(mark);
     exec.launch(&s2).unwrap();
     gate.wait_entered();
+    gate.at("exec.close() (cuGraphExecDestroy)");
     exec.close();
     gate.open();
     drain_until(|| used(&mr, &s1) == base);
@@ -1534,8 +1576,11 @@ fn what_an_executable_retains_outlives_it_while_a_launch_is_in_flight() {
     gate.wait_entered();
     // The launch is in flight: destroying the executable must not free what it retained (G3).
     let from = emu.as_ref().map(mark);
+    gate.at("exec.close() (cuGraphExecDestroy)");
     exec.close();
+    gate.at("drain_deferred_cleanup()");
     handles::drain_deferred_cleanup();
+    gate.at("the pool's USED_MEM_CURRENT (cuMemPoolGetAttribute)");
     let used_now = mr
         .pool()
         .attribute(PoolAttribute::USED_MEM_CURRENT)
@@ -1683,4 +1728,9 @@ fn zero_byte_nodes_are_refused_and_zero_byte_captures_record_nothing() {
     ));
     drop((exec, captured));
     real.close().unwrap();
+    // The captured graph retained `real`: its free is issued once the executable's reference
+    // is gone, which a real driver may report later from its own thread (G3). Waiting for it
+    // here keeps the test from ending with the memory allocated (compute-sanitizer's leak
+    // check saw these 4096 bytes when the test ended at the close).
+    drain_until(|| used(&mr, &s) == 0);
 }

@@ -159,8 +159,9 @@ class Collector:
     """Reads one pipe of a child process on its own thread, so that what the child writes can be
     looked at while it still runs (a hung test's stack dumps) and kept after it is killed."""
 
-    def __init__(self, pipe):
+    def __init__(self, pipe, tee=None):
         self._pipe = pipe
+        self._tee = tee
         self._chunks = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -177,6 +178,8 @@ class Collector:
                 break
             with self._lock:
                 self._chunks.append(chunk)
+            if self._tee is not None:
+                self._tee.write(chunk)
         # Closed here, at the end of the child's output: a run of hundreds of tests must not
         # keep two descriptors per test open.
         with contextlib.suppress(OSError):
@@ -191,15 +194,49 @@ class Collector:
         self._thread.join(timeout)
 
 
-def run_process(command, env, timeout, judge, cwd=None):
+class Tee:
+    """A file that a process's output is appended to as it arrives (both pipes, one lock), so
+    that what a long process wrote is on disk even if this runner is stopped from outside."""
+
+    def __init__(self, path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "wb")
+        self._lock = threading.Lock()
+
+    def write(self, data):
+        if isinstance(data, str):
+            data = data.encode(errors="replace")
+        with self._lock:
+            with contextlib.suppress(OSError, ValueError):
+                self._file.write(data)
+                self._file.flush()
+
+    def close(self):
+        with self._lock:
+            with contextlib.suppress(OSError):
+                self._file.close()
+
+
+def run_process(command, env, timeout, judge, cwd=None, live_log=None):
     """Runs `command` (a list) as one process; returns {status, rc, seconds, output}, the status
     from `judge(returncode, stdout, output)` when it exits. A process still running after
     `timeout` seconds is examined (hang_diagnostics, with every process it started) and then
-    killed, with its descendants."""
+    killed, with its descendants. With `live_log` (a path), the output is also written there as
+    it arrives, the diagnostics after it."""
     started = time.monotonic()
-    proc = subprocess.Popen([str(part) for part in command], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
-    stdout, stderr = Collector(proc.stdout), Collector(proc.stderr)
+    tee = Tee(live_log) if live_log else None
+    try:
+        proc = subprocess.Popen([str(part) for part in command], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
+        return _wait_for(proc, Collector(proc.stdout, tee), Collector(proc.stderr, tee), tee,
+                         started, timeout, judge)
+    finally:
+        if tee is not None:
+            tee.close()
+
+
+def _wait_for(proc, stdout, stderr, tee, started, timeout, judge):
+    """run_process's wait for `proc`, whose pipes `stdout` and `stderr` collect."""
     try:
         returncode = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -207,17 +244,21 @@ def run_process(command, env, timeout, judge, cwd=None):
         kill_tree(proc)
         for collector in (stdout, stderr):
             collector.join(5)  # a leftover grandchild may hold the pipe open
+        tail = "\n" + diagnostics + "\n[killed after %d s]" % timeout
+        if tee is not None:
+            tee.write(tail)
         return {"status": TIMEOUT, "rc": None, "seconds": timeout,
-                "output": stdout.text() + stderr.text() + "\n" + diagnostics
-                + "\n[killed after %d s]" % timeout}
+                "output": stdout.text() + stderr.text() + tail}
     for collector in (stdout, stderr):
         collector.join(max(1.0, timeout - (time.monotonic() - started)))
     seconds = round(time.monotonic() - started, 3)
     out_text, err_text = stdout.text(), stderr.text()
     output = out_text + err_text
     if returncode < 0:
-        return {"status": CRASH, "rc": returncode, "seconds": seconds,
-                "output": output + "\n[killed by signal %d]" % -returncode}
+        tail = "\n[killed by signal %d]" % -returncode
+        if tee is not None:
+            tee.write(tail)
+        return {"status": CRASH, "rc": returncode, "seconds": seconds, "output": output + tail}
     return {"status": judge(returncode, out_text, output), "rc": returncode, "seconds": seconds,
             "output": output}
 
@@ -513,21 +554,23 @@ def pytest_env(manifest, env, site):
     return env
 
 
-def run_pytest(manifest, env, out_dir, timeout):
+def run_pytest(manifest, env, out_dir, timeout, on_row=None):
     """Runs the bundled pytest suite with the bundled wheel on PYTHONPATH: first everything but
     the `own_process` tests in one pytest process (bounded by `timeout`, examined like a hung
-    test if it runs past it), then each `own_process` test in a process of its own (`-s`, so
-    that its stacks reach its log if it hangs), bounded by `timeout[1]` (`timeout[0]` bounds the
-    rest). Returns (result,
-    rows): the suite's result and one table row per `own_process` test."""
+    test if it runs past it; `-v`, its output written to logs/pytest.real.log as it comes, so
+    that a run stopped from outside still names every test that ended), then each
+    `own_process` test in a process of its own (`-s`, so that its stacks reach its log if it
+    hangs), bounded by `timeout[1]` (`timeout[0]` bounds the rest), each row given to `on_row`
+    as it ends. Returns (result, rows): the suite's result and one table row per
+    `own_process` test."""
     with unpacked_wheels(manifest) as site:
         env = pytest_env(manifest, env, site)
         log = out_dir / "logs" / "pytest.real.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         junit = out_dir / "logs" / "pytest.real.xml"  # every test's outcome, by name
-        command = pytest_base() + ["-q", "-rs", "--junitxml", junit, "-m",
+        command = pytest_base() + ["-v", "-rs", "--junitxml", junit, "-m",
                                    "not " + OWN_PROCESS_MARK, pytest_tests_dir(manifest)]
-        ran = run_process(command, env, timeout[0], judge_pytest)
+        ran = run_process(command, env, timeout[0], judge_pytest, live_log=log)
         log.write_text(ran["output"])
         last = ([line for line in ran["output"].splitlines() if line.strip()
                  and not line.startswith("[")] or [""])[-1]
@@ -548,6 +591,8 @@ def run_pytest(manifest, env, out_dir, timeout):
             print("  %-8s %-8s pytest :: %s (own process)" % (row["real"]["status"], NOT_RUN, nodeid),
                   flush=True)
             rows.append(row)
+            if on_row is not None:
+                on_row(row)
         if rows:
             result["detail"] += "; %d own-process test(s) in the table" % len(rows)
         return result, rows
@@ -723,7 +768,10 @@ KERNEL_PYTEST = ("test_graphs.py::test_a_cupy_kernel_captured_on_a_custody_strea
                  "test_interop_cupy.py::", "test_interop_torch.py::", "test_interop_numba.py::")
 # Set in every program run under the sanitizer: the caching resource passes every allocation and
 # free through to the driver, so that leak checks see its blocks (memory/src/resources/caching.rs).
-SANITIZER_ENV = {"CUSTODY_CACHING_PASS_THROUGH": "1"}
+# CUSTODY_UNDER_COMPUTE_SANITIZER tells a test that the sanitizer is between it and the driver
+# (conformance's F24 cases: the sanitizer changes what an exiting thread's per-thread work
+# orders, so they observe and report what they can there).
+SANITIZER_ENV = {"CUSTODY_CACHING_PASS_THROUGH": "1", "CUSTODY_UNDER_COMPUTE_SANITIZER": "1"}
 
 
 def sanitizer_module():
@@ -799,7 +847,7 @@ def sanitizer_rows(args, manifest, out_dir, driver_path, san, found, site):
             for tool in tools:
                 jobs.append(("pytest", "pytest", nodeid, tool, pytest_base() + ["-q", "-rs", "-s", nodeid],
                              judge_pytest, tests_dir, py_env))
-        demo = manifest.get("demo") or {}
+        demo = {} if args.pytest_only else (manifest.get("demo") or {})
         programs = [("%s (Rust)" % key, [HERE / demo["rust"][key]], env)
                     for key in ("handoff", "first_program", "cudarc_interop")
                     if demo.get("rust", {}).get(key)]
@@ -900,7 +948,102 @@ def judge_program(returncode, stdout, output):
     return PASS if returncode == 0 else FAIL
 
 
-def main():
+# What a passing test's log is kept for: a line of its output starting with this (a measurement
+# the test reports, such as a driver behaviour that it may observe either way).
+OBSERVED = "observed:"
+
+
+def write_row_logs(out_dir, row):
+    """Writes a row's logs, logs/<binary>/<test>[.copyN].<column>.log, for each column that did
+    not pass, or that passed with a line starting with OBSERVED; records each path in the row."""
+    for column in ("real", "emulator"):
+        result = row[column]
+        output = result.get("output")
+        if not output:
+            continue
+        observed = any(line.lstrip().startswith(OBSERVED) for line in output.splitlines())
+        if result["status"] in (PASS, SKIP, NOT_RUN) and not observed:
+            continue
+        copy = ".copy%d" % row["copy"] if "copy" in row else ""
+        log = out_dir / "logs" / row["binary"] / ("%s%s.%s.log" % (row["test"].replace("::", "."), copy, column))
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(output)
+        result["log"] = str(log.relative_to(out_dir))
+
+
+def write_usual_summary(out_dir, manifest, real, emulator, emulator_path, smi, real_ok, part, rows, state):
+    """summary.json and summary.md of the usual run, from the rows that have ended so far and
+    the steps in `state` (pytest, install, demo, and whether the run has finished); rewritten
+    after every test, so that a run stopped from outside keeps what it had. Returns (totals,
+    disagreements)."""
+    failed_statuses = (FAIL, TIMEOUT, CRASH)
+    rows = sorted(rows, key=lambda row: row.get("_order", -1))
+
+    def count(column, status):
+        return sum(1 for row in rows if row[column]["status"] == status)
+
+    totals = {column: {"passed": count(column, PASS),
+                       "failed": sum(count(column, s) for s in failed_statuses),
+                       "skipped": count(column, SKIP),
+                       "not_run": count(column, NOT_RUN)} for column in ("real", "emulator")}
+    disagreements = [row for row in rows if row["role"] == "conformance" and
+                     row["real"]["status"] == PASS and row["emulator"]["status"] in failed_statuses]
+    pytest, install, demo = state["pytest"], state["install"], state["demo"]
+    progress = "finished" if state["finished"] else "still running, or stopped before it finished"
+    summary = {
+        "when": datetime.datetime.now().isoformat(timespec="seconds"),
+        "part": part,
+        "finished": state["finished"],
+        "host": platform.platform(),
+        "nvidia_smi": smi,
+        "real_driver": real,
+        "emulator": emulator,
+        "bundle_commit": manifest.get("commit"),
+        "totals": totals,
+        "pytest": pytest,
+        "install": install,
+        "demo": demo,
+        "tests": [{k: ({kk: vv for kk, vv in v.items() if kk != "output"} if isinstance(v, dict) else v)
+                   for k, v in row.items() if k != "_order"} for row in rows],
+        "emulator_disagreements": [row["test"] for row in disagreements],
+    }
+    partial = out_dir / "summary.json.partial"
+    partial.write_text(json.dumps(summary, indent=2) + "\n")
+    partial.replace(out_dir / "summary.json")
+
+    lines = ["# custody GPU run", "",
+             "- run: %s; %s (%s)" % (part, progress, summary["when"]),
+             "- GPU: %s" % (smi or "nvidia-smi not found"),
+             "- real driver: %s" % ("%s, %s, %s" % (real["path"], version_text(real["version"]), real["devices"])
+                                     if real_ok else "NOT LOADED (%s)" % real["error"]),
+             "- emulator: %s" % emulator_path.name,
+             "- bundle commit: %s" % manifest.get("commit"),
+             "- pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")),
+             "- install check: %s (%s)" % (install["status"], install.get("detail", "")),
+             "",
+             "| demo | real driver | emulator |",
+             "|---|---|---|"]
+    for row in demo:
+        lines.append("| %s | %s | %s |" % (row["name"], row["real"]["status"], row["emulator"]["status"]))
+    lines += ["",
+              "| binary | test | real driver | emulator |",
+              "|---|---|---|---|"]
+    for row in rows:
+        lines.append("| %s | %s | %s | %s |" % (row["binary"], row["test"] + (" (copy %d)" % row["copy"]
+                                                                              if "copy" in row else ""),
+                                               row["real"]["status"], row["emulator"]["status"]))
+    lines += ["", "real driver: %(passed)d passed, %(failed)d failed, %(skipped)d skipped" % totals["real"],
+              "emulator: %(passed)d passed, %(failed)d failed" % totals["emulator"]]
+    if disagreements:
+        lines += ["", "Emulator disagreements (pass on the real driver, fail on the emulator):"]
+        lines += ["- %s" % row["test"] for row in disagreements]
+    partial = out_dir / "summary.md.partial"
+    partial.write_text("\n".join(lines) + "\n")
+    partial.replace(out_dir / "summary.md")
+    return totals, disagreements
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="results", help="where to write the results (default ./results)")
     parser.add_argument("--driver", help="library to use as the real driver (default: the system libcuda.so.1)")
@@ -920,7 +1063,12 @@ def main():
     parser.add_argument("--sanitizer-path", help="the compute-sanitizer to use (default: found "
                                                  "beside nvcc, see sanitizer.py)")
     parser.add_argument("--python-only", action="store_true",
-                        help="with --sanitizer: the pytest suite and the demo, not the Rust tests")
+                        help="everything but the Rust tests: the pytest suite, the install check "
+                             "and the demo (with --sanitizer: the pytest suite and the demo); with "
+                             "--tests-only in another call, the whole run in two")
+    parser.add_argument("--pytest-only", action="store_true",
+                        help="the pytest suite alone (its own-process tests included): no Rust "
+                             "tests, install check or demo; with --sanitizer too")
     parser.add_argument("--pytest-timeout", type=int, default=1800,
                         help="seconds for the pytest suite's main process (default 1800); each "
                              "own-process test has --timeout")
@@ -938,9 +1086,13 @@ def main():
                         help="a path list of the harness (default: cuda-core-all when DIR has test_stream.py)")
     parser.add_argument("--foreign-paths", nargs="*", default=[], help="files or folders under DIR to run")
     parser.add_argument("--foreign-timeout", type=int, default=900, help="seconds per file and driver")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.foreign_only and not args.foreign_tests:
         parser.error("--foreign-only needs --foreign-tests DIR")
+    if sum((args.tests_only, args.python_only, args.pytest_only)) > 1:
+        parser.error("--tests-only, --python-only and --pytest-only each choose a part: give one")
+    if args.pytest_only:
+        args.python_only = True  # the Rust tests are left out; so are the install check and demo
     if args.bench or args.bench_only:
         sys.path.insert(0, str(HERE))
         import bench_run
@@ -983,7 +1135,7 @@ def main():
         return 1 if bench_run.failed(bench) else 0
     rows = []
     jobs = []
-    for entry in manifest["binaries"]:
+    for entry in ([] if args.python_only else manifest["binaries"]):
         binary = HERE / entry["file"]
         try:
             filters = args.filter or [""]
@@ -995,6 +1147,20 @@ def main():
             continue
         jobs.extend((entry, binary, name, copy) for name in tests
                     for copy in range(1, max(1, args.repeat) + 1))
+
+    part = ("the Rust tests (--tests-only)" if args.tests_only else
+            "the pytest suite (--pytest-only)" if args.pytest_only else
+            "the pytest suite, the install check and the demo (--python-only)" if args.python_only else
+            "everything")
+    # What the summary says of the steps not reached yet: a run stopped from outside (the GPU
+    # host's limit on a call) leaves summary.md and summary.json as they were after the last
+    # step that ended, saying what had not run.
+    pending = {"status": NOT_RUN, "detail": "not reached (the run was stopped before it, or is still running)"}
+    state = {"pytest": dict(pending), "install": dict(pending), "demo": [], "finished": False}
+
+    def write_summary():
+        return write_usual_summary(out_dir, manifest, real, emulator, emulator_path, smi, real_ok, part,
+                                   rows, state)
 
     def run_row(job):
         entry, binary, name, copy = job
@@ -1015,16 +1181,39 @@ def main():
                                          " (copy %d)" % copy if args.repeat > 1 else ""), flush=True)
         return row
 
-    # Every test is its own process (a context per process), so tests may run side by side;
-    # --jobs 1 (the default) keeps them strictly one at a time.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows.extend(pool.map(run_row, jobs))
+    def row_ended(row):
+        """Keeps a row that ended: its logs written and the summary rewritten at once."""
+        write_row_logs(out_dir, row)
+        rows.append(row)
+        write_summary()
 
-    def python_step(run, no_python):
-        """pytest or the install check on the real driver, unless --tests-only, a bundle
-        without the Python package (`no_python` says so) or no real driver."""
+    write_summary()
+    # Every test is its own process (a context per process), so tests may run side by side;
+    # --jobs 1 (the default) keeps them strictly one at a time. Rows are kept as each ends.
+    order = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = []
+        for n, job in enumerate(jobs):
+            future = pool.submit(run_row, job)
+            order[future] = n
+            futures.append(future)
+        for done in concurrent.futures.as_completed(futures):
+            row = done.result()
+            row["_order"] = order[done]
+            row_ended(row)
+    rows.sort(key=lambda row: row.get("_order", -1))
+    for row in rows:
+        row.pop("_order", None)
+
+    def python_step(run, no_python, also_skipped_by=()):
+        """pytest or the install check on the real driver, unless --tests-only (or a flag in
+        `also_skipped_by`), a bundle without the Python package (`no_python` says so) or no real
+        driver."""
         if args.tests_only:
             return {"status": NOT_RUN, "detail": "--tests-only"}
+        for flag, given in also_skipped_by:
+            if given:
+                return {"status": NOT_RUN, "detail": flag}
         if not manifest.get("python"):
             return {"status": SKIP, "detail": no_python}
         if not real_ok:
@@ -1032,95 +1221,37 @@ def main():
         return run(manifest, driver_env(driver_path), out_dir)
 
     def pytest_with_own_rows(manifest, env, out_dir):
-        result, own_rows = run_pytest(manifest, env, out_dir, (args.pytest_timeout, args.timeout))
-        rows.extend(own_rows)
+        result, _ = run_pytest(manifest, env, out_dir, (args.pytest_timeout, args.timeout),
+                               on_row=row_ended)
         return result
 
-    pytest = python_step(pytest_with_own_rows,
-                         "the bundle has no Python package (pybind does not exist yet)")
-    print("\n  pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")))
-    install = python_step(run_install_check, "the bundle has no Python package")
-    print("  install: %s (%s)" % (install["status"], install.get("detail", "")))
+    state["pytest"] = python_step(pytest_with_own_rows,
+                                  "the bundle has no Python package (pybind does not exist yet)")
+    write_summary()
+    print("\n  pytest: %s (%s)" % (state["pytest"]["status"], state["pytest"].get("detail", "")))
+    state["install"] = python_step(run_install_check, "the bundle has no Python package",
+                                   (("--pytest-only", args.pytest_only),))
+    write_summary()
+    print("  install: %s (%s)" % (state["install"]["status"], state["install"].get("detail", "")))
 
-    if args.tests_only:
-        demo = []
+    skip_demo = args.tests_only or args.pytest_only
+    if skip_demo:
+        state["demo"] = []
     else:
-        demo = run_demo(manifest, real_ok, driver_path, emulator_path,
-                        emulator["loaded"] and not emulator["error"], out_dir,
-                        args.timeout)
-    if not args.tests_only:
+        state["demo"] = run_demo(manifest, real_ok, driver_path, emulator_path,
+                                 emulator["loaded"] and not emulator["error"], out_dir,
+                                 args.timeout)
         print("\n  demo (output in %s):" % (out_dir / "demo"))
+    demo = state["demo"]
     for row in demo:
         print("  %-8s %-8s %s" % (row["real"]["status"], row["emulator"]["status"], row["name"]))
         for column in ("real", "emulator"):
             if row[column]["status"] not in (PASS, SKIP, NOT_RUN):
                 print("           %s: %s" % (column, row[column].get("detail", "")))
-
-    for row in rows:
-        for column in ("real", "emulator"):
-            result = row[column]
-            if result["status"] not in (PASS, SKIP, NOT_RUN) and result.get("output"):
-                copy = ".copy%d" % row["copy"] if "copy" in row else ""
-                log = out_dir / "logs" / row["binary"] / ("%s%s.%s.log" % (row["test"].replace("::", "."), copy,
-                                                                             column))
-                log.parent.mkdir(parents=True, exist_ok=True)
-                log.write_text(result["output"])
-                result["log"] = str(log.relative_to(out_dir))
-
-    def count(column, status):
-        return sum(1 for row in rows if row[column]["status"] == status)
-
+    state["finished"] = True
+    totals, disagreements = write_summary()
+    pytest, install = state["pytest"], state["install"]
     failed_statuses = (FAIL, TIMEOUT, CRASH)
-    totals = {column: {"passed": count(column, PASS),
-                       "failed": sum(count(column, s) for s in failed_statuses),
-                       "skipped": count(column, SKIP),
-                       "not_run": count(column, NOT_RUN)} for column in ("real", "emulator")}
-    disagreements = [row for row in rows if row["role"] == "conformance" and
-                     row["real"]["status"] == PASS and row["emulator"]["status"] in failed_statuses]
-
-    summary = {
-        "when": datetime.datetime.now().isoformat(timespec="seconds"),
-        "host": platform.platform(),
-        "nvidia_smi": smi,
-        "real_driver": real,
-        "emulator": emulator,
-        "bundle_commit": manifest.get("commit"),
-        "totals": totals,
-        "pytest": pytest,
-        "install": install,
-        "demo": demo,
-        "tests": [{k: ({kk: vv for kk, vv in v.items() if kk != "output"} if isinstance(v, dict) else v)
-                   for k, v in row.items()} for row in rows],
-        "emulator_disagreements": [row["test"] for row in disagreements],
-    }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-
-    lines = ["# custody GPU run", "",
-             "- GPU: %s" % (smi or "nvidia-smi not found"),
-             "- real driver: %s" % ("%s, %s, %s" % (real["path"], version_text(real["version"]), real["devices"])
-                                     if real_ok else "NOT LOADED (%s)" % real["error"]),
-             "- emulator: %s" % emulator_path.name,
-             "- bundle commit: %s" % manifest.get("commit"),
-             "- pytest: %s (%s)" % (pytest["status"], pytest.get("detail", "")),
-             "- install check: %s (%s)" % (install["status"], install.get("detail", "")),
-             "",
-             "| demo | real driver | emulator |",
-             "|---|---|---|"]
-    for row in demo:
-        lines.append("| %s | %s | %s |" % (row["name"], row["real"]["status"], row["emulator"]["status"]))
-    lines += ["",
-             "| binary | test | real driver | emulator |",
-             "|---|---|---|---|"]
-    for row in rows:
-        lines.append("| %s | %s | %s | %s |" % (row["binary"], row["test"] + (" (copy %d)" % row["copy"]
-                                                                              if "copy" in row else ""),
-                                               row["real"]["status"], row["emulator"]["status"]))
-    lines += ["", "real driver: %(passed)d passed, %(failed)d failed, %(skipped)d skipped" % totals["real"],
-              "emulator: %(passed)d passed, %(failed)d failed" % totals["emulator"]]
-    if disagreements:
-        lines += ["", "Emulator disagreements (pass on the real driver, fail on the emulator):"]
-        lines += ["- %s" % row["test"] for row in disagreements]
-    (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
 
     print()
     print("results in %s (summary.md, summary.json, logs/)" % out_dir)
@@ -1136,8 +1267,8 @@ def main():
 
     demo_failed = sum(1 for row in demo for column in ("real", "emulator")
                       if row[column]["status"] in failed_statuses)
-    if args.tests_only:
-        print("demo: not run (--tests-only)")
+    if skip_demo:
+        print("demo: not run (%s)" % ("--tests-only" if args.tests_only else "--pytest-only"))
     else:
         print("demo: %s (output in %s)" % ("%d run(s) failed" % demo_failed if demo_failed else "passed",
                                             out_dir / "demo"))
@@ -1194,11 +1325,118 @@ if __name__ == "__main__":
 """
 
 
+# A stand-in test binary for the self-test of the usual run: lists three tests; `a::fails`
+# fails, `a::observes` passes with an observation, and `a::sees_what_ended` passes only if
+# the summary and the failing test's log are already in the output folder when it runs (the
+# run writes them as each test ends).
+_FAKE_TEST_BINARY = r"""
+import json, os, sys
+args = sys.argv[1:]
+if args[:1] == ["--list"]:
+    print("a::fails: test\na::observes: test\na::sees_what_ended: test")
+    sys.exit(0)
+name = args[args.index("--exact") + 1]
+out = os.environ["SELF_TEST_OUT"]
+if name == "a::fails":
+    print("the failing test's own output")
+    sys.exit(101)
+if name == "a::observes":
+    print("observed: something either way")
+if name == "a::sees_what_ended":
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    ended = [row["test"] for row in summary["tests"]]
+    log = os.path.join(out, "logs", "fake", "a.fails.real.log")
+    if ended != ["a::fails", "a::observes"] or not os.path.exists(log):
+        print("not yet written: tests %r, log there: %r" % (ended, os.path.exists(log)))
+        sys.exit(1)
+print("test result: ok. 1 passed")
+"""
+
+_FAKE_CONFTEST = """
+def pytest_configure(config):
+    config.addinivalue_line("markers", "own_process: run in a pytest process of its own")
+"""
+
+_FAKE_PYTEST = """
+import pytest
+
+def test_passes():
+    pass
+
+@pytest.mark.own_process
+def test_alone():
+    pass
+"""
+
+
+def _self_test_parts(tmp):
+    """Runs main() on a stand-in bundle (a fake test binary, a two-test pytest suite, a driver
+    probe that says the real driver loaded): --tests-only keeps each test's row and log as it
+    ends; --pytest-only runs the pytest suite alone (its own-process test a row of its own, the
+    suite's log naming each test), no Rust test, install check or demo. Returns the failures."""
+    failures = []
+    bundle = tmp / "bundle"
+    (bundle / "bin").mkdir(parents=True)
+    (bundle / "tests").mkdir()
+    fake = bundle / "bin" / "fake"
+    fake.write_text("#!%s\n%s" % (sys.executable, _FAKE_TEST_BINARY))
+    fake.chmod(0o755)
+    (bundle / "tests" / "conftest.py").write_text(_FAKE_CONFTEST)
+    (bundle / "tests" / "test_fake.py").write_text(_FAKE_PYTEST)
+    (bundle / "manifest.json").write_text(json.dumps({
+        "commit": "self-test", "built_on": "-", "emulator": "no-emulator.so",
+        "binaries": [{"file": "bin/fake", "role": "unit"}],
+        "python": {"tests": "tests", "wheels": []}, "demo": {}}))
+    saved = {name: globals()[name] for name in ("HERE", "probe_driver", "nvidia_smi")}
+
+    def probe(path):
+        if path is None:
+            return {"loaded": True, "path": "stand-in", "version": 13000, "devices": ["stand-in"], "error": None}
+        return {"loaded": False, "path": str(path), "version": None, "devices": [], "error": "not loaded"}
+
+    globals().update(HERE=bundle, probe_driver=probe, nvidia_smi=lambda: None)
+    try:
+        out = tmp / "rust"
+        os.environ["SELF_TEST_OUT"] = str(out)
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+            status = main(["--tests-only", "--out", str(out)])
+        summary = json.loads((out / "summary.json").read_text())
+        statuses = {row["test"]: row["real"]["status"] for row in summary["tests"]}
+        if status != 1 or statuses != {"a::fails": FAIL, "a::observes": PASS, "a::sees_what_ended": PASS} \
+                or not summary["finished"] or summary["pytest"]["status"] != NOT_RUN \
+                or not (out / "logs" / "fake" / "a.observes.real.log").exists() \
+                or (out / "logs" / "fake" / "a.sees_what_ended.real.log").exists():
+            failures.append("--tests-only (status %r): %r; logs %r" % (
+                status, statuses, sorted(str(p.relative_to(out)) for p in out.rglob("*.log"))))
+        try:
+            import pytest  # noqa: F401 (only whether the pytest part can run here)
+        except ImportError:
+            print("run.py self-test: --pytest-only not checked: this python3 has no pytest")
+            return failures
+        out = tmp / "pytest"
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+            status = main(["--pytest-only", "--out", str(out)])
+        summary = json.loads((out / "summary.json").read_text())
+        rows = [(row["binary"], row["test"], row["real"]["status"]) for row in summary["tests"]]
+        log = (out / "logs" / "pytest.real.log").read_text()
+        if status != 0 or rows != [("pytest", "test_fake.py::test_alone", PASS)] \
+                or summary["pytest"]["status"] != PASS or summary["install"]["status"] != NOT_RUN \
+                or summary["demo"] != [] or "test_fake.py::test_passes PASSED" not in log \
+                or "--pytest-only" not in (out / "summary.md").read_text():
+            failures.append("--pytest-only (status %r): rows %r, pytest %r, install %r, log:\n%s" % (
+                status, rows, summary["pytest"], summary["install"], log[-2000:]))
+    finally:
+        globals().update(saved)
+        os.environ.pop("SELF_TEST_OUT", None)
+    return failures
+
+
 def self_test():
-    """Checks the parts of --sanitizer and of the hang diagnostics that need no GPU: the
-    sanitizer log parser on recorded output, a run under a stand-in sanitizer that writes one
-    recorded report, and the Python stacks of a hung Python process and the child it spawned.
-    Returns the failures (none: [])."""
+    """Checks the parts of --sanitizer, of the hang diagnostics and of the usual run's parts
+    that need no GPU: the sanitizer log parser on recorded output, a run under a stand-in
+    sanitizer that writes one recorded report, the Python stacks of a hung Python process and
+    the child it spawned, and --tests-only and --pytest-only on a stand-in bundle (rows and logs
+    written as each test ends). Returns the failures (none: [])."""
     failures = ["sanitizer parser: " + f for f in sanitizer_module().self_test()]
     san = sanitizer_module()
     with tempfile.TemporaryDirectory(prefix="custody-run-self-test-") as tmp:
@@ -1228,6 +1466,7 @@ def self_test():
                   if "every thread's Python stack dumped" in line]
         if hung["status"] != TIMEOUT or len(dumped) < 2 or "child_waits_for_ever" not in hung["output"]:
             failures.append("a hung Python process and its child: %s" % hung["output"][-3000:])
+        failures += ["the usual run's parts: " + f for f in _self_test_parts(tmp)]
     return failures
 
 
