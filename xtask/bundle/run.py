@@ -30,7 +30,10 @@ What it does:
      script (examples/differential.py: custody and cuda.core side by side) against the real
      driver; their output goes to --out/demo/ (differential.txt and differential.json there);
   6. writes summary.json, summary.md (a table: test, real driver, emulator) and the output of
-     every test that did not pass to --out (default ./results);
+     every test that did not pass (or that passed with an `observed:` line) to --out (default
+     ./results), as the run goes: each log when its test ends, the summary after every test and
+     step, the pytest suite's log as it runs, so that a run stopped from outside (a time limit
+     on the GPU host's calls) keeps everything that had ended;
   7. with --foreign-tests DIR (after the tests, or alone with --foreign-only): runs that pytest
      tree (NVIDIA's cuda.core test suite, carried beside the bundle) with --foreign-python
      (default: this interpreter, which must have cuda.core, cuda-bindings and pytest) on the
@@ -48,20 +51,26 @@ beside nvcc (sanitizer.py: PATH, $CUDA_HOME/bin, /usr/local/cuda*/bin, next to n
 --sanitizer-path to choose), memcheck for all of them and racecheck and synccheck for the
 programs that launch kernels; each process's report under --out/sanitizer/, a row per program
 and tool in summary.md (docs/testing.md, "Under compute-sanitizer"). --tests-only runs the Rust
-tests alone, --python-only the pytest suite and the demo alone.
+tests alone, --python-only the pytest suite and the demo alone, --pytest-only the pytest suite.
+
+The parts of the usual run, for a GPU host that bounds each call (docs/testing.md, "Splitting a
+bundle run across calls"): --tests-only (the Rust tests), --python-only (the pytest suite, the
+install check and the demo), --pytest-only (the pytest suite alone), --bench-only.
 
 Exit status: 0 when everything ran and passed (under --sanitizer: with no report); 1 when a test
 failed; 2 when no real driver could be loaded (the emulator column is still filled in, to check
 the runner itself), or, under --sanitizer, when no compute-sanitizer was found.
 
 `python3 run.py --self-test` checks what needs no GPU: the sanitizer report parser on recorded
-output, a run under a stand-in sanitizer, and the Python stacks of a hung Python process and its
-child (cargo xtask test runs it: xtask/tests/bundle_runner.rs).
+output, a run under a stand-in sanitizer, the Python stacks of a hung Python process and its
+child, and --tests-only and --pytest-only on a stand-in bundle, with rows and logs written as each
+test ends (cargo xtask test runs it: xtask/tests/bundle_runner.rs).
 
   python3 gpu-bundle/run.py [--out DIR] [--driver PATH] [--timeout SECONDS] [--jobs N]
-                            [--filter TEXT ...] [--repeat N] [--tests-only]
+                            [--filter TEXT ...] [--repeat N]
+                            [--tests-only | --python-only | --pytest-only]
                             [--pytest-timeout SECONDS]
-                            [--sanitizer [--sanitizer-path PATH] [--python-only]]
+                            [--sanitizer [--sanitizer-path PATH]]
                             [--bench | --bench-only] [--bench-quick]
                             [--foreign-tests DIR [--foreign-only] [--foreign-python PY]
                              [--foreign-preset NAME] [--foreign-paths PATH ...]]

@@ -1,7 +1,9 @@
 //! The GPU runner's parts that need no GPU (`xtask/bundle/run.py --self-test`): its parser of
-//! compute-sanitizer's reports on recorded output, a run under a stand-in sanitizer, and the
-//! hang diagnostics' Python stacks of a hung Python process and the child it spawned
-//! (docs/testing.md, "When a test hangs" and "Under compute-sanitizer").
+//! compute-sanitizer's reports on recorded output, a run under a stand-in sanitizer, the hang
+//! diagnostics' Python stacks of a hung Python process and the child it spawned, and the parts
+//! a bounded call runs (`--tests-only`, `--pytest-only`) on a stand-in bundle, their rows and
+//! logs written as each test ends (docs/testing.md, "When a test hangs", "Splitting a bundle
+//! run across calls" and "Under compute-sanitizer").
 
 use std::path::Path;
 use std::process::Command;
