@@ -955,6 +955,9 @@ fn a_wrapped_streams_blocks_are_cached_and_reused() {
 #[test]
 fn a_reuse_after_a_wrapped_stream_is_destroyed_and_its_handle_reused_is_ordered() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let context = primary(0);
     context.make_current().unwrap();
@@ -1048,6 +1051,9 @@ fn a_reuse_after_a_wrapped_stream_is_destroyed_and_its_handle_reused_is_ordered(
 #[test]
 fn a_block_freed_on_one_stream_serves_another_after_an_event_wait() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let context = primary(0);
     context.make_current().unwrap();
@@ -1118,6 +1124,9 @@ fn a_block_freed_on_one_stream_serves_another_after_an_event_wait() {
 #[test]
 fn a_streams_last_cached_block_of_a_size_stays_for_it() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let (a, b) = (stream_on(0), stream_on(0));
     let mr = cache_over_device_pool();
@@ -1177,6 +1186,9 @@ fn not_cached() -> Vec<handles::CleanupWarning> {
 #[test]
 fn trim_says_what_it_freed_and_what_it_could_not() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let (a, b) = (stream_on(0), stream_on(0));
     let mr = cache_over_device_pool();
@@ -1222,6 +1234,9 @@ fn trim_says_what_it_freed_and_what_it_could_not() {
 #[test]
 fn an_allocation_on_a_capturing_stream_is_said_once_and_goes_to_the_upstream() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let s = stream_on(0);
     let mr = cache_over_device_pool();
     begin_capture(
@@ -1262,6 +1277,9 @@ fn an_allocation_on_a_capturing_stream_is_said_once_and_goes_to_the_upstream() {
 #[test]
 fn a_wrapped_stream_that_cannot_be_fenced_gets_its_blocks_freed_and_a_warning() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let Some(emu) = emulator_or_skip("fault injection") else {
         return;
     };
@@ -1302,6 +1320,9 @@ fn a_wrapped_stream_that_cannot_be_fenced_gets_its_blocks_freed_and_a_warning() 
 #[test]
 fn out_of_memory_takes_another_streams_block_before_flushing() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let (a, b) = (stream_on(0), stream_on(0));
     let pool = DeviceMemoryResource::with_options(
         0,
@@ -1341,6 +1362,9 @@ fn out_of_memory_takes_another_streams_block_before_flushing() {
 #[test]
 fn a_trim_frees_a_gone_wrapped_streams_blocks_after_their_events() {
     let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
     let base = device_used();
     let context = primary(0);
     context.make_current().unwrap();
@@ -1372,4 +1396,26 @@ fn a_trim_frees_a_gone_wrapped_streams_blocks_after_their_events() {
     mr.close().unwrap();
     assert_eq!(device_used(), base);
     assert_no_hazards();
+}
+
+/// Every test of this file checks what a cache keeps, so each one skips when caches pass
+/// everything through (the GPU runner's compute-sanitizer mode): a test added without the skip
+/// fails there, under the sanitizer, with nothing to do with what it tests.
+#[test]
+fn every_test_here_skips_when_caches_pass_through() {
+    let source = include_str!("caching.rs");
+    let mut missing = Vec::new();
+    for test in source.split("#[test]\nfn ").skip(1) {
+        let name = test.split('(').next().unwrap_or_default();
+        let head: String = test.lines().take(8).collect::<Vec<_>>().join("\n");
+        if name != "every_test_here_skips_when_caches_pass_through"
+            && !head.contains("caches_or_skip()")
+        {
+            missing.push(name.to_owned());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "tests without caches_or_skip(): {missing:?}"
+    );
 }
