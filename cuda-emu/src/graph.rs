@@ -257,6 +257,9 @@ pub(crate) struct GraphExec {
     pub(crate) endless: bool,
     pub(crate) auto_free: bool,
     pub(crate) life: Arc<Mutex<ExecLife>>,
+    /// The graph it was made from, when that graph holds memory allocation or free nodes: such a
+    /// graph has one executable at a time (docs/driver-facts.md G5).
+    pub(crate) memory_graph: Option<u64>,
 }
 
 /// One stream capture.

@@ -7,7 +7,7 @@
 //! suffixes included), plus `cuGetProcAddress` and `cuGetProcAddress_v2`, and the extra
 //! `custodyEmu*` symbols that `test_support::emu` (the test-support crate) calls.
 //!
-//! Fact IDs (F1-F18, G1-G4) here and in the crate's modules are those of
+//! Fact IDs (F1-F18, G1-G5) here and in the crate's modules are those of
 //! `docs/driver-facts.md`: what a real driver was measured to do.
 //!
 //! # The model

@@ -123,8 +123,11 @@ impl GraphExecHandle {
     /// `Graph` serialises these calls.
     ///
     /// # Errors
+    /// [`HandleError::GraphLaunchedOnce`] before any driver call, for a graph that ran once and
+    /// allocates memory it does not free (an executable of it could never be launched);
     /// [`HandleError::Driver`] when the user object cannot be made or attached, or the
-    /// instantiation fails (nothing is left attached to `graph` then). If the graph's reference
+    /// instantiation fails (nothing is left attached to `graph` then; a graph holding memory
+    /// nodes has one executable at a time, docs/driver-facts.md G5). If the graph's reference
     /// cannot be given back, that is reported (`Consequence::KeptByGraph`: `graph` keeps an
     /// empty attachment until it goes), not returned.
     ///
@@ -135,6 +138,9 @@ impl GraphExecHandle {
         graph: &GraphHandle,
         flags: GraphInstantiateFlags,
     ) -> Result<GraphExecHandle, HandleError> {
+        if let Some(allocations) = &graph.0.allocations {
+            allocations.allocations().may_launch()?;
+        }
         let context = graph.context();
         let kept = Arc::new(ExecAttachments::default());
         let payload: Box<dyn Any + Send> = Box::new(Arc::clone(&kept));

@@ -281,6 +281,8 @@ impl State {
     /// Instantiates graph `g`; a graph whose edges form a cycle is refused with
     /// `CUDA_ERROR_INVALID_VALUE` (a guess: no driver was asked). Conditional nodes are
     /// resolved here ([`State::launch_order`]): their values cannot change between launches.
+    /// A graph holding memory allocation or free nodes while an executable of it exists is
+    /// refused with `CUDA_ERROR_NOT_SUPPORTED` (docs/driver-facts.md G5).
     pub(crate) fn instantiate(&mut self, g: u64, flags: u64) -> Res<u64> {
         let (nodes, refs, endless) = {
             let graph = self.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
@@ -289,6 +291,13 @@ impl State {
             self.launch_order(g, &mut nodes, &mut endless)?;
             (nodes, refs, endless)
         };
+        let holds_memory_nodes = nodes
+            .iter()
+            .any(|kind| matches!(kind, NodeKind::MemAlloc { .. } | NodeKind::MemFree { .. }));
+        let memory_graph = holds_memory_nodes.then_some(g);
+        if memory_graph.is_some() && self.execs.values().any(|e| e.memory_graph == memory_graph) {
+            return Err(codes::NOT_SUPPORTED);
+        }
         for &(uo, n) in &refs {
             self.retain_user_object(uo, n)?;
         }
@@ -305,6 +314,7 @@ impl State {
                     refs,
                     done: Default::default(),
                 })),
+                memory_graph,
             },
         );
         Ok(handle)

@@ -1,5 +1,6 @@
-//! docs/driver-facts.md G1-G4: when a graph user object's destructor runs, on which thread, and
-//! what driver calls return when made from a destructor or a host function.
+//! docs/driver-facts.md G1-G5: when a graph user object's destructor runs, on which thread, and
+//! what driver calls return when made from a destructor or a host function; how many executables
+//! a graph holding memory nodes may have.
 //!
 //! Every case asserts the order of marks (see `support::Probe`), never how long anything took.
 //! Where the facts table measured "a launch queued behind a 300 ms host function", the cases
@@ -14,7 +15,8 @@ use cuda_sys::CudaErrorCode;
 use crate::driver::{
     ctx_get_current, graph_add_empty_node, graph_create, graph_destroy, graph_exec_destroy,
     graph_instantiate, graph_launch, graph_release_user_object, graph_retain_user_object_move,
-    init, launch_host_func, mem_alloc, mem_free, stream_create, stream_destroy, stream_synchronize,
+    init, launch_host_func, mem_alloc, mem_alloc_async, mem_free, memset_d8_async,
+    stream_begin_capture, stream_create, stream_destroy, stream_end_capture, stream_synchronize,
     user_object_create, STREAM_NON_BLOCKING,
 };
 use crate::support::{block_stream, on_fresh_thread, position, primary_current, Probe, Shared};
@@ -324,5 +326,32 @@ fn g4_ctx_get_current_inside_synchronous_destructor_is_not_permitted() {
         let _primary = primary_current();
         let code = status_inside_synchronous_destructor(|| ctx_get_current().code);
         assert_eq!(code, CudaErrorCode::NOT_PERMITTED);
+    });
+}
+
+/// G5: a graph holding a memory allocation node has one executable at a time. Nothing is
+/// launched, so nothing is allocated: the graph is instantiated, instantiated again while the
+/// first executable exists (refused), and again once it is destroyed (accepted).
+#[test]
+fn g5_a_graph_with_a_memory_node_has_one_executable_at_a_time() {
+    on_fresh_thread("g5", || {
+        init();
+        let _primary = primary_current();
+        let s = stream_create(STREAM_NON_BLOCKING).check();
+        stream_begin_capture(
+            s,
+            cuda_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
+        .check();
+        let q = mem_alloc_async(1024, s).check();
+        memset_d8_async(q, 0x44, 1024, s).check();
+        let graph = stream_end_capture(s).check();
+        let first = graph_instantiate(graph).check();
+        graph_instantiate(graph).fails_with(CudaErrorCode::NOT_SUPPORTED);
+        graph_exec_destroy(first).check();
+        let again = graph_instantiate(graph).check();
+        graph_exec_destroy(again).check();
+        graph_destroy(graph).check();
+        stream_destroy(s).check();
     });
 }
