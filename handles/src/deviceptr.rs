@@ -16,9 +16,8 @@ use crate::flags::MemAttachFlags;
 use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
 use crate::release::{
-    allocations_of_capture, checked, Family, GiveBack, GraphAllocation, HostDeallocator, Ipc, Kept,
-    Lent, PoolRef, PtrBox, Release, ReleaseKind, Returned, StreamOrdered, Synchronous,
-    UserDeallocator,
+    allocations_of_capture, checked, Family, GiveBack, GraphAllocation, Ipc, Kept, Lent, PoolRef,
+    PtrBox, Release, ReleaseKind, Returned, StreamOrdered, Synchronous, UserDeallocator,
 };
 use crate::scope::run_in_from;
 use crate::stream::StreamHandle;
@@ -220,7 +219,7 @@ impl DevicePtrHandle {
             // SAFETY: `ptr` is a valid out-pointer; the recipe's context is current.
             unsafe { (d.cuMemAlloc_v2)(ptr, size) }
         };
-        let release = Self::synchronous(ReleaseKind::Synchronous);
+        let release = Release::Synchronous(Synchronous::DEVICE);
         let call = "cuMemAlloc_v2";
         Self::allocate(size, stream, Placement::Context, release, call, alloc)
     }
@@ -241,7 +240,7 @@ impl DevicePtrHandle {
             *ptr = host as u64;
             status
         };
-        let release = Self::synchronous(ReleaseKind::PinnedHost);
+        let release = Release::Synchronous(Synchronous::PINNED_HOST);
         let call = "cuMemAllocHost_v2";
         Self::allocate(size, stream, Placement::Host, release, call, alloc)
     }
@@ -267,7 +266,7 @@ impl DevicePtrHandle {
             // SAFETY: `ptr` is a valid out-pointer; the recipe's context is current.
             unsafe { (d.cuMemAllocManaged)(ptr, size, flags.bits()) }
         };
-        let release = Self::synchronous(ReleaseKind::Managed);
+        let release = Release::Synchronous(Synchronous::MANAGED);
         // Managed memory is not bound to the allocating context's device.
         let call = "cuMemAllocManaged";
         Self::allocate(size, stream, Placement::Host, release, call, alloc)
@@ -318,7 +317,7 @@ impl DevicePtrHandle {
         stream: &StreamHandle,
         deallocator: Arc<dyn Deallocator>,
     ) -> Result<DevicePtrHandle, AdoptError> {
-        let release = Release::Deallocator(UserDeallocator(deallocator));
+        let release = Release::Deallocator(UserDeallocator::with_recipe(deallocator));
         Self::adopt_as(
             allocation,
             "a null pointer cannot be owned by a deallocator",
@@ -403,7 +402,7 @@ impl DevicePtrHandle {
             "a null pointer cannot be owned by a deallocator",
         )?;
         let (ptr, size) = allocation.into_raw();
-        let release = Release::HostDeallocator(HostDeallocator(deallocator));
+        let release = Release::Deallocator(UserDeallocator::host_only(deallocator));
         Ok(Self::from_parts(ptr, size, None, None, release))
     }
 
@@ -490,11 +489,6 @@ impl DevicePtrHandle {
     /// call. For [`crate::raw::borrowed`].
     pub(crate) fn borrowed(ptr: CUdeviceptr, size: usize) -> DevicePtrHandle {
         Self::from_parts(ptr, size, None, None, Release::Kept(Kept { owner: None }))
-    }
-
-    fn synchronous(kind: ReleaseKind) -> Release {
-        // Every caller names a synchronous kind.
-        Release::Synchronous(Synchronous::of(kind).unwrap_or_else(|| unreachable!()))
     }
 
     #[inline]

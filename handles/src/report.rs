@@ -263,13 +263,59 @@ impl fmt::Display for CleanupWarning {
     }
 }
 
-type ErrorHook = Arc<dyn Fn(&CleanupError) + Send + Sync>;
-type WarningHook = Arc<dyn Fn(&CleanupWarning) + Send + Sync>;
+/// Where reports of one kind go: a process-wide hook (none: one line on stderr) and a count.
+struct Channel<T: 'static> {
+    hook: RwLock<Option<Arc<dyn Fn(&T) + Send + Sync>>>,
+    count: AtomicU64,
+    /// The stderr line's prefix when no hook is set (`custody: cleanup error`).
+    line: &'static str,
+    /// The hook, as a line on stderr names it when it panics (`cleanup-error`).
+    name: &'static str,
+}
 
-static ERROR_HOOK: RwLock<Option<ErrorHook>> = RwLock::new(None);
-static WARNING_HOOK: RwLock<Option<WarningHook>> = RwLock::new(None);
-static ERROR_COUNT: AtomicU64 = AtomicU64::new(0);
-static WARNING_COUNT: AtomicU64 = AtomicU64::new(0);
+impl<T: fmt::Display> Channel<T> {
+    const fn new(line: &'static str, name: &'static str) -> Channel<T> {
+        Channel {
+            hook: RwLock::new(None),
+            count: AtomicU64::new(0),
+            line,
+            name,
+        }
+    }
+
+    /// Replaces the hook (`None`: the default); the old one is dropped after the lock.
+    fn set(&self, hook: Option<Arc<dyn Fn(&T) + Send + Sync>>) {
+        let old = std::mem::replace(
+            &mut *self.hook.write().unwrap_or_else(|e| e.into_inner()),
+            hook,
+        );
+        drop(old);
+    }
+
+    fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Counts `report` and hands it to the hook (a clone of it, called with no lock held), or
+    /// writes it to stderr; a panicking hook is caught and said so on stderr.
+    fn deliver(&self, report: T) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let hook = self.hook.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let outcome = catch_unwind(AssertUnwindSafe(|| match hook {
+            Some(hook) => hook(&report),
+            None => stderr_line(format_args!("{}: {report}", self.line)),
+        }));
+        if outcome.is_err() {
+            stderr_line(format_args!(
+                "custody: the {} hook panicked while reporting: {report}",
+                self.name
+            ));
+        }
+    }
+}
+
+static ERRORS: Channel<CleanupError> = Channel::new("custody: cleanup error", "cleanup-error");
+static WARNINGS: Channel<CleanupWarning> = Channel::new("custody: warning", "cleanup-warning");
 
 /// Replaces the process-wide cleanup-error hook.
 ///
@@ -277,47 +323,32 @@ static WARNING_COUNT: AtomicU64 = AtomicU64::new(0);
 /// after the caller's context was restored and with no lock of this crate held; it may call
 /// back into custody. A panic inside the hook is caught and written to stderr.
 pub fn set_cleanup_error_hook(hook: Box<dyn Fn(&CleanupError) + Send + Sync>) {
-    let hook: ErrorHook = Arc::from(hook);
-    let old = ERROR_HOOK
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .replace(hook);
-    drop(old);
+    ERRORS.set(Some(Arc::from(hook)));
 }
 
 /// Restores the default cleanup-error hook (one line on stderr).
 pub fn reset_cleanup_error_hook() {
-    let old = ERROR_HOOK.write().unwrap_or_else(|e| e.into_inner()).take();
-    drop(old);
+    ERRORS.set(None);
 }
 
 /// How many cleanup errors this process has reported (`CUDA_ERROR_DEINITIALIZED` excluded).
 pub fn cleanup_error_count() -> u64 {
-    ERROR_COUNT.load(Ordering::Relaxed)
+    ERRORS.count()
 }
 
 /// Replaces the process-wide cleanup-warning hook; same rules as [`set_cleanup_error_hook`].
 pub fn set_cleanup_warning_hook(hook: Box<dyn Fn(&CleanupWarning) + Send + Sync>) {
-    let hook: WarningHook = Arc::from(hook);
-    let old = WARNING_HOOK
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .replace(hook);
-    drop(old);
+    WARNINGS.set(Some(Arc::from(hook)));
 }
 
 /// Restores the default cleanup-warning hook (one line on stderr).
 pub fn reset_cleanup_warning_hook() {
-    let old = WARNING_HOOK
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
-    drop(old);
+    WARNINGS.set(None);
 }
 
 /// How many cleanup warnings this process has reported.
 pub fn cleanup_warning_count() -> u64 {
-    WARNING_COUNT.load(Ordering::Relaxed)
+    WARNINGS.count()
 }
 
 /// Reports a cleanup failure of `subject` at `step`, with its `consequence`: counts it and calls
@@ -426,22 +457,8 @@ impl Drop for HoldReports {
 #[inline(never)]
 fn deliver(report: Held) {
     match report {
-        Held::Error(error) => deliver_error(error),
-        Held::Warning(warning) => deliver_warning(warning),
-    }
-}
-
-fn deliver_error(error: CleanupError) {
-    ERROR_COUNT.fetch_add(1, Ordering::Relaxed);
-    let hook = ERROR_HOOK.read().unwrap_or_else(|e| e.into_inner()).clone();
-    let outcome = catch_unwind(AssertUnwindSafe(|| match hook {
-        Some(hook) => hook(&error),
-        None => stderr_line(format_args!("custody: cleanup error: {error}")),
-    }));
-    if outcome.is_err() {
-        stderr_line(format_args!(
-            "custody: the cleanup-error hook panicked while reporting: {error}"
-        ));
+        Held::Error(error) => ERRORS.deliver(error),
+        Held::Warning(warning) => WARNINGS.deliver(warning),
     }
 }
 
@@ -470,23 +487,6 @@ pub(crate) fn report_leak(subject: Subject, error: HandleError) {
 pub(crate) fn warn(warning: CleanupWarning) {
     if let Some(warning) = hold(Held::Warning(warning)) {
         deliver(warning);
-    }
-}
-
-fn deliver_warning(warning: CleanupWarning) {
-    WARNING_COUNT.fetch_add(1, Ordering::Relaxed);
-    let hook = WARNING_HOOK
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let outcome = catch_unwind(AssertUnwindSafe(|| match hook {
-        Some(hook) => hook(&warning),
-        None => stderr_line(format_args!("custody: warning: {warning}")),
-    }));
-    if outcome.is_err() {
-        stderr_line(format_args!(
-            "custody: the cleanup-warning hook panicked while reporting: {warning}"
-        ));
     }
 }
 

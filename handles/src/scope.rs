@@ -160,6 +160,16 @@ pub(crate) fn run_in<R>(d: &'static Driver, target: usize, f: impl FnOnce() -> R
 }
 
 impl<R> Ran<R> {
+    /// The outcome of work that needed no context switch: done, nothing to restore.
+    #[inline]
+    pub(crate) fn unswitched(value: R) -> Ran<R> {
+        Ran::Done {
+            value,
+            restore: 0,
+            previous: 0,
+        }
+    }
+
     /// The same outcome with the work's value mapped.
     #[inline]
     pub(crate) fn map<T>(self, f: impl FnOnce(R) -> T) -> Ran<T> {

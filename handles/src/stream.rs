@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cuda_sys::types::{CUcontext, CUstream};
 
-use cuda_sys::Driver;
+use cuda_sys::{Driver, LoadError};
 
 use crate::context::{context_for_current, ContextHandle};
 use crate::context::{in_context, in_context_or_undo};
@@ -649,15 +649,8 @@ impl StreamHandle {
     ///
     /// Driver calls: `cuStreamGetFlags` (inside the stream's context).
     pub fn flags(&self) -> Result<StreamFlags, HandleError> {
-        let token = self.is_unbound_token();
-        self.in_own_context("cuStreamGetFlags", |d| {
-            let get = d.cuStreamGetFlags().map_err(HandleError::Load)?;
-            let mut flags: std::ffi::c_uint = 0;
-            // SAFETY: the handle keeps the stream alive; `flags` is a valid out-pointer.
-            let status = unsafe { get(self.raw(), &mut flags) };
-            check_token("cuStreamGetFlags", status, token)?;
-            Ok(StreamFlags::from_bits_retain(flags))
-        })
+        let flags = self.property("cuStreamGetFlags", Driver::cuStreamGetFlags)?;
+        Ok(StreamFlags::from_bits_retain(flags))
     }
 
     /// The stream's priority (lower numbers are higher priorities; the driver clamps what it
@@ -668,14 +661,25 @@ impl StreamHandle {
     ///
     /// Driver calls: `cuStreamGetPriority` (inside the stream's context).
     pub fn priority(&self) -> Result<i32, HandleError> {
+        self.property("cuStreamGetPriority", Driver::cuStreamGetPriority)
+    }
+
+    /// A property the driver reads into one out-value (`cuStreamGetFlags`, `cuStreamGetPriority`:
+    /// `entry` is the optional entry point's accessor), inside the stream's context.
+    fn property<T: Default>(
+        &self,
+        call: &'static str,
+        entry: fn(&Driver) -> Result<unsafe extern "C" fn(CUstream, *mut T) -> u32, LoadError>,
+    ) -> Result<T, HandleError> {
         let token = self.is_unbound_token();
-        self.in_own_context("cuStreamGetPriority", |d| {
-            let get = d.cuStreamGetPriority().map_err(HandleError::Load)?;
-            let mut priority: std::ffi::c_int = 0;
-            // SAFETY: the handle keeps the stream alive; `priority` is a valid out-pointer.
-            let status = unsafe { get(self.raw(), &mut priority) };
-            check_token("cuStreamGetPriority", status, token)?;
-            Ok(priority)
+        self.in_own_context(call, |d| {
+            let get = entry(d).map_err(HandleError::Load)?;
+            let mut value = T::default();
+            // SAFETY: the handle keeps the stream alive; `value` is a valid out-pointer of the
+            // type `entry`'s function writes.
+            let status = unsafe { get(self.raw(), &mut value) };
+            check_token(call, status, token)?;
+            Ok(value)
         })
     }
 }

@@ -1,7 +1,7 @@
-//! The deallocator families: memory adopted with a user [`Deallocator`]
-//! ([`UserDeallocator`]: called in the recipe's context, on the stream the free is issued on),
-//! and host memory adopted with one by a host-only resource ([`HostDeallocator`]: no recipe, no
-//! context, the legacy token unbound). docs/decisions.md D2, D5.
+//! The deallocator family ([`UserDeallocator`]): memory adopted with a user [`Deallocator`],
+//! called in the recipe's context on the stream the free is issued on, or host memory adopted
+//! with one by a host-only resource (no recipe, no context, the legacy token unbound).
+//! docs/decisions.md D2, D5.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -12,29 +12,86 @@ use crate::report::{report, CleanupStep, Subject};
 use crate::scope::{run_in, Ran};
 use crate::stream::StreamHandle;
 
-/// Memory adopted with a deallocator and a recipe.
-pub(crate) struct UserDeallocator(pub(crate) Arc<dyn Deallocator>);
+/// Memory adopted with a deallocator: with a recipe ([`ReleaseKind::Deallocator`]), or host
+/// memory of a host-only resource without one ([`ReleaseKind::HostDeallocator`]).
+pub(crate) struct UserDeallocator {
+    deallocator: Arc<dyn Deallocator>,
+    host_only: bool,
+}
+
+impl UserDeallocator {
+    /// Memory freed by `deallocator` with its recipe.
+    pub(crate) fn with_recipe(deallocator: Arc<dyn Deallocator>) -> UserDeallocator {
+        UserDeallocator {
+            deallocator,
+            host_only: false,
+        }
+    }
+
+    /// Host memory freed by `deallocator` without a recipe.
+    pub(crate) fn host_only(deallocator: Arc<dyn Deallocator>) -> UserDeallocator {
+        UserDeallocator {
+            deallocator,
+            host_only: true,
+        }
+    }
+}
 
 impl Family for UserDeallocator {
     fn kind(&self) -> ReleaseKind {
-        ReleaseKind::Deallocator
+        match self.host_only {
+            false => ReleaseKind::Deallocator,
+            true => ReleaseKind::HostDeallocator,
+        }
+    }
+
+    fn needs_recipe(&self) -> bool {
+        !self.host_only
     }
 
     fn resource(&self) -> Cow<'static, str> {
-        Cow::Owned(self.0.name().to_owned())
+        Cow::Owned(self.deallocator.name().to_owned())
     }
 
     fn operation(&self) -> &'static str {
         "deallocate"
     }
 
-    /// A deallocator is user code that may enqueue anything on the stream it is given.
+    /// A deallocator is user code that may enqueue anything on the stream it is given (host
+    /// memory without a recipe has no stream to look at).
     fn looks_first(&self, _stream: &StreamHandle, _explicit: bool) -> bool {
-        true
+        !self.host_only
     }
 
     fn issue(&mut self, free: &Free<'_>) -> Issued {
-        Issued::Done(deallocate(self, self.0.as_ref(), free, |call| call()))
+        Issued::Done(deallocate(self, self.deallocator.as_ref(), free, |call| {
+            call()
+        }))
+    }
+
+    /// Frees host memory through its deallocator, with no recipe: the legacy default-stream
+    /// token, no context change. `explicit`: return the error; otherwise report it. (Memory
+    /// with a recipe is freed by [`Family::issue`] only.)
+    fn free_unrecorded(&mut self, ptr: u64, size: usize, explicit: bool) -> Outcome {
+        if !self.host_only {
+            return Ok(());
+        }
+        let stream = StreamHandle::legacy();
+        let (result, freed) = call_deallocator(self.deallocator.as_ref(), ptr, size, &stream);
+        match result {
+            Err(error) if !explicit => {
+                let subject = Subject::new(
+                    self.resource(),
+                    "deallocate",
+                    ptr,
+                    stream.raw_usize() as u64,
+                    0,
+                );
+                report(subject, CleanupStep::Operation, freed.consequence(), error);
+                Ok(())
+            }
+            result => result,
+        }
     }
 }
 
@@ -66,55 +123,5 @@ pub(crate) fn deallocate(
     } else {
         ran.report_as(subject, freed.consequence());
         Ok(())
-    }
-}
-
-/// Host memory adopted with a deallocator and no recipe.
-pub(crate) struct HostDeallocator(pub(crate) Arc<dyn Deallocator>);
-
-impl Family for HostDeallocator {
-    fn kind(&self) -> ReleaseKind {
-        ReleaseKind::HostDeallocator
-    }
-
-    fn needs_recipe(&self) -> bool {
-        false
-    }
-
-    fn resource(&self) -> Cow<'static, str> {
-        Cow::Owned(self.0.name().to_owned())
-    }
-
-    fn operation(&self) -> &'static str {
-        "deallocate"
-    }
-
-    fn looks_first(&self, _stream: &StreamHandle, _explicit: bool) -> bool {
-        false
-    }
-
-    fn issue(&mut self, _free: &Free<'_>) -> Issued {
-        Issued::Done(Ok(())) // no recipe: freed by `free_unrecorded`
-    }
-
-    /// Frees host memory through its deallocator, with no recipe: the legacy default-stream
-    /// token, no context change. `explicit`: return the error; otherwise report it.
-    fn free_unrecorded(&mut self, ptr: u64, size: usize, explicit: bool) -> Outcome {
-        let stream = StreamHandle::legacy();
-        let (result, freed) = call_deallocator(self.0.as_ref(), ptr, size, &stream);
-        match result {
-            Err(error) if !explicit => {
-                let subject = Subject::new(
-                    self.resource(),
-                    "deallocate",
-                    ptr,
-                    stream.raw_usize() as u64,
-                    0,
-                );
-                report(subject, CleanupStep::Operation, freed.consequence(), error);
-                Ok(())
-            }
-            result => result,
-        }
     }
 }

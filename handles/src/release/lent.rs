@@ -141,11 +141,7 @@ impl Family for Lent {
         let Err(error) = result else {
             return Issued::Done(Ok(()));
         };
-        let ran = Ran::Done {
-            value: Err(error),
-            restore: 0,
-            previous: 0,
-        };
+        let ran = Ran::unswitched(Err(error));
         let subject = || super::subject(self, "give_back", free.ptr, recipe);
         Issued::Done(if free.explicit {
             ran.into_result_for("give_back", recipe.context_raw(), subject, drop)

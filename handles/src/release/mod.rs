@@ -29,7 +29,7 @@ use crate::stream::{capture_may_be_active, CaptureState, StreamHandle};
 use crate::sys::{check, driver};
 use crate::HandleError;
 
-pub(crate) use deallocator::{HostDeallocator, UserDeallocator};
+pub(crate) use deallocator::UserDeallocator;
 pub use graph::WaitingFrees;
 pub(crate) use graph::{allocations_of_capture, CaptureAllocations, GraphAllocation, LaunchSide};
 pub(crate) use ipc::Ipc;
@@ -97,6 +97,20 @@ pub(crate) struct Free<'a> {
     /// The capture `stream` is being captured by, when the family frees inside it
     /// ([`Family::frees_inside`]: a graph allocation's own capture): the free is a free node.
     pub(crate) inside: Option<u64>,
+}
+
+impl Free<'_> {
+    /// Runs `f`, the free's driver calls, where they are legal: as it is on a created or wrapped
+    /// stream, which identifies its context (no context call, D2), in the recipe's context on a
+    /// default-stream token.
+    #[inline]
+    pub(crate) fn run<R>(&self, f: impl FnOnce() -> R) -> Ran<R> {
+        if self.stream.identifies_its_context() {
+            Ran::unswitched(f())
+        } else {
+            crate::scope::run_in(self.d, self.recipe.context_raw(), f)
+        }
+    }
 }
 
 /// What a family's issue came to.
@@ -172,7 +186,6 @@ pub(crate) enum Release {
     Graph(GraphAllocation),
     Synchronous(Synchronous),
     Deallocator(UserDeallocator),
-    HostDeallocator(HostDeallocator),
     Ipc(Ipc),
     Lent(Lent),
     Kept(Kept),
@@ -186,7 +199,6 @@ macro_rules! each_family {
             Release::Graph($family) => $body,
             Release::Synchronous($family) => $body,
             Release::Deallocator($family) => $body,
-            Release::HostDeallocator($family) => $body,
             Release::Ipc($family) => $body,
             Release::Lent($family) => $body,
             Release::Kept($family) => $body,

@@ -9,7 +9,7 @@ use cuda_sys::Driver;
 
 use super::{finish, Family, Free, Issued, Outcome, ReleaseKind};
 use crate::pool::MemoryPoolHandle;
-use crate::scope::{run_in, Ran};
+use crate::scope::Ran;
 use crate::stream::StreamHandle;
 
 /// The pool an allocation came from. An owned pool is embedded (it must outlive the
@@ -105,16 +105,7 @@ pub(crate) fn free_async_raw(d: &Driver, ptr: u64, stream: CUstream) -> u32 {
 #[inline]
 pub(crate) fn free_async(family: &impl Family, free: &Free<'_>) -> Issued {
     let (d, ptr, raw_stream) = (free.d, free.ptr, free.stream.raw());
-    let call = || free_async_raw(d, ptr, raw_stream);
-    let ran = if free.stream.identifies_its_context() {
-        Ran::Done {
-            value: call(),
-            restore: 0,
-            previous: 0,
-        }
-    } else {
-        run_in(d, free.recipe.context_raw(), call)
-    };
+    let ran = free.run(|| free_async_raw(d, ptr, raw_stream));
     match ran {
         Ran::Done {
             value: 0,

@@ -28,6 +28,19 @@ pub(crate) struct Synchronous {
 }
 
 impl Synchronous {
+    /// `cuMemAlloc` memory.
+    pub(crate) const DEVICE: Synchronous = Synchronous {
+        kind: ReleaseKind::Synchronous,
+    };
+    /// Pinned host memory (`cuMemAllocHost`).
+    pub(crate) const PINNED_HOST: Synchronous = Synchronous {
+        kind: ReleaseKind::PinnedHost,
+    };
+    /// Managed memory (`cuMemAllocManaged`).
+    pub(crate) const MANAGED: Synchronous = Synchronous {
+        kind: ReleaseKind::Managed,
+    };
+
     /// The family of `kind`; `None` for a kind that is not synchronous.
     pub(crate) fn of(kind: ReleaseKind) -> Option<Synchronous> {
         matches!(
@@ -103,18 +116,16 @@ impl Synchronous {
             }
             kind.free(d, ptr)
         };
-        let ran = if free.stream.identifies_its_context() {
-            // D2: `cuStreamSynchronize` of a created stream and the synchronous frees need no
-            // context (F5, F6).
-            Ran::Done {
-                value: run(),
-                restore: 0,
-                previous: 0,
-            }
-        } else {
-            run_in(d, free.recipe.context_raw(), run)
-        };
-        finish(ran, self, kind.operation(), ptr, free.recipe, true)
+        // D2: `cuStreamSynchronize` of a created stream and the synchronous frees need no
+        // context (F5, F6).
+        finish(
+            free.run(run),
+            self,
+            kind.operation(),
+            ptr,
+            free.recipe,
+            true,
+        )
     }
 
     /// A drop (D9): order with an event on the caller, free on the cleanup worker. The event is
