@@ -9,9 +9,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cuda_sys::types::{c_void, CUdeviceptr};
 
+use crate::error::HandleError;
 use crate::report::Consequence;
 use crate::stream::StreamHandle;
-use crate::HandleError;
 
 /// Frees memory that custody adopted from elsewhere (a user's memory resource).
 ///

@@ -10,10 +10,10 @@
 use std::sync::{Arc, Weak};
 
 use crate::deviceptr::DevicePtrHandle;
+use crate::error::HandleError;
 use crate::recipe::{DeallocationRecipe, RecipeRemains};
 use crate::release::{PtrBox, ReleaseKind};
 use crate::stream::StreamHandle;
-use crate::HandleError;
 
 /// [`DevicePtrHandle::release`], handing back what the recipe held last instead of dropping it:
 /// when this recipe's stream or context had no other holder, their remains, whose drop makes a

@@ -6,11 +6,11 @@
 use cuda_sys::types::{CUgraph, CUstreamCaptureMode, CUstreamCaptureStatus};
 
 use crate::context::ContextHandle;
+use crate::error::HandleError;
 use crate::graph::GraphHandle;
 use crate::release::CaptureAllocations;
 use crate::report::{report, CleanupStep, Consequence, Subject};
 use crate::stream::{capture_state, CaptureState, StreamHandle};
-use crate::HandleError;
 
 /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
 const CAPTURE_INVALIDATED: u32 = 901;

@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use cuda_sys::types::{CUcontext, CUdevice};
 use cuda_sys::{CudaError, CudaErrorCode, Driver};
 
+use crate::error::HandleError;
 use crate::flags::ContextFlags;
 use crate::report::{report_leak, Consequence, Subject};
 use crate::scope::{activate, report_restore, restore, run_in, Switch};
 use crate::sys::{as_ctx, check, current_context, driver, init};
-use crate::HandleError;
 
 /// How a context was obtained, which fixes how it is released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,8 +8,8 @@ use std::ffi::{c_char, c_int};
 use cuda_sys::types::CUdevice;
 
 use crate::context::{in_context, ContextHandle};
+use crate::error::HandleError;
 use crate::sys::{check, init};
-use crate::HandleError;
 
 /// How many devices the driver sees (initialising it on first use).
 ///

@@ -12,6 +12,7 @@ use cuda_sys::types::{c_void, CUdeviceptr, CUmemPoolPtrExportData, CUstream};
 use cuda_sys::Driver;
 
 use crate::allocation::{AdoptError, Deallocator, OwnedAllocation};
+use crate::error::HandleError;
 use crate::flags::MemAttachFlags;
 use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
@@ -22,7 +23,6 @@ use crate::release::{
 use crate::scope::run_in_from;
 use crate::stream::StreamHandle;
 use crate::sys::{check, current_context_raw, driver, error};
-use crate::HandleError;
 
 /// Where memory lent out of one of a lender's blocks goes back when its last handle goes
 /// ([`DevicePtrHandle::lend`], [`ReleaseKind::Lent`]): a caching memory resource's bins, say.

@@ -8,12 +8,12 @@ use cuda_sys::CudaErrorCode;
 
 use crate::context::ContextHandle;
 use crate::context::{in_context, in_context_or_undo};
+use crate::error::HandleError;
 use crate::flags::EventFlags;
 use crate::report::Subject;
 use crate::scope::release_in;
 use crate::stream::StreamHandle;
 use crate::sys::{check, driver};
-use crate::HandleError;
 
 struct EventBox {
     raw: usize,

@@ -10,13 +10,13 @@ use cuda_sys::types::{CUgraph, CUgraphExec};
 
 use crate::context::{in_context, ContextHandle};
 use crate::deviceptr::DevicePtrHandle;
+use crate::error::HandleError;
 use crate::flags::GraphInstantiateFlags;
 use crate::release::{LaunchSide, WaitingFrees};
 use crate::scope::destroy_in_context;
 use crate::stream::StreamHandle;
 use crate::sys::check;
 use crate::user_object::UserObjectOwnership;
-use crate::HandleError;
 
 /// What [`GraphExecHandle::retain`] attached to one executable: the one payload that grows after
 /// it was made, because a driver attaches user objects to graph definitions only (the

@@ -26,12 +26,12 @@ use cuda_sys::types::{
 use crate::context::in_context;
 use crate::context::ContextHandle;
 use crate::deviceptr::DevicePtrHandle;
+use crate::error::HandleError;
 use crate::graph::{GraphBox, GraphExecHandle, GraphHandle};
 use crate::report::{report, CleanupStep, Consequence, Subject};
 use crate::stream::{capture_state, CaptureState, StreamHandle};
 use crate::sys::{check, check_token};
 use crate::user_object::UserObjectOwnership;
-use crate::HandleError;
 
 /// A node of one graph, as returned by the `add_*_node` functions of [`GraphHandle`]; pass it
 /// as a dependency of later nodes of the same graph.

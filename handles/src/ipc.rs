@@ -10,6 +10,7 @@ use cuda_sys::types::CUmemPoolPtrExportData;
 use crate::allocation::{Deallocator, OwnedAllocation};
 use crate::context::ContextHandle;
 use crate::deviceptr::DevicePtrHandle;
+use crate::error::HandleError;
 use crate::event::EventHandle;
 use crate::flags::EventFlags;
 use crate::pool::MemoryPoolHandle;
@@ -17,7 +18,6 @@ use crate::recipe::DeallocationRecipe;
 use crate::report::HoldReports;
 use crate::stream::StreamHandle;
 use crate::sys::{check, driver};
-use crate::HandleError;
 
 /// The 64 bytes (`CUmemPoolPtrExportData`) another process needs to import `ptr`, an allocation
 /// from an IPC-capable pool, with [`import_pointer`].

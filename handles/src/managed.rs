@@ -11,10 +11,10 @@ use std::ffi::{c_int, c_uint, c_void};
 use cuda_sys::types::{CUdeviceptr, RawMemLocation};
 
 use crate::context::{in_context, ContextHandle};
+use crate::error::HandleError;
 use crate::range::DeviceRange;
 use crate::stream::StreamHandle;
 use crate::sys::{check, driver};
-use crate::HandleError;
 
 /// `CU_MEM_LOCATION_TYPE_DEVICE`, `_HOST`, `_HOST_NUMA`, `_HOST_NUMA_CURRENT`.
 const LOCATION_DEVICE: c_uint = 1;

@@ -6,8 +6,8 @@ use std::ffi::{c_int, c_void};
 use cuda_sys::types::{CUdeviceptr, CUpointer_attribute};
 use cuda_sys::CudaErrorCode;
 
+use crate::error::HandleError;
 use crate::sys::{check, init};
-use crate::HandleError;
 
 /// Where the driver says an address points (`CU_POINTER_ATTRIBUTE_MEMORY_TYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

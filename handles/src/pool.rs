@@ -15,9 +15,9 @@ use cuda_sys::types::{
 };
 use cuda_sys::Driver;
 
+use crate::error::HandleError;
 use crate::report::{report_leak, Subject};
 use crate::sys::{check, driver, init};
-use crate::HandleError;
 
 /// Aligned to 128 bytes, so that a box has its cache lines to itself (Intel's adjacent-line
 /// prefetcher pairs 64-byte lines): it is read by every allocation from the pool, and its

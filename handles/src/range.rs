@@ -7,8 +7,8 @@ use cuda_sys::types::{CUdeviceptr, CUstream};
 use cuda_sys::Driver;
 
 use crate::deviceptr::DevicePtrHandle;
+use crate::error::HandleError;
 use crate::stream::StreamHandle;
-use crate::HandleError;
 
 /// `len` bytes at `offset` into the memory of a [`DevicePtrHandle`], checked to lie inside it
 /// when made ([`DevicePtrHandle::range`], [`DevicePtrHandle::as_range`]).

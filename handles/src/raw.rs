@@ -47,9 +47,12 @@ use std::any::Any;
 
 use cuda_sys::types::{CUcontext, CUdeviceptr, CUmemoryPool};
 
-use crate::{
-    ContextHandle, DevicePtrHandle, HandleError, MemoryPoolHandle, OwnedAllocation, StreamHandle,
-};
+use crate::allocation::OwnedAllocation;
+use crate::context::ContextHandle;
+use crate::deviceptr::DevicePtrHandle;
+use crate::error::HandleError;
+use crate::pool::MemoryPoolHandle;
+use crate::stream::StreamHandle;
 
 /// The right to free `size` bytes at `ptr`, as a token that adoption
 /// ([`DevicePtrHandle::adopt`], [`DevicePtrHandle::adopt_synchronous`]) takes into custody and

@@ -7,9 +7,9 @@ use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::context::{context_for_current, ContextHandle};
+use crate::error::HandleError;
 use crate::stream::{unbound_token, DefaultStream, StreamHandle};
 use crate::sys::{current_context, driver};
-use crate::HandleError;
 
 /// A process-unique identity for a host thread.
 ///

@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock};
 
 use cuda_sys::CudaErrorCode;
 
-use crate::HandleError;
+use crate::error::HandleError;
 
 /// Which step of a cleanup failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

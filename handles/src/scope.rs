@@ -8,9 +8,9 @@ use std::cell::Cell;
 
 use cuda_sys::{CudaError, CudaErrorCode, Driver};
 
+use crate::error::HandleError;
 use crate::report::{report, CleanupStep, Consequence, Subject};
 use crate::sys::{current_context_raw, driver, set_current_raw};
-use crate::HandleError;
 
 thread_local! {
     /// Whether restoring a binding failed on this thread since the cleanup worker last looked,

@@ -13,11 +13,11 @@ use cuda_sys::{Driver, LoadError};
 
 use crate::context::{context_for_current, ContextHandle};
 use crate::context::{in_context, in_context_or_undo};
+use crate::error::HandleError;
 use crate::flags::StreamFlags;
 use crate::report::Subject;
 use crate::scope::release_in;
 use crate::sys::{check, check_token, driver, init};
-use crate::HandleError;
 
 /// How many captures begun through custody (`begin_capture`) have not ended yet.
 static ACTIVE_CAPTURES: AtomicUsize = AtomicUsize::new(0);

@@ -5,12 +5,12 @@
 use cuda_sys::types::c_void;
 use cuda_sys::Driver;
 
+use crate::error::HandleError;
 use crate::event::destroy_raw;
 use crate::recipe::DeallocationRecipe;
 use crate::report::{report, CleanupStep, Consequence, Subject};
 use crate::scope::run_in;
 use crate::sys::{check, driver};
-use crate::HandleError;
 
 /// The synchronous frees that go through the cleanup worker (docs/decisions.md D9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use cuda_sys::types::CUcontext;
 use cuda_sys::{CudaError, CudaErrorCode, Driver};
 
-use crate::HandleError;
+use crate::error::HandleError;
 
 /// The process's driver, or the load error. After the first success this is one atomic load.
 #[inline]

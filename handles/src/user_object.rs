@@ -10,9 +10,9 @@ use cuda_sys::types::{CUgraph, CUuserObject};
 use crate::context::in_context;
 use crate::context::ContextHandle;
 use crate::deferred::{ensure_worker, user_object_destructor, Node};
+use crate::error::HandleError;
 use crate::scope::destroy_in_context;
 use crate::sys::check;
-use crate::HandleError;
 
 /// `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`.
 const USER_OBJECT_NO_DESTRUCTOR_SYNC: u32 = 1;

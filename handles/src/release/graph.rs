@@ -34,10 +34,10 @@ use cuda_sys::Driver;
 use super::stream_ordered::{free_async, free_async_raw};
 use super::{Family, Free, Issued, Kept, PtrBox, Release, ReleaseKind};
 use crate::context::{in_context, ContextHandle};
+use crate::error::HandleError;
 use crate::recipe::DeallocationRecipe;
 use crate::report::{report, CleanupStep, Consequence, Subject};
 use crate::stream::{capture_state, CaptureState, StreamHandle};
-use crate::HandleError;
 
 /// Where a capture that may have allocated graph memory is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,11 +9,11 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::{Family, Free, Issued, Outcome, PtrBox, ReleaseKind};
+use crate::error::HandleError;
 use crate::recipe::DeallocationRecipe;
 use crate::report::Consequence;
 use crate::scope::Ran;
 use crate::stream::StreamHandle;
-use crate::HandleError;
 
 /// What a lender learns with a block given back ([`Lender::give_back`](crate::Lender::give_back)).
 #[derive(Debug, Clone, Copy)]

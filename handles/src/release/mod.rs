@@ -21,13 +21,13 @@ use std::sync::{Arc, Mutex};
 
 use cuda_sys::Driver;
 
+use crate::error::HandleError;
 use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
 use crate::report::Subject;
 use crate::scope::Ran;
 use crate::stream::{capture_may_be_active, CaptureState, StreamHandle};
 use crate::sys::{check, driver};
-use crate::HandleError;
 
 pub(crate) use deallocator::UserDeallocator;
 pub use graph::WaitingFrees;
@@ -148,7 +148,8 @@ pub(crate) trait Family {
     fn operation(&self) -> &'static str;
 
     /// Whether the free must ask whether `stream` (the one it is issued on) is being captured
-    /// before it is issued, while a capture may run (the rule: [`PtrBox::release_now`]).
+    /// before it is issued, while a capture may run (the rule: handles/DESIGN.md, "Release
+    /// families and the spine", step 2).
     fn looks_first(&self, stream: &StreamHandle, explicit: bool) -> bool;
 
     /// Whether a free whose stream is being captured by capture `capture` (its id) belongs in
@@ -379,17 +380,11 @@ impl PtrBox {
     /// otherwise report them and never block.
     ///
     /// 1. Take the recipe; memory without one is freed by its family as it is.
-    /// 2. **Looks first** (D11), the one rule: a free asks whether the stream it is issued on
-    ///    is being captured before it is issued when its family says it must
-    ///    ([`Family::looks_first`]: a free on a default-stream token, an IPC import's, a
-    ///    deallocator's, a lent block's, an explicit synchronous free) or when it has declared
-    ///    uses (the free's stream must not be captured when it waits for them), and then only
-    ///    while a capture begun through custody may run, or always for a free away from its
-    ///    recording thread (issuing work on the legacy stream while a blocking stream of its
-    ///    context is captured would break that capture) or with declared uses. The other frees
-    ///    find out from their own failure (F16: [`Issued::Refused`]) or ask where an event
-    ///    would be recorded ([`Issued::Captured`]). A captured stream's graph takes the memory,
-    ///    a blocked one parks the free (`capture.rs`).
+    /// 2. **Looks first** (D11): the condition below, [`Family::looks_first`] or declared
+    ///    uses, and a capture that may run (or a free away from its recording thread, or
+    ///    declared uses); the rule and why is stated once, in handles/DESIGN.md ("Release
+    ///    families and the spine", step 2). A captured stream's graph takes the memory, a
+    ///    blocked one parks the free (`capture.rs`).
     /// 3. The declared uses (D12): the free's stream waits for each (`uses.rs`).
     /// 4. The family's issue.
     pub(crate) fn release_now(&mut self, explicit: bool) -> Outcome {

@@ -11,6 +11,7 @@ use cuda_sys::Driver;
 
 use super::{finish, subject, Family, Free, Issued, Outcome, ReleaseKind};
 use crate::deferred::{self, Deferred};
+use crate::error::HandleError;
 use crate::event::{create_raw, destroy_raw};
 use crate::flags::EventFlags;
 use crate::recipe::DeallocationRecipe;
@@ -19,7 +20,6 @@ use crate::scope::{report_restore, run_in, Ran};
 use crate::stream::{capture_state, CaptureState, StreamHandle};
 use crate::sync_free::{SyncFree, SyncKind};
 use crate::sys::{check, error};
-use crate::HandleError;
 
 /// `cuMemAlloc` ([`ReleaseKind::Synchronous`]), pinned host ([`ReleaseKind::PinnedHost`]) or
 /// managed ([`ReleaseKind::Managed`]) memory.

@@ -6,6 +6,7 @@ use cuda_sys::types::CUevent;
 use cuda_sys::Driver;
 
 use super::{subject, Family, Outcome, PtrBox};
+use crate::error::HandleError;
 use crate::event::{create_raw, destroy_raw};
 use crate::flags::EventFlags;
 use crate::recipe::DeallocationRecipe;
@@ -13,7 +14,6 @@ use crate::report::{report, CleanupStep, Consequence, Subject};
 use crate::scope::{report_restore, run_in, Ran};
 use crate::stream::{capture_state, CaptureState, StreamHandle};
 use crate::sys::check;
-use crate::HandleError;
 
 /// What [`PtrBox::order_after_uses`] found.
 pub(super) enum UsesOrdered {
