@@ -6,8 +6,9 @@ driver to load (``CUSTODY_CUDA_DRIVER`` pointing at the emulated driver, or a GP
 
 - ``custody`` is imported from the environment's site-packages, with its compiled extension
   ``custody._custody`` beside it (not from a source checkout or ``PYTHONPATH``);
-- the stubs ``__init__.pyi`` and the ``py.typed`` marker are installed and listed in the wheel's
-  ``RECORD``; the stubs parse and describe ``Buffer``;
+- the extension's stub ``_custody.pyi`` and the ``py.typed`` marker are installed and listed in
+  the wheel's ``RECORD``; the stub parses and describes ``Buffer`` (the pure-Python modules are
+  their own stubs: inline annotations);
 - the metadata a package index shows: summary, a Markdown long description, project URLs,
   ``Requires-Python``, the license;
 - allocate, fill, copy device to device and to pinned host memory, read the bytes back, close;
@@ -59,23 +60,23 @@ def installed_package():
 
 
 def stubs_and_marker(package_dir):
-    stub = os.path.join(package_dir, "__init__.pyi")
+    stub = os.path.join(package_dir, "_custody.pyi")
     marker = os.path.join(package_dir, "py.typed")
-    assert os.path.isfile(stub), f"no stubs: {stub} is missing"
+    assert os.path.isfile(stub), f"no stub of the extension: {stub} is missing"
     assert os.path.isfile(marker), f"no py.typed marker: {marker} is missing"
     with open(stub, encoding="utf-8") as f:
         tree = ast.parse(f.read(), stub)
     classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
     assert "Buffer" in classes and "DeviceMemoryResource" in classes, (
-        f"the stubs describe no Buffer / DeviceMemoryResource (classes: {sorted(classes)})"
+        f"the stub describes no Buffer / DeviceMemoryResource (classes: {sorted(classes)})"
     )
     recorded = {str(path) for path in importlib.metadata.files("custody") or []}
-    for name in ("custody/__init__.pyi", "custody/py.typed"):
+    for name in ("custody/_custody.pyi", "custody/py.typed"):
         assert name in recorded, f"{name} is not in the wheel's RECORD"
     assert any(p.startswith("custody/_custody") for p in recorded), (
         "the extension is not in the wheel's RECORD"
     )
-    check(f"stubs ({len(classes)} classes) and py.typed installed and recorded")
+    check(f"the extension's stub ({len(classes)} classes) and py.typed installed and recorded")
 
 
 def metadata(custody):

@@ -76,6 +76,8 @@ fn _cleanup_report_counts() -> (u64, u64) {
     )
 }
 
+/// The compiled part of :mod:`custody`: its streams, events and contexts, buffers, memory
+/// resources and graphs, written in Rust. Import them from ``custody``, which re-exports them.
 #[pymodule(gil_used = false)]
 fn _custody(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();

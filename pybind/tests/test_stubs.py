@@ -1,12 +1,18 @@
-"""The .pyi stubs (the package's ``__init__.pyi`` and its submodules' ``utils.pyi``, ``interop.pyi``,
-``emulator.pyi``) match the modules: every public name, method and property exists on both sides,
-every stub item has a docstring, parameter names and kinds agree with the runtime signatures,
-and each stub docstring is the runtime ``__doc__`` of the same name, word for word.
+"""The package's types as a type checker reads them (PEP 561: the package ships ``py.typed``).
 
-The runtime docstrings are the source: the Rust doc comments on the ``#[pyclass]`` /
-``#[pymethods]`` items in ``pybind/src/`` and the docstrings in ``__init__.py``. After changing
-one, copy the texts into the stubs with the package built from this tree and installed
-editable (``maturin develop --manifest-path pybind/Cargo.toml`` in ``.venv``)::
+A pure-Python module is its own stub: it carries inline annotations (every parameter and return
+of its public functions and methods) and has no ``.pyi`` beside it, which would repeat its
+docstrings and signatures. The one stub is ``_custody.pyi``, for the compiled extension
+``custody._custody``, whose signatures and types no Python source shows. It matches the
+extension: every name it stubs exists, every public name and class member of the extension is
+stubbed, every stub item has a docstring, parameter names and kinds agree with the runtime
+signatures, and each stub docstring is the runtime ``__doc__`` of the same name, word for word.
+Every name a public module exports (``__all__``) is typed one of the two ways.
+
+The extension's docstrings are the source: the Rust doc comments on the ``#[pyclass]`` /
+``#[pymethods]`` items in ``pybind/src/``. After changing one, copy the texts into the stub with
+the package built from this tree and installed editable (``maturin develop --manifest-path
+pybind/Cargo.toml`` in ``.venv``)::
 
     CUSTODY_CUDA_DRIVER=$PWD/target/debug/libcuda_emu.so python pybind/tests/test_stubs.py --write
 
@@ -31,21 +37,26 @@ import custody.emulator
 import custody.interop
 import custody.utils
 
-# The stubbed modules: the package (``__init__.pyi``) and its public submodules (``<name>.pyi``).
-MODULES = ["custody", "custody.utils", "custody.interop", "custody.emulator"]
+# The stubbed module: the compiled extension (``_custody.pyi``).
+MODULES = ["custody._custody"]
+
+# The public pure-Python modules, each its own stub.
+PURE_MODULES = ["custody", "custody.utils", "custody.interop", "custody.emulator"]
+
+# The pure-Python modules that define what those export.
+DEFINING_MODULES = PURE_MODULES + ["custody._properties"]
 
 
-def stub_file(module="custody", folder=None):
+def stub_file(module="custody._custody", folder=None):
     """The stub of ``module`` in ``folder`` (default: the imported package's folder)."""
     folder = folder or os.path.dirname(custody.__file__)
-    name = "__init__" if module == "custody" else module.rsplit(".", 1)[1]
-    return os.path.join(folder, name + ".pyi")
+    return os.path.join(folder, module.rsplit(".", 1)[1] + ".pyi")
 
 
 STUB = stub_file()
 
 
-def stub_tree(module="custody"):
+def stub_tree(module="custody._custody"):
     with open(stub_file(module)) as f:
         return ast.parse(f.read())
 
@@ -54,7 +65,12 @@ def is_private(name):
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def stub_classes(module="custody"):
+def is_protocol(node):
+    """Whether a stub class is a typing device (a ``Protocol``), which has no runtime class."""
+    return any(getattr(base, "id", None) == "Protocol" for base in node.bases)
+
+
+def stub_classes(module="custody._custody"):
     return {n.name: n for n in stub_tree(module).body if isinstance(n, ast.ClassDef)}
 
 
@@ -72,27 +88,116 @@ def stub_members(cls):
     return members
 
 
+def stub_names(module="custody._custody"):
+    """The runtime names the stub declares: classes other than typing protocols, functions and
+    annotated variables (not type aliases, which exist only for type checkers)."""
+    names = set()
+    for node in stub_tree(module).body:
+        if isinstance(node, ast.ClassDef) and not is_protocol(node):
+            names.add(node.name)
+        elif isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
 def test_the_typed_marker_ships():
     assert os.path.exists(os.path.join(os.path.dirname(custody.__file__), "py.typed"))
 
 
+def test_only_the_extension_has_a_stub():
+    folder = os.path.dirname(custody.__file__)
+    stubs = sorted(name for name in os.listdir(folder) if name.endswith(".pyi"))
+    assert stubs == [os.path.basename(stub_file(m)) for m in MODULES], (
+        "a pure-Python module is its own stub (inline annotations): remove its .pyi"
+    )
+
+
 @pytest.mark.parametrize("module", MODULES)
-def test_every_public_name_is_stubbed_and_exists(module):
+def test_every_stubbed_name_exists_and_every_public_name_is_stubbed(module):
     runtime = importlib.import_module(module)
-    tree = stub_tree(module)
+    names = stub_names(module)
+    missing = sorted(name for name in names if not hasattr(runtime, name))
+    assert missing == [], f"stubbed but not in {module}: {missing}"
+    public = {name for name in vars(runtime) if not name.startswith("_")}
+    assert public <= names, f"{module}: public names without stubs: {sorted(public - names)}"
+
+
+def source_tree(module):
+    with open(importlib.import_module(module).__file__) as f:
+        return ast.parse(f.read())
+
+
+def unannotated(module):
+    """The public functions and methods (constructors and ``__call__`` included) defined in
+    ``module``'s source that leave a parameter (other than ``self`` / ``cls``) or the return
+    without an annotation."""
+    out = []
+
+    def check(fn, where):
+        args = fn.args
+        params = args.posonlyargs + args.args + args.kwonlyargs
+        params += [a for a in (args.vararg, args.kwarg) if a is not None]
+        for i, param in enumerate(params):
+            if i == 0 and param.arg in ("self", "cls"):
+                continue
+            if param.annotation is None:
+                out.append(f"{where}({param.arg})")
+        if fn.returns is None:
+            out.append(f"{where} -> ?")
+
+    for node in source_tree(module).body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            check(node, node.name)
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            for member in node.body:
+                if isinstance(member, ast.FunctionDef) and (
+                    not member.name.startswith("_")
+                    or member.name in ("__init__", "__new__", "__call__")
+                ):
+                    check(member, f"{node.name}.{member.name}")
+    return out
+
+
+@pytest.mark.parametrize("module", DEFINING_MODULES)
+def test_pure_python_modules_are_annotated(module):
+    assert unannotated(module) == [], (
+        f"{module} is its own stub: annotate these {unannotated(module)}"
+    )
+
+
+def defined_names(module):
+    """The names ``module``'s source defines at its top level."""
     names = set()
-    for node in tree.body:
+    for node in source_tree(module).body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
             names.add(node.name)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
-        elif isinstance(node, ast.ImportFrom):  # re-exports: `from custody import x as x`
-            names.update(a.asname for a in node.names if a.asname and a.asname == a.name)
-    assert set(runtime.__all__) <= names, set(runtime.__all__) - names
-    for name in names:
-        if name.startswith("_") and name != "__version__":
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_every_exported_name_is_typed(module):
+    """Each name in ``__all__`` is the extension's (and stubbed), or defined in a custody Python
+    module's source (which the annotation test reads)."""
+    runtime = importlib.import_module(module)
+    extension = vars(custody._custody)
+    stubbed = stub_names()
+    untyped = []
+    for name in runtime.__all__:
+        value = getattr(runtime, name)
+        if any(value is extension.get(n) for n in (name, getattr(value, "__name__", name))):
+            if getattr(value, "__name__", name) not in stubbed and name not in stubbed:
+                untyped.append(name)
             continue
-        assert hasattr(runtime, name), name
+        home = getattr(value, "__module__", None) if isinstance(value, (type, types.FunctionType)) else module
+        if home is None or not home.startswith("custody") or name not in defined_names(home):
+            untyped.append(name)
+    assert untyped == [], f"{module}: exported names neither stubbed nor defined in Python: {untyped}"
 
 
 def test_every_stub_item_has_a_docstring():
@@ -117,7 +222,7 @@ def test_every_stub_item_has_a_docstring():
 
 @pytest.mark.parametrize(
     ("module", "name"),
-    sorted((m, n) for m in MODULES for n in stub_classes(m) if not n.startswith("_")),
+    sorted((m, n) for m in MODULES for n, node in stub_classes(m).items() if not is_protocol(node)),
 )
 def test_class_members_match(module, name):
     cls = getattr(importlib.import_module(module), name)
@@ -170,7 +275,7 @@ def test_signatures_match():
     for runtime_module, node in nodes:
         if isinstance(node, ast.FunctionDef):
             pairs = [(node, getattr(runtime_module, node.name), False)]
-        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+        elif isinstance(node, ast.ClassDef) and not is_protocol(node):
             cls = getattr(runtime_module, node.name)
             pairs = []
             for member in node.body:
@@ -214,25 +319,20 @@ def is_setter(node):
 CONSTRUCTORS = ("__init__", "__new__")
 
 
-def is_protocol(node):
-    """Whether a stub class is a typing device (a ``Protocol``), which has no runtime class."""
-    return any(getattr(base, "id", None) == "Protocol" for base in node.bases)
-
-
 def runtime_doc(obj):
     """The docstring Python shows for a class member as found in the class ``__dict__``."""
     obj = getattr(obj, "__func__", obj)  # staticmethod / classmethod objects
     return obj.__doc__
 
 
-def documented_pairs(module="custody"):
+def documented_pairs(module="custody._custody"):
     """``(qualified name, stub node, runtime docstring)`` for the module and every stubbed
     class, method, property and function whose docstring Python shows at run time: not variables or fields
     (no runtime docstring), setters (the property's), constructors (the class's), C slots
     such as ``__sub__`` (CPython's text) or typing protocols."""
     runtime_module = importlib.import_module(module)
     tree = stub_tree(module)
-    prefix = "" if module == "custody" else module + "."
+    prefix = module + "."
     pairs = [(module, tree, runtime_module.__doc__)]
     for node in tree.body:
         if isinstance(node, ast.FunctionDef):
@@ -262,7 +362,7 @@ def clean(doc):
     return inspect.cleandoc(doc).strip() if doc else None
 
 
-def docstring_differences(module="custody"):
+def docstring_differences(module="custody._custody"):
     """``(name, node, stub text, runtime text)`` where the two differ or one is missing."""
     out = []
     for name, node, doc in documented_pairs(module):
@@ -421,7 +521,7 @@ def format_docstring(text, indent):
 SOURCE_FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "custody")
 
 
-def rewrite_stub_docstrings(module="custody"):
+def rewrite_stub_docstrings(module="custody._custody"):
     """Writes each runtime docstring into ``module``'s stub where they differ; returns the names
     changed. A stub item with a body of ``...`` gets the docstring in its place."""
     stub = stub_file(module)

@@ -23,7 +23,7 @@ import uuid as _uuid
 from collections.abc import MutableSet as _MutableSet
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
-from typing import NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 from custody._custody import GraphMemoryResource as _GraphMemoryResource
 from custody._custody import (
@@ -58,6 +58,9 @@ from custody._custody import (
 )
 from custody import _custody
 from custody._properties import DeviceProperties
+
+if TYPE_CHECKING:
+    from custody._custody import StreamLike, _CudaStreamLike
 
 __all__ = [
     "LEGACY_DEFAULT_STREAM",
@@ -225,7 +228,7 @@ class GraphMemoryResource(_GraphMemoryResource):
 
     _instances: "dict[int, GraphMemoryResource]" = {}
 
-    def __new__(cls, device_id):
+    def __new__(cls, device_id: "int | Device") -> "GraphMemoryResource":
         ordinal = Device(device_id).device_id
         with Device._lock:
             mr = cls._instances.get(ordinal)
@@ -424,7 +427,9 @@ class Device:
         """:func:`default_stream`."""
         return default_stream()
 
-    def create_stream(self, obj=None, options: "Optional[StreamOptions]" = None) -> Stream:
+    def create_stream(
+        self, obj: "Optional[_CudaStreamLike]" = None, options: "Optional[StreamOptions]" = None
+    ) -> Stream:
         """A new stream in the primary context made with ``options`` (a :class:`StreamOptions` or a
         dict; non-blocking, priority 0 by default), or a wrapper of ``obj`` (an object with
         ``__cuda_stream__``; ``TypeError`` otherwise). ``ValueError`` for a priority outside the
@@ -450,7 +455,7 @@ class Device:
         return _custody._create_graph_builder(self.context)
 
     @_stream_is_keyword_only
-    def allocate(self, size: int, *, stream) -> Buffer:
+    def allocate(self, size: int, *, stream: "StreamLike") -> Buffer:
         """``self.memory_resource.allocate(size, stream=stream)``: ``size`` bytes, ordered on
         ``stream`` (keyword-only), raising what that resource's ``allocate`` raises.
         """
@@ -607,73 +612,69 @@ def _location_object(kind: str, id: int):
     return Host()
 
 
-class _AccessedBy(_MutableSet):
+class _LiveSet(_MutableSet):
+    """A live set the driver holds, read each time: a subclass says how to list its members
+    (``_members``) and to give advice for one (``_advise``). Operators give plain sets."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    @classmethod
+    def _from_iterable(cls, iterable):
+        return set(iterable)
+
+    def __contains__(self, item) -> bool:
+        return item in self._members()
+
+    def __iter__(self):
+        return iter(self._members())
+
+    def __len__(self) -> int:
+        return len(self._members())
+
+    def add(self, item) -> None:
+        self._advise(item, True)
+
+    def discard(self, item) -> None:
+        if item in self:
+            self._advise(item, False)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__[1:]}({set(self)!r})"
+
+
+class _AccessedBy(_LiveSet):
     """``ManagedBuffer.accessed_by``: a live set of the locations (:class:`Device`,
     ``Host()``) the buffer's accessed-by advice is set for, read from the driver each time;
     ``add`` and ``discard`` give the driver advice. Operators give plain sets."""
 
-    __slots__ = ("_buffer",)
+    __slots__ = ()
 
-    def __init__(self, buffer):
-        self._buffer = buffer
+    def _members(self):
+        return self._owner._accessed_by_list()
 
-    @classmethod
-    def _from_iterable(cls, iterable):
-        return set(iterable)
-
-    def __contains__(self, location) -> bool:
-        return location in self._buffer._accessed_by_list()
-
-    def __iter__(self):
-        return iter(self._buffer._accessed_by_list())
-
-    def __len__(self) -> int:
-        return len(self._buffer._accessed_by_list())
-
-    def add(self, location) -> None:
-        self._buffer._advise_accessed_by(location, True)
-
-    def discard(self, location) -> None:
-        if location in self:
-            self._buffer._advise_accessed_by(location, False)
-
-    def __repr__(self) -> str:
-        return f"AccessedBy({set(self)!r})"
+    def _advise(self, location, on: bool) -> None:
+        self._owner._advise_accessed_by(location, on)
 
 
-class _PeerAccessibleBy(_MutableSet):
+class _PeerAccessibleBy(_LiveSet):
     """``DeviceMemoryResource.peer_accessible_by``: a live set of the :class:`Device` objects,
     other than the pool's own, that may use the pool's memory, read from the driver each time;
     ``in``, ``add`` and ``discard`` take a ``Device`` or an ordinal. Operators give plain sets."""
 
-    __slots__ = ("_mr",)
+    __slots__ = ()
 
-    def __init__(self, mr):
-        self._mr = mr
-
-    @classmethod
-    def _from_iterable(cls, iterable):
-        return set(iterable)
+    def _members(self):
+        return [Device(ordinal) for ordinal in self._owner._peer_ids()]
 
     def __contains__(self, device) -> bool:
         ordinal = device.device_id if isinstance(device, Device) else device
-        return ordinal in self._mr._peer_ids()
+        return ordinal in self._owner._peer_ids()
 
-    def __iter__(self):
-        return iter([Device(ordinal) for ordinal in self._mr._peer_ids()])
-
-    def __len__(self) -> int:
-        return len(self._mr._peer_ids())
-
-    def add(self, device) -> None:
-        self._mr._set_peer_access(device, True)
-
-    def discard(self, device) -> None:
-        if device in self:
-            self._mr._set_peer_access(device, False)
-
-    def __repr__(self) -> str:
-        return f"PeerAccessibleBy({set(self)!r})"
+    def _advise(self, device, on: bool) -> None:
+        self._owner._set_peer_access(device, on)
 
 
 def __getattr__(name: str):
@@ -718,7 +719,7 @@ class IPCAllocationHandle:
 
     __slots__ = ("_fd", "_uuid", "_kind", "_device_id", "__weakref__")
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError(
             "IPCAllocationHandle objects cannot be instantiated directly. Use "
             "mr.allocation_handle."
@@ -755,7 +756,7 @@ class IPCAllocationHandle:
         return self.handle
 
     @property
-    def uuid(self):
+    def uuid(self) -> "Optional[_uuid.UUID]":
         """The UUID naming the pool across processes."""
         return self._uuid
 

@@ -18,6 +18,8 @@ import os
 import threading
 import weakref
 
+from typing import Any, Callable, Optional, Union
+
 from custody import Buffer, Device, MemoryResource, Stream
 
 __all__ = [
@@ -32,7 +34,7 @@ __all__ = [
 ]
 
 #: The environment variable naming ``libcustody_torch.so`` when no path is given.
-TORCH_LIBRARY_ENV = "CUSTODY_TORCH_ALLOCATOR"
+TORCH_LIBRARY_ENV: str = "CUSTODY_TORCH_ALLOCATOR"
 
 
 class _KeptStream:
@@ -56,7 +58,7 @@ _wrapped = weakref.WeakValueDictionary()
 _wrapped_lock = threading.Lock()
 
 
-def stream_of(stream) -> Stream:
+def stream_of(stream: Any) -> Stream:
     """A custody :class:`~custody.Stream` for ``stream``, kept alive as long as custody needs it:
     a custody ``Stream`` as it is; an int handle through ``Stream.from_handle`` (0, 1 and 2 are
     the default-stream tokens, a stream custody created gives that stream, and any other int is
@@ -105,7 +107,9 @@ class CupyAllocator:
     allocator``) is not covered. ``TypeError`` for a ``memory_resource`` that is neither.
     """
 
-    def __init__(self, memory_resource=None):
+    def __init__(
+        self, memory_resource: Union[MemoryResource, Callable[[int], MemoryResource], None] = None
+    ) -> None:
         if not (memory_resource is None or isinstance(memory_resource, MemoryResource)
                 or callable(memory_resource)):
             raise TypeError(
@@ -122,13 +126,13 @@ class CupyAllocator:
             return self._memory_resource
         return self._memory_resource(device_id)
 
-    def allocate(self, size: int, stream, device_id: int = 0) -> Buffer:
+    def allocate(self, size: int, stream: Any, device_id: int = 0) -> Buffer:
         """A custody buffer of ``size`` bytes from the resource of device ``device_id``, allocated
         on ``stream`` (anything :func:`stream_of` takes), which becomes its deallocation recipe:
         what ``__call__`` does for CuPy, without CuPy. Errors as the resource's ``allocate``."""
         return self.memory_resource(device_id).allocate(size, stream=stream_of(stream))
 
-    def __call__(self, size: int):
+    def __call__(self, size: int) -> Any:
         """What CuPy calls: a ``cupy.cuda.MemoryPointer`` to ``size`` bytes allocated on CuPy's
         current device and stream (:meth:`allocate`), whose ``UnownedMemory`` keeps the buffer
         until CuPy lets the memory go. Imports ``cupy``."""
@@ -177,7 +181,7 @@ def _load(library=None):
         return _torch_library
 
 
-def torch_allocator(library=None):
+def torch_allocator(library: Optional[str] = None) -> Any:
     """A ``torch.cuda.memory.CUDAPluggableAllocator`` over custody's C library (``library``, or
     the file ``CUSTODY_TORCH_ALLOCATOR`` names): each block is a custody buffer of the device's
     current memory pool, allocated on the stream PyTorch passes and freed with that recipe.
@@ -191,7 +195,7 @@ def torch_allocator(library=None):
     )
 
 
-def use_custody_in_torch(library=None):
+def use_custody_in_torch(library: Optional[str] = None) -> Any:
     """Makes custody PyTorch's CUDA allocator (``torch.cuda.memory.change_current_allocator`` of
     :func:`torch_allocator`) and returns the allocator. PyTorch accepts this only before its
     first CUDA allocation in the process. Then: every tensor's memory has a custody recipe (its
@@ -226,7 +230,7 @@ def _handle_of(stream):
     return handle
 
 
-def torch_record_stream(tensor, stream) -> None:
+def torch_record_stream(tensor: Any, stream: Any) -> None:
     """Declares that work on ``stream`` (a ``torch.cuda.Stream``, a custody ``Stream``, an
     object with ``__cuda_stream__`` or an int handle) uses ``tensor``'s memory, what ``Tensor.record_stream``
     does under PyTorch's own allocator: the block's free, whenever it comes, waits for the work
@@ -258,7 +262,7 @@ def torch_live_bytes() -> int:
 _numba_class = None
 
 
-def numba_memory_manager():
+def numba_memory_manager() -> type:
     """Numba's External Memory Management plugin class over custody
     (``numba.cuda.set_memory_manager(numba_memory_manager())``, or the environment variable
     ``NUMBA_CUDA_MEMORY_MANAGER=custody.interop`` before Numba starts): each device array is a

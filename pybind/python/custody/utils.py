@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import operator
 import warnings
+from typing import Any, Callable, Optional, Tuple
 
 from custody import (
     Buffer,
@@ -126,11 +127,6 @@ def _stream_int(stream_ptr, what):
         raise TypeError(f"{what} is an int (a stream's handle, or -1), got {stream_ptr!r}") from None
 
 
-def _attribute(slot, doc):
-    """A read-only property reading ``slot``."""
-    return property(operator.attrgetter(slot), doc=doc)
-
-
 def _check_has_dlpack(obj):
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         return True
@@ -182,7 +178,7 @@ class StridedMemoryView:
         "__weakref__",
     )
 
-    def __init__(self, obj=None, stream_ptr=None):
+    def __init__(self, obj: Any = None, stream_ptr: Optional[int] = None) -> None:
         clsname = type(self).__name__
         self._init_empty()
         if obj is None:
@@ -234,7 +230,7 @@ class StridedMemoryView:
         return view
 
     @classmethod
-    def from_dlpack(cls, obj, stream_ptr=None):
+    def from_dlpack(cls, obj: Any, stream_ptr: Optional[int] = None) -> StridedMemoryView:
         """A view of ``obj``'s DLPack export (``obj.__dlpack__``, asked for a versioned tensor of
         DLPack 1.x and else an unversioned one), with ``stream_ptr`` passed to the producer as
         the consumer stream (see the class). The view keeps the tensor (its deleter runs when
@@ -246,7 +242,9 @@ class StridedMemoryView:
         return view
 
     @classmethod
-    def from_cuda_array_interface(cls, obj, stream_ptr=None):
+    def from_cuda_array_interface(
+        cls, obj: Any, stream_ptr: Optional[int] = None
+    ) -> StridedMemoryView:
         """A view of ``obj.__cuda_array_interface__`` (version 3 or later), keeping ``obj``.
         Unless ``stream_ptr`` is -1, the consumer stream waits for an event recorded on the
         interface's ``stream`` (no host wait; nothing when the interface names none or the
@@ -259,7 +257,7 @@ class StridedMemoryView:
         return view
 
     @classmethod
-    def from_array_interface(cls, obj):
+    def from_array_interface(cls, obj: Any) -> StridedMemoryView:
         """A view of host memory through ``obj.__array_interface__`` (version 3 or later, NumPy's
         protocol), keeping ``obj``. ``device_id`` is the current context's device, as in
         cuda.core 1.2, and ``is_device_accessible`` False. ``BufferError`` for a version below 3
@@ -277,7 +275,7 @@ class StridedMemoryView:
         return view
 
     @classmethod
-    def from_any_interface(cls, obj, stream_ptr=None):
+    def from_any_interface(cls, obj: Any, stream_ptr: Optional[int] = None) -> StridedMemoryView:
         """:meth:`from_dlpack` when ``obj`` has ``__dlpack__`` and ``__dlpack_device__``, else
         :meth:`from_cuda_array_interface`; ``RuntimeError`` when it has neither."""
         if _check_has_dlpack(obj):
@@ -285,8 +283,16 @@ class StridedMemoryView:
         return cls.from_cuda_array_interface(obj, stream_ptr)
 
     @classmethod
-    def from_buffer(cls, buffer, shape, strides=None, *, itemsize=None, dtype=None,
-                    is_readonly=False):
+    def from_buffer(
+        cls,
+        buffer: Buffer,
+        shape: Tuple[int, ...],
+        strides: Optional[Tuple[int, ...]] = None,
+        *,
+        itemsize: Optional[int] = None,
+        dtype: Any = None,
+        is_readonly: bool = False,
+    ) -> StridedMemoryView:
         """A view of ``buffer``'s memory with ``shape`` and ``strides`` (in elements; None for C
         order) of ``dtype`` items, or of ``itemsize``-byte items with no dtype. Nothing is
         synchronised: order the view's use after the buffer's work yourself.
@@ -310,20 +316,33 @@ class StridedMemoryView:
 
     # -- attributes (read-only) --
 
-    ptr = _attribute("_ptr", "The address of the element at index ``(0,) * ndim``, an int.")
-    device_id = _attribute("_device_id", "The device the memory belongs to; -1 for host memory.")
-    is_device_accessible = _attribute(
-        "_is_device_accessible",
-        "Whether a device can access the memory (device, pinned or managed memory).",
-    )
-    readonly = _attribute("_readonly", "Whether the producer marked the memory read-only.")
-    exporting_obj = _attribute(
-        "_exporting_obj",
-        "The object viewed (for :meth:`from_buffer`, the buffer), kept alive by the view.",
-    )
+    @property
+    def ptr(self) -> int:
+        """The address of the element at index ``(0,) * ndim``, an int."""
+        return self._ptr
 
     @property
-    def _layout(self):
+    def device_id(self) -> int:
+        """The device the memory belongs to; -1 for host memory."""
+        return self._device_id
+
+    @property
+    def is_device_accessible(self) -> bool:
+        """Whether a device can access the memory (device, pinned or managed memory)."""
+        return self._is_device_accessible
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the producer marked the memory read-only."""
+        return self._readonly
+
+    @property
+    def exporting_obj(self) -> Any:
+        """The object viewed (for :meth:`from_buffer`, the buffer), kept alive by the view."""
+        return self._exporting_obj
+
+    @property
+    def _layout(self) -> _StridedLayout:
         """The view's :class:`_StridedLayout` (shape, strides, item size, slice offset)."""
         if self._layout_cache is None:
             if self._layout_source is None:
@@ -333,23 +352,23 @@ class StridedMemoryView:
         return self._layout_cache
 
     @property
-    def size(self):
+    def size(self) -> int:
         """The number of elements."""
         return self._layout.volume
 
     @property
-    def shape(self):
+    def shape(self) -> Tuple[int, ...]:
         """The shape, a tuple of ints."""
         return self._layout.shape
 
     @property
-    def strides(self):
+    def strides(self) -> Optional[Tuple[int, ...]]:
         """The strides in elements (not bytes), or None for a C-contiguous tensor whose producer
         gave none."""
         return self._layout.strides
 
     @property
-    def dtype(self):
+    def dtype(self) -> Any:
         """The NumPy dtype of the elements (None for a :meth:`from_buffer` view made with an
         ``itemsize`` only). bfloat16 tensors need the ``ml_dtypes`` package
         (``NotImplementedError`` without it)."""
@@ -363,7 +382,7 @@ class StridedMemoryView:
 
     # -- derived views --
 
-    def view(self, layout=None, dtype=None):
+    def view(self, layout: Optional[_StridedLayout] = None, dtype: Any = None) -> StridedMemoryView:
         """A view of the same memory with another layout (its ``slice_offset`` counted from this
         view's ``ptr`` less this view's own offset, as cuda.core does) and/or dtype; this view
         itself when neither is given. It keeps what this view keeps. ``ValueError`` when the
@@ -394,16 +413,38 @@ class StridedMemoryView:
         view._dtype_cache = dtype
         return view
 
-    def copy_from(self, other, stream, allocator=None, blocking=None):
+    def copy_from(
+        self,
+        other: StridedMemoryView,
+        stream: Any,
+        allocator: Any = None,
+        blocking: Optional[bool] = None,
+    ) -> None:
         """Not provided (cuda.core 1.2 does not implement it either): ``NotImplementedError``."""
         raise NotImplementedError("Sorry, not supported: copy_from")
 
-    def copy_to(self, other, stream=None, allocator=None, blocking=None):
+    def copy_to(
+        self,
+        other: StridedMemoryView,
+        stream: Any = None,
+        allocator: Any = None,
+        blocking: Optional[bool] = None,
+    ) -> None:
         """Not provided (cuda.core 1.2 does not implement it either): ``NotImplementedError``."""
         raise NotImplementedError("Sorry, not supported: copy_to")
 
-    def as_tensor_map(self, box_dim=None, *, options=None, element_strides=None, data_type=None,
-                      interleave=None, swizzle=None, l2_promotion=None, oob_fill=None):
+    def as_tensor_map(
+        self,
+        box_dim: Optional[Tuple[int, ...]] = None,
+        *,
+        options: Any = None,
+        element_strides: Optional[Tuple[int, ...]] = None,
+        data_type: Any = None,
+        interleave: Any = None,
+        swizzle: Any = None,
+        l2_promotion: Any = None,
+        oob_fill: Any = None,
+    ) -> Any:
         """Not provided: tensor maps are kernel arguments, outside custody's scope
         (``NotImplementedError``)."""
         raise NotImplementedError(
@@ -412,7 +453,7 @@ class StridedMemoryView:
 
     # -- DLPack export --
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> Tuple[int, int]:
         """``(device_type, device_id)`` of the memory: the producer's own for a DLPack view;
         else the driver's answer for device-accessible memory (device, pinned or managed) and
         ``(kDLCPU, 0)`` for host memory. ``BufferError`` for memory neither side can access."""
@@ -429,7 +470,14 @@ class StridedMemoryView:
         self._dl_device = (int(kind), int(ordinal))
         return self._dl_device
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[int] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
         """A DLPack capsule of this view (versioned, DLPack 1.x, when ``max_version`` is at least
         ``(1, 0)``, with the read-only flag of :attr:`readonly`; else unversioned), whose tensor
         keeps this view, and so the producer, alive until its deleter runs. ``stream`` is
@@ -464,7 +512,7 @@ class StridedMemoryView:
             self, ptr, (kind, ordinal), layout.shape, strides, code, self._readonly, versioned
         )
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         try:
             dtype = self.dtype
         except Exception:  # a bfloat16 view without ml_dtypes still has a repr
@@ -660,7 +708,9 @@ class _StridedMemoryViewProxy:
         return StridedMemoryView.from_cuda_array_interface(self.obj, stream_ptr)
 
 
-def args_viewable_as_strided_memory(arg_indices):
+def args_viewable_as_strided_memory(
+    arg_indices: Tuple[int, ...],
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A decorator that replaces the positional arguments at ``arg_indices`` (a tuple of ints)
     with proxies whose ``view(stream_ptr)`` gives their :class:`StridedMemoryView`, so that the
     function body reads any DLPack or CUDA Array Interface producer the same way::

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use handles::StreamHandle;
 use memory::{
-    Buffer, DeviceMemoryResource, ManagedPoolMemoryResource, MemoryError, PinnedMemoryResource,
-    PoolMemoryResource,
+    Buffer, DeviceMemoryResource, ManagedPoolMemoryResource, MemoryError, MemoryResource,
+    PinnedMemoryResource, PoolMemoryResource,
 };
 use pyo3::prelude::*;
 
@@ -26,11 +26,20 @@ pub(super) enum Pool {
 }
 
 impl Pool {
-    fn as_pool(&self) -> &dyn PoolMemoryResource {
+    pub(super) fn as_pool(&self) -> &dyn PoolMemoryResource {
         match self {
             Pool::Device(mr) => mr.as_ref(),
             Pool::Pinned(mr) => mr.as_ref(),
             Pool::Managed(mr) => mr.as_ref(),
+        }
+    }
+
+    /// The pool as the memory resource `MemoryResource`'s struct holds.
+    pub(super) fn as_resource(&self) -> Arc<dyn MemoryResource> {
+        match self {
+            Pool::Device(mr) => mr.clone(),
+            Pool::Pinned(mr) => mr.clone(),
+            Pool::Managed(mr) => mr.clone(),
         }
     }
 

@@ -19,7 +19,7 @@
 //! - `ipc`: what the pool resources share for IPC: the pool of a resource, its UUID and kept
 //!   allocation handle, the handle arguments of an import.
 //! - `pools`: `DeviceMemoryResource`, `PinnedMemoryResource`, `ManagedMemoryResource` (the
-//!   stream-ordered pools), opening a pool another process exported, a resource's pool.
+//!   stream-ordered pools) and their base `_MemPool`, opening a pool another process exported, a resource's pool.
 //! - `synchronous`: `LegacyPinnedMemoryResource`, `LegacyManagedMemoryResource`,
 //!   `SynchronousMemoryResource`.
 //! - `graph`: `GraphMemoryResource`.
@@ -46,7 +46,7 @@ use attributes::{PyGraphMemoryAttributes, PyPoolAttributes};
 use caching::PyCachingMemoryResource;
 use class::PyMemoryResource;
 use graph::PyGraphMemoryResource;
-use pools::{PyDeviceMemoryResource, PyManagedMemoryResource, PyPinnedMemoryResource};
+use pools::{PyDeviceMemoryResource, PyManagedMemoryResource, PyMemPool, PyPinnedMemoryResource};
 use synchronous::{
     PyLegacyManagedMemoryResource, PyLegacyPinnedMemoryResource, PySynchronousMemoryResource,
 };
@@ -54,6 +54,7 @@ use synchronous::{
 /// Registers the resource classes on the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyMemoryResource>()?;
+    m.add_class::<PyMemPool>()?;
     m.add_class::<PyDeviceMemoryResource>()?;
     m.add_class::<PyPinnedMemoryResource>()?;
     m.add_class::<PyLegacyPinnedMemoryResource>()?;

@@ -1,6 +1,6 @@
 //! The stream-ordered pool resources: `DeviceMemoryResource`, `PinnedMemoryResource` and
-//! `ManagedMemoryResource`, their IPC and attribute methods (written once, `pool_methods!`),
-//! opening a pool another process exported, and the pool of a resource object.
+//! `ManagedMemoryResource`, and their base `_MemPool` (cuda.core's name: the IPC and attribute
+//! methods they share, and closing), opening a pool another process exported, and the pool of a resource object.
 
 use std::sync::Arc;
 
@@ -42,12 +42,9 @@ fn import_pool_object(
             let inner = py
                 .detach(|| PinnedMemoryResource::import_pool(fd))
                 .map_err(Error::from)?;
-            let init = PyMemoryResource::builtin(inner.clone(), false).add_subclass(
-                PyPinnedMemoryResource {
-                    inner,
-                    ipc: PoolIpc::default(),
-                    numa_id: -1,
-                },
+            let init = PyMemPool::initializer(
+                Pool::Pinned(inner),
+                PyPinnedMemoryResource { numa_id: -1 },
             );
             return Ok(Py::new(py, init)?.into_any());
         }
@@ -55,11 +52,10 @@ fn import_pool_object(
         let inner = py
             .detach(|| DeviceMemoryResource::import_pool(ordinal, fd))
             .map_err(Error::from)?;
-        let init =
-            PyMemoryResource::builtin(inner.clone(), false).add_subclass(PyDeviceMemoryResource {
-                inner,
-                ipc: PoolIpc::default(),
-            });
+        let init = PyMemPool::initializer(
+            Pool::Device(inner.clone()),
+            PyDeviceMemoryResource { inner },
+        );
         Ok(Py::new(py, init)?.into_any())
     })??;
     if let Some(uuid) = parts.uuid {
@@ -73,109 +69,121 @@ fn import_pool_object(
 
 /// Records the UUID an imported resource's pool had in the exporting process.
 fn set_imported_uuid(mr: &Bound<'_, PyAny>, uuid: Py<PyAny>) -> Result<(), Py<PyAny>> {
-    if let Ok(device) = mr.cast::<PyDeviceMemoryResource>() {
-        return device.get().ipc.uuid.set(uuid);
+    match mr.cast::<PyMemPool>() {
+        Ok(pool) => pool.get().ipc.uuid.set(uuid),
+        Err(_) => Err(uuid),
     }
-    if let Ok(pinned) = mr.cast::<PyPinnedMemoryResource>() {
-        return pinned.get().ipc.uuid.set(uuid);
-    }
-    Err(uuid)
 }
 
 /// The pool of a built-in pool resource object, if `mr` is one.
 pub(crate) fn pool_of(mr: &Bound<'_, PyAny>) -> Option<PoolAccess> {
-    if let Ok(device) = mr.cast::<PyDeviceMemoryResource>() {
-        return Some(PoolAccess(Pool::Device(Arc::clone(&device.get().inner))));
-    }
-    if let Ok(pinned) = mr.cast::<PyPinnedMemoryResource>() {
-        return Some(PoolAccess(Pool::Pinned(Arc::clone(&pinned.get().inner))));
-    }
-    if let Ok(managed) = mr.cast::<PyManagedMemoryResource>() {
-        return Some(PoolAccess(Pool::Managed(Arc::clone(&managed.get().inner))));
-    }
-    None
+    let pool = mr.cast::<PyMemPool>().ok()?;
+    Some(PoolAccess(pool.get().pool.clone()))
 }
 
-/// The `#[pymethods]` block of a pool resource: `$extra` (its constructor and importer) plus
-/// the IPC and attribute methods both pool resources share; `$name` is the Python class's
-/// name, for the docstrings that say it.
-macro_rules! pool_methods {
-    ($ty:ty, $variant:ident, $name:literal, { $($extra:tt)* }) => {
-        #[pymethods]
-        impl $ty {
-            $($extra)*
+/// The base of the stream-ordered pool resources (cuda.core's ``_MemPool``): what a pool shares
+/// with other processes, its attributes, and closing it. Not instantiated directly: a
+/// :class:`DeviceMemoryResource`, :class:`PinnedMemoryResource` or :class:`ManagedMemoryResource`
+/// is one.
+#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "_MemPool", module = "custody")]
+pub struct PyMemPool {
+    pool: Pool,
+    ipc: PoolIpc,
+}
 
-            /// Whether the pool can be shared with other processes.
-            #[getter]
-            fn is_ipc_enabled(&self) -> bool {
-                self.inner.is_ipc_enabled()
-            }
+impl PyMemPool {
+    /// The initializer of the pool resource `resource` over `pool` (its buffers are managed for
+    /// a managed pool).
+    fn initializer<T: pyo3::PyClass<BaseType = PyMemPool>>(
+        pool: Pool,
+        resource: T,
+    ) -> PyClassInitializer<T> {
+        let managed = matches!(pool, Pool::Managed(_));
+        PyMemoryResource::builtin(pool.as_resource(), managed)
+            .add_subclass(PyMemPool {
+                pool,
+                ipc: PoolIpc::default(),
+            })
+            .add_subclass(resource)
+    }
+}
 
-            /// Whether the pool was imported from another process (it then only imports buffers, with
-            /// ``Buffer.from_ipc_descriptor``).
-            #[getter]
-            fn is_mapped(&self) -> bool {
-                self.inner.is_mapped()
-            }
+#[pymethods]
+impl PyMemPool {
+    /// Whether the pool can be shared with other processes.
+    #[getter]
+    fn is_ipc_enabled(&self) -> bool {
+        self.pool.as_pool().is_ipc_enabled()
+    }
 
-            /// The raw ``CUmemoryPool`` as an int.
-            #[getter]
-            fn handle(&self) -> usize {
-                self.inner.pool().raw() as usize
-            }
+    /// Whether the pool was imported from another process (it then only imports buffers, with
+    /// ``Buffer.from_ipc_descriptor``).
+    #[getter]
+    fn is_mapped(&self) -> bool {
+        self.pool.as_pool().is_mapped()
+    }
 
-            /// The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed.
-            #[getter]
-            fn attributes(&self) -> PyPoolAttributes {
-                PyPoolAttributes {
-                    pool: self.inner.pool().clone(),
-                }
-            }
+    /// The raw ``CUmemoryPool`` as an int.
+    #[getter]
+    fn handle(&self) -> usize {
+        self.pool.as_pool().pool().raw() as usize
+    }
 
-            /// The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
-            /// kept by this resource, for another process's ``from_allocation_handle`` (it
-            /// pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
-            /// IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
-            /// closed resource; :class:`CUDAError` on a driver failure.
-            #[getter(allocation_handle)]
-            fn kept_allocation_handle(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-                self.ipc.kept_handle(py, &Pool::$variant(Arc::clone(&self.inner)))
-            }
-
-            /// A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
-            /// fresh export of the pool, its file descriptor closed with the handle. Errors as
-            /// :attr:`allocation_handle`.
-            fn get_allocation_handle(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-                self.ipc.new_handle(py, &Pool::$variant(Arc::clone(&self.inner)))
-            }
-
-            /// The UUID naming the pool across processes (the same in the process that made
-            /// it and in every process that opened it); ``None`` unless the pool can be
-            /// shared.
-            #[getter]
-            fn uuid(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-                self.ipc.uuid(py, self.inner.as_ref())
-            }
-
-            /// Whether this resource made its pool (and it goes with the last of the resource
-            /// and its buffers); ``False`` for a device's current pool.
-            #[getter]
-            fn is_handle_owned(&self) -> bool {
-                self.inner.pool().is_owned()
-            }
-
-            #[doc = concat!("Closes this resource: ``allocate`` (of one byte or more: zero bytes still give an empty\nbuffer, which holds no memory), ``get_allocation_handle``, pickling and\n``Buffer.from_ipc_descriptor`` then raise ``RuntimeError(\"", $name, " has been closed\")``;\n``deallocate`` and the buffers already made keep working. The pool goes with the last of\nthis object and its buffers (an owned pool outlives its allocations). Idempotent.")]
-            fn close(&self) {
-                self.inner.close();
-            }
-
-            /// Whether :meth:`close` was called.
-            #[getter]
-            fn is_closed(&self) -> bool {
-                self.inner.is_closed()
-            }
+    /// The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed.
+    #[getter]
+    fn attributes(&self) -> PyPoolAttributes {
+        PyPoolAttributes {
+            pool: self.pool.as_pool().pool().clone(),
         }
-    };
+    }
+
+    /// The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
+    /// kept by this resource, for another process's ``from_allocation_handle`` (it
+    /// pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
+    /// IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
+    /// closed resource; :class:`CUDAError` on a driver failure.
+    #[getter(allocation_handle)]
+    fn kept_allocation_handle(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.ipc.kept_handle(py, &self.pool)
+    }
+
+    /// A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
+    /// fresh export of the pool, its file descriptor closed with the handle. Errors as
+    /// :attr:`allocation_handle`.
+    fn get_allocation_handle(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.ipc.new_handle(py, &self.pool)
+    }
+
+    /// The UUID naming the pool across processes (the same in the process that made
+    /// it and in every process that opened it); ``None`` unless the pool can be
+    /// shared.
+    #[getter]
+    fn uuid(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.ipc.uuid(py, self.pool.as_pool())
+    }
+
+    /// Whether this resource made its pool (and it goes with the last of the resource
+    /// and its buffers); ``False`` for a device's current pool.
+    #[getter]
+    fn is_handle_owned(&self) -> bool {
+        self.pool.as_pool().pool().is_owned()
+    }
+
+    /// Closes this resource: ``allocate`` (of one byte or more: zero bytes still give an empty
+    /// buffer, which holds no memory), ``get_allocation_handle``, pickling and
+    /// ``Buffer.from_ipc_descriptor`` then raise a ``RuntimeError`` naming the class
+    /// (``"DeviceMemoryResource has been closed"``); ``deallocate`` and the buffers already made
+    /// keep working. The pool goes with the last of this object and its buffers
+    /// (an owned pool outlives its allocations). Idempotent.
+    fn close(&self) {
+        self.pool.as_pool().close();
+    }
+
+    /// Whether :meth:`close` was called.
+    #[getter]
+    fn is_closed(&self) -> bool {
+        self.pool.as_pool().is_closed()
+    }
 }
 
 /// Device memory from a stream-ordered pool: the device's current pool, or with options a pool
@@ -193,13 +201,13 @@ macro_rules! pool_methods {
 /// ``multiprocessing``'s resource sharer (the sending process must be alive; each pickle is
 /// read at most once). A process opens a given pool once and gets its own object back.
 /// ``RuntimeError`` for a closed or non-IPC resource.
-#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "DeviceMemoryResource", module = "custody")]
+#[pyclass(frozen, extends = PyMemPool, subclass, name = "DeviceMemoryResource", module = "custody")]
 pub struct PyDeviceMemoryResource {
     inner: Arc<DeviceMemoryResource>,
-    ipc: PoolIpc,
 }
 
-pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
+#[pymethods]
+impl PyDeviceMemoryResource {
     #[new]
     #[pyo3(signature = (device_id, options = None))]
     fn py_new(
@@ -226,8 +234,7 @@ pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
                     .map_err(Error::from)?
             }
         };
-        let ipc = PoolIpc::default();
-        Ok(PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self { inner, ipc }))
+        Ok(PyMemPool::initializer(Pool::Device(inner.clone()), Self { inner }))
     }
 
     /// Opens a device pool another process exported (``allocation_handle``: its
@@ -319,7 +326,7 @@ pool_methods!(PyDeviceMemoryResource, Device, "DeviceMemoryResource", {
             .detach(|| pool.set_access(&[(ordinal, access)]))
             .map_err(Error::from)?)
     }
-});
+}
 
 impl PyDeviceMemoryResource {
     /// A peer given as a `Device` or an ordinal: `None` for the pool's own device;
@@ -367,10 +374,8 @@ impl PyDeviceMemoryResource {
 /// ``multiprocessing``'s resource sharer (the sending process must be alive; each pickle is
 /// read at most once). A process opens a given pool once and gets its own object back.
 /// ``RuntimeError`` for a closed or non-IPC resource.
-#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "PinnedMemoryResource", module = "custody")]
+#[pyclass(frozen, extends = PyMemPool, subclass, name = "PinnedMemoryResource", module = "custody")]
 pub struct PyPinnedMemoryResource {
-    inner: Arc<PinnedMemoryResource>,
-    ipc: PoolIpc,
     /// The NUMA node the pool was made on, -1 for the operating system's placement (or not
     /// known: an imported pool).
     numa_id: i32,
@@ -389,7 +394,8 @@ fn current_host_numa_id(py: Python<'_>) -> i32 {
     })
 }
 
-pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
+#[pymethods]
+impl PyPinnedMemoryResource {
     #[new]
     #[pyo3(signature = (options = None))]
     fn py_new(
@@ -433,14 +439,12 @@ pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
         let inner = py
             .detach(|| PinnedMemoryResource::new(options))
             .map_err(Error::from)?;
-        let ipc = PoolIpc::default();
-        Ok(
-            PyMemoryResource::builtin(inner.clone(), false).add_subclass(Self {
-                inner,
-                ipc,
+        Ok(PyMemPool::initializer(
+            Pool::Pinned(inner),
+            Self {
                 numa_id: numa_id.unwrap_or(-1),
-            }),
-        )
+            },
+        ))
     }
 
     /// The host NUMA node the pool's memory lives on, or -1 when the operating system places
@@ -465,7 +469,7 @@ pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
         let py = cls.py();
         import_pool_object(py, "PinnedMemoryResource", None, allocation_handle)
     }
-});
+}
 
 /// Managed memory from a stream-ordered managed memory pool (``CU_MEM_ALLOCATION_TYPE_MANAGED``,
 /// a CUDA 13 driver): accessible from the host and every device, migrated by the driver;
@@ -479,10 +483,9 @@ pool_methods!(PyPinnedMemoryResource, Pinned, "PinnedMemoryResource", {
 /// requires CUDA 13.0 or later")`` on an older driver, :class:`CUDAError` when the driver
 /// refuses the pool. The pool cannot be shared with other processes (``is_ipc_enabled`` is
 /// False).
-#[pyclass(frozen, extends = PyMemoryResource, subclass, name = "ManagedMemoryResource", module = "custody")]
+#[pyclass(frozen, extends = PyMemPool, subclass, name = "ManagedMemoryResource", module = "custody")]
 pub struct PyManagedMemoryResource {
     inner: Arc<ManagedPoolMemoryResource>,
-    ipc: PoolIpc,
 }
 
 /// The `ManagedMemoryLocationType` values, in the order cuda.core's message lists them.
@@ -565,7 +568,8 @@ fn managed_location(
     }
 }
 
-pool_methods!(PyManagedMemoryResource, Managed, "ManagedMemoryResource", {
+#[pymethods]
+impl PyManagedMemoryResource {
     #[new]
     #[pyo3(signature = (options = None))]
     fn py_new(
@@ -593,8 +597,7 @@ pool_methods!(PyManagedMemoryResource, Managed, "ManagedMemoryResource", {
                 }
             })
             .map_err(Error::from)?;
-        let ipc = PoolIpc::default();
-        Ok(PyMemoryResource::builtin(inner.clone(), true).add_subclass(Self { inner, ipc }))
+        Ok(PyMemPool::initializer(Pool::Managed(inner.clone()), Self { inner }))
     }
 
     /// The preferred location: ``None`` when the driver decides, else ``(type, id)`` with
@@ -614,4 +617,4 @@ pool_methods!(PyManagedMemoryResource, Managed, "ManagedMemoryResource", {
             .getattr(kind)?;
         Ok(Some((kind, id).into_pyobject(py)?.into_any().unbind()))
     }
-});
+}

@@ -1,25 +1,22 @@
-"""custody: CUDA memory whose lifetime is owned correctly, with NVIDIA cuda.core 1.2's names.
-
-Code written for ``cuda.core``'s buffers, streams and memory resources runs by changing the
-import. Every buffer records, when it is made, the stream and the context its free needs (its
-*deallocation recipe*), so it is freed correctly wherever its last reference goes: on another
-thread, in the cyclic garbage collector, or in deferred cleanup after a CUDA graph let go of it.
-
-Driver failures raise :class:`CUDAError` (a ``RuntimeError``); a free that fails where nobody
-can receive the error (a drop, the garbage collector, another thread) is reported as a
-:class:`CUDAWarning` (a ``RuntimeWarning``).
-
-The driver is ``libcuda.so.1``, or the library named by the environment variable
-``CUSTODY_CUDA_DRIVER``: custody's emulated driver, ``libcuda_emu.so``, runs programs without a
-GPU (``cargo build -p cuda-custody-emu`` in custody's source repository builds it). When no
-driver loads, the first CUDA call raises a :class:`CUDAError` that says what was tried.
-"""
+"""The compiled part of :mod:`custody`: its streams, events and contexts, buffers, memory
+resources and graphs, written in Rust. Import them from ``custody``, which re-exports them."""
 
 import uuid
 from collections.abc import Iterable, MutableSet, Sequence
 from typing import Any, Dict, Optional, Protocol, SupportsIndex, Tuple, Union
 
-__version__: str
+from custody import (
+    Device,
+    DeviceMemoryResourceOptions,
+    EventOptions,
+    StreamOptions,
+    GraphCompleteOptions,
+    Host,
+    IPCAllocationHandle,
+    ManagedMemoryLocationType,
+    ManagedMemoryResourceOptions,
+    PinnedMemoryResourceOptions,
+)
 
 class _CudaStreamLike(Protocol):
     def __cuda_stream__(self) -> Tuple[int, int]: ...
@@ -258,6 +255,13 @@ context and thread."""
 def default_stream() -> Stream:
     """``PER_THREAD_DEFAULT_STREAM`` when ``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM`` is a
     non-zero integer, else ``LEGACY_DEFAULT_STREAM``; the variable is read on every call."""
+
+def at_python_exit() -> None:
+    """The `atexit` callback (registered by the module at import): marks the start of the
+    interpreter's exit and its exit thread, then waits (GIL released, at most 5 seconds) for
+    threads inside [`with_python`] to leave, so that no other thread is attached, or about to
+    attach, through custody when finalization starts.
+    """
 
 def drain_deferred_cleanup() -> int:
     """Runs every queued deferred cleanup on the calling thread (GIL released) and returns how
@@ -611,27 +615,6 @@ def discard_prefetch_batch(
     ``locations`` and errors as :func:`prefetch_batch`.
     """
 
-class Host:
-    """The host as a managed-memory location, beside :class:`Device` (for
-    ``ManagedBuffer.prefetch``, ``discard_prefetch``, ``preferred_location``, ``accessed_by`` and
-    the batch functions). ``Host()``: any NUMA node; ``Host(numa_id=n)``: NUMA node ``n``
-    (``ValueError`` unless a non-negative int); ``Host.numa_current()`` (or
-    ``Host(is_numa_current=True)``): the NUMA node of the calling thread (``ValueError`` with
-    ``numa_id``). The same arguments give the same object, so equality and hashing are by
-    identity; a ``Host`` pickles to the same object.
-    """
-
-    def __new__(cls, numa_id: Optional[int] = None, *, is_numa_current: bool = False) -> "Host": ...
-    @classmethod
-    def numa_current(cls) -> "Host":
-        """The NUMA node of the calling thread (``CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT``)."""
-    @property
-    def numa_id(self) -> Optional[int]:
-        """The NUMA node, or ``None`` for any node (and for :meth:`numa_current`)."""
-    @property
-    def is_numa_current(self) -> bool:
-        """Whether this is the calling thread's NUMA node (:meth:`numa_current`)."""
-
 class IPCBufferDescriptor:
     """What another process needs to import one buffer: the pool's export data for it (the payload:
     the driver's 64-byte ``CUmemPoolPtrExportData``, then the pool's device as 4 bytes,
@@ -758,7 +741,64 @@ class MemoryResource:
     def is_managed(self) -> bool:
         """Whether the memory is managed (False for the base class)."""
 
-class DeviceMemoryResource(MemoryResource):
+class _MemPool(MemoryResource):
+    """The base of the stream-ordered pool resources (cuda.core's ``_MemPool``): what a pool shares
+    with other processes, its attributes, and closing it. Not instantiated directly: a
+    :class:`DeviceMemoryResource`, :class:`PinnedMemoryResource` or :class:`ManagedMemoryResource`
+    is one.
+    """
+
+    @property
+    def is_ipc_enabled(self) -> bool:
+        """Whether the pool can be shared with other processes."""
+    @property
+    def is_mapped(self) -> bool:
+        """Whether the pool was imported from another process (it then only imports buffers, with
+        ``Buffer.from_ipc_descriptor``).
+        """
+    @property
+    def handle(self) -> int:
+        """The raw ``CUmemoryPool`` as an int."""
+    @property
+    def attributes(self) -> MemoryPoolAttributes:
+        """The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed."""
+    @property
+    def allocation_handle(self) -> "IPCAllocationHandle":
+        """The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
+        kept by this resource, for another process's ``from_allocation_handle`` (it
+        pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
+        IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
+        closed resource; :class:`CUDAError` on a driver failure.
+        """
+    def get_allocation_handle(self) -> "IPCAllocationHandle":
+        """A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
+        fresh export of the pool, its file descriptor closed with the handle. Errors as
+        :attr:`allocation_handle`.
+        """
+    @property
+    def uuid(self) -> Optional["uuid.UUID"]:
+        """The UUID naming the pool across processes (the same in the process that made
+        it and in every process that opened it); ``None`` unless the pool can be
+        shared.
+        """
+    @property
+    def is_handle_owned(self) -> bool:
+        """Whether this resource made its pool (and it goes with the last of the resource
+        and its buffers); ``False`` for a device's current pool.
+        """
+    def close(self) -> None:
+        """Closes this resource: ``allocate`` (of one byte or more: zero bytes still give an empty
+        buffer, which holds no memory), ``get_allocation_handle``, pickling and
+        ``Buffer.from_ipc_descriptor`` then raise a ``RuntimeError`` naming the class
+        (``"DeviceMemoryResource has been closed"``); ``deallocate`` and the buffers already made
+        keep working. The pool goes with the last of this object and its buffers
+        (an owned pool outlives its allocations). Idempotent.
+        """
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+
+class DeviceMemoryResource(_MemPool):
     """Device memory from a stream-ordered pool: the device's current pool, or with options a pool
     of its own. Buffers it allocates are freed with ``cuMemFreeAsync`` on their recipe, without
     Python.
@@ -801,56 +841,8 @@ class DeviceMemoryResource(MemoryResource):
         """
     @peer_accessible_by.setter
     def peer_accessible_by(self, devices: "Iterable[Union[Device, int]]") -> None: ...
-    @property
-    def is_ipc_enabled(self) -> bool:
-        """Whether the pool can be shared with other processes."""
-    @property
-    def is_mapped(self) -> bool:
-        """Whether the pool was imported from another process (it then only imports buffers, with
-        ``Buffer.from_ipc_descriptor``).
-        """
-    @property
-    def handle(self) -> int:
-        """The raw ``CUmemoryPool`` as an int."""
-    @property
-    def attributes(self) -> MemoryPoolAttributes:
-        """The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed."""
-    @property
-    def allocation_handle(self) -> "IPCAllocationHandle":
-        """The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
-        kept by this resource, for another process's ``from_allocation_handle`` (it
-        pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
-        IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
-        closed resource; :class:`CUDAError` on a driver failure.
-        """
-    def get_allocation_handle(self) -> "IPCAllocationHandle":
-        """A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
-        fresh export of the pool, its file descriptor closed with the handle. Errors as
-        :attr:`allocation_handle`.
-        """
-    @property
-    def uuid(self) -> Optional["uuid.UUID"]:
-        """The UUID naming the pool across processes (the same in the process that made
-        it and in every process that opened it); ``None`` unless the pool can be
-        shared.
-        """
-    @property
-    def is_handle_owned(self) -> bool:
-        """Whether this resource made its pool (and it goes with the last of the resource
-        and its buffers); ``False`` for a device's current pool.
-        """
-    def close(self) -> None:
-        """Closes this resource: ``allocate`` (of one byte or more: zero bytes still give an empty
-        buffer, which holds no memory), ``get_allocation_handle``, pickling and
-        ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("DeviceMemoryResource has been closed")``;
-        ``deallocate`` and the buffers already made keep working. The pool goes with the last of
-        this object and its buffers (an owned pool outlives its allocations). Idempotent.
-        """
-    @property
-    def is_closed(self) -> bool:
-        """Whether :meth:`close` was called."""
 
-class PinnedMemoryResource(MemoryResource):
+class PinnedMemoryResource(_MemPool):
     """Pinned host memory from a stream-ordered, host-located pool of its own. Buffers it allocates
     are freed with ``cuMemFreeAsync`` on their recipe, without Python.
 
@@ -881,54 +873,6 @@ class PinnedMemoryResource(MemoryResource):
         """The host NUMA node the pool's memory lives on, or -1 when the operating system places
         it (no ``numa_id`` given and IPC disabled).
         """
-    @property
-    def is_ipc_enabled(self) -> bool:
-        """Whether the pool can be shared with other processes."""
-    @property
-    def is_mapped(self) -> bool:
-        """Whether the pool was imported from another process (it then only imports buffers, with
-        ``Buffer.from_ipc_descriptor``).
-        """
-    @property
-    def handle(self) -> int:
-        """The raw ``CUmemoryPool`` as an int."""
-    @property
-    def attributes(self) -> MemoryPoolAttributes:
-        """The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed."""
-    @property
-    def allocation_handle(self) -> "IPCAllocationHandle":
-        """The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
-        kept by this resource, for another process's ``from_allocation_handle`` (it
-        pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
-        IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
-        closed resource; :class:`CUDAError` on a driver failure.
-        """
-    def get_allocation_handle(self) -> "IPCAllocationHandle":
-        """A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
-        fresh export of the pool, its file descriptor closed with the handle. Errors as
-        :attr:`allocation_handle`.
-        """
-    @property
-    def uuid(self) -> Optional["uuid.UUID"]:
-        """The UUID naming the pool across processes (the same in the process that made
-        it and in every process that opened it); ``None`` unless the pool can be
-        shared.
-        """
-    @property
-    def is_handle_owned(self) -> bool:
-        """Whether this resource made its pool (and it goes with the last of the resource
-        and its buffers); ``False`` for a device's current pool.
-        """
-    def close(self) -> None:
-        """Closes this resource: ``allocate`` (of one byte or more: zero bytes still give an empty
-        buffer, which holds no memory), ``get_allocation_handle``, pickling and
-        ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("PinnedMemoryResource has been closed")``;
-        ``deallocate`` and the buffers already made keep working. The pool goes with the last of
-        this object and its buffers (an owned pool outlives its allocations). Idempotent.
-        """
-    @property
-    def is_closed(self) -> bool:
-        """Whether :meth:`close` was called."""
 
 class LegacyPinnedMemoryResource(MemoryResource):
     """Pinned host memory from ``cuMemAllocHost``; ``LegacyPinnedMemoryResource()`` makes no driver
@@ -953,7 +897,7 @@ class LegacyManagedMemoryResource(MemoryResource):
     def __init__(self) -> None:
         ...
 
-class ManagedMemoryResource(MemoryResource):
+class ManagedMemoryResource(_MemPool):
     """Managed memory from a stream-ordered managed memory pool (``CU_MEM_ALLOCATION_TYPE_MANAGED``,
     a CUDA 13 driver): accessible from the host and every device, migrated by the driver;
     ``allocate`` returns :class:`ManagedBuffer`, freed with ``cuMemFreeAsync`` on its recipe.
@@ -976,54 +920,6 @@ class ManagedMemoryResource(MemoryResource):
         ``type`` a :class:`ManagedMemoryLocationType`: ``("device", ordinal)``,
         ``("host", None)`` or ``("host_numa", node)``.
         """
-    @property
-    def is_ipc_enabled(self) -> bool:
-        """Whether the pool can be shared with other processes."""
-    @property
-    def is_mapped(self) -> bool:
-        """Whether the pool was imported from another process (it then only imports buffers, with
-        ``Buffer.from_ipc_descriptor``).
-        """
-    @property
-    def handle(self) -> int:
-        """The raw ``CUmemoryPool`` as an int."""
-    @property
-    def attributes(self) -> MemoryPoolAttributes:
-        """The pool's attributes (:class:`MemoryPoolAttributes`), read from the driver when accessed."""
-    @property
-    def allocation_handle(self) -> "IPCAllocationHandle":
-        """The pool's shareable handle, an :class:`IPCAllocationHandle` exported once and
-        kept by this resource, for another process's ``from_allocation_handle`` (it
-        pickles for ``multiprocessing``). ``RuntimeError("Memory resource is not
-        IPC-enabled")`` for a pool made without ``ipc_enabled``, ``RuntimeError`` for a
-        closed resource; :class:`CUDAError` on a driver failure.
-        """
-    def get_allocation_handle(self) -> "IPCAllocationHandle":
-        """A new shareable handle the caller owns: an :class:`IPCAllocationHandle` of a
-        fresh export of the pool, its file descriptor closed with the handle. Errors as
-        :attr:`allocation_handle`.
-        """
-    @property
-    def uuid(self) -> Optional["uuid.UUID"]:
-        """The UUID naming the pool across processes (the same in the process that made
-        it and in every process that opened it); ``None`` unless the pool can be
-        shared.
-        """
-    @property
-    def is_handle_owned(self) -> bool:
-        """Whether this resource made its pool (and it goes with the last of the resource
-        and its buffers); ``False`` for a device's current pool.
-        """
-    def close(self) -> None:
-        """Closes this resource: ``allocate`` (of one byte or more: zero bytes still give an empty
-        buffer, which holds no memory), ``get_allocation_handle``, pickling and
-        ``Buffer.from_ipc_descriptor`` then raise ``RuntimeError("ManagedMemoryResource has been closed")``;
-        ``deallocate`` and the buffers already made keep working. The pool goes with the last of
-        this object and its buffers (an owned pool outlives its allocations). Idempotent.
-        """
-    @property
-    def is_closed(self) -> bool:
-        """Whether :meth:`close` was called."""
 
 class SynchronousMemoryResource(MemoryResource):
     """Device memory from ``cuMemAlloc`` in the device's primary context: no context need be
@@ -1037,19 +933,7 @@ class SynchronousMemoryResource(MemoryResource):
         ...
 
 class GraphMemoryResource(MemoryResource):
-    """Graph memory of one device: ``allocate`` works only on a stream that is being captured
-    (``RuntimeError`` otherwise), and the allocation becomes part of the graph; zero bytes give
-    an empty buffer. ``GraphMemoryResource(n)`` is the same object every time for a given device
-    (``ValueError`` for an ordinal out of range). A buffer allocated with ``stream=builder`` and
-    closed while building is a free node of the graph (after its ``record_use`` streams of the
-    same capture); closed while its stream is captured into another graph, that graph keeps it
-    (freed once that graph is gone). Closed (or collected) after ``end_building()`` but before
-    the graph's first launch, when its memory does not exist yet, it closes without error: its
-    ``cuMemFreeAsync`` is issued by that first launch (``Graph.launch``), on the builder's
-    stream, ordered after the launch. A graph that does not free an allocation itself is
-    launched once (``RuntimeError`` after). An allocation of a capture that recorded no graph
-    (the builder closed while building, an invalidated capture) frees nothing when closed.
-    """
+    """Graph memory: allocations on a stream that is being captured."""
 
     def __new__(cls, device_id: Union[int, "Device"]) -> "GraphMemoryResource":
         ...
@@ -1152,94 +1036,6 @@ class CachingMemoryResource(MemoryResource):
     @property
     def is_closed(self) -> bool:
         """Whether :meth:`close` was called."""
-
-class DeviceMemoryResourceOptions:
-    """Options for a :class:`DeviceMemoryResource` with a pool of its own. ``ipc_enabled``: other
-    processes can open the pool (through a POSIX file descriptor); ``max_size``: the pool's
-    largest size in bytes, 0 for no limit.
-    A dict of these fields works in its place; an unknown key, or any other type, is a
-    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
-    """
-
-    ipc_enabled: bool
-    max_size: int
-    def __init__(self, ipc_enabled: bool = False, max_size: int = 0) -> None:
-        ...
-
-class PinnedMemoryResourceOptions:
-    """Options for a :class:`PinnedMemoryResource`. ``ipc_enabled``: other processes can open the
-    pool; ``max_size``: the pool's largest size in bytes, 0 for no limit; ``numa_id``: the host
-    NUMA node of the memory (``ValueError`` if negative); ``None`` lets the operating system place
-    it, or with ``ipc_enabled`` (a shared pool names its node) takes the current device's
-    ``host_numa_id`` (``RuntimeError`` when the driver reports none).
-    A dict of these fields works in its place; an unknown key, or any other type, is a
-    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
-    """
-
-    ipc_enabled: bool
-    max_size: int
-    numa_id: Optional[int]
-    def __init__(self, ipc_enabled: bool = False, max_size: int = 0, numa_id: Optional[int] = None) -> None:
-        ...
-
-class ManagedMemoryLocationType(str):
-    """Where managed memory prefers to live (a ``str``): ``DEVICE`` (``"device"``) a GPU,
-    ``HOST`` (``"host"``) the host, placed by the operating system, ``HOST_NUMA``
-    (``"host_numa"``) a given host NUMA node.
-    """
-
-    DEVICE: "ManagedMemoryLocationType"
-    HOST: "ManagedMemoryLocationType"
-    HOST_NUMA: "ManagedMemoryLocationType"
-
-class ManagedMemoryResourceOptions:
-    """Options for a :class:`ManagedMemoryResource`'s own pool: its preferred location.
-    ``preferred_location_type`` ``None``: ``preferred_location`` is a device ordinal, -1 for the
-    host, or ``None`` for no preference. ``"device"``: ``preferred_location`` a device ordinal
-    (>= 0); ``"host"``: ``preferred_location`` must be ``None``; ``"host_numa"``: a NUMA node
-    (>= 0), or ``None`` for the current device's ``host_numa_id``. A
-    :class:`ManagedMemoryLocationType` or its string.
-    A dict of these fields works in its place; an unknown key, or any other type, is a
-    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
-    """
-
-    preferred_location: Optional[int]
-    preferred_location_type: Union["ManagedMemoryLocationType", str, None]
-    def __init__(self, preferred_location: Optional[int] = None, preferred_location_type: Union["ManagedMemoryLocationType", str, None] = None) -> None:
-        ...
-
-class StreamOptions:
-    """Options for :meth:`Device.create_stream`. ``nonblocking`` (default True): the stream does
-    not synchronise with the legacy default stream; ``priority``: lower numbers run first,
-    ``None`` is 0, ``ValueError`` outside the device's range.
-    A dict of these fields works in its place; an unknown key, or any other type, is a
-    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
-    """
-
-    nonblocking: bool
-    priority: Optional[int]
-    def __init__(self, nonblocking: bool = True, priority: Optional[int] = None) -> None:
-        ...
-
-class EventOptions:
-    """Options for :meth:`Stream.record` and :meth:`Device.create_event` (cuda.core 1.2's names).
-    ``timing_enabled``: the event records a timestamp (for ``end - start``); ``blocking_sync``:
-    ``sync()`` yields the CPU instead of spinning; ``ipc_enabled``: shareable with other
-    processes (``TypeError`` together with ``timing_enabled``).
-    A dict of these fields works in its place; an unknown key, or any other type, is a
-    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
-    """
-
-    timing_enabled: Optional[bool]
-    blocking_sync: Optional[bool]
-    ipc_enabled: Optional[bool]
-    def __init__(
-        self,
-        timing_enabled: Optional[bool] = False,
-        blocking_sync: Optional[bool] = False,
-        ipc_enabled: Optional[bool] = False,
-    ) -> None:
-        ...
 
 class GraphBuilder:
     """Records work into a CUDA graph by capturing a stream (``Device.create_graph_builder()``,
@@ -1349,99 +1145,6 @@ class Graph:
     def is_closed(self) -> bool:
         """Whether ``close()`` was called."""
 
-class _System:
-    """Process-wide facts, from the CUDA driver (not NVML)."""
-
-    @property
-    def num_devices(self) -> int:
-        """How many devices the driver sees (``cuDeviceGetCount``)."""
-    def get_num_devices(self) -> int:
-        """How many devices the driver sees (``cuDeviceGetCount``)."""
-
-system: _System
-"""Process-wide facts (``system.num_devices``)."""
-
-class Device:
-    """A CUDA device; ``Device(n)`` is the same object every time (so equality and hashing are
-    by identity). ``Device()`` is the device of the current context, or device 0. ``TypeError``
-    for a non-int, ``ValueError`` for an ordinal out of range."""
-
-    def __new__(cls, device_id: Optional[int] = None) -> "Device":
-        ...
-    @classmethod
-    def get_all_devices(cls) -> Tuple["Device", ...]:
-        """Every device the driver sees, in ordinal order."""
-    @property
-    def device_id(self) -> int:
-        """The device ordinal."""
-    @property
-    def properties(self) -> "DeviceProperties":
-        """The device's attributes (``cuDeviceGetAttribute``), each read on first use."""
-    @property
-    def name(self) -> str:
-        """The device's name (``cuDeviceGetName``)."""
-    @property
-    def uuid(self) -> str:
-        """The device's UUID as ``"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"`` (``cuDeviceGetUuid``)."""
-    @property
-    def pci_bus_id(self) -> str:
-        """The device's PCI address, ``"domain:bus:device.function"`` in hexadecimal (as
-        ``cuDeviceGetPCIBusId`` writes it; :class:`CUDAError` on a driver failure).
-        """
-    @property
-    def compute_capability(self) -> ComputeCapability:
-        """``(major, minor)``, e.g. ``ComputeCapability(major=9, minor=0)`` for an H200."""
-    @property
-    def arch(self) -> str:
-        """The compute capability as the digits of an ``sm_`` name: ``"90"`` for 9.0."""
-    def can_access_peer(self, peer: Union["Device", int]) -> bool:
-        """Whether this device can access ``peer``'s memory (``cuDeviceCanAccessPeer``); a device can
-        always access its own.
-        """
-    @property
-    def context(self) -> Context:
-        """The device's primary context (retained while this object lives)."""
-    def set_current(self, ctx: Optional[Context] = None) -> None:
-        """Makes the device's primary context (or ``ctx``) current on the calling thread, replacing the
-        top of its context stack (``cuCtxSetCurrent``). ``TypeError`` for a ``ctx`` that is not a
-        :class:`Context`; :class:`CUDAError` on a driver failure.
-        """
-    @property
-    def memory_resource(self) -> MemoryResource:
-        """The resource :meth:`allocate` uses (default: a :class:`DeviceMemoryResource` over the
-        device's current pool); settable to any :class:`MemoryResource` (``TypeError`` otherwise).
-        """
-    @memory_resource.setter
-    def memory_resource(self, mr: MemoryResource) -> None: ...
-    @property
-    def default_stream(self) -> Stream:
-        """:func:`default_stream`."""
-    def create_stream(self, obj: Optional[_CudaStreamLike] = None, options: Optional[StreamOptions] = None) -> Stream:
-        """A new stream in the primary context made with ``options`` (a :class:`StreamOptions` or a
-        dict; non-blocking, priority 0 by default), or a wrapper of ``obj`` (an object with
-        ``__cuda_stream__``; ``TypeError`` otherwise). ``ValueError`` for a priority outside the
-        device's range; :class:`CUDAError` on a driver failure.
-        """
-    def create_event(self, options: Optional[EventOptions] = None) -> Event:
-        """A new event in the primary context, not recorded, made with ``options`` (an
-        :class:`EventOptions` or a dict). ``TypeError`` for ``ipc_enabled``: an IPC event is made
-        by recording it (:meth:`Stream.record`).
-        """
-    def create_graph_builder(self) -> "GraphBuilder":
-        """A :class:`GraphBuilder` capturing a new stream in the device's primary context."""
-    def allocate(self, size: int, *, stream: StreamLike) -> Buffer:
-        """``self.memory_resource.allocate(size, stream=stream)``: ``size`` bytes, ordered on
-        ``stream`` (keyword-only), raising what that resource's ``allocate`` raises.
-        """
-    def sync(self) -> None:
-        """Blocks the calling thread (the GIL released) until all work in the device's primary context
-        has finished (``cuCtxSynchronize``).
-        """
-    def __int__(self) -> int:
-        """The device ordinal."""
-    def __index__(self) -> int:
-        """The device ordinal."""
-
 class IPCEventDescriptor:
     """What another process needs to open an IPC-enabled event: the driver's 64-byte
     ``CUipcEventHandle`` and whether the event blocks on ``sync()``. Compared by the handle
@@ -1476,503 +1179,3 @@ class GraphMemoryResourceAttributes:
     @used_mem_high.setter
     def used_mem_high(self, value: int) -> None: ...
 
-class GraphCompleteOptions:
-    """Options for :meth:`GraphBuilder.complete`, with cuda.core's names. ``upload_stream``: upload
-    the graph there at once. ``auto_free_on_launch``, ``device_launch`` and
-    ``use_node_priority`` exist for cuda.core's interface and are not supported
-    (``NotImplementedError`` when set).
-    A dict of these fields works in its place; an unknown key, or any other type, is a
-    ``TypeError`` (as cuda.core 1.2 builds the dataclass).
-    """
-
-    auto_free_on_launch: bool
-    upload_stream: Optional[Stream]
-    device_launch: bool
-    use_node_priority: bool
-    def __init__(
-        self,
-        auto_free_on_launch: bool = False,
-        upload_stream: Optional[Stream] = None,
-        device_launch: bool = False,
-        use_node_priority: bool = False,
-    ) -> None:
-        ...
-
-class ComputeCapability(Tuple[int, int]):
-    """A device's compute capability, ``(major, minor)`` (a named tuple;
-    ``Device.compute_capability``).
-    """
-
-    major: int
-    minor: int
-
-class DLDeviceType(int):
-    """DLPack's device types, as ``__dlpack_device__()[0]`` reports them (an ``IntEnum``)."""
-
-    kDLCPU: int
-    kDLCUDA: int
-    kDLCUDAHost: int
-    kDLCUDAManaged: int
-
-class DeviceProperties:
-    """A device's attributes under cuda.core 1.2's names (``Device.properties``), each read
-    with ``cuDeviceGetAttribute`` on first use and kept. An attribute the loaded driver does not
-    know raises :class:`CUDAError` when read. Cannot be instantiated directly
-    (``RuntimeError``)."""
-
-    @property
-    def max_threads_per_block(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`` (1), as an int."""
-    @property
-    def max_block_dim_x(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X`` (2), as an int."""
-    @property
-    def max_block_dim_y(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y`` (3), as an int."""
-    @property
-    def max_block_dim_z(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z`` (4), as an int."""
-    @property
-    def max_grid_dim_x(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X`` (5), as an int."""
-    @property
-    def max_grid_dim_y(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y`` (6), as an int."""
-    @property
-    def max_grid_dim_z(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z`` (7), as an int."""
-    @property
-    def max_shared_memory_per_block(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK`` (8), as an int."""
-    @property
-    def total_constant_memory(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY`` (9), as an int."""
-    @property
-    def warp_size(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_WARP_SIZE`` (10), as an int."""
-    @property
-    def max_pitch(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_PITCH`` (11), as an int."""
-    @property
-    def maximum_texture1d_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH`` (21), as an int."""
-    @property
-    def maximum_texture1d_linear_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH`` (69), as an int."""
-    @property
-    def maximum_texture1d_mipmapped_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH`` (77), as an int."""
-    @property
-    def maximum_texture2d_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH`` (22), as an int."""
-    @property
-    def maximum_texture2d_height(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT`` (23), as an int."""
-    @property
-    def maximum_texture2d_linear_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_WIDTH`` (70), as an int."""
-    @property
-    def maximum_texture2d_linear_height(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT`` (71), as an int."""
-    @property
-    def maximum_texture2d_linear_pitch(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_PITCH`` (72), as an int."""
-    @property
-    def maximum_texture2d_mipmapped_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH`` (73), as an int."""
-    @property
-    def maximum_texture2d_mipmapped_height(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT`` (74), as an int."""
-    @property
-    def maximum_texture3d_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH`` (24), as an int."""
-    @property
-    def maximum_texture3d_height(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT`` (25), as an int."""
-    @property
-    def maximum_texture3d_depth(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH`` (26), as an int."""
-    @property
-    def maximum_texture3d_width_alternate(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH_ALTERNATE`` (47), as an int."""
-    @property
-    def maximum_texture3d_height_alternate(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT_ALTERNATE`` (48), as an int."""
-    @property
-    def maximum_texture3d_depth_alternate(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE`` (49), as an int."""
-    @property
-    def maximum_texturecubemap_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH`` (52), as an int."""
-    @property
-    def maximum_texture1d_layered_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH`` (42), as an int."""
-    @property
-    def maximum_texture1d_layered_layers(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_LAYERS`` (43), as an int."""
-    @property
-    def maximum_texture2d_layered_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH`` (27), as an int."""
-    @property
-    def maximum_texture2d_layered_height(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT`` (28), as an int."""
-    @property
-    def maximum_texture2d_layered_layers(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS`` (29), as an int."""
-    @property
-    def maximum_texturecubemap_layered_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH`` (53), as an int."""
-    @property
-    def maximum_texturecubemap_layered_layers(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS`` (54), as an int."""
-    @property
-    def maximum_surface1d_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_WIDTH`` (55), as an int."""
-    @property
-    def maximum_surface2d_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH`` (56), as an int."""
-    @property
-    def maximum_surface2d_height(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT`` (57), as an int."""
-    @property
-    def maximum_surface3d_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_WIDTH`` (58), as an int."""
-    @property
-    def maximum_surface3d_height(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_HEIGHT`` (59), as an int."""
-    @property
-    def maximum_surface3d_depth(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_DEPTH`` (60), as an int."""
-    @property
-    def maximum_surface1d_layered_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_WIDTH`` (61), as an int."""
-    @property
-    def maximum_surface1d_layered_layers(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_LAYERS`` (62), as an int."""
-    @property
-    def maximum_surface2d_layered_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_WIDTH`` (63), as an int."""
-    @property
-    def maximum_surface2d_layered_height(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_HEIGHT`` (64), as an int."""
-    @property
-    def maximum_surface2d_layered_layers(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_LAYERS`` (65), as an int."""
-    @property
-    def maximum_surfacecubemap_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH`` (66), as an int."""
-    @property
-    def maximum_surfacecubemap_layered_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH`` (67), as an int."""
-    @property
-    def maximum_surfacecubemap_layered_layers(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS`` (68), as an int."""
-    @property
-    def max_registers_per_block(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK`` (12), as an int."""
-    @property
-    def clock_rate(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_CLOCK_RATE`` (13), as an int."""
-    @property
-    def texture_alignment(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT`` (14), as an int."""
-    @property
-    def texture_pitch_alignment(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT`` (51), as an int."""
-    @property
-    def gpu_overlap(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_GPU_OVERLAP`` (15), as a bool."""
-    @property
-    def multiprocessor_count(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`` (16), as an int."""
-    @property
-    def kernel_exec_timeout(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT`` (17), as a bool."""
-    @property
-    def integrated(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_INTEGRATED`` (18), as a bool."""
-    @property
-    def can_map_host_memory(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`` (19), as a bool."""
-    @property
-    def compute_mode(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_COMPUTE_MODE`` (20), as an int."""
-    @property
-    def concurrent_kernels(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS`` (31), as a bool."""
-    @property
-    def ecc_enabled(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_ECC_ENABLED`` (32), as a bool."""
-    @property
-    def pci_bus_id(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_PCI_BUS_ID`` (33), as an int."""
-    @property
-    def pci_device_id(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID`` (34), as an int."""
-    @property
-    def pci_domain_id(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID`` (50), as an int."""
-    @property
-    def tcc_driver(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_TCC_DRIVER`` (35), as a bool."""
-    @property
-    def memory_clock_rate(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE`` (36), as an int."""
-    @property
-    def global_memory_bus_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH`` (37), as an int."""
-    @property
-    def l2_cache_size(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE`` (38), as an int."""
-    @property
-    def max_threads_per_multiprocessor(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`` (39), as an int."""
-    @property
-    def unified_addressing(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING`` (41), as a bool."""
-    @property
-    def compute_capability_major(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR`` (75), as an int."""
-    @property
-    def compute_capability_minor(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR`` (76), as an int."""
-    @property
-    def global_l1_cache_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED`` (79), as a bool."""
-    @property
-    def local_l1_cache_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED`` (80), as a bool."""
-    @property
-    def max_shared_memory_per_multiprocessor(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR`` (81), as an int."""
-    @property
-    def max_registers_per_multiprocessor(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR`` (82), as an int."""
-    @property
-    def managed_memory(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY`` (83), as a bool."""
-    @property
-    def multi_gpu_board(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD`` (84), as a bool."""
-    @property
-    def multi_gpu_board_group_id(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID`` (85), as an int."""
-    @property
-    def host_native_atomic_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED`` (86), as a bool."""
-    @property
-    def single_to_double_precision_perf_ratio(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO`` (87), as an int."""
-    @property
-    def pageable_memory_access(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS`` (88), as a bool."""
-    @property
-    def concurrent_managed_access(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`` (89), as a bool."""
-    @property
-    def compute_preemption_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED`` (90), as a bool."""
-    @property
-    def can_use_host_pointer_for_registered_mem(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`` (91), as a bool."""
-    @property
-    def cooperative_launch(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH`` (95), as a bool."""
-    @property
-    def max_shared_memory_per_block_optin(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`` (97), as an int."""
-    @property
-    def pageable_memory_access_uses_host_page_tables(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES`` (100), as a bool."""
-    @property
-    def direct_managed_mem_access_from_host(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST`` (101), as a bool."""
-    @property
-    def virtual_memory_management_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`` (102), as a bool."""
-    @property
-    def handle_type_posix_file_descriptor_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`` (103), as a bool."""
-    @property
-    def handle_type_win32_handle_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED`` (104), as a bool."""
-    @property
-    def handle_type_win32_kmt_handle_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED`` (105), as a bool."""
-    @property
-    def max_blocks_per_multiprocessor(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR`` (106), as an int."""
-    @property
-    def generic_compression_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED`` (107), as a bool."""
-    @property
-    def max_persisting_l2_cache_size(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE`` (108), as an int."""
-    @property
-    def max_access_policy_window_size(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE`` (109), as an int."""
-    @property
-    def gpu_direct_rdma_with_cuda_vmm_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`` (110), as a bool."""
-    @property
-    def reserved_shared_memory_per_block(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK`` (111), as an int."""
-    @property
-    def sparse_cuda_array_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED`` (112), as a bool."""
-    @property
-    def read_only_host_register_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED`` (113), as a bool."""
-    @property
-    def memory_pools_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`` (115), as a bool."""
-    @property
-    def gpu_direct_rdma_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`` (116), as a bool."""
-    @property
-    def gpu_direct_rdma_flush_writes_options(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS`` (117), as an int."""
-    @property
-    def gpu_direct_rdma_writes_ordering(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`` (118), as an int."""
-    @property
-    def mempool_supported_handle_types(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES`` (119), as an int."""
-    @property
-    def deferred_mapping_cuda_array_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED`` (121), as a bool."""
-    @property
-    def surface_alignment(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT`` (30), as an int."""
-    @property
-    def async_engine_count(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT`` (40), as an int."""
-    @property
-    def can_tex2d_gather(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_CAN_TEX2D_GATHER`` (44), as a bool."""
-    @property
-    def maximum_texture2d_gather_width(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_WIDTH`` (45), as an int."""
-    @property
-    def maximum_texture2d_gather_height(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_HEIGHT`` (46), as an int."""
-    @property
-    def stream_priorities_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED`` (78), as a bool."""
-    @property
-    def can_flush_remote_writes(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES`` (98), as a bool."""
-    @property
-    def host_register_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`` (99), as a bool."""
-    @property
-    def timeline_semaphore_interop_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED`` (114), as a bool."""
-    @property
-    def cluster_launch(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH`` (120), as a bool."""
-    @property
-    def can_use_64_bit_stream_mem_ops(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`` (122), as a bool."""
-    @property
-    def can_use_stream_wait_value_nor(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR`` (123), as a bool."""
-    @property
-    def dma_buf_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`` (124), as a bool."""
-    @property
-    def ipc_event_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED`` (125), as a bool."""
-    @property
-    def mem_sync_domain_count(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT`` (126), as an int."""
-    @property
-    def tensor_map_access_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED`` (127), as a bool."""
-    @property
-    def handle_type_fabric_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`` (128), as a bool."""
-    @property
-    def unified_function_pointers(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS`` (129), as a bool."""
-    @property
-    def numa_config(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_NUMA_CONFIG`` (130), as an int."""
-    @property
-    def numa_id(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_NUMA_ID`` (131), as an int."""
-    @property
-    def multicast_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` (132), as a bool."""
-    @property
-    def mps_enabled(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_MPS_ENABLED`` (133), as a bool."""
-    @property
-    def host_numa_id(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`` (134), as an int."""
-    @property
-    def d3d12_cig_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED`` (135), as a bool."""
-    @property
-    def mem_decompress_algorithm_mask(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK`` (136), as an int."""
-    @property
-    def mem_decompress_maximum_length(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH`` (137), as an int."""
-    @property
-    def vulkan_cig_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED`` (138), as a bool."""
-    @property
-    def gpu_pci_device_id(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID`` (139), as an int."""
-    @property
-    def gpu_pci_subsystem_id(self) -> int:
-        """``CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID`` (140), as an int."""
-    @property
-    def host_numa_virtual_memory_management_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`` (141), as a bool."""
-    @property
-    def host_numa_memory_pools_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED`` (142), as a bool."""
-    @property
-    def host_numa_multinode_ipc_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED`` (143), as a bool."""
-    @property
-    def host_memory_pools_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED`` (144), as a bool."""
-    @property
-    def host_virtual_memory_management_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`` (145), as a bool."""
-    @property
-    def host_alloc_dma_buf_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED`` (146), as a bool."""
-    @property
-    def only_partial_host_native_atomic_supported(self) -> bool:
-        """``CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED`` (147), as a bool."""
-
-class IPCAllocationHandle:
-    """A memory pool's shareable handle (``mr.allocation_handle``): a POSIX file descriptor of
-    the exported pool, which this object owns and closes (``close()``, or when it is collected),
-    and the UUID naming the pool across processes. Pickles for ``multiprocessing`` (the
-    descriptor is duplicated for the receiving process). Cannot be instantiated directly
-    (``RuntimeError``).
-    """
-
-    @classmethod
-    def _init(cls, handle: int, uuid: Optional["uuid.UUID"] = None, kind: Optional[str] = None, device_id: int = -1) -> "IPCAllocationHandle":
-        """A handle owning the file descriptor ``handle`` (``ValueError`` when negative), of the
-        pool ``uuid`` that a ``kind`` resource (of device ``device_id``) exported.
-        """
-    @property
-    def handle(self) -> int:
-        """The file descriptor (``RuntimeError`` once closed)."""
-    def __int__(self) -> int:
-        """The file descriptor."""
-    @property
-    def uuid(self) -> Optional["uuid.UUID"]:
-        """The UUID naming the pool across processes."""
-    @property
-    def is_closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-    def close(self) -> None:
-        """Closes the file descriptor. Idempotent."""
