@@ -127,6 +127,12 @@ def _stream_int(stream_ptr, what):
         raise TypeError(f"{what} is an int (a stream's handle, or -1), got {stream_ptr!r}") from None
 
 
+def _attribute(slot: str, doc: str) -> Any:
+    """A read-only property reading ``slot`` (typed ``Any`` so that the annotation beside it is
+    the property's type)."""
+    return property(operator.attrgetter(slot), doc=doc)
+
+
 def _check_has_dlpack(obj):
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         return True
@@ -283,16 +289,9 @@ class StridedMemoryView:
         return cls.from_cuda_array_interface(obj, stream_ptr)
 
     @classmethod
-    def from_buffer(
-        cls,
-        buffer: Buffer,
-        shape: Tuple[int, ...],
-        strides: Optional[Tuple[int, ...]] = None,
-        *,
-        itemsize: Optional[int] = None,
-        dtype: Any = None,
-        is_readonly: bool = False,
-    ) -> StridedMemoryView:
+    def from_buffer(cls, buffer: Buffer, shape: Tuple[int, ...],
+                    strides: Optional[Tuple[int, ...]] = None, *, itemsize: Optional[int] = None,
+                    dtype: Any = None, is_readonly: bool = False) -> StridedMemoryView:
         """A view of ``buffer``'s memory with ``shape`` and ``strides`` (in elements; None for C
         order) of ``dtype`` items, or of ``itemsize``-byte items with no dtype. Nothing is
         synchronised: order the view's use after the buffer's work yourself.
@@ -316,30 +315,19 @@ class StridedMemoryView:
 
     # -- attributes (read-only) --
 
-    @property
-    def ptr(self) -> int:
-        """The address of the element at index ``(0,) * ndim``, an int."""
-        return self._ptr
-
-    @property
-    def device_id(self) -> int:
-        """The device the memory belongs to; -1 for host memory."""
-        return self._device_id
-
-    @property
-    def is_device_accessible(self) -> bool:
-        """Whether a device can access the memory (device, pinned or managed memory)."""
-        return self._is_device_accessible
-
-    @property
-    def readonly(self) -> bool:
-        """Whether the producer marked the memory read-only."""
-        return self._readonly
-
-    @property
-    def exporting_obj(self) -> Any:
-        """The object viewed (for :meth:`from_buffer`, the buffer), kept alive by the view."""
-        return self._exporting_obj
+    ptr: int = _attribute("_ptr", "The address of the element at index ``(0,) * ndim``, an int.")
+    device_id: int = _attribute(
+        "_device_id", "The device the memory belongs to; -1 for host memory."
+    )
+    is_device_accessible: bool = _attribute(
+        "_is_device_accessible",
+        "Whether a device can access the memory (device, pinned or managed memory).",
+    )
+    readonly: bool = _attribute("_readonly", "Whether the producer marked the memory read-only.")
+    exporting_obj: Any = _attribute(
+        "_exporting_obj",
+        "The object viewed (for :meth:`from_buffer`, the buffer), kept alive by the view.",
+    )
 
     @property
     def _layout(self) -> _StridedLayout:
@@ -433,18 +421,10 @@ class StridedMemoryView:
         """Not provided (cuda.core 1.2 does not implement it either): ``NotImplementedError``."""
         raise NotImplementedError("Sorry, not supported: copy_to")
 
-    def as_tensor_map(
-        self,
-        box_dim: Optional[Tuple[int, ...]] = None,
-        *,
-        options: Any = None,
-        element_strides: Optional[Tuple[int, ...]] = None,
-        data_type: Any = None,
-        interleave: Any = None,
-        swizzle: Any = None,
-        l2_promotion: Any = None,
-        oob_fill: Any = None,
-    ) -> Any:
+    def as_tensor_map(self, box_dim: Optional[Tuple[int, ...]] = None, *, options: Any = None,
+                      element_strides: Optional[Tuple[int, ...]] = None, data_type: Any = None,
+                      interleave: Any = None, swizzle: Any = None, l2_promotion: Any = None,
+                      oob_fill: Any = None) -> Any:
         """Not provided: tensor maps are kernel arguments, outside custody's scope
         (``NotImplementedError``)."""
         raise NotImplementedError(
@@ -470,14 +450,8 @@ class StridedMemoryView:
         self._dl_device = (int(kind), int(ordinal))
         return self._dl_device
 
-    def __dlpack__(
-        self,
-        *,
-        stream: Optional[int] = None,
-        max_version: Optional[Tuple[int, int]] = None,
-        dl_device: Optional[Tuple[int, int]] = None,
-        copy: Optional[bool] = None,
-    ) -> Any:
+    def __dlpack__(self, *, stream: Optional[int] = None, max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None, copy: Optional[bool] = None) -> Any:
         """A DLPack capsule of this view (versioned, DLPack 1.x, when ``max_version`` is at least
         ``(1, 0)``, with the read-only flag of :attr:`readonly`; else unversioned), whose tensor
         keeps this view, and so the producer, alive until its deleter runs. ``stream`` is
