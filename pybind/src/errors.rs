@@ -188,6 +188,21 @@ pub(crate) fn closed(what: &str) -> PyErr {
     PyRuntimeError::new_err(format!("{what} has been closed"))
 }
 
+/// The first 64 bytes of `bytes`, the driver's opaque IPC data that `what` (``"IPC event
+/// descriptor: its reserved field"``) carries: `ValueError("invalid <what> is N bytes; expected
+/// at least 64")` when it has fewer.
+pub(crate) fn ipc_data(bytes: &[u8], what: &str) -> PyResult<[u8; 64]> {
+    bytes
+        .get(..64)
+        .and_then(|data| data.try_into().ok())
+        .ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "invalid {what} is {} bytes; expected at least 64",
+                bytes.len()
+            ))
+        })
+}
+
 /// `TypeError("<expected> expected, got <type name>")`.
 pub(crate) fn expected(expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
     PyTypeError::new_err(format!("{expected} expected, got {}", class_name(got)))

@@ -13,9 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyInt, PyTuple};
 
 use crate::errors::Error;
-use crate::ffi::dlpack::{
-    consume, exchange_api, export, ForeignTensor, Keep, TensorInfo, TensorSpec,
-};
+use crate::ffi::dlpack::{consume, exchange_api, export, ForeignTensor, Keep, TensorSpec};
 use crate::ffi::wrap_foreign_stream;
 use crate::stream::accept::accept_stream;
 
@@ -32,7 +30,7 @@ pub(crate) const DL_CUDA_MANAGED: i32 = 13;
 /// one.
 #[pyclass(frozen, name = "_DLPackTensor", module = "custody._custody")]
 pub(crate) struct PyDlpackTensor {
-    info: TensorInfo,
+    info: TensorSpec,
     _tensor: ForeignTensor,
 }
 

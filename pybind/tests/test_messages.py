@@ -132,13 +132,13 @@ def test_managed_placement_refuses_a_positional_stream_as_keyword_only(device, s
 
 def test_keyword_only_signatures_still_show_the_keyword(device, stream):
     """The methods collect a positional ``stream`` to name it, yet their signatures are the
-    stubs' (``test_stubs.py`` compares every one)."""
+    stub's (``test_stubs.py`` compares every one) or, for a Python method, its own."""
     for method, text in (
         (custody.Buffer.fill, "(self, /, value, *, stream)"),
         (custody.Buffer.copy_to, "(self, /, dst=None, *, stream)"),
         (custody.MemoryResource.deallocate, "(self, /, ptr, size, *, stream)"),
         (custody.Buffer.from_handle, "(ptr, size, mr=None, owner=None, *, stream=None)"),
-        (custody.Device.allocate, "(self, size: 'int', *, stream) -> 'Buffer'"),
+        (custody.Device.allocate, "(self, size: 'int', *, stream: 'StreamLike') -> 'Buffer'"),
     ):
         assert str(inspect.signature(method)) == text
 

@@ -228,7 +228,7 @@ class GraphMemoryResource(_GraphMemoryResource):
 
     _instances: "dict[int, GraphMemoryResource]" = {}
 
-    def __new__(cls, device_id: "int | Device") -> "GraphMemoryResource":
+    def __new__(cls, device_id: int | Device) -> GraphMemoryResource:
         ordinal = Device(device_id).device_id
         with Device._lock:
             mr = cls._instances.get(ordinal)
@@ -428,7 +428,7 @@ class Device:
         return default_stream()
 
     def create_stream(
-        self, obj: "Optional[_CudaStreamLike]" = None, options: "Optional[StreamOptions]" = None
+        self, obj: Optional[_CudaStreamLike] = None, options: "Optional[StreamOptions]" = None
     ) -> Stream:
         """A new stream in the primary context made with ``options`` (a :class:`StreamOptions` or a
         dict; non-blocking, priority 0 by default), or a wrapper of ``obj`` (an object with
@@ -455,7 +455,7 @@ class Device:
         return _custody._create_graph_builder(self.context)
 
     @_stream_is_keyword_only
-    def allocate(self, size: int, *, stream: "StreamLike") -> Buffer:
+    def allocate(self, size: int, *, stream: StreamLike) -> Buffer:
         """``self.memory_resource.allocate(size, stream=stream)``: ``size`` bytes, ordered on
         ``stream`` (keyword-only), raising what that resource's ``allocate`` raises.
         """

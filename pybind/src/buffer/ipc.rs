@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
 use pyo3::types::{PyBytes, PyTuple};
 
-use crate::errors::Error;
+use crate::errors::{ipc_data, Error};
 use crate::identity::compare;
 
 /// What another process needs to import one buffer: the pool's export data for it (the payload:
@@ -45,16 +45,7 @@ impl PyIpcBufferDescriptor {
     /// # Errors
     /// `ValueError` for a payload shorter than 64 bytes or a bad size.
     fn resolve(&self, pool_device: Option<i32>) -> PyResult<IpcBufferDescriptor> {
-        let export: [u8; 64] = self
-            .payload
-            .get(..64)
-            .and_then(|bytes| bytes.try_into().ok())
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "invalid IPC buffer descriptor: its payload is {} bytes; expected at least 64",
-                    self.payload.len()
-                ))
-            })?;
+        let export = ipc_data(&self.payload, "IPC buffer descriptor: its payload")?;
         // The importing pool's device: whether the export data belongs to that pool is the
         // driver's to say (cuMemPoolImportPointer refuses another pool's), as with cuda.core.
         IpcBufferDescriptor::from_parts(export, self.size, pool_device).map_err(descriptor_error)

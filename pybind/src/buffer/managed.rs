@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use handles::{MemAdvice, MemLocation};
+use handles::{MemAdvice, MemLocation, StreamHandle};
 use memory::{Buffer, MemoryError};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -14,7 +14,7 @@ use super::adopt::{address, adopt, FROM_HANDLE};
 use super::class::{PyBuffer, PyManagedBuffer};
 use crate::errors::{class_name, refuse_positional_stream, size_argument, Error};
 use crate::location::{kind_name, location, location_object, required_location};
-use crate::stream::accept::{accept_stream, required_stream};
+use crate::stream::accept::{accept_stream, keyword_stream};
 
 #[pymethods]
 impl PyManagedBuffer {
@@ -197,18 +197,11 @@ impl PyManagedBuffer {
     )]
     fn prefetch(
         slf: &Bound<'_, Self>,
-        py: Python<'_>,
         location: &Bound<'_, PyAny>,
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        refuse_positional_stream(slf.as_any(), "prefetch", &["location"], extra)?;
-        let stream = accept_stream(&required_stream(stream)?)?;
-        let location = required_location(location)?;
-        let buffer = slf.as_super().get().open(py)?;
-        Ok(py
-            .detach(|| buffer.prefetch(location, &stream))
-            .map_err(Error::from)?)
+        Self::migrate(slf, "prefetch", location, extra, stream, Buffer::prefetch)
     }
 
     /// Discards the memory's contents (they read as undefined until written; no pages are
@@ -217,12 +210,12 @@ impl PyManagedBuffer {
     #[pyo3(signature = (*extra, stream = None), text_signature = "($self, *, stream)")]
     fn discard(
         slf: &Bound<'_, Self>,
-        py: Python<'_>,
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        refuse_positional_stream(slf.as_any(), "discard", &[], extra)?;
-        let stream = accept_stream(&required_stream(stream)?)?;
+        let stream = keyword_stream(slf.as_any(), "discard", &[], extra, stream)?;
+        let stream = accept_stream(&stream)?;
+        let py = slf.py();
         let buffer = slf.as_super().get().open(py)?;
         Ok(py.detach(|| buffer.discard(&stream)).map_err(Error::from)?)
     }
@@ -235,17 +228,34 @@ impl PyManagedBuffer {
     )]
     fn discard_prefetch(
         slf: &Bound<'_, Self>,
-        py: Python<'_>,
         location: &Bound<'_, PyAny>,
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        refuse_positional_stream(slf.as_any(), "discard_prefetch", &["location"], extra)?;
-        let stream = accept_stream(&required_stream(stream)?)?;
+        let op = Buffer::discard_prefetch;
+        Self::migrate(slf, "discard_prefetch", location, extra, stream, op)
+    }
+}
+
+impl PyManagedBuffer {
+    /// `method(location, *, stream)`, a stream-ordered move of the memory to `location`
+    /// (`prefetch`, `discard_prefetch`): the stream, then the location, then the buffer checked,
+    /// and `op` run with the GIL released.
+    fn migrate(
+        slf: &Bound<'_, Self>,
+        method: &str,
+        location: &Bound<'_, PyAny>,
+        extra: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
+        op: impl FnOnce(&Buffer, MemLocation, &StreamHandle) -> Result<(), MemoryError> + Send,
+    ) -> PyResult<()> {
+        let stream = keyword_stream(slf.as_any(), method, &["location"], extra, stream)?;
+        let stream = accept_stream(&stream)?;
         let location = required_location(location)?;
+        let py = slf.py();
         let buffer = slf.as_super().get().open(py)?;
         Ok(py
-            .detach(|| buffer.discard_prefetch(location, &stream))
+            .detach(|| op(&buffer, location, &stream))
             .map_err(Error::from)?)
     }
 }

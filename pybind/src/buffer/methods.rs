@@ -26,7 +26,7 @@ use crate::interop::{
 use crate::report::release;
 use crate::resource::adapter::python_device_id;
 use crate::resource::pools::pool_of;
-use crate::stream::accept::{accept_stream, required_stream, with_stream};
+use crate::stream::accept::{accept_stream, keyword_stream, with_stream};
 
 impl PyBuffer {
     /// The memory resource of an empty buffer (`allocate(0)`), which describes its (absent)
@@ -267,13 +267,14 @@ impl PyBuffer {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let py = cls.py();
-        refuse_positional_stream(
+        let stream = keyword_stream(
             cls.as_any(),
             "from_ipc_descriptor",
             &["mr", "ipc_descriptor"],
             extra,
+            stream,
         )?;
-        let stream = accept_stream(&required_stream(stream)?)?;
+        let stream = accept_stream(&stream)?;
         let pool = pool_of(mr)
             .ok_or_else(|| expected("DeviceMemoryResource or PinnedMemoryResource", mr))?;
         if !pool.is_mapped() && !pool.is_ipc_enabled() {
@@ -434,9 +435,8 @@ impl PyBuffer {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        refuse_positional_stream(slf.as_any(), "copy_to", &["dst=None"], extra)?;
+        let stream = &keyword_stream(slf.as_any(), "copy_to", &["dst=None"], extra, stream)?;
         let this = slf.get();
-        let stream = &required_stream(stream)?;
         let handle = accept_stream(stream)?;
         let size = this.open_handle(py)?.size();
         let dst = match dst.filter(|d| !d.is_none()) {
@@ -478,8 +478,7 @@ impl PyBuffer {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        refuse_positional_stream(slf.as_any(), "copy_from", &["src"], extra)?;
-        let stream = &required_stream(stream)?;
+        let stream = &keyword_stream(slf.as_any(), "copy_from", &["src"], extra, stream)?;
         let handle = accept_stream(stream)?;
         let source = src
             .cast::<PyBuffer>()
@@ -507,8 +506,7 @@ impl PyBuffer {
         extra: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        refuse_positional_stream(slf.as_any(), "fill", &["value"], extra)?;
-        let stream = &required_stream(stream)?;
+        let stream = &keyword_stream(slf.as_any(), "fill", &["value"], extra, stream)?;
         let value = fill_value(value)?;
         let buffer = slf.get().open(py)?;
         if let Ok(builder) = stream.cast::<PyGraphBuilder>() {

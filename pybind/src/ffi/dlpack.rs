@@ -147,8 +147,10 @@ impl Managed for DlManagedTensorVersioned {
 
 // --- Exports ---
 
-/// A tensor to export: where it is, its shape and strides (in elements; `None`: C-contiguous),
-/// its element type (DLPack's `(code, bits, lanes)`) and whether the consumer may write it.
+/// A tensor as DLPack describes it, both ways (one custody exports, one a producer's capsule
+/// holds): where its first element is (for a producer's, its `data` plus `byte_offset`), its
+/// device, shape and strides (in elements; `None`: C-contiguous), its element type (DLPack's
+/// `(code, bits, lanes)`) and whether the consumer may write it.
 pub(crate) struct TensorSpec {
     pub(crate) data: u64,
     pub(crate) device: (i32, i32),
@@ -330,17 +332,6 @@ unsafe extern "C" fn destructor<T: Managed>(capsule: *mut pyo3::ffi::PyObject) {
 
 // --- Imports ---
 
-/// What a producer's tensor says: where its first element is (`data` plus `byte_offset`), its
-/// device, shape, strides in elements (`None`: C-contiguous), element type and read-only flag.
-pub(crate) struct TensorInfo {
-    pub(crate) data: u64,
-    pub(crate) device: (i32, i32),
-    pub(crate) shape: Vec<i64>,
-    pub(crate) strides: Option<Vec<i64>>,
-    pub(crate) dtype: (u8, u8, u16),
-    pub(crate) readonly: bool,
-}
-
 /// A producer's tensor that custody consumed (its capsule renamed `"used_..."`): dropping it
 /// calls the producer's deleter, once.
 pub(crate) struct ForeignTensor {
@@ -378,7 +369,7 @@ unsafe fn delete_as<T: Managed>(tensor: NonNull<c_void>) {
 /// versioned tensor of another major version than 1 (released at once: the deleter runs, as
 /// DLPack asks), or a malformed tensor (a negative dimension count, no shape for a tensor with
 /// dimensions), which is released too.
-pub(crate) fn consume(capsule: &Bound<'_, PyAny>) -> PyResult<(ForeignTensor, TensorInfo)> {
+pub(crate) fn consume(capsule: &Bound<'_, PyAny>) -> PyResult<(ForeignTensor, TensorSpec)> {
     let Ok(capsule) = capsule.cast::<PyCapsule>() else {
         return Err(PyBufferError::new_err(format!(
             "__dlpack__ returned {}, not a DLPack capsule",
@@ -457,7 +448,7 @@ unsafe fn take<T: Managed>(
 ///
 /// # Errors
 /// `BufferError` for a negative dimension count or a tensor with dimensions and no shape.
-fn describe(tensor: &DlTensor, readonly: bool) -> PyResult<TensorInfo> {
+fn describe(tensor: &DlTensor, readonly: bool) -> PyResult<TensorSpec> {
     let ndim = usize::try_from(tensor.ndim).map_err(|_| {
         PyBufferError::new_err(format!("a DLPack tensor of {} dimensions", tensor.ndim))
     })?;
@@ -474,7 +465,7 @@ fn describe(tensor: &DlTensor, readonly: bool) -> PyResult<TensorInfo> {
         // non-null `strides` point to `ndim` int64 values that live as long as the tensor.
         unsafe { std::slice::from_raw_parts(p, ndim) }.to_vec()
     };
-    Ok(TensorInfo {
+    Ok(TensorSpec {
         data: (tensor.data as usize as u64).wrapping_add(tensor.byte_offset),
         device: (tensor.device.device_type, tensor.device.device_id),
         shape: read(tensor.shape),

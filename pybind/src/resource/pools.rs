@@ -42,10 +42,8 @@ fn import_pool_object(
             let inner = py
                 .detach(|| PinnedMemoryResource::import_pool(fd))
                 .map_err(Error::from)?;
-            let init = PyMemPool::initializer(
-                Pool::Pinned(inner),
-                PyPinnedMemoryResource { numa_id: -1 },
-            );
+            let init =
+                PyMemPool::initializer(Pool::Pinned(inner), PyPinnedMemoryResource { numa_id: -1 });
             return Ok(Py::new(py, init)?.into_any());
         }
         let ordinal = device.or(parts.device.filter(|d| *d >= 0)).unwrap_or(0);
@@ -234,7 +232,10 @@ impl PyDeviceMemoryResource {
                     .map_err(Error::from)?
             }
         };
-        Ok(PyMemPool::initializer(Pool::Device(inner.clone()), Self { inner }))
+        Ok(PyMemPool::initializer(
+            Pool::Device(inner.clone()),
+            Self { inner },
+        ))
     }
 
     /// Opens a device pool another process exported (``allocation_handle``: its
@@ -597,7 +598,10 @@ impl PyManagedMemoryResource {
                 }
             })
             .map_err(Error::from)?;
-        Ok(PyMemPool::initializer(Pool::Managed(inner.clone()), Self { inner }))
+        Ok(PyMemPool::initializer(
+            Pool::Managed(inner.clone()),
+            Self { inner },
+        ))
     }
 
     /// The preferred location: ``None`` when the driver decides, else ``(type, id)`` with

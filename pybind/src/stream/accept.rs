@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 
 use super::class::PyStream;
-use crate::errors::{closed, expected, Error};
+use crate::errors::{closed, expected, refuse_positional_stream, Error};
 use crate::graph::class::PyGraphBuilder;
 use crate::report::PyObjRef;
 use crate::sync::Locked;
@@ -62,6 +62,19 @@ pub(crate) fn required_stream<'py>(
         Some(stream) if !stream.is_none() => Ok(stream.clone()),
         _ => Err(stream_required()),
     }
+}
+
+/// The keyword-only `stream` of `on.method(<positional>, *extra, stream=...)`: refused when
+/// passed by position ([`refuse_positional_stream`]), then as [`required_stream`] refuses it.
+pub(crate) fn keyword_stream<'py>(
+    on: &Bound<'_, PyAny>,
+    method: &str,
+    positional: &[&str],
+    extra: &Bound<'_, PyTuple>,
+    stream: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    refuse_positional_stream(on, method, positional, extra)?;
+    required_stream(stream)
 }
 
 /// Runs `f` with a stream argument's handle borrowed, for an operation that makes no driver

@@ -7,14 +7,14 @@ use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
 use handles::{ContextHandle, EventFlags, EventHandle};
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
 use pyo3::types::{PyTuple, PyType};
 
 use super::context::PyContext;
 use super::device::device_object;
-use crate::errors::{closed, expected, Error, NO_CONTEXT};
+use crate::errors::{closed, expected, ipc_data, Error, NO_CONTEXT};
 use crate::identity::{compare, hash_of};
 use crate::options::{check_options, option};
 use crate::sync::Locked;
@@ -300,17 +300,10 @@ impl PyEvent {
             .cast::<PyIpcEventDescriptor>()
             .map_err(|_| expected("IPCEventDescriptor", ipc_descriptor))?;
         let descriptor = descriptor.get();
-        let reserved: [u8; 64] = descriptor
-            .reserved
-            .get(..64)
-            .and_then(|bytes| bytes.try_into().ok())
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "invalid IPC event descriptor: its reserved field is {} bytes; expected at \
-                     least 64",
-                    descriptor.reserved.len()
-                ))
-            })?;
+        let reserved = ipc_data(
+            &descriptor.reserved,
+            "IPC event descriptor: its reserved field",
+        )?;
         let context = py
             .detach(ContextHandle::current)
             .map_err(Error::from)?
