@@ -349,13 +349,8 @@ pub(super) fn prefetch_batch(
     buffers: &Bound<'_, PyAny>,
     locations: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let stream = accept_stream(stream)?;
-    let buffers = batch_buffers(py, "prefetch_batch", buffers)?;
-    let locations = batch_locations("prefetch_batch", locations, buffers.len())?;
-    let refs: Vec<&Buffer> = buffers.iter().map(|b| b.as_ref()).collect();
-    Ok(py
-        .detach(|| memory::prefetch_batch(&refs, &locations, &stream))
-        .map_err(Error::from)?)
+    let op = memory::prefetch_batch;
+    migrate_batch(py, "prefetch_batch", stream, buffers, locations, op)
 }
 
 /// Discards the contents of ``buffers`` (a sequence of managed :class:`Buffer` objects),
@@ -387,11 +382,26 @@ pub(super) fn discard_prefetch_batch(
     buffers: &Bound<'_, PyAny>,
     locations: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
+    let op = memory::discard_prefetch_batch;
+    migrate_batch(py, "discard_prefetch_batch", stream, buffers, locations, op)
+}
+
+/// `function(stream, buffers, locations)`, a batch move of managed memory
+/// (`prefetch_batch`, `discard_prefetch_batch`): the arguments read as those say, then `op`, one
+/// driver call, run with the GIL released.
+fn migrate_batch(
+    py: Python<'_>,
+    function: &str,
+    stream: &Bound<'_, PyAny>,
+    buffers: &Bound<'_, PyAny>,
+    locations: &Bound<'_, PyAny>,
+    op: impl FnOnce(&[&Buffer], &[MemLocation], &StreamHandle) -> Result<(), MemoryError> + Send,
+) -> PyResult<()> {
     let stream = accept_stream(stream)?;
-    let buffers = batch_buffers(py, "discard_prefetch_batch", buffers)?;
-    let locations = batch_locations("discard_prefetch_batch", locations, buffers.len())?;
+    let buffers = batch_buffers(py, function, buffers)?;
+    let locations = batch_locations(function, locations, buffers.len())?;
     let refs: Vec<&Buffer> = buffers.iter().map(|b| b.as_ref()).collect();
     Ok(py
-        .detach(|| memory::discard_prefetch_batch(&refs, &locations, &stream))
+        .detach(|| op(&refs, &locations, &stream))
         .map_err(Error::from)?)
 }

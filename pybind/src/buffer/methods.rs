@@ -28,6 +28,27 @@ use crate::resource::adapter::python_device_id;
 use crate::resource::pools::pool_of;
 use crate::stream::accept::{accept_stream, keyword_stream, with_stream};
 
+/// Runs `attached` on `method`'s stream argument when the stream carries its context (a created
+/// or wrapped stream, borrowed under its lock, the GIL held: `attached` makes no driver call);
+/// for a default-stream token, whose context is the current one, returns the token instead, for
+/// the caller to use with the GIL released. `TypeError("<method>() requires a Stream, got
+/// None")` for `None`; otherwise as `with_stream` accepts the stream.
+fn with_context_stream<T>(
+    method: &str,
+    stream: &Bound<'_, PyAny>,
+    attached: impl FnOnce(&StreamHandle) -> T,
+) -> PyResult<Result<T, StreamHandle>> {
+    if stream.is_none() {
+        return Err(PyTypeError::new_err(format!(
+            "{method}() requires a Stream, got None"
+        )));
+    }
+    with_stream(stream, |stream| match stream.context() {
+        Some(_) => Ok(attached(stream)),
+        None => Err(stream.clone()),
+    })
+}
+
 impl PyBuffer {
     /// The memory resource of an empty buffer (`allocate(0)`), which describes its (absent)
     /// memory.
@@ -358,19 +379,10 @@ impl PyBuffer {
     /// memory; pinned and managed memory accept any device's stream). On error nothing is
     /// recorded.
     fn record_use(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
-        if stream.is_none() {
-            return Err(PyTypeError::new_err(
-                "record_use() requires a Stream, got None",
-            ));
-        }
         let buffer = self.buffer();
-        // A stream that carries its context: recording makes no driver call, so it runs
-        // attached with the stream borrowed; a default-stream token reads the current context.
-        let recorded = with_stream(stream, |stream| match stream.context() {
-            Some(_) => Ok(buffer.record_use(stream)),
-            None => Err(stream.clone()),
-        })?;
-        match recorded {
+        // Recording on a stream that carries its context makes no driver call; a default-stream
+        // token reads the current context.
+        match with_context_stream("record_use", stream, |stream| buffer.record_use(stream))? {
             Ok(result) => Ok(result.map_err(Error::from)?),
             Err(token) => Ok(py
                 .detach(|| buffer.record_use(&token))
@@ -387,19 +399,12 @@ impl PyBuffer {
     /// code) has been destroyed; ``ValueError`` for a stream of another device. On error the
     /// old recipe stays.
     fn set_deallocation_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
-        if stream.is_none() {
-            return Err(PyTypeError::new_err(
-                "set_deallocation_stream() requires a Stream, got None",
-            ));
-        }
         let buffer = self.buffer();
-        // A stream that carries its context: the swap makes no driver call (D10 holds), so it
-        // runs attached, saving the GIL round trip, with the stream borrowed, not cloned. Only
-        // dropping the old recipe's last reference to a stream or context calls the driver:
-        // that runs with the GIL released, after the stream's lock.
-        let swapped = with_stream(stream, |stream| match stream.context() {
-            Some(_) => Ok(buffer.replace_deallocation_stream(stream)),
-            None => Err(stream.clone()),
+        // On a stream that carries its context the swap makes no driver call (D10 holds), which
+        // saves the GIL round trip. Only dropping the old recipe's last reference to a stream or
+        // context calls the driver: that runs with the GIL released, after the stream's lock.
+        let swapped = with_context_stream("set_deallocation_stream", stream, |stream| {
+            buffer.replace_deallocation_stream(stream)
         })?;
         let old = match swapped {
             Ok(replaced) => replaced.map_err(Error::from)?,
