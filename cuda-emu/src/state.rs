@@ -327,9 +327,15 @@ impl State {
             .ok_or(codes::BAD_DEVICE)
     }
 
-    /// Whether `ctx` is a live context (an active primary or a created one not destroyed).
-    pub(crate) fn context_alive(&self, ctx: u64) -> bool {
-        self.contexts.get(&ctx).is_some_and(|c| c.alive)
+    /// `ctx` when it is a live context (an active primary or a created one not destroyed).
+    ///
+    /// # Errors
+    /// `BAD_CONTEXT` for any other value.
+    pub(crate) fn live_context(&self, ctx: u64) -> Res<u64> {
+        match self.contexts.get(&ctx) {
+            Some(c) if c.alive => Ok(ctx),
+            _ => Err(codes::BAD_CONTEXT),
+        }
     }
 
     /// The context current on the calling thread.
@@ -339,8 +345,7 @@ impl State {
     pub(crate) fn current_ctx(&self) -> Res<u64> {
         match current_context() {
             0 => Err(codes::NO_CONTEXT),
-            c if self.context_alive(c) => Ok(c),
-            _ => Err(codes::BAD_CONTEXT),
+            c => self.live_context(c),
         }
     }
 

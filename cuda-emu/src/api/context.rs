@@ -123,9 +123,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
         // The driver lets the context's pending work finish before it goes.
         wait_and_observe(&targets.0, &targets.1);
         let mut st = state();
-        if !st.context_alive(ctx) {
-            return Err(codes::BAD_CONTEXT);
-        }
+        st.live_context(ctx)?;
         st.retire_context(ctx, "cuCtxDestroy_v2");
         with_context_stack(|s| {
             if s.last() == Some(&ctx) {
@@ -144,9 +142,7 @@ pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
         if ctx == 0 {
             return Err(codes::PUSH_NULL);
         }
-        if !st.context_alive(ctx) {
-            return Err(codes::BAD_CONTEXT);
-        }
+        st.live_context(ctx)?;
         with_context_stack(|s| s.push(ctx));
         Ok(())
     })
@@ -174,9 +170,7 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
             with_context_stack(|s| s.pop());
             return Ok(());
         }
-        if !st.context_alive(ctx) {
-            return Err(codes::BAD_CONTEXT);
-        }
+        st.live_context(ctx)?;
         with_context_stack(|s| match s.last_mut() {
             Some(top) => *top = ctx,
             None => s.push(ctx),

@@ -9,7 +9,7 @@ use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
 use super::stream::{node_handles, plain_edge_data};
-use super::{context_arg, need, put};
+use super::{context_arg, known_flags, need, put};
 use crate::codes::{self, Res};
 use crate::graph::Condition;
 use crate::log::entry;
@@ -58,9 +58,7 @@ pub unsafe extern "C" fn cuGraphConditionalHandleCreate(
 ) -> CUresult {
     entry("cuGraphConditionalHandleCreate", None, None, |_| {
         need(out)?;
-        if flags & !COND_ASSIGN_DEFAULT != 0 {
-            return Err(codes::INVALID_VALUE);
-        }
+        known_flags(flags, COND_ASSIGN_DEFAULT)?;
         let mut st = initialized()?;
         let g = g as u64;
         st.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;

@@ -3,7 +3,7 @@
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::{need, put};
+use super::{known_flags, need, put};
 use crate::clock::VectorClock;
 use crate::codes::{self, Res};
 use crate::exec::{wait_all, Dep};
@@ -80,9 +80,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 ) -> CUresult {
     entry("cuMemHostAlloc", None, None, |info| {
         need(pp)?;
-        if flags & !HOST_ALLOC_FLAGS != 0 {
-            return Err(codes::INVALID_VALUE);
-        }
+        known_flags(flags, HOST_ALLOC_FLAGS)?;
         // Pinned host memory, mapped and portable whatever the flags (unified addressing: its
         // device pointer is its host address), freed with cuMemFreeHost: cuMemAllocHost's.
         let p = alloc_sync(AllocKind::Host, size, info)?;

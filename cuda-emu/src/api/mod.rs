@@ -62,6 +62,15 @@ pub(crate) fn need<T>(p: *const T) -> Res {
     }
 }
 
+/// Fails with `CUDA_ERROR_INVALID_VALUE` for a flag outside `known` (checked before any effect).
+pub(crate) fn known_flags(flags: std::ffi::c_uint, known: std::ffi::c_uint) -> Res {
+    if flags & !known == 0 {
+        Ok(())
+    } else {
+        Err(codes::INVALID_VALUE)
+    }
+}
+
 /// Writes `v` through an out-pointer, refusing null.
 ///
 /// # Safety
@@ -115,8 +124,7 @@ pub(crate) unsafe fn get_slice<T: Copy>(p: *const T, n: usize) -> Res<Vec<T>> {
 pub(crate) fn context_arg(st: &crate::state::State, ctx: cuda_sys::types::CUcontext) -> Res<u64> {
     match ctx as u64 {
         0 => st.current_ctx(),
-        c if st.context_alive(c) => Ok(c),
-        _ => Err(codes::BAD_CONTEXT),
+        c => st.live_context(c),
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::MutexGuard;
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::{get_slice, need, put, put_opt, wait_and_observe};
+use super::{get_slice, known_flags, need, put, put_opt, wait_and_observe};
 use crate::clock::VectorClock;
 use crate::codes::{self, Res};
 use crate::exec::{Dep, StreamCore};
@@ -21,9 +21,7 @@ use crate::thread::thread_id;
 
 fn create_stream(ph: *mut CUstream, flags: c_uint, priority: c_int) -> Res {
     need(ph)?;
-    if flags & !STREAM_NON_BLOCKING != 0 {
-        return Err(codes::INVALID_VALUE);
-    }
+    known_flags(flags, STREAM_NON_BLOCKING)?;
     let mut st = initialized()?;
     let ctx = st.current_ctx()?;
     let (handle, id) = st.new_stream_handle();
@@ -442,9 +440,8 @@ pub unsafe extern "C" fn cuStreamWriteValue64_v2(
 pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
     entry("cuEventCreate", None, None, |_| {
         need(ph)?;
-        if flags & !0x7 != 0 {
-            return Err(codes::INVALID_VALUE);
-        }
+        // CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS.
+        known_flags(flags, 0x7)?;
         let mut st = initialized()?;
         let ctx = st.current_ctx()?;
         let ipc = if flags & EVENT_INTERPROCESS != 0 {
