@@ -64,46 +64,36 @@ impl PyManagedBuffer {
     /// back that advice. ``ValueError`` for memory that is not managed; ``RuntimeError`` once
     /// closed; :class:`CUDAError` when the driver refuses.
     #[getter]
-    fn read_mostly(slf: &Bound<'_, Self>, py: Python<'_>) -> PyResult<bool> {
-        let buffer = slf.as_super().get().open(py)?;
-        Ok(py.detach(|| buffer.read_mostly()).map_err(Error::from)?)
+    fn read_mostly(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        Self::with_open(slf, Buffer::read_mostly)
     }
 
     #[setter]
-    fn set_read_mostly(slf: &Bound<'_, Self>, py: Python<'_>, value: bool) -> PyResult<()> {
-        let buffer = slf.as_super().get().open(py)?;
+    fn set_read_mostly(slf: &Bound<'_, Self>, value: bool) -> PyResult<()> {
         let advice = if value {
             MemAdvice::SetReadMostly
         } else {
             MemAdvice::UnsetReadMostly
         };
-        Ok(py.detach(|| buffer.advise(advice)).map_err(Error::from)?)
+        Self::with_open(slf, |buffer| buffer.advise(advice))
     }
 
     /// Where the memory is advised to live: a :class:`Device`, a :class:`Host`, or ``None``
     /// for no preference; assigning one gives that advice, ``None`` takes it back. Errors as
     /// :attr:`read_mostly`; ``TypeError`` for a value that is no location.
     #[getter]
-    fn preferred_location(slf: &Bound<'_, Self>, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let buffer = slf.as_super().get().open(py)?;
-        let location = py
-            .detach(|| buffer.preferred_location())
-            .map_err(Error::from)?;
-        location_object(py, location)
+    fn preferred_location(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        let location = Self::with_open(slf, Buffer::preferred_location)?;
+        location_object(slf.py(), location)
     }
 
     #[setter]
-    fn set_preferred_location(
-        slf: &Bound<'_, Self>,
-        py: Python<'_>,
-        value: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
+    fn set_preferred_location(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let advice = match location(value, true)? {
             Some(location) => MemAdvice::SetPreferredLocation(location),
             None => MemAdvice::UnsetPreferredLocation,
         };
-        let buffer = slf.as_super().get().open(py)?;
-        Ok(py.detach(|| buffer.advise(advice)).map_err(Error::from)?)
+        Self::with_open(slf, |buffer| buffer.advise(advice))
     }
 
     /// The devices (and ``Host()``) the memory is advised to stay mapped for
@@ -118,11 +108,7 @@ impl PyManagedBuffer {
     }
 
     #[setter]
-    fn set_accessed_by(
-        slf: &Bound<'_, Self>,
-        py: Python<'_>,
-        value: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
+    fn set_accessed_by(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let mut wanted = Vec::new();
         for item in value.try_iter()? {
             let location = accessed_by_location(&item?)?;
@@ -130,8 +116,7 @@ impl PyManagedBuffer {
                 wanted.push(location);
             }
         }
-        let buffer = slf.as_super().get().open(py)?;
-        py.detach(|| {
+        Self::with_open(slf, |buffer| {
             let current = buffer.accessed_by()?;
             for gone in current.iter().filter(|l| !wanted.contains(l)) {
                 buffer.advise(MemAdvice::UnsetAccessedBy(*gone))?;
@@ -139,19 +124,16 @@ impl PyManagedBuffer {
             for new in wanted.iter().filter(|l| !current.contains(l)) {
                 buffer.advise(MemAdvice::SetAccessedBy(*new))?;
             }
-            Ok::<(), MemoryError>(())
+            Ok(())
         })
-        .map_err(Error::from)?;
-        Ok(())
     }
 
     /// The locations accessed-by advice is set for, as objects (for :attr:`accessed_by`).
-    fn _accessed_by_list(slf: &Bound<'_, Self>, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
-        let buffer = slf.as_super().get().open(py)?;
-        let locations = py.detach(|| buffer.accessed_by()).map_err(Error::from)?;
+    fn _accessed_by_list(slf: &Bound<'_, Self>) -> PyResult<Vec<Py<PyAny>>> {
+        let locations = Self::with_open(slf, Buffer::accessed_by)?;
         locations
             .into_iter()
-            .map(|l| location_object(py, Some(l)))
+            .map(|l| location_object(slf.py(), Some(l)))
             .collect()
     }
 
@@ -159,7 +141,6 @@ impl PyManagedBuffer {
     /// :attr:`accessed_by`).
     fn _advise_accessed_by(
         slf: &Bound<'_, Self>,
-        py: Python<'_>,
         location: &Bound<'_, PyAny>,
         on: bool,
     ) -> PyResult<()> {
@@ -169,8 +150,7 @@ impl PyManagedBuffer {
         } else {
             MemAdvice::UnsetAccessedBy(location)
         };
-        let buffer = slf.as_super().get().open(py)?;
-        Ok(py.detach(|| buffer.advise(advice)).map_err(Error::from)?)
+        Self::with_open(slf, |buffer| buffer.advise(advice))
     }
 
     /// Where the memory was last prefetched to (:meth:`prefetch`, the batch functions): a
@@ -178,12 +158,9 @@ impl PyManagedBuffer {
     /// ``CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION``; not in cuda.core 1.2). Errors as
     /// :attr:`read_mostly`.
     #[getter]
-    fn last_prefetch_location(slf: &Bound<'_, Self>, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let buffer = slf.as_super().get().open(py)?;
-        let location = py
-            .detach(|| buffer.last_prefetch_location())
-            .map_err(Error::from)?;
-        location_object(py, location)
+    fn last_prefetch_location(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        let location = Self::with_open(slf, Buffer::last_prefetch_location)?;
+        location_object(slf.py(), location)
     }
 
     /// Migrates the memory to ``location`` (a :class:`Device` or :class:`Host`), ordered on
@@ -215,9 +192,7 @@ impl PyManagedBuffer {
     ) -> PyResult<()> {
         let stream = keyword_stream(slf.as_any(), "discard", &[], extra, stream)?;
         let stream = accept_stream(&stream)?;
-        let py = slf.py();
-        let buffer = slf.as_super().get().open(py)?;
-        Ok(py.detach(|| buffer.discard(&stream)).map_err(Error::from)?)
+        Self::with_open(slf, |buffer| buffer.discard(&stream))
     }
 
     /// Discards the memory's contents and migrates it to ``location``, ordered on ``stream``
@@ -240,7 +215,7 @@ impl PyManagedBuffer {
 impl PyManagedBuffer {
     /// `method(location, *, stream)`, a stream-ordered move of the memory to `location`
     /// (`prefetch`, `discard_prefetch`): the stream, then the location, then the buffer checked,
-    /// and `op` run with the GIL released.
+    /// and `op` run as `with_open` runs it.
     fn migrate(
         slf: &Bound<'_, Self>,
         method: &str,
@@ -252,11 +227,18 @@ impl PyManagedBuffer {
         let stream = keyword_stream(slf.as_any(), method, &["location"], extra, stream)?;
         let stream = accept_stream(&stream)?;
         let location = required_location(location)?;
+        Self::with_open(slf, |buffer| op(buffer, location, &stream))
+    }
+
+    /// `run` on the open buffer with the GIL released (every managed-memory query and advice is
+    /// a driver call): `RuntimeError` once closed, the driver's failure as `errors` maps it.
+    fn with_open<T: Send>(
+        slf: &Bound<'_, Self>,
+        run: impl FnOnce(&Buffer) -> Result<T, MemoryError> + Send,
+    ) -> PyResult<T> {
         let py = slf.py();
         let buffer = slf.as_super().get().open(py)?;
-        Ok(py
-            .detach(|| op(&buffer, location, &stream))
-            .map_err(Error::from)?)
+        Ok(py.detach(|| run(&buffer)).map_err(Error::from)?)
     }
 }
 
