@@ -104,38 +104,22 @@ PASS, FAIL, TIMEOUT, CRASH, SKIP, NOT_RUN = "pass", "FAIL", "TIMEOUT", "CRASH", 
 
 
 def probe_driver(path):
-    """Loads a driver library with ctypes and asks it who it is.
+    """Loads a driver library with ctypes and asks it who it is (the differential harness's
+    probe: {loaded, path, version, devices (their names), emulated, error}).
 
     `path` None means the system's libcuda.so.1 (what the tests load without DRIVER_ENV).
-    Returns a dict with loaded, path, version, devices and error.
     """
-    name = str(path) if path else "libcuda.so.1"
-    info = {"loaded": False, "path": name, "version": None, "devices": [], "error": None}
-    try:
-        lib = ctypes.CDLL(name)
-    except OSError as error:
-        info["error"] = str(error)
-        return info
-    info["loaded"] = True
-    try:
-        version = ctypes.c_int(0)
-        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
-            info["version"] = version.value
-        status = lib.cuInit(0)
-        if status != 0:
-            info["error"] = "cuInit returned %d" % status
-            return info
-        count = ctypes.c_int(0)
-        if lib.cuDeviceGetCount(ctypes.byref(count)) == 0:
-            for ordinal in range(count.value):
-                device = ctypes.c_int(0)
-                buf = ctypes.create_string_buffer(256)
-                if lib.cuDeviceGet(ctypes.byref(device), ordinal) == 0 and \
-                        lib.cuDeviceGetName(buf, 256, device) == 0:
-                    info["devices"].append(buf.value.decode(errors="replace"))
-    except AttributeError as error:  # a library that is not a CUDA driver
-        info["error"] = "not a CUDA driver: %s" % error
-    return info
+    return foreign_harness().probe_driver(path or "libcuda.so.1")
+
+
+def foreign_harness():
+    """The differential harness's module, foreign_tests.py: in foreign/ beside this file in the
+    bundle, in ../foreign in the source tree."""
+    folder = HERE / "foreign" if (HERE / "foreign").is_dir() else HERE.parent / "foreign"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    import foreign_tests
+    return foreign_tests
 
 
 def version_text(version):
@@ -753,8 +737,7 @@ def run_foreign(args, manifest, out_dir, driver_path, emulator_path, real_ok):
     if not foreign:
         print("foreign tests: this bundle has no harness (rebuild it with cargo xtask gpu-bundle)")
         return 1
-    sys.path.insert(0, str(HERE / Path(foreign["script"]).parent))
-    import foreign_tests
+    foreign_tests = foreign_harness()
     tests = Path(args.foreign_tests).resolve()
     preset = args.foreign_preset
     if preset is None and not args.foreign_paths and (tests / "test_stream.py").is_file():

@@ -144,8 +144,9 @@ def coarse(outcome):
 
 
 def probe_driver(name):
-    """Loads a driver library with ctypes: {loaded, path, version, devices, emulated, error}."""
-    info = {"loaded": False, "path": str(name), "version": None, "devices": 0,
+    """Loads a driver library with ctypes and asks it who it is: {loaded, path, version, devices
+    (their names), emulated, error}. The GPU runner (``run.py``) probes its drivers with it too."""
+    info = {"loaded": False, "path": str(name), "version": None, "devices": [],
             "emulated": False, "error": None}
     try:
         lib = ctypes.CDLL(str(name))
@@ -164,10 +165,13 @@ def probe_driver(name):
             return info
         count = ctypes.c_int(0)
         if lib.cuDeviceGetCount(ctypes.byref(count)) == 0:
-            info["devices"] = count.value
-        if info["devices"] == 0:
-            info["error"] = "no CUDA device"
-    except AttributeError as error:
+            for ordinal in range(count.value):
+                device = ctypes.c_int(0)
+                buf = ctypes.create_string_buffer(256)
+                if lib.cuDeviceGet(ctypes.byref(device), ordinal) == 0 and \
+                        lib.cuDeviceGetName(buf, 256, device) == 0:
+                    info["devices"].append(buf.value.decode(errors="replace"))
+    except AttributeError as error:  # a library that is not a CUDA driver
         info["error"] = "not a CUDA driver: %s" % error
     return info
 
@@ -181,7 +185,7 @@ def probe_in_child(name, env=None):
                              timeout=120, env=env)
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired) as error:
-        return {"loaded": False, "path": str(name), "version": None, "devices": 0,
+        return {"loaded": False, "path": str(name), "version": None, "devices": [],
                 "emulated": False, "error": "probe failed: %s" % error}
 
 
@@ -576,17 +580,18 @@ def main(argv=None):
                 real_folder = library_folder(real_lib, work / "real")
                 real_env = driver_env(os.environ, real_folder, real_lib)
             real = probe_in_child(real_lib, real_env)
-            if not real["loaded"] or real["error"]:
-                real_description = "NOT RUN: %s could not be used (%s)" % (real["path"], real["error"])
+            if not real["loaded"] or real["error"] or not real["devices"]:
+                real_description = "NOT RUN: %s could not be used (%s)" % (
+                    real["path"], real["error"] or "no CUDA device")
                 real = None
             elif real["emulated"] and not args.real_driver:
                 real_description = "NOT RUN: the system's libcuda.so.1 is custody's emulator"
                 real = None
             else:
                 real_description = "%s, CUDA %s, %d device(s)%s" % (
-                    real["path"], real["version"], real["devices"],
+                    real["path"], real["version"], len(real["devices"]),
                     " (custody's emulator)" if real["emulated"] else "")
-        devices = args.emu_devices or (real["devices"] if real else 1)
+        devices = args.emu_devices or (len(real["devices"]) if real else 1)
         emu_env = driver_env(os.environ, emu_folder, emulator_lib, devices)
         meta = {
             "when": datetime.datetime.now().isoformat(timespec="seconds"),
