@@ -335,8 +335,10 @@ impl PtrBox {
     /// recipe the release left behind (`None` when other references remain, the memory has no
     /// recipe, or the free was deferred).
     pub(crate) fn release_last(this: Arc<PtrBox>) -> (Outcome, Option<DeallocationRecipe>) {
+        // The box is released where `try_unwrap` put it (bound by reference, not moved again:
+        // one copy of the box fewer).
         match Arc::try_unwrap(this) {
-            Ok(mut inner) => {
+            Ok(ref mut inner) => {
                 let result = inner.release_now(true);
                 (result, inner.take_recipe())
             }
