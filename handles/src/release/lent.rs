@@ -106,8 +106,7 @@ impl Family for Lent {
         let Some(mut block) = self.block.take() else {
             return Issued::Done(Ok(()));
         };
-        let recipe = free.recipe;
-        let (stream, other_thread) = recipe.free_target();
+        let (recipe, stream, other_thread) = (free.recipe, free.stream, free.other_thread);
         let returned = Returned {
             stream,
             bin: (stream.pins_its_stream() && !other_thread).then(|| stream.raw_usize()),
