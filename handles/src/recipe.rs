@@ -140,6 +140,10 @@ impl DeallocationRecipe {
     /// # Errors
     /// As [`DeallocationRecipe::record`]; [`HandleError::WrongDevice`] for a stream of another
     /// device.
+    // Always inlined: a call here moves the 80-byte result twice, on every allocation of a
+    // caching resource and every recipe swap (callgrind: +35 instructions per
+    // `set_deallocation_stream`).
+    #[inline(always)]
     pub(crate) fn record_for(
         stream: &StreamHandle,
         device: Option<i32>,
