@@ -23,7 +23,7 @@ import uuid as _uuid
 from collections.abc import MutableSet as _MutableSet
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, TypeVar, cast
 
 from custody._custody import GraphMemoryResource as _GraphMemoryResource
 from custody._custody import (
@@ -256,10 +256,13 @@ class DLDeviceType(IntEnum):
     kDLCUDAManaged = 13
 
 
-def _stream_is_keyword_only(method):
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _stream_is_keyword_only(method: _Method) -> _Method:
     """Wraps ``method`` (whose ``stream`` is keyword-only) so that a ``stream`` passed by position
-    gets a ``TypeError`` saying so, as the extension's methods do; ``inspect.signature`` still
-    shows ``method``'s own."""
+    gets a ``TypeError`` saying so, as the extension's methods do; ``inspect.signature`` (and a
+    type checker) still shows ``method``'s own."""
     takes = method.__code__.co_argcount - 1  # not counting self
     names = method.__code__.co_varnames[1 : takes + 1]
     call = f"{method.__name__}({', '.join(names)}, stream=s)"
@@ -275,7 +278,7 @@ def _stream_is_keyword_only(method):
             )
         return method(self, *args, **kwargs)
 
-    return checked
+    return cast(_Method, checked)
 
 
 class _System:
@@ -624,6 +627,14 @@ class _LiveSet(_MutableSet):
     @classmethod
     def _from_iterable(cls, iterable):
         return set(iterable)
+
+    def _members(self) -> list:
+        """The members, read from the driver."""
+        raise NotImplementedError
+
+    def _advise(self, item, on: bool) -> None:
+        """Gives (``on``) or takes back the advice for ``item``."""
+        raise NotImplementedError
 
     def __contains__(self, item) -> bool:
         return item in self._members()
