@@ -37,8 +37,33 @@ const RUNS_DIR: &str = "docs/benchmarks";
 /// The document.
 const DOC: &str = "docs/benchmarks.md";
 
+/// `cargo xtask bench --help`.
+const USAGE: &str = "\
+usage: cargo xtask bench [--emulator | --stub] [--full | --quick] [--no-python] [--label NAME]
+       cargo xtask bench --from-results DIR [--label NAME]
+       cargo xtask bench --render
+
+Measures custody against the raw driver (Rust, memory/benches/custody_vs_raw) and against
+cuda.core, CuPy, PyTorch and raw calls (Python, bench/python_bench.py), stores the JSON under
+docs/benchmarks/<run>/ and renders docs/benchmarks.md.
+
+  (no driver option)   the real driver when libcuda.so.1 loads with a device (or the one
+                       CUSTODY_CUDA_DRIVER names), else the emulator; says which
+  --emulator           the emulated driver (run `emulator`): overhead ratios only
+  --stub               the stub driver, bench/stub_driver.c compiled with cc over the emulator
+                       (run `stub`): the bindings' own overhead
+  --full, --quick      full or quick sampling (default: quick on the emulator and the stub,
+                       full on a real driver)
+  --no-python          the Rust benchmark only
+  --label NAME         store the run as NAME (lower-case letters, digits and '-')
+  --from-results DIR   store a GPU host's results (run.py --bench --out DIR writes DIR/bench/)
+                       as run NAME (default: from the device, `h200`), then render
+  --render             re-render docs/benchmarks.md from the stored JSON only
+  -h, --help           this text";
+
 #[derive(Debug, Default)]
 struct Options {
+    help: bool,
     from_results: Option<PathBuf>,
     label: Option<String>,
     render_only: bool,
@@ -70,9 +95,10 @@ fn parse(args: &[String]) -> Result<Options> {
             "--no-python" => options.python = false,
             "--full" => options.full = Some(true),
             "--quick" => options.full = Some(false),
+            "-h" | "--help" => options.help = true,
             other => bail!(
                 "unknown argument {other:?} (expected --from-results DIR, --label NAME, --render, \
-                 --emulator, --stub, --no-python, --full, --quick)"
+                 --emulator, --stub, --no-python, --full, --quick, --help)"
             ),
         }
     }
@@ -91,6 +117,10 @@ fn parse(args: &[String]) -> Result<Options> {
 /// Runs `cargo xtask bench`.
 pub fn run(args: &[String]) -> Result<()> {
     let options = parse(args)?;
+    if options.help {
+        println!("{USAGE}");
+        return Ok(());
+    }
     let root = cmd::workspace_root();
     if let Some(results) = &options.from_results {
         let label = import_results(&root, results, options.label.as_deref())?;
@@ -1430,5 +1460,20 @@ mod tests {
         assert_eq!(o.from_results, Some(PathBuf::from("r")));
         assert_eq!(o.label.as_deref(), Some("h200"));
         assert!(!o.python);
+    }
+
+    #[test]
+    fn help_asks_for_the_usage_which_names_every_option() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(parse(&args(&["--help"])).unwrap().help);
+        assert!(parse(&args(&["-h"])).unwrap().help);
+        assert!(!parse(&args(&["--stub"])).unwrap().help);
+        // Every option `parse` accepts (the list its refusal gives) is in the usage text.
+        let refusal = parse(&args(&["--bogus"])).unwrap_err().to_string();
+        let listed = refusal.split("(expected ").nth(1).unwrap();
+        for option in listed.trim_end_matches(')').split(", ") {
+            let option = option.split(' ').next().unwrap();
+            assert!(USAGE.contains(option), "the usage does not name {option}");
+        }
     }
 }

@@ -52,8 +52,9 @@ commands:
                target/foreign-tests/ (results.md, results.json)
   bench        custody against the raw driver, cuda.core and CuPy; regenerates docs/benchmarks.md
                (real driver if libcuda.so.1 has a device, else the emulator; says which)
-               --emulator, --full|--quick, --no-python; --from-results DIR [--label NAME] renders
-               a GPU run's JSON (run.py --bench); --render re-renders the stored runs";
+               --emulator, --stub, --full|--quick, --no-python; --from-results DIR [--label NAME]
+               renders a GPU run's JSON (run.py --bench); --render re-renders the stored runs;
+               --help for the rest";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
