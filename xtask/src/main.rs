@@ -63,6 +63,10 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let rest: Vec<String> = args.collect();
+    if asks_for_help(&command, &rest) {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let outcome = match command.as_str() {
         "test" => no_arguments(&command, &rest).and_then(|()| test::run()),
         "gpu-bundle" => no_arguments(&command, &rest).and_then(|()| bundle::build().map(|_| ())),
@@ -87,6 +91,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `cargo xtask COMMAND --help` (or `-h`) prints the usage and does nothing else, for every
+/// command whose arguments xtask reads itself: `foreign-tests` prints its own longer help, and
+/// `gpu-test` hands its arguments to `run.py`.
+fn asks_for_help(command: &str, rest: &[String]) -> bool {
+    !matches!(command, "foreign-tests" | "gpu-test")
+        && rest.iter().any(|a| a == "-h" || a == "--help")
 }
 
 fn no_arguments(command: &str, rest: &[String]) -> anyhow::Result<()> {
