@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use handles::{ContextHandle, EventFlags, EventHandle, HandleError, StreamHandle};
+use handles::{CudaErrorCode, ContextHandle, EventFlags, EventHandle, HandleError, StreamHandle};
 use memory::{
     Buffer, CaptureMode, DeviceMemoryResource, Graph, GraphBuilder, LegacyPinnedMemoryResource,
     ManagedMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
@@ -311,6 +311,51 @@ fn a_free_whose_use_stream_is_being_captured_waits_for_the_capture() {
         assert_eq!(emu.hazards_for(alloc), vec![]);
     });
     graph.close();
+    assert_eq!(scene.finish(), vec![0x5a; SIZE]);
+    assert_no_hazards();
+}
+
+/// A use stream whose capture state the driver does not tell (`cuStreamGetCaptureInfo_v2`
+/// fails, as it does for a stream its owner destroyed): the free could not be ordered after the
+/// use, so it is not issued and `close` returns the query's error, as for any use it cannot
+/// order. It is not parked as if the stream were being captured, where it would wait for a
+/// capture end that never comes while `close` said it succeeded.
+#[test]
+fn a_failed_capture_query_of_a_use_stream_is_the_closes_error() {
+    let _serial = start();
+    let Some(emu) = emulator_or_skip("fault injection to make a capture query fail") else {
+        return;
+    };
+    let (scene, buffer) = Scene::new(device_mr());
+    let ptr = buffer.ptr();
+    let alloc = alloc_of(ptr);
+    scene.read_on_b(&buffer);
+    buffer.record_use(&scene.b).unwrap();
+    let from = mark();
+    // The first query is the free's own stream's (`a`), the second the use stream's (`b`).
+    assert!(emu.inject_fault("cuStreamGetCaptureInfo_v2", 2, CudaErrorCode::INVALID_HANDLE));
+    let error = buffer.close().unwrap_err();
+    assert!(
+        matches!(error, MemoryError::Handle(HandleError::Driver(ref e))
+            if e.call == "cuStreamGetCaptureInfo_v2"),
+        "{error:?}"
+    );
+    assert_eq!(error.code(), Some(CudaErrorCode::INVALID_HANDLE));
+    let failed: Vec<_> = emu
+        .calls()
+        .into_iter()
+        .filter(|c| c.seq >= from && c.function == "cuStreamGetCaptureInfo_v2" && c.result != 0)
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].stream, Some(scene.b.raw() as u64), "the use stream's query");
+    assert_eq!(
+        handles::deferred_frees_waiting_for_a_capture(),
+        0,
+        "not parked as if captured"
+    );
+    assert!(emu.is_live(alloc), "not freed: the free would have been unordered");
+    scene.b.synchronize().unwrap();
+    unowned(ptr, 0).free_async(&scene.a).unwrap();
     assert_eq!(scene.finish(), vec![0x5a; SIZE]);
     assert_no_hazards();
 }

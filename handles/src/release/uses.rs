@@ -13,7 +13,7 @@ use crate::recipe::DeallocationRecipe;
 use crate::report::{report, CleanupStep, Consequence, Subject};
 use crate::scope::{report_restore, run_in, Ran};
 use crate::stream::{capture_state, CaptureState, StreamHandle};
-use crate::sys::check;
+use crate::sys::{check, error};
 
 /// What [`PtrBox::order_after_uses`] found.
 pub(super) enum UsesOrdered {
@@ -44,7 +44,8 @@ impl PtrBox {
     /// [`UsesOrdered::OutsideTheCapture`] says so.
     ///
     /// # Errors
-    /// The first failing driver call; the free must then not run (it would be unordered).
+    /// The first failing driver call, a use stream's capture query included; the free must then
+    /// not run (it would be unordered).
     ///
     /// Driver calls: per use, `cuStreamGetCaptureInfo_v2`, `cuEventCreate`, `cuEventRecord`,
     /// `cuStreamWaitEvent`, `cuEventDestroy_v2`, with `cuCtxGetCurrent` and `cuCtxSetCurrent`
@@ -72,6 +73,11 @@ impl PtrBox {
                     (CaptureState::Capturing { id, .. }, Some(capture)) if id == capture => {}
                     (CaptureState::Free, Some(_)) => {
                         return Ok(Err(UsesOrdered::OutsideTheCapture))
+                    }
+                    // The driver did not say (a stream its owner destroyed, say): the use
+                    // cannot be ordered, which is the free's error, not a capture to wait for.
+                    (CaptureState::Unknown(status), _) => {
+                        return Err(error("cuStreamGetCaptureInfo_v2", status))
                     }
                     _ => return Ok(Err(UsesOrdered::WaitForCapture)),
                 }

@@ -188,6 +188,12 @@ class Stream:
         The token values 0, 0x1, 0x2 give the default-stream tokens; a stream custody created
         gives that stream back. ``TypeError`` for None or a non-int; ``OverflowError`` for a
         negative int; :class:`CUDAError` when the driver rejects the handle.
+
+        custody cannot keep a stream wrapped from an ``int`` alive: while a buffer's free is
+        recorded on it (``allocate``, ``set_deallocation_stream``) or a use declared
+        (``record_use``), its owner must not destroy it (a destroyed stream is undefined in the
+        driver; a free on one ends the process on a GPU). An object with ``__cuda_stream__`` is
+        kept alive.
         """
     def __cuda_stream__(self) -> Tuple[int, int]:
         """``(0, handle)``: the CUDA stream protocol (``RuntimeError`` once closed)."""
@@ -367,7 +373,9 @@ class Buffer:
         this call. Nothing is synchronised or polled, now or at the free; a drop does not block.
         Works with every memory kind; ``set_deallocation_stream`` keeps the recorded uses;
         recording a stream twice, or the deallocation stream, adds nothing. The buffer keeps
-        ``stream`` alive until the free. A default stream is bound to the current context (the
+        ``stream`` alive until the free, except a stream wrapped from a bare ``int``
+        (``Stream.from_handle(int)``), which its owner must keep until then: a destroyed stream
+        is undefined in the driver. A default stream is bound to the current context (the
         per-thread default stream also to the calling thread; freed on another thread, the event
         is recorded on that context's legacy default stream, which waits for it). While
         ``stream`` is being captured into a graph at the free, the free waits until the capture

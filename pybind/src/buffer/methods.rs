@@ -367,7 +367,9 @@ impl PyBuffer {
     /// this call. Nothing is synchronised or polled, now or at the free; a drop does not block.
     /// Works with every memory kind; ``set_deallocation_stream`` keeps the recorded uses;
     /// recording a stream twice, or the deallocation stream, adds nothing. The buffer keeps
-    /// ``stream`` alive until the free. A default stream is bound to the current context (the
+    /// ``stream`` alive until the free, except a stream wrapped from a bare ``int``
+    /// (``Stream.from_handle(int)``), which its owner must keep until then: a destroyed stream
+    /// is undefined in the driver. A default stream is bound to the current context (the
     /// per-thread default stream also to the calling thread; freed on another thread, the event
     /// is recorded on that context's legacy default stream, which waits for it). While
     /// ``stream`` is being captured into a graph at the free, the free waits until the capture

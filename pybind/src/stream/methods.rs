@@ -155,6 +155,12 @@ impl PyStream {
     /// The token values 0, 0x1, 0x2 give the default-stream tokens; a stream custody created
     /// gives that stream back. ``TypeError`` for None or a non-int; ``OverflowError`` for a
     /// negative int; :class:`CUDAError` when the driver rejects the handle.
+    ///
+    /// custody cannot keep a stream wrapped from an ``int`` alive: while a buffer's free is
+    /// recorded on it (``allocate``, ``set_deallocation_stream``) or a use declared
+    /// (``record_use``), its owner must not destroy it (a destroyed stream is undefined in the
+    /// driver; a free on one ends the process on a GPU). An object with ``__cuda_stream__`` is
+    /// kept alive.
     #[staticmethod]
     fn from_handle(py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Py<PyStream>> {
         let (stream, protocol) = stream_from_handle(py, handle)?;
