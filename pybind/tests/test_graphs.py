@@ -770,3 +770,31 @@ def test_a_cupy_kernel_captured_on_a_custody_stream_reads_a_retained_buffer(
     assert cuda_warnings(recorded_warnings) == [], "nothing was reported"
     out.close()
     mr.close()
+
+
+def test_a_refused_end_building_changes_nothing(device, stream):
+    """``end_building()`` on a builder that is not building is refused (``RuntimeError``) and
+    leaves the builder as it was: the graph recorded by the capture before it still completes
+    and launches, and a builder that never built still says it has not finished building (not
+    that a capture was invalidated)."""
+    mr = custody.DeviceMemoryResource(device.device_id)
+    buf = mr.allocate(256, stream=stream)
+    builder = stream.create_graph_builder()
+    builder.begin_building()
+    buf.fill(0x3C, stream=builder)
+    builder.end_building()
+    with pytest.raises(RuntimeError, match="not building"):
+        builder.end_building()
+    graph = builder.complete()
+    graph.launch(stream)
+    assert read(buf.handle, 256, stream) == b"\x3c" * 256
+    graph.close()
+    builder.close()
+    buf.close()
+
+    fresh = stream.create_graph_builder()
+    with pytest.raises(RuntimeError, match="not building"):
+        fresh.end_building()
+    with pytest.raises(RuntimeError, match="has not finished building"):
+        fresh.complete()
+    fresh.close()

@@ -71,11 +71,14 @@ impl PyGraphBuilder {
         let py = slf.py();
         let this = slf.get();
         let builder = this.builder()?;
+        // A builder that is not building refuses without a change: the graph it recorded last
+        // still completes.
+        let was_building = builder.is_building();
         let ended = py.detach(|| builder.end_building());
         let graph = match ended {
             Ok(graph) => graph,
             Err(error) => {
-                if !builder.is_building() {
+                if was_building && !builder.is_building() {
                     // The capture is over and recorded nothing.
                     this.invalidated.store(true, Ordering::Relaxed);
                 }
