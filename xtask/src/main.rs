@@ -94,10 +94,10 @@ fn main() -> ExitCode {
 }
 
 /// `cargo xtask COMMAND --help` (or `-h`) prints the usage and does nothing else, for every
-/// command whose arguments xtask reads itself: `foreign-tests` prints its own longer help, and
-/// `gpu-test` hands its arguments to `run.py`.
+/// command whose arguments xtask reads itself: `foreign-tests` and `bench` print their own
+/// longer help, and `gpu-test` hands its arguments to `run.py`.
 fn asks_for_help(command: &str, rest: &[String]) -> bool {
-    !matches!(command, "foreign-tests" | "gpu-test")
+    !matches!(command, "foreign-tests" | "bench" | "gpu-test")
         && rest.iter().any(|a| a == "-h" || a == "--help")
 }
 

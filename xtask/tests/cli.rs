@@ -3,11 +3,11 @@
 use std::process::Command;
 
 /// `cargo xtask COMMAND --help` prints the usage and exits 0 without doing the command's work,
-/// for each command whose arguments xtask reads (`foreign-tests` has its own help; `gpu-test`
-/// hands its arguments to `run.py`).
+/// for each command whose arguments xtask reads (`foreign-tests` and `bench` have their own
+/// help; `gpu-test` hands its arguments to `run.py`).
 #[test]
 fn every_command_answers_help_with_the_usage() {
-    for command in ["test", "wheel", "gpu-bundle", "demo", "bench"] {
+    for command in ["test", "wheel", "gpu-bundle", "demo"] {
         for flag in ["--help", "-h"] {
             let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
                 .args([command, flag])
