@@ -116,7 +116,11 @@ impl PyMemoryResource {
 
     /// Frees ``size`` bytes at ``ptr``, which this resource allocated, ordered on ``stream``
     /// (keyword-only), as the resource's own buffers are freed; raises on failure
-    /// (:class:`CUDAError`). ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one
+    /// (:class:`CUDAError`). The pointer is taken on the caller's word, as in cuda.core: it must
+    /// be memory no live :class:`Buffer` owns (what ``Buffer.from_handle(..., mr=...)`` hands
+    /// back at teardown, say). A buffer's own memory is freed by its ``close()`` or drop, and a
+    /// ``deallocate`` of it as well is a double free (for a :class:`CachingMemoryResource`, a
+    /// block it then lends out again while freed). ``TypeError`` for a missing, ``None`` or non-stream ``stream`` or one
     /// passed by position (it is keyword-only); ``RuntimeError`` for a closed stream. The base
     /// class raises ``TypeError``.
     #[pyo3(
