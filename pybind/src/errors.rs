@@ -211,14 +211,15 @@ pub(crate) fn expected(expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
 /// A size in bytes given as argument `name`: an `int` from 0 to 2**64 - 1. Refused with the
 /// argument named (pyo3's own conversion says only "can't convert negative int to unsigned"):
 /// `OverflowError` for a negative or too large value, `TypeError` (with pyo3's text, which
-/// names the type given) for anything but an `int`.
+/// names the type given) for anything but an `int`. An object with `__index__` is named by the
+/// value it gave.
 pub(crate) fn size_argument(name: &str, object: &Bound<'_, PyAny>) -> PyResult<usize> {
     object.extract::<usize>().map_err(|error| {
         let py = object.py();
         if error.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
             pyo3::exceptions::PyOverflowError::new_err(format!(
                 "{name} must be a number of bytes from 0 to 2**64 - 1, got {}",
-                object.repr().map(|r| r.to_string()).unwrap_or_default()
+                index_value(object)
             ))
         } else if error.is_instance_of::<PyTypeError>(py) {
             PyTypeError::new_err(format!("{name}: {}", error.value(py)))
@@ -226,6 +227,24 @@ pub(crate) fn size_argument(name: &str, object: &Bound<'_, PyAny>) -> PyResult<u
             error
         }
     })
+}
+
+/// What an int-like `object` stands for, for a message: an `int`'s own digits, another object's
+/// `operator.index` value (the conversion that was refused called it already), else its repr.
+fn index_value(object: &Bound<'_, PyAny>) -> String {
+    let value = if object.is_instance_of::<pyo3::types::PyInt>() {
+        Ok(object.clone())
+    } else {
+        object
+            .py()
+            .import("operator")
+            .and_then(|operator| operator.call_method1("index", (object,)))
+    };
+    value
+        .and_then(|value| value.repr())
+        .or_else(|_| object.repr())
+        .map(|r| r.to_string())
+        .unwrap_or_default()
 }
 
 /// The name of `object`'s class, as the user called it (a subclass's own name).

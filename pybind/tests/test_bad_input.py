@@ -390,6 +390,42 @@ def test_a_negative_size_names_the_argument(device, stream):
     check(TypeError, "size: .*str", lambda: mr.allocate("10", stream=stream))
 
 
+class _Index:
+    """An int-like through ``__index__`` (a NumPy integer, say)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        return self.value
+
+
+class _Int:
+    """A pointer-like through ``__int__`` (``cuda.bindings.driver.CUdeviceptr``, say)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __int__(self):
+        return self.value
+
+
+def test_an_int_like_out_of_range_is_named_by_its_value(device, stream):
+    """A size or pointer given as an object with ``__index__`` or ``__int__`` whose value is out
+    of range is refused naming the value it gave, not the object's repr."""
+    mr = custody.DeviceMemoryResource(0)
+    check(OverflowError, r"size must be .* got -8$", lambda: mr.allocate(_Index(-8), stream=stream))
+    check(OverflowError, r"size must be .* got -8$", lambda: custody.Buffer.from_handle(0x1000, _Index(-8)))
+    check(OverflowError, r"size must be .* got 1180591620717411303424$",
+          lambda: mr.allocate(_Index(2**70), stream=stream))
+    check(OverflowError, r"^a pointer is an unsigned 64-bit int, got -5$",
+          lambda: custody.Buffer.from_handle(_Int(-5), 8))
+    check(OverflowError, r"^a pointer is an unsigned 64-bit int, got -5$",
+          lambda: custody.Buffer.from_handle(_Index(-5), 8))
+    check(OverflowError, r"^a pointer is an unsigned 64-bit int, got -1$",
+          lambda: custody.Buffer.from_handle(-1, 8))
+
+
 @pytest.mark.parametrize("cls", [custody.Stream, custody.GraphBuilder])
 def test_a_stream_class_instead_of_an_instance_names_the_mistake(device, stream, cls):
     """The class ``custody.Stream`` (or ``GraphBuilder``) where a stream goes

@@ -136,7 +136,8 @@ pub(super) fn address(object: &Bound<'_, PyAny>) -> PyResult<u64> {
         if error.is_instance_of::<PyOverflowError>(py) {
             PyOverflowError::new_err(format!(
                 "a pointer is an unsigned 64-bit int, got {}",
-                object.repr().map(|r| r.to_string()).unwrap_or_default()
+                // The int the object gave (its `__index__` or `__int__`), not the object.
+                value.repr().map(|r| r.to_string()).unwrap_or_default()
             ))
         } else {
             expected("pointer (int, or an object with __int__)", object)
