@@ -166,7 +166,10 @@
 //!   threads share that clock: the emulator sees one global order of calls, so work that one
 //!   thread has waited for is complete for every later call. Every use of an allocation (fill,
 //!   copy, graph node, the stream-ordered allocation itself) records its (stream, time). A free not
-//!   ordered after every recorded use is `unordered_free`; a use after the free was issued is
+//!   ordered after every recorded use is `unordered_free`; a use of a stream-ordered allocation
+//!   on a stream not ordered after the allocation (no event wait, host synchronisation or legacy
+//!   barrier in between) is `use_before_alloc` (compute-sanitizer's stream-ordered race check
+//!   reports the same as use-before-alloc); a use after the free was issued is
 //!   `use_after_free` (a graph node also when its allocation was freed and the address now
 //!   belongs to another one: nodes remember the identity of the memory they were made for);
 //!   freeing a freed or unknown pointer is `double_free`; a free on a destroyed

@@ -92,6 +92,15 @@ pub(crate) fn hazard(h: Hazard) {
     lock(&HAZARDS).push(h);
 }
 
+/// Puts back the entry point an [`entry`] interrupted, when it returns.
+struct RestoreFunction(&'static str);
+
+impl Drop for RestoreFunction {
+    fn drop(&mut self) {
+        let _ = CURRENT_FUNCTION.try_with(|f| f.set(self.0));
+    }
+}
+
 pub(crate) fn hazards_snapshot() -> Vec<Hazard> {
     lock(&HAZARDS).clone()
 }
@@ -151,6 +160,18 @@ fn take_fault(function: &str) -> Option<CUresult> {
 /// not listed is refused with `CUDA_ERROR_NOT_PERMITTED`.
 const ALLOWED_IN_CALLBACKS: &[&str] = &["cuStreamSynchronize", "cuDriverGetVersion"];
 
+thread_local! {
+    /// The entry point this thread is in (for hazards found below it).
+    static CURRENT_FUNCTION: std::cell::Cell<&'static str> = const { std::cell::Cell::new("") };
+}
+
+/// The driver entry point the calling thread is in, "" outside one.
+pub(crate) fn current_function() -> &'static str {
+    CURRENT_FUNCTION
+        .try_with(std::cell::Cell::get)
+        .unwrap_or("")
+}
+
 /// Runs one exported driver call: refuses it inside a callback (G4), applies an injected fault,
 /// runs `body` (a panic becomes `CUDA_ERROR_UNKNOWN`), and logs it.
 ///
@@ -161,6 +182,10 @@ pub(crate) fn entry(
     ptr: Option<u64>,
     body: impl FnOnce(&mut CallInfo) -> Res,
 ) -> CUresult {
+    let outer = CURRENT_FUNCTION
+        .try_with(|f| f.replace(function))
+        .unwrap_or("");
+    let _restore = RestoreFunction(outer);
     let context = current_context();
     let mut info = CallInfo::default();
     let result = if in_callback_now() && !ALLOWED_IN_CALLBACKS.contains(&function) {

@@ -186,6 +186,10 @@ pub(crate) struct Alloc {
     pub(crate) backing: Arc<Backing>,
     /// The last use on each stream: component -> time.
     pub(crate) uses: VectorClock,
+    /// For a stream-ordered allocation, where it was made: its stream's clock component and
+    /// the time of the allocation there. A use on a stream whose clock has not reached it is
+    /// `use_before_alloc`.
+    pub(crate) made: Option<(u64, u64)>,
     /// Offset inside a shared pool arena: of the block itself for an allocation of an
     /// IPC-capable pool (exportable), of the exporter's block it maps for an import.
     pub(crate) ipc_offset: Option<u64>,
@@ -215,6 +219,7 @@ impl Alloc {
             host,
             backing,
             uses: VectorClock::default(),
+            made: None,
             ipc_offset: None,
         }
     }

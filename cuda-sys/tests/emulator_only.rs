@@ -108,6 +108,40 @@ fn unordered_free_is_reported() {
     assert_eq!(hazards[0].stream, b as u64);
 }
 
+/// A stream-ordered allocation used on another stream that nothing orders after the allocation
+/// is `use_before_alloc` (compute-sanitizer's stream-ordered race check reports the same as
+/// use-before-alloc: in the GPU run of 2026-12-01 it found a memory test doing it, which the
+/// emulator had passed); an event wait, or a host synchronisation of the allocating stream,
+/// orders the use.
+#[test]
+fn a_use_on_another_stream_not_ordered_after_the_allocation_is_reported() {
+    let (d, emu, _) = setup();
+    let (a, b) = (stream(d), stream(d));
+    let p = alloc_async(d, 256, a);
+    let id = id_at(&emu, p);
+    ok!(d, cuMemsetD8Async(p, 7, 256, b));
+    let hazards = hazards_for(&emu, id);
+    assert_eq!(kinds(&hazards), ["use_before_alloc"], "{hazards:?}");
+    assert_eq!(hazards[0].function, "cuMemsetD8Async");
+    assert_eq!(hazards[0].stream, b as u64);
+
+    emu.clear_hazards();
+    let e = event(d);
+    let q = alloc_async(d, 256, a);
+    ok!(d, cuEventRecord(e, a));
+    ok!(d, cuStreamWaitEvent(b, e, 0));
+    ok!(d, cuMemsetD8Async(q, 7, 256, b));
+    let r = alloc_async(d, 256, a);
+    ok!(d, cuStreamSynchronize(a));
+    ok!(d, cuMemsetD8Async(r, 7, 256, b));
+    ok!(d, cuStreamSynchronize(b));
+    for x in [p, q, r] {
+        ok!(d, cuMemFreeAsync(x, b));
+    }
+    ok!(d, cuStreamSynchronize(b));
+    assert!(emu.hazards().is_empty(), "{:?}", emu.hazards());
+}
+
 #[test]
 fn correctly_ordered_two_stream_program_reports_no_hazard() {
     let (d, emu, _) = setup();
@@ -557,8 +591,9 @@ fn hazards_name_the_allocation_not_just_the_address() {
     let q = alloc_async(d, 64, a);
     assert_eq!(q, p);
     let second = id_at(&emu, q);
-    // A use on b, then a free on a that is not ordered after it: the hazard is the second
-    // allocation's, although the first had the same address.
+    // A use on b (after the allocation: a synchronised), then a free on a that is not ordered
+    // after it: the hazard is the second allocation's, although the first had the same address.
+    ok!(d, cuStreamSynchronize(a));
     ok!(d, cuMemsetD8Async(q, 1, 64, b));
     ok!(d, cuMemFreeAsync(q, a));
     assert_eq!(

@@ -174,11 +174,16 @@ fn typed_views_of_pinned_memory_work_on_any_device_stream() {
             0
         },
     );
+    // The allocation is ordered on `s`, the copy on `other`, the read-back on `s` again: each
+    // stream waits for the other's work first (without it the hazard checker reports the copy
+    // as used before its allocation).
+    s.synchronize().unwrap();
     buffer
         .as_slice_mut::<f32>()
         .unwrap()
         .copy_from_slice(&[1.5, -2.0, 0.25, 8.0], &other)
         .unwrap();
+    other.synchronize().unwrap();
     assert_eq!(
         buffer.as_slice::<f32>().unwrap().to_vec(&s).unwrap(),
         [1.5, -2.0, 0.25, 8.0]

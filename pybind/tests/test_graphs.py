@@ -103,17 +103,21 @@ def test_ptds_buffer_retained_by_a_graph_is_freed_on_the_legacy_stream(
         device.set_current()
         buf = pool.allocate(256, stream=custody.PER_THREAD_DEFAULT_STREAM)
         buf.fill(3, stream=custody.PER_THREAD_DEFAULT_STREAM)  # not synchronised
-        return buf
+        # The graph launch below is on another stream, which nothing else orders after this
+        # thread's per-thread stream (F15): it waits for this event, or it would use the memory
+        # before its allocation (the hazard checker's use_before_alloc).
+        return buf, custody.PER_THREAD_DEFAULT_STREAM.record()
 
     # The worker stays alive, parked, until the free is done: it must not end with its fill
     # pending on its per-thread stream (docs/driver-facts.md F24).
-    buf, worker = run_in_parked_thread(device, allocate)
+    (buf, made), worker = run_in_parked_thread(device, allocate)
     alloc = emu.alloc_id(buf.handle) if emu else None
     gb = device.create_graph_builder()
     gb.begin_building()
     buf.fill(1, stream=gb)
     gb.end_building()
     graph = gb.complete()
+    stream.wait(made)
     graph.launch(stream)
     stream.sync()
     buf.close()

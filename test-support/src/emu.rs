@@ -65,7 +65,9 @@ pub struct Allocation {
 /// One stream-order or lifetime violation the hazard checker saw.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Hazard {
-    /// `unordered_free`, `use_after_free`, `double_free`, `free_on_destroyed_stream` or
+    /// `unordered_free`, `use_before_alloc` (a use on a stream not ordered after the
+    /// allocation's stream-ordered allocation), `use_after_free`, `double_free`,
+    /// `free_on_destroyed_stream` or
     /// `thread_exit_with_pending_per_thread_work` (a thread ended with operations on its
     /// per-thread stream that no synchronisation had seen complete; `ptr` is 0 and `stream` the
     /// per-thread stream: docs/driver-facts.md F24).

@@ -310,6 +310,7 @@ fn alloc_async(
             let (deps, time) = st.prepare(r);
             let addr = st.pool_alloc(pool, size, r)?;
             info.alloc = st.alloc_id(addr);
+            st.record_stream_ordered_allocation(addr, r, time);
             st.record_use(Some(addr), r, time);
             st.submit(r, deps, None, false);
             addr

@@ -235,11 +235,45 @@ impl State {
         Err(codes::BAD_POINTER)
     }
 
-    /// Records a use of allocation `alloc` at `time` on stream `stream`.
+    /// Records a use of allocation `alloc` at `time` on stream `stream` (whose clock is already
+    /// advanced), and reports `use_before_alloc` when the allocation is stream-ordered and
+    /// `stream` is not ordered after it (made on another stream with no event wait, host
+    /// synchronisation or legacy-stream barrier in between).
     pub(crate) fn record_use(&mut self, alloc: Option<u64>, stream: u64, time: u64) {
+        let (id, clock) = self
+            .streams
+            .get(&stream)
+            .map_or((stream, None), |s| (s.id, Some(&s.clock)));
+        let Some(a) = alloc.and_then(|p| self.allocs.get_mut(&p)) else {
+            return;
+        };
+        a.uses.raise(id, time);
+        let Some((made_on, made_at)) = a.made else {
+            return;
+        };
+        if clock.is_none_or(|clock| clock.get(made_on) >= made_at) {
+            return;
+        }
+        let function = log::current_function();
+        log::hazard(Hazard {
+            kind: "use_before_alloc",
+            ptr: a.addr,
+            alloc: Some(a.id),
+            function,
+            stream,
+            detail: format!(
+                "{function} on stream {stream:#x} uses {:#x} (allocation #{}), which was allocated \
+                 on stream {made_on:#x} at #{made_at}, with nothing ordering this stream after it",
+                a.addr, a.id
+            ),
+        });
+    }
+
+    /// Marks the allocation at `addr` as made in stream order on `stream` at `time`.
+    pub(crate) fn record_stream_ordered_allocation(&mut self, addr: u64, stream: u64, time: u64) {
         let id = self.streams.get(&stream).map_or(stream, |s| s.id);
-        if let Some(a) = alloc.and_then(|p| self.allocs.get_mut(&p)) {
-            a.uses.raise(id, time);
+        if let Some(a) = self.allocs.get_mut(&addr) {
+            a.made = Some((id, time));
         }
     }
 

@@ -103,7 +103,8 @@ def allocations() -> list[dict]:
 
 def hazards() -> list[dict]:
     """Every hazard found since the last ``clear("hazards")``: dicts with ``kind``
-    (``"unordered_free"``: freed on a stream not ordered after a use; ``"use_after_free"``,
+    (``"unordered_free"``: freed on a stream not ordered after a use; ``"use_before_alloc"``:
+    used on a stream not ordered after its stream-ordered allocation; ``"use_after_free"``,
     ``"double_free"`` or ``"free_on_destroyed_stream"``), ``ptr``, ``alloc`` (the allocation's
     ``id``, or None), ``function`` (the driver call that found it), ``stream`` and ``detail``."""
     return _query("hazards")
