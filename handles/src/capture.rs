@@ -26,7 +26,7 @@ pub enum CaptureStatus {
     Invalidated,
 }
 
-pub use crate::stream::capture_may_be_active;
+pub use crate::stream::{capture_may_be_active, this_thread_may_be_capturing};
 
 /// Whether `stream` is capturing.
 ///
@@ -71,7 +71,9 @@ pub fn begin_capture(stream: &StreamHandle, mode: CUstreamCaptureMode) -> Result
         }
         status
     })?;
-    crate::stream::note_capture_begun();
+    crate::stream::note_capture_begun(
+        mode == CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    );
     if let Some(capture) = state.capture_id() {
         CaptureAllocations::begun(capture);
     }

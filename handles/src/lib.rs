@@ -57,7 +57,7 @@ mod user_object;
 pub use allocation::{AdoptError, Deallocator, DeallocatorPanic, OwnedAllocation};
 pub use capture::{
     abandon_capture, begin_capture, capture_may_be_active, capture_status, discard_capture,
-    end_capture, CaptureStatus,
+    end_capture, this_thread_may_be_capturing, CaptureStatus,
 };
 pub use context::{ContextHandle, ContextKind, ContextScope};
 pub use deferred::{

@@ -31,13 +31,32 @@ pub fn capture_may_be_active() -> bool {
     ACTIVE_CAPTURES.load(Ordering::Relaxed) != 0
 }
 
-/// Counts a capture begun.
-pub(crate) fn note_capture_begun() {
+thread_local! {
+    /// How many captures begun through custody on this thread, in a mode other than relaxed,
+    /// have not ended yet (ended on this thread).
+    static THIS_THREAD_CAPTURES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this thread began a capture through custody (`begin_capture`), in global or
+/// thread-local mode, that it has not ended: while it runs the driver forbids this thread
+/// "potentially unsafe" calls, and some of those (a `cuMemFreeAsync` on another stream,
+/// docs/driver-facts.md F27) succeed and invalidate the capture. A capture ended on another
+/// thread (a relaxed one may be) is still counted here until the thread begins or ends another.
+pub fn this_thread_may_be_capturing() -> bool {
+    capture_may_be_active() && THIS_THREAD_CAPTURES.with(std::cell::Cell::get) != 0
+}
+
+/// Counts a capture begun (`relaxed`: in relaxed mode, which forbids this thread nothing).
+pub(crate) fn note_capture_begun(relaxed: bool) {
     ACTIVE_CAPTURES.fetch_add(1, Ordering::Relaxed);
+    if !relaxed {
+        THIS_THREAD_CAPTURES.with(|n| n.set(n.get() + 1));
+    }
 }
 
 /// Counts a capture ended (successfully or invalidated).
 pub(crate) fn note_capture_ended() {
+    THIS_THREAD_CAPTURES.with(|n| n.set(n.get().saturating_sub(1)));
     let _ = ACTIVE_CAPTURES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
         Some(n.saturating_sub(1))
     });

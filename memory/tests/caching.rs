@@ -1180,8 +1180,8 @@ fn not_cached() -> Vec<handles::CleanupWarning> {
         .collect()
 }
 
-/// A trim frees what it can and says what it could not: a block whose stream is being captured
-/// (a capture begun through custody) stays in its bin (a free there would join the capture),
+/// A trim on the thread of a running thread-local capture frees nothing: any free it made (here
+/// `cuMemFreeAsync` of another stream's block) would invalidate that capture (driver-facts F27);
 /// buffers lent out are counted, not touched; a trim after the capture frees the rest.
 #[test]
 fn trim_says_what_it_freed_and_what_it_could_not() {
@@ -1205,16 +1205,16 @@ fn trim_says_what_it_freed_and_what_it_could_not() {
     assert_eq!(
         trimmed.unwrap(),
         memory::Trimmed {
-            freed_blocks: 1,
-            freed_bytes: 1024,
-            kept_blocks: 1,
-            kept_bytes: 4096,
+            freed_blocks: 0,
+            freed_bytes: 0,
+            kept_blocks: 2,
+            kept_bytes: 5120,
             in_use_blocks: 1,
             in_use_bytes: 4096,
         }
     );
     drop(graph);
-    assert_eq!(mr.stats().cached_blocks, 1, "a's block still cached");
+    assert_eq!(mr.stats().cached_blocks, 2, "both blocks still cached");
     out.close().unwrap();
     let trimmed = mr.trim().unwrap();
     assert_eq!(
@@ -1223,7 +1223,7 @@ fn trim_says_what_it_freed_and_what_it_could_not() {
             trimmed.kept_blocks,
             trimmed.in_use_blocks
         ),
-        (2, 0, 0)
+        (3, 0, 0)
     );
     assert_eq!(device_used(), base);
     assert_no_hazards();
@@ -1418,4 +1418,37 @@ fn every_test_here_skips_when_caches_pass_through() {
         missing.is_empty(),
         "tests without caches_or_skip(): {missing:?}"
     );
+}
+
+/// A trim on another thread than the capture's frees what it can: a block whose stream is being
+/// captured (a capture begun through custody) stays in its bin (a free there would join the
+/// capture), another stream's block is freed, and the capture stays valid.
+#[test]
+fn a_trim_beside_another_threads_capture_keeps_only_the_capturing_streams_block() {
+    let _serial = start();
+    if !caches_or_skip() {
+        return;
+    }
+    let base = device_used();
+    let (a, b) = (stream_on(0), stream_on(0));
+    let mr = cache_over_device_pool();
+    drop(allocate(&mr, 4096, &a));
+    drop(allocate(&mr, 1000, &b));
+    begin_capture(
+        &a,
+        handles::sys_types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+    )
+    .unwrap();
+    let trimmed = std::thread::scope(|t| t.spawn(|| mr.trim()).join().unwrap());
+    let graph = end_capture(&a).unwrap();
+    let trimmed = trimmed.unwrap();
+    assert_eq!(
+        (trimmed.freed_blocks, trimmed.freed_bytes, trimmed.kept_blocks, trimmed.kept_bytes),
+        (1, 1024, 1, 4096)
+    );
+    drop(graph);
+    assert_eq!(mr.stats().cached_blocks, 1, "a's block still cached");
+    assert_eq!(mr.trim().unwrap().freed_blocks, 1);
+    assert_eq!(device_used(), base);
+    assert_no_hazards();
 }

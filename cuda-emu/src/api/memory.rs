@@ -386,6 +386,7 @@ fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
         // nothing captured, the capture stays valid, the memory stays allocated (measured: F16).
         return Err(codes::CAPTURED_FREE);
     }
+    st.free_beside_own_capture();
     let (deps, time) = st.prepare(r);
     st.check_free_order(addr, r, F);
     let a = st

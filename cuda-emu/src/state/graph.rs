@@ -606,6 +606,30 @@ impl State {
         Err(codes::CAPTURE_UNSUPPORTED)
     }
 
+    /// A `cuMemFreeAsync` on a stream that is not being captured, made on a thread with a
+    /// capture of its own (not relaxed, the thread's mode not relaxed): the free succeeds and
+    /// the thread's captures are invalidated. Inferred, not isolated: on an H200 (driver
+    /// 580.159.04) memory's `caching::trim_says_what_it_freed_and_what_it_could_not` saw its
+    /// thread-local capture invalidated by a trim whose only calls on that thread were
+    /// `cuCtxGetCurrent`, `cuCtxSetCurrent`, `cuStreamIsCapturing` and this free, which
+    /// returned success (docs/driver-facts.md F27); the driver documents such a thread as
+    /// prohibited from "potentially unsafe" calls. Another thread's captures are not modelled.
+    pub(crate) fn free_beside_own_capture(&mut self) {
+        let me = thread_id();
+        if thread_mode() == MODE_RELAXED {
+            return;
+        }
+        let offended: Vec<u64> = self
+            .captures
+            .iter()
+            .filter(|(_, c)| !c.invalidated && c.thread == me && c.mode != MODE_RELAXED)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in offended {
+            self.invalidate_capture(id);
+        }
+    }
+
     /// `cuMemPoolGetAttribute`'s rule in a capture, as far as it was measured
     /// (docs/driver-facts.md F26): refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` on a
     /// thread that began a thread-local capture which an illegal call had invalidated and which

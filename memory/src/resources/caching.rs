@@ -96,7 +96,9 @@ pub struct Trimmed {
     /// Their sizes in bytes.
     pub freed_bytes: usize,
     /// Cached blocks left in their bins because their stream is being captured (by a capture
-    /// begun through custody): a free there would join the capture. A later trim frees them.
+    /// begun through custody): a free there would join the capture; or because the trimming
+    /// thread has such a capture of its own running, which any free would invalidate
+    /// (docs/driver-facts.md F27). A later trim frees them.
     pub kept_blocks: usize,
     /// Their sizes in bytes.
     pub kept_bytes: usize,
@@ -450,7 +452,11 @@ impl CachingMemoryResource {
     /// resources `cuStreamSynchronize` of the block's stream, then the free), and says what it
     /// did ([`Trimmed`]): a block whose stream is being captured by a capture begun through
     /// custody stays in its bin (its free would join the capture), and buffers lent out are not
-    /// touched (their blocks come back to the bins as usual). A block last freed on a stream
+    /// touched (their blocks come back to the bins as usual). On a thread that began such a
+    /// capture (global or thread-local mode) and has not ended it, every block stays: the
+    /// driver forbids that thread "potentially unsafe" calls, and a `cuMemFreeAsync` of pool
+    /// memory on another stream, not captured, is one: on an H200 it succeeded and invalidated
+    /// the capture (docs/driver-facts.md F27). A block last freed on a stream
     /// wrapped without an owner is freed on the cache's own stream of its context, after the
     /// event recorded at its free: the wrapped stream may be gone.
     ///
@@ -467,7 +473,16 @@ impl CachingMemoryResource {
         let blocks = self.lock().drain();
         let mut kept = Vec::new();
         let mut free = Vec::new();
+        // On a thread with a capture of its own running (global or thread-local mode) every
+        // block stays: its `cuMemFreeAsync`, on a stream not being captured, succeeds on a real
+        // driver and invalidates that capture (docs/driver-facts.md F27), and a fenced block's
+        // `cuStreamWaitEvent` and free are the same kind of call.
+        let own_capture = handles::this_thread_may_be_capturing();
         for (key, class, cached) in blocks {
+            if own_capture {
+                kept.push((key, class, cached));
+                continue;
+            }
             if handles::capture_may_be_active() && cached.fence.is_none() {
                 let capturing = cached.block.deallocation_stream().is_some_and(|stream| {
                     !matches!(handles::capture_status(&stream), Ok(CaptureStatus::None))
