@@ -16,6 +16,9 @@
 //!   query invalidated, before the capture ended, is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`
 //!   (measured on the H200 in the GPU run of 2026-12-01 of bundle `7670e5d`; only that
 //!   situation).
+//! - F27 (`f27_*`, not yet measured on its own): `cuMemFreeAsync` on a stream not captured, on the
+//!   thread of a running thread-local capture, succeeds and invalidates the capture (inferred
+//!   from an H200 run of memory's caching tests).
 //! - A capture that ends without a graph (invalidated, or a forked stream left unjoined)
 //!   discards the graph it recorded into, and the user objects that graph held are destroyed
 //!   (`basic_an_*_capture_releases_the_user_objects_its_graph_held_not_yet_measured`: read from
@@ -475,5 +478,33 @@ fn basic_an_unjoined_capture_releases_the_user_objects_its_graph_held_not_yet_me
         assert_eq!(stream_is_capturing(t).check(), CAPTURE_STATUS_NONE);
         stream_destroy(t).check();
         mem_free(memory).check();
+    });
+}
+
+/// F27, inferred, not yet measured on its own: on the thread of a running thread-local capture of
+/// `s`, `cuMemFreeAsync` of pool memory on another stream `t`, not captured, succeeds (the memory
+/// is freed) and invalidates the capture. An H200 (driver 580.159.04) showed the invalidation
+/// through memory's `caching::trim_says_what_it_freed_and_what_it_could_not`, whose trim made only
+/// this free besides context and `cuStreamIsCapturing` calls; the driver documents such a thread
+/// as prohibited from "potentially unsafe" calls.
+#[test]
+fn f27_free_on_another_stream_in_a_thread_local_capture_invalidates_it_not_yet_measured() {
+    on_fresh_thread("f27-free-beside-capture", || {
+        init();
+        let _primary = primary_current();
+        let pool = new_pool();
+        let s = stream_create(STREAM_NON_BLOCKING).check();
+        let t = stream_create(STREAM_NON_BLOCKING).check();
+        let p = mem_alloc_from_pool_async(N, pool, t).check();
+        stream_synchronize(t).check();
+        stream_begin_capture(s, THREAD_LOCAL).check();
+        mem_free_async(p, t).check();
+        assert_eq!(stream_is_capturing(s).check(), CAPTURE_STATUS_INVALIDATED);
+        stream_end_capture(s).fails_with(CudaErrorCode::STREAM_CAPTURE_INVALIDATED);
+        stream_synchronize(t).check();
+        assert_eq!(used(pool), 0, "the free happened");
+        stream_destroy(t).check();
+        stream_destroy(s).check();
+        mem_pool_destroy(pool).check();
     });
 }
