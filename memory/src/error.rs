@@ -59,8 +59,9 @@ pub enum MemoryError {
         /// The view's length in elements.
         len: usize,
     },
-    /// The memory resource was closed ([`crate::PoolMemoryResource::close`]): it allocates,
-    /// exports and imports nothing more.
+    /// The memory resource was closed ([`crate::CachingMemoryResource::close`]): it allocates
+    /// nothing more. (The Python bindings' closed pool resource objects say it too: a Rust pool
+    /// resource has no close, it goes with its last `Arc`.)
     #[error("the {resource} has been closed")]
     ResourceClosed {
         /// The resource's type name.

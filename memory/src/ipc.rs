@@ -188,7 +188,6 @@ impl Buffer {
     /// that unmap, so a new import never picks up a mapping about to go.
     ///
     /// # Errors
-    /// - [`MemoryError::ResourceClosed`]: `mr` was closed.
     /// - [`MemoryError::Ipc`]: `mr` is not an imported pool; the imported allocation is smaller
     ///   than the descriptor claims (a mapping made for the check is freed again on `stream`).
     /// - [`HandleError::WrongDevice`](handles::HandleError::WrongDevice): the descriptor's device is not the pool's, or `stream`
@@ -206,11 +205,6 @@ impl Buffer {
         descriptor: &IpcBufferDescriptor,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
-        if mr.is_closed() {
-            return Err(MemoryError::ResourceClosed {
-                resource: mr.resource_name(),
-            });
-        }
         if !mr.is_mapped() {
             return Err(IpcError::NotAnImportedPool.into());
         }

@@ -10,7 +10,7 @@
 //! | `HandleError::NoCurrentContext` | `RuntimeError("no CUDA context is current ...")` |
 //! | `HandleError::ContextNotActivated`, `HandleError::ContextNotRestored` | `CUDAError` whose text says what happened (did not run; or succeeded, the caller's context not restored, which is current), `.name`/`.code` the context call's |
 //! | `Error::Closed` (a Python buffer's shared state, closed: `buffer/shared.rs`) | `RuntimeError("Buffer has been closed")` |
-//! | `MemoryError::ResourceClosed` | `RuntimeError("DeviceMemoryResource has been closed")` (or Pinned...) |
+//! | `MemoryError::ResourceClosed` | `RuntimeError("DeviceMemoryResource has been closed")`: a closed pool resource object (`resource/closable.rs`) or caching resource, by its class's name |
 //! | `HandleError::Deallocator` | the exception the Python memory resource's `deallocate` raised (it travels as the error's source); else `RuntimeError` |
 //! | `MemoryError::InvalidSize` | `ValueError` (zero bytes) or `OverflowError` (more than `isize::MAX`) |
 //! | `SizeMismatch`, `InvalidFill`, `OwnershipConflict`, `NoMemoryResource`, `NotManaged`, `HandleError::InvalidArgument`, `HandleError::WrongDevice` | `ValueError` |

@@ -363,6 +363,21 @@ def test_a_closed_cache_refuses_allocations_of_one_byte_or_more(device, stream, 
     empty.close()
 
 
+def test_a_cache_over_a_closed_pool_lends_what_it_holds_and_takes_no_new_block(device, stream):
+    """A pool resource's ``close()`` is its object's: a cache over it still lends the blocks it
+    holds, and a new block from the closed pool is refused in the pool's words."""
+    pool = custody.DeviceMemoryResource(0, custody.DeviceMemoryResourceOptions())
+    mr = custody.CachingMemoryResource(pool)
+    mr.allocate(4096, stream=stream).close()
+    pool.close()
+    again = mr.allocate(4096, stream=stream)
+    assert mr.stats["hits"] == 1
+    with pytest.raises(RuntimeError, match="^DeviceMemoryResource has been closed$"):
+        mr.allocate(1 << 20, stream=stream)
+    again.close()
+    mr.close()
+
+
 def test_trim_says_what_it_kept_and_a_capturing_stream_is_said_once(device, pool, recorded_warnings):
     """A trim while a stream is being captured keeps that stream's blocks (a free there would
     join the capture) and says so, counts the buffers lent out, and frees the rest; an

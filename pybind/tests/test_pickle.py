@@ -142,8 +142,8 @@ def test_a_closed_pool_resource(device, stream):
         stream.sync()
         assert ctypes.string_at(staging.handle, 256) == b"\x07" * 256
         staging.close()
-        # Freeing what it allocated still works (memory/tests/resources.rs frees a pointer
-        # with a closed resource's deallocate).
+        # Freeing what it allocated still works: the closed state is this object's, the Rust
+        # resource behind it has none.
         buf.close()
         stream.sync()
         assert mr.attributes.used_mem_current == 0

@@ -520,6 +520,14 @@ impl CachingMemoryResource {
     /// later (a buffer still lent out, closed or dropped) is freed at once through the upstream
     /// resource. Idempotent.
     ///
+    /// Unlike the other resources, which a Rust program closes by dropping their last `Arc`,
+    /// a cache has a close of its own: every buffer it lends holds the cache (its block comes
+    /// back to it), so the cache's drop, which frees what it holds, comes only after the last
+    /// of them. `close` gives the memory back to the upstream resource now, while buffers are
+    /// still out, and for good: a block given back later is freed, not cached (a
+    /// [`CachingMemoryResource::trim`] frees only what is cached now, and the cache fills
+    /// again).
+    ///
     /// # Errors
     /// As [`CachingMemoryResource::trim`].
     ///

@@ -3,7 +3,6 @@
 //! memory, CUDA 13 drivers), and [`PoolMemoryResource`], what they offer for IPC.
 
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use handles::{CaptureStatus, ManagedPoolLocation, PoolLocation, PoolSpec};
@@ -19,43 +18,17 @@ use crate::{IpcError, MemoryError, MemoryResource};
 /// preferred location); [`pool_resource!`] writes their trait impls from the core.
 #[derive(Debug)]
 struct PoolCore {
-    /// The resource's type name, for [`MemoryError::ResourceClosed`].
-    resource: &'static str,
     pool: MemoryPoolHandle,
     access: Accessibility,
     /// How the pool takes part in IPC: not at all, shareable ([`IpcRole::Exportable`]), or
     /// imported from another process ([`IpcRole::Imported`]: pointers come in by IPC, nothing is
     /// allocated here).
     ipc: IpcRole,
-    /// Set by [`PoolMemoryResource::close`]: no more allocations, exports or imports.
-    closed: AtomicBool,
 }
 
 impl PoolCore {
-    fn new(
-        resource: &'static str,
-        pool: MemoryPoolHandle,
-        access: Accessibility,
-        ipc: IpcRole,
-    ) -> PoolCore {
-        PoolCore {
-            resource,
-            pool,
-            access,
-            ipc,
-            closed: AtomicBool::new(false),
-        }
-    }
-
-    /// [`MemoryError::ResourceClosed`] once the resource was closed.
-    #[inline]
-    fn check_open(&self) -> Result<(), MemoryError> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(MemoryError::ResourceClosed {
-                resource: self.resource,
-            });
-        }
-        Ok(())
+    fn new(pool: MemoryPoolHandle, access: Accessibility, ipc: IpcRole) -> PoolCore {
+        PoolCore { pool, access, ipc }
     }
 
     /// The allocation hot path, after `Buffer::allocated`'s size checks: checks that cost no
@@ -67,7 +40,6 @@ impl PoolCore {
         size: usize,
         stream: &StreamHandle,
     ) -> Result<(DevicePtrHandle, IpcRole), MemoryError> {
-        self.check_open()?;
         if self.ipc == IpcRole::Imported {
             return Err(IpcError::ImportedPoolAllocates.into());
         }
@@ -96,8 +68,8 @@ macro_rules! pool_resource {
             /// for a device pool, of any device otherwise).
             ///
             /// # Errors
-            /// [`MemoryError::InvalidSize`]; [`MemoryError::ResourceClosed`];
-            /// [`MemoryError::Ipc`] for an imported pool; [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for a
+            /// [`MemoryError::InvalidSize`]; [`MemoryError::Ipc`] for an imported pool;
+            /// [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for a
             /// stream of another device than a device pool's; [`MemoryError::StreamCapturing`];
             /// [`MemoryError::Handle`]: no current context for a default-stream token, the
             /// driver's failure (out of memory, past `max_size`).
@@ -131,18 +103,6 @@ macro_rules! pool_resource {
             fn is_mapped(&self) -> bool {
                 self.core.ipc == IpcRole::Imported
             }
-
-            fn close(&self) {
-                self.core.closed.store(true, Ordering::Release);
-            }
-
-            fn is_closed(&self) -> bool {
-                self.core.closed.load(Ordering::Acquire)
-            }
-
-            fn resource_name(&self) -> &'static str {
-                self.core.resource
-            }
         }
     };
 }
@@ -159,27 +119,6 @@ pub trait PoolMemoryResource: MemoryResource {
     /// Whether the pool was imported from another process (then it only imports pointers).
     fn is_mapped(&self) -> bool;
 
-    /// Closes the resource: from now on it allocates nothing, exports nothing and imports
-    /// nothing ([`MemoryError::ResourceClosed`]); `deallocate` still works, and buffers
-    /// already allocated or imported are unaffected. The pool itself (an owned one is
-    /// destroyed, a borrowed or imported one released) goes with the last holder of the
-    /// resource: each buffer holds it, so an owned pool outlives its allocations. Idempotent.
-    ///
-    /// Driver calls: none.
-    fn close(&self);
-
-    /// Whether [`PoolMemoryResource::close`] was called.
-    fn is_closed(&self) -> bool;
-
-    /// The resource's type name, as [`MemoryError::ResourceClosed`] says it.
-    fn resource_name(&self) -> &'static str {
-        if self.pool().device().is_some() {
-            "DeviceMemoryResource"
-        } else {
-            "PinnedMemoryResource"
-        }
-    }
-
     /// Exports the pool as a new POSIX file descriptor, owned by the caller, for another
     /// process to open with the resource's `import_pool`. Pass it over a unix socket with
     /// `SCM_RIGHTS` (the `sendfd` or `nix` crates, Python's `socket.send_fds`), or to a child
@@ -191,11 +130,6 @@ pub trait PoolMemoryResource: MemoryResource {
     ///
     /// Driver calls: `cuMemPoolExportToShareableHandle`.
     fn export_pool(&self) -> Result<OwnedFd, MemoryError> {
-        if self.is_closed() {
-            return Err(MemoryError::ResourceClosed {
-                resource: self.resource_name(),
-            });
-        }
         if !self.is_ipc_enabled() {
             return Err(IpcError::PoolNotIpcEnabled.into());
         }
@@ -295,7 +229,7 @@ impl DeviceMemoryResource {
     ) -> Arc<DeviceMemoryResource> {
         let access = Accessibility::device(device_id);
         Arc::new(DeviceMemoryResource {
-            core: PoolCore::new("DeviceMemoryResource", pool, access, ipc),
+            core: PoolCore::new(pool, access, ipc),
         })
     }
 }
@@ -346,7 +280,6 @@ impl PinnedMemoryResource {
         })?;
         Ok(Arc::new(PinnedMemoryResource {
             core: PoolCore::new(
-                "PinnedMemoryResource",
                 pool,
                 Accessibility::PINNED,
                 IpcRole::exportable_if(options.ipc_enabled),
@@ -364,12 +297,7 @@ impl PinnedMemoryResource {
     pub fn import_pool(fd: BorrowedFd<'_>) -> Result<Arc<PinnedMemoryResource>, MemoryError> {
         let pool = handles::import_pool(fd, None)?;
         Ok(Arc::new(PinnedMemoryResource {
-            core: PoolCore::new(
-                "PinnedMemoryResource",
-                pool,
-                Accessibility::PINNED,
-                IpcRole::Imported,
-            ),
+            core: PoolCore::new(pool, Accessibility::PINNED, IpcRole::Imported),
         }))
     }
 }
@@ -436,7 +364,7 @@ impl ManagedPoolMemoryResource {
         });
         Arc::new(ManagedPoolMemoryResource {
             preferred,
-            core: PoolCore::new("ManagedMemoryResource", pool, access, IpcRole::None),
+            core: PoolCore::new(pool, access, IpcRole::None),
         })
     }
 

@@ -1,6 +1,6 @@
-//! What the pool resources share for IPC: the pool behind a resource (`Pool`, and `PoolAccess` as
-//! buffers see it), the pool's UUID and the allocation handle it keeps (`PoolIpc`), and the
-//! handle argument of `from_allocation_handle` (an `IPCAllocationHandle` or a file
+//! What the pool resources share for IPC: the pool behind a resource object (`Pool`, the Rust
+//! resource with the object's closed state, and `PoolAccess` as buffers see it), the pool's
+//! UUID and the allocation handle it keeps (`PoolIpc`), and the handle argument of `from_allocation_handle` (an `IPCAllocationHandle` or a file
 //! descriptor).
 
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
@@ -13,28 +13,45 @@ use memory::{
 };
 use pyo3::prelude::*;
 
+use super::closable::{ClosablePool, Closed};
 use crate::errors::{expected, Error};
 use crate::ffi::{call_method, getattr, hasattr};
 use crate::sync::Locked;
 
-/// A pool resource, for IPC and attributes.
+/// A pool resource object's pool, for IPC and attributes.
 #[derive(Clone)]
 pub(super) enum Pool {
-    Device(Arc<DeviceMemoryResource>),
-    Pinned(Arc<PinnedMemoryResource>),
-    Managed(Arc<ManagedPoolMemoryResource>),
+    Device(Arc<ClosablePool<DeviceMemoryResource>>),
+    Pinned(Arc<ClosablePool<PinnedMemoryResource>>),
+    Managed(Arc<ClosablePool<ManagedPoolMemoryResource>>),
 }
 
 impl Pool {
     pub(super) fn as_pool(&self) -> &dyn PoolMemoryResource {
         match self {
-            Pool::Device(mr) => mr.as_ref(),
-            Pool::Pinned(mr) => mr.as_ref(),
-            Pool::Managed(mr) => mr.as_ref(),
+            Pool::Device(mr) => mr.resource().as_ref(),
+            Pool::Pinned(mr) => mr.resource().as_ref(),
+            Pool::Managed(mr) => mr.resource().as_ref(),
         }
     }
 
-    /// The pool as the memory resource `MemoryResource`'s struct holds.
+    /// A device pool resource object's pool.
+    pub(super) fn device(mr: Arc<DeviceMemoryResource>) -> Pool {
+        Pool::Device(ClosablePool::new(mr, "DeviceMemoryResource"))
+    }
+
+    /// A pinned pool resource object's pool.
+    pub(super) fn pinned(mr: Arc<PinnedMemoryResource>) -> Pool {
+        Pool::Pinned(ClosablePool::new(mr, "PinnedMemoryResource"))
+    }
+
+    /// A managed pool resource object's pool.
+    pub(super) fn managed(mr: Arc<ManagedPoolMemoryResource>) -> Pool {
+        Pool::Managed(ClosablePool::new(mr, "ManagedMemoryResource"))
+    }
+
+    /// The pool as the memory resource `MemoryResource`'s struct holds: the `ClosablePool`, so
+    /// that a closed object's pool refuses allocations wherever they come from.
     pub(super) fn as_resource(&self) -> Arc<dyn MemoryResource> {
         match self {
             Pool::Device(mr) => mr.clone(),
@@ -43,8 +60,29 @@ impl Pool {
         }
     }
 
+    /// The object's closed state.
+    fn closed(&self) -> &Closed {
+        match self {
+            Pool::Device(mr) => mr.closed(),
+            Pool::Pinned(mr) => mr.closed(),
+            Pool::Managed(mr) => mr.closed(),
+        }
+    }
+
+    /// Closes the object's pool ([`Closed::close`]).
+    pub(super) fn close(&self) {
+        self.closed().close();
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed().is_closed()
+    }
+
+    /// A new export of the pool (the caller's): ``RuntimeError`` once the object was closed,
+    /// then for a pool made without ``ipc_enabled``.
     fn export(&self, py: Python<'_>) -> PyResult<OwnedFd> {
-        if !self.as_pool().is_ipc_enabled() && !self.as_pool().is_closed() {
+        self.closed().check_open().map_err(Error::from)?;
+        if !self.as_pool().is_ipc_enabled() {
             return Err(not_ipc_enabled());
         }
         let pool = self.clone();
@@ -67,10 +105,11 @@ impl Pool {
         descriptor: &memory::IpcBufferDescriptor,
         stream: &StreamHandle,
     ) -> Result<Buffer, MemoryError> {
+        self.closed().check_open()?;
         match self {
-            Pool::Device(mr) => Buffer::from_ipc_descriptor(mr, descriptor, stream),
-            Pool::Pinned(mr) => Buffer::from_ipc_descriptor(mr, descriptor, stream),
-            Pool::Managed(mr) => Buffer::from_ipc_descriptor(mr, descriptor, stream),
+            Pool::Device(mr) => Buffer::from_ipc_descriptor(mr.resource(), descriptor, stream),
+            Pool::Pinned(mr) => Buffer::from_ipc_descriptor(mr.resource(), descriptor, stream),
+            Pool::Managed(mr) => Buffer::from_ipc_descriptor(mr.resource(), descriptor, stream),
         }
     }
 }

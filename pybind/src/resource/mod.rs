@@ -16,6 +16,8 @@
 //!   device ordinal arguments.
 //! - `attributes`: `MemoryPoolAttributes` and `GraphMemoryResourceAttributes`, read from the
 //!   driver when asked.
+//! - `closable`: a pool resource as its Python object holds it, with the object's closed state
+//!   (`close()`), which the Rust resource does not have.
 //! - `ipc`: what the pool resources share for IPC: the pool of a resource, its UUID and kept
 //!   allocation handle, the handle arguments of an import.
 //! - `pools`: `DeviceMemoryResource`, `PinnedMemoryResource`, `ManagedMemoryResource` (the
@@ -34,6 +36,7 @@ pub(crate) mod adapter;
 mod attributes;
 mod caching;
 mod class;
+mod closable;
 mod graph;
 pub(crate) mod ipc;
 mod methods;

@@ -43,7 +43,7 @@ fn import_pool_object(
                 .detach(|| PinnedMemoryResource::import_pool(fd))
                 .map_err(Error::from)?;
             let init =
-                PyMemPool::initializer(Pool::Pinned(inner), PyPinnedMemoryResource { numa_id: -1 });
+                PyMemPool::initializer(Pool::pinned(inner), PyPinnedMemoryResource { numa_id: -1 });
             return Ok(Py::new(py, init)?.into_any());
         }
         let ordinal = device.or(parts.device.filter(|d| *d >= 0)).unwrap_or(0);
@@ -51,7 +51,7 @@ fn import_pool_object(
             .detach(|| DeviceMemoryResource::import_pool(ordinal, fd))
             .map_err(Error::from)?;
         let init = PyMemPool::initializer(
-            Pool::Device(inner.clone()),
+            Pool::device(inner.clone()),
             PyDeviceMemoryResource { inner },
         );
         Ok(Py::new(py, init)?.into_any())
@@ -174,13 +174,13 @@ impl PyMemPool {
     /// keep working. The pool goes with the last of this object and its buffers
     /// (an owned pool outlives its allocations). Idempotent.
     fn close(&self) {
-        self.pool.as_pool().close();
+        self.pool.close();
     }
 
     /// Whether :meth:`close` was called.
     #[getter]
     fn is_closed(&self) -> bool {
-        self.pool.as_pool().is_closed()
+        self.pool.is_closed()
     }
 }
 
@@ -233,7 +233,7 @@ impl PyDeviceMemoryResource {
             }
         };
         Ok(PyMemPool::initializer(
-            Pool::Device(inner.clone()),
+            Pool::device(inner.clone()),
             Self { inner },
         ))
     }
@@ -441,7 +441,7 @@ impl PyPinnedMemoryResource {
             .detach(|| PinnedMemoryResource::new(options))
             .map_err(Error::from)?;
         Ok(PyMemPool::initializer(
-            Pool::Pinned(inner),
+            Pool::pinned(inner),
             Self {
                 numa_id: numa_id.unwrap_or(-1),
             },
@@ -599,7 +599,7 @@ impl PyManagedMemoryResource {
             })
             .map_err(Error::from)?;
         Ok(PyMemPool::initializer(
-            Pool::Managed(inner.clone()),
+            Pool::managed(inner.clone()),
             Self { inner },
         ))
     }
