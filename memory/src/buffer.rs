@@ -339,22 +339,13 @@ impl Buffer {
     /// context custody does not hold).
     pub fn set_deallocation_stream(&self, stream: &StreamHandle) -> Result<(), MemoryError> {
         // The old recipe may hold the last handle of a stream: released after the swap.
-        drop(self.replace_deallocation_stream(stream)?);
+        drop(self.replace_recipe(stream)?);
         Ok(())
     }
 
-    /// [`set_deallocation_stream`](Self::set_deallocation_stream), returning the replaced
-    /// recipe instead of dropping it (`None` for memory without a recipe), so that the caller
-    /// chooses where a last reference to the old stream or context is dropped
-    /// ([`DeallocationRecipe::into_last_references`](handles::DeallocationRecipe::into_last_references)).
-    ///
-    /// # Errors
-    /// As [`set_deallocation_stream`](Self::set_deallocation_stream).
-    ///
-    /// Driver calls: `cuCtxGetCurrent` (default-stream tokens only); none for a stream that
-    /// carries a context custody holds (created, or foreign in a primary context), also on the
-    /// error paths; `cuCtxGetId` for a stream in a context custody does not hold.
-    pub fn replace_deallocation_stream(
+    /// The recipe swap of [`set_deallocation_stream`](Self::set_deallocation_stream), handing
+    /// back the replaced recipe (for `memory::binding::replace_deallocation_stream` too).
+    pub(crate) fn replace_recipe(
         &self,
         stream: &StreamHandle,
     ) -> Result<Option<handles::DeallocationRecipe>, MemoryError> {
@@ -443,24 +434,10 @@ impl Buffer {
         self.close_keeping(false).0
     }
 
-    /// [`close`](Self::close), handing back the remains of the recipe's stream or context when
-    /// the recipe held their last reference (their drop calls `cuStreamDestroy` or releases a
-    /// context), so that the caller chooses where that happens: a binding drops them with the
-    /// interpreter lock released. Cheaper than taking a copy of the recipe before the close (no
-    /// lock, no reference-count increment).
-    /// [`handles::binding::release_with_remains`] says when there are none.
-    ///
-    /// # Errors
-    /// As [`close`](Self::close); the remains come back either way.
-    ///
-    /// Driver calls: as [`close`](Self::close), without the recipe's own last release.
-    pub fn close_with_remains(self) -> (Result<(), MemoryError>, Option<handles::RecipeRemains>) {
-        self.close_keeping(true)
-    }
-
-    /// The one close: the handle's release, the recipe's remains dropped here unless
-    /// `keep_remains`, then the resource (a pool outlives its allocations).
-    fn close_keeping(
+    /// The one close (of [`close`](Self::close) and `memory::binding::close_with_remains`): the
+    /// handle's release, the recipe's remains dropped here unless `keep_remains`, then the
+    /// resource (a pool outlives its allocations).
+    pub(crate) fn close_keeping(
         self,
         keep_remains: bool,
     ) -> (Result<(), MemoryError>, Option<handles::RecipeRemains>) {

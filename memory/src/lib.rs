@@ -17,6 +17,9 @@
 //!   retained buffers are freed by the cleanup worker with their recipes (D6, D7).
 //! - IPC: [`IpcBufferDescriptor`], [`PoolMemoryResource::export_pool`],
 //!   [`Buffer::from_ipc_descriptor`].
+//! - [`binding`]: what only a binding needs (the Python bindings: a close and a recipe swap that
+//!   hand back what they would drop, the caching resource's allocation that never calls the
+//!   driver), in one module whose name says so, as `handles::binding`.
 //!
 //! This crate makes no driver call itself: every one goes through the `handles` crate
 //! (`handles::DeviceRange` for copies and fills, `handles` functions for pointer attributes, pool IPC
@@ -87,7 +90,8 @@
 // on a cycle): `error`; `checks` (sizes, stream devices); `buffer` (`Buffer`, `ManagedBuffer` and
 // the `MemoryResource` trait, which name each other); `copy` (fills, copies, host transfers);
 // `slice` (typed views); `managed` (managed-memory placement); `resources`, `ipc` and `graph`
-// (what makes and uses buffers).
+// (what makes and uses buffers); `binding` (what only a binding needs, over all of them).
+pub mod binding;
 mod buffer;
 mod checks;
 mod copy;

@@ -633,7 +633,10 @@ fn allocate_cached_serves_hits_only() {
     let base = device_used();
     let s = stream_on(0);
     let mr = cache_over_device_pool();
-    assert!(mr.allocate_cached(4096, &s).is_none(), "nothing cached yet");
+    assert!(
+        memory::binding::allocate_cached(&mr, 4096, &s).is_none(),
+        "nothing cached yet"
+    );
     assert_eq!(
         mr.stats(),
         CachingStats::default(),
@@ -643,7 +646,7 @@ fn allocate_cached_serves_hits_only() {
     let ptr = first.ptr();
     drop(first);
     let from = mark();
-    let hit = mr.allocate_cached(4000, &s).expect("a hit");
+    let hit = memory::binding::allocate_cached(&mr, 4000, &s).expect("a hit");
     assert_eq!((hit.ptr(), hit.size()), (ptr, 4000));
     assert!(std::ptr::eq(
         Arc::as_ptr(hit.memory_resource().unwrap()) as *const u8,
@@ -651,11 +654,14 @@ fn allocate_cached_serves_hits_only() {
     ));
     drop(hit);
     with_emulator(|emu| assert!(emu.names_on(tid(), from).is_empty()));
-    assert!(mr.allocate_cached(4096, &StreamHandle::legacy()).is_none());
-    assert!(mr.allocate_cached(0, &s).is_none());
+    assert!(memory::binding::allocate_cached(&mr, 4096, &StreamHandle::legacy()).is_none());
+    assert!(memory::binding::allocate_cached(&mr, 0, &s).is_none());
     assert_eq!(mr.stats().hits, 1);
     mr.close().unwrap();
-    assert!(mr.allocate_cached(4096, &s).is_none(), "closed");
+    assert!(
+        memory::binding::allocate_cached(&mr, 4096, &s).is_none(),
+        "closed"
+    );
     assert_eq!(device_used(), base);
     assert_no_hazards();
 }

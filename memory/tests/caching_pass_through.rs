@@ -66,7 +66,10 @@ fn child() {
     assert_eq!(mr.stats().cached_blocks, 0, "nothing binned");
     with_emulator(|emu| assert!(!emu.is_live(alloc), "freed through the upstream"));
     assert_eq!(device_used(), base, "the pool has it back");
-    assert!(mr.allocate_cached(1000, &s).is_none(), "no hit to serve");
+    assert!(
+        memory::binding::allocate_cached(&mr, 1000, &s).is_none(),
+        "no hit to serve"
+    );
     let again = mr.allocate(1000, &s).expect("allocate");
     again.close().expect("close");
     let stats = mr.stats();

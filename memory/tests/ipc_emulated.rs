@@ -266,7 +266,7 @@ fn closing_an_import_with_its_remains_waits_as_close_does() {
     let alloc = alloc_of(import.ptr());
     import.fill(0x5bu8, &other).unwrap();
     let closed = mark();
-    let (result, remains) = import.close_with_remains();
+    let (result, remains) = memory::binding::close_with_remains(import);
     result.unwrap();
     assert!(remains.is_none(), "`s1` is still held here");
     let syncs = emu.calls_named("cuCtxSynchronize", closed);

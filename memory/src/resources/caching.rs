@@ -544,15 +544,12 @@ impl CachingMemoryResource {
         self.free_all(blocks.into_iter().map(|(_, _, c)| c).collect())
     }
 
-    /// [`MemoryResource::allocate`] when a block cached for `stream` itself serves it, `None`
-    /// otherwise (nothing done: a miss, a request no bin serves, a default stream, a closed
-    /// resource, a capture begun through custody running anywhere): the allocation path that
-    /// never calls the driver and never blocks beyond the bins' lock, for a caller that would
-    /// otherwise give up a lock of its own around the call (a binding, the Python interpreter
-    /// lock) and can then call `allocate`.
-    ///
-    /// Driver calls: none.
-    pub fn allocate_cached(self: &Arc<Self>, size: usize, stream: &StreamHandle) -> Option<Buffer> {
+    /// A same-stream hit or `None`: `memory::binding::allocate_cached`, which says when.
+    pub(crate) fn allocate_cached(
+        self: &Arc<Self>,
+        size: usize,
+        stream: &StreamHandle,
+    ) -> Option<Buffer> {
         if size == 0
             || self.is_closed()
             || Self::passes_through()

@@ -121,7 +121,7 @@ impl SharedBuffer {
         // The free does not drop the recipe: when it held the last reference to its stream or
         // context, their remains come back, and go with the GIL released (destroying a stream
         // or releasing a context is not documented as non-blocking).
-        let (result, remains) = buffer.close_with_remains();
+        let (result, remains) = memory::binding::close_with_remains(buffer);
         if let Some(last) = remains {
             release(py, move || drop(last));
         }
@@ -145,7 +145,7 @@ impl SharedBuffer {
     pub(crate) fn close_on(&self, stream: &StreamHandle) -> Result<(), Error> {
         let mut guard = self.lock();
         let buffer = guard.as_ref().ok_or(Error::Closed)?;
-        let old = buffer.replace_deallocation_stream(stream)?;
+        let old = memory::binding::replace_deallocation_stream(buffer, stream)?;
         let taken = self.take_out(&mut guard);
         drop(guard);
         // The old recipe may hold the last reference to a wrapped stream's Python object.
@@ -191,16 +191,16 @@ impl SharedBuffer {
     }
 
     /// # Errors
-    /// [`Error::Closed`]; as `Buffer::replace_deallocation_stream`.
+    /// [`Error::Closed`]; as `memory::binding::replace_deallocation_stream`.
     pub(crate) fn replace_deallocation_stream(
         &self,
         stream: &StreamHandle,
     ) -> Result<Option<DeallocationRecipe>, Error> {
         let guard = self.lock();
-        Ok(guard
-            .as_ref()
-            .ok_or(Error::Closed)?
-            .replace_deallocation_stream(stream)?)
+        let buffer = guard.as_ref().ok_or(Error::Closed)?;
+        Ok(memory::binding::replace_deallocation_stream(
+            buffer, stream,
+        )?)
     }
 }
 

@@ -120,7 +120,7 @@ impl PyCachingMemoryResource {
         let inner = &slf.get().inner;
         // A same-stream hit never calls the driver nor waits beyond the bins' lock: the GIL
         // stays held. Another stream's block (an event wait) and the upstream's: released.
-        let buffer = match inner.allocate_cached(size, &stream) {
+        let buffer = match memory::binding::allocate_cached(inner, size, &stream) {
             Some(buffer) => buffer,
             None => {
                 let inner = Arc::clone(inner);
