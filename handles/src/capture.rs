@@ -71,9 +71,7 @@ pub fn begin_capture(stream: &StreamHandle, mode: CUstreamCaptureMode) -> Result
         }
         status
     })?;
-    crate::stream::note_capture_begun(
-        mode == CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-    );
+    crate::stream::note_capture_begun(mode == CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
     if let Some(capture) = state.capture_id() {
         CaptureAllocations::begun(capture);
     }

@@ -1449,7 +1449,12 @@ fn a_trim_beside_another_threads_capture_keeps_only_the_capturing_streams_block(
     let graph = end_capture(&a).unwrap();
     let trimmed = trimmed.unwrap();
     assert_eq!(
-        (trimmed.freed_blocks, trimmed.freed_bytes, trimmed.kept_blocks, trimmed.kept_bytes),
+        (
+            trimmed.freed_blocks,
+            trimmed.freed_bytes,
+            trimmed.kept_blocks,
+            trimmed.kept_bytes
+        ),
         (1, 1024, 1, 4096)
     );
     drop(graph);

@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use handles::{CudaErrorCode, ContextHandle, EventFlags, EventHandle, HandleError, StreamHandle};
+use handles::{ContextHandle, CudaErrorCode, EventFlags, EventHandle, HandleError, StreamHandle};
 use memory::{
     Buffer, CaptureMode, DeviceMemoryResource, Graph, GraphBuilder, LegacyPinnedMemoryResource,
     ManagedMemoryResource, MemoryError, MemoryResource, PinnedMemoryResource,
@@ -333,7 +333,11 @@ fn a_failed_capture_query_of_a_use_stream_is_the_closes_error() {
     buffer.record_use(&scene.b).unwrap();
     let from = mark();
     // The first query is the free's own stream's (`a`), the second the use stream's (`b`).
-    assert!(emu.inject_fault("cuStreamGetCaptureInfo_v2", 2, CudaErrorCode::INVALID_HANDLE));
+    assert!(emu.inject_fault(
+        "cuStreamGetCaptureInfo_v2",
+        2,
+        CudaErrorCode::INVALID_HANDLE
+    ));
     let error = buffer.close().unwrap_err();
     assert!(
         matches!(error, MemoryError::Handle(HandleError::Driver(ref e))
@@ -347,13 +351,20 @@ fn a_failed_capture_query_of_a_use_stream_is_the_closes_error() {
         .filter(|c| c.seq >= from && c.function == "cuStreamGetCaptureInfo_v2" && c.result != 0)
         .collect();
     assert_eq!(failed.len(), 1, "{failed:?}");
-    assert_eq!(failed[0].stream, Some(scene.b.raw() as u64), "the use stream's query");
+    assert_eq!(
+        failed[0].stream,
+        Some(scene.b.raw() as u64),
+        "the use stream's query"
+    );
     assert_eq!(
         handles::deferred_frees_waiting_for_a_capture(),
         0,
         "not parked as if captured"
     );
-    assert!(emu.is_live(alloc), "not freed: the free would have been unordered");
+    assert!(
+        emu.is_live(alloc),
+        "not freed: the free would have been unordered"
+    );
     scene.b.synchronize().unwrap();
     unowned(ptr, 0).free_async(&scene.a).unwrap();
     assert_eq!(scene.finish(), vec![0x5a; SIZE]);

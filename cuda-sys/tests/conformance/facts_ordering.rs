@@ -624,7 +624,9 @@ fn exiting_threads_held_work_then_legacy_free(own_pool: bool, case: &str) {
     // B's legacy work is not done while A's is held: its query says NOT_READY (the emulator,
     // and F24's first measurement), or B's calls themselves do not return while A's exit
     // waits (the H200 of 2026-12-02; which call, the `b_step` lines say).
-    let b_blocked = run.get("legacy_stream_while_held").starts_with("B's calls not returned");
+    let b_blocked = run
+        .get("legacy_stream_while_held")
+        .starts_with("B's calls not returned");
     println!(
         "observed: while A's exit waited, B's driver calls {}",
         if b_blocked {
