@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::{context_arg, need, put, put_opt, synchronize_context, wait_and_observe};
+use super::{answer, context_arg, need, put, put_opt, synchronize_context, wait_and_observe, Out};
 use crate::codes::{self, Res};
 use crate::log::entry;
 use crate::state::{initialized, state, Context, State};
@@ -13,17 +13,20 @@ use crate::thread::{current_context, with_context_stack};
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    entry("cuDevicePrimaryCtxRetain", None, None, |_| {
-        need(pctx)?;
-        let mut st = initialized()?;
-        let primary = st.device(dev)?.primary;
-        if st.device(dev)?.primary_refs == 0 {
-            st.activate_context(primary);
-        }
-        st.device_mut(dev)?.primary_refs += 1;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(pctx, primary as CUcontext) }
-    })
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer(
+        "cuDevicePrimaryCtxRetain",
+        unsafe { Out::new(pctx) },
+        |_| {
+            let mut st = initialized()?;
+            let primary = st.device(dev)?.primary;
+            if st.device(dev)?.primary_refs == 0 {
+                st.activate_context(primary);
+            }
+            st.device_mut(dev)?.primary_refs += 1;
+            Ok(primary as CUcontext)
+        },
+    )
 }
 
 /// Ends a primary context's life when its last reference goes: waits for its streams, then
@@ -82,8 +85,8 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     _flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    entry("cuCtxCreate_v2", None, None, |_| {
-        need(pctx)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuCtxCreate_v2", unsafe { Out::new(pctx) }, |_| {
         let mut st = initialized()?;
         st.device(dev)?;
         let handle = st.new_handle();
@@ -100,8 +103,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
         );
         st.activate_context(handle);
         with_context_stack(|s| s.push(handle));
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(pctx, handle as CUcontext) }
+        Ok(handle as CUcontext)
     })
 }
 
@@ -134,17 +136,28 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     })
 }
 
+/// The body of `cuCtxPushCurrent_v2` and `cuCtxSetCurrent`, with the driver state locked and
+/// initialized: `null` answers for a NULL `ctx`; a live `ctx` goes on the calling thread's
+/// context stack through `place`.
+fn make_current(
+    ctx: CUcontext,
+    null: impl FnOnce() -> Res,
+    place: impl FnOnce(&mut Vec<u64>, u64),
+) -> Res {
+    let st = initialized()?;
+    let ctx = ctx as u64;
+    if ctx == 0 {
+        return null();
+    }
+    st.live_context(ctx)?;
+    with_context_stack(|s| place(s, ctx));
+    Ok(())
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
-    let ctx = ctx as u64;
     entry("cuCtxPushCurrent_v2", None, None, |_| {
-        let st = initialized()?;
-        if ctx == 0 {
-            return Err(codes::PUSH_NULL);
-        }
-        st.live_context(ctx)?;
-        with_context_stack(|s| s.push(ctx));
-        Ok(())
+        make_current(ctx, || Err(codes::PUSH_NULL), Vec::push)
     })
 }
 
@@ -161,31 +174,29 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
-    let ctx = ctx as u64;
     entry("cuCtxSetCurrent", None, None, |_| {
-        let st = initialized()?;
-        if ctx == 0 {
+        make_current(
+            ctx,
             // NULL pops the top of the stack (documented, and measured on an H200:
             // conformance basic_ctx_set_null_pops_top_of_stack); a no-op on an empty stack.
-            with_context_stack(|s| s.pop());
-            return Ok(());
-        }
-        st.live_context(ctx)?;
-        with_context_stack(|s| match s.last_mut() {
-            Some(top) => *top = ctx,
-            None => s.push(ctx),
-        });
-        Ok(())
+            || {
+                with_context_stack(|s| s.pop());
+                Ok(())
+            },
+            |s, ctx| match s.last_mut() {
+                Some(top) => *top = ctx,
+                None => s.push(ctx),
+            },
+        )
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
-    entry("cuCtxGetCurrent", None, None, |_| {
-        need(pctx)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuCtxGetCurrent", unsafe { Out::new(pctx) }, |_| {
         drop(initialized()?);
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(pctx, current_context() as CUcontext) }
+        Ok(current_context() as CUcontext)
     })
 }
 
@@ -199,12 +210,11 @@ pub(crate) unsafe fn context_device(
     device: *mut CUdevice,
     ctx: CUcontext,
 ) -> CUresult {
-    entry(function, None, None, |_| {
-        need(device)?;
+    // SAFETY: valid per this function's contract.
+    answer(function, unsafe { Out::new(device) }, |_| {
         let st = initialized()?;
         let c = context_arg(&st, ctx)?;
-        // SAFETY: checked non-null, valid per this function's contract.
-        unsafe { put(device, st.contexts[&c].device) }
+        Ok(st.contexts[&c].device)
     })
 }
 

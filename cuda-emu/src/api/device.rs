@@ -178,6 +178,24 @@ fn proc_address(symbol: *const c_char, version: c_int) -> Res<(*mut c_void, u32)
     Ok(p.map_or((std::ptr::null_mut(), MISSING), |p| (p, FOUND)))
 }
 
+/// The common part of `cuGetProcAddress` and its `_v2` form: `pfn` checked non-null, then the
+/// address `symbol` resolves to at `version` (see [`proc_address`]) written through it; returns
+/// it with its symbol status.
+///
+/// # Safety
+/// `symbol` is null or NUL-terminated and `pfn` null or valid for a write (driver contract).
+unsafe fn resolve_proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+) -> Res<(*mut c_void, u32)> {
+    need(pfn)?;
+    let (p, status) = proc_address(symbol, version)?;
+    // SAFETY: checked non-null, valid per this function's contract.
+    unsafe { put(pfn, p)? };
+    Ok((p, status))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
@@ -187,10 +205,8 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol_status: *mut CUdriverProcAddressQueryResult,
 ) -> CUresult {
     entry("cuGetProcAddress_v2", None, None, |_| {
-        need(pfn)?;
-        let (p, status) = proc_address(symbol, cuda_version)?;
-        // SAFETY: pfn checked non-null; the caller's out-pointers (driver contract).
-        unsafe { put(pfn, p)? };
+        // SAFETY: the caller's pointers (driver contract).
+        let (_, status) = unsafe { resolve_proc_address(symbol, pfn, cuda_version)? };
         // SAFETY: optional out-pointer; the value is a valid enumerator.
         unsafe { put_opt(symbol_status.cast::<u32>(), status) };
         // A symbol that is not found is not an error: the status says so (measured on an H200
@@ -208,10 +224,8 @@ pub unsafe extern "C" fn cuGetProcAddress(
     _flags: cuuint64_t,
 ) -> CUresult {
     entry("cuGetProcAddress", None, None, |_| {
-        need(pfn)?;
-        let (p, _) = proc_address(symbol, cuda_version)?;
-        // SAFETY: pfn checked non-null (driver contract).
-        unsafe { put(pfn, p)? };
+        // SAFETY: the caller's pointers (driver contract).
+        let (p, _) = unsafe { resolve_proc_address(symbol, pfn, cuda_version)? };
         if p.is_null() {
             Err(codes::NOT_FOUND)
         } else {

@@ -7,7 +7,7 @@ use cuda_sys::CUresult;
 
 use super::pool::{RawAccessDesc, RawPoolProps, LOCATION_DEVICE};
 use super::stream::node_handles;
-use super::{get, need, put};
+use super::{answer, get, need, put, Out};
 use crate::codes::{self, Res};
 use crate::graph::{
     run_destructors, Callback, Copy3D, Graph, Memset, NodeKind, Operand, UserObject,
@@ -77,24 +77,29 @@ pub unsafe extern "C" fn cuGraphCreate(ph: *mut CUgraph, flags: c_uint) -> CUres
     })
 }
 
+/// Runs `release` on the initialized driver state, then, with the state unlocked, the
+/// destructors of the user objects whose last reference it dropped: here, on the calling thread
+/// (G2). The body of the destroy and release calls of graphs, execs and user objects.
+pub(crate) fn release_then_run_destructors(
+    release: impl FnOnce(&mut State) -> Res<Vec<Callback>>,
+) -> Res {
+    let due = release(&mut *initialized()?)?;
+    run_destructors(due);
+    Ok(())
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphDestroy(g: CUgraph) -> CUresult {
-    let g = g as u64;
     entry("cuGraphDestroy", None, None, |_| {
-        let due = initialized()?.destroy_graph(g)?;
-        run_destructors(due);
-        Ok(())
+        release_then_run_destructors(|st| st.destroy_graph(g as u64))
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphClone(ph: *mut CUgraph, g: CUgraph) -> CUresult {
-    let g = g as u64;
-    entry("cuGraphClone", None, None, |_| {
-        need(ph)?;
-        let clone = initialized()?.clone_graph(g)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(ph, clone as CUgraph) }
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuGraphClone", unsafe { Out::new(ph) }, |_| {
+        Ok(initialized()?.clone_graph(g as u64)? as CUgraph)
     })
 }
 
@@ -104,13 +109,12 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     g: CUgraph,
     flags: c_ulonglong,
 ) -> CUresult {
-    let g = g as u64;
-    entry("cuGraphInstantiateWithFlags", None, None, |_| {
-        need(ph)?;
-        let exec = initialized()?.instantiate(g, flags)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(ph, exec as CUgraphExec) }
-    })
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer(
+        "cuGraphInstantiateWithFlags",
+        unsafe { Out::new(ph) },
+        |_| Ok(initialized()?.instantiate(g as u64, flags)? as CUgraphExec),
+    )
 }
 
 /// Locks the state, checks that `exec` is a live graph exec and resolves the call's stream `s`
@@ -137,12 +141,9 @@ pub unsafe extern "C" fn cuGraphLaunch(exec: CUgraphExec, s: CUstream) -> CUresu
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
-    let exec = exec as u64;
     entry("cuGraphExecDestroy", None, None, |_| {
-        let due = initialized()?.destroy_exec(exec)?;
         // With no launch pending, destructors run here, on the calling thread (G2).
-        run_destructors(due);
-        Ok(())
+        release_then_run_destructors(|st| st.destroy_exec(exec as u64))
     })
 }
 
@@ -416,14 +417,22 @@ pub unsafe extern "C" fn cuUserObjectCreate(
     })
 }
 
+/// A count of user-object references as the calls that retain and release them take it: zero
+/// is refused with `CUDA_ERROR_INVALID_VALUE`.
+fn reference_count(count: c_uint) -> Res<u64> {
+    if count == 0 {
+        Err(codes::INVALID_VALUE)
+    } else {
+        Ok(u64::from(count))
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuUserObjectRetain(object: CUuserObject, count: c_uint) -> CUresult {
     let object = object as u64;
     entry("cuUserObjectRetain", None, None, |_| {
-        if count == 0 {
-            return Err(codes::INVALID_VALUE);
-        }
-        initialized()?.retain_user_object(object, u64::from(count))
+        let count = reference_count(count)?;
+        initialized()?.retain_user_object(object, count)
     })
 }
 
@@ -431,12 +440,10 @@ pub unsafe extern "C" fn cuUserObjectRetain(object: CUuserObject, count: c_uint)
 pub unsafe extern "C" fn cuUserObjectRelease(object: CUuserObject, count: c_uint) -> CUresult {
     let object = object as u64;
     entry("cuUserObjectRelease", None, None, |_| {
-        if count == 0 {
-            return Err(codes::INVALID_VALUE);
-        }
-        let due = initialized()?.release_user_object(object, u64::from(count))?;
-        run_destructors(due.into_iter().collect());
-        Ok(())
+        let count = reference_count(count)?;
+        release_then_run_destructors(|st| {
+            Ok(st.release_user_object(object, count)?.into_iter().collect())
+        })
     })
 }
 
@@ -450,19 +457,20 @@ pub unsafe extern "C" fn cuGraphRetainUserObject(
     let (g, object) = (g as u64, object as u64);
     entry("cuGraphRetainUserObject", None, None, |_| {
         let moving = flags == CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE as u32;
-        if count == 0 || (flags != 0 && !moving) {
+        let count = reference_count(count)?;
+        if flags != 0 && !moving {
             return Err(codes::INVALID_VALUE);
         }
         let mut st = initialized()?;
         st.graphs.get(&g).ok_or(codes::BAD_HANDLE)?;
         let refs = st.user_objects.get(&object).ok_or(codes::BAD_HANDLE)?.refs;
-        if moving && refs < u64::from(count) {
+        if moving && refs < count {
             return Err(codes::OVER_RELEASE);
         }
         if !moving {
-            st.retain_user_object(object, u64::from(count))?;
+            st.retain_user_object(object, count)?;
         }
-        *st.graph(g)?.user_objects.entry(object).or_insert(0) += u64::from(count);
+        *st.graph(g)?.user_objects.entry(object).or_insert(0) += count;
         Ok(())
     })
 }
@@ -475,24 +483,19 @@ pub unsafe extern "C" fn cuGraphReleaseUserObject(
 ) -> CUresult {
     let (g, object) = (g as u64, object as u64);
     entry("cuGraphReleaseUserObject", None, None, |_| {
-        if count == 0 {
-            return Err(codes::INVALID_VALUE);
-        }
-        let due = {
-            let mut st = initialized()?;
+        let count = reference_count(count)?;
+        release_then_run_destructors(|st| {
             let held = st.graph(g)?.user_objects.get(&object).copied().unwrap_or(0);
-            if held < u64::from(count) {
+            if held < count {
                 return Err(codes::OVER_RELEASE);
             }
             let graph = st.graph(g)?;
-            if held == u64::from(count) {
+            if held == count {
                 graph.user_objects.remove(&object);
             } else {
-                graph.user_objects.insert(object, held - u64::from(count));
+                graph.user_objects.insert(object, held - count);
             }
-            st.release_user_object(object, u64::from(count))?
-        };
-        run_destructors(due.into_iter().collect());
-        Ok(())
+            Ok(st.release_user_object(object, count)?.into_iter().collect())
+        })
     })
 }

@@ -59,18 +59,30 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
     })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
-    entry("cuMemAllocHost_v2", None, None, |info| {
-        need(pp)?;
-        let p = alloc_sync(AllocKind::Host, size, info)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(pp, p as *mut c_void) }
-    })
-}
-
 /// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED`.
 const HOST_ALLOC_FLAGS: c_uint = 0x7;
+
+/// Pinned host memory, mapped and portable whatever the flags (unified addressing: its device
+/// pointer is its host address), freed with `cuMemFreeHost`: the body of `cuMemAllocHost_v2`
+/// (no flags) and `cuMemHostAlloc`.
+///
+/// # Safety
+/// `pp` is null or valid for a write (driver contract).
+unsafe fn alloc_host(pp: *mut *mut c_void, size: usize, flags: c_uint, info: &mut CallInfo) -> Res {
+    need(pp)?;
+    known_flags(flags, HOST_ALLOC_FLAGS)?;
+    let p = alloc_sync(AllocKind::Host, size, info)?;
+    // SAFETY: checked non-null, valid per this function's contract.
+    unsafe { put(pp, p as *mut c_void) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
+    // SAFETY: the caller's out-pointer (driver contract).
+    entry("cuMemAllocHost_v2", None, None, |info| unsafe {
+        alloc_host(pp, size, 0, info)
+    })
+}
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostAlloc(
@@ -78,14 +90,9 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     size: usize,
     flags: c_uint,
 ) -> CUresult {
-    entry("cuMemHostAlloc", None, None, |info| {
-        need(pp)?;
-        known_flags(flags, HOST_ALLOC_FLAGS)?;
-        // Pinned host memory, mapped and portable whatever the flags (unified addressing: its
-        // device pointer is its host address), freed with cuMemFreeHost: cuMemAllocHost's.
-        let p = alloc_sync(AllocKind::Host, size, info)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(pp, p as *mut c_void) }
+    // SAFETY: the caller's out-pointer (driver contract).
+    entry("cuMemHostAlloc", None, None, |info| unsafe {
+        alloc_host(pp, size, flags, info)
     })
 }
 

@@ -7,7 +7,8 @@
 //! `memset`, `memory_operation`, `stream_property`, ...); a family whose exports also share
 //! their signature is one macro (`edge_exports!`, `node_link_exports!`, `event_node_exports!`,
 //! `prefetch_batch_exports!`). A stream argument is resolved for the call log by
-//! `CallInfo::resolve_stream` or `CallInfo::lock_stream`.
+//! `CallInfo::resolve_stream` or `CallInfo::lock_stream`. An export that answers one value
+//! through an out-pointer it checks first runs through [`answer`].
 //!
 //! Safety contract of every export (the driver's own): pointer arguments are null or valid for
 //! the reads and writes the CUDA driver API documents for them; handles are plain values and
@@ -92,6 +93,35 @@ pub(crate) unsafe fn put_opt<T>(p: *mut T, v: T) {
         // SAFETY: non-null, valid per the contract.
         unsafe { p.write_unaligned(v) };
     }
+}
+
+/// An out-pointer its caller vouches for: null, or valid for a write of `T` (the driver API's
+/// contract for out-pointers), for [`answer`] to check and write.
+pub(crate) struct Out<T>(*mut T);
+
+impl<T> Out<T> {
+    /// # Safety
+    /// `p` is null or valid for a write of `T` as long as the `Out` lives.
+    pub(crate) unsafe fn new(p: *mut T) -> Self {
+        Out(p)
+    }
+}
+
+/// The body of an export that answers one value through the out-pointer `out`, logged as
+/// `function` with no stream or pointer: `out` is checked non-null before anything else, then
+/// `value` computes the answer (taking the driver state's lock itself), which is written through
+/// `out`.
+pub(crate) fn answer<T>(
+    function: &'static str,
+    out: Out<T>,
+    value: impl FnOnce(&mut crate::log::CallInfo) -> Res<T>,
+) -> cuda_sys::CUresult {
+    crate::log::entry(function, None, None, |info| {
+        need(out.0)?;
+        let v = value(info)?;
+        // SAFETY: checked non-null; valid for a write per `Out::new`'s contract.
+        unsafe { put(out.0, v) }
+    })
 }
 
 /// Reads `*p`, refusing null.

@@ -6,7 +6,7 @@ use cuda_sys::types::MemPoolAttribute as A;
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::{get, get_slice, need, put};
+use super::{answer, get, get_slice, need, put, Out};
 use crate::codes::{self, Res};
 use crate::ipc::{self, Arena};
 use crate::log::entry;
@@ -68,12 +68,10 @@ unsafe fn device_pool(
     dev: CUdevice,
     which: impl FnOnce(&Device) -> u64,
 ) -> CUresult {
-    entry(function, None, None, |_| {
-        need(pool_out)?;
+    // SAFETY: valid per this function's contract.
+    answer(function, unsafe { Out::new(pool_out) }, |_| {
         let st = initialized()?;
-        let pool = which(st.device(dev)?);
-        // SAFETY: checked non-null, valid per this function's contract.
-        unsafe { put(pool_out, pool as CUmemoryPool) }
+        Ok(which(st.device(dev)?) as CUmemoryPool)
     })
 }
 
@@ -119,8 +117,8 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     pool_out: *mut CUmemoryPool,
     props: *const CUmemPoolProps,
 ) -> CUresult {
-    entry("cuMemPoolCreate", None, None, |_| {
-        need(pool_out)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuMemPoolCreate", unsafe { Out::new(pool_out) }, |_| {
         // SAFETY: the caller's props (driver contract); read as plain integers.
         let p: RawPoolProps = unsafe { get(props.cast::<RawPoolProps>())? };
         let mut st = initialized()?;
@@ -168,8 +166,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
                 ..Pool::new(device, host, max_size)
             },
         );
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(pool_out, handle as CUmemoryPool) }
+        Ok(handle as CUmemoryPool)
     })
 }
 
@@ -354,8 +351,10 @@ pub unsafe extern "C" fn cuMemPoolGetAccess(
     location: *mut CUmemLocation,
 ) -> CUresult {
     let pool = pool as u64;
-    entry("cuMemPoolGetAccess", None, None, |_| {
-        need(flags)?;
+    // SAFETY: the caller's out-pointer, written as the integer of a valid enumerator (driver
+    // contract).
+    let out = unsafe { Out::new(flags.cast::<u32>()) };
+    answer("cuMemPoolGetAccess", out, |_| {
         // SAFETY: the caller's location (driver contract); read as integers.
         let loc: RawLocation = unsafe { get(location.cast_const().cast::<RawLocation>())? };
         let st = initialized()?;
@@ -368,8 +367,7 @@ pub unsafe extern "C" fn cuMemPoolGetAccess(
                 .find(|(k, _)| *k == (loc.kind, loc.id))
                 .map_or(0, |&(_, f)| f)
         };
-        // SAFETY: checked non-null; the value is a valid enumerator (driver contract).
-        unsafe { put(flags.cast::<u32>(), value) }
+        Ok(value)
     })
 }
 
@@ -404,8 +402,9 @@ pub unsafe extern "C" fn cuMemPoolImportFromShareableHandle(
     handle_type: CUmemAllocationHandleType,
     _flags: c_ulonglong,
 ) -> CUresult {
-    entry("cuMemPoolImportFromShareableHandle", None, None, |_| {
-        need(pool_out)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    let out = unsafe { Out::new(pool_out) };
+    answer("cuMemPoolImportFromShareableHandle", out, |_| {
         if handle_type.0 != HANDLE_POSIX_FD {
             return Err(codes::INVALID_VALUE);
         }
@@ -423,8 +422,7 @@ pub unsafe extern "C" fn cuMemPoolImportFromShareableHandle(
                 ..Pool::new(header.device, header.host, 0)
             },
         );
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(pool_out, handle as CUmemoryPool) }
+        Ok(handle as CUmemoryPool)
     })
 }
 
@@ -464,8 +462,9 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
     share: *mut CUmemPoolPtrExportData,
 ) -> CUresult {
     let pool = pool as u64;
-    entry("cuMemPoolImportPointer", None, None, |info| {
-        need(ptr_out)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    let out = unsafe { Out::new(ptr_out) };
+    answer("cuMemPoolImportPointer", out, |info| {
         // SAFETY: the caller's 64 bytes of export data (driver contract).
         let data: [u8; 64] = unsafe { get(share.cast_const().cast::<[u8; 64]>())? };
         let (id, offset, size) = ipc::decode_export(&data).ok_or(codes::INVALID_VALUE)?;
@@ -487,8 +486,7 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
         if let Some(a) = live {
             let addr = a.addr;
             info.alloc = Some(a.id);
-            // SAFETY: checked non-null (driver contract).
-            return unsafe { put(ptr_out, addr) };
+            return Ok(addr);
         }
         let backing = Backing::mapped(map, offset, size as usize).ok_or(codes::INVALID_VALUE)?;
         let addr = if host {
@@ -501,7 +499,6 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
             ipc_offset: Some(offset),
             ..Alloc::new(addr, size, AllocKind::Ipc, device, host, backing)
         }));
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(ptr_out, addr) }
+        Ok(addr)
     })
 }
