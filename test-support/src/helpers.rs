@@ -147,6 +147,17 @@ pub trait EmuLog {
     fn is_live(&self, alloc: AllocationId) -> bool;
 }
 
+/// The one call of `function` in `calls`; panics, saying whose calls they were (`whose`), when
+/// there is not exactly one.
+fn the_one(mut calls: Vec<Call>, function: &str, whose: &str) -> Call {
+    assert_eq!(
+        calls.len(),
+        1,
+        "expected one {function} {whose}, got {calls:#?}"
+    );
+    calls.pop().unwrap()
+}
+
 impl EmuLog for Emulator {
     fn calls_since(&self, from: u64) -> Vec<Call> {
         self.calls().into_iter().filter(|c| c.seq >= from).collect()
@@ -201,31 +212,17 @@ impl EmuLog for Emulator {
     }
 
     fn only_call(&self, function: &str, alloc: AllocationId, from: u64) -> Call {
-        let calls: Vec<Call> = self
+        let calls = self
             .calls_for(alloc, from)
             .into_iter()
             .filter(|c| c.function == function)
             .collect();
-        assert_eq!(
-            calls.len(),
-            1,
-            "expected one {function} of {alloc}, got {calls:#?}"
-        );
-        calls.into_iter().next().unwrap()
+        the_one(calls, function, &format!("of {alloc}"))
     }
 
     fn one_call_on(&self, thread: u64, function: &str, from: u64) -> Call {
-        let calls: Vec<Call> = self
-            .calls_on(thread, from)
-            .into_iter()
-            .filter(|c| c.function == function)
-            .collect();
-        assert_eq!(
-            calls.len(),
-            1,
-            "expected one {function} on thread {thread}, got {calls:?}"
-        );
-        calls.into_iter().next().unwrap()
+        let calls = self.calls_named_on(function, thread, from);
+        the_one(calls, function, &format!("on thread {thread}"))
     }
 
     fn count_calls(&self, function: &str, alloc: AllocationId, from: u64) -> usize {
