@@ -76,12 +76,11 @@ pub fn build() -> Result<PathBuf> {
     let target_dir = cmd::target_dir(&metadata)?;
     let bundle = root.join(BUNDLE_DIR);
 
-    cmd::run(cmd::cargo().args(["build", "--release", "-p", cmd::EMU_PACKAGE]))
-        .context("building the emulated driver")?;
-    let emulator = target_dir.join("release").join(EMULATOR_FILE);
-    if !emulator.is_file() {
-        bail!("{} was not built", emulator.display());
-    }
+    let emulator = cmd::cargo_build(
+        &["--release", "-p", cmd::EMU_PACKAGE],
+        "the emulated driver",
+        target_dir.join("release").join(EMULATOR_FILE),
+    )?;
     let (binaries, examples) = build_test_binaries(&metadata)?;
 
     if bundle.exists() {

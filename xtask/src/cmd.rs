@@ -132,6 +132,19 @@ pub fn cargo_artifacts(
     Ok(())
 }
 
+/// Runs `cargo build ARGS` and returns `artifact`, the file it makes; fails, naming `what` it
+/// builds, when cargo fails or the file is not there.
+pub fn cargo_build(args: &[&str], what: &str, artifact: PathBuf) -> Result<PathBuf> {
+    run(cargo().arg("build").args(args)).with_context(|| format!("building {what}"))?;
+    if !artifact.is_file() {
+        bail!(
+            "cargo built {what} but {} does not exist",
+            artifact.display()
+        );
+    }
+    Ok(artifact)
+}
+
 /// Whether `program args...` runs and exits 0 (output discarded).
 pub fn succeeds<I, S>(program: impl AsRef<OsStr>, args: I) -> bool
 where

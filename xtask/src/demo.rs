@@ -46,21 +46,11 @@ pub fn run(args: &[String]) -> Result<()> {
     let root = cmd::workspace_root();
     let target_dir = cmd::target_dir(&cmd::metadata()?)?;
 
-    cmd::run(cmd::cargo().args([
-        "build",
-        "-p",
-        cmd::MEMORY_PACKAGE,
-        "--example",
-        RUST_EXAMPLE,
-    ]))
-    .context("building the Rust example")?;
-    let example = target_dir.join("debug/examples").join(RUST_EXAMPLE);
-    if !example.is_file() {
-        bail!(
-            "cargo built the example but {} does not exist",
-            example.display()
-        );
-    }
+    let example = cmd::cargo_build(
+        &["-p", cmd::MEMORY_PACKAGE, "--example", RUST_EXAMPLE],
+        "the Rust example",
+        target_dir.join("debug/examples").join(RUST_EXAMPLE),
+    )?;
 
     let driver = choose_driver(&example, &target_dir, force_emulator)?;
     eprintln!("xtask demo: driver: {}", driver.description);

@@ -88,15 +88,11 @@ pub fn run() -> Result<()> {
 
 /// `cargo build -p cuda-custody-emu`; returns the absolute path of `target/debug/libcuda_emu.so`.
 pub fn build_emulator(target_dir: &Path) -> Result<PathBuf> {
-    cmd::run(cmd::cargo().args(["build", "-p", cmd::EMU_PACKAGE]))
-        .context("building the emulated driver (cuda-emu)")?;
-    let emulator = target_dir.join("debug").join(EMULATOR_FILE);
-    if !emulator.is_file() {
-        bail!(
-            "cargo built cuda-emu but {} does not exist (is cuda-emu a cdylib named cuda_emu?)",
-            emulator.display()
-        );
-    }
+    let emulator = cmd::cargo_build(
+        &["-p", cmd::EMU_PACKAGE],
+        "the emulated driver (cuda-emu, a cdylib named cuda_emu)",
+        target_dir.join("debug").join(EMULATOR_FILE),
+    )?;
     Ok(emulator.canonicalize()?)
 }
 
