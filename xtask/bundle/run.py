@@ -1464,9 +1464,5 @@ def self_test():
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--self-test"]:
-        problems = self_test()
-        for problem in problems:
-            print("run.py self-test: " + problem)
-        print("run.py self-test: %s" % ("FAILED" if problems else "passed"))
-        sys.exit(1 if problems else 0)
+        sys.exit(sanitizer_module().report_self_test("run.py", self_test(), "passed"))
     sys.exit(main())

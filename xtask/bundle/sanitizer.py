@@ -277,11 +277,17 @@ def self_test():
     return failures
 
 
+def report_self_test(name, problems, passed):
+    """Prints a self-test's problems and then its verdict (`passed` when there are none), each line
+    headed "<name> self-test: " (this file's and run.py's --self-test); returns the exit status,
+    1 on a problem."""
+    for problem in problems:
+        print("%s self-test: %s" % (name, problem))
+    print("%s self-test: %s" % (name, "FAILED" if problems else passed))
+    return 1 if problems else 0
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--self-test"]:
-        problems = self_test()
-        for problem in problems:
-            print("sanitizer self-test: " + problem)
-        print("sanitizer self-test: %s" % ("FAILED" if problems else "%d samples passed" % len(_SAMPLES)))
-        sys.exit(1 if problems else 0)
+        sys.exit(report_self_test("sanitizer", self_test(), "%d samples passed" % len(_SAMPLES)))
     print(find())
