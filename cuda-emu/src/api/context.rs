@@ -14,19 +14,16 @@ use crate::thread::{current_context, with_context_stack};
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     // SAFETY: the caller's out-pointer (driver contract).
-    answer(
-        "cuDevicePrimaryCtxRetain",
-        unsafe { Out::new(pctx) },
-        |_| {
-            let mut st = initialized()?;
-            let primary = st.device(dev)?.primary;
-            if st.device(dev)?.primary_refs == 0 {
-                st.activate_context(primary);
-            }
-            st.device_mut(dev)?.primary_refs += 1;
-            Ok(primary as CUcontext)
-        },
-    )
+    let out = unsafe { Out::new(pctx) };
+    answer("cuDevicePrimaryCtxRetain", out, |_| {
+        let mut st = initialized()?;
+        let primary = st.device(dev)?.primary;
+        if st.device(dev)?.primary_refs == 0 {
+            st.activate_context(primary);
+        }
+        st.device_mut(dev)?.primary_refs += 1;
+        Ok(primary as CUcontext)
+    })
 }
 
 /// Ends a primary context's life when its last reference goes: waits for its streams, then

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use cuda_sys::types::*;
 use cuda_sys::{CUresult, CudaErrorCode};
 
-use super::{need, put, put_opt};
+use super::{answer, need, put, put_opt, Out};
 use crate::codes::{self, Res};
 use crate::log::entry;
 use crate::state::{initialized, state};
@@ -236,22 +236,20 @@ pub unsafe extern "C" fn cuGetProcAddress(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
-    entry("cuDeviceGet", None, None, |_| {
-        need(device)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuDeviceGet", unsafe { Out::new(device) }, |_| {
         let st = initialized()?;
         st.device(ordinal)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(device, ordinal) }
+        Ok(ordinal)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
-    entry("cuDeviceGetCount", None, None, |_| {
-        need(count)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuDeviceGetCount", unsafe { Out::new(count) }, |_| {
         let st = initialized()?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(count, st.devices.len() as c_int) }
+        Ok(st.devices.len() as c_int)
     })
 }
 
@@ -403,12 +401,11 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     attrib: CUdevice_attribute,
     dev: CUdevice,
 ) -> CUresult {
-    entry("cuDeviceGetAttribute", None, None, |_| {
-        need(pi)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuDeviceGetAttribute", unsafe { Out::new(pi) }, |_| {
         initialized()?.device(dev)?;
         let v = attribute(attrib as u32, dev).ok_or(codes::BAD_ATTRIBUTE)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(pi, v) }
+        Ok(v)
     })
 }
 
@@ -418,12 +415,11 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
     dev: CUdevice,
     peer: CUdevice,
 ) -> CUresult {
-    entry("cuDeviceCanAccessPeer", None, None, |_| {
-        need(can)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuDeviceCanAccessPeer", unsafe { Out::new(can) }, |_| {
         let st = initialized()?;
         st.device(dev)?;
         st.device(peer)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(can, c_int::from(dev != peer)) }
+        Ok(c_int::from(dev != peer))
     })
 }

@@ -64,16 +64,15 @@ const _: () = assert!(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphCreate(ph: *mut CUgraph, flags: c_uint) -> CUresult {
-    entry("cuGraphCreate", None, None, |_| {
-        need(ph)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuGraphCreate", unsafe { Out::new(ph) }, |_| {
         if flags != 0 {
             return Err(codes::INVALID_VALUE);
         }
         let mut st = initialized()?;
         let g = st.new_handle();
         st.graphs.insert(g, Graph::default());
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(ph, g as CUgraph) }
+        Ok(g as CUgraph)
     })
 }
 
@@ -394,8 +393,8 @@ pub unsafe extern "C" fn cuUserObjectCreate(
     initial: c_uint,
     flags: c_uint,
 ) -> CUresult {
-    entry("cuUserObjectCreate", None, None, |_| {
-        need(out)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuUserObjectCreate", unsafe { Out::new(out) }, |_| {
         let func = destroy.ok_or(codes::INVALID_VALUE)?;
         if initial == 0 || flags != CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32 {
             return Err(codes::INVALID_VALUE);
@@ -412,8 +411,7 @@ pub unsafe extern "C" fn cuUserObjectCreate(
                 refs: u64::from(initial),
             },
         );
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(out, h as CUuserObject) }
+        Ok(h as CUuserObject)
     })
 }
 

@@ -9,7 +9,7 @@ use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
 use super::stream::{node_handles, plain_edge_data};
-use super::{context_arg, known_flags, need, put};
+use super::{answer, context_arg, known_flags, need, put, Out};
 use crate::codes::{self, Res};
 use crate::graph::Condition;
 use crate::log::entry;
@@ -56,8 +56,9 @@ pub unsafe extern "C" fn cuGraphConditionalHandleCreate(
     default_value: c_uint,
     flags: c_uint,
 ) -> CUresult {
-    entry("cuGraphConditionalHandleCreate", None, None, |_| {
-        need(out)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    let out = unsafe { Out::new(out) };
+    answer("cuGraphConditionalHandleCreate", out, |_| {
         known_flags(flags, COND_ASSIGN_DEFAULT)?;
         let mut st = initialized()?;
         let g = g as u64;
@@ -71,8 +72,7 @@ pub unsafe extern "C" fn cuGraphConditionalHandleCreate(
                 default: default_value,
             },
         );
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(out, handle) }
+        Ok(handle)
     })
 }
 

@@ -8,7 +8,7 @@ use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
 use super::stream::{node_handles, plain_edge_data};
-use super::{get_slice, need, put};
+use super::{answer, get_slice, need, put, with_state, Out};
 use crate::codes::{self, Res};
 use crate::graph::NodeKind;
 use crate::log::entry;
@@ -23,8 +23,8 @@ unsafe fn add_event_node(
     event: CUevent,
     record: bool,
 ) -> CUresult {
-    entry(function, None, None, |_| {
-        need(ph)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer(function, unsafe { Out::new(ph) }, |_| {
         let g = g as u64;
         let event = event as u64;
         // SAFETY: the caller's dependency array (driver contract).
@@ -39,8 +39,7 @@ unsafe fn add_event_node(
             NodeKind::EventWait { event }
         };
         let (handle, _) = st.add_node(g, kind, deps)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(ph, handle as CUgraphNode) }
+        Ok(handle as CUgraphNode)
     })
 }
 
@@ -94,15 +93,14 @@ event_node_exports! {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphNodeGetType(h: CUgraphNode, out: *mut c_uint) -> CUresult {
-    entry("cuGraphNodeGetType", None, None, |_| {
-        need(out)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuGraphNodeGetType", unsafe { Out::new(out) }, |_| {
         let st = initialized()?;
         let (g, i) = node(&st, h)?;
         let code = st.graphs.get(&g).ok_or(codes::BAD_HANDLE)?.nodes[i]
             .kind
             .type_code();
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(out, code) }
+        Ok(code)
     })
 }
 
@@ -140,8 +138,7 @@ unsafe fn list_graph_nodes(
     count: *mut usize,
     keep: impl Fn(&crate::graph::Node) -> bool,
 ) -> CUresult {
-    entry(function, None, None, |_| {
-        let st = initialized()?;
+    with_state(function, |st| {
         let graph = st.graphs.get(&(g as u64)).ok_or(codes::BAD_HANDLE)?;
         let handles: Vec<u64> = graph
             .nodes
@@ -300,8 +297,7 @@ unsafe fn node_links(
     count: *mut usize,
     upstream: bool,
 ) -> CUresult {
-    entry(function, None, None, |_| {
-        let st = initialized()?;
+    with_state(function, |st| {
         let handles = neighbours(&st, h, upstream)?;
         // SAFETY: the caller's arrays (driver contract).
         unsafe {
@@ -455,12 +451,11 @@ pub unsafe extern "C" fn cuGraphUpload(exec: CUgraphExec, s: CUstream) -> CUresu
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphExecGetFlags(exec: CUgraphExec, flags: *mut u64) -> CUresult {
-    entry("cuGraphExecGetFlags", None, None, |_| {
-        need(flags)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuGraphExecGetFlags", unsafe { Out::new(flags) }, |_| {
         let st = initialized()?;
         let e = st.execs.get(&(exec as u64)).ok_or(codes::BAD_HANDLE)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(flags, u64::from(e.auto_free)) }
+        Ok(u64::from(e.auto_free))
     })
 }
 
@@ -570,8 +565,7 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
 /// graph that is running or scheduled to run go back to the OS).
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
-    entry("cuDeviceGraphMemTrim", None, None, |_| {
-        let mut st = initialized()?;
+    with_state("cuDeviceGraphMemTrim", |st| {
         st.device(dev)?;
         let (used, reserved) = st.graph_memory(dev);
         note_graph_high(dev, used, reserved);

@@ -9,7 +9,7 @@ use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::{context_arg, need, put, put_opt, stream_property, synchronize_context};
+use super::{answer, context_arg, need, put, put_opt, stream_property, synchronize_context, Out};
 use crate::codes;
 use crate::log::entry;
 use crate::memory::DEVICE_MEMORY;
@@ -28,11 +28,11 @@ fn uuid(dev: CUdevice) -> [u8; 16] {
 /// # Safety
 /// `out` is null or the caller's 16-byte `CUuuid` (driver contract).
 unsafe fn device_uuid(function: &'static str, out: *mut c_void, dev: CUdevice) -> CUresult {
-    entry(function, None, None, |_| {
-        need(out)?;
+    // SAFETY: valid per this function's contract.
+    let out = unsafe { Out::new(out.cast::<[u8; 16]>()) };
+    answer(function, out, |_| {
         initialized()?.device(dev)?;
-        // SAFETY: checked non-null, valid per this function's contract.
-        unsafe { put(out.cast::<[u8; 16]>(), uuid(dev)) }
+        Ok(uuid(dev))
     })
 }
 
@@ -50,11 +50,10 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(out: *mut c_void, dev: CUdevice) -> 
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    entry("cuDeviceTotalMem_v2", None, None, |_| {
-        need(bytes)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuDeviceTotalMem_v2", unsafe { Out::new(bytes) }, |_| {
         initialized()?.device(dev)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(bytes, DEVICE_MEMORY as usize) }
+        Ok(DEVICE_MEMORY as usize)
     })
 }
 
@@ -89,8 +88,8 @@ pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
-    entry("cuCtxGetFlags", None, None, |_| {
-        need(flags)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuCtxGetFlags", unsafe { Out::new(flags) }, |_| {
         let st = initialized()?;
         let c = st.current_ctx()?;
         let ctx = &st.contexts[&c];
@@ -99,20 +98,18 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
         } else {
             0
         };
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(flags, value) }
+        Ok(value)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut c_ulonglong) -> CUresult {
-    entry("cuCtxGetId", None, None, |_| {
-        need(id)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuCtxGetId", unsafe { Out::new(id) }, |_| {
         let st = initialized()?;
         let c = context_arg(&st, ctx)?;
         // Context handles are never reused, so the handle is a unique id.
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(id, c) }
+        Ok(c)
     })
 }
 
@@ -196,8 +193,8 @@ const EVENT_DISABLE_TIMING: u32 = 0x2;
 /// `ms` is null or valid for a write (the driver API's contract for out-pointers).
 unsafe fn elapsed(function: &'static str, ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
     let (start, end) = (start as u64, end as u64);
-    entry(function, None, None, |_| {
-        need(ms)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer(function, unsafe { Out::new(ms) }, |_| {
         let (a, b) = {
             let st = initialized()?;
             let a = st.events.get(&start).ok_or(codes::BAD_HANDLE)?;
@@ -224,8 +221,7 @@ unsafe fn elapsed(function: &'static str, ms: *mut f32, start: CUevent, end: CUe
         } else {
             -((a - b).as_secs_f64() * 1e3)
         };
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(ms, millis as f32) }
+        Ok(millis as f32)
     })
 }
 

@@ -3,7 +3,7 @@
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::{known_flags, need, put};
+use super::{answer, known_flags, need, put, Out};
 use crate::clock::VectorClock;
 use crate::codes::{self, Res};
 use crate::exec::{wait_all, Dep};
@@ -51,11 +51,10 @@ fn alloc_sync(kind: AllocKind, size: usize, info: &mut CallInfo) -> Res<u64> {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
-    entry("cuMemAlloc_v2", None, None, |info| {
-        need(dptr)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuMemAlloc_v2", unsafe { Out::new(dptr) }, |info| {
         let p = alloc_sync(AllocKind::Device, size, info)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(dptr, p) }
+        Ok(p)
     })
 }
 
@@ -194,14 +193,13 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     size: usize,
     flags: c_uint,
 ) -> CUresult {
-    entry("cuMemAllocManaged", None, None, |info| {
-        need(dptr)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuMemAllocManaged", unsafe { Out::new(dptr) }, |info| {
         if flags != 1 && flags != 2 {
             return Err(codes::INVALID_VALUE);
         }
         let p = alloc_sync(AllocKind::Managed, size, info)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(dptr, p) }
+        Ok(p)
     })
 }
 

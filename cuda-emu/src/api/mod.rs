@@ -8,7 +8,8 @@
 //! their signature is one macro (`edge_exports!`, `node_link_exports!`, `event_node_exports!`,
 //! `prefetch_batch_exports!`). A stream argument is resolved for the call log by
 //! `CallInfo::resolve_stream` or `CallInfo::lock_stream`. An export that answers one value
-//! through an out-pointer it checks first runs through [`answer`].
+//! through an out-pointer it checks first runs through [`answer`], one that runs wholly on the
+//! locked state through [`with_state`].
 //!
 //! Safety contract of every export (the driver's own): pointer arguments are null or valid for
 //! the reads and writes the CUDA driver API documents for them; handles are plain values and
@@ -121,6 +122,17 @@ pub(crate) fn answer<T>(
         let v = value(info)?;
         // SAFETY: checked non-null; valid for a write per `Out::new`'s contract.
         unsafe { put(out.0, v) }
+    })
+}
+
+/// The body of an export that runs wholly on the driver state, locked and checked initialized
+/// first, logged as `function` with no stream or pointer.
+pub(crate) fn with_state(
+    function: &'static str,
+    body: impl FnOnce(&mut crate::state::State) -> Res,
+) -> cuda_sys::CUresult {
+    crate::log::entry(function, None, None, |_| {
+        body(&mut *crate::state::initialized()?)
     })
 }
 

@@ -6,7 +6,7 @@ use cuda_sys::types::MemPoolAttribute as A;
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::{answer, get, get_slice, need, put, Out};
+use super::{answer, get, get_slice, need, put, with_state, Out};
 use crate::codes::{self, Res};
 use crate::ipc::{self, Arena};
 use crate::log::entry;
@@ -100,8 +100,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUresult {
     let pool = pool as u64;
-    entry("cuDeviceSetMemPool", None, None, |_| {
-        let mut st = initialized()?;
+    with_state("cuDeviceSetMemPool", |st| {
         st.device(dev)?;
         let p = st.pools.get(&pool).ok_or(codes::BAD_HANDLE)?;
         if p.device != dev || p.host || p.imported.is_some() {
@@ -173,8 +172,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     let pool = pool as u64;
-    entry("cuMemPoolDestroy", None, None, |_| {
-        let mut st = initialized()?;
+    with_state("cuMemPoolDestroy", |st| {
         let p = st.pools.get(&pool).ok_or(codes::BAD_HANDLE)?;
         if p.default {
             return Err(codes::DESTROY_DEFAULT_POOL);
@@ -300,8 +298,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_keep: usize) -> CUresult {
     let pool = pool as u64;
-    entry("cuMemPoolTrimTo", None, None, |_| {
-        let st = initialized()?;
+    with_state("cuMemPoolTrimTo", |st| {
         st.pools
             .get(&pool)
             .ok_or(codes::BAD_HANDLE)?

@@ -12,7 +12,7 @@ use cuda_sys::CUresult;
 
 use super::memory::pointer_attribute;
 use super::pool::{RawLocation, LOCATION_DEVICE, LOCATION_HOST, LOCATION_HOST_NUMA, LOCATION_NONE};
-use super::{get, get_slice, need, put};
+use super::{answer, get, get_slice, need, put, Out};
 use crate::codes::{self, Res};
 use crate::log::entry;
 use crate::memory::AllocKind;
@@ -192,14 +192,13 @@ unsafe fn pool_lookup(
     kind: c_uint,
     current: bool,
 ) -> CUresult {
-    entry(function, None, None, |_| {
-        need(out)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer(function, unsafe { Out::new(out) }, |_| {
         // SAFETY: the caller's location (driver contract).
         let loc: RawLocation = unsafe { get(location.cast_const().cast::<RawLocation>())? };
         let mut st = initialized()?;
         let pool = pool_for(&mut st, loc, kind, current)?;
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(out, pool as CUmemoryPool) }
+        Ok(pool as CUmemoryPool)
     })
 }
 

@@ -6,7 +6,9 @@ use std::sync::MutexGuard;
 use cuda_sys::types::*;
 use cuda_sys::CUresult;
 
-use super::{get_slice, known_flags, need, put, put_opt, wait_and_observe};
+use super::{
+    answer, get_slice, known_flags, need, put, put_opt, wait_and_observe, with_state, Out,
+};
 use crate::clock::VectorClock;
 use crate::codes::{self, Res};
 use crate::exec::{Dep, StreamCore};
@@ -438,8 +440,8 @@ pub unsafe extern "C" fn cuStreamWriteValue64_v2(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
-    entry("cuEventCreate", None, None, |_| {
-        need(ph)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuEventCreate", unsafe { Out::new(ph) }, |_| {
         // CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS.
         known_flags(flags, 0x7)?;
         let mut st = initialized()?;
@@ -462,8 +464,7 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
                 imported: false,
             },
         );
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(ph, handle as CUevent) }
+        Ok(handle as CUevent)
     })
 }
 
@@ -482,8 +483,8 @@ pub type IpcEventHandle = CUipcEventHandle;
 #[no_mangle]
 pub unsafe extern "C" fn cuIpcGetEventHandle(out: *mut IpcEventHandle, e: CUevent) -> CUresult {
     let e = e as u64;
-    entry("cuIpcGetEventHandle", None, None, |_| {
-        need(out)?;
+    // SAFETY: the caller's 64-byte CUipcEventHandle (driver contract).
+    answer("cuIpcGetEventHandle", unsafe { Out::new(out) }, |_| {
         let st = initialized()?;
         let ev = st.events.get(&e).ok_or(codes::BAD_HANDLE)?;
         let Some(ipc) = ev
@@ -494,8 +495,7 @@ pub unsafe extern "C" fn cuIpcGetEventHandle(out: *mut IpcEventHandle, e: CUeven
             return Err(codes::IPC_EVENT_NOT_INTERPROCESS);
         };
         let reserved = ipc.encode().map(|b| b as std::ffi::c_char);
-        // SAFETY: the caller's 64-byte CUipcEventHandle (driver contract).
-        unsafe { put(out, IpcEventHandle { reserved }) }
+        Ok(IpcEventHandle { reserved })
     })
 }
 
@@ -510,8 +510,8 @@ pub unsafe extern "C" fn cuIpcOpenEventHandle(
     ph: *mut CUevent,
     handle: IpcEventHandle,
 ) -> CUresult {
-    entry("cuIpcOpenEventHandle", None, None, |_| {
-        need(ph)?;
+    // SAFETY: the caller's out-pointer (driver contract).
+    answer("cuIpcOpenEventHandle", unsafe { Out::new(ph) }, |_| {
         let mut st = initialized()?;
         let ctx = st.current_ctx()?;
         let bytes = handle.reserved.map(|c| c as u8);
@@ -529,16 +529,14 @@ pub unsafe extern "C" fn cuIpcOpenEventHandle(
                 imported: true,
             },
         );
-        // SAFETY: checked non-null (driver contract).
-        unsafe { put(ph, event as CUevent) }
+        Ok(event as CUevent)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventDestroy_v2(e: CUevent) -> CUresult {
     let e = e as u64;
-    entry("cuEventDestroy_v2", None, None, |_| {
-        let mut st = initialized()?;
+    with_state("cuEventDestroy_v2", |st| {
         st.events.remove(&e).map(|_| ()).ok_or(codes::BAD_HANDLE)
     })
 }
@@ -616,8 +614,7 @@ pub unsafe extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
     let e = e as u64;
-    entry("cuEventQuery", None, None, |_| {
-        let mut st = initialized()?;
+    with_state("cuEventQuery", |st| {
         let ev = st.events.get(&e).ok_or(codes::BAD_HANDLE)?;
         if let Some((id, _)) = ev.captured {
             // Measured on both threads (F17): while the capture is active, refused as the
