@@ -42,3 +42,24 @@ where
     };
     Ok(answer.into_pyobject(py)?.to_owned().into_any().unbind())
 }
+
+/// `__richcmp__` of a class `T` whose objects wrap a driver handle that `close()` lets go of
+/// (`Stream`, `Event`), as [`compare`] answers it: an object is equal to itself, and to another
+/// object of its class over the same raw handle while both are open (`open_raw`: the raw handle,
+/// `None` once closed).
+///
+/// # Errors
+/// As [`compare`].
+pub(crate) fn compare_handles<T>(
+    this: &T,
+    other: &Bound<'_, PyAny>,
+    op: CompareOp,
+    open_raw: impl Fn(&T) -> Option<usize>,
+) -> PyResult<Py<PyAny>>
+where
+    T: PyClass<Frozen = True> + Sync,
+{
+    compare(other, op, |other: &T| {
+        std::ptr::eq(this, other) || open_raw(this).is_some_and(|raw| open_raw(other) == Some(raw))
+    })
+}

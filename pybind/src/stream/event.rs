@@ -15,7 +15,7 @@ use pyo3::types::{PyTuple, PyType};
 use super::context::PyContext;
 use super::device::device_object;
 use crate::errors::{closed, expected, ipc_data, Error, NO_CONTEXT};
-use crate::identity::{compare, hash_of};
+use crate::identity::{compare, compare_handles, hash_of};
 use crate::options::{check_options, option};
 use crate::sync::Locked;
 
@@ -204,10 +204,7 @@ impl PyEvent {
     }
 
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
-        compare(other, op, |other: &PyEvent| {
-            std::ptr::eq(self, other)
-                || (self.raw == other.raw && self.is_open() && other.is_open())
-        })
+        compare_handles(self, other, op, |this| this.is_open().then_some(this.raw))
     }
 
     fn __hash__(&self) -> u64 {

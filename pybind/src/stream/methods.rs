@@ -17,7 +17,7 @@ use super::device::device_object;
 use super::event::{event_flags, PyEvent};
 use crate::errors::{expected, Error, NO_CONTEXT};
 use crate::graph::class::{builder_on, PyGraphBuilder};
-use crate::identity::{compare, hash_of};
+use crate::identity::{compare_handles, hash_of};
 use crate::options::{check_options, option};
 use crate::report::{release, PyObjRef};
 use crate::sync::Locked;
@@ -355,10 +355,7 @@ impl PyStream {
     }
 
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
-        compare(other, op, |other: &PyStream| {
-            std::ptr::eq(self, other)
-                || (self.raw == other.raw && self.is_open() && other.is_open())
-        })
+        compare_handles(self, other, op, |this| this.is_open().then_some(this.raw))
     }
 
     fn __hash__(&self) -> u64 {
