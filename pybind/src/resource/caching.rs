@@ -58,6 +58,16 @@ pub struct PyCachingMemoryResource {
     upstream: Py<PyAny>,
 }
 
+/// `Ok`, a new `dict` of the counters `$fields` of `$value` (a struct of ints), each keyed by
+/// its field's name, in the order given: what `stats` and `trim` return.
+macro_rules! counters_dict {
+    ($py:expr, $value:expr, [$($field:ident),+ $(,)?]) => {{
+        let dict = PyDict::new($py);
+        $(dict.set_item(stringify!($field), $value.$field)?;)+
+        Ok(dict)
+    }};
+}
+
 #[pymethods]
 impl PyCachingMemoryResource {
     #[new]
@@ -149,18 +159,22 @@ impl PyCachingMemoryResource {
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = self.inner.stats();
-        let dict = PyDict::new(py);
-        dict.set_item("in_use_blocks", stats.in_use_blocks)?;
-        dict.set_item("in_use_bytes", stats.in_use_bytes)?;
-        dict.set_item("cached_blocks", stats.cached_blocks)?;
-        dict.set_item("cached_bytes", stats.cached_bytes)?;
-        dict.set_item("hits", stats.hits)?;
-        dict.set_item("cross_stream_hits", stats.cross_stream_hits)?;
-        dict.set_item("misses", stats.misses)?;
-        dict.set_item("events_recorded", stats.events_recorded)?;
-        dict.set_item("freed_blocks", stats.freed_blocks)?;
-        dict.set_item("out_of_memory_retries", stats.out_of_memory_retries)?;
-        Ok(dict)
+        counters_dict!(
+            py,
+            stats,
+            [
+                in_use_blocks,
+                in_use_bytes,
+                cached_blocks,
+                cached_bytes,
+                hits,
+                cross_stream_hits,
+                misses,
+                events_recorded,
+                freed_blocks,
+                out_of_memory_retries,
+            ]
+        )
     }
 
     /// Frees the cached blocks now through the upstream resource (for a pool
@@ -176,14 +190,18 @@ impl PyCachingMemoryResource {
     fn trim<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let inner = Arc::clone(&self.inner);
         let trimmed = py.detach(move || inner.trim()).map_err(Error::from)?;
-        let dict = PyDict::new(py);
-        dict.set_item("freed_blocks", trimmed.freed_blocks)?;
-        dict.set_item("freed_bytes", trimmed.freed_bytes)?;
-        dict.set_item("kept_blocks", trimmed.kept_blocks)?;
-        dict.set_item("kept_bytes", trimmed.kept_bytes)?;
-        dict.set_item("in_use_blocks", trimmed.in_use_blocks)?;
-        dict.set_item("in_use_bytes", trimmed.in_use_bytes)?;
-        Ok(dict)
+        counters_dict!(
+            py,
+            trimmed,
+            [
+                freed_blocks,
+                freed_bytes,
+                kept_blocks,
+                kept_bytes,
+                in_use_blocks,
+                in_use_bytes,
+            ]
+        )
     }
 
     /// Closes the resource: it allocates nothing more (``RuntimeError``), its cached blocks are
