@@ -43,6 +43,23 @@
 
 #![deny(unsafe_code)]
 
+/// Adds the `#[pyclass]` types `$class` to the module `$m`, in the order given, returning from
+/// the enclosing function at the first error (`m.add_class::<T>()?` each): what a family's
+/// `register` does with its classes.
+macro_rules! add_classes {
+    ($m:expr, [$($class:ty),+ $(,)?]) => {
+        $($m.add_class::<$class>()?;)+
+    };
+}
+
+/// Adds the `#[pyfunction]`s `$function` to the module `$m`, as `add_classes` adds classes
+/// (`m.add_function(wrap_pyfunction!(f, m)?)?` each).
+macro_rules! add_functions {
+    ($m:expr, [$($function:path),+ $(,)?]) => {
+        $($m.add_function(wrap_pyfunction!($function, $m)?)?;)+
+    };
+}
+
 mod buffer;
 mod errors;
 mod ffi;
@@ -88,9 +105,14 @@ fn _custody(m: &Bound<'_, PyModule>) -> PyResult<()> {
     buffer::register(m)?;
     graph::register(m)?;
     interop::register(m)?;
-    m.add_function(wrap_pyfunction!(drain_deferred_cleanup, m)?)?;
-    m.add_function(wrap_pyfunction!(_cleanup_report_counts, m)?)?;
-    m.add_function(wrap_pyfunction!(report::at_python_exit, m)?)?;
+    add_functions!(
+        m,
+        [
+            drain_deferred_cleanup,
+            _cleanup_report_counts,
+            report::at_python_exit
+        ]
+    );
     report::init(py)?;
     report::install_hooks();
     ffi::register_at_finalization();

@@ -39,10 +39,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let buffer_type = m.py().get_type::<PyBuffer>();
     let finalizer = buffer_type.getattr("__del__")?;
     buffer_type.setattr("__del__", finalizer)?;
-    m.add_class::<PyManagedBuffer>()?;
-    m.add_class::<PyIpcBufferDescriptor>()?;
-    m.add_function(wrap_pyfunction!(prefetch_batch, m)?)?;
-    m.add_function(wrap_pyfunction!(discard_batch, m)?)?;
-    m.add_function(wrap_pyfunction!(discard_prefetch_batch, m)?)?;
+    add_classes!(m, [PyManagedBuffer, PyIpcBufferDescriptor]);
+    add_functions!(m, [prefetch_batch, discard_batch, discard_prefetch_batch]);
     Ok(())
 }

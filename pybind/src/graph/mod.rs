@@ -20,8 +20,7 @@ use methods::{_create_graph_builder, PyGraph};
 
 /// Registers the graph classes on the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyGraphBuilder>()?;
-    m.add_class::<PyGraph>()?;
+    add_classes!(m, [PyGraphBuilder, PyGraph]);
     m.add_function(wrap_pyfunction!(_create_graph_builder, m)?)?;
     Ok(())
 }

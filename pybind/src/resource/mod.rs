@@ -56,17 +56,22 @@ use synchronous::{
 
 /// Registers the resource classes on the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyMemoryResource>()?;
-    m.add_class::<PyMemPool>()?;
-    m.add_class::<PyDeviceMemoryResource>()?;
-    m.add_class::<PyPinnedMemoryResource>()?;
-    m.add_class::<PyLegacyPinnedMemoryResource>()?;
-    m.add_class::<PyManagedMemoryResource>()?;
-    m.add_class::<PyLegacyManagedMemoryResource>()?;
-    m.add_class::<PySynchronousMemoryResource>()?;
-    m.add_class::<PyGraphMemoryResource>()?;
-    m.add_class::<PyCachingMemoryResource>()?;
-    m.add_class::<PyPoolAttributes>()?;
-    m.add_class::<PyGraphMemoryAttributes>()?;
+    add_classes!(
+        m,
+        [
+            PyMemoryResource,
+            PyMemPool,
+            PyDeviceMemoryResource,
+            PyPinnedMemoryResource,
+            PyLegacyPinnedMemoryResource,
+            PyManagedMemoryResource,
+            PyLegacyManagedMemoryResource,
+            PySynchronousMemoryResource,
+            PyGraphMemoryResource,
+            PyCachingMemoryResource,
+            PyPoolAttributes,
+            PyGraphMemoryAttributes
+        ]
+    );
     Ok(())
 }

@@ -41,11 +41,16 @@ use methods::{_create_stream, _stream_accept, default_stream, singleton, PyStrea
 /// Registers the stream classes and functions on the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    m.add_class::<PyStream>()?;
-    m.add_class::<PyStreamInit>()?;
-    m.add_class::<PyEvent>()?;
-    m.add_class::<PyIpcEventDescriptor>()?;
-    m.add_class::<PyContext>()?;
+    add_classes!(
+        m,
+        [
+            PyStream,
+            PyStreamInit,
+            PyEvent,
+            PyIpcEventDescriptor,
+            PyContext
+        ]
+    );
     m.add(
         "LEGACY_DEFAULT_STREAM",
         singleton(py, DefaultStream::Legacy)?.clone_ref(py),
@@ -54,19 +59,24 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "PER_THREAD_DEFAULT_STREAM",
         singleton(py, DefaultStream::PerThread)?.clone_ref(py),
     )?;
-    m.add_function(wrap_pyfunction!(default_stream, m)?)?;
-    m.add_function(wrap_pyfunction!(_stream_accept, m)?)?;
-    m.add_function(wrap_pyfunction!(_device_count, m)?)?;
-    m.add_function(wrap_pyfunction!(_device_attribute, m)?)?;
-    m.add_function(wrap_pyfunction!(_device_name, m)?)?;
-    m.add_function(wrap_pyfunction!(_device_pci_bus_id, m)?)?;
-    m.add_function(wrap_pyfunction!(_device_uuid, m)?)?;
-    m.add_function(wrap_pyfunction!(_can_access_peer, m)?)?;
-    m.add_function(wrap_pyfunction!(_primary_context, m)?)?;
-    m.add_function(wrap_pyfunction!(_set_current, m)?)?;
-    m.add_function(wrap_pyfunction!(_current_context, m)?)?;
-    m.add_function(wrap_pyfunction!(_synchronize_context, m)?)?;
-    m.add_function(wrap_pyfunction!(_create_stream, m)?)?;
-    m.add_function(wrap_pyfunction!(_create_event, m)?)?;
+    add_functions!(
+        m,
+        [
+            default_stream,
+            _stream_accept,
+            _device_count,
+            _device_attribute,
+            _device_name,
+            _device_pci_bus_id,
+            _device_uuid,
+            _can_access_peer,
+            _primary_context,
+            _set_current,
+            _current_context,
+            _synchronize_context,
+            _create_stream,
+            _create_event
+        ]
+    );
     Ok(())
 }
