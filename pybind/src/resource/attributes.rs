@@ -31,87 +31,87 @@ impl PyPoolAttributes {
     }
 }
 
-#[pymethods]
-impl PyPoolAttributes {
-    /// Bytes allocated from the pool and not freed (``CU_MEMPOOL_ATTR_USED_MEM_CURRENT``).
-    #[getter]
-    fn used_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, PoolAttribute::USED_MEM_CURRENT)
-    }
+/// The `#[pymethods]` of an attribute class (`$class`, named `$name` in Python, with a `read`
+/// that takes `py` and an attribute): a getter for each attribute listed, its doc comment the
+/// property's docstring, reading the attribute with `read` (the GIL released there); the
+/// methods `$methods` as written; and a `__repr__` that lists every attribute with its value as
+/// Python writes it, `Name(a=1, b=True)`, in the order listed (alphabetical), raising the first
+/// read's error.
+macro_rules! attribute_class {
+    (
+        $class:ident, $name:literal,
+        [$($(#[doc = $doc:literal])* $attribute:ident: $type:ty = $which:expr;)+]
+        $($methods:tt)*
+    ) => {
+        #[pymethods]
+        impl $class {
+            $(
+                $(#[doc = $doc])*
+                #[getter]
+                fn $attribute(&self, py: Python<'_>) -> PyResult<$type> {
+                    self.read(py, $which)
+                }
+            )+
 
-    /// The high-water mark of ``used_mem_current``, in bytes (``CU_MEMPOOL_ATTR_USED_MEM_HIGH``).
-    #[getter]
-    fn used_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, PoolAttribute::USED_MEM_HIGH)
-    }
+            $($methods)*
 
-    /// Bytes the pool holds from the driver (``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT``).
-    #[getter]
-    fn reserved_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, PoolAttribute::RESERVED_MEM_CURRENT)
-    }
+            fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+                let values = [$(format!(
+                    "{}={}",
+                    stringify!($attribute),
+                    PyRepr::py_repr(&self.$attribute(py)?)
+                )),+];
+                Ok(format!("{}({})", $name, values.join(", ")))
+            }
+        }
+    };
+}
 
-    /// The high-water mark of ``reserved_mem_current``, in bytes
-    /// (``CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH``).
-    #[getter]
-    fn reserved_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, PoolAttribute::RESERVED_MEM_HIGH)
-    }
+/// An attribute's value as Python's `repr` writes it.
+trait PyRepr {
+    fn py_repr(&self) -> String;
+}
 
-    /// Bytes the pool keeps after a synchronisation before memory goes back to the OS
-    /// (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``).
-    #[getter]
-    fn release_threshold(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, PoolAttribute::RELEASE_THRESHOLD)
-    }
-
-    /// Whether memory freed on one stream may be reused on a stream that waits on an event recorded
-    /// after the free (``CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES``).
-    #[getter]
-    fn reuse_follow_event_dependencies(&self, py: Python<'_>) -> PyResult<bool> {
-        self.read(py, PoolAttribute::REUSE_FOLLOW_EVENT_DEPENDENCIES)
-    }
-
-    /// Whether memory whose free has completed may be reused without a dependency
-    /// (``CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC``).
-    #[getter]
-    fn reuse_allow_opportunistic(&self, py: Python<'_>) -> PyResult<bool> {
-        self.read(py, PoolAttribute::REUSE_ALLOW_OPPORTUNISTIC)
-    }
-
-    /// Whether the driver may insert dependencies between streams to reuse memory
-    /// (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES``).
-    #[getter]
-    fn reuse_allow_internal_dependencies(&self, py: Python<'_>) -> PyResult<bool> {
-        self.read(py, PoolAttribute::REUSE_ALLOW_INTERNAL_DEPENDENCIES)
-    }
-
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        Ok(format!(
-            "MemoryPoolAttributes(release_threshold={}, reserved_mem_current={}, \
-             reserved_mem_high={}, reuse_allow_internal_dependencies={}, \
-             reuse_allow_opportunistic={}, reuse_follow_event_dependencies={}, \
-             used_mem_current={}, used_mem_high={})",
-            self.release_threshold(py)?,
-            self.reserved_mem_current(py)?,
-            self.reserved_mem_high(py)?,
-            py_bool(self.reuse_allow_internal_dependencies(py)?),
-            py_bool(self.reuse_allow_opportunistic(py)?),
-            py_bool(self.reuse_follow_event_dependencies(py)?),
-            self.used_mem_current(py)?,
-            self.used_mem_high(py)?,
-        ))
+impl PyRepr for u64 {
+    fn py_repr(&self) -> String {
+        self.to_string()
     }
 }
 
-/// `True` / `False`, as Python writes a bool.
-fn py_bool(value: bool) -> &'static str {
-    if value {
-        "True"
-    } else {
-        "False"
+impl PyRepr for bool {
+    /// `True` / `False`.
+    fn py_repr(&self) -> String {
+        String::from(if *self { "True" } else { "False" })
     }
 }
+
+attribute_class!(
+    PyPoolAttributes,
+    "MemoryPoolAttributes",
+    [
+        /// Bytes the pool keeps after a synchronisation before memory goes back to the OS
+        /// (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``).
+        release_threshold: u64 = PoolAttribute::RELEASE_THRESHOLD;
+        /// Bytes the pool holds from the driver (``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT``).
+        reserved_mem_current: u64 = PoolAttribute::RESERVED_MEM_CURRENT;
+        /// The high-water mark of ``reserved_mem_current``, in bytes
+        /// (``CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH``).
+        reserved_mem_high: u64 = PoolAttribute::RESERVED_MEM_HIGH;
+        /// Whether the driver may insert dependencies between streams to reuse memory
+        /// (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES``).
+        reuse_allow_internal_dependencies: bool = PoolAttribute::REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+        /// Whether memory whose free has completed may be reused without a dependency
+        /// (``CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC``).
+        reuse_allow_opportunistic: bool = PoolAttribute::REUSE_ALLOW_OPPORTUNISTIC;
+        /// Whether memory freed on one stream may be reused on a stream that waits on an event recorded
+        /// after the free (``CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES``).
+        reuse_follow_event_dependencies: bool = PoolAttribute::REUSE_FOLLOW_EVENT_DEPENDENCIES;
+        /// Bytes allocated from the pool and not freed (``CU_MEMPOOL_ATTR_USED_MEM_CURRENT``).
+        used_mem_current: u64 = PoolAttribute::USED_MEM_CURRENT;
+        /// The high-water mark of ``used_mem_current``, in bytes (``CU_MEMPOOL_ATTR_USED_MEM_HIGH``).
+        used_mem_high: u64 = PoolAttribute::USED_MEM_HIGH;
+    ]
+);
 
 /// `CUgraphMem_attribute` numbers.
 const GRAPH_MEM_USED: u32 = 0;
@@ -151,8 +151,20 @@ impl PyGraphMemoryAttributes {
     }
 }
 
-#[pymethods]
-impl PyGraphMemoryAttributes {
+attribute_class!(
+    PyGraphMemoryAttributes,
+    "GraphMemoryResourceAttributes",
+    [
+        /// Bytes of graph memory the device holds from the driver.
+        reserved_mem_current: u64 = GRAPH_MEM_RESERVED;
+        /// The high water mark of ``reserved_mem_current``; settable to 0.
+        reserved_mem_high: u64 = GRAPH_MEM_RESERVED_HIGH;
+        /// Bytes of graph memory in use by graphs.
+        used_mem_current: u64 = GRAPH_MEM_USED;
+        /// The high water mark of ``used_mem_current``; settable to 0.
+        used_mem_high: u64 = GRAPH_MEM_USED_HIGH;
+    ]
+
     #[new]
     #[pyo3(signature = (*_args, **_kwargs), text_signature = None)]
     fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
@@ -162,48 +174,13 @@ impl PyGraphMemoryAttributes {
         ))
     }
 
-    /// Bytes of graph memory the device holds from the driver.
-    #[getter]
-    fn reserved_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, GRAPH_MEM_RESERVED)
-    }
-
-    /// The high water mark of ``reserved_mem_current``; settable to 0.
-    #[getter]
-    fn reserved_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, GRAPH_MEM_RESERVED_HIGH)
-    }
-
     #[setter]
     fn set_reserved_mem_high(&self, py: Python<'_>, value: u64) -> PyResult<()> {
         self.reset(py, "reserved_mem_high", GRAPH_MEM_RESERVED_HIGH, value)
-    }
-
-    /// Bytes of graph memory in use by graphs.
-    #[getter]
-    fn used_mem_current(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, GRAPH_MEM_USED)
-    }
-
-    /// The high water mark of ``used_mem_current``; settable to 0.
-    #[getter]
-    fn used_mem_high(&self, py: Python<'_>) -> PyResult<u64> {
-        self.read(py, GRAPH_MEM_USED_HIGH)
     }
 
     #[setter]
     fn set_used_mem_high(&self, py: Python<'_>, value: u64) -> PyResult<()> {
         self.reset(py, "used_mem_high", GRAPH_MEM_USED_HIGH, value)
     }
-
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        Ok(format!(
-            "GraphMemoryResourceAttributes(reserved_mem_current={}, reserved_mem_high={}, \
-             used_mem_current={}, used_mem_high={})",
-            self.reserved_mem_current(py)?,
-            self.reserved_mem_high(py)?,
-            self.used_mem_current(py)?,
-            self.used_mem_high(py)?,
-        ))
-    }
-}
+);
