@@ -1,7 +1,6 @@
 //! [`DevicePtrHandle`]: an allocation (or an adopted or borrowed pointer) with its
-//! [`DeallocationRecipe`] and a release family fixed at creation, and its constructors; the
-//! [`Lender`] trait, through which a lender takes its lent blocks back (docs/decisions.md D1,
-//! D2, D3, D9). The teardown that runs the recipe is `release/` (handles/DESIGN.md, "Release
+//! [`DeallocationRecipe`] and a release family fixed at creation, and its constructors
+//! (docs/decisions.md D1, D2, D3, D9); the one that lends a lender's block is `lender.rs`'s. The teardown that runs the recipe is `release/` (handles/DESIGN.md, "Release
 //! families").
 
 use std::any::Any;
@@ -17,52 +16,12 @@ use crate::flags::MemAttachFlags;
 use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
 use crate::release::{
-    allocations_of_capture, checked, Family, GiveBack, GraphAllocation, Ipc, Kept, Lent, PoolRef,
-    PtrBox, Release, ReleaseKind, Returned, StreamOrdered, Synchronous, UserDeallocator,
+    allocations_of_capture, checked, Family, GraphAllocation, Ipc, Kept, PoolRef, PtrBox, Release,
+    ReleaseKind, StreamOrdered, Synchronous, UserDeallocator,
 };
 use crate::scope::run_in_from;
 use crate::stream::StreamHandle;
 use crate::sys::{check, current_context_raw, driver, error};
-
-/// Where memory lent out of one of a lender's blocks goes back when its last handle goes
-/// ([`DevicePtrHandle::lend`], [`ReleaseKind::Lent`]): a caching memory resource's bins, say.
-///
-/// Called once per lent handle, by whoever drops (or releases) the last clone, on that thread
-/// (a user thread, the cleanup worker, a drain), never with a lock of this crate held. By then
-/// the block carries the lent handle's last recipe (its stream is [`Returned::stream`]) and the
-/// free's stream has been made to wait for the declared use streams (docs/decisions.md D12), so
-/// work enqueued on that stream after this call is ordered after every use of the memory.
-pub trait Lender: Send + Sync {
-    /// Takes `block` back; `returned` says on which stream its free is ordered, whether that
-    /// stream's raw value can key a bin, and whether the release is explicit. To free the
-    /// block, release it (explicit) or drop it.
-    ///
-    /// # Errors
-    /// The block's own free failing (an explicit release); returned by the lent handle's
-    /// explicit release, reported through the cleanup-error hook on a drop.
-    fn give_back(&self, block: DevicePtrHandle, returned: &Returned<'_>)
-        -> Result<(), HandleError>;
-
-    /// The lender as its user knows it, for cleanup reports. Default: the Rust type's name.
-    fn name(&self) -> &str {
-        std::any::type_name::<Self>()
-    }
-}
-
-/// Every lender is what the lent family calls (which works on the block's box).
-impl<L: Lender> GiveBack for L {
-    fn give_back_box(
-        &self,
-        block: Arc<PtrBox>,
-        returned: &Returned<'_>,
-    ) -> Result<(), HandleError> {
-        self.give_back(DevicePtrHandle(block), returned)
-    }
-
-    fn lender_name(&self) -> &str {
-        self.name()
-    }
-}
 
 /// A device (or pinned host) pointer with its deallocation recipe and release family.
 ///
@@ -406,45 +365,6 @@ impl DevicePtrHandle {
         Ok(Self::from_parts(ptr, size, None, None, release))
     }
 
-    /// Lends the first `size` bytes of `block`, one of `lender`'s allocations, as memory ordered
-    /// on `stream` ([`ReleaseKind::Lent`]): the new handle has its own recipe (recorded now for
-    /// `stream`) and its own declared uses, and when its last clone goes, `block` goes back to
-    /// `lender` ([`Lender::give_back`]) carrying that handle's last recipe, after the free's
-    /// stream was made to wait for the declared uses (docs/decisions.md D12). A free on a
-    /// capturing stream hands the lent handle to the capture's graph first, as for a
-    /// deallocator (D11); a free whose uses cannot be ordered leaks the block rather than let
-    /// it be reused or freed unordered. The block's own family frees it when the lender
-    /// releases or drops it.
-    ///
-    /// # Errors
-    /// With `block` given back: [`HandleError::InvalidArgument`] for a zero `size`, one larger
-    /// than the block, a block with no recipe (owner-kept, borrowed or host-only memory) or one
-    /// with other clones (a block is lent by its one holder); [`HandleError::NoCurrentContext`]
-    /// for an unbound token on a thread with no context; [`HandleError::WrongDevice`] for a
-    /// stream of another device than the block's memory.
-    ///
-    /// Driver calls: `cuCtxGetCurrent` (unbound tokens only); none at release (the block's own
-    /// family makes the driver calls when the lender frees it; declared uses as
-    /// [`DevicePtrHandle::record_use`] says).
-    pub fn lend<L: Lender + 'static>(
-        block: DevicePtrHandle,
-        size: usize,
-        stream: &StreamHandle,
-        lender: Arc<L>,
-    ) -> Result<DevicePtrHandle, (HandleError, DevicePtrHandle)> {
-        if let Some(reason) = Lent::refusal(&block.0, size) {
-            return Err((HandleError::invalid("block", reason), block));
-        }
-        let recipe = match DeallocationRecipe::record_for(stream, block.0.device) {
-            Ok(recipe) => recipe,
-            Err(error) => return Err((error, block)),
-        };
-        let (ptr, device) = (block.ptr(), block.0.device);
-        let lender: Arc<dyn GiveBack> = lender;
-        let release = Release::Lent(Lent::new(block.0, lender));
-        Ok(Self::from_parts(ptr, size, device, Some(recipe), release))
-    }
-
     /// One import's handle to the process's mapping of an imported pointer (`ptr`, `size`
     /// bytes of `pool`), released by `share` with `recipe`: for the IPC registry.
     pub(crate) fn share_of_import(
@@ -492,7 +412,7 @@ impl DevicePtrHandle {
     }
 
     #[inline]
-    fn from_parts(
+    pub(crate) fn from_parts(
         ptr: u64,
         size: usize,
         device: Option<i32>,

@@ -38,6 +38,7 @@ mod flags;
 mod graph;
 mod graph_nodes;
 mod ipc;
+mod lender;
 mod lifecycle;
 mod managed;
 mod pointer;
@@ -68,13 +69,14 @@ pub use device::{
     device_pci_bus_id, device_uuid, graph_mem_attribute, graph_mem_trim, set_graph_mem_attribute,
     stream_priority_range,
 };
-pub use deviceptr::{DevicePtrHandle, Lender};
+pub use deviceptr::DevicePtrHandle;
 pub use error::{DeallocatorSource, HandleError};
 pub use event::EventHandle;
 pub use flags::{ContextFlags, EventFlags, GraphInstantiateFlags, MemAttachFlags, StreamFlags};
 pub use graph::{GraphExecHandle, GraphHandle};
 pub use graph_nodes::{retain_in_capture, GraphNode};
 pub use ipc::{export_pointer, import_pointer};
+pub use lender::Lender;
 pub use lifecycle::exiting;
 pub use managed::{discard_batch, discard_prefetch_batch, prefetch_batch, MemAdvice, MemLocation};
 pub use pointer::{pointer_attributes, MemoryType, PointerAttributes};

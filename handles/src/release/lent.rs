@@ -35,7 +35,7 @@ pub struct Returned<'a> {
     pub explicit: bool,
 }
 
-/// A lender as this family calls it: the block's box comes back (see `deviceptr.rs`, where
+/// A lender as this family calls it: the block's box comes back (see `lender.rs`, where
 /// every [`Lender`](crate::Lender) is one).
 pub(crate) trait GiveBack: Send + Sync {
     fn give_back_box(&self, block: Arc<PtrBox>, returned: &Returned<'_>) -> Outcome;
