@@ -1,13 +1,52 @@
 //! [`HandleError`]: the one error type of the handles crate.
 
+use std::fmt;
 use std::sync::Arc;
 
 use cuda_sys::{CudaError, CudaErrorCode, LoadError};
 
 /// The error a [`Deallocator`](crate::Deallocator) returns, kept whole: its `Display`, its
-/// source chain and its concrete type (for `downcast_ref`), so that a binding can hand the
-/// caller the very exception its user code raised.
-pub type DeallocatorSource = Arc<dyn std::error::Error + Send + Sync>;
+/// source chain and its concrete type (`downcast_ref`, through `Deref` to the error), so that a
+/// binding can hand the caller the very exception its user code raised.
+///
+/// Clones share the error. Two are equal when they share it or read the same, which is what
+/// lets [`HandleError`] derive its equality.
+#[derive(Clone)]
+pub struct DeallocatorSource(Arc<dyn std::error::Error + Send + Sync>);
+
+impl std::ops::Deref for DeallocatorSource {
+    type Target = dyn std::error::Error + Send + Sync;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for DeallocatorSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for DeallocatorSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl std::error::Error for DeallocatorSource {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for DeallocatorSource {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for DeallocatorSource {}
 
 /// Why a handle operation failed.
 ///
@@ -15,7 +54,7 @@ pub type DeallocatorSource = Arc<dyn std::error::Error + Send + Sync>;
 /// default-stream token is recorded) or reported by the driver while resolving a default-stream
 /// token (`CUDA_ERROR_INVALID_CONTEXT`, or `CUDA_ERROR_NOT_INITIALIZED` from a driver that was
 /// never initialised), is the single variant [`HandleError::NoCurrentContext`].
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandleError {
     /// A driver call failed; carries the function, the code and the driver's description.
@@ -121,90 +160,6 @@ pub enum HandleError {
     },
 }
 
-impl PartialEq for HandleError {
-    /// Structural equality; two [`HandleError::Deallocator`] errors are equal when they share
-    /// their source or their sources read the same.
-    fn eq(&self, other: &Self) -> bool {
-        use HandleError as E;
-        match (self, other) {
-            (E::Driver(a), E::Driver(b)) => a == b,
-            (E::Load(a), E::Load(b)) => a == b,
-            (E::NoCurrentContext, E::NoCurrentContext) => true,
-            (
-                E::InvalidArgument { what, reason },
-                E::InvalidArgument {
-                    what: what2,
-                    reason: reason2,
-                },
-            ) => what == what2 && reason == reason2,
-            (
-                E::WrongDevice { expected, found },
-                E::WrongDevice {
-                    expected: expected2,
-                    found: found2,
-                },
-            ) => expected == expected2 && found == found2,
-            (
-                E::ContextNotActivated {
-                    operation,
-                    context,
-                    error,
-                },
-                E::ContextNotActivated {
-                    operation: operation2,
-                    context: context2,
-                    error: error2,
-                },
-            ) => operation == operation2 && context == context2 && error == error2,
-            (
-                E::ContextNotRestored {
-                    operation,
-                    previous,
-                    context,
-                    error,
-                },
-                E::ContextNotRestored {
-                    operation: operation2,
-                    previous: previous2,
-                    context: context2,
-                    error: error2,
-                },
-            ) => {
-                operation == operation2
-                    && previous == previous2
-                    && context == context2
-                    && error == error2
-            }
-            (
-                E::ContextDestroyed { context, found },
-                E::ContextDestroyed {
-                    context: context2,
-                    found: found2,
-                },
-            ) => context == context2 && found == found2,
-            (
-                E::ImportExceedsMapping { claimed, extent },
-                E::ImportExceedsMapping {
-                    claimed: claimed2,
-                    extent: extent2,
-                },
-            ) => claimed == claimed2 && extent == extent2,
-            (
-                E::GraphLaunchedOnce { allocations },
-                E::GraphLaunchedOnce {
-                    allocations: allocations2,
-                },
-            ) => allocations == allocations2,
-            (E::Deallocator { source: a }, E::Deallocator { source: b }) => {
-                Arc::ptr_eq(a, b) || a.to_string() == b.to_string()
-            }
-            _ => false,
-        }
-    }
-}
-
-impl Eq for HandleError {}
-
 impl HandleError {
     /// The driver status behind this error, when a driver call failed (the context call's, for
     /// [`HandleError::ContextNotActivated`] and [`HandleError::ContextNotRestored`]).
@@ -244,7 +199,7 @@ impl HandleError {
     /// `HandleError::deallocator("pool exhausted")`).
     pub fn deallocator(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         HandleError::Deallocator {
-            source: Arc::from(source.into()),
+            source: DeallocatorSource(Arc::from(source.into())),
         }
     }
 
