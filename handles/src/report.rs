@@ -98,6 +98,32 @@ pub struct CleanupError {
 }
 
 impl CleanupError {
+    /// `subject`'s failure at `step`, with its `consequence`.
+    pub(crate) fn of(
+        subject: Subject,
+        step: CleanupStep,
+        consequence: Consequence,
+        error: HandleError,
+    ) -> CleanupError {
+        let Subject {
+            resource,
+            operation,
+            ptr,
+            stream,
+            context,
+        } = subject;
+        CleanupError {
+            resource,
+            operation,
+            step,
+            consequence,
+            ptr,
+            stream,
+            context,
+            error,
+        }
+    }
+
     /// The driver's name for the failure (`CUDA_ERROR_INVALID_VALUE`).
     pub fn error_name(&self) -> &'static str {
         self.error.name()
@@ -366,23 +392,7 @@ pub(crate) fn report(
     if error.code() == Some(CudaErrorCode::DEINITIALIZED) {
         return;
     }
-    let Subject {
-        resource,
-        operation,
-        ptr,
-        stream,
-        context,
-    } = subject;
-    let error = CleanupError {
-        resource,
-        operation,
-        step,
-        consequence,
-        ptr,
-        stream,
-        context,
-        error,
-    };
+    let error = CleanupError::of(subject, step, consequence, error);
     if let Some(error) = hold(Held::Error(error)) {
         deliver(error);
     }
@@ -526,27 +536,17 @@ mod tests {
     }
 
     fn made(step: CleanupStep, consequence: Consequence, call: &'static str) -> CleanupError {
-        let Subject {
-            resource,
-            operation,
-            ptr,
-            stream,
-            context,
-        } = sample(CudaErrorCode::INVALID_VALUE);
-        CleanupError {
-            resource,
-            operation,
+        let error = HandleError::Driver(CudaError {
+            call,
+            code: CudaErrorCode::INVALID_CONTEXT,
+            description: "invalid device context".into(),
+        });
+        CleanupError::of(
+            sample(CudaErrorCode::INVALID_VALUE),
             step,
             consequence,
-            ptr,
-            stream,
-            context,
-            error: HandleError::Driver(CudaError {
-                call,
-                code: CudaErrorCode::INVALID_CONTEXT,
-                description: "invalid device context".into(),
-            }),
-        }
+            error,
+        )
     }
 
     #[test]
@@ -569,34 +569,33 @@ mod tests {
             "{text}"
         );
 
-        let activation = made(
-            CleanupStep::ActivateContext,
-            Consequence::Leaked,
-            "cuCtxSetCurrent",
-        );
-        let text = activation.to_string();
-        assert!(
-            text.contains("making its context current failed: cuCtxSetCurrent"),
-            "{text}"
-        );
-        assert!(text.ends_with("it has leaked"), "{text}");
-        assert!(!activation.released() && activation.context_restored());
-
-        let restore = made(
-            CleanupStep::RestoreContext,
-            Consequence::Released,
-            "cuCtxSetCurrent",
-        );
-        let text = restore.to_string();
-        assert!(
-            text.contains("restoring the thread's previous context failed"),
-            "{text}"
-        );
-        assert!(
-            text.ends_with("it was released, but the thread was left with context 0xabc current"),
-            "{text}"
-        );
-        assert!(restore.released() && !restore.context_restored());
+        // A context step's failure: what the text says, how it ends, released, restored.
+        let context_steps = [
+            (
+                CleanupStep::ActivateContext,
+                Consequence::Leaked,
+                "making its context current failed: cuCtxSetCurrent",
+                "it has leaked",
+                (false, true),
+            ),
+            (
+                CleanupStep::RestoreContext,
+                Consequence::Released,
+                "restoring the thread's previous context failed",
+                "it was released, but the thread was left with context 0xabc current",
+                (true, false),
+            ),
+        ];
+        for (step, consequence, says, ends, (released, restored)) in context_steps {
+            let report = made(step, consequence, "cuCtxSetCurrent");
+            let text = report.to_string();
+            assert!(text.contains(says), "{text}");
+            assert!(text.ends_with(ends), "{text}");
+            assert_eq!(
+                (report.released(), report.context_restored()),
+                (released, restored)
+            );
+        }
     }
 
     #[test]
