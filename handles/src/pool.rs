@@ -75,33 +75,33 @@ impl<T> PoolAttribute<T> {
     }
 }
 
-impl PoolAttribute<u64> {
-    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: bytes the pool keeps reserved when synchronised.
-    pub const RELEASE_THRESHOLD: Self =
-        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
-    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`: bytes the pool has reserved from the device.
-    pub const RESERVED_MEM_CURRENT: Self =
-        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
-    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`: the high-water mark of the reserved bytes.
-    pub const RESERVED_MEM_HIGH: Self =
-        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
-    /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`: bytes allocated from the pool and not freed.
-    pub const USED_MEM_CURRENT: Self =
-        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
-    /// `CU_MEMPOOL_ATTR_USED_MEM_HIGH`: the high-water mark of the used bytes.
-    pub const USED_MEM_HIGH: Self = Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+/// The attributes, each with the type of its value: one `impl PoolAttribute<T>` block per entry.
+macro_rules! pool_attributes {
+    ($($(#[$doc:meta])* $name:ident: $value:ty = $raw:ident;)*) => {$(
+        impl PoolAttribute<$value> {
+            $(#[$doc])*
+            pub const $name: Self = Self::new(CUmemPool_attribute::$raw);
+        }
+    )*};
 }
 
-impl PoolAttribute<bool> {
+pool_attributes! {
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: bytes the pool keeps reserved when synchronised.
+    RELEASE_THRESHOLD: u64 = CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`: bytes the pool has reserved from the device.
+    RESERVED_MEM_CURRENT: u64 = CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT;
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`: the high-water mark of the reserved bytes.
+    RESERVED_MEM_HIGH: u64 = CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH;
+    /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`: bytes allocated from the pool and not freed.
+    USED_MEM_CURRENT: u64 = CU_MEMPOOL_ATTR_USED_MEM_CURRENT;
+    /// `CU_MEMPOOL_ATTR_USED_MEM_HIGH`: the high-water mark of the used bytes.
+    USED_MEM_HIGH: u64 = CU_MEMPOOL_ATTR_USED_MEM_HIGH;
     /// `CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES`.
-    pub const REUSE_FOLLOW_EVENT_DEPENDENCIES: Self =
-        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES);
+    REUSE_FOLLOW_EVENT_DEPENDENCIES: bool = CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES;
     /// `CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC`.
-    pub const REUSE_ALLOW_OPPORTUNISTIC: Self =
-        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC);
+    REUSE_ALLOW_OPPORTUNISTIC: bool = CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC;
     /// `CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`.
-    pub const REUSE_ALLOW_INTERNAL_DEPENDENCIES: Self =
-        Self::new(CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES);
+    REUSE_ALLOW_INTERNAL_DEPENDENCIES: bool = CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
 }
 
 mod sealed {
@@ -452,17 +452,8 @@ pub fn create_pool(spec: &PoolSpec) -> Result<MemoryPoolHandle, HandleError> {
         max_size: spec.max_size,
         reserved: [0; 56],
     };
-    let mut raw: CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: `props` has the layout of `CUmemPoolProps` (checked above) and the driver only
-    // reads it; `raw` is a valid out-pointer read after success.
-    let status = unsafe {
-        (d.cuMemPoolCreate)(
-            &mut raw,
-            (&props as *const RawPoolProps).cast::<CUmemPoolProps>(),
-        )
-    };
-    check("cuMemPoolCreate", status)?;
-    let pool = MemoryPoolHandle::from_raw_owned(raw, device);
+    let pool = pool_create(d, &props, device)?;
+    let raw = pool.raw();
     if device.is_none() {
         grant_all_devices(d, raw)?; // on error `pool` drops and destroys the pool
     }
@@ -641,17 +632,27 @@ pub fn create_managed_pool(
         max_size: 0,
         reserved: [0; 56],
     };
+    pool_create(d, &props, None)
+}
+
+/// `cuMemPoolCreate` with `props`, the pool owned by the new handle (destroyed with its last
+/// clone) and placed on `device` (`None`: pinned host or managed memory).
+fn pool_create(
+    d: &'static Driver,
+    props: &RawPoolProps,
+    device: Option<i32>,
+) -> Result<MemoryPoolHandle, HandleError> {
     let mut raw: CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: `props` has the layout of `CUmemPoolProps` (checked above) and the driver only
-    // reads it; `raw` is a valid out-pointer read after success.
+    // SAFETY: `props` has the layout of `CUmemPoolProps` (checked where it is declared) and the
+    // driver only reads it; `raw` is a valid out-pointer read after success.
     let status = unsafe {
         (d.cuMemPoolCreate)(
             &mut raw,
-            (&props as *const RawPoolProps).cast::<CUmemPoolProps>(),
+            (props as *const RawPoolProps).cast::<CUmemPoolProps>(),
         )
     };
     check("cuMemPoolCreate", status)?;
-    Ok(MemoryPoolHandle::from_raw_owned(raw, None))
+    Ok(MemoryPoolHandle::from_raw_owned(raw, device))
 }
 
 impl MemoryPoolHandle {
