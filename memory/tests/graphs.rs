@@ -1580,15 +1580,19 @@ fn what_an_executable_retains_outlives_it_while_a_launch_is_in_flight() {
     exec.close();
     gate.at("drain_deferred_cleanup()");
     handles::drain_deferred_cleanup();
-    gate.at("the pool's USED_MEM_CURRENT (cuMemPoolGetAttribute)");
-    let used_now = mr
-        .pool()
-        .attribute(PoolAttribute::USED_MEM_CURRENT)
-        .unwrap();
-    assert_eq!(
-        used_now, used_by_both,
-        "nothing freed while the launch is in flight"
-    );
+    // Under compute-sanitizer the pool query itself waits for the held launch (an H200,
+    // 2026-12-02: docs/gpu-validation.md, "Under compute-sanitizer"), so it is left out there.
+    if std::env::var_os("CUSTODY_UNDER_COMPUTE_SANITIZER").is_none() {
+        gate.at("the pool's USED_MEM_CURRENT (cuMemPoolGetAttribute)");
+        let used_now = mr
+            .pool()
+            .attribute(PoolAttribute::USED_MEM_CURRENT)
+            .unwrap();
+        assert_eq!(
+            used_now, used_by_both,
+            "nothing freed while the launch is in flight"
+        );
+    }
     if let (Some(emu), Some(from)) = (&emu, from) {
         assert!(is_live(emu, alloc));
         assert!(frees_of(&calls_since(emu, from), alloc).is_empty());

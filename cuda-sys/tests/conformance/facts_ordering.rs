@@ -587,6 +587,10 @@ fn run_child_case(case: &str) -> ChildRun {
 ///   finished (within [`EXIT_WINDOW`]); so if the exit finishes, it finishes after the release;
 /// - after the release, A's work runs, then B's (both markers come).
 ///
+/// On the H200 (2026-12-02, bundles `431b19c` and `4d31682`) B's first calls (`cuInit`,
+/// `cuCtxSetCurrent`) did not return while A's exit waited, nor 20 s after A's held work had
+/// run; then the child gets no further and the case accepts that it reported nothing more.
+///
 /// Whether the exit then finishes (within [`AFTER_RELEASE_WINDOW`]) and whether the legacy and
 /// context synchronisations return is reported as an `observed:` line either way (the emulator
 /// finishes it; on the H200 it had not finished a minute after the work could run, beside seven
@@ -604,9 +608,14 @@ fn exiting_threads_held_work_then_legacy_free(own_pool: bool, case: &str) {
     let under_sanitizer = std::env::var_os(UNDER_SANITIZER).is_some();
     let run = run_child_case(&case_name(case));
     let context = || format!("the child's output:\n{}", run.output);
+    // B's calls still not returned after the release (the H200, twice on 2026-12-02): the child
+    // cannot go on, reports nothing more and is killed.
+    let b_stuck = run.get("b_after_release").starts_with("not returned");
     assert_eq!(
         run.get("done"),
-        if run.get("exit_after_release") == "finished" {
+        if b_stuck {
+            "(not reported)"
+        } else if run.get("exit_after_release") == "finished" {
             "freed"
         } else {
             "left to the process's end"
