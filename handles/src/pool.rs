@@ -142,13 +142,7 @@ impl MemoryPoolHandle {
     ///
     /// Driver calls: `cuInit` (once), `cuDeviceGet`, `cuDeviceGetMemPool`.
     pub fn device_current(ordinal: i32) -> Result<MemoryPoolHandle, HandleError> {
-        let d = init()?;
-        let device = device(d, ordinal)?;
-        let mut raw: CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out-pointer; read only after success.
-        let status = unsafe { (d.cuDeviceGetMemPool)(&mut raw, device) };
-        check("cuDeviceGetMemPool", status)?;
-        Ok(Self::wrap(raw, Some(ordinal), false))
+        Self::device_pool(ordinal, "cuDeviceGetMemPool", |d| d.cuDeviceGetMemPool)
     }
 
     /// Device `ordinal`'s default pool, borrowed.
@@ -158,12 +152,23 @@ impl MemoryPoolHandle {
     ///
     /// Driver calls: `cuInit` (once), `cuDeviceGet`, `cuDeviceGetDefaultMemPool`.
     pub fn device_default(ordinal: i32) -> Result<MemoryPoolHandle, HandleError> {
+        Self::device_pool(ordinal, "cuDeviceGetDefaultMemPool", |d| {
+            d.cuDeviceGetDefaultMemPool
+        })
+    }
+
+    /// Device `ordinal`'s pool as the driver's `query` (`call`) names it, borrowed.
+    fn device_pool(
+        ordinal: i32,
+        call: &'static str,
+        query: impl FnOnce(&'static Driver) -> cuda_sys::fn_types::cuDeviceGetMemPool,
+    ) -> Result<MemoryPoolHandle, HandleError> {
         let d = init()?;
         let device = device(d, ordinal)?;
         let mut raw: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; read only after success.
-        let status = unsafe { (d.cuDeviceGetDefaultMemPool)(&mut raw, device) };
-        check("cuDeviceGetDefaultMemPool", status)?;
+        let status = unsafe { query(d)(&mut raw, device) };
+        check(call, status)?;
         Ok(Self::wrap(raw, Some(ordinal), false))
     }
 
