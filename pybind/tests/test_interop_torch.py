@@ -64,6 +64,7 @@ WORKLOAD = textwrap.dedent(
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         y = x * 3
+    torch.cuda.current_stream().wait_stream(side)   # y was made on side: read it after
     out["sum_side"] = y.sum().item()
     interop.torch_record_stream(x, side)   # x was read on side: its free waits for side
     del x
