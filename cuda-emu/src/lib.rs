@@ -91,7 +91,9 @@
 //!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` for synchronous or synchronising calls that the
 //!   capture mode forbids (after the calling thread's interaction mode,
 //!   `cuThreadExchangeStreamCaptureMode`: global by default, relaxed forbids nothing; conformance
-//!   `basic_*relaxed*`), `..._IMPLICIT` for the legacy stream, invalidation,
+//!   `basic_*relaxed*`), and for a stream-ordered allocation or free on a stream not being
+//!   captured beside such a capture (measured: F27, conformance `f27_*`), `..._IMPLICIT` for
+//!   the legacy stream, invalidation,
 //!   `..._UNJOINED`.
 //!   A captured `cuMemFreeAsync` of a graph allocation is a free node; of any other memory it
 //!   fails with `CUDA_ERROR_INVALID_VALUE`, captures nothing and leaves the capture valid

@@ -311,6 +311,9 @@ fn alloc_async(
             st.capture_node(r, NodeKind::MemAlloc { addr, size, device })?;
             addr
         } else {
+            // Beside a capture that forbids this thread "potentially unsafe" calls: refused,
+            // nothing allocated, that capture invalidated (measured: F27).
+            st.check_unsafe_call()?;
             // Ordered first, so that the pool sees which frees the allocation comes after.
             let (deps, time) = st.prepare(r);
             let addr = st.pool_alloc(pool, size, r)?;
@@ -391,7 +394,9 @@ fn free_async(addr: u64, s: u64, info: &mut CallInfo) -> Res {
         // nothing captured, the capture stays valid, the memory stays allocated (measured: F16).
         return Err(codes::CAPTURED_FREE);
     }
-    st.free_beside_own_capture();
+    // Beside a capture that forbids this thread "potentially unsafe" calls: refused, nothing
+    // freed, that capture invalidated (measured: F27).
+    st.check_unsafe_call()?;
     let (deps, time) = st.prepare(r);
     st.check_free_order(addr, r, F);
     let a = st

@@ -576,7 +576,8 @@ impl State {
     }
 
     /// The rule for "potentially unsafe" calls (synchronous allocation, freeing, copying,
-    /// synchronising), after the calling thread's capture interaction mode (the driver API's
+    /// synchronising, and a stream-ordered allocation or free on a stream not being captured,
+    /// measured: docs/driver-facts.md F27), after the calling thread's capture interaction mode (the driver API's
     /// description of `cuThreadExchangeStreamCaptureMode`): in global mode (the default) not
     /// allowed while this thread has a non-relaxed capture or another thread has a global one;
     /// in thread-local mode only this thread's non-relaxed captures count; in relaxed mode none.
@@ -604,30 +605,6 @@ impl State {
             self.invalidate_capture(id);
         }
         Err(codes::CAPTURE_UNSUPPORTED)
-    }
-
-    /// A `cuMemFreeAsync` on a stream that is not being captured, made on a thread with a
-    /// capture of its own (not relaxed, the thread's mode not relaxed): the free succeeds and
-    /// the thread's captures are invalidated. Inferred, not isolated: on an H200 (driver
-    /// 580.159.04) memory's `caching::trim_says_what_it_freed_and_what_it_could_not` saw its
-    /// thread-local capture invalidated by a trim whose only calls on that thread were
-    /// `cuCtxGetCurrent`, `cuCtxSetCurrent`, `cuStreamIsCapturing` and this free, which
-    /// returned success (docs/driver-facts.md F27); the driver documents such a thread as
-    /// prohibited from "potentially unsafe" calls. Another thread's captures are not modelled.
-    pub(crate) fn free_beside_own_capture(&mut self) {
-        let me = thread_id();
-        if thread_mode() == MODE_RELAXED {
-            return;
-        }
-        let offended: Vec<u64> = self
-            .captures
-            .iter()
-            .filter(|(_, c)| !c.invalidated && c.thread == me && c.mode != MODE_RELAXED)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in offended {
-            self.invalidate_capture(id);
-        }
     }
 
     /// `cuMemPoolGetAttribute`'s rule in a capture, as far as it was measured

@@ -16,13 +16,16 @@
 //!   query invalidated, before the capture ended, is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`
 //!   (measured on the H200 in the GPU run of 2026-12-01 of bundle `7670e5d`; only that
 //!   situation).
-//! - F27 (`f27_*`, not yet measured on its own): `cuMemFreeAsync` on a stream not captured, on the
-//!   thread of a running thread-local capture, succeeds and invalidates the capture (inferred
-//!   from an H200 run of memory's caching tests).
+//! - F27 (`f27_*`, measured on the H200 with the raw-driver probe
+//!   docs/driver-probe/free_beside_capture.py): `cuMemFreeAsync` and `cuMemAllocAsync`
+//!   on a stream not being captured, beside a capture that forbids the calling thread
+//!   "potentially unsafe" calls (a global one on any thread, a thread-local one on its own), are
+//!   refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, do nothing, and invalidate the
+//!   capture; in relaxed interaction mode the caller is refused nothing.
 //! - A capture that ends without a graph (invalidated, or a forked stream left unjoined)
 //!   discards the graph it recorded into, and the user objects that graph held are destroyed
-//!   (`basic_an_*_capture_releases_the_user_objects_its_graph_held_not_yet_measured`: read from
-//!   the documentation, not yet measured).
+//!   (`basic_an_*_capture_releases_the_user_objects_its_graph_held`: read from the
+//!   documentation; both passed on the H200 in the GPU runs of 2026-12-02).
 
 use cuda_sys::types::{CUevent, CUmemPool_attribute, CUstream, CUstreamCaptureMode};
 use cuda_sys::CudaErrorCode;
@@ -436,10 +439,10 @@ fn user_object_of_a_failed_capture(
 }
 
 /// Read from the documentation (a failed capture's graph is discarded) and the emulator's model,
-/// not yet measured: an invalidated capture (F17's invalidation: a query of an event recorded in
+/// passed on the H200 (GPU runs of 2026-12-02): an invalidated capture (F17's invalidation: a query of an event recorded in
 /// it) destroys the user objects its graph held, so their destructors run.
 #[test]
-fn basic_an_invalidated_capture_releases_the_user_objects_its_graph_held_not_yet_measured() {
+fn basic_an_invalidated_capture_releases_the_user_objects_its_graph_held() {
     on_fresh_thread("invalidated-user-object", || {
         init();
         let probe =
@@ -457,7 +460,7 @@ fn basic_an_invalidated_capture_releases_the_user_objects_its_graph_held_not_yet
 /// As above for a capture that ends with a forked stream not joined back
 /// (`CUDA_ERROR_STREAM_CAPTURE_UNJOINED`): its graph is discarded too.
 #[test]
-fn basic_an_unjoined_capture_releases_the_user_objects_its_graph_held_not_yet_measured() {
+fn basic_an_unjoined_capture_releases_the_user_objects_its_graph_held() {
     on_fresh_thread("unjoined-user-object", || {
         init();
         let _primary = primary_current(); // the memory's context, kept for the whole case
@@ -481,30 +484,151 @@ fn basic_an_unjoined_capture_releases_the_user_objects_its_graph_held_not_yet_me
     });
 }
 
-/// F27, inferred, not yet measured on its own: on the thread of a running thread-local capture of
-/// `s`, `cuMemFreeAsync` of pool memory on another stream `t`, not captured, succeeds (the memory
-/// is freed) and invalidates the capture. An H200 (driver 580.159.04) showed the invalidation
-/// through memory's `caching::trim_says_what_it_freed_and_what_it_could_not`, whose trim made only
-/// this free besides context and `cuStreamIsCapturing` calls; the driver documents such a thread
-/// as prohibited from "potentially unsafe" calls.
+/// A stream-ordered call of docs/driver-facts.md F27.
+#[derive(Clone, Copy, Debug)]
+enum Beside {
+    /// `cuMemFreeAsync` of pool memory allocated (and synchronised) before the capture.
+    Free,
+    /// `cuMemAllocAsync` of `N` bytes (the device's current pool), as the probe measured it.
+    Alloc,
+}
+
+/// What `call` on a created stream `t` that is not being captured did while a created stream
+/// `s` was being captured in `mode`, begun on this thread: made on this thread or
+/// (`other_thread`) on a fresh one with the same context current, in the calling thread's
+/// default interaction mode or (`relaxed`) with it relaxed around the call. Returns the call's
+/// code, the capture's status right after it, and whether the call took effect (the memory
+/// freed, or allocated), read once the capture ended. Leaves nothing behind: what the call did
+/// not free is freed afterwards (which must succeed), what it allocated is freed.
+fn call_beside_a_capture(
+    mode: CUstreamCaptureMode,
+    call: Beside,
+    other_thread: bool,
+    relaxed: bool,
+) -> (CudaErrorCode, u32, bool) {
+    let primary = primary_current();
+    let pool = Shared(new_pool());
+    let s = stream_create(STREAM_NON_BLOCKING).check();
+    let t = Shared(stream_create(STREAM_NON_BLOCKING).check());
+    let p = mem_alloc_from_pool_async(N, pool.get(), t.get()).check();
+    stream_synchronize(t.get()).check();
+    stream_begin_capture(s, mode).check();
+    let make = move || {
+        let previous = relaxed.then(|| thread_exchange_capture_mode(2).check());
+        let (code, made) = match call {
+            Beside::Free => (mem_free_async(p, t.get()).into_parts().0, 0),
+            Beside::Alloc => mem_alloc_async(N, t.get()).into_parts(),
+        };
+        if let Some(previous) = previous {
+            assert_eq!(thread_exchange_capture_mode(previous).check(), 2);
+        }
+        (code, made)
+    };
+    let (code, made) = if other_thread {
+        let ctx = Shared(primary.ctx());
+        on_fresh_thread("beside-a-capture", move || {
+            init();
+            crate::driver::ctx_set_current(ctx.get()).check();
+            make()
+        })
+    } else {
+        make()
+    };
+    let after = stream_is_capturing(s).check();
+    let (ended, graph) = stream_end_capture(s).into_parts();
+    if ended.is_success() {
+        graph_destroy(graph).check();
+    }
+    stream_synchronize(t.get()).check();
+    let took_effect = match call {
+        Beside::Free => used(pool.get()) == 0,
+        Beside::Alloc => code.is_success() && made != 0,
+    };
+    if matches!(call, Beside::Alloc) || !took_effect {
+        mem_free_async(p, t.get()).check();
+    }
+    if made != 0 {
+        mem_free_async(made, t.get()).check();
+    }
+    stream_synchronize(t.get()).check();
+    assert_eq!(used(pool.get()), 0, "everything freed");
+    stream_destroy(t.get()).check();
+    stream_destroy(s).check();
+    mem_pool_destroy(pool.get()).check();
+    (code, after, took_effect)
+}
+
+/// The answer F27 measured for a refused call: "potentially unsafe" here, nothing done, the
+/// capture invalidated.
+const REFUSED: (CudaErrorCode, u32, bool) = (
+    CudaErrorCode::STREAM_CAPTURE_UNSUPPORTED,
+    CAPTURE_STATUS_INVALIDATED,
+    false,
+);
+
+/// The answer F27 measured for an allowed call: done, the capture still active.
+const ALLOWED: (CudaErrorCode, u32, bool) = (CudaErrorCode::SUCCESS, CAPTURE_STATUS_ACTIVE, true);
+
+/// F27 (measured on an H200 with the raw-driver probe docs/driver-probe/free_beside_capture.py,
+/// driver 580.159.04): beside a global capture, a stream-ordered free or allocation on a stream
+/// not being captured is refused on the capturing thread and on any other thread in the default
+/// interaction mode, and the capture is invalidated.
 #[test]
-fn f27_free_on_another_stream_in_a_thread_local_capture_invalidates_it_not_yet_measured() {
-    on_fresh_thread("f27-free-beside-capture", || {
+fn f27_beside_a_global_capture_a_stream_ordered_call_is_refused_and_invalidates_it() {
+    on_fresh_thread("f27-global", || {
         init();
-        let _primary = primary_current();
-        let pool = new_pool();
-        let s = stream_create(STREAM_NON_BLOCKING).check();
-        let t = stream_create(STREAM_NON_BLOCKING).check();
-        let p = mem_alloc_from_pool_async(N, pool, t).check();
-        stream_synchronize(t).check();
-        stream_begin_capture(s, THREAD_LOCAL).check();
-        mem_free_async(p, t).check();
-        assert_eq!(stream_is_capturing(s).check(), CAPTURE_STATUS_INVALIDATED);
-        stream_end_capture(s).fails_with(CudaErrorCode::STREAM_CAPTURE_INVALIDATED);
-        stream_synchronize(t).check();
-        assert_eq!(used(pool), 0, "the free happened");
-        stream_destroy(t).check();
-        stream_destroy(s).check();
-        mem_pool_destroy(pool).check();
+        for call in [Beside::Free, Beside::Alloc] {
+            for other_thread in [false, true] {
+                assert_eq!(
+                    call_beside_a_capture(GLOBAL, call, other_thread, false),
+                    REFUSED,
+                    "{call:?}, on another thread: {other_thread}"
+                );
+            }
+        }
+    });
+}
+
+/// F27, as above: beside a thread-local capture only the capturing thread is refused (and the
+/// capture invalidated); another thread's call is done and the capture stays active.
+#[test]
+fn f27_beside_a_thread_local_capture_only_the_capturing_thread_is_refused() {
+    on_fresh_thread("f27-thread-local", || {
+        init();
+        for call in [Beside::Free, Beside::Alloc] {
+            for (other_thread, expected) in [(false, REFUSED), (true, ALLOWED)] {
+                assert_eq!(
+                    call_beside_a_capture(THREAD_LOCAL, call, other_thread, false),
+                    expected,
+                    "{call:?}, on another thread: {other_thread}"
+                );
+            }
+        }
+    });
+}
+
+/// F27, as above: a relaxed capture refuses no thread's stream-ordered call on another stream;
+/// and a thread whose interaction mode is relaxed around the call is refused by no capture, the
+/// capturing thread included (the capture stays active).
+#[test]
+fn f27_a_relaxed_capture_or_a_relaxed_caller_refuses_nothing() {
+    on_fresh_thread("f27-relaxed", || {
+        init();
+        for call in [Beside::Free, Beside::Alloc] {
+            for other_thread in [false, true] {
+                assert_eq!(
+                    call_beside_a_capture(RELAXED, call, other_thread, false),
+                    ALLOWED,
+                    "{call:?} beside a relaxed capture, on another thread: {other_thread}"
+                );
+                for mode in [GLOBAL, THREAD_LOCAL, RELAXED] {
+                    assert_eq!(
+                        call_beside_a_capture(mode, call, other_thread, true),
+                        ALLOWED,
+                        "{call:?} relaxed beside {mode:?}, on another thread: {other_thread}"
+                    );
+                }
+            }
+        }
     });
 }
