@@ -296,13 +296,15 @@ impl MemoryPoolHandle {
     ///
     /// Driver calls: `cuMemPoolDestroy`.
     pub fn close(self) -> Result<(), HandleError> {
-        match Arc::try_unwrap(self.0) {
-            Ok(mut pool) => {
+        // `into_inner`: exactly one of two releases at the same moment is the last (a failed
+        // `try_unwrap` would drop a reference that may be the last by then, as a drop).
+        match Arc::into_inner(self.0) {
+            Some(mut pool) => {
                 let result = pool.destroy();
                 pool.owned = false;
                 result
             }
-            Err(_) => Ok(()),
+            None => Ok(()),
         }
     }
 }

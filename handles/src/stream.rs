@@ -31,6 +31,46 @@ pub fn capture_may_be_active() -> bool {
     ACTIVE_CAPTURES.load(Ordering::Relaxed) != 0
 }
 
+/// Runs `f`, driver calls that free memory, so that no capture forbids them: with the calling
+/// thread's stream-capture interaction mode relaxed while a capture begun through custody may be
+/// running ([`relaxed`]), as it is otherwise (one atomic load). In the default (global) mode a
+/// free on a stream not being captured, beside a global capture on any thread or a thread-local
+/// one on this thread, is refused and breaks that capture (docs/driver-facts.md F27); a free
+/// whose last reference goes during someone's capture must break nothing (handles/DESIGN.md,
+/// "Frees beside a capture"). A capture begun outside custody is not seen.
+#[inline]
+pub(crate) fn beside_captures<R>(d: &Driver, f: impl FnOnce() -> R) -> R {
+    if capture_may_be_active() {
+        relaxed(d, f)
+    } else {
+        f()
+    }
+}
+
+/// Runs `f` with the calling thread's stream-capture interaction mode relaxed (no capture
+/// forbids it anything, F27), then puts the thread's mode back. When relaxing fails `f` runs in
+/// the thread's own mode, where a capture may refuse its calls (that refusal is then `f`'s
+/// error, reported or returned by its caller as any other). When putting the mode back fails
+/// the thread stays relaxed, said on stderr: nothing was lost, the outcome is `f`'s.
+///
+/// Driver calls: `cuThreadExchangeStreamCaptureMode` (twice).
+#[cold]
+#[inline(never)]
+pub(crate) fn relaxed<R>(d: &Driver, f: impl FnOnce() -> R) -> R {
+    let previous = crate::sys::exchange_capture_mode(d, crate::sys::CAPTURE_MODE_RELAXED);
+    let value = f();
+    if let Ok(previous) = previous {
+        if let Err(status) = crate::sys::exchange_capture_mode(d, previous) {
+            crate::report::stderr_line(format_args!(
+                "custody: the stream-capture interaction mode relaxed for a free could not be \
+                 put back (cuThreadExchangeStreamCaptureMode: {}); this thread stays relaxed",
+                cuda_sys::CudaErrorCode(status).name()
+            ));
+        }
+    }
+    value
+}
+
 thread_local! {
     /// How many captures begun through custody on this thread, in a mode other than relaxed,
     /// have not ended yet (ended on this thread).
@@ -39,8 +79,8 @@ thread_local! {
 
 /// Whether this thread began a capture through custody (`begin_capture`), in global or
 /// thread-local mode, that it has not ended: while it runs the driver forbids this thread
-/// "potentially unsafe" calls, and some of those (a `cuMemFreeAsync` on another stream,
-/// docs/driver-facts.md F27) succeed and invalidate the capture. A capture ended on another
+/// "potentially unsafe" calls in its default interaction mode (a `cuMemFreeAsync` on another
+/// stream among them, docs/driver-facts.md F27), refusing them and invalidating the capture. A capture ended on another
 /// thread (a relaxed one may be) is still counted here until the thread begins or ends another.
 pub fn this_thread_may_be_capturing() -> bool {
     capture_may_be_active() && THIS_THREAD_CAPTURES.with(std::cell::Cell::get) != 0
@@ -582,8 +622,10 @@ impl StreamHandle {
     ///
     /// Driver calls: `cuCtxGetCurrent`, `cuCtxSetCurrent` (if needed), `cuStreamDestroy_v2`.
     pub fn close(self) -> Result<(), HandleError> {
-        match Arc::try_unwrap(self.0) {
-            Ok(mut stream) => {
+        // `into_inner`: exactly one of two releases at the same moment is the last (a failed
+        // `try_unwrap` would drop a reference that may be the last by then, as a drop).
+        match Arc::into_inner(self.0) {
+            Some(mut stream) => {
                 let result = if stream.unregister() {
                     let raw = stream.raw;
                     in_context(stream.owned_context(), "cuStreamDestroy_v2", |d| {
@@ -595,7 +637,7 @@ impl StreamHandle {
                 stream.release = StreamRelease::Foreign(None);
                 result
             }
-            Err(_) => Ok(()),
+            None => Ok(()),
         }
     }
 }

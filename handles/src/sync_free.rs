@@ -10,6 +10,7 @@ use crate::event::destroy_raw;
 use crate::recipe::DeallocationRecipe;
 use crate::report::{report, CleanupStep, Consequence, Subject};
 use crate::scope::run_in;
+use crate::stream::beside_captures;
 use crate::sys::{check, driver};
 
 /// The synchronous frees that go through the cleanup worker (docs/decisions.md D9).
@@ -76,22 +77,24 @@ pub(crate) fn run_sync_free(job: SyncFree) {
     let operation = kind.operation();
     let mut destroyed = Ok(());
     let ran = run_in(d, recipe.context_raw(), || {
-        let waited = if event != 0 {
-            // SAFETY: the event was created and recorded at drop time and is owned by this job.
-            let status = unsafe { (d.cuEventSynchronize)(event as cuda_sys::types::CUevent) };
-            let waited = check("cuEventSynchronize", status);
-            // The event is this job's own: its destruction failing leaks it, which is
-            // reported below, after the restore, like the free's own failure (D3).
-            destroyed = check("cuEventDestroy_v2", destroy_raw(event));
-            waited
-        } else {
-            // SAFETY: no arguments; the recipe's context is current.
-            let status = unsafe { (d.cuCtxSynchronize)() };
-            check("cuCtxSynchronize", status)
-        };
-        // A failed wait means the free cannot be proven ordered: leak rather than free early.
-        waited?;
-        kind.free(d, ptr)
+        beside_captures(d, || {
+            let waited = if event != 0 {
+                // SAFETY: the event was created and recorded at drop time and is owned by this job.
+                let status = unsafe { (d.cuEventSynchronize)(event as cuda_sys::types::CUevent) };
+                let waited = check("cuEventSynchronize", status);
+                // The event is this job's own: its destruction failing leaks it, which is
+                // reported below, after the restore, like the free's own failure (D3).
+                destroyed = check("cuEventDestroy_v2", destroy_raw(event));
+                waited
+            } else {
+                // SAFETY: no arguments; the recipe's context is current.
+                let status = unsafe { (d.cuCtxSynchronize)() };
+                check("cuCtxSynchronize", status)
+            };
+            // A failed wait means the free cannot be proven ordered: leak rather than free early.
+            waited?;
+            kind.free(d, ptr)
+        })
     });
     ran.report(|| {
         Subject::new(

@@ -666,7 +666,11 @@ pub trait MemoryResource: Send + Sync + 'static {
     /// # Errors
     /// [`MemoryError::InvalidSize`] for more than `isize::MAX` bytes;
     /// [`HandleError::WrongDevice`](handles::HandleError::WrongDevice) for a stream of another device; others as each resource
-    /// documents. Nothing is allocated on error.
+    /// documents. Nothing is allocated on error. A stream-ordered allocation on a stream that is
+    /// not being captured, made beside a global capture (any thread) or a thread-local capture
+    /// of the calling thread, in the thread's default interaction mode, fails with the driver's
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates that capture
+    /// (docs/driver-facts.md F27): custody relaxes its frees, not its allocations.
     fn allocate_owned(
         self: Arc<Self>,
         size: usize,

@@ -1036,8 +1036,8 @@ fn a_builder_dropped_while_building_ends_its_capture_and_releases_what_it_retain
 /// fill retained and a buffer whose free was handed to the capture (closed while its stream was
 /// captured) are freed once the capture has ended (the emulator used to keep a discarded
 /// capture's user objects forever; conformance
-/// `facts_capture::basic_an_invalidated_capture_releases_the_user_objects_its_graph_held_not_yet_measured`
-/// asks a real driver the same).
+/// `facts_capture::basic_an_invalidated_capture_releases_the_user_objects_its_graph_held`
+/// asks a real driver the same, and passed on the H200).
 #[test]
 fn what_an_invalidated_capture_retained_or_was_handed_is_freed_when_the_capture_ends() {
     let _serial = start();
@@ -1737,4 +1737,58 @@ fn zero_byte_nodes_are_refused_and_zero_byte_captures_record_nothing() {
     // here keeps the test from ending with the memory allocated (compute-sanitizer's leak
     // check saw these 4096 bytes when the test ended at the close).
     drain_until(|| used(&mr, &s) == 0);
+}
+
+/// Buffers of another stream freed while a global capture is being built, on the building
+/// thread and on another one, explicitly and by a drop, from a pool and synchronously: each free
+/// is made (the memory is back when the capture has ended), and the capture is not broken. In
+/// the driver's default interaction mode each of these frees would be refused beside a global
+/// capture and would invalidate it (docs/driver-facts.md F27); custody relaxes the freeing
+/// thread's mode around its frees while a capture it began may run (handles/DESIGN.md, "Frees
+/// beside a capture").
+#[test]
+fn buffers_of_another_stream_freed_while_a_global_capture_is_built_are_freed_and_the_capture_completes(
+) {
+    let _serial = start();
+    let emu = Emulator::get();
+    let (s, t, mr) = (stream(), stream(), owned_pool());
+    let synchronous = memory::SynchronousMemoryResource::new(0).unwrap();
+    let target = alloc(&mr, SIZE, &s);
+    let (closed, dropped) = (alloc(&mr, SIZE, &t), alloc(&mr, SIZE, &t));
+    let sync_closed = Arc::clone(&synchronous).allocate(SIZE, &t).unwrap();
+    let sync_dropped = Arc::clone(&synchronous).allocate(SIZE, &t).unwrap();
+    let sync_ptrs = [sync_closed.ptr(), sync_dropped.ptr()];
+    t.synchronize().unwrap();
+    let from = emu.as_ref().map(mark);
+
+    let builder = GraphBuilder::new(&s).unwrap();
+    builder.begin_building(CaptureMode::Global).unwrap();
+    builder.fill(&target, 0x3cu8).unwrap();
+    closed.close().expect("a pool free beside the capture");
+    sync_closed
+        .close()
+        .expect("a synchronous free beside the capture");
+    std::thread::spawn(move || {
+        drop(dropped);
+        drop(sync_dropped);
+    })
+    .join()
+    .unwrap();
+    builder.fill(&target, 0xc3u8).unwrap();
+    let graph = builder
+        .end_building()
+        .expect("the capture was not broken by the frees beside it");
+
+    drain_until(|| used(&mr, &t) == SIZE as u64);
+    let exec = graph.instantiate().unwrap();
+    exec.launch(&s).unwrap();
+    assert_eq!(read(&target, &s), vec![0xc3; SIZE]);
+    if let (Some(emu), Some(from)) = (&emu, from) {
+        drain_until(|| sync_ptrs.iter().all(|&p| emu.allocation_at(p).is_none()));
+        assert_no_failed_calls(emu, from);
+        assert_no_hazards(emu);
+    }
+    exec.close();
+    graph.close();
+    target.close().unwrap();
 }

@@ -802,3 +802,50 @@ def test_a_refused_end_building_changes_nothing(device, stream):
     with pytest.raises(RuntimeError, match="has not finished building"):
         fresh.complete()
     fresh.close()
+
+
+@pytest.mark.parametrize("kind", ["pool", "synchronous"])
+def test_buffers_of_another_stream_freed_while_building_are_freed_and_the_graph_completes(
+    device, stream, emu, kind
+):
+    """F27: beside a global capture (``begin_building()``'s default mode), a free on a stream
+    that is not being captured is refused in the driver's default interaction mode, and breaks
+    the capture. Custody relaxes the freeing thread's mode around its frees while a capture it
+    began runs: a buffer closed on the building thread and one dropped on another thread are
+    freed, and the graph completes and runs."""
+    pool = custody.DeviceMemoryResource(0, custody.DeviceMemoryResourceOptions())
+    target = pool.allocate(256, stream=stream)
+    if kind == "pool":
+        mr = custody.DeviceMemoryResource(0, custody.DeviceMemoryResourceOptions())
+    else:
+        mr = custody.SynchronousMemoryResource(0)
+    other = device.create_stream()
+    closed = mr.allocate(4096, stream=other)
+    dropped = [mr.allocate(4096, stream=other)]
+    allocs = [emu.alloc_id(b.handle) for b in (closed, dropped[0])] if emu else []
+    other.sync()
+    gb = device.create_graph_builder().begin_building()
+    target.fill(1, stream=gb)
+    closed.close()
+
+    def drop():
+        dropped.clear()
+        gc.collect()
+
+    run_in_thread(drop)
+    target.fill(2, stream=gb)
+    gb.end_building()
+    graph = gb.complete()
+    graph.launch(stream)
+    assert read(target.handle, 256, stream) == b"\x02" * 256
+    other.sync()
+    if kind == "pool":
+        assert mr.attributes.used_mem_current == 0, "both frees were made"
+    if emu:
+        drain_until(lambda: not any(emu.is_live(a) for a in allocs))
+        free = "cuMemFreeAsync" if kind == "pool" else "cuMemFree_v2"
+        for alloc in allocs:
+            assert [c["result"] for c in emu.calls_to(free, alloc=alloc)] == [0]
+    graph.close()
+    gb.close()
+    target.close()

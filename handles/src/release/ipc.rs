@@ -13,8 +13,8 @@ use super::{finish, Family, Free, Issued, Outcome, ReleaseKind};
 use crate::allocation::Deallocator;
 use crate::pool::MemoryPoolHandle;
 use crate::scope::run_in;
-use crate::stream::{capture_may_be_active, StreamHandle};
-use crate::sys::{check, exchange_capture_mode, CAPTURE_MODE_RELAXED};
+use crate::stream::{beside_captures, capture_may_be_active, relaxed, StreamHandle};
+use crate::sys::check;
 
 /// An imported pointer of `pool`: the process's one mapping (`share: None`, the registry's,
 /// made by `cuMemPoolImportPointer`), or one import's reference to it, given back by `share`
@@ -70,7 +70,7 @@ impl Family for Ipc {
         let Some(share) = &self.share else {
             let (d, ptr, raw_stream) = (free.d, free.ptr, free.stream.raw());
             let ran = run_in(d, free.recipe.context_raw(), || {
-                free_async_raw(d, ptr, raw_stream)
+                beside_captures(d, || free_async_raw(d, ptr, raw_stream))
             });
             let ran = ran.map(super::checked("cuMemFreeAsync"));
             return Issued::Done(finish(
@@ -86,10 +86,15 @@ impl Family for Ipc {
             if !free.explicit {
                 return give_back();
             }
-            let waited = wait_for_context(free.d);
-            let (result, freed) = give_back();
-            let result = result.and(waited).and_then(|()| wait_for_free_stream(free));
-            (result, freed)
+            // Relaxed throughout, whoever began a capture: an explicit close is not the hot
+            // path, and in the thread's default mode the wait and the unmap's free are both
+            // refused beside a global capture, breaking it (F27).
+            relaxed(free.d, || {
+                let waited = wait_for_context(free.d);
+                let (result, freed) = give_back();
+                let result = result.and(waited).and_then(|()| wait_for_free_stream(free));
+                (result, freed)
+            })
         }))
     }
 
@@ -102,27 +107,20 @@ impl Family for Ipc {
     }
 }
 
-/// `cuCtxSynchronize` of the current (recipe) context, with the calling thread's capture mode
-/// relaxed, so that a capture on another thread, custody's or another library's, is not broken
-/// by it (as the cleanup worker's frees, `facts_capture::basic_a_relaxed_thread_*`). Left out
-/// while a capture begun through custody may run: it could be this thread's own, which a
-/// context synchronisation would invalidate. A capture another library began on this very
-/// thread refuses it (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), as it refuses the thread's own
-/// `cuMemFree`: that error is returned, the share given back all the same.
+/// `cuCtxSynchronize` of the current (recipe) context, made with the calling thread's capture
+/// mode relaxed (the caller's [`relaxed`]), so that a capture on another thread, custody's or
+/// another library's, neither refuses it nor is broken by it (F27; as the cleanup worker's
+/// frees, `facts_capture::basic_a_relaxed_thread_*`). Left out while a capture begun through
+/// custody may run: it could be this thread's own, whose stream a context synchronisation would
+/// wait on (not measured).
 ///
-/// Driver calls: `cuThreadExchangeStreamCaptureMode` (twice), `cuCtxSynchronize`.
+/// Driver calls: `cuCtxSynchronize`.
 fn wait_for_context(d: &'static cuda_sys::Driver) -> Outcome {
     if capture_may_be_active() {
         return Ok(());
     }
-    let previous = exchange_capture_mode(d, CAPTURE_MODE_RELAXED)
-        .map_err(|status| crate::sys::error("cuThreadExchangeStreamCaptureMode", status))?;
     // SAFETY: takes no arguments; the recipe's context is current.
-    let waited = check("cuCtxSynchronize", unsafe { (d.cuCtxSynchronize)() });
-    let restored = exchange_capture_mode(d, previous)
-        .map(drop)
-        .map_err(|status| crate::sys::error("cuThreadExchangeStreamCaptureMode", status));
-    waited.and(restored)
+    check("cuCtxSynchronize", unsafe { (d.cuCtxSynchronize)() })
 }
 
 /// `cuStreamSynchronize` of the free's stream when it carries its context; of the legacy stream

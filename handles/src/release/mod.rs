@@ -26,7 +26,7 @@ use crate::pool::MemoryPoolHandle;
 use crate::recipe::DeallocationRecipe;
 use crate::report::Subject;
 use crate::scope::Ran;
-use crate::stream::{capture_may_be_active, CaptureState, StreamHandle};
+use crate::stream::{beside_captures, capture_may_be_active, CaptureState, StreamHandle};
 use crate::sys::{check, driver};
 
 pub(crate) use deallocator::UserDeallocator;
@@ -102,13 +102,15 @@ pub(crate) struct Free<'a> {
 impl Free<'_> {
     /// Runs `f`, the free's driver calls, where they are legal: as it is on a created or wrapped
     /// stream, which identifies its context (no context call, D2), in the recipe's context on a
-    /// default-stream token.
+    /// default-stream token; and beside a capture custody began, with the thread's capture
+    /// interaction mode relaxed ([`beside_captures`], F27).
     #[inline]
     pub(crate) fn run<R>(&self, f: impl FnOnce() -> R) -> Ran<R> {
+        let d = self.d;
         if self.stream.identifies_its_context() {
-            Ran::unswitched(f())
+            Ran::unswitched(beside_captures(d, f))
         } else {
-            crate::scope::run_in(self.d, self.recipe.context_raw(), f)
+            crate::scope::run_in(d, self.recipe.context_raw(), || beside_captures(d, f))
         }
     }
 }
@@ -335,14 +337,18 @@ impl PtrBox {
     /// recipe the release left behind (`None` when other references remain, the memory has no
     /// recipe, or the free was deferred).
     pub(crate) fn release_last(this: Arc<PtrBox>) -> (Outcome, Option<DeallocationRecipe>) {
-        // The box is released where `try_unwrap` put it (bound by reference, not moved again:
-        // one copy of the box fewer).
-        match Arc::try_unwrap(this) {
-            Ok(ref mut inner) => {
+        // `into_inner`, not `try_unwrap`: when another holder drops at the same moment, exactly
+        // one of the two releases is the last. `try_unwrap` fails while the other holder is
+        // still there and then drops this reference, which could be the last one by then: the
+        // close's release would run as a drop on this thread (not returning its error, and for
+        // an IPC import unmapping without the close's wait). The box is released where it was
+        // put (bound by reference, not moved again: one copy of the box fewer).
+        match Arc::into_inner(this) {
+            Some(ref mut inner) => {
                 let result = inner.release_now(true);
                 (result, inner.take_recipe())
             }
-            Err(_) => (Ok(()), None),
+            None => (Ok(()), None),
         }
     }
 

@@ -97,8 +97,8 @@ pub struct Trimmed {
     pub freed_bytes: usize,
     /// Cached blocks left in their bins because their stream is being captured (by a capture
     /// begun through custody): a free there would join the capture; or because the trimming
-    /// thread has such a capture of its own running, which any free would invalidate
-    /// (docs/driver-facts.md F27). A later trim frees them.
+    /// thread has such a capture of its own running, which a free in the driver's default mode
+    /// would invalidate (docs/driver-facts.md F27). A later trim frees them.
     pub kept_blocks: usize,
     /// Their sizes in bytes.
     pub kept_bytes: usize,
@@ -455,8 +455,8 @@ impl CachingMemoryResource {
     /// touched (their blocks come back to the bins as usual). On a thread that began such a
     /// capture (global or thread-local mode) and has not ended it, every block stays: the
     /// driver forbids that thread "potentially unsafe" calls, and a `cuMemFreeAsync` of pool
-    /// memory on another stream, not captured, is one: on an H200 it succeeded and invalidated
-    /// the capture (docs/driver-facts.md F27). A block last freed on a stream
+    /// memory on another stream, not captured, is one: on an H200 it was refused and
+    /// invalidated the capture (docs/driver-facts.md F27). A block last freed on a stream
     /// wrapped without an owner is freed on the cache's own stream of its context, after the
     /// event recorded at its free: the wrapped stream may be gone.
     ///
@@ -474,9 +474,10 @@ impl CachingMemoryResource {
         let mut kept = Vec::new();
         let mut free = Vec::new();
         // On a thread with a capture of its own running (global or thread-local mode) every
-        // block stays: its `cuMemFreeAsync`, on a stream not being captured, succeeds on a real
-        // driver and invalidates that capture (docs/driver-facts.md F27), and a fenced block's
-        // `cuStreamWaitEvent` and free are the same kind of call.
+        // block stays: in the driver's default mode its `cuMemFreeAsync`, on a stream not being
+        // captured, is refused there and invalidates that capture (docs/driver-facts.md F27;
+        // handles relaxes the mode around its frees, but a fenced block's `cuStreamWaitEvent`
+        // comes first, and a later trim loses nothing).
         let own_capture = handles::this_thread_may_be_capturing();
         for (key, class, cached) in blocks {
             if own_capture {

@@ -723,9 +723,13 @@ class MemoryResource:
         than ``isize::MAX``; ``TypeError`` for a missing, None or non-stream ``stream``, or one
         passed by position, the message naming the class called; ``RuntimeError`` for a closed
         stream or a default stream with no current context; :class:`CUDAError` for the driver's
-        failure; ``RuntimeError`` (``the interpreter is shutting down: ...``) on a thread other
-        than the interpreter's exit thread once custody's ``atexit`` callback has run. The base
-        class raises ``TypeError``, and so does a subclass that does not define it.
+        failure (among them ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`` for a stream-ordered
+        allocation on a stream not being captured, beside a global capture on any thread or a
+        thread-local capture of this thread: the driver then invalidates that capture; custody
+        relaxes its frees beside a capture, not allocations); ``RuntimeError`` (``the interpreter
+        is shutting down: ...``) on a thread other than the interpreter's exit thread once
+        custody's ``atexit`` callback has run. The base class raises ``TypeError``, and so does a
+        subclass that does not define it.
         """
     def deallocate(self, ptr: int, size: int, *, stream: StreamLike) -> None:
         """Frees ``size`` bytes at ``ptr``, which this resource allocated, ordered on ``stream``

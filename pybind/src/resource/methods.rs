@@ -55,9 +55,13 @@ impl PyMemoryResource {
     /// than ``isize::MAX``; ``TypeError`` for a missing, None or non-stream ``stream``, or one
     /// passed by position, the message naming the class called; ``RuntimeError`` for a closed
     /// stream or a default stream with no current context; :class:`CUDAError` for the driver's
-    /// failure; ``RuntimeError`` (``the interpreter is shutting down: ...``) on a thread other
-    /// than the interpreter's exit thread once custody's ``atexit`` callback has run. The base
-    /// class raises ``TypeError``, and so does a subclass that does not define it.
+    /// failure (among them ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`` for a stream-ordered
+    /// allocation on a stream not being captured, beside a global capture on any thread or a
+    /// thread-local capture of this thread: the driver then invalidates that capture; custody
+    /// relaxes its frees beside a capture, not allocations); ``RuntimeError`` (``the interpreter
+    /// is shutting down: ...``) on a thread other than the interpreter's exit thread once
+    /// custody's ``atexit`` callback has run. The base class raises ``TypeError``, and so does a
+    /// subclass that does not define it.
     // pyo3 parses the arguments: under the 3.11 stable ABI the method is called with
     // `METH_FASTCALL | METH_KEYWORDS` and keyword names are compared in place, so the usual
     // call `allocate(n, stream=s)` builds no argument tuple and no keyword dict (a hand parser
