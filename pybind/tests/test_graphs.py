@@ -474,8 +474,15 @@ def test_exit_with_graph_cleanup_queued():
         print("exiting")
         """
     )
+    # PYTHONFAULTHANDLER: an abort at exit (seen once, under compute-sanitizer on the H200:
+    # "FATAL: exception not rethrown", docs/gpu-validation.md) then dumps every thread's Python
+    # stack into the failure's stderr.
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=os.environ
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "exiting"
