@@ -10,6 +10,8 @@ allocation and free; custody's wheel must be importable.
     python3 docs/driver-probe/sanitizer_python_frames.py
     compute-sanitizer --tool memcheck --leak-check full python3 docs/driver-probe/sanitizer_python_frames.py
 
+The H200's answers are in h200-580.159.04-sanitizer-python-frames.txt beside this file.
+
 Prints, for two buffers made inside nested functions, what refers to each (the kinds of object,
 and the frames by function name), then whether dropping the caller's last reference freed it
 (a weak reference to a Python wrapper that holds the buffer). Plain, a buffer's referrers are

@@ -903,6 +903,8 @@ def sanitizer_summary(args, manifest, out_dir, san, found, real_ok, rows, quiet=
              "- real driver: %s" % ("loaded" if real_ok else "NOT LOADED"),
              "- bundle commit: %s" % manifest.get("commit"),
              "- memcheck: `%s`" % " ".join(san.MEMCHECK + san.COMMON),
+             "- Python programs also `%s` (host backtraces kept Python frames alive: "
+             "sanitizer.py)" % " ".join(san.PYTHON_PROGRAM),
              "- racecheck, synccheck: on the programs that launch kernels (%s)"
              % ", ".join(KERNEL_DEMOS + KERNEL_PYTEST),
              "- environment: %s" % ", ".join("%s=%s" % kv for kv in SANITIZER_ENV.items()),
