@@ -80,8 +80,9 @@ thread_local! {
 /// Whether this thread began a capture through custody (`begin_capture`), in global or
 /// thread-local mode, that it has not ended: while it runs the driver forbids this thread
 /// "potentially unsafe" calls in its default interaction mode (a `cuMemFreeAsync` on another
-/// stream among them, docs/driver-facts.md F27), refusing them and invalidating the capture. A capture ended on another
-/// thread (a relaxed one may be) is still counted here until the thread begins or ends another.
+/// stream among them, docs/driver-facts.md F27), refusing them and invalidating the capture. A
+/// capture ended on another thread (a relaxed one may be) is still counted here until the thread
+/// begins or ends another.
 pub fn this_thread_may_be_capturing() -> bool {
     capture_may_be_active() && THIS_THREAD_CAPTURES.with(std::cell::Cell::get) != 0
 }
