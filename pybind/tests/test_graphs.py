@@ -815,7 +815,7 @@ def test_a_refused_end_building_changes_nothing(device, stream):
 def test_buffers_of_another_stream_freed_while_building_are_freed_and_the_graph_completes(
     device, stream, emu, kind
 ):
-    """F27: beside a global capture (``begin_building()``'s default mode), a free on a stream
+    """F27: beside a global capture (``begin_building("global")``), a free on a stream
     that is not being captured is refused in the driver's default interaction mode, and breaks
     the capture. Custody relaxes the freeing thread's mode around its frees while a capture it
     began runs: a buffer closed on the building thread and one dropped on another thread are
@@ -831,7 +831,7 @@ def test_buffers_of_another_stream_freed_while_building_are_freed_and_the_graph_
     dropped = [mr.allocate(4096, stream=other)]
     allocs = [emu.alloc_id(b.handle) for b in (closed, dropped[0])] if emu else []
     other.sync()
-    gb = device.create_graph_builder().begin_building()
+    gb = device.create_graph_builder().begin_building("global")
     target.fill(1, stream=gb)
     closed.close()
 
